@@ -1,0 +1,7 @@
+// Package bpf holds the XDP datapath's C sources and the Go bindings that
+// bpf2go generates from them. The generated lb_bpfel.go and lb_bpfel.o are
+// committed, so building the agent needs no clang; `make generate` rebuilds
+// them and `make check-generated` fails when they are stale.
+package bpf
+
+//go:generate go tool bpf2go -tags linux -target bpfel -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -type svc_key -type svc_value -type backend -type ct_key -type ct_value -type event -type config -type global_stats -type svc_stats -type be_stats Lb lb.c -- -I./include -I/usr/include/x86_64-linux-gnu

@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Constants shared by the datapath and (through BTF) the agent. */
+#ifndef PB_CONSTS_H
+#define PB_CONSTS_H
+
+/* Default map sizes. The agent overrides max_entries at load time from its
+ * flags; these only make the object loadable on its own (tests, bpftool). */
+#define PB_MAX_SERVICES 65536
+#define PB_MAX_BACKENDS 262144
+#define PB_CT_SIZE 262144
+#define PB_EVENTS_BYTES (1 << 20)
+#define PB_MAGLEV_DEFAULT_SIZE 16381
+
+/* Address families as stored in keys; IPv6 uses all 16 bytes of pb_addr. */
+#define PB_AF_INET 4
+#define PB_AF_INET6 6
+
+/* pb_ports value bits: which roles a port plays. */
+#define PB_PORT_VIP 0x1     /* some service listens on this destination port */
+#define PB_PORT_BACKEND 0x2 /* some backend sends replies from this source port */
+
+/* pb_ct key direction. */
+#define PB_DIR_FWD 0 /* client -> VIP, as seen on the wire */
+#define PB_DIR_REV 1 /* backend -> client, as seen on the wire */
+
+/* Flow state bits. Canonical copy lives in the reverse entry's flags
+ * (the reply path touches it on every packet anyway); the forward path reads
+ * and updates it only on SYN, FIN and RST. Atomic OR makes each
+ * "first time" transition (and its event) happen exactly once. */
+#define PB_CT_ESTABLISHED 0x0001   /* SYN-ACK seen from the backend */
+#define PB_CT_BACKEND_DATA 0x0002  /* backend sent at least one payload byte */
+#define PB_CT_FIN_FWD 0x0004       /* client sent FIN */
+#define PB_CT_FIN_REV 0x0008       /* backend sent FIN */
+#define PB_CT_CLOSED 0x0010        /* RST seen, or FIN both ways */
+#define PB_CT_TIMEOUT_SEEN 0x0020  /* retransmitted SYN already reported */
+#define PB_CT_PROBE 0x0040         /* this flow is a probation probe */
+#define PB_CT_MIDSTREAM 0x0080     /* picked up without a SYN (CT lost) */
+#define PB_CT_COUNTED 0x0200       /* counted in the inflight gauges */
+#define PB_CT_RELEASED 0x0400      /* inflight released (exactly once) */
+
+/* Backend admission state, written by the agent. */
+enum pb_backend_state {
+	PB_BE_ACTIVE = 0,    /* in the Maglev table, takes new flows */
+	PB_BE_PROBATION = 1, /* in the table, admits probe_grants new flows */
+	PB_BE_EJECTED = 2,   /* out of the table: penalty running */
+	PB_BE_REMOVED = 3,   /* gone from the desired state; kept for live flows */
+};
+
+/* Outcome events on pb_events. */
+enum pb_event_type {
+	PB_EV_NEW_FLOW = 1,    /* first packet of a flow sent to a backend */
+	PB_EV_ESTABLISHED = 2, /* SYN-ACK from the backend */
+	PB_EV_REFUSED = 3,     /* RST from the backend before SYN-ACK */
+	PB_EV_RESET = 4,       /* RST from the backend after SYN-ACK */
+	PB_EV_SYN_RETRANS = 5, /* client retransmitted SYN, no SYN-ACK yet */
+	PB_EV_FLOW_END = 6,    /* FIN both ways or RST either way */
+	PB_EV_REJECTED = 7,    /* new flow refused by a circuit breaker */
+};
+
+/* pb_event.flags */
+#define PB_EVF_PROBE 0x01        /* the flow is a probation probe */
+#define PB_EVF_BACKEND_DATA 0x02 /* RESET: the backend had sent payload */
+#define PB_EVF_REPICK 0x04       /* NEW_FLOW: re-picked after a dead backend */
+#define PB_EVF_CLIENT 0x08       /* FLOW_END: the client ended it */
+
+/* pb_config.flags */
+#define PB_CFG_REDIRECT 0x1 /* try bpf_fib_lookup + redirect after NAT */
+
+#define PB_HASH_SEED 0x9e3779b9u
+
+#endif

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Small inline helpers: checksums, hashing. */
+#ifndef PB_HELPERS_H
+#define PB_HELPERS_H
+
+#include <linux/types.h>
+#include <bpf/bpf_helpers.h>
+
+#ifndef likely
+#define likely(x) __builtin_expect(!!(x), 1)
+#endif
+#ifndef unlikely
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#endif
+
+static __always_inline __u16 csum_fold32(__u32 s)
+{
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)s;
+}
+
+/* RFC 1624, eqn. 3: HC' = ~(~HC + ~m + m'). Ones' complement sums do not
+ * care about byte order as long as old and new use the same one. */
+static __always_inline void csum_replace2(__sum16 *sum, __be16 from, __be16 to)
+{
+	__u32 s = (__u16)~*sum;
+	s += (__u16)~from;
+	s += to;
+	*sum = ~csum_fold32(s);
+}
+
+static __always_inline void csum_replace4(__sum16 *sum, __be32 from, __be32 to)
+{
+	__u32 s = (__u16)~*sum;
+	s += (~from & 0xffff) + (~from >> 16);
+	s += (to & 0xffff) + (to >> 16);
+	*sum = ~csum_fold32(s);
+}
+
+/* Bob Jenkins' lookup3 final mix, as in the kernel's jhash.h. */
+static __always_inline __u32 rol32(__u32 w, unsigned int s)
+{
+	return (w << s) | (w >> ((-s) & 31));
+}
+
+#define __jhash_final(a, b, c)        \
+	{                             \
+		c ^= b;               \
+		c -= rol32(b, 14);    \
+		a ^= c;               \
+		a -= rol32(c, 11);    \
+		b ^= a;               \
+		b -= rol32(a, 25);    \
+		c ^= b;               \
+		c -= rol32(b, 16);    \
+		a ^= c;               \
+		a -= rol32(c, 4);     \
+		b ^= a;               \
+		b -= rol32(a, 14);    \
+		c ^= b;               \
+		c -= rol32(b, 24);    \
+	}
+
+static __always_inline __u32 jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initval)
+{
+	a += 0xdeadbeef + (3 << 2) + initval;
+	b += 0xdeadbeef + (3 << 2) + initval;
+	c += 0xdeadbeef + (3 << 2) + initval;
+	__jhash_final(a, b, c);
+	return c;
+}
+
+#endif

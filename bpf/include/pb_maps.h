@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Every map the datapath uses. All are pinned by name under the agent's
+ * bpffs root (default /sys/fs/bpf/penaltybox/); README.md documents each. */
+#ifndef PB_MAPS_H
+#define PB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "pb_consts.h"
+#include "pb_structs.h"
+
+/* VIP:port:proto -> service. Written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, struct svc_value);
+	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_services SEC(".maps");
+
+/* The inner map template of pb_maglev and pb_maglev_fb: slot -> backend id.
+ * BPF_F_INNER_MAP lets each service's table have its own size. */
+struct pb_maglev_inner {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, PB_MAGLEV_DEFAULT_SIZE);
+	__uint(map_flags, BPF_F_INNER_MAP);
+};
+
+/* service id -> that service's Maglev table. The agent builds a new inner
+ * map and swaps it in with one update, so a reader never sees half a table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct pb_maglev_inner);
+} pb_maglev SEC(".maps");
+
+/* service id -> the table without probation backends. Present only while the
+ * service has a backend in probation: a new flow that lands on a probation
+ * backend whose grant is used up takes this table's pick for the same slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct pb_maglev_inner);
+} pb_maglev_fb SEC(".maps");
+
+/* backend id -> address, port and admission state. Written by the agent;
+ * the datapath only decrements probe_grants. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(max_entries, PB_MAX_BACKENDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_backends SEC(".maps");
+
+/* Connection tracking, two entries per flow (FWD and REV). Written by the
+ * datapath; the agent reaps idle entries. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, PB_CT_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_ct SEC(".maps");
+
+/* L4 outcomes for the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, PB_EVENTS_BYTES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_events SEC(".maps");
+
+/* Port -> PB_PORT_* bits. A cheap first filter so traffic that cannot be
+ * ours costs two array reads, not two hash lookups. Written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_ports SEC(".maps");
+
+/* Egress interfaces that XDP_REDIRECT can deliver to. Written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_redirect SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct global_stats);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct svc_stats);
+	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_svc_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct be_stats);
+	__uint(max_entries, PB_MAX_BACKENDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_be_stats SEC(".maps");
+
+#endif

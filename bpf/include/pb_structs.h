@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Map keys and values. The agent reads these layouts from BTF through
+ * bpf2go; bpftool prints them with field names. Changing a layout means a
+ * new map name (pb_x_v2), never a silent reinterpretation of a pinned map. */
+#ifndef PB_STRUCTS_H
+#define PB_STRUCTS_H
+
+#include <linux/types.h>
+
+/* 16 bytes so IPv6 fits without a new layout; IPv4 uses v4 and zeroes the rest. */
+union addr {
+	__be32 v4;
+	__be32 v6[4];
+};
+
+/* pb_services key: one L4 service (VIP, port, protocol). */
+struct svc_key {
+	union addr vip;
+	__be16 port;
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family; /* PB_AF_INET */
+};
+
+struct svc_value {
+	__u32 id;                       /* index into pb_maglev, pb_svc_stats, pb_svc_inflight */
+	__u32 table_size;               /* entries in this service's Maglev table */
+	__u32 max_inflight;             /* 0: no limit */
+	__u32 max_inflight_per_backend; /* 0: no limit */
+	__u32 flags;
+	__u32 pad;
+};
+
+/* pb_backends value, indexed by backend id. A backend id belongs to one
+ * (service, endpoint) pair, so its state is that pair's state. */
+struct backend {
+	union addr addr;
+	__be16 port;
+	__u8 family;
+	__u8 state;         /* enum pb_backend_state */
+	__u32 svc_id;
+	__s32 probe_grants; /* PROBATION: new flows still admitted (atomic) */
+	__u32 pad;
+};
+
+struct ct_key {
+	union addr src;
+	union addr dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir; /* PB_DIR_FWD or PB_DIR_REV */
+	__u8 family;
+	__u8 pad;
+};
+
+struct ct_value {
+	union addr nat_addr; /* FWD: backend address; REV: VIP */
+	__be16 nat_port;        /* FWD: backend port;    REV: VIP port */
+	__u16 pad;
+	__u32 flags;            /* PB_CT_*; canonical in the REV entry */
+	__u32 svc_id;
+	__u32 backend_id;
+	__u64 created_ns;       /* bpf_ktime_get_ns at flow start */
+	__u64 last_seen_ns;     /* coarse clock, refreshed at most once a second */
+};
+
+/* One L4 outcome, sent to the agent on pb_events. */
+struct event {
+	__u64 ts_ns; /* bpf_ktime_get_ns (CLOCK_MONOTONIC) */
+	__u32 svc_id;
+	__u32 backend_id;
+	union addr client;
+	__be16 client_port;
+	__u8 type;  /* enum pb_event_type */
+	__u8 flags; /* PB_EVF_* */
+	__u32 pad;
+};
+
+/* pb_config[0]: runtime switches written by the agent. */
+struct config {
+	__u32 flags; /* PB_CFG_* */
+	__u32 pad;
+};
+
+/* pb_stats[0], per CPU: datapath-wide counters. */
+struct global_stats {
+	__u64 events_lost;         /* ring buffer full: outcome not delivered */
+	__u64 redirected;          /* forwarded with bpf_redirect_map */
+	__u64 passed_after_nat;    /* rewritten, then left to the kernel stack */
+	__u64 no_backend;          /* new flow to a service with no usable backend */
+	__u64 probe_admitted;      /* probation grant consumed */
+	__u64 steered;             /* new flow moved off a non-active backend */
+	__u64 steer_failed;        /* ... and no active one was found: sent anyway */
+	__u64 repicked;            /* unanswered SYN moved off a dead backend */
+	__u64 ct_create_failed;    /* conntrack insert failed */
+	__u64 malformed;           /* VIP-bound packet too short or bad lengths */
+	__u64 inflight_rejected;   /* new flow refused by a circuit breaker */
+};
+
+/* pb_svc_stats[svc_id], per CPU. */
+struct svc_stats {
+	__u64 packets;   /* client -> VIP packets forwarded */
+	__u64 bytes;
+	__u64 flows;     /* new flows admitted */
+	__u64 rejected;  /* new flows refused (no backend, circuit breaker) */
+};
+
+/* pb_be_stats[backend_id], per CPU. */
+struct be_stats {
+	__u64 packets;       /* client -> backend packets */
+	__u64 bytes;
+	__u64 flows;         /* new flows sent to this backend */
+	__u64 reply_packets; /* backend -> client packets reverse-NATed */
+	__u64 reply_bytes;
+};
+
+#endif

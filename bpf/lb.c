@@ -1,0 +1,611 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * penaltybox XDP datapath.
+ *
+ * The program reads as the packet's path:
+ *   parse -> port prefilter -> service lookup (client -> VIP)
+ *            -> conntrack or Maglev pick -> DNAT -> forward
+ *         -> reverse conntrack (backend -> client) -> outcome events
+ *            -> reverse NAT -> forward
+ * Anything else returns XDP_PASS untouched.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "pb_consts.h"
+#include "pb_structs.h"
+#include "pb_maps.h"
+#include "pb_helpers.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Ring buffer records are typed only by size; keep struct event in BTF so
+ * bpf2go generates its Go twin. */
+const struct event *unused_event __attribute__((unused));
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+
+/* A parsed IPv4 TCP/UDP packet. Pointers are into the packet and were
+ * bounds-checked by parse(). */
+struct pkt {
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	__be16 *ports;    /* [0] source, [1] destination */
+	__sum16 *l4csum;  /* TCP or UDP checksum field */
+	__u32 payload;    /* L4 payload bytes */
+	__u32 len;        /* IP total length */
+	__u8 proto;
+	__u8 tcp_flags;
+};
+
+static __always_inline struct global_stats *gstats(void)
+{
+	__u32 k = 0;
+	return bpf_map_lookup_elem(&pb_stats, &k);
+}
+
+/* parse validates everything the rest of the program relies on. Returns 0
+ * for a well-formed IPv4 TCP/UDP packet, 1 for traffic that is simply not
+ * ours, -1 for a packet too short or inconsistent to touch. */
+static __always_inline int parse(struct xdp_md *ctx, struct pkt *p)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return 1;
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return 1;
+
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return 1;
+	if (ip->version != 4 || ip->ihl < 5)
+		return 1;
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return 1;
+	/* Fragments carry no ports (or only the first does): not ours. */
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return 1;
+
+	__u32 ihl = ip->ihl * 4;
+	__u32 len = bpf_ntohs(ip->tot_len);
+	if (len < ihl || (void *)ip + len > data_end)
+		return -1;
+
+	void *l4 = (void *)ip + ihl;
+	p->eth = eth;
+	p->ip = ip;
+	p->len = len;
+	p->proto = ip->protocol;
+
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *tcp = l4;
+		if ((void *)(tcp + 1) > data_end)
+			return -1;
+		__u32 doff = tcp->doff * 4;
+		if (doff < sizeof(*tcp) || ihl + doff > len)
+			return -1;
+		p->ports = (__be16 *)tcp;
+		p->l4csum = &tcp->check;
+		p->payload = len - ihl - doff;
+		p->tcp_flags = ((__u8 *)tcp)[13];
+	} else {
+		struct udphdr *udp = l4;
+		if ((void *)(udp + 1) > data_end)
+			return -1;
+		__u32 ulen = bpf_ntohs(udp->len);
+		if (ulen < sizeof(*udp) || ihl + ulen > len)
+			return -1;
+		p->ports = (__be16 *)udp;
+		p->l4csum = &udp->check;
+		p->payload = ulen - sizeof(*udp);
+	}
+	return 0;
+}
+
+static __always_inline void l4csum_replace(struct pkt *p, __be32 old_addr, __be32 new_addr,
+					   __be16 old_port, __be16 new_port)
+{
+	/* A zero UDP checksum means "none"; keep it that way. */
+	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
+		return;
+	csum_replace4(p->l4csum, old_addr, new_addr);
+	csum_replace2(p->l4csum, old_port, new_port);
+	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
+		*p->l4csum = 0xffff;
+}
+
+/* DNAT: destination becomes the backend. */
+static __always_inline void rewrite_dst(struct pkt *p, __be32 addr, __be16 port)
+{
+	struct iphdr *ip = p->ip;
+	l4csum_replace(p, ip->daddr, addr, p->ports[1], port);
+	csum_replace4(&ip->check, ip->daddr, addr);
+	ip->daddr = addr;
+	p->ports[1] = port;
+}
+
+/* Reverse NAT: the reply's source becomes the VIP again. */
+static __always_inline void rewrite_src(struct pkt *p, __be32 addr, __be16 port)
+{
+	struct iphdr *ip = p->ip;
+	l4csum_replace(p, ip->saddr, addr, p->ports[0], port);
+	csum_replace4(&ip->check, ip->saddr, addr);
+	ip->saddr = addr;
+	p->ports[0] = port;
+}
+
+/* forward sends a rewritten packet on. With redirect enabled and a FIB
+ * route out of an interface the agent marked as able to receive
+ * redirected frames, it leaves through bpf_redirect_map; otherwise the
+ * kernel stack routes it (XDP_PASS), which always works. */
+static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, struct global_stats *gs)
+{
+	__u32 k = 0;
+	struct config *cfg = bpf_map_lookup_elem(&pb_config, &k);
+	if (!cfg || !(cfg->flags & PB_CFG_REDIRECT))
+		goto pass;
+
+	struct iphdr *ip = p->ip;
+	struct bpf_fib_lookup fib = {};
+	fib.family = AF_INET;
+	fib.tos = ip->tos;
+	fib.l4_protocol = ip->protocol;
+	fib.tot_len = p->len;
+	fib.ipv4_src = ip->saddr;
+	fib.ipv4_dst = ip->daddr;
+	fib.ifindex = ctx->ingress_ifindex;
+
+	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
+		goto pass;
+	if (!bpf_map_lookup_elem(&pb_redirect, &fib.ifindex))
+		goto pass;
+	if (ip->ttl <= 1)
+		goto pass; /* the stack sends the ICMP time-exceeded */
+
+	__be16 old = *(__be16 *)&ip->ttl;
+	ip->ttl--;
+	csum_replace2(&ip->check, old, *(__be16 *)&ip->ttl);
+	__builtin_memcpy(p->eth->h_dest, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, fib.smac, ETH_ALEN);
+	if (gs)
+		gs->redirected++;
+	return bpf_redirect_map(&pb_redirect, fib.ifindex, XDP_PASS);
+pass:
+	if (gs)
+		gs->passed_after_nat++;
+	return XDP_PASS;
+}
+
+static __always_inline void emit(__u8 type, __u8 flags, __u32 svc_id, __u32 backend_id,
+				 __be32 client, __be16 client_port, struct global_stats *gs)
+{
+	struct event *e = bpf_ringbuf_reserve(&pb_events, sizeof(*e), 0);
+	if (!e) {
+		if (gs)
+			gs->events_lost++;
+		return;
+	}
+	/* Ring buffer memory is not zeroed: write every byte. */
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts_ns = bpf_ktime_get_ns();
+	e->svc_id = svc_id;
+	e->backend_id = backend_id;
+	e->client.v4 = client;
+	e->client_port = client_port;
+	e->type = type;
+	e->flags = flags;
+	bpf_ringbuf_submit(e, 0);
+}
+
+struct pick {
+	__u32 id;
+	struct backend *be;
+	__u8 probe;
+};
+
+static __always_inline struct backend *table_lookup(void *outer, __u32 svc_id, __u32 slot,
+							__u32 *id)
+{
+	void *tbl = bpf_map_lookup_elem(outer, &svc_id);
+	if (!tbl)
+		return 0;
+	__u32 *idp = bpf_map_lookup_elem(tbl, &slot);
+	if (!idp || *idp == 0)
+		return 0;
+	*id = *idp;
+	return bpf_map_lookup_elem(&pb_backends, id);
+}
+
+#define PB_STEER_TRIES 3
+
+/* pick_backend chooses the backend for a new flow: the Maglev slot's
+ * backend if it is active, or if it is in probation and a grant is left
+ * (the flow becomes the probe). Otherwise the flow is steered: first to the
+ * same slot of the service's table without probation backends, then to a
+ * few rehashed slots. Only when nothing active is found is it sent to the
+ * slot's backend anyway: the agent keeps tables so that this does not
+ * happen outside the instants between two map updates. */
+static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int may_probe,
+					struct pick *out, struct global_stats *gs)
+{
+	__u32 size = svc->table_size;
+	if (size == 0)
+		return -1;
+	__u32 slot = hash % size;
+	__u32 id = 0;
+	struct backend *be = table_lookup(&pb_maglev, svc->id, slot, &id);
+	if (!be)
+		return -1;
+
+	out->id = id;
+	out->be = be;
+	out->probe = 0;
+	if (likely(be->state == PB_BE_ACTIVE))
+		return 0;
+
+	if (be->state == PB_BE_PROBATION && may_probe && be->probe_grants > 0 &&
+	    __sync_fetch_and_add(&be->probe_grants, -1) > 0) {
+		out->probe = 1;
+		if (gs)
+			gs->probe_admitted++;
+		return 0;
+	}
+
+	__u32 alt_id = 0;
+	struct backend *alt = table_lookup(&pb_maglev_fb, svc->id, slot, &alt_id);
+	if (alt && alt->state == PB_BE_ACTIVE)
+		goto steered;
+
+#pragma unroll
+	for (__u32 i = 1; i <= PB_STEER_TRIES; i++) {
+		alt = table_lookup(&pb_maglev, svc->id, jhash_3words(hash, i, 0, PB_HASH_SEED) % size,
+				   &alt_id);
+		if (alt && alt->state == PB_BE_ACTIVE)
+			goto steered;
+	}
+	if (gs)
+		gs->steer_failed++;
+	return 0;
+steered:
+	out->id = alt_id;
+	out->be = alt;
+	if (gs)
+		gs->steered++;
+	return 0;
+}
+
+static __always_inline void rev_key(struct ct_key *rk, const struct ct_key *fk,
+				    const struct ct_value *fv)
+{
+	rk->src = fv->nat_addr;
+	rk->dst = fk->src;
+	rk->sport = fv->nat_port;
+	rk->dport = fk->sport;
+	rk->proto = fk->proto;
+	rk->dir = PB_DIR_REV;
+	rk->family = fk->family;
+	rk->pad = 0;
+}
+
+/* new_flow picks a backend and writes both conntrack entries. A SYN or a
+ * first UDP packet is a real new flow (event, counters, may be a probe);
+ * a mid-stream TCP packet without state (conntrack entry lost) only gets a
+ * backend. old_rev, when set, is the reverse entry of the backend the flow
+ * leaves. Returns the forward entry's NAT target or -1: no backend. */
+static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct ct_key *fk,
+				    int midstream, __u8 ev_flags, struct ct_key *old_rev,
+				    struct ct_value *fv, struct global_stats *gs)
+{
+	__u32 hash = jhash_3words(fk->src.v4, fk->dst.v4,
+				  ((__u32)fk->sport << 16) | fk->dport, PB_HASH_SEED ^ fk->proto);
+	struct pick pk = {};
+	if (pick_backend(svc, hash, !midstream, &pk, gs) < 0) {
+		if (gs)
+			gs->no_backend++;
+		struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
+		if (ss)
+			ss->rejected++;
+		return -1;
+	}
+
+	__u64 now = bpf_ktime_get_ns();
+	__u32 flags = 0;
+	if (pk.probe)
+		flags |= PB_CT_PROBE;
+	if (midstream)
+		flags |= PB_CT_MIDSTREAM | PB_CT_ESTABLISHED;
+
+	__builtin_memset(fv, 0, sizeof(*fv));
+	fv->nat_addr = pk.be->addr;
+	fv->nat_port = pk.be->port;
+	fv->flags = flags;
+	fv->svc_id = svc->id;
+	fv->backend_id = pk.id;
+	fv->created_ns = now;
+	fv->last_seen_ns = bpf_ktime_get_coarse_ns();
+
+	struct ct_key rk = {};
+	rev_key(&rk, fk, fv);
+	struct ct_value rv = *fv;
+	rv.nat_addr = fk->dst;
+	rv.nat_port = fk->dport;
+
+	if (old_rev)
+		bpf_map_delete_elem(&pb_ct, old_rev);
+	if (bpf_map_update_elem(&pb_ct, fk, fv, BPF_ANY) ||
+	    bpf_map_update_elem(&pb_ct, &rk, &rv, BPF_ANY)) {
+		if (gs)
+			gs->ct_create_failed++;
+	}
+
+	if (!midstream) {
+		if (pk.probe)
+			ev_flags |= PB_EVF_PROBE;
+		emit(PB_EV_NEW_FLOW, ev_flags, svc->id, pk.id, fk->src.v4, fk->sport, gs);
+		struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
+		if (ss)
+			ss->flows++;
+		struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &pk.id);
+		if (bs)
+			bs->flows++;
+	}
+	return 0;
+}
+
+/* close_flow marks the flow closed once and reports its end. */
+static __always_inline void close_flow(struct ct_value *rv, __u32 bits, __u8 ev_flags,
+				       const struct ct_key *fk, struct global_stats *gs)
+{
+	__u32 old = __sync_fetch_and_or(&rv->flags, bits | PB_CT_CLOSED);
+	if (old & PB_CT_CLOSED)
+		return;
+	emit(PB_EV_FLOW_END, ev_flags, rv->svc_id, rv->backend_id, fk->src.v4, fk->sport, gs);
+}
+
+/* client_control handles SYN, FIN and RST from the client on a known flow.
+ * Returns 0 to forward with *fv, -1 when no backend is left. */
+static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
+					  struct ct_key *fk, struct ct_value *fv,
+					  struct global_stats *gs)
+{
+	struct ct_key rk = {};
+	rev_key(&rk, fk, fv);
+	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &rk);
+	__u8 f = p->tcp_flags;
+
+	if (f & TCP_RST) {
+		if (rv)
+			close_flow(rv, 0, PB_EVF_CLIENT, fk, gs);
+		return 0;
+	}
+	if (f & TCP_FIN) {
+		if (rv) {
+			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_FWD);
+			if ((old & PB_CT_FIN_REV) && !(old & PB_CT_CLOSED))
+				close_flow(rv, 0, PB_EVF_CLIENT, fk, gs);
+		}
+		return 0;
+	}
+	if ((f & (TCP_SYN | TCP_ACK)) != TCP_SYN)
+		return 0;
+
+	/* A SYN on a known tuple: a reused tuple after the flow ended (or whose
+	 * reverse entry was lost) is a new flow... */
+	if (!rv || (rv->flags & PB_CT_CLOSED))
+		return new_flow(p, svc, fk, 0, 0, rv ? &rk : 0, fv, gs);
+	if (rv->flags & PB_CT_ESTABLISHED)
+		return 0;
+
+	/* ...otherwise the client is retransmitting its SYN: the backend has not
+	 * answered within the client's retransmission timeout. Report it once. */
+	__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_TIMEOUT_SEEN);
+	if (!(old & PB_CT_TIMEOUT_SEEN))
+		emit(PB_EV_SYN_RETRANS, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, fv->svc_id,
+		     fv->backend_id, fk->src.v4, fk->sport, gs);
+
+	/* The backend never answered, so moving the flow is safe. Do it when the
+	 * agent has taken the backend out: the client's retry then succeeds
+	 * instead of timing out. */
+	__u32 bid = fv->backend_id;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &bid);
+	if (be && (be->state == PB_BE_EJECTED || be->state == PB_BE_REMOVED)) {
+		if (gs)
+			gs->repicked++;
+		return new_flow(p, svc, fk, 0, PB_EVF_REPICK, &rk, fv, gs);
+	}
+	return 0;
+}
+
+static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
+					  struct svc_value *svc, struct global_stats *gs)
+{
+	struct iphdr *ip = p->ip;
+	struct ct_key fk = {};
+	fk.src.v4 = ip->saddr;
+	fk.dst.v4 = ip->daddr;
+	fk.sport = p->ports[0];
+	fk.dport = p->ports[1];
+	fk.proto = p->proto;
+	fk.dir = PB_DIR_FWD;
+	fk.family = PB_AF_INET;
+
+	struct ct_value fv;
+	struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
+	if (ct) {
+		fv = *ct;
+		if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST))) {
+			if (client_control(p, svc, &fk, &fv, gs) < 0)
+				return XDP_DROP;
+		} else {
+			__u64 now = bpf_ktime_get_coarse_ns();
+			/* Refresh at most once a second: keeps the line clean. */
+			if (now - ct->last_seen_ns > 1000000000ULL)
+				ct->last_seen_ns = now;
+		}
+	} else {
+		int syn = p->proto == IPPROTO_UDP ||
+			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
+		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
+			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
+		if (new_flow(p, svc, &fk, !syn, 0, 0, &fv, gs) < 0)
+			return XDP_DROP; /* no backend: a VIP has nowhere else to go */
+	}
+
+	rewrite_dst(p, fv.nat_addr.v4, fv.nat_port);
+
+	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &fv.svc_id);
+	if (ss) {
+		ss->packets++;
+		ss->bytes += p->len;
+	}
+	struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &fv.backend_id);
+	if (bs) {
+		bs->packets++;
+		bs->bytes += p->len;
+	}
+	return forward(ctx, p, gs);
+}
+
+/* handle_reply reverse-NATs a backend's reply and turns its TCP flags into
+ * outcome events. Returns -1 when the packet belongs to no flow of ours. */
+static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
+					struct global_stats *gs)
+{
+	struct iphdr *ip = p->ip;
+	struct ct_key rk = {};
+	rk.src.v4 = ip->saddr;
+	rk.dst.v4 = ip->daddr;
+	rk.sport = p->ports[0];
+	rk.dport = p->ports[1];
+	rk.proto = p->proto;
+	rk.dir = PB_DIR_REV;
+	rk.family = PB_AF_INET;
+
+	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &rk);
+	if (!rv)
+		return -1;
+
+	if (p->proto == IPPROTO_TCP) {
+		__u8 f = p->tcp_flags;
+		/* The forward key, as the client sent it, names the flow in events. */
+		struct ct_key fk = {};
+		fk.src = rk.dst;
+		fk.sport = rk.dport;
+
+		if (f & TCP_RST) {
+			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
+			if (!(old & PB_CT_CLOSED)) {
+				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
+				if (!(old & PB_CT_ESTABLISHED)) {
+					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
+					     fk.src.v4, fk.sport, gs);
+				} else {
+					if (old & PB_CT_BACKEND_DATA)
+						evf |= PB_EVF_BACKEND_DATA;
+					emit(PB_EV_RESET, evf, rv->svc_id, rv->backend_id,
+					     fk.src.v4, fk.sport, gs);
+				}
+				emit(PB_EV_FLOW_END, 0, rv->svc_id, rv->backend_id, fk.src.v4,
+				     fk.sport, gs);
+			}
+		} else {
+			if ((f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
+			    !(rv->flags & PB_CT_ESTABLISHED)) {
+				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
+				if (!(old & PB_CT_ESTABLISHED))
+					emit(PB_EV_ESTABLISHED,
+					     (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
+					     rv->backend_id, fk.src.v4, fk.sport, gs);
+			}
+			if (p->payload && !(rv->flags & PB_CT_BACKEND_DATA))
+				__sync_fetch_and_or(&rv->flags, PB_CT_BACKEND_DATA);
+			if (f & TCP_FIN) {
+				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_REV);
+				if ((old & PB_CT_FIN_FWD) && !(old & PB_CT_CLOSED))
+					close_flow(rv, 0, 0, &fk, gs);
+			}
+		}
+	}
+
+	__u64 now = bpf_ktime_get_coarse_ns();
+	if (now - rv->last_seen_ns > 1000000000ULL)
+		rv->last_seen_ns = now;
+
+	__u32 bid = rv->backend_id;
+	rewrite_src(p, rv->nat_addr.v4, rv->nat_port);
+
+	struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &bid);
+	if (bs) {
+		bs->reply_packets++;
+		bs->reply_bytes += p->len;
+	}
+	return forward(ctx, p, gs);
+}
+
+static __always_inline __u8 port_role(__be16 port)
+{
+	__u32 k = bpf_ntohs(port);
+	__u8 *role = bpf_map_lookup_elem(&pb_ports, &k);
+	return role ? *role : 0;
+}
+
+SEC("xdp")
+int pb_xdp(struct xdp_md *ctx)
+{
+	struct pkt p = {};
+	int rc = parse(ctx, &p);
+	if (rc > 0)
+		return XDP_PASS;
+
+	/* A malformed packet still has readable ports if parse got that far;
+	 * count it only when it looked like ours, and never touch it. */
+	if (rc < 0) {
+		void *data_end = (void *)(long)ctx->data_end;
+		struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
+		__be16 *ports = (void *)ip + sizeof(*ip);
+		if ((void *)(ports + 2) <= data_end && (port_role(ports[1]) & PB_PORT_VIP)) {
+			struct global_stats *gs = gstats();
+			if (gs)
+				gs->malformed++;
+		}
+		return XDP_PASS;
+	}
+
+	if (port_role(p.ports[1]) & PB_PORT_VIP) {
+		struct svc_key sk = {};
+		sk.vip.v4 = p.ip->daddr;
+		sk.port = p.ports[1];
+		sk.proto = p.proto;
+		sk.family = PB_AF_INET;
+		struct svc_value *svc = bpf_map_lookup_elem(&pb_services, &sk);
+		if (svc)
+			return handle_forward(ctx, &p, svc, gstats());
+	}
+	if (port_role(p.ports[0]) & PB_PORT_BACKEND) {
+		rc = handle_reply(ctx, &p, gstats());
+		if (rc >= 0)
+			return rc;
+	}
+	return XDP_PASS;
+}

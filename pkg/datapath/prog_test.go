@@ -1,0 +1,443 @@
+package datapath_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+var (
+	vip     = netip.MustParseAddrPort("198.18.100.1:80")
+	client  = netip.MustParseAddrPort("198.18.0.2:40000")
+	client2 = netip.MustParseAddrPort("198.18.0.2:40001")
+	be1     = netip.MustParseAddrPort("198.18.1.2:8080")
+	be2     = netip.MustParseAddrPort("198.18.2.2:8080")
+)
+
+const (
+	svcID = 3
+	id1   = 11
+	id2   = 12
+	size  = 7
+)
+
+// Event types and flags of pb_consts.h.
+const (
+	evNewFlow     = 1
+	evEstablished = 2
+	evRefused     = 3
+	evReset       = 4
+	evSynRetrans  = 5
+	evFlowEnd     = 6
+
+	evfProbe       = 0x01
+	evfBackendData = 0x02
+	evfRepick      = 0x04
+)
+
+type fixture struct {
+	*bpftest.Loaded
+	t  *testing.T
+	rb *ringbuf.Reader
+}
+
+func newFixture(t *testing.T) *fixture {
+	l := bpftest.Load(t)
+	rb, err := ringbuf.NewReader(l.PbEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rb.Close() })
+	f := &fixture{Loaded: l, t: t, rb: rb}
+	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendActive, 0)))
+	f.must(f.Maps.SetBackend(id2, maps.NewBackend(be2, svcID, maps.BackendActive, 0)))
+	f.must(f.Maps.SetPorts(nil, map[uint16]uint8{80: maps.PortVIP, 8080: maps.PortBackend}))
+	f.service(6, 0)
+	return f
+}
+
+func (f *fixture) must(err error) {
+	f.t.Helper()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// service programs the VIP for proto with every slot on backend id (0: no table).
+func (f *fixture) service(proto uint8, id uint32) {
+	f.t.Helper()
+	f.must(f.Maps.UpsertService(maps.ServiceKey(vip.Addr(), vip.Port(), proto),
+		bpf.LbSvcValue{Id: svcID, TableSize: size}))
+	if id != 0 {
+		f.table(id)
+	}
+}
+
+func (f *fixture) table(id uint32) {
+	f.t.Helper()
+	f.must(f.Maps.SwapTable(svcID, fill(id)))
+}
+
+func fill(id uint32) []uint32 {
+	t := make([]uint32, size)
+	for i := range t {
+		t[i] = id
+	}
+	return t
+}
+
+func (f *fixture) run(pkt []byte) (uint32, bpftest.Parsed, []byte) {
+	f.t.Helper()
+	ret, out := bpftest.Run(f.t, f.PbXdp, pkt)
+	p, err := bpftest.Parse(out)
+	if err != nil {
+		f.t.Fatalf("output packet: %v", err)
+	}
+	return ret, p, out
+}
+
+type event struct {
+	Type, Flags uint8
+	Svc, BE     uint32
+	Client      netip.AddrPort
+}
+
+// events drains the ring buffer.
+func (f *fixture) events() []event {
+	f.t.Helper()
+	var out []event
+	for range 1000 {
+		f.rb.SetDeadline(time.Now())
+		rec, err := f.rb.Read()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return out
+		}
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		var e bpf.LbEvent
+		if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &e); err != nil {
+			f.t.Fatal(err)
+		}
+		if e.TsNs == 0 {
+			f.t.Errorf("event without timestamp: %+v", e)
+		}
+		out = append(out, event{e.Type, e.Flags, e.SvcId, e.BackendId,
+			netip.AddrPortFrom(maps.AddrFromV4(e.Client.V4), maps.Port(e.ClientPort))})
+	}
+	f.t.Fatal("ring buffer does not drain")
+	return nil
+}
+
+func (f *fixture) wantEvents(want ...event) {
+	f.t.Helper()
+	got := f.events()
+	if len(got) != len(want) {
+		f.t.Fatalf("events = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			f.t.Errorf("event %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func ev(typ, flags uint8, be uint32, c netip.AddrPort) event {
+	return event{Type: typ, Flags: flags, Svc: svcID, BE: be, Client: c}
+}
+
+func TestDNATAndReverseNAT(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+
+	ret, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	if ret != bpftest.XDPPass {
+		t.Fatalf("verdict %d, want XDP_PASS", ret)
+	}
+	if p.Src != client || p.Dst != be1 {
+		t.Fatalf("DNAT: %v -> %v, want %v -> %v", p.Src, p.Dst, client, be1)
+	}
+	if p.TTL != 64 {
+		t.Errorf("TTL changed on the XDP_PASS path: %d", p.TTL)
+	}
+	f.wantEvents(ev(evNewFlow, 0, id1, client))
+
+	// The reply comes back from the VIP, with valid checksums, and the
+	// SYN-ACK is reported once however often it is retransmitted.
+	for range 2 {
+		ret, p, _ = f.run(bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+		if ret != bpftest.XDPPass || p.Src != vip || p.Dst != client {
+			t.Fatalf("reverse NAT: verdict %d, %v -> %v", ret, p.Src, p.Dst)
+		}
+	}
+	f.wantEvents(ev(evEstablished, 0, id1, client))
+
+	// Data both ways keeps the mapping and emits nothing.
+	_, p, _ = f.run(bpftest.TCP(client, vip, bpftest.ACK, []byte("GET / HTTP/1.1\r\n\r\n")))
+	if p.Dst != be1 {
+		t.Fatalf("established flow went to %v", p.Dst)
+	}
+	_, p, _ = f.run(bpftest.TCP(be1, client, bpftest.ACK, []byte("HTTP/1.1 200 OK\r\n\r\n")))
+	if p.Src != vip {
+		t.Fatalf("reply source %v", p.Src)
+	}
+	f.wantEvents()
+
+	ss, err := f.Maps.ServiceStats(svcID)
+	f.must(err)
+	if ss.Flows != 1 || ss.Packets != 2 {
+		t.Errorf("service stats = %+v, want 1 flow, 2 packets", ss)
+	}
+	bs, err := f.Maps.BackendStats(id1)
+	f.must(err)
+	if bs.Flows != 1 || bs.Packets != 2 || bs.ReplyPackets != 3 {
+		t.Errorf("backend stats = %+v, want 1 flow, 2 packets, 3 replies", bs)
+	}
+}
+
+func TestUDPChecksums(t *testing.T) {
+	f := newFixture(t)
+	f.service(17, id1)
+	ret, p, _ := f.run(bpftest.UDP(client, vip, []byte("ping")))
+	if ret != bpftest.XDPPass || p.Dst != be1 {
+		t.Fatalf("UDP DNAT: verdict %d, dst %v", ret, p.Dst)
+	}
+	f.wantEvents(ev(evNewFlow, 0, id1, client))
+	_, p, _ = f.run(bpftest.UDP(be1, client, []byte("pong")))
+	if p.Src != vip {
+		t.Fatalf("UDP reverse NAT: src %v", p.Src)
+	}
+
+	// A zero UDP checksum means none: it must stay zero.
+	pkt := bpftest.UDP(client2, vip, []byte("x"))
+	binary.BigEndian.PutUint16(pkt[14+20+6:], 0)
+	_, out := bpftest.Run(t, f.PbXdp, pkt)
+	if c := binary.BigEndian.Uint16(out[14+20+6:]); c != 0 {
+		t.Fatalf("zero UDP checksum became %#x", c)
+	}
+	if _, err := bpftest.Parse(out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestExistingFlowKeepsBackend(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+
+	f.table(id2) // the backend set changes
+	_, p, _ := f.run(bpftest.TCP(client, vip, bpftest.ACK, []byte("more")))
+	if p.Dst != be1 {
+		t.Fatalf("existing flow moved to %v after the table changed", p.Dst)
+	}
+	_, p, _ = f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
+	if p.Dst != be2 {
+		t.Fatalf("new flow went to %v, want the new table's %v", p.Dst, be2)
+	}
+}
+
+func TestOutcomeEvents(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+
+	// Refused: RST answering the SYN; the flow ends with it.
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, client, bpftest.RST, nil))
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evRefused, 0, id1, client), ev(evFlowEnd, 0, id1, client))
+
+	// The client reuses the tuple: a new flow. Reset after the handshake,
+	// before any payload from the backend.
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(be1, client, bpftest.RST, nil))
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evEstablished, 0, id1, client),
+		ev(evReset, 0, id1, client), ev(evFlowEnd, 0, id1, client))
+
+	// Reset after the backend sent data carries the flag.
+	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, client2, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(be1, client2, bpftest.ACK, []byte("hello")))
+	f.run(bpftest.TCP(be1, client2, bpftest.RST, nil))
+	f.run(bpftest.TCP(be1, client2, bpftest.RST, nil)) // a second RST reports nothing
+	f.wantEvents(ev(evNewFlow, 0, id1, client2), ev(evEstablished, 0, id1, client2),
+		ev(evReset, evfBackendData, id1, client2), ev(evFlowEnd, 0, id1, client2))
+}
+
+func TestSynRetransmitIsReportedOnce(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	for range 3 {
+		_, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+		if p.Dst != be1 {
+			t.Fatalf("retransmitted SYN went to %v", p.Dst)
+		}
+	}
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evSynRetrans, 0, id1, client))
+
+	// Once established, a stray SYN is not a timeout.
+	f.run(bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	f.wantEvents(ev(evEstablished, 0, id1, client))
+}
+
+func TestRetransmittedSynLeavesEjectedBackend(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+
+	// The agent ejects backend 1 while the SYN is unanswered.
+	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendEjected, 0)))
+	f.table(id2)
+
+	_, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	if p.Dst != be2 {
+		t.Fatalf("retransmitted SYN went to %v, want it moved to %v", p.Dst, be2)
+	}
+	_, p, _ = f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil))
+	if p.Src != vip {
+		t.Fatalf("reply from the new backend: src %v", p.Src)
+	}
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evSynRetrans, 0, id1, client),
+		ev(evNewFlow, evfRepick, id2, client), ev(evEstablished, 0, id2, client))
+
+	// The old backend's late SYN-ACK no longer belongs to the flow.
+	ret, out := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+	p2, _ := bpftest.Parse(out)
+	if ret != bpftest.XDPPass || p2.Src != be1 {
+		t.Fatalf("stale reply was rewritten: %v", p2.Src)
+	}
+	gs, err := f.Maps.GlobalStats()
+	f.must(err)
+	if gs.Repicked != 1 {
+		t.Errorf("repicked = %d, want 1", gs.Repicked)
+	}
+}
+
+func TestProbationAdmitsExactlyGrantedFlows(t *testing.T) {
+	f := newFixture(t)
+	// Every slot of the table holds backend 1, in probation with one grant;
+	// the table without probation backends holds backend 2.
+	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendProbation, 1)))
+	f.table(id1)
+	f.must(f.Maps.SetFallback(svcID, fill(id2)))
+
+	_, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	if p.Dst != be1 {
+		t.Fatalf("first flow went to %v, want the probation backend", p.Dst)
+	}
+	_, p, _ = f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
+	if p.Dst != be2 {
+		t.Fatalf("second flow went to %v, want it steered to %v", p.Dst, be2)
+	}
+	// The probe's outcome is flagged.
+	f.run(bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+	f.wantEvents(ev(evNewFlow, evfProbe, id1, client), ev(evNewFlow, 0, id2, client2),
+		ev(evEstablished, evfProbe, id1, client))
+
+	b, err := f.Maps.Backend(id1)
+	f.must(err)
+	if b.ProbeGrants > 0 {
+		t.Errorf("grants left: %d", b.ProbeGrants)
+	}
+	gs, err := f.Maps.GlobalStats()
+	f.must(err)
+	if gs.ProbeAdmitted != 1 || gs.Steered != 1 || gs.SteerFailed != 0 {
+		t.Errorf("stats %+v: want 1 probe admitted, 1 steered", gs)
+	}
+}
+
+func TestFlowEndOnFinBothWays(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(client, vip, bpftest.FIN, nil))
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evEstablished, 0, id1, client))
+	f.run(bpftest.TCP(be1, client, bpftest.FIN, nil))
+	f.run(bpftest.TCP(client, vip, bpftest.ACK, nil))
+	f.wantEvents(ev(evFlowEnd, 0, id1, client))
+}
+
+func TestMidstreamPacketGetsBackendWithoutEvent(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	_, p, _ := f.run(bpftest.TCP(client, vip, bpftest.ACK, []byte("x")))
+	if p.Dst != be1 {
+		t.Fatalf("mid-stream packet went to %v", p.Dst)
+	}
+	f.wantEvents()
+}
+
+func TestNoBackendDrops(t *testing.T) {
+	f := newFixture(t)
+	ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(client, vip, bpftest.SYN, nil))
+	if ret != bpftest.XDPDrop {
+		t.Fatalf("verdict %d, want XDP_DROP for a service without backends", ret)
+	}
+	ss, err := f.Maps.ServiceStats(svcID)
+	f.must(err)
+	if ss.Rejected != 1 {
+		t.Errorf("rejected = %d, want 1", ss.Rejected)
+	}
+}
+
+func TestNotOursPassesUnchanged(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	other := netip.MustParseAddrPort("198.18.50.50:80")
+	cases := map[string][]byte{
+		"other address, VIP port":  bpftest.TCP(client, other, bpftest.SYN, nil),
+		"VIP address, other port":  bpftest.TCP(client, netip.AddrPortFrom(vip.Addr(), 81), bpftest.SYN, nil),
+		"UDP to a TCP-only VIP":    bpftest.UDP(client, vip, []byte("x")),
+		"reply of an unknown flow": bpftest.TCP(be1, client2, bpftest.SYNACK, nil),
+	}
+	syn := bpftest.TCP(client, vip, bpftest.SYN, nil)
+	// BPF_PROG_TEST_RUN refuses frames shorter than an Ethernet header.
+	for _, n := range []int{14, 20, 33, 34, 35, 37, 47, 53} {
+		cases["truncated to "+itoa(n)] = syn[:n]
+	}
+	mut := func(name string, f func(p []byte)) {
+		p := append([]byte(nil), syn...)
+		f(p)
+		cases[name] = p
+	}
+	mut("IP header length 4", func(p []byte) { p[14] = 0x44 })
+	mut("IP version 6 in an IPv4 frame", func(p []byte) { p[14] = 0x65 })
+	mut("IP total length beyond the frame", func(p []byte) { binary.BigEndian.PutUint16(p[16:], 200) })
+	mut("IP total length below the header", func(p []byte) { binary.BigEndian.PutUint16(p[16:], 10) })
+	mut("TCP data offset 4", func(p []byte) { p[14+20+12] = 0x40 })
+	mut("TCP data offset past the end", func(p []byte) { p[14+20+12] = 0xf0 })
+	mut("fragment", func(p []byte) { binary.BigEndian.PutUint16(p[20:], 0x2000) })
+	mut("ARP ethertype", func(p []byte) { binary.BigEndian.PutUint16(p[12:], 0x0806) })
+
+	for name, pkt := range cases {
+		t.Run(name, func(t *testing.T) {
+			ret, out := bpftest.Run(t, f.PbXdp, pkt)
+			if ret != bpftest.XDPPass {
+				t.Fatalf("verdict %d, want XDP_PASS", ret)
+			}
+			if !bytes.Equal(out[:len(pkt)], pkt) {
+				t.Fatalf("packet changed:\n got %x\nwant %x", out[:len(pkt)], pkt)
+			}
+		})
+	}
+	f.wantEvents()
+	gs, err := f.Maps.GlobalStats()
+	f.must(err)
+	if gs.Malformed == 0 {
+		t.Errorf("malformed VIP-bound packets were not counted")
+	}
+}
+
+func itoa(n int) string { return string(rune('0'+n/10)) + string(rune('0'+n%10)) }

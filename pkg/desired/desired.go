@@ -1,0 +1,67 @@
+// Package desired is the agent's desired state: the services it must
+// load-balance and how. The config file and Kubernetes both produce it; the
+// reconciler turns it into map contents. It holds no kernel or API types.
+package desired
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+)
+
+// Protocol is an IP protocol number.
+type Protocol uint8
+
+const (
+	TCP Protocol = 6
+	UDP Protocol = 17
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	}
+	return fmt.Sprintf("proto(%d)", uint8(p))
+}
+
+// Endpoint is one backend of a service.
+type Endpoint struct {
+	Addr netip.AddrPort
+	// Name identifies the endpoint to people: the pod ("ns/pod") in
+	// Kubernetes, empty in standalone mode.
+	Name string
+}
+
+// Key identifies a service in the datapath.
+type Key struct {
+	VIP      netip.Addr
+	Port     uint16
+	Protocol Protocol
+}
+
+func (k Key) String() string {
+	return fmt.Sprintf("%s:%d/%s", k.VIP, k.Port, k.Protocol)
+}
+
+// Service is one VIP:port:protocol and its endpoints.
+type Service struct {
+	// Name is unique within a State: "web" in a config file, "ns/svc:port"
+	// in Kubernetes. Metrics and logs use it.
+	Name      string
+	Key       Key
+	Endpoints []Endpoint
+	Accrual   accrual.Settings
+	// MaxInflight caps live flows to the service; 0 means no limit.
+	MaxInflight uint32
+	// MaxInflightPerEndpoint caps live flows to each endpoint; 0: no limit.
+	MaxInflightPerEndpoint uint32
+}
+
+// State is everything the agent must program.
+type State struct {
+	Services []Service
+}

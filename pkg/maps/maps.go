@@ -1,0 +1,347 @@
+// Package maps is typed access to the datapath's pinned BPF maps: it turns
+// Go values (netip addresses, backend states, Maglev tables) into the C
+// layouts of bpf/include/pb_structs.h and back. It holds no policy; the
+// reconciler decides what to write.
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/penaltybox/penaltybox/bpf"
+)
+
+// Values of enum pb_backend_state (bpf/include/pb_consts.h).
+type BackendState uint8
+
+const (
+	BackendActive    BackendState = 0
+	BackendProbation BackendState = 1
+	BackendEjected   BackendState = 2
+	BackendRemoved   BackendState = 3
+)
+
+func (s BackendState) String() string {
+	switch s {
+	case BackendActive:
+		return "active"
+	case BackendProbation:
+		return "probation"
+	case BackendEjected:
+		return "ejected"
+	case BackendRemoved:
+		return "removed"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// Values of pb_ports bits, PB_AF_*, pb_config flags and event types.
+const (
+	PortVIP     uint8 = 0x1
+	PortBackend uint8 = 0x2
+
+	FamilyIPv4 uint8 = 4
+
+	ConfigRedirect uint32 = 0x1
+)
+
+// Flow state bits of pb_ct_value.flags (PB_CT_*).
+const (
+	CTEstablished uint32 = 0x0001
+	CTBackendData uint32 = 0x0002
+	CTFinFwd      uint32 = 0x0004
+	CTFinRev      uint32 = 0x0008
+	CTClosed      uint32 = 0x0010
+	CTTimeoutSeen uint32 = 0x0020
+	CTProbe       uint32 = 0x0040
+	CTMidstream   uint32 = 0x0080
+)
+
+// Conntrack directions.
+const (
+	DirFwd uint8 = 0
+	DirRev uint8 = 1
+)
+
+// Maps wraps the loaded maps of one datapath.
+type Maps struct {
+	m     *bpf.LbMaps
+	inner *ebpf.MapSpec
+	ncpu  int
+}
+
+// New wraps loaded maps. inner is the Maglev inner map template
+// (pb_maglev's InnerMap spec) used to create new tables.
+func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("maps: %w", err)
+	}
+	return &Maps{m: m, inner: inner.Copy(), ncpu: n}, nil
+}
+
+// Raw exposes the underlying maps for tests and tools.
+func (m *Maps) Raw() *bpf.LbMaps { return m.m }
+
+// AddrV4 is an IPv4 address in a pb_addr's v4 field: network byte order
+// read as a host integer.
+func AddrV4(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// AddrFromV4 is the inverse of AddrV4.
+func AddrFromV4(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// Port converts a host-order port to the __be16 field value and back.
+func Port(p uint16) uint16 {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) == 1 {
+		return bits.ReverseBytes16(p)
+	}
+	return p
+}
+
+// ServiceKey builds a pb_services key.
+func ServiceKey(vip netip.Addr, port uint16, proto uint8) bpf.LbSvcKey {
+	var k bpf.LbSvcKey
+	k.Vip.V4 = AddrV4(vip)
+	k.Port = Port(port)
+	k.Proto = proto
+	k.Family = FamilyIPv4
+	return k
+}
+
+// UpsertService writes a pb_services entry.
+func (m *Maps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
+	if err := m.m.PbServices.Put(k, v); err != nil {
+		return fmt.Errorf("pb_services: put: %w", err)
+	}
+	return nil
+}
+
+// DeleteService removes a pb_services entry and its tables.
+func (m *Maps) DeleteService(k bpf.LbSvcKey, id uint32) error {
+	err := m.m.PbServices.Delete(k)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("pb_services: delete: %w", err)
+	}
+	m.deleteOuter(m.m.PbMaglev, id)
+	m.deleteOuter(m.m.PbMaglevFb, id)
+	return nil
+}
+
+func (m *Maps) deleteOuter(outer *ebpf.Map, id uint32) {
+	_ = outer.Delete(id) // absent is fine
+}
+
+// Services returns every pb_services entry.
+func (m *Maps) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) {
+	out := map[bpf.LbSvcKey]bpf.LbSvcValue{}
+	var k bpf.LbSvcKey
+	var v bpf.LbSvcValue
+	it := m.m.PbServices.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	return out, it.Err()
+}
+
+// SetBackend writes pb_backends[id].
+func (m *Maps) SetBackend(id uint32, b bpf.LbBackend) error {
+	if err := m.m.PbBackends.Put(id, b); err != nil {
+		return fmt.Errorf("pb_backends[%d]: %w", id, err)
+	}
+	return nil
+}
+
+// Backend reads pb_backends[id].
+func (m *Maps) Backend(id uint32) (bpf.LbBackend, error) {
+	var b bpf.LbBackend
+	err := m.m.PbBackends.Lookup(id, &b)
+	return b, err
+}
+
+// ClearBackend zeroes pb_backends[id] (an array entry cannot be deleted).
+func (m *Maps) ClearBackend(id uint32) error {
+	return m.SetBackend(id, bpf.LbBackend{})
+}
+
+// Backends returns the used entries of pb_backends (those with a family).
+func (m *Maps) Backends() (map[uint32]bpf.LbBackend, error) {
+	out := map[uint32]bpf.LbBackend{}
+	var k uint32
+	var v bpf.LbBackend
+	it := m.m.PbBackends.Iterate()
+	for it.Next(&k, &v) {
+		if v.Family != 0 {
+			out[k] = v
+		}
+	}
+	return out, it.Err()
+}
+
+// NewBackend builds a pb_backends value.
+func NewBackend(addr netip.AddrPort, svcID uint32, state BackendState, grants int32) bpf.LbBackend {
+	var b bpf.LbBackend
+	b.Addr.V4 = AddrV4(addr.Addr())
+	b.Port = Port(addr.Port())
+	b.Family = FamilyIPv4
+	b.State = uint8(state)
+	b.SvcId = svcID
+	b.ProbeGrants = grants
+	return b
+}
+
+// SwapTable installs a new Maglev table for a service: it fills a fresh
+// inner map and replaces the old one with a single outer-map update, so
+// the datapath sees either the old table or the new one, never a mix.
+func (m *Maps) SwapTable(svcID uint32, slots []uint32) error {
+	return m.swap(m.m.PbMaglev, svcID, slots)
+}
+
+// SetFallback installs the service's table without probation backends.
+func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
+	return m.swap(m.m.PbMaglevFb, svcID, slots)
+}
+
+// ClearFallback removes the service's fallback table.
+func (m *Maps) ClearFallback(svcID uint32) { m.deleteOuter(m.m.PbMaglevFb, svcID) }
+
+// keys is shared by every table fill: slot numbers 0..n-1.
+var keys []uint32
+
+func slotKeys(n int) []uint32 {
+	for len(keys) < n {
+		keys = append(keys, uint32(len(keys)))
+	}
+	return keys[:n]
+}
+
+func (m *Maps) swap(outer *ebpf.Map, svcID uint32, slots []uint32) error {
+	if len(slots) == 0 {
+		return fmt.Errorf("maglev table for service %d: empty", svcID)
+	}
+	spec := *m.inner
+	spec.MaxEntries = uint32(len(slots))
+	spec.Contents = nil
+	inner, err := ebpf.NewMap(&spec)
+	if err != nil {
+		return fmt.Errorf("maglev table for service %d: create: %w", svcID, err)
+	}
+	defer inner.Close() // the outer map holds its own reference
+	if _, err := inner.BatchUpdate(slotKeys(len(slots)), slots, nil); err != nil {
+		return fmt.Errorf("maglev table for service %d: fill: %w", svcID, err)
+	}
+	if err := outer.Put(svcID, inner); err != nil {
+		return fmt.Errorf("maglev table for service %d: swap: %w", svcID, err)
+	}
+	return nil
+}
+
+// Table reads a service's current table (nil when it has none).
+func (m *Maps) Table(svcID uint32) ([]uint32, error) {
+	return m.readTable(m.m.PbMaglev, svcID)
+}
+
+// Fallback reads a service's fallback table (nil when it has none).
+func (m *Maps) Fallback(svcID uint32) ([]uint32, error) {
+	return m.readTable(m.m.PbMaglevFb, svcID)
+}
+
+func (m *Maps) readTable(outer *ebpf.Map, svcID uint32) ([]uint32, error) {
+	var innerID ebpf.MapID
+	if err := outer.Lookup(svcID, &innerID); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	inner, err := ebpf.NewMapFromID(innerID)
+	if err != nil {
+		return nil, err
+	}
+	defer inner.Close()
+	n := int(inner.MaxEntries())
+	out := make([]uint32, n)
+	var cursor ebpf.MapBatchCursor
+	ks := make([]uint32, n)
+	got, err := inner.BatchLookup(&cursor, ks, out, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, err
+	}
+	return out[:got], nil
+}
+
+// SetPorts makes pb_ports hold exactly roles (port -> PB_PORT_* bits),
+// writing only entries that change.
+func (m *Maps) SetPorts(old, roles map[uint16]uint8) error {
+	for p := range old {
+		if _, ok := roles[p]; !ok {
+			if err := m.m.PbPorts.Put(uint32(p), uint8(0)); err != nil {
+				return fmt.Errorf("pb_ports[%d]: %w", p, err)
+			}
+		}
+	}
+	for p, r := range roles {
+		if o, ok := old[p]; ok && o == r {
+			continue
+		}
+		if err := m.m.PbPorts.Put(uint32(p), r); err != nil {
+			return fmt.Errorf("pb_ports[%d]: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// Ports reads every non-zero pb_ports entry.
+func (m *Maps) Ports() (map[uint16]uint8, error) {
+	out := map[uint16]uint8{}
+	var k uint32
+	var v uint8
+	it := m.m.PbPorts.Iterate()
+	for it.Next(&k, &v) {
+		if v != 0 {
+			out[uint16(k)] = v
+		}
+	}
+	return out, it.Err()
+}
+
+// SetConfig writes pb_config[0].
+func (m *Maps) SetConfig(flags uint32) error {
+	return m.m.PbConfig.Put(uint32(0), bpf.LbConfig{Flags: flags})
+}
+
+// SetRedirect makes pb_redirect hold exactly ifindexes.
+func (m *Maps) SetRedirect(ifindexes []uint32) error {
+	want := map[uint32]bool{}
+	for _, i := range ifindexes {
+		want[i] = true
+	}
+	var k, v uint32
+	var stale []uint32
+	it := m.m.PbRedirect.Iterate()
+	for it.Next(&k, &v) {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	for _, k := range stale {
+		_ = m.m.PbRedirect.Delete(k)
+	}
+	for i := range want {
+		if err := m.m.PbRedirect.Put(i, i); err != nil {
+			return fmt.Errorf("pb_redirect[%d]: %w", i, err)
+		}
+	}
+	return nil
+}
