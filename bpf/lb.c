@@ -54,6 +54,7 @@ struct pkt {
 	__u32 len;        /* IP total length */
 	__u8 proto;
 	__u8 tcp_flags;
+	__u8 partial;     /* L4 checksum left to the device (see l4csum_replace) */
 };
 
 static __always_inline struct global_stats *gstats(void)
@@ -123,13 +124,38 @@ static __always_inline int parse(struct xdp_md *ctx, struct pkt *p)
 	return 0;
 }
 
-static __always_inline void l4csum_replace(struct pkt *p, __be32 old_addr, __be32 new_addr,
-					   __be16 old_port, __be16 new_port)
+/* The pseudo-header sum, folded but not inverted: what a sender that
+ * leaves the checksum to the device (CHECKSUM_PARTIAL, the default for
+ * local sockets on a veth) puts in the L4 checksum field. */
+static __always_inline __u16 pseudo_sum(__be32 saddr, __be32 daddr, __u8 proto, __u32 l4len)
+{
+	__u32 s = (saddr & 0xffff) + (saddr >> 16) + (daddr & 0xffff) + (daddr >> 16);
+	s += bpf_htons(proto) + bpf_htons((__u16)l4len);
+	return csum_fold32(s);
+}
+
+/* l4csum_replace updates the TCP/UDP checksum for a new address and port.
+ * A packet from a local sender on a veth usually carries only the
+ * pseudo-header sum (the checksum is finished by the device later); XDP
+ * cannot see skb->ip_summed, so such a field is recognised by its value and
+ * replaced by the new pseudo-header sum (ports are not in it: the device
+ * sums them when it finishes). A complete checksum matches that value by
+ * chance once in 65536 packets and is then corrupted; TCP's retransmission
+ * differs (timestamps, ack) and gets through. */
+static __always_inline void l4csum_replace(struct pkt *p, __be32 saddr, __be32 daddr, int dst,
+					   __be32 new_addr, __be16 old_port, __be16 new_port)
 {
 	/* A zero UDP checksum means "none"; keep it that way. */
 	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
 		return;
-	csum_replace4(p->l4csum, old_addr, new_addr);
+	__u32 l4len = p->len - p->ip->ihl * 4;
+	if (*p->l4csum == pseudo_sum(saddr, daddr, p->proto, l4len)) {
+		p->partial = 1;
+		*p->l4csum = dst ? pseudo_sum(saddr, new_addr, p->proto, l4len)
+				 : pseudo_sum(new_addr, daddr, p->proto, l4len);
+		return;
+	}
+	csum_replace4(p->l4csum, dst ? daddr : saddr, new_addr);
 	csum_replace2(p->l4csum, old_port, new_port);
 	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
 		*p->l4csum = 0xffff;
@@ -139,7 +165,7 @@ static __always_inline void l4csum_replace(struct pkt *p, __be32 old_addr, __be3
 static __always_inline void rewrite_dst(struct pkt *p, __be32 addr, __be16 port)
 {
 	struct iphdr *ip = p->ip;
-	l4csum_replace(p, ip->daddr, addr, p->ports[1], port);
+	l4csum_replace(p, ip->saddr, ip->daddr, 1, addr, p->ports[1], port);
 	csum_replace4(&ip->check, ip->daddr, addr);
 	ip->daddr = addr;
 	p->ports[1] = port;
@@ -149,7 +175,7 @@ static __always_inline void rewrite_dst(struct pkt *p, __be32 addr, __be16 port)
 static __always_inline void rewrite_src(struct pkt *p, __be32 addr, __be16 port)
 {
 	struct iphdr *ip = p->ip;
-	l4csum_replace(p, ip->saddr, addr, p->ports[0], port);
+	l4csum_replace(p, ip->saddr, ip->daddr, 0, addr, p->ports[0], port);
 	csum_replace4(&ip->check, ip->saddr, addr);
 	ip->saddr = addr;
 	p->ports[0] = port;
@@ -179,6 +205,10 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, struct glo
 	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
 		goto pass;
 	if (!bpf_map_lookup_elem(&pb_redirect, &fib.ifindex))
+		goto pass;
+	/* A redirected frame loses the skb's note that its checksum is still to
+	 * be finished; only the stack can carry a partial checksum on. */
+	if (p->partial)
 		goto pass;
 	if (ip->ttl <= 1)
 		goto pass; /* the stack sends the ICMP time-exceeded */
@@ -538,8 +568,14 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 					     (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
 					     rv->backend_id, fk.src.v4, fk.sport, gs);
 			}
-			if (p->payload && !(rv->flags & PB_CT_BACKEND_DATA))
-				__sync_fetch_and_or(&rv->flags, PB_CT_BACKEND_DATA);
+			/* The first payload byte settles a connection as working: a reset
+			 * after it is no longer a failure to connect. */
+			if (p->payload && !(rv->flags & PB_CT_BACKEND_DATA)) {
+				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_BACKEND_DATA);
+				if (!(old & PB_CT_BACKEND_DATA))
+					emit(PB_EV_FIRST_DATA, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0,
+					     rv->svc_id, rv->backend_id, fk.src.v4, fk.sport, gs);
+			}
 			if (f & TCP_FIN) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_REV);
 				if ((old & PB_CT_FIN_FWD) && !(old & PB_CT_CLOSED))

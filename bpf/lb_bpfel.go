@@ -79,6 +79,22 @@ type LbCtValue struct {
 	LastSeenNs uint64
 }
 
+type LbEndpointHealth struct {
+	_                   structs.HostLayout
+	SvcId               uint32
+	State               uint8
+	PenaltyLevel        uint8
+	LastFailureKind     uint8
+	Pad                 uint8
+	ConsecutiveFailures uint32
+	Pad2                uint32
+	Ejections           uint64
+	PenaltyNs           uint64
+	EjectedAtNs         int64
+	ProbationAtNs       int64
+	LastFailureNs       int64
+}
+
 type LbEvent struct {
 	_         structs.HostLayout
 	TsNs      uint64
@@ -149,6 +165,7 @@ const (
 	LbMapPbConfig    = "pb_config"
 	LbMapPbCt        = "pb_ct"
 	LbMapPbEvents    = "pb_events"
+	LbMapPbHealth    = "pb_health"
 	LbMapPbMaglev    = "pb_maglev"
 	LbMapPbMaglevFb  = "pb_maglev_fb"
 	LbMapPbPorts     = "pb_ports"
@@ -214,6 +231,7 @@ type LbMapSpecs struct {
 	PbConfig   *ebpf.MapSpec `ebpf:"pb_config"`
 	PbCt       *ebpf.MapSpec `ebpf:"pb_ct"`
 	PbEvents   *ebpf.MapSpec `ebpf:"pb_events"`
+	PbHealth   *ebpf.MapSpec `ebpf:"pb_health"`
 	PbMaglev   *ebpf.MapSpec `ebpf:"pb_maglev"`
 	PbMaglevFb *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
 	PbPorts    *ebpf.MapSpec `ebpf:"pb_ports"`
@@ -255,6 +273,7 @@ type LbMaps struct {
 	PbConfig   *ebpf.Map `ebpf:"pb_config"`
 	PbCt       *ebpf.Map `ebpf:"pb_ct"`
 	PbEvents   *ebpf.Map `ebpf:"pb_events"`
+	PbHealth   *ebpf.Map `ebpf:"pb_health"`
 	PbMaglev   *ebpf.Map `ebpf:"pb_maglev"`
 	PbMaglevFb *ebpf.Map `ebpf:"pb_maglev_fb"`
 	PbPorts    *ebpf.Map `ebpf:"pb_ports"`
@@ -271,6 +290,7 @@ func (m *LbMaps) Close() error {
 		m.PbConfig,
 		m.PbCt,
 		m.PbEvents,
+		m.PbHealth,
 		m.PbMaglev,
 		m.PbMaglevFb,
 		m.PbPorts,

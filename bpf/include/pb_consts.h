@@ -55,6 +55,7 @@ enum pb_event_type {
 	PB_EV_SYN_RETRANS = 5, /* client retransmitted SYN, no SYN-ACK yet */
 	PB_EV_FLOW_END = 6,    /* FIN both ways or RST either way */
 	PB_EV_REJECTED = 7,    /* new flow refused by a circuit breaker */
+	PB_EV_FIRST_DATA = 8,  /* first payload byte from the backend */
 };
 
 /* pb_event.flags */

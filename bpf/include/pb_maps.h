@@ -127,4 +127,13 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_be_stats SEC(".maps");
 
+/* backend id -> failure-accrual state. Written by the agent only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct endpoint_health);
+	__uint(max_entries, PB_MAX_BACKENDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_health SEC(".maps");
+
 #endif

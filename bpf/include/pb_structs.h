@@ -114,4 +114,22 @@ struct be_stats {
 	__u64 reply_bytes;
 };
 
+/* pb_health value: one endpoint's failure-accrual state, so a restarted
+ * agent keeps penalties running. Written by the agent on every state change;
+ * the datapath never reads it. Times are Unix nanoseconds. */
+struct endpoint_health {
+	__u32 svc_id;
+	__u8 state;             /* 0 ready, 1 ejected, 2 probation */
+	__u8 penalty_level;     /* failed probes since the first ejection */
+	__u8 last_failure_kind; /* 1 refused, 2 timeout, 3 reset, 4 reset-after-data */
+	__u8 pad;
+	__u32 consecutive_failures;
+	__u32 pad2;
+	__u64 ejections;
+	__u64 penalty_ns;
+	__s64 ejected_at_ns;
+	__s64 probation_at_ns;
+	__s64 last_failure_ns;
+};
+
 #endif

@@ -39,6 +39,7 @@ const (
 	evReset       = 4
 	evSynRetrans  = 5
 	evFlowEnd     = 6
+	evFirstData   = 8
 
 	evfProbe       = 0x01
 	evfBackendData = 0x02
@@ -187,11 +188,13 @@ func TestDNATAndReverseNAT(t *testing.T) {
 	if p.Dst != be1 {
 		t.Fatalf("established flow went to %v", p.Dst)
 	}
-	_, p, _ = f.run(bpftest.TCP(be1, client, bpftest.ACK, []byte("HTTP/1.1 200 OK\r\n\r\n")))
-	if p.Src != vip {
-		t.Fatalf("reply source %v", p.Src)
+	for range 2 {
+		_, p, _ = f.run(bpftest.TCP(be1, client, bpftest.ACK, []byte("HTTP/1.1 200 OK\r\n\r\n")))
+		if p.Src != vip {
+			t.Fatalf("reply source %v", p.Src)
+		}
 	}
-	f.wantEvents()
+	f.wantEvents(ev(evFirstData, 0, id1, client))
 
 	ss, err := f.Maps.ServiceStats(svcID)
 	f.must(err)
@@ -200,8 +203,8 @@ func TestDNATAndReverseNAT(t *testing.T) {
 	}
 	bs, err := f.Maps.BackendStats(id1)
 	f.must(err)
-	if bs.Flows != 1 || bs.Packets != 2 || bs.ReplyPackets != 3 {
-		t.Errorf("backend stats = %+v, want 1 flow, 2 packets, 3 replies", bs)
+	if bs.Flows != 1 || bs.Packets != 2 || bs.ReplyPackets != 4 {
+		t.Errorf("backend stats = %+v, want 1 flow, 2 packets, 4 replies", bs)
 	}
 }
 
@@ -271,7 +274,7 @@ func TestOutcomeEvents(t *testing.T) {
 	f.run(bpftest.TCP(be1, client2, bpftest.RST, nil))
 	f.run(bpftest.TCP(be1, client2, bpftest.RST, nil)) // a second RST reports nothing
 	f.wantEvents(ev(evNewFlow, 0, id1, client2), ev(evEstablished, 0, id1, client2),
-		ev(evReset, evfBackendData, id1, client2), ev(evFlowEnd, 0, id1, client2))
+		ev(evFirstData, 0, id1, client2), ev(evReset, evfBackendData, id1, client2), ev(evFlowEnd, 0, id1, client2))
 }
 
 func TestSynRetransmitIsReportedOnce(t *testing.T) {
@@ -441,3 +444,74 @@ func TestNotOursPassesUnchanged(t *testing.T) {
 }
 
 func itoa(n int) string { return string(rune('0'+n/10)) + string(rune('0'+n%10)) }
+
+// pseudoSum is the folded, uninverted pseudo-header sum a CHECKSUM_PARTIAL
+// sender leaves in the L4 checksum field.
+func pseudoSum(pkt []byte) uint16 {
+	ip := pkt[14:]
+	l4len := int(binary.BigEndian.Uint16(ip[2:])) - int(ip[0]&0xf)*4
+	s := uint32(0)
+	for i := 12; i < 20; i += 2 {
+		s += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	s += uint32(ip[9]) + uint32(l4len)
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return uint16(s)
+}
+
+// finish does what the device does for CHECKSUM_PARTIAL: sum the L4
+// segment with the field as it stands and store the inverted result.
+func finish(pkt []byte, csumOff int) {
+	ip := pkt[14:]
+	ihl := int(ip[0]&0xf) * 4
+	seg := ip[ihl:binary.BigEndian.Uint16(ip[2:])]
+	s := uint32(0)
+	for i := 0; i+1 < len(seg); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(seg[i:]))
+	}
+	if len(seg)%2 == 1 {
+		s += uint32(seg[len(seg)-1]) << 8
+	}
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	binary.BigEndian.PutUint16(pkt[csumOff:], ^uint16(s))
+}
+
+func TestPartialChecksumFromLocalSenders(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	const tcpCsum = 14 + 20 + 16
+	for _, c := range []struct {
+		name string
+		pkt  []byte
+		want netip.AddrPort
+		dst  bool
+	}{
+		{"DNAT", bpftest.TCP(client, vip, bpftest.SYN, []byte("partial")), be1, true},
+		{"reverse NAT", bpftest.TCP(be1, client, bpftest.SYNACK, []byte("partial")), vip, false},
+	} {
+		pkt := c.pkt
+		binary.BigEndian.PutUint16(pkt[tcpCsum:], pseudoSum(pkt))
+		ret, out := bpftest.Run(t, f.PbXdp, pkt)
+		if ret != bpftest.XDPPass {
+			t.Fatalf("%s: verdict %d", c.name, ret)
+		}
+		if got, want := binary.BigEndian.Uint16(out[tcpCsum:]), pseudoSum(out); got != want {
+			t.Fatalf("%s: partial checksum field %#04x, want the new pseudo-header sum %#04x", c.name, got, want)
+		}
+		finish(out, tcpCsum)
+		p, err := bpftest.Parse(out)
+		if err != nil {
+			t.Fatalf("%s: after the device finishes the checksum: %v", c.name, err)
+		}
+		if got := p.Dst; c.dst && got != c.want {
+			t.Fatalf("%s: dst %v", c.name, got)
+		}
+		if got := p.Src; !c.dst && got != c.want {
+			t.Fatalf("%s: src %v", c.name, got)
+		}
+	}
+}

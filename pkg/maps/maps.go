@@ -213,6 +213,9 @@ func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
 	return m.swap(m.m.PbMaglevFb, svcID, slots)
 }
 
+// ClearTable removes the service's table: new flows to it are dropped.
+func (m *Maps) ClearTable(svcID uint32) { m.deleteOuter(m.m.PbMaglev, svcID) }
+
 // ClearFallback removes the service's fallback table.
 func (m *Maps) ClearFallback(svcID uint32) { m.deleteOuter(m.m.PbMaglevFb, svcID) }
 
@@ -344,4 +347,32 @@ func (m *Maps) SetRedirect(ifindexes []uint32) error {
 		}
 	}
 	return nil
+}
+
+// PutHealth writes pb_health[id].
+func (m *Maps) PutHealth(id uint32, h bpf.LbEndpointHealth) error {
+	if err := m.m.PbHealth.Put(id, h); err != nil {
+		return fmt.Errorf("pb_health[%d]: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteHealth removes pb_health[id]; absence is not an error.
+func (m *Maps) DeleteHealth(id uint32) error {
+	if err := m.m.PbHealth.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("pb_health[%d]: %w", id, err)
+	}
+	return nil
+}
+
+// Health reads every pb_health entry.
+func (m *Maps) Health() (map[uint32]bpf.LbEndpointHealth, error) {
+	out := map[uint32]bpf.LbEndpointHealth{}
+	var k uint32
+	var v bpf.LbEndpointHealth
+	it := m.m.PbHealth.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	return out, it.Err()
 }

@@ -1,0 +1,454 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/admin"
+	"github.com/penaltybox/penaltybox/pkg/config"
+	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/metrics"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
+)
+
+// run is the standalone agent: config file in, datapath out.
+func run(ctx context.Context, o options, log *slog.Logger) error {
+	// 1. Desired state: a bad config file stops the start, naming the field.
+	cfg, err := config.Load(o.configPath)
+	if err != nil {
+		return err
+	}
+
+	// 2. The datapath: load or adopt the pinned maps.
+	o.dp.Logger = log
+	dp, err := datapath.Load(o.dp)
+	if err != nil {
+		return err
+	}
+	defer dp.Close() // pins stay: the datapath keeps forwarding without us
+	m, err := maps.New(&dp.LbMaps, dp.InnerSpec)
+	if err != nil {
+		return err
+	}
+	a, err := newAgent(log, clock.RealClock{}, dp, m, dp.Opts, cfg.MaglevTableSize)
+	if err != nil {
+		return err
+	}
+
+	// 3. What operators see.
+	srv := admin.New(a.metrics.Registry, a.ready, log)
+	srv.JSON("/admin/services", a.servicesView)
+	srv.JSON("/admin/endpoints", a.endpointsView)
+	addr, httpDone, err := srv.Serve(ctx, o.metricsAddr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
+	}
+	log.Info("serving metrics and admin", "addr", addr.String())
+
+	// 4. Maps first, then the XDP hooks, then accrual state from before a
+	// restart.
+	if err := a.applyConfig(cfg); err != nil {
+		return err
+	}
+	a.restoreHealth()
+	a.readyAt.Store(true)
+	log.Info("datapath ready", "interfaces", cfg.Interfaces, "services", len(cfg.Services))
+
+	// 5. Outcomes: the ring buffer reader feeds the loop.
+	reader, err := outcomes.NewReader(dp.PbEvents)
+	if err != nil {
+		return err
+	}
+	a.monoOffset = reader.Offset()
+	events := make(chan []outcomes.Event, 256)
+	go func() {
+		if err := reader.Run(events); err != nil {
+			log.Error("ring buffer reader stopped", "err", err)
+		}
+	}()
+	defer reader.Close()
+
+	// 6. SIGHUP reloads the config file; a bad one leaves the last good one
+	// in force.
+	reloads := make(chan *config.Config, 1)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				cfg, err := config.Load(o.configPath)
+				if err != nil {
+					a.metrics.ConfigReloads.WithLabelValues("error").Inc()
+					a.metrics.ConfigLastOK.Set(0)
+					log.Error("config reload rejected; the last good config stays in force", "err", err)
+					continue
+				}
+				reloads <- cfg
+			}
+		}
+	}()
+
+	a.loop(ctx, events, reloads, nil)
+	log.Info("agent stopping; pinned datapath keeps forwarding", "bpffs_root", o.dp.Root)
+	if err := <-httpDone; err != nil {
+		return err
+	}
+	return nil
+}
+
+// agent owns the reconciler, the accrual engine and the outcome tracker.
+// Only the loop goroutine changes them; HTTP views read under mu.
+type agent struct {
+	log     *slog.Logger
+	clk     clock.WithTicker
+	dp      *datapath.Datapath
+	maps    *maps.Maps
+	metrics *metrics.Metrics
+
+	mu      sync.RWMutex
+	rec     *reconcile.Reconciler
+	engine  *accrual.Engine
+	tracker *outcomes.Tracker
+	// policy[backend id] judges that backend's outcomes (dense, hot path).
+	policy []outcomes.Policy
+
+	interfaces []string
+	readyAt    atomic.Bool
+	monoOffset int64
+	eventTypes [16]prometheusCounter
+}
+
+type prometheusCounter interface{ Inc() }
+
+func newAgent(log *slog.Logger, clk clock.WithTicker, dp *datapath.Datapath, m *maps.Maps, o datapath.Options, tableSize uint32) (*agent, error) {
+	rec, err := reconcile.New(m, reconcile.Options{
+		MaxServices: o.MaxServices, MaxBackends: o.MaxBackends, TableSize: tableSize,
+		Clock: clk, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a := &agent{
+		log:    log,
+		clk:    clk,
+		dp:     dp,
+		maps:   m,
+		rec:    rec,
+		engine: accrual.New(clk, nil),
+		policy: make([]outcomes.Policy, o.MaxBackends),
+	}
+	a.tracker = outcomes.NewTracker(a.policyOf)
+	a.metrics = metrics.New(a, log)
+	for t := range a.eventTypes {
+		a.eventTypes[t] = a.metrics.Events.WithLabelValues(outcomes.Type(t).String())
+	}
+	return a, nil
+}
+
+func (a *agent) policyOf(backend uint32) outcomes.Policy {
+	if int(backend) < len(a.policy) {
+		return a.policy[backend]
+	}
+	return outcomes.Policy{}
+}
+
+func (a *agent) ready() error {
+	if !a.readyAt.Load() {
+		return fmt.Errorf("datapath not attached and programmed yet")
+	}
+	return nil
+}
+
+// loop is the agent: it applies desired state as it changes, feeds kernel
+// outcomes to failure accrual, and writes accrual's decisions back into the
+// maps. Everything that changes state happens here, one thing at a time.
+func (a *agent) loop(ctx context.Context, events <-chan []outcomes.Event, reloads <-chan *config.Config, states <-chan desired.State) {
+	timer := a.clk.NewTimer(time.Hour)
+	defer timer.Stop()
+	sweep := a.clk.NewTicker(30 * time.Second)
+	defer sweep.Stop()
+	sweepDone := make(chan map[uint32]bool, 1)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case cfg := <-reloads:
+			if err := a.applyConfig(cfg); err != nil {
+				a.log.Error("config reload failed to apply", "err", err)
+			}
+		case st := <-states:
+			a.applyDesired(st)
+		case batch := <-events:
+			a.handleEvents(batch)
+		case <-timer.C():
+			a.advance()
+		case <-sweep.C():
+			// Scanning conntrack takes a while on a big table: off the loop.
+			go func() { sweepDone <- a.referencedBackends() }()
+		case inUse := <-sweepDone:
+			a.mu.Lock()
+			a.rec.Sweep(inUse)
+			a.mu.Unlock()
+		}
+		a.rearm(timer)
+	}
+}
+
+// rearm points the timer at the next accrual or connect deadline.
+func (a *agent) rearm(timer clock.Timer) {
+	next, ok := a.engine.NextDeadline()
+	if t, tok := a.tracker.NextDeadline(); tok && (!ok || t.Before(next)) {
+		next, ok = t, true
+	}
+	d := time.Hour
+	if ok {
+		d = max(next.Sub(a.clk.Now()), 0)
+	}
+	if !timer.Stop() {
+		select {
+		case <-timer.C():
+		default:
+		}
+	}
+	timer.Reset(d)
+}
+
+// applyConfig applies a config file: interfaces, then services.
+func (a *agent) applyConfig(cfg *config.Config) error {
+	a.mu.Lock()
+	if cfg.MaglevTableSize != a.rec.TableSize() {
+		if err := a.rec.SetTableSize(cfg.MaglevTableSize); err != nil {
+			a.mu.Unlock()
+			return err
+		}
+	}
+	a.mu.Unlock()
+	a.applyDesired(cfg.Desired())
+	if err := a.applyInterfaces(cfg.Interfaces, cfg.RedirectInterfaces); err != nil {
+		a.metrics.ConfigReloads.WithLabelValues("error").Inc()
+		a.metrics.ConfigLastOK.Set(0)
+		return err
+	}
+	a.metrics.ConfigReloads.WithLabelValues("success").Inc()
+	a.metrics.ConfigLastOK.Set(1)
+	a.metrics.ConfigLastSuccess.SetToCurrentTime()
+	return nil
+}
+
+// applyInterfaces attaches XDP where listed and detaches it elsewhere.
+func (a *agent) applyInterfaces(ifaces, redirect []string) error {
+	want := map[string]bool{}
+	for _, n := range ifaces {
+		want[n] = true
+		if err := a.dp.Attach(n); err != nil {
+			return err
+		}
+	}
+	for _, n := range a.dp.Attached() {
+		if !want[n] {
+			if err := a.dp.Detach(n); err != nil {
+				a.log.Error("detach", "interface", n, "err", err)
+			}
+		}
+	}
+	var idx []uint32
+	for _, n := range redirect {
+		ifc, err := net.InterfaceByName(n)
+		if err != nil {
+			return fmt.Errorf("redirectInterfaces: %q: %w", n, err)
+		}
+		idx = append(idx, uint32(ifc.Index))
+	}
+	if err := a.maps.SetRedirect(idx); err != nil {
+		return err
+	}
+	var flags uint32
+	if len(idx) > 0 {
+		flags |= maps.ConfigRedirect
+	}
+	a.interfaces = ifaces
+	return a.maps.SetConfig(flags)
+}
+
+// applyDesired programs a desired state: services and backends, accrual's
+// view of them, then each service's table.
+func (a *agent) applyDesired(st desired.State) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	changes, err := a.rec.Apply(st)
+	if err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("programming services", "err", err)
+	}
+	gone := map[uint32]bool{}
+	for _, c := range changes {
+		for _, id := range c.Retired {
+			gone[id] = true
+			a.policy[id] = outcomes.Policy{}
+			a.maps.DeleteHealth(id)
+		}
+		if c.Removed {
+			a.handleTransitions(a.engine.RemoveService(c.Service.ID))
+		}
+	}
+	a.tracker.Forget(gone)
+	for _, s := range a.rec.Services() {
+		pol := outcomes.PolicyFor(s.Spec.Accrual, s.Spec.Key.Protocol == desired.TCP)
+		for _, id := range s.Backends {
+			a.policy[id] = pol
+		}
+		a.handleTransitions(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
+		a.program(s.ID)
+	}
+}
+
+// handleEvents feeds one batch of kernel events through classification
+// and accrual. A decision is written to the maps before the next event is
+// looked at, so an ejection is never delayed by the rest of a batch.
+func (a *agent) handleEvents(batch []outcomes.Event) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i := range batch {
+		ev := &batch[i]
+		if int(ev.Type) < len(a.eventTypes) && a.eventTypes[ev.Type] != nil {
+			a.eventTypes[ev.Type].Inc()
+		}
+		if o, ok := a.tracker.Classify(*ev); ok {
+			a.handleTransitions(a.engine.Observe(o))
+		}
+	}
+	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
+}
+
+// advance runs due deadlines: penalties ending, connects timing out.
+func (a *agent) advance() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.handleTransitions(a.engine.Advance())
+	a.tracker.Expire(a.clk.Now(), func(o accrual.Outcome) {
+		a.handleTransitions(a.engine.Observe(o))
+	})
+	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
+}
+
+// handleTransitions logs, counts and persists accrual's decisions, then
+// reprograms the services they touch. Called with mu held.
+func (a *agent) handleTransitions(trs []accrual.Transition) {
+	if len(trs) == 0 {
+		return
+	}
+	var dirty []uint32
+	var ejections []accrual.Transition
+	for _, t := range trs {
+		s, ok := a.rec.Service(t.Service)
+		name := fmt.Sprint(t.Service)
+		if ok {
+			name = s.Spec.Name
+		}
+		a.metrics.Transitions.WithLabelValues(name, string(t.Reason)).Inc()
+		a.logTransition(name, t)
+		if !t.ServiceLevel() {
+			a.persist(t)
+		}
+		if t.Reason == accrual.ReasonProbeInconclusive {
+			if err := a.rec.Regrant(t.Endpoint); err != nil {
+				a.log.Error("grant a new probe", "service", name, "err", err)
+			}
+		}
+		if t.To == accrual.Ejected && t.From != accrual.Ejected && !t.FailureAt.IsZero() {
+			ejections = append(ejections, t)
+		}
+		if len(dirty) == 0 || dirty[len(dirty)-1] != t.Service {
+			dirty = append(dirty, t.Service)
+		}
+	}
+	for _, id := range dirty {
+		a.program(id)
+	}
+	if len(ejections) > 0 {
+		now := outcomes.MonoNow()
+		for _, t := range ejections {
+			kernel := t.FailureAt.UnixNano() - a.monoOffset
+			a.metrics.Reaction.Observe(float64(now-kernel) / 1e9)
+		}
+	}
+}
+
+// program writes one service's admission to the maps.
+func (a *agent) program(id uint32) {
+	if _, ok := a.rec.Service(id); !ok {
+		return
+	}
+	active, probation, failOpen := a.engine.Admitted(id)
+	if err := a.rec.ProgramService(id, active, probation, failOpen); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("programming table", "err", err)
+	}
+}
+
+func (a *agent) logTransition(service string, t accrual.Transition) {
+	switch t.Reason {
+	case accrual.ReasonFailOpenStart:
+		a.log.Warn("service failing open: no endpoint ready, new flows go to all endpoints", "service", service)
+		return
+	case accrual.ReasonFailOpenEnd:
+		a.log.Info("service no longer failing open", "service", service)
+		return
+	}
+	attrs := []any{"service", service, "endpoint", a.endpointName(t.Endpoint),
+		"from", t.From.String(), "to", t.To.String(), "reason", string(t.Reason)}
+	if t.Kind != 0 {
+		attrs = append(attrs, "failure_kind", t.Kind.String(), "consecutive_failures", t.Failures)
+	}
+	if t.To == accrual.Ejected {
+		attrs = append(attrs, "penalty", t.Penalty.String(), "probation_at", t.ProbationAt.Format(time.RFC3339Nano))
+	}
+	level := slog.LevelInfo
+	if t.To == accrual.Ejected || t.Reason == accrual.ReasonEjectionSuppressed {
+		level = slog.LevelWarn
+	}
+	a.log.Log(context.Background(), level, "endpoint "+t.To.String(), attrs...)
+}
+
+func (a *agent) endpointName(id uint32) string {
+	b, ok := a.rec.Backend(id)
+	if !ok {
+		return fmt.Sprintf("backend-%d", id)
+	}
+	if b.Name != "" {
+		return b.Name + " (" + b.Addr.String() + ")"
+	}
+	return b.Addr.String()
+}
+
+// referencedBackends lists backend ids that live conntrack entries use, so
+// their ids are not recycled under them.
+func (a *agent) referencedBackends() map[uint32]bool {
+	out := map[uint32]bool{}
+	ents, err := a.maps.Conntrack(0)
+	if err != nil {
+		a.log.Warn("conntrack scan", "err", err)
+	}
+	for _, e := range ents {
+		out[e.Value.BackendId] = true
+	}
+	return out
+}

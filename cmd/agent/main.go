@@ -1,0 +1,117 @@
+// Command agent is penaltybox's node agent. It programs the XDP datapath
+// from a desired state (a config file, or Kubernetes), watches the L4
+// outcome of every new connection, and takes endpoints that keep failing
+// out of their service for a penalty that backs off, until one real
+// connection proves them healthy again.
+//
+//	agent --config FILE [--metrics-addr :9464]   standalone
+//	agent teardown [--bpffs-root DIR]           detach and unpin everything
+//
+// Read top-down: main wires the parts, loop.go is the agent's loop:
+// desired state → maps → kernel → outcomes → accrual → maps.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/penaltybox/penaltybox/pkg/datapath"
+)
+
+type options struct {
+	configPath  string
+	metricsAddr string
+	bpffsRoot   string
+	logLevel    string
+	dp          datapath.Options
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "teardown" {
+		os.Exit(teardown(os.Args[2:]))
+	}
+	opts, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(2)
+	}
+	log := newLogger(opts.logLevel)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, opts, log); err != nil {
+		log.Error("agent failed", "err", err)
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.StringVar(&o.configPath, "config", "", "standalone mode: the YAML file with interfaces and services (SIGHUP reloads it)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz, /readyz and /admin/*")
+	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links (bpffs is mounted on its parent when missing)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	max := func(p *uint32, name string, def uint32, help string) {
+		fs.Func(name, fmt.Sprintf("%s (default %d)", help, def), func(s string) error {
+			var v uint32
+			if _, err := fmt.Sscan(s, &v); err != nil || v == 0 {
+				return fmt.Errorf("want a positive integer, got %q", s)
+			}
+			*p = v
+			return nil
+		})
+	}
+	max(&o.dp.MaxServices, "max-services", datapath.DefaultMaxServices, "size of the services maps")
+	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
+	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")
+	max(&o.dp.EventsBytes, "events-bytes", datapath.DefaultEventsBytes, "ring buffer bytes for outcome events (power of two)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.configPath == "" {
+		return o, errors.New("--config is required (standalone mode)")
+	}
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return o, err
+	}
+	o.dp.Root = o.bpffsRoot
+	return o, nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("--log-level: %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func newLogger(level string) *slog.Logger {
+	l, _ := parseLevel(level)
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+func teardown(args []string) int {
+	fs := flag.NewFlagSet("agent teardown", flag.ContinueOnError)
+	root := fs.String("bpffs-root", datapath.DefaultRoot, "directory holding the pins")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := newLogger("info")
+	if err := datapath.Teardown(*root, log); err != nil {
+		fmt.Fprintln(os.Stderr, "agent teardown:", err)
+		return 1
+	}
+	log.Info("teardown complete", "root", *root)
+	return 0
+}

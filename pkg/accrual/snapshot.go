@@ -1,0 +1,253 @@
+package accrual
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// KindCounts counts failures by kind. Other collects kinds the engine does
+// not know (a datapath newer than the agent).
+type KindCounts struct {
+	Refused        uint64 `json:"refused"`
+	Timeout        uint64 `json:"timeout"`
+	Reset          uint64 `json:"reset"`
+	ResetAfterData uint64 `json:"resetAfterData"`
+	Other          uint64 `json:"other,omitempty"`
+}
+
+// Counters are an endpoint's lifetime statistics (since it joined its
+// service or the agent started; Restore carries only Ejections over).
+type Counters struct {
+	Successes uint64     `json:"successes"`
+	Failures  KindCounts `json:"failures"` // every failure seen, counted kind or not
+	// Ignored failures were of kinds not in FailureKinds.
+	Ignored uint64 `json:"ignored"`
+	// Stragglers are outcomes of non-probe flows while ejected or in
+	// probation that changed nothing.
+	Stragglers uint64 `json:"stragglers"`
+	// Ejections counts entries into ejected: after a streak or a failed probe.
+	Ejections         uint64 `json:"ejections"`
+	ProbeSuccesses    uint64 `json:"probeSuccesses"`
+	ProbeFailures     uint64 `json:"probeFailures"`
+	ProbeInconclusive uint64 `json:"probeInconclusive"`
+	// SuppressedEjections counts streaks whose due ejection the
+	// max-ejection-percent cap prevented (once per streak).
+	SuppressedEjections uint64 `json:"suppressedEjections"`
+	// FailOpenRecoveries counts returns to ready by a success during
+	// fail-open.
+	FailOpenRecoveries uint64 `json:"failOpenRecoveries"`
+}
+
+// EndpointSnapshot is one endpoint's state for display.
+type EndpointSnapshot struct {
+	ID                  uint32        `json:"id"`
+	State               State         `json:"state"`
+	ConsecutiveFailures uint32        `json:"consecutiveFailures"`
+	PenaltyLevel        uint8         `json:"penaltyLevel"`
+	Penalty             time.Duration `json:"penalty"` // current (last drawn) penalty; 0 when ready
+	EjectedAt           time.Time     `json:"ejectedAt,omitzero"`
+	ProbationAt         time.Time     `json:"probationAt,omitzero"`
+	LastFailureKind     Kind          `json:"lastFailureKind,omitempty"`
+	LastFailureAt       time.Time     `json:"lastFailureAt,omitzero"`
+	Counters            Counters      `json:"counters"`
+}
+
+// ServiceSnapshot is one service's state for display.
+type ServiceSnapshot struct {
+	ID       uint32   `json:"id"`
+	Name     string   `json:"name"`
+	Settings Settings `json:"settings"` // as applied (clamped)
+	Ready    int      `json:"ready"`
+	Ejected  int      `json:"ejected"`
+	// Probation endpoints are in the table with one probe flow each.
+	Probation        int                `json:"probation"`
+	EjectionCap      int                `json:"ejectionCap"`
+	FailOpen         bool               `json:"failOpen"`
+	FailOpenSince    time.Time          `json:"failOpenSince,omitzero"`
+	FailOpenEpisodes uint64             `json:"failOpenEpisodes"`
+	Endpoints        []EndpointSnapshot `json:"endpoints"`
+}
+
+func (c *counters) export() Counters {
+	return Counters{
+		Successes: c.successes,
+		Failures: KindCounts{
+			Refused:        c.failures[KindRefused],
+			Timeout:        c.failures[KindTimeout],
+			Reset:          c.failures[KindReset],
+			ResetAfterData: c.failures[KindResetAfterData],
+			Other:          c.failures[0],
+		},
+		Ignored:             c.ignored,
+		Stragglers:          c.stragglers,
+		Ejections:           c.ejections,
+		ProbeSuccesses:      c.probeSuccesses,
+		ProbeFailures:       c.probeFailures,
+		ProbeInconclusive:   c.probeInconclusive,
+		SuppressedEjections: c.suppressed,
+		FailOpenRecoveries:  c.failOpenRecoveries,
+	}
+}
+
+// sortedServices returns the services in id order (the map has none).
+func (e *Engine) sortedServices() []*service {
+	out := make([]*service, 0, len(e.svcs))
+	for _, s := range e.svcs {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *service) int { return cmp.Compare(a.id, b.id) })
+	return out
+}
+
+// Snapshot returns every service and endpoint, ordered by id. The result is
+// the caller's.
+func (e *Engine) Snapshot() []ServiceSnapshot {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []ServiceSnapshot
+	for _, s := range e.sortedServices() {
+		ss := ServiceSnapshot{
+			ID: s.id, Name: s.name, Settings: s.st,
+			Ready: s.count[Ready], Ejected: s.count[Ejected], Probation: s.count[Probation],
+			EjectionCap:      EjectionCap(len(s.members), s.st.MaxEjectionPercent),
+			FailOpen:         s.failOpen,
+			FailOpenSince:    s.failOpenSince,
+			FailOpenEpisodes: s.episodes,
+			Endpoints:        make([]EndpointSnapshot, 0, len(s.members)),
+		}
+		for _, id := range s.members {
+			ep := &e.eps[id]
+			ss.Endpoints = append(ss.Endpoints, EndpointSnapshot{
+				ID: id, State: ep.state, ConsecutiveFailures: ep.consecutive,
+				PenaltyLevel: ep.level, Penalty: ep.penalty,
+				EjectedAt: ep.ejectedAt, ProbationAt: ep.probationAt,
+				LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt,
+				Counters: ep.c.export(),
+			})
+		}
+		out = append(out, ss)
+	}
+	return out
+}
+
+// Record is the persistable state of one endpoint, for restart adoption.
+// Times are absolute (wall clock), so a record means the same after a
+// restart.
+type Record struct {
+	Service             uint32        `json:"service"`
+	Endpoint            uint32        `json:"endpoint"`
+	State               State         `json:"state"`
+	ConsecutiveFailures uint32        `json:"consecutiveFailures"`
+	PenaltyLevel        uint8         `json:"penaltyLevel"`
+	Penalty             time.Duration `json:"penalty"` // the penalty drawn for the current ejection
+	EjectedAt           time.Time     `json:"ejectedAt,omitzero"`
+	ProbationAt         time.Time     `json:"probationAt,omitzero"` // when the penalty ends
+	LastFailureKind     Kind          `json:"lastFailureKind,omitempty"`
+	LastFailureAt       time.Time     `json:"lastFailureAt,omitzero"`
+	Ejections           uint64        `json:"ejections"`
+}
+
+// Export returns a Record for every endpoint, ordered by service and
+// endpoint id. The monotonic clock reading is stripped from the times: it
+// means nothing to another process.
+func (e *Engine) Export() []Record {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []Record
+	for _, s := range e.sortedServices() {
+		for _, id := range s.members {
+			out = append(out, e.record(s, id))
+		}
+	}
+	return out
+}
+
+// ExportEndpoint returns one endpoint's Record (false when no service has
+// it), for persisting a single transition cheaply.
+func (e *Engine) ExportEndpoint(id uint32) (Record, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if int(id) >= len(e.eps) || e.eps[id].svc == nil {
+		return Record{}, false
+	}
+	return e.record(e.eps[id].svc, id), true
+}
+
+func (e *Engine) record(s *service, id uint32) Record {
+	ep := &e.eps[id]
+	return Record{
+		Service: s.id, Endpoint: id, State: ep.state,
+		ConsecutiveFailures: ep.consecutive, PenaltyLevel: ep.level,
+		Penalty: ep.penalty, EjectedAt: ep.ejectedAt.Round(0), ProbationAt: ep.probationAt.Round(0),
+		LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt.Round(0),
+		Ejections: ep.c.ejections,
+	}
+}
+
+// Restore adopts records, typically Export's from before a restart. Call it
+// after SetService has set the services again: a record applies only to an
+// endpoint that currently belongs to the record's service, others (and
+// records with an invalid state) are skipped, and the count of skipped
+// records is returned. The ejection cap is not checked (the state existed);
+// a service whose mode is now none adopts counters but stays ready. An
+// ejected record keeps its absolute probation time, clamped to at most now
+// + MaxPenalty·(1+JitterRatio); one already past goes to probation at the
+// next Advance. The transitions (ReasonRestored, plus any fail-open start)
+// are valid until the next mutating call.
+func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.out = e.out[:0]
+	now := e.clk.Now()
+	for _, r := range recs {
+		if r.State >= numStates || int(r.Endpoint) >= len(e.eps) {
+			skipped++
+			continue
+		}
+		id := r.Endpoint
+		ep := &e.eps[id]
+		s := ep.svc
+		if s == nil || s.id != r.Service {
+			skipped++
+			continue
+		}
+		ep.consecutive = r.ConsecutiveFailures
+		ep.lastKind, ep.lastFailAt = r.LastFailureKind, r.LastFailureAt
+		ep.c.ejections = r.Ejections
+		ep.suppressed = false
+		to := r.State
+		if s.st.Mode != ModeConsecutive {
+			to = Ready
+		}
+		from := ep.state
+		if to == Ready {
+			ep.level, ep.penalty = 0, 0
+			ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
+		} else {
+			ep.level = clampLevel(&s.st, r.PenaltyLevel)
+			ep.penalty = r.Penalty
+			ep.probationAt = r.ProbationAt
+			if ep.probationAt.IsZero() {
+				ep.probationAt = now
+			}
+			if limit := now.Add(maxDrawn(&s.st)); ep.probationAt.After(limit) {
+				ep.probationAt = limit
+			}
+			ep.ejectedAt = r.EjectedAt
+			if ep.ejectedAt.IsZero() || ep.ejectedAt.After(ep.probationAt) {
+				ep.ejectedAt = ep.probationAt.Add(-ep.penalty)
+			}
+		}
+		if from == to {
+			if to == Ejected {
+				e.heapFix(int(ep.heapIdx))
+			}
+			continue
+		}
+		e.setState(s, id, ep, to)
+		e.emit(s, id, ep, from, ReasonRestored, ep.lastKind, now, ep.lastFailAt)
+		e.updateFailOpen(s, id, now)
+	}
+	return e.result(), skipped
+}

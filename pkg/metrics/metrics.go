@@ -1,0 +1,266 @@
+// Package metrics exposes the agent on Prometheus: kernel counters and
+// failure-accrual state are read at scrape time (so they cost nothing
+// between scrapes), agent events are counted as they happen. Every name is
+// prefixed penaltybox_ and uses base units.
+package metrics
+
+import (
+	"log/slog"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+)
+
+const ns = "penaltybox"
+
+// ServiceView names a programmed service and its backends for labels.
+type ServiceView struct {
+	ID       uint32
+	Name     string
+	Backends []BackendView
+}
+
+// BackendView is one backend of a service.
+type BackendView struct {
+	ID       uint32
+	Endpoint string // "198.18.1.2:8080"
+	Removed  bool
+}
+
+// Source is what the scrape-time collector reads. The agent implements it,
+// taking its own lock where it needs one.
+type Source interface {
+	Services() []ServiceView
+	Accrual() []accrual.ServiceSnapshot
+	GlobalStats() (bpf.LbGlobalStats, error)
+	ServiceStats(id uint32) (bpf.LbSvcStats, error)
+	BackendStats(id uint32) (bpf.LbBeStats, error)
+}
+
+// Metrics holds the agent's event-driven metrics and its registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Events            *prometheus.CounterVec
+	EventsUndecodable prometheus.Counter
+	ConfigReloads     *prometheus.CounterVec
+	ConfigLastSuccess prometheus.Gauge
+	ConfigLastOK      prometheus.Gauge
+	ProgramErrors     prometheus.Counter
+	Reaction          prometheus.Histogram
+	ReactionState     prometheus.Histogram
+	Transitions       *prometheus.CounterVec
+	PendingConnects   prometheus.Gauge
+	PendingOverflow   prometheus.Counter
+	InvalidSettings   *prometheus.CounterVec
+}
+
+// New registers every metric. src may be nil in tests that only need the
+// event-driven ones.
+func New(src Source, log *slog.Logger) *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		Events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "events_total",
+			Help: "Outcome events read from the datapath's ring buffer, by type.",
+		}, []string{"type"}),
+		EventsUndecodable: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "events_undecodable_total",
+			Help: "Ring buffer records that did not decode (agent and datapath disagree on the layout).",
+		}),
+		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "config_reloads_total",
+			Help: "Configuration loads by result (success, error). On error the last good configuration stays in force.",
+		}, []string{"result"}),
+		ConfigLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "config_last_reload_success_timestamp_seconds",
+			Help: "When the configuration was last loaded successfully.",
+		}),
+		ConfigLastOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "config_last_reload_successful",
+			Help: "1 if the last configuration load succeeded, 0 if it failed.",
+		}),
+		ProgramErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "map_programming_errors_total",
+			Help: "Failed writes of services, backends or tables to the datapath maps.",
+		}),
+		Reaction: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Name: "ejection_reaction_seconds",
+			Help:    "Time from the kernel seeing the failure that ejects an endpoint to the endpoint being out of its service's Maglev table.",
+			Buckets: []float64{50e-6, 100e-6, 200e-6, 350e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3, 0.25, 1},
+		}),
+		ReactionState: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Name: "ejection_steer_seconds",
+			Help:    "Time from the kernel seeing the failure that ejects an endpoint to the kernel steering new flows away from it (backend state written, before the table swap).",
+			Buckets: []float64{50e-6, 100e-6, 200e-6, 350e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3, 0.25, 1},
+		}),
+		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "accrual_transitions_total",
+			Help: "Failure-accrual decisions by reason (consecutive-failures, probe-failed, penalty-over, probe-succeeded, fail-open-start, ...).",
+		}, []string{"service", "reason"}),
+		PendingConnects: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "pending_connects",
+			Help: "New TCP flows waiting for the backend's first answer (SYN-ACK or RST), each under its connect deadline.",
+		}),
+		PendingOverflow: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "pending_connects_overflow_total",
+			Help: "New flows not given a connect deadline because too many were pending (SYN flood); the kernel's retransmitted-SYN signal still applies.",
+		}),
+		InvalidSettings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "invalid_settings_total",
+			Help: "Invalid per-service settings (config fields or annotations) rejected; the last good setting stays in force.",
+		}, []string{"service", "key"}),
+	}
+	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
+		m.ProgramErrors, m.Reaction, m.ReactionState, m.Transitions, m.PendingConnects, m.PendingOverflow,
+		m.InvalidSettings,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if src != nil {
+		r.MustRegister(&collector{src: src, log: log})
+	}
+	return m
+}
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(ns+"_"+name, help, labels, nil)
+}
+
+var (
+	dSvcPackets  = desc("service_packets_total", "Client packets to the service's VIP forwarded to a backend.", "service")
+	dSvcBytes    = desc("service_bytes_total", "Bytes of those packets (IP total length).", "service")
+	dSvcFlows    = desc("service_flows_total", "New flows admitted to the service.", "service")
+	dSvcRejected = desc("service_rejected_flows_total", "New flows the service turned away (no backend at all).", "service")
+
+	dBePackets  = desc("backend_packets_total", "Client packets sent to the backend.", "service", "endpoint")
+	dBeBytes    = desc("backend_bytes_total", "Bytes of those packets.", "service", "endpoint")
+	dBeFlows    = desc("backend_flows_total", "New flows sent to the backend.", "service", "endpoint")
+	dBeRPackets = desc("backend_reply_packets_total", "Backend replies reverse-NATed back to the VIP.", "service", "endpoint")
+	dBeRBytes   = desc("backend_reply_bytes_total", "Bytes of those replies.", "service", "endpoint")
+
+	dEventsLost   = desc("datapath_events_lost_total", "Outcome events the datapath could not deliver because the ring buffer was full.")
+	dForwarded    = desc("datapath_forwarded_packets_total", "Rewritten packets by how they left XDP: redirect (bpf_redirect_map) or pass (kernel stack).", "method")
+	dNoBackend    = desc("datapath_no_backend_flows_total", "New flows to a service that had no usable backend; dropped.")
+	dProbes       = desc("datapath_probe_flows_total", "New flows admitted to an endpoint in probation (its probe).")
+	dSteered      = desc("datapath_steered_flows_total", "New flows moved off a backend that was not active, by result (steered to an active one, or failed: none found).", "result")
+	dRepicked     = desc("datapath_repicked_flows_total", "Unanswered flows moved to another backend on the client's SYN retransmission because theirs was ejected.")
+	dCTFail       = desc("datapath_conntrack_insert_failures_total", "Conntrack inserts that failed.")
+	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")
+	dEndpoints    = desc("endpoints", "Endpoints by failure-accrual state.", "service", "state")
+	dEpState      = desc("endpoint_state", "1 for the endpoint's current failure-accrual state.", "service", "endpoint", "state")
+	dEpFailures   = desc("endpoint_failures_total", "L4 failures seen per endpoint, by kind (counted or not).", "service", "endpoint", "kind")
+	dEpSuccesses  = desc("endpoint_connects_total", "Successful connects (SYN-ACK) per endpoint.", "service", "endpoint")
+	dEpEjections  = desc("endpoint_ejections_total", "Times the endpoint was ejected.", "service", "endpoint")
+	dEpProbes     = desc("endpoint_probes_total", "Probation probes by result (success, failure, inconclusive).", "service", "endpoint", "result")
+	dEpSuppressed = desc("endpoint_ejections_suppressed_total", "Ejections the max-ejection-percent cap prevented.", "service", "endpoint")
+	dFailOpen     = desc("service_fail_open", "1 while the service fails open (no endpoint ready: new flows go to all endpoints).", "service")
+	dFailOpenEps  = desc("service_fail_open_episodes_total", "Times the service started failing open.", "service")
+)
+
+type collector struct {
+	src Source
+	log *slog.Logger
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcRejected, dBePackets, dBeBytes,
+		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked,
+		dCTFail, dMalformed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
+		dEpSuppressed, dFailOpen, dFailOpenEps} {
+		ch <- d
+	}
+}
+
+func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v uint64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+}
+
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	if gs, err := c.src.GlobalStats(); err == nil {
+		counter(ch, dEventsLost, gs.EventsLost)
+		counter(ch, dForwarded, gs.Redirected, "redirect")
+		counter(ch, dForwarded, gs.PassedAfterNat, "pass")
+		counter(ch, dNoBackend, gs.NoBackend)
+		counter(ch, dProbes, gs.ProbeAdmitted)
+		counter(ch, dSteered, gs.Steered, "steered")
+		counter(ch, dSteered, gs.SteerFailed, "failed")
+		counter(ch, dRepicked, gs.Repicked)
+		counter(ch, dCTFail, gs.CtCreateFailed)
+		counter(ch, dMalformed, gs.Malformed)
+	} else {
+		c.log.Warn("metrics: read pb_stats", "err", err)
+	}
+
+	names := map[uint32]string{}
+	endpoints := map[uint32]string{}
+	for _, s := range c.src.Services() {
+		names[s.ID] = s.Name
+		if st, err := c.src.ServiceStats(s.ID); err == nil {
+			counter(ch, dSvcPackets, st.Packets, s.Name)
+			counter(ch, dSvcBytes, st.Bytes, s.Name)
+			counter(ch, dSvcFlows, st.Flows, s.Name)
+			counter(ch, dSvcRejected, st.Rejected, s.Name)
+		}
+		for _, b := range s.Backends {
+			endpoints[b.ID] = b.Endpoint
+			if b.Removed {
+				continue
+			}
+			if st, err := c.src.BackendStats(b.ID); err == nil {
+				counter(ch, dBePackets, st.Packets, s.Name, b.Endpoint)
+				counter(ch, dBeBytes, st.Bytes, s.Name, b.Endpoint)
+				counter(ch, dBeFlows, st.Flows, s.Name, b.Endpoint)
+				counter(ch, dBeRPackets, st.ReplyPackets, s.Name, b.Endpoint)
+				counter(ch, dBeRBytes, st.ReplyBytes, s.Name, b.Endpoint)
+			}
+		}
+	}
+
+	for _, s := range c.src.Accrual() {
+		name, ok := names[s.ID]
+		if !ok {
+			continue
+		}
+		gauge(ch, dEndpoints, float64(s.Ready), name, "ready")
+		gauge(ch, dEndpoints, float64(s.Ejected), name, "ejected")
+		gauge(ch, dEndpoints, float64(s.Probation), name, "probation")
+		fo := 0.0
+		if s.FailOpen {
+			fo = 1
+		}
+		gauge(ch, dFailOpen, fo, name)
+		counter(ch, dFailOpenEps, s.FailOpenEpisodes, name)
+		for _, e := range s.Endpoints {
+			ep, ok := endpoints[e.ID]
+			if !ok {
+				ep = "id-" + strconv.FormatUint(uint64(e.ID), 10)
+			}
+			for _, st := range []accrual.State{accrual.Ready, accrual.Ejected, accrual.Probation} {
+				v := 0.0
+				if e.State == st {
+					v = 1
+				}
+				gauge(ch, dEpState, v, name, ep, st.String())
+			}
+			f := e.Counters.Failures
+			counter(ch, dEpFailures, f.Refused, name, ep, "refused")
+			counter(ch, dEpFailures, f.Timeout, name, ep, "timeout")
+			counter(ch, dEpFailures, f.Reset, name, ep, "reset")
+			counter(ch, dEpFailures, f.ResetAfterData, name, ep, "reset-after-data")
+			counter(ch, dEpSuccesses, e.Counters.Successes, name, ep)
+			counter(ch, dEpEjections, e.Counters.Ejections, name, ep)
+			counter(ch, dEpProbes, e.Counters.ProbeSuccesses, name, ep, "success")
+			counter(ch, dEpProbes, e.Counters.ProbeFailures, name, ep, "failure")
+			counter(ch, dEpProbes, e.Counters.ProbeInconclusive, name, ep, "inconclusive")
+			counter(ch, dEpSuppressed, e.Counters.SuppressedEjections, name, ep)
+		}
+	}
+}

@@ -1,0 +1,276 @@
+package outcomes
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+)
+
+// Policy is how a backend's outcomes are judged, from its service's
+// failure-accrual settings.
+type Policy struct {
+	// Tracked is false for backends whose outcomes do not matter (UDP
+	// services, accrual off): their events produce no outcomes.
+	Tracked bool
+	// ConnectTimeout: no SYN-ACK within it is a timeout failure. It is also
+	// how long a connection must survive after its SYN-ACK, without a
+	// reset and without backend data, to count as a success (see Settle).
+	ConnectTimeout time.Duration
+	// Settle is when an established connection counts as a success. A
+	// backend that accepts and then resets every connection must not
+	// alternate success and failure, or it would never be ejected.
+	Settle Settle
+}
+
+// Settle says when a connection's success is decided.
+type Settle uint8
+
+const (
+	// SettleOnSynAck: the SYN-ACK is the success (resets do not count).
+	SettleOnSynAck Settle = iota
+	// SettleOnData: the backend's first payload byte, a normal close, or
+	// ConnectTimeout without a reset (resets before data count).
+	SettleOnData
+	// SettleOnEnd: a normal close or ConnectTimeout without a reset (resets
+	// after data count too).
+	SettleOnEnd
+)
+
+// PolicyFor derives a Policy from accrual settings.
+func PolicyFor(s accrual.Settings, tcp bool) Policy {
+	p := Policy{Tracked: tcp && s.Mode == accrual.ModeConsecutive, ConnectTimeout: s.ConnectTimeout}
+	switch {
+	case s.FailureKinds.Has(accrual.KindResetAfterData):
+		p.Settle = SettleOnEnd
+	case s.FailureKinds.Has(accrual.KindReset):
+		p.Settle = SettleOnData
+	}
+	return p
+}
+
+// PolicyFunc gives a backend's policy.
+type PolicyFunc func(backend uint32) Policy
+
+type flowKey struct {
+	backend uint32
+	client  netip.AddrPort
+}
+
+type phase uint8
+
+const (
+	connecting phase = iota + 1 // waiting for SYN-ACK or RST
+	settling                    // established, success not yet decided
+	timedOut                    // our deadline judged it; later news changes nothing
+)
+
+// timedOutMemory is how many connect timeouts a timed-out flow is
+// remembered, so a late SYN-ACK, RST or retransmission signal for it is not
+// a second verdict.
+const timedOutMemory = 10
+
+type pending struct {
+	seq    uint64
+	phase  phase
+	probe  bool
+	settle Settle
+}
+
+type deadline struct {
+	key flowKey
+	seq uint64
+	at  time.Time
+}
+
+// fifo holds deadlines of one length. Events arrive in time order, so
+// appending keeps each queue sorted and expiry only looks at heads.
+type fifo struct {
+	q    []deadline
+	head int
+}
+
+func (f *fifo) push(d deadline) { f.q = append(f.q, d) }
+
+func (f *fifo) peek() (deadline, bool) {
+	if f.head == len(f.q) {
+		return deadline{}, false
+	}
+	return f.q[f.head], true
+}
+
+func (f *fifo) pop() {
+	f.q[f.head] = deadline{}
+	f.head++
+	if f.head == len(f.q) {
+		f.q, f.head = f.q[:0], 0
+	} else if f.head > 4096 && f.head*2 > len(f.q) {
+		n := copy(f.q, f.q[f.head:])
+		f.q, f.head = f.q[:n], 0
+	}
+}
+
+// Tracker classifies events into outcomes: one verdict per connection,
+// success or a failure kind. It runs the connect deadline of every
+// unanswered new flow and the settle deadline of every established one.
+// Not safe for concurrent use: the agent's loop owns it.
+type Tracker struct {
+	policy  PolicyFunc
+	pending map[flowKey]pending
+	queues  map[time.Duration]*fifo
+	seq     uint64
+	// MaxPending bounds memory under a SYN flood; beyond it new flows get
+	// only the kernel's retransmission signal. Overflow counts them.
+	MaxPending int
+	Overflow   uint64
+}
+
+// NewTracker returns a tracker using policy for each backend.
+func NewTracker(policy PolicyFunc) *Tracker {
+	return &Tracker{
+		policy:     policy,
+		pending:    map[flowKey]pending{},
+		queues:     map[time.Duration]*fifo{},
+		MaxPending: 1 << 20,
+	}
+}
+
+// Pending is the number of connections without a verdict yet.
+func (t *Tracker) Pending() int { return len(t.pending) }
+
+func (t *Tracker) wait(key flowKey, p pending, at time.Time, d time.Duration) bool {
+	if len(t.pending) >= t.MaxPending {
+		t.Overflow++
+		return false
+	}
+	t.seq++
+	p.seq = t.seq
+	t.pending[key] = p
+	q := t.queues[d]
+	if q == nil {
+		q = &fifo{}
+		t.queues[d] = q
+	}
+	q.push(deadline{key: key, seq: t.seq, at: at.Add(d)})
+	return true
+}
+
+// Classify turns one event into an outcome. ok is false when the event
+// decides nothing (yet).
+func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
+	pol := t.policy(ev.Backend)
+	if !pol.Tracked {
+		return o, false
+	}
+	key := flowKey{ev.Backend, ev.Client}
+	p, known := t.pending[key]
+	if known && p.phase == timedOut && ev.Type != NewFlow {
+		if ev.Type == FlowEnd || ev.Type == Refused || ev.Type == Reset {
+			delete(t.pending, key)
+		}
+		return o, false
+	}
+	o = accrual.Outcome{Endpoint: ev.Backend, Probe: ev.Flags&FlagProbe != 0 || (known && p.probe), At: ev.At}
+
+	switch ev.Type {
+	case NewFlow:
+		t.wait(key, pending{phase: connecting, probe: o.Probe}, ev.At, pol.ConnectTimeout)
+		return o, false
+	case Established:
+		if pol.Settle != SettleOnSynAck &&
+			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle}, ev.At, pol.ConnectTimeout) {
+			return o, false
+		}
+		delete(t.pending, key)
+		o.Success = true
+		return o, true
+	case FirstData:
+		if known && p.phase == settling && p.settle == SettleOnData {
+			delete(t.pending, key)
+			o.Success = true
+			return o, true
+		}
+		return o, false
+	case FlowEnd:
+		// A reset ends a flow too, but its Reset event came first and took
+		// the pending entry; what is left here closed normally.
+		if known && p.phase == settling {
+			delete(t.pending, key)
+			o.Success = true
+			return o, true
+		}
+		delete(t.pending, key)
+		return o, false
+	case Refused:
+		o.Kind = accrual.KindRefused
+	case SynRetrans:
+		// The client gave up waiting before our own deadline: that is the
+		// timeout. The deadline for this flow is void now.
+		o.Kind = accrual.KindTimeout
+	case Reset:
+		o.Kind = accrual.KindReset
+		if ev.Flags&FlagBackendData != 0 {
+			o.Kind = accrual.KindResetAfterData
+		}
+	default:
+		return o, false
+	}
+	delete(t.pending, key)
+	return o, true
+}
+
+// Expire decides every connection whose deadline passed by now: a
+// connecting one timed out, a settling one succeeded.
+func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
+	for _, q := range t.queues {
+		for {
+			d, ok := q.peek()
+			if !ok || d.at.After(now) {
+				break
+			}
+			q.pop()
+			p, live := t.pending[d.key]
+			if !live || p.seq != d.seq {
+				continue // decided already, or superseded by a newer flow on the tuple
+			}
+			delete(t.pending, d.key)
+			o := accrual.Outcome{Endpoint: d.key.backend, Probe: p.probe, At: d.at}
+			switch p.phase {
+			case connecting:
+				o.Kind = accrual.KindTimeout
+				t.wait(d.key, pending{phase: timedOut}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
+			case settling:
+				o.Success = true
+			default:
+				continue
+			}
+			emit(o)
+		}
+	}
+}
+
+// NextDeadline is the earliest pending deadline.
+func (t *Tracker) NextDeadline() (time.Time, bool) {
+	var best time.Time
+	found := false
+	for _, q := range t.queues {
+		// Heads may be stale (decided already); they only make the agent
+		// wake early, never late.
+		if d, ok := q.peek(); ok && (!found || d.at.Before(best)) {
+			best, found = d.at, true
+		}
+	}
+	return best, found
+}
+
+// Forget drops pending connections of backends that left the desired state.
+func (t *Tracker) Forget(backends map[uint32]bool) {
+	if len(backends) == 0 {
+		return
+	}
+	for k := range t.pending {
+		if backends[k.backend] {
+			delete(t.pending, k)
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package outcomes
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+type step struct {
+	at   time.Duration // since t0
+	typ  Type          // 0: only run Expire at `at`
+	flag uint8
+	port uint16
+}
+
+func TestTrackerVerdicts(t *testing.T) {
+	kinds := func(ks ...accrual.Kind) accrual.Settings {
+		s := accrual.Defaults()
+		s.FailureKinds = accrual.KindsOf(ks...)
+		return s
+	}
+	all := kinds(accrual.KindRefused, accrual.KindTimeout, accrual.KindReset)
+	withData := kinds(accrual.KindRefused, accrual.KindTimeout, accrual.KindReset, accrual.KindResetAfterData)
+	noReset := kinds(accrual.KindRefused, accrual.KindTimeout)
+	ms := time.Millisecond
+
+	cases := []struct {
+		name     string
+		settings accrual.Settings
+		steps    []step
+		want     []string
+	}{
+		{"refused", all, []step{{0, NewFlow, 0, 1}, {1 * ms, Refused, 0, 1}, {5 * time.Second, 0, 0, 0}},
+			[]string{"refused@1ms"}},
+		{"timeout by our deadline, late news ignored", all, []step{
+			{0, NewFlow, 0, 1}, {999 * ms, 0, 0, 0}, {1000 * ms, 0, 0, 0},
+			{1010 * ms, SynRetrans, 0, 1}, {1500 * ms, Established, 0, 1}, {9 * time.Second, 0, 0, 0}},
+			[]string{"timeout@1s"}},
+		{"timeout by the kernel first, deadline void", all, []step{
+			{0, NewFlow, 0, 1}, {900 * ms, SynRetrans, 0, 1}, {5 * time.Second, 0, 0, 0}},
+			[]string{"timeout@900ms"}},
+		{"success at SYN-ACK when resets do not count", noReset, []step{
+			{0, NewFlow, 0, 1}, {2 * ms, Established, 0, 1}, {3 * ms, Reset, 0, 1}},
+			[]string{"success@2ms", "reset@3ms"}},
+		{"reset before data is the verdict, not a success", all, []step{
+			{0, NewFlow, 0, 1}, {2 * ms, Established, 0, 1}, {3 * ms, Reset, 0, 1}, {4 * ms, FlowEnd, 0, 1},
+			{5 * time.Second, 0, 0, 0}},
+			[]string{"reset@3ms"}},
+		{"first data settles the success", all, []step{
+			{0, NewFlow, 0, 1}, {2 * ms, Established, 0, 1}, {4 * ms, FirstData, 0, 1},
+			{9 * ms, Reset, FlagBackendData, 1}},
+			[]string{"success@4ms", "reset-after-data@9ms"}},
+		{"reset after data counts when configured", withData, []step{
+			{0, NewFlow, 0, 1}, {2 * ms, Established, 0, 1}, {4 * ms, FirstData, 0, 1},
+			{9 * ms, Reset, FlagBackendData, 1}, {5 * time.Second, 0, 0, 0}},
+			[]string{"reset-after-data@9ms"}},
+		{"normal close settles", all, []step{
+			{0, NewFlow, 0, 1}, {2 * ms, Established, 0, 1}, {7 * ms, FlowEnd, 0, 1}},
+			[]string{"success@7ms"}},
+		{"quiet connection settles after the connect timeout", all, []step{
+			{0, NewFlow, 0, 1}, {2 * ms, Established, 0, 1}, {1001 * ms, 0, 0, 0}, {1002 * ms, 0, 0, 0}},
+			[]string{"success@1.002s"}},
+		{"probe flag carries to the verdict", all, []step{
+			{0, NewFlow, FlagProbe, 1}, {2 * ms, Established, 0, 1}, {3 * ms, FirstData, 0, 1}},
+			[]string{"probe-success@3ms"}},
+		{"flows are told apart by client port", all, []step{
+			{0, NewFlow, 0, 1}, {1 * ms, NewFlow, 0, 2}, {2 * ms, Refused, 0, 2}, {3 * ms, Established, 0, 1},
+			{4 * ms, FirstData, 0, 1}},
+			[]string{"refused@2ms", "success@4ms"}},
+		{"verdict without a seen new flow (agent restarted)", all, []step{{5 * ms, Refused, 0, 1}},
+			[]string{"refused@5ms"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pol := PolicyFor(c.settings, true)
+			tr := NewTracker(func(uint32) Policy { return pol })
+			var got []string
+			record := func(o accrual.Outcome) {
+				s := "success"
+				if !o.Success {
+					s = o.Kind.String()
+				}
+				if o.Probe {
+					s = "probe-" + s
+				}
+				got = append(got, fmt.Sprintf("%s@%v", s, o.At.Sub(t0)))
+			}
+			for _, s := range c.steps {
+				now := t0.Add(s.at)
+				if s.typ == 0 {
+					tr.Expire(now, record)
+					continue
+				}
+				ev := Event{Type: s.typ, Flags: s.flag, Backend: 7,
+					Client: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), 40000+s.port), At: now}
+				if o, ok := tr.Classify(ev); ok {
+					record(o)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Fatalf("verdicts %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestTrackerUntracked(t *testing.T) {
+	tr := NewTracker(func(uint32) Policy { return PolicyFor(accrual.Defaults(), false) })
+	ev := Event{Type: NewFlow, Backend: 1, At: t0}
+	tr.Classify(ev)
+	ev.Type = Refused
+	if _, ok := tr.Classify(ev); ok {
+		t.Fatal("UDP backend produced an outcome")
+	}
+	if tr.Pending() != 0 {
+		t.Fatal("untracked flow is pending")
+	}
+}
+
+func TestTrackerBoundsPending(t *testing.T) {
+	pol := PolicyFor(accrual.Defaults(), true)
+	tr := NewTracker(func(uint32) Policy { return pol })
+	tr.MaxPending = 10
+	for i := range 25 {
+		tr.Classify(Event{Type: NewFlow, Backend: 1, Client: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), uint16(i)), At: t0})
+	}
+	if tr.Pending() != 10 || tr.Overflow != 15 {
+		t.Fatalf("pending %d overflow %d, want 10 and 15", tr.Pending(), tr.Overflow)
+	}
+	n := 0
+	tr.Expire(t0.Add(time.Minute), func(accrual.Outcome) { n++ })
+	if n != 10 {
+		t.Fatalf("%d timeouts, want 10", n)
+	}
+}
+
+func TestDecode(t *testing.T) {
+	b := make([]byte, eventSize)
+	b[0] = 100 // ts
+	b[8] = 3   // svc
+	b[12] = 9  // backend
+	copy(b[16:], []byte{198, 18, 0, 2})
+	b[32], b[33] = 0x9c, 0x40 // port 40000, network order
+	b[34] = byte(Reset)
+	b[35] = FlagBackendData
+	ev, err := Decode(b, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Event{Type: Reset, Flags: FlagBackendData, Service: 3, Backend: 9,
+		Client: netip.MustParseAddrPort("198.18.0.2:40000"), Mono: 100, At: time.Unix(0, 1100)}
+	if ev != want {
+		t.Fatalf("decoded %+v, want %+v", ev, want)
+	}
+	if _, err := Decode(b[:10], 0); err == nil {
+		t.Fatal("short record decoded")
+	}
+}

@@ -1,0 +1,676 @@
+// Package reconcile turns the desired state and each endpoint's admission
+// (from failure accrual) into the contents of the datapath's maps: service
+// entries, backend entries with their states, Maglev tables, port roles.
+// It owns the service and backend ids, adopting those a previous agent left
+// in the pinned maps so that a restart changes nothing in the kernel.
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	stdmaps "maps"
+	"net/netip"
+	"slices"
+	"sort"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maglev"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// ProbeGrants is how many new flows the kernel admits to an endpoint in
+// probation before the agent hears how the probe went.
+const ProbeGrants = 1
+
+// Writer is the part of pkg/maps the reconciler uses; tests fake it.
+type Writer interface {
+	UpsertService(bpf.LbSvcKey, bpf.LbSvcValue) error
+	DeleteService(bpf.LbSvcKey, uint32) error
+	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
+	SetBackend(uint32, bpf.LbBackend) error
+	ClearBackend(uint32) error
+	Backends() (map[uint32]bpf.LbBackend, error)
+	SwapTable(uint32, []uint32) error
+	ClearTable(uint32)
+	SetFallback(uint32, []uint32) error
+	ClearFallback(uint32)
+	SetPorts(old, roles map[uint16]uint8) error
+	Ports() (map[uint16]uint8, error)
+	ResetServiceStats(uint32) error
+	ResetBackendStats(uint32) error
+}
+
+// Service is the reconciler's view of one programmed service.
+type Service struct {
+	ID   uint32
+	Spec desired.Service
+	// Backends maps each endpoint to its backend id, in Spec order.
+	Backends []uint32
+	// Admission last written to the kernel.
+	Active, Probation []uint32
+	FailOpen          bool
+
+	value bpf.LbSvcValue // last written pb_services value
+}
+
+// Backend is one (service, endpoint) pair's kernel entry.
+type Backend struct {
+	ID        uint32
+	Service   uint32
+	Addr      netip.AddrPort
+	Name      string
+	State     maps.BackendState
+	RemovedAt time.Time // when it left the desired state
+}
+
+// Reconciler programs maps. Not safe for concurrent use: the agent's loop
+// owns it.
+type Reconciler struct {
+	w        Writer
+	log      *slog.Logger
+	clk      clock.PassiveClock
+	cooldown time.Duration
+
+	tableSize uint32
+	builder   *maglev.Builder
+	slots     []int32
+	keys      []string
+
+	services map[desired.Key]*Service
+	byID     map[uint32]*Service
+	backends map[uint32]*Backend
+	// retired: ids of removed services and backends, reusable once their
+	// cooldown passed and no flow refers to them (see Sweep).
+	retiredSvc map[uint32]time.Time
+	svcIDs     idPool
+	beIDs      idPool
+	ports      map[uint16]uint8
+}
+
+// Options configure a Reconciler.
+type Options struct {
+	MaxServices, MaxBackends uint32
+	TableSize                uint32
+	// Cooldown keeps removed ids out of reuse, so a quickly re-added service
+	// or endpoint never inherits a stale count or a late event.
+	Cooldown time.Duration
+	Clock    clock.PassiveClock
+	Logger   *slog.Logger
+}
+
+// New adopts what the maps hold and returns a reconciler ready for Apply.
+func New(w Writer, opts Options) (*Reconciler, error) {
+	if err := maglev.ValidateTableSize(opts.TableSize); err != nil {
+		return nil, err
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Cooldown == 0 {
+		opts.Cooldown = time.Minute
+	}
+	r := &Reconciler{
+		w:          w,
+		log:        opts.Logger,
+		clk:        opts.Clock,
+		cooldown:   opts.Cooldown,
+		tableSize:  opts.TableSize,
+		builder:    maglev.NewBuilder(opts.TableSize),
+		services:   map[desired.Key]*Service{},
+		byID:       map[uint32]*Service{},
+		backends:   map[uint32]*Backend{},
+		retiredSvc: map[uint32]time.Time{},
+		svcIDs:     newIDPool(opts.MaxServices),
+		beIDs:      newIDPool(opts.MaxBackends),
+	}
+	if err := r.adopt(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// adopt reads the pinned maps a previous agent wrote. Services and backends
+// found there keep their ids; the first Apply then rewrites only what the
+// desired state changed.
+func (r *Reconciler) adopt() error {
+	svcs, err := r.w.Services()
+	if err != nil {
+		return fmt.Errorf("adopt services: %w", err)
+	}
+	for k, v := range svcs {
+		key := desired.Key{VIP: maps.AddrFromV4(k.Vip.V4), Port: maps.Port(k.Port), Protocol: desired.Protocol(k.Proto)}
+		if !r.svcIDs.take(v.Id) {
+			r.log.Warn("pinned service with an unusable id, dropping it", "service", key, "id", v.Id)
+			r.w.DeleteService(k, v.Id)
+			continue
+		}
+		s := &Service{ID: v.Id, Spec: desired.Service{Key: key}, value: v}
+		r.services[key] = s
+		r.byID[v.Id] = s
+	}
+	bes, err := r.w.Backends()
+	if err != nil {
+		return fmt.Errorf("adopt backends: %w", err)
+	}
+	ids := make([]uint32, 0, len(bes))
+	for id := range bes {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		v := bes[id]
+		if !r.beIDs.take(id) {
+			continue
+		}
+		b := &Backend{ID: id, Service: v.SvcId, State: maps.BackendState(v.State),
+			Addr: netip.AddrPortFrom(maps.AddrFromV4(v.Addr.V4), maps.Port(v.Port))}
+		r.backends[id] = b
+		if s, ok := r.byID[v.SvcId]; ok && b.State != maps.BackendRemoved {
+			s.Backends = append(s.Backends, id)
+			s.Spec.Endpoints = append(s.Spec.Endpoints, desired.Endpoint{Addr: b.Addr})
+		} else {
+			// An orphan (its service is gone or was dropped above): mark it
+			// removed in the kernel too, as retire would have.
+			b.State = maps.BackendRemoved
+			b.RemovedAt = r.clk.Now()
+			if v.State != uint8(maps.BackendRemoved) || v.ProbeGrants != 0 {
+				if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
+					r.log.Error("mark orphaned backend removed", "backend", b.Addr, "id", id, "err", err)
+				}
+			}
+		}
+	}
+	ports, err := r.w.Ports()
+	if err != nil {
+		return fmt.Errorf("adopt ports: %w", err)
+	}
+	r.ports = ports
+	if len(svcs) > 0 || len(bes) > 0 {
+		r.log.Info("adopted pinned state", "services", len(r.services), "backends", len(r.backends))
+	}
+	return nil
+}
+
+// Adopted returns what the pinned maps held at start, for restoring
+// accrual state: backend id by (service key, endpoint).
+func (r *Reconciler) Adopted() map[desired.Key]map[netip.AddrPort]uint32 {
+	out := map[desired.Key]map[netip.AddrPort]uint32{}
+	for k, s := range r.services {
+		m := map[netip.AddrPort]uint32{}
+		for _, id := range s.Backends {
+			m[r.backends[id].Addr] = id
+		}
+		out[k] = m
+	}
+	return out
+}
+
+// Change is a service whose endpoint set Apply changed: failure accrual
+// must hear of it, then ProgramService must run.
+type Change struct {
+	Service *Service
+	Removed bool
+	// Retired are backend ids whose endpoints left the service.
+	Retired []uint32
+}
+
+// Apply makes the services and backends match st. It does not write
+// Maglev tables: admission depends on accrual, so the caller follows up
+// with ProgramService for each changed service.
+func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
+	now := r.clk.Now()
+	var changes []Change
+	var errs []error
+	seen := map[desired.Key]bool{}
+
+	for i := range st.Services {
+		spec := st.Services[i]
+		seen[spec.Key] = true
+		s, existed := r.services[spec.Key]
+		if !existed {
+			id, ok := r.svcIDs.get()
+			if !ok {
+				errs = append(errs, fmt.Errorf("service %s: no free service id (max %d)", spec.Name, r.svcIDs.max))
+				continue
+			}
+			delete(r.retiredSvc, id)
+			r.w.ResetServiceStats(id)
+			s = &Service{ID: id}
+			r.services[spec.Key] = s
+			r.byID[id] = s
+		}
+		endpointsChanged := !existed || !sameEndpoints(s, spec.Endpoints, r.backends)
+		s.Spec = spec
+		var retired []uint32
+		if endpointsChanged {
+			var err error
+			if retired, err = r.syncBackends(s, now); err != nil {
+				errs = append(errs, err)
+			}
+		} else {
+			r.renameBackends(s)
+		}
+		size := s.value.TableSize
+		if size == 0 {
+			size = r.tableSize
+		}
+		if err := r.writeService(s, size); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if endpointsChanged {
+			changes = append(changes, Change{Service: s, Retired: retired})
+		}
+	}
+
+	for key, s := range r.services {
+		if seen[key] {
+			continue
+		}
+		if err := r.w.DeleteService(maps.ServiceKey(key.VIP, key.Port, uint8(key.Protocol)), s.ID); err != nil {
+			errs = append(errs, err)
+		}
+		for _, id := range s.Backends {
+			r.retire(r.backends[id], now)
+		}
+		retired := s.Backends
+		s.Backends, s.Active, s.Probation = nil, nil, nil
+		delete(r.services, key)
+		delete(r.byID, s.ID)
+		r.retiredSvc[s.ID] = now
+		changes = append(changes, Change{Service: s, Removed: true, Retired: retired})
+		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String())
+	}
+
+	if err := r.syncPorts(); err != nil {
+		errs = append(errs, err)
+	}
+	sort.Slice(changes, func(i, j int) bool { return changes[i].Service.ID < changes[j].Service.ID })
+	return changes, errors.Join(errs...)
+}
+
+func sameEndpoints(s *Service, eps []desired.Endpoint, bes map[uint32]*Backend) bool {
+	if len(s.Backends) != len(eps) {
+		return false
+	}
+	for i, id := range s.Backends {
+		if bes[id].Addr != eps[i].Addr {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Reconciler) renameBackends(s *Service) {
+	for i, id := range s.Backends {
+		r.backends[id].Name = s.Spec.Endpoints[i].Name
+	}
+}
+
+// syncBackends gives every endpoint of s a backend id, keeping the ids of
+// endpoints it already had, and retires the rest.
+func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, _ error) {
+	have := map[netip.AddrPort]uint32{}
+	for _, id := range s.Backends {
+		have[r.backends[id].Addr] = id
+	}
+	var errs []error
+	ids := make([]uint32, 0, len(s.Spec.Endpoints))
+	for _, ep := range s.Spec.Endpoints {
+		id, ok := have[ep.Addr]
+		if ok {
+			delete(have, ep.Addr)
+			r.backends[id].Name = ep.Name
+			ids = append(ids, id)
+			continue
+		}
+		id, ok = r.beIDs.get()
+		if !ok {
+			errs = append(errs, fmt.Errorf("service %s: endpoint %s: no free backend id (max %d)", s.Spec.Name, ep.Addr, r.beIDs.max))
+			continue
+		}
+		r.w.ResetBackendStats(id)
+		// New endpoints start ejected in the kernel until ProgramService
+		// decides: a backend is only ever active once it is in a table.
+		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendEjected}
+		if err := r.w.SetBackend(id, maps.NewBackend(ep.Addr, s.ID, b.State, 0)); err != nil {
+			r.beIDs.put(id)
+			errs = append(errs, fmt.Errorf("service %s: endpoint %s: %w", s.Spec.Name, ep.Addr, err))
+			continue
+		}
+		r.backends[id] = b
+		ids = append(ids, id)
+	}
+	for _, id := range have {
+		r.retire(r.backends[id], now)
+		retired = append(retired, id)
+	}
+	slices.Sort(retired)
+	s.Backends = ids
+	// Keep Spec.Endpoints aligned with Backends when an id was unavailable.
+	if len(ids) != len(s.Spec.Endpoints) {
+		eps := make([]desired.Endpoint, 0, len(ids))
+		for _, id := range ids {
+			eps = append(eps, desired.Endpoint{Addr: r.backends[id].Addr, Name: r.backends[id].Name})
+		}
+		s.Spec.Endpoints = eps
+	}
+	return retired, errors.Join(errs...)
+}
+
+// retire marks a backend removed. Its entry stays (live flows carry their
+// backend's address in conntrack, so they keep working) until Sweep finds
+// its cooldown over and no flow referring to it.
+func (r *Reconciler) retire(b *Backend, now time.Time) {
+	if b == nil || b.State == maps.BackendRemoved {
+		return
+	}
+	b.State = maps.BackendRemoved
+	b.RemovedAt = now
+	if err := r.w.SetBackend(b.ID, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
+		r.log.Error("mark backend removed", "backend", b.Addr, "id", b.ID, "err", err)
+	}
+}
+
+// syncPorts makes pb_ports mark every service port and every backend port
+// (removed backends included: their flows' replies still need reverse NAT).
+func (r *Reconciler) syncPorts() error {
+	want := map[uint16]uint8{}
+	for key := range r.services {
+		want[key.Port] |= maps.PortVIP
+	}
+	for _, b := range r.backends {
+		want[b.Addr.Port()] |= maps.PortBackend
+	}
+	if stdmaps.Equal(want, r.ports) {
+		return nil
+	}
+	if err := r.w.SetPorts(r.ports, want); err != nil {
+		return err
+	}
+	r.ports = want
+	return nil
+}
+
+// TableSize is the Maglev table size new tables get.
+func (r *Reconciler) TableSize() uint32 { return r.tableSize }
+
+// SetTableSize changes the Maglev table size. Every service's table is
+// rebuilt at the new size by its next ProgramService (forced here), and
+// the services' table_size fields follow with the tables.
+func (r *Reconciler) SetTableSize(n uint32) error {
+	if err := maglev.ValidateTableSize(n); err != nil {
+		return err
+	}
+	r.tableSize = n
+	r.builder = maglev.NewBuilder(n)
+	r.slots = nil // sized for the old builder: Build rejects it
+	for _, s := range r.byID {
+		s.Active, s.Probation = nil, nil // force a rebuild
+	}
+	return nil
+}
+
+// Service returns the programmed service with id.
+func (r *Reconciler) Service(id uint32) (*Service, bool) {
+	s, ok := r.byID[id]
+	return s, ok
+}
+
+// ServiceByKey returns the programmed service for key.
+func (r *Reconciler) ServiceByKey(k desired.Key) (*Service, bool) {
+	s, ok := r.services[k]
+	return s, ok
+}
+
+// Services returns programmed services ordered by id.
+func (r *Reconciler) Services() []*Service {
+	out := make([]*Service, 0, len(r.byID))
+	for _, s := range r.byID {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Backend returns the backend with id (removed ones included).
+func (r *Reconciler) Backend(id uint32) (*Backend, bool) {
+	b, ok := r.backends[id]
+	return b, ok
+}
+
+// ProgramService writes a service's admission into the kernel: backend
+// states, the fallback table and the Maglev table. active and probation
+// are backend ids of the service; failOpen admits every endpoint.
+//
+// Writes are ordered so that no new flow can reach an endpoint the agent
+// is taking out, and none is turned away from one it is putting in:
+// endpoints leaving are marked ejected first (the kernel steers around
+// them at once), the fallback table exists before any endpoint enters
+// probation, and the new table goes in last.
+func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failOpen bool) error {
+	s, ok := r.byID[id]
+	if !ok {
+		return fmt.Errorf("program service %d: unknown", id)
+	}
+	if failOpen {
+		active, probation = s.Backends, nil
+	}
+	if s.FailOpen == failOpen && slices.Equal(s.Active, active) && slices.Equal(s.Probation, probation) && s.Active != nil {
+		return nil
+	}
+	in := map[uint32]maps.BackendState{}
+	for _, b := range active {
+		in[b] = maps.BackendActive
+	}
+	for _, b := range probation {
+		in[b] = maps.BackendProbation
+	}
+
+	var errs []error
+	// 1. Out first.
+	for _, bid := range s.Backends {
+		if _, ok := in[bid]; !ok {
+			errs = append(errs, r.setState(bid, maps.BackendEjected))
+		}
+	}
+	// 2. The fallback table, whenever a probe shares the table with others.
+	if len(probation) > 0 && len(active) > 0 {
+		slots, err := r.build(active)
+		if err == nil {
+			err = r.w.SetFallback(id, slots)
+		}
+		errs = append(errs, err)
+	}
+	// 3. States of the endpoints going in.
+	for _, bid := range s.Backends {
+		if st, ok := in[bid]; ok {
+			errs = append(errs, r.setState(bid, st))
+		}
+	}
+	// 4. The table. The service's table_size tells the kernel the modulus;
+	// when it changes, it goes first if shrinking and last if growing, so
+	// every slot the kernel computes exists in whichever table it sees.
+	all := append(append([]uint32(nil), active...), probation...)
+	if len(all) > 0 {
+		slots, err := r.build(all)
+		if err == nil {
+			size := uint32(len(slots))
+			if size < s.value.TableSize {
+				err = r.writeService(s, size)
+			}
+			if err == nil {
+				err = r.w.SwapTable(id, slots)
+			}
+			if err == nil {
+				err = r.writeService(s, size)
+			}
+		}
+		errs = append(errs, err)
+	} else {
+		// No endpoint at all: the service drops new flows (counted).
+		r.w.ClearFallback(id)
+		r.w.ClearTable(id)
+	}
+	if len(probation) == 0 || len(active) == 0 {
+		r.w.ClearFallback(id)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("program service %s: %w", s.Spec.Name, err)
+	}
+	s.Active = append(make([]uint32, 0, len(active)), active...)
+	s.Probation = append([]uint32(nil), probation...)
+	s.FailOpen = failOpen
+	return nil
+}
+
+// setState writes a backend's kernel state when it changes. Entering
+// probation grants ProbeGrants flows; staying in probation grants nothing
+// new, so a probe the kernel already admitted is not repeated.
+func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
+	b := r.backends[id]
+	if b.State == st {
+		return nil
+	}
+	grants := int32(0)
+	if st == maps.BackendProbation {
+		grants = ProbeGrants
+	}
+	if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, st, grants)); err != nil {
+		return fmt.Errorf("backend %s: %w", b.Addr, err)
+	}
+	b.State = st
+	return nil
+}
+
+// writeService writes s's pb_services entry when it changed.
+func (r *Reconciler) writeService(s *Service, tableSize uint32) error {
+	spec := &s.Spec
+	v := bpf.LbSvcValue{Id: s.ID, TableSize: tableSize, MaxInflight: spec.MaxInflight,
+		MaxInflightPerBackend: spec.MaxInflightPerEndpoint}
+	if v == s.value {
+		return nil
+	}
+	if err := r.w.UpsertService(maps.ServiceKey(spec.Key.VIP, spec.Key.Port, uint8(spec.Key.Protocol)), v); err != nil {
+		return fmt.Errorf("service %s: %w", spec.Name, err)
+	}
+	s.value = v
+	return nil
+}
+
+// Regrant gives an endpoint in probation a fresh probe: its last probe
+// ended without a verdict (a failure of a kind that does not count).
+func (r *Reconciler) Regrant(id uint32) error {
+	b, ok := r.backends[id]
+	if !ok || b.State != maps.BackendProbation {
+		return nil
+	}
+	return r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, maps.BackendProbation, ProbeGrants))
+}
+
+// build computes a Maglev table over the given backends. Keys are the
+// endpoint addresses, so the table depends only on the set, not on ids or
+// order, and a restarted agent rebuilds it byte for byte.
+func (r *Reconciler) build(ids []uint32) ([]uint32, error) {
+	r.keys = r.keys[:0]
+	for _, id := range ids {
+		r.keys = append(r.keys, r.backends[id].Addr.String())
+	}
+	var err error
+	r.slots, err = r.builder.Build(r.keys, r.slots)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint32, len(r.slots))
+	for i, idx := range r.slots {
+		out[i] = ids[idx]
+	}
+	return out, nil
+}
+
+// Sweep frees ids of removed services and backends whose cooldown is over
+// and that no conntrack entry refers to (inUse), and drops their port roles.
+func (r *Reconciler) Sweep(inUse map[uint32]bool) {
+	now := r.clk.Now()
+	freed := 0
+	for id, b := range r.backends {
+		if b.State != maps.BackendRemoved || now.Sub(b.RemovedAt) < r.cooldown || inUse[id] {
+			continue
+		}
+		if err := r.w.ClearBackend(id); err != nil {
+			r.log.Error("clear backend", "id", id, "err", err)
+			continue
+		}
+		delete(r.backends, id)
+		r.beIDs.put(id)
+		freed++
+	}
+	for id, at := range r.retiredSvc {
+		if now.Sub(at) >= r.cooldown {
+			delete(r.retiredSvc, id)
+			r.svcIDs.put(id)
+		}
+	}
+	if freed > 0 {
+		if err := r.syncPorts(); err != nil {
+			r.log.Error("sync ports", "err", err)
+		}
+	}
+}
+
+// idPool hands out ids 1..max-1 (0 means "none" in the maps), reusing
+// freed ones before fresh ones.
+type idPool struct {
+	max  uint32
+	next uint32
+	free []uint32
+	used map[uint32]bool
+}
+
+func newIDPool(max uint32) idPool {
+	return idPool{max: max, next: 1, used: map[uint32]bool{}}
+}
+
+func (p *idPool) get() (uint32, bool) {
+	for len(p.free) > 0 {
+		id := p.free[len(p.free)-1]
+		p.free = p.free[:len(p.free)-1]
+		if !p.used[id] {
+			p.used[id] = true
+			return id, true
+		}
+	}
+	for p.next < p.max {
+		id := p.next
+		p.next++
+		if !p.used[id] {
+			p.used[id] = true
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// take reserves a specific id (adoption).
+func (p *idPool) take(id uint32) bool {
+	if id == 0 || id >= p.max || p.used[id] {
+		return false
+	}
+	p.used[id] = true
+	return true
+}
+
+func (p *idPool) put(id uint32) {
+	if p.used[id] {
+		delete(p.used, id)
+		p.free = append(p.free, id)
+	}
+}
