@@ -264,7 +264,11 @@ static __always_inline struct backend *table_lookup(void *outer, __u32 svc_id, _
 	if (!idp || *idp == 0)
 		return 0;
 	*id = *idp;
-	return bpf_map_lookup_elem(&pb_backends, id);
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, id);
+	/* A cleared entry (family 0) is no backend, whatever a stale table says. */
+	if (!be || !be->family)
+		return 0;
+	return be;
 }
 
 #define PB_STEER_TRIES 3

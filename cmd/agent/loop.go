@@ -185,7 +185,7 @@ func (a *agent) loop(ctx context.Context, events <-chan []outcomes.Event, reload
 	defer timer.Stop()
 	sweep := a.clk.NewTicker(30 * time.Second)
 	defer sweep.Stop()
-	sweepDone := make(chan map[uint32]bool, 1)
+	sweepDone := make(chan reconcile.InUse, 1)
 	for {
 		select {
 		case <-ctx.Done():
@@ -202,7 +202,7 @@ func (a *agent) loop(ctx context.Context, events <-chan []outcomes.Event, reload
 			a.advance()
 		case <-sweep.C():
 			// Scanning conntrack takes a while on a big table: off the loop.
-			go func() { sweepDone <- a.referencedBackends() }()
+			go func() { sweepDone <- a.referencedIDs() }()
 		case inUse := <-sweepDone:
 			a.mu.Lock()
 			a.rec.Sweep(inUse)
@@ -439,16 +439,17 @@ func (a *agent) endpointName(id uint32) string {
 	return b.Addr.String()
 }
 
-// referencedBackends lists backend ids that live conntrack entries use, so
-// their ids are not recycled under them.
-func (a *agent) referencedBackends() map[uint32]bool {
-	out := map[uint32]bool{}
+// referencedIDs lists the service and backend ids live conntrack entries
+// use, so they are not recycled under them.
+func (a *agent) referencedIDs() reconcile.InUse {
+	out := reconcile.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}}
 	ents, err := a.maps.Conntrack(0)
 	if err != nil {
 		a.log.Warn("conntrack scan", "err", err)
 	}
 	for _, e := range ents {
-		out[e.Value.BackendId] = true
+		out.Services[e.Value.SvcId] = true
+		out.Backends[e.Value.BackendId] = true
 	}
 	return out
 }

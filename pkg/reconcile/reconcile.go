@@ -263,8 +263,10 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 			size = r.tableSize
 		}
 		if err := r.writeService(s, size); err != nil {
+			// Report the change anyway: the backends it retired are gone
+			// from the kernel's view whatever happened to the service entry,
+			// and no later Apply would report them again.
 			errs = append(errs, err)
-			continue
 		}
 		if endpointsChanged {
 			changes = append(changes, Change{Service: s, Retired: retired})
@@ -597,12 +599,12 @@ func (r *Reconciler) build(ids []uint32) ([]uint32, error) {
 }
 
 // Sweep frees ids of removed services and backends whose cooldown is over
-// and that no conntrack entry refers to (inUse), and drops their port roles.
-func (r *Reconciler) Sweep(inUse map[uint32]bool) {
+// and that no conntrack entry refers to, and drops their port roles.
+func (r *Reconciler) Sweep(inUse InUse) {
 	now := r.clk.Now()
 	freed := 0
 	for id, b := range r.backends {
-		if b.State != maps.BackendRemoved || now.Sub(b.RemovedAt) < r.cooldown || inUse[id] {
+		if b.State != maps.BackendRemoved || now.Sub(b.RemovedAt) < r.cooldown || inUse.Backends[id] {
 			continue
 		}
 		if err := r.w.ClearBackend(id); err != nil {
@@ -614,7 +616,7 @@ func (r *Reconciler) Sweep(inUse map[uint32]bool) {
 		freed++
 	}
 	for id, at := range r.retiredSvc {
-		if now.Sub(at) >= r.cooldown {
+		if now.Sub(at) >= r.cooldown && !inUse.Services[id] {
 			delete(r.retiredSvc, id)
 			r.svcIDs.put(id)
 		}
@@ -624,6 +626,12 @@ func (r *Reconciler) Sweep(inUse map[uint32]bool) {
 			r.log.Error("sync ports", "err", err)
 		}
 	}
+}
+
+// InUse are the ids live conntrack entries refer to: their events and
+// counters would be misattributed if the ids were handed out again.
+type InUse struct {
+	Services, Backends map[uint32]bool
 }
 
 // idPool hands out ids 1..max-1 (0 means "none" in the maps), reusing

@@ -1,0 +1,672 @@
+package reconcile
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maglev"
+	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+func TestNewRejectsInvalidTableSize(t *testing.T) {
+	for _, n := range []uint32{0, 30, maglev.MinTableSize - 2, maglev.MaxTableSize + 1} {
+		_, err := New(newFakeWriter(t), Options{MaxServices: 8, MaxBackends: 8, TableSize: n})
+		if err == nil {
+			t.Errorf("New with table size %d: no error", n)
+		}
+	}
+}
+
+func TestApplyNewServices(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, epn("198.19.1.1:8080", "ns/web-0"), epn("198.19.1.2:8080", "ns/web-1"))
+	dns := svc("dns", vip2, 53, ep("198.19.2.1:5353"))
+	dns.Key.Protocol = desired.UDP
+	dns.MaxInflight, dns.MaxInflightPerEndpoint = 100, 10
+	// Port 8080 is a VIP port here and a backend port of web; port 80 a
+	// backend port here and web's VIP port.
+	alt := svc("alt", vip3, 8080, ep("198.19.3.1:80"))
+
+	changes := e.apply(web, dns, alt)
+	ops := e.f.takeOps()
+
+	if len(changes) != 3 {
+		t.Fatalf("%d changes, want 3: %+v", len(changes), changes)
+	}
+	seenSvc := map[uint32]bool{}
+	seenBe := map[uint32]bool{}
+	for i, spec := range []desired.Service{web, dns, alt} {
+		s := e.service(spec.Key)
+		if s.ID < 1 || s.ID >= e.opts.MaxServices || seenSvc[s.ID] {
+			t.Errorf("service %s: id %d not fresh in [1, %d)", spec.Name, s.ID, e.opts.MaxServices)
+		}
+		seenSvc[s.ID] = true
+		if s.Spec.Name != spec.Name {
+			t.Errorf("service %d: spec name %q, want %q", s.ID, s.Spec.Name, spec.Name)
+		}
+		got, ok := e.f.services[keyOf(spec.Key)]
+		want := bpf.LbSvcValue{Id: s.ID, TableSize: testTableSize,
+			MaxInflight: spec.MaxInflight, MaxInflightPerBackend: spec.MaxInflightPerEndpoint}
+		if !ok || got != want {
+			t.Errorf("pb_services[%s] = %+v (present %v), want %+v", spec.Key, got, ok, want)
+		}
+		if count(ops, is(opResetSvcStats, s.ID)) != 1 {
+			t.Errorf("service %s: stats of new id %d not reset once", spec.Name, s.ID)
+		}
+		if len(s.Backends) != len(spec.Endpoints) {
+			t.Fatalf("service %s: %d backends, want %d", spec.Name, len(s.Backends), len(spec.Endpoints))
+		}
+		for j, id := range s.Backends {
+			epAddr := spec.Endpoints[j].Addr
+			if id < 1 || id >= e.opts.MaxBackends || seenBe[id] {
+				t.Errorf("endpoint %s: backend id %d not fresh in [1, %d)", epAddr, id, e.opts.MaxBackends)
+			}
+			seenBe[id] = true
+			b, ok := e.r.Backend(id)
+			if !ok || b.Addr != epAddr || b.Name != spec.Endpoints[j].Name || b.Service != s.ID {
+				t.Errorf("Backend(%d) = %+v, want %s %q of service %d", id, b, epAddr, spec.Endpoints[j].Name, s.ID)
+			}
+			// New endpoints are ejected until ProgramService admits them.
+			if kb := e.f.backend(id); kb != pbmaps.NewBackend(epAddr, s.ID, pbmaps.BackendEjected, 0) {
+				t.Errorf("pb_backends[%d] = %+v, want %s ejected in service %d", id, kb, epAddr, s.ID)
+			}
+			inOrder(t, ops, "backend stats reset before the entry is written", is(opResetBeStats, id), is(opSetBackend, id))
+		}
+		if changes[i].Service != s {
+			// Changes are ordered by id, and ids are handed out in order.
+			t.Errorf("change %d is service %d, want %d", i, changes[i].Service.ID, s.ID)
+		}
+		if changes[i].Removed || len(changes[i].Retired) != 0 {
+			t.Errorf("change for new service %s: %+v", spec.Name, changes[i])
+		}
+	}
+	wantPorts := map[uint16]uint8{
+		80:   pbmaps.PortVIP | pbmaps.PortBackend,
+		8080: pbmaps.PortVIP | pbmaps.PortBackend,
+		53:   pbmaps.PortVIP,
+		5353: pbmaps.PortBackend,
+	}
+	if got := e.f.nonZeroPorts(); !mapsEqual(got, wantPorts) {
+		t.Errorf("pb_ports = %v, want %v", got, wantPorts)
+	}
+	if n := count(ops, kindIs(opSetPorts)); n != 1 {
+		t.Errorf("%d SetPorts, want 1", n)
+	}
+	if n := count(ops, kindIs(opSwapTable, opSetFallback)); n != 0 {
+		t.Errorf("Apply wrote %d tables; tables are ProgramService's", n)
+	}
+	e.checkKernel()
+}
+
+func mapsEqual(a, b map[uint16]uint8) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// programAll admits every endpoint of every service.
+func (e *env) programAll() {
+	for _, s := range e.r.Services() {
+		e.program(s.ID, s.Backends, nil, false)
+	}
+}
+
+func TestApplyTwiceWritesNothing(t *testing.T) {
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
+	api.MaxInflight, api.MaxInflightPerEndpoint = 1000, 50
+	udp := svc("dns", vip2, 53, ep("198.19.3.1:53"), ep("198.19.3.2:53"))
+	udp.Key.Protocol = desired.UDP
+	empty := svc("empty", vip3, 80)
+
+	for _, tc := range []struct {
+		name  string
+		setup func(e *env)
+		st    []desired.Service
+	}{
+		{name: "one service", st: []desired.Service{web}},
+		{name: "several, limits, udp", st: []desired.Service{web, api, udp}},
+		{name: "no endpoints", st: []desired.Service{empty}},
+		{name: "nothing", st: nil},
+		{name: "after programming tables", st: []desired.Service{web, api},
+			setup: func(e *env) { e.apply(web, api); e.programAll() }},
+		{name: "after a service removal", st: []desired.Service{web},
+			setup: func(e *env) { e.apply(web, api); e.programAll() }},
+		{name: "after an endpoint removal", st: []desired.Service{svc("web", vip1, 80, ep("198.19.1.1:8080"))},
+			setup: func(e *env) { e.apply(web); e.programAll() }},
+		{name: "after a sweep", st: []desired.Service{svc("web", vip1, 80, ep("198.19.1.1:8080"))},
+			setup: func(e *env) {
+				e.apply(web)
+				e.apply(svc("web", vip1, 80, ep("198.19.1.1:8080")))
+				e.clk.Step(testCooldown)
+				e.r.Sweep(InUse{})
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.setup != nil {
+				tc.setup(e)
+			}
+			e.apply(tc.st...)
+			e.f.takeOps()
+			changes := e.apply(tc.st...)
+			if ops := e.f.takeOps(); len(ops) != 0 {
+				t.Errorf("second Apply wrote %s", opsString(ops))
+			}
+			if len(changes) != 0 {
+				t.Errorf("second Apply reported changes %+v", changes)
+			}
+		})
+	}
+}
+
+func TestApplyRenameOnlyWritesNothing(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, epn("198.19.1.1:8080", "ns/a"), epn("198.19.1.2:8080", "ns/b"))
+	e.apply(web)
+	e.programAll()
+	e.f.takeOps()
+
+	renamed := svc("web-renamed", vip1, 80, epn("198.19.1.1:8080", "ns/a2"), epn("198.19.1.2:8080", ""))
+	changes := e.apply(renamed)
+	if ops := e.f.takeOps(); len(ops) != 0 {
+		t.Errorf("renaming wrote %s", opsString(ops))
+	}
+	if len(changes) != 0 {
+		t.Errorf("renaming reported changes %+v", changes)
+	}
+	s := e.service(web.Key)
+	if s.Spec.Name != "web-renamed" {
+		t.Errorf("service name %q, want web-renamed", s.Spec.Name)
+	}
+	for i, id := range s.Backends {
+		if b, _ := e.r.Backend(id); b.Name != renamed.Endpoints[i].Name {
+			t.Errorf("backend %d name %q, want %q", id, b.Name, renamed.Endpoints[i].Name)
+		}
+	}
+	e.checkKernel()
+}
+
+func TestApplyLimitsChange(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"))
+	e.apply(web)
+	id := e.service(web.Key).ID
+	e.programAll()
+	e.f.takeOps()
+
+	web.MaxInflight, web.MaxInflightPerEndpoint = 10, 2
+	changes := e.apply(web)
+	ops := e.f.takeOps()
+	if len(ops) != 1 || !upsertSize(id, testTableSize)(ops[0]) {
+		t.Errorf("limits change wrote %s, want one UpsertService keeping table_size", opsString(ops))
+	}
+	if len(changes) != 0 {
+		t.Errorf("limits change reported endpoint changes %+v", changes)
+	}
+	e.checkKernel()
+}
+
+func TestApplyEndpointChanges(t *testing.T) {
+	const (
+		a = "198.19.1.1:8080"
+		b = "198.19.1.2:8080"
+		c = "198.19.1.3:8080"
+		d = "198.19.1.4:8080"
+	)
+	for _, tc := range []struct {
+		name      string
+		from, to  []string
+		retired   []string // endpoints whose backends are retired
+		added     []string // endpoints that get new ids
+		kernelOps int      // exact number of kernel writes, -1: don't check
+	}{
+		{name: "add", from: []string{a, b}, to: []string{a, b, c}, added: []string{c}, kernelOps: 2},
+		{name: "add several", from: []string{a}, to: []string{d, a, c}, added: []string{d, c}, kernelOps: 4},
+		{name: "remove", from: []string{a, b, c}, to: []string{a, c}, retired: []string{b}, kernelOps: 1},
+		{name: "replace", from: []string{a, b}, to: []string{a, c}, retired: []string{b}, added: []string{c}, kernelOps: 3},
+		{name: "remove all", from: []string{a, b}, to: nil, retired: []string{a, b}, kernelOps: 2},
+		{name: "from none", from: nil, to: []string{a, b}, added: []string{a, b}, kernelOps: 5}, // + SetPorts
+		{name: "reorder", from: []string{a, b, c}, to: []string{c, a, b}, kernelOps: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			mk := func(addrs []string) desired.Service {
+				s := svc("web", vip1, 80)
+				for _, x := range addrs {
+					s.Endpoints = append(s.Endpoints, ep(x))
+				}
+				return s
+			}
+			e.apply(mk(tc.from))
+			s := e.service(mk(nil).Key)
+			before := map[string]uint32{}
+			var allBefore []uint32
+			for _, x := range tc.from {
+				before[x] = e.bid(s.Spec.Key, x)
+				allBefore = append(allBefore, before[x])
+			}
+			e.f.takeOps()
+
+			changes := e.apply(mk(tc.to))
+			ops := e.f.takeOps()
+
+			if n := len(ops); tc.kernelOps >= 0 && n != tc.kernelOps {
+				t.Errorf("%d writes, want %d: %s", n, tc.kernelOps, opsString(ops))
+			}
+			// Endpoints kept keep their ids.
+			for _, x := range tc.to {
+				id := e.bid(s.Spec.Key, x)
+				old, had := before[x]
+				switch {
+				case had && id != old:
+					t.Errorf("endpoint %s kept but its id changed %d -> %d", x, old, id)
+				case !had && slices.Contains(allBefore, id):
+					t.Errorf("new endpoint %s got id %d, still held by a removed one", x, id)
+				case !had:
+					e.wantKernelState(id, pbmaps.BackendEjected, 0)
+					inOrder(t, ops, "new backend", is(opResetBeStats, id), setState(id, pbmaps.BackendEjected))
+				}
+			}
+			if got := s.Backends; len(got) != len(tc.to) {
+				t.Errorf("service has backends %v for endpoints %v", got, tc.to)
+			}
+			var wantRetired []uint32
+			for _, x := range tc.retired {
+				id := before[x]
+				wantRetired = append(wantRetired, id)
+				// Marked removed, not cleared: live flows still use it.
+				e.wantKernelState(id, pbmaps.BackendRemoved, 0)
+				if kb := e.f.backend(id); pbmaps.AddrFromV4(kb.Addr.V4) != netip.MustParseAddrPort(x).Addr() || kb.SvcId != s.ID {
+					t.Errorf("removed backend %d lost its address or service: %+v", id, kb)
+				}
+				if got, _ := e.r.Backend(id); got.RemovedAt != t0 {
+					t.Errorf("backend %d RemovedAt %v, want %v", id, got.RemovedAt, t0)
+				}
+			}
+			slices.Sort(wantRetired)
+			if len(changes) != 1 || changes[0].Service != s || changes[0].Removed ||
+				!slices.Equal(changes[0].Retired, wantRetired) {
+				t.Errorf("changes %+v, want one for service %d retiring %v", changes, s.ID, wantRetired)
+			}
+			// Port roles are unchanged: every address uses port 8080.
+			if n := count(ops, kindIs(opSetPorts)); n != 0 && len(tc.from) > 0 {
+				t.Errorf("%d SetPorts, want none", n)
+			}
+		})
+	}
+}
+
+// A removed endpoint's backend goes from "removed" to freed by Sweep.
+func TestRemovedBackendLifecycle(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		gone     string // the endpoint removed
+		keptPort uint8  // pb_ports role of its port once it is freed
+	}{
+		{name: "own port", gone: "198.19.1.2:9090", keptPort: 0},
+		{name: "port shared with another backend", gone: "198.19.1.2:8080", keptPort: pbmaps.PortBackend},
+		{name: "port that is also a VIP port", gone: "198.19.1.2:80", keptPort: pbmaps.PortVIP},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep(tc.gone))
+			e.apply(web)
+			id := e.bid(web.Key, tc.gone)
+			port := netip.MustParseAddrPort(tc.gone).Port()
+			e.program(e.service(web.Key).ID, e.service(web.Key).Backends, nil, false)
+
+			e.clk.Step(time.Second)
+			removedAt := e.clk.Now()
+			web.Endpoints = web.Endpoints[:1]
+			e.apply(web)
+			e.program(e.service(web.Key).ID, e.service(web.Key).Backends, nil, false)
+			e.wantKernelState(id, pbmaps.BackendRemoved, 0)
+			if got := e.f.ports[port]; got&pbmaps.PortBackend == 0 {
+				t.Errorf("port %d lost its backend role while its backend is only removed: %#x", port, got)
+			}
+			e.checkKernel()
+			e.f.takeOps()
+
+			// Not yet: the cooldown is not over.
+			e.clk.SetTime(removedAt.Add(testCooldown - time.Nanosecond))
+			e.r.Sweep(InUse{})
+			if ops := e.f.takeOps(); len(ops) != 0 {
+				t.Errorf("Sweep before the cooldown wrote %s", opsString(ops))
+			}
+			if _, ok := e.r.Backend(id); !ok {
+				t.Errorf("backend %d freed before its cooldown", id)
+			}
+
+			// Cooldown over, but a flow still refers to it.
+			e.clk.SetTime(removedAt.Add(testCooldown))
+			e.r.Sweep(InUse{Backends: map[uint32]bool{id: true}})
+			if ops := e.f.takeOps(); len(ops) != 0 {
+				t.Errorf("Sweep of an id in use wrote %s", opsString(ops))
+			}
+			e.wantKernelState(id, pbmaps.BackendRemoved, 0)
+
+			// Free.
+			e.r.Sweep(InUse{Backends: map[uint32]bool{id + 1000: true}})
+			ops := e.f.takeOps()
+			if index(ops, is(opClearBackend, id)) < 0 {
+				t.Errorf("Sweep did not clear backend %d: %s", id, opsString(ops))
+			}
+			if _, ok := e.r.Backend(id); ok {
+				t.Errorf("backend %d still known after Sweep", id)
+			}
+			if kb := e.f.backend(id); kb != (bpf.LbBackend{}) {
+				t.Errorf("pb_backends[%d] = %+v after Sweep, want zeroed", id, kb)
+			}
+			if got := e.f.ports[port]; got != tc.keptPort {
+				t.Errorf("pb_ports[%d] = %#x after freeing, want %#x", port, got, tc.keptPort)
+			}
+			e.checkKernel()
+
+			// Sweeping again does nothing.
+			e.r.Sweep(InUse{})
+			if ops := e.f.takeOps(); len(ops) != 0 {
+				t.Errorf("second Sweep wrote %s", opsString(ops))
+			}
+
+			// The id is reusable.
+			web.Endpoints = append(web.Endpoints, ep("198.19.1.9:8080"))
+			e.apply(web)
+			if got := e.bid(web.Key, "198.19.1.9:8080"); got != id {
+				t.Errorf("new endpoint got id %d, want freed id %d", got, id)
+			}
+			e.wantKernelState(id, pbmaps.BackendEjected, 0)
+			if kb := e.f.backend(id); pbmaps.Port(kb.Port) != 8080 {
+				t.Errorf("reused id %d holds port %d", id, pbmaps.Port(kb.Port))
+			}
+		})
+	}
+}
+
+// Re-adding an endpoint before its old backend is freed gives it a new id:
+// a late event for the old id must not count against the new one.
+func TestReaddedEndpointGetsNewID(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	e.apply(web)
+	old := e.bid(web.Key, "198.19.1.2:8080")
+	e.apply(svc("web", vip1, 80, ep("198.19.1.1:8080")))
+	changes := e.apply(web)
+	id := e.bid(web.Key, "198.19.1.2:8080")
+	if id == old {
+		t.Fatalf("re-added endpoint reuses id %d before its cooldown", id)
+	}
+	if len(changes) != 1 || len(changes[0].Retired) != 0 {
+		t.Errorf("changes %+v", changes)
+	}
+	e.wantKernelState(old, pbmaps.BackendRemoved, 0)
+	e.wantKernelState(id, pbmaps.BackendEjected, 0)
+}
+
+func TestRemoveService(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"), ep("198.19.1.3:8080"))
+	api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
+	e.apply(web, api)
+	s := e.service(web.Key)
+	id := s.ID
+	bes := slices.Clone(s.Backends)
+	// A probe in flight, so there is a fallback table too.
+	e.program(id, bes[:2], bes[2:], false)
+	e.program(e.service(api.Key).ID, e.service(api.Key).Backends, nil, false)
+	if _, ok := e.f.fallbacks[id]; !ok {
+		t.Fatal("setup: no fallback table")
+	}
+	e.f.takeOps()
+
+	changes := e.apply(api)
+	ops := e.f.takeOps()
+
+	if _, ok := e.f.services[keyOf(web.Key)]; ok {
+		t.Error("pb_services entry still there")
+	}
+	if _, ok := e.f.tables[id]; ok {
+		t.Error("Maglev table still there")
+	}
+	if _, ok := e.f.fallbacks[id]; ok {
+		t.Error("fallback table still there")
+	}
+	for _, b := range bes {
+		e.wantKernelState(b, pbmaps.BackendRemoved, 0)
+	}
+	if len(changes) != 1 || changes[0].Service.ID != id || !changes[0].Removed ||
+		!slices.Equal(sorted(changes[0].Retired), sorted(bes)) {
+		t.Errorf("changes %+v, want service %d removed retiring %v", changes, id, bes)
+	}
+	if changes[0].Service.Spec.Name != "web" {
+		t.Errorf("removed service's spec name %q", changes[0].Service.Spec.Name)
+	}
+	if _, ok := e.r.Service(id); ok {
+		t.Error("Service(id) still finds the removed service")
+	}
+	if _, ok := e.r.ServiceByKey(web.Key); ok {
+		t.Error("ServiceByKey still finds the removed service")
+	}
+	if err := e.r.ProgramService(id, bes, nil, false); err == nil {
+		t.Error("ProgramService of a removed service: no error")
+	}
+	// The VIP port goes, the backend port stays until the backends are freed.
+	if got := e.f.ports[80]; got != 0 {
+		t.Errorf("pb_ports[80] = %#x after the service went", got)
+	}
+	if got := e.f.ports[8080]; got != pbmaps.PortBackend {
+		t.Errorf("pb_ports[8080] = %#x, want backend while removed backends remain", got)
+	}
+	inOrder(t, ops, "delete", is(opDeleteService, id))
+	e.checkKernel()
+
+	e.clk.Step(testCooldown)
+	e.r.Sweep(InUse{})
+	for _, b := range bes {
+		if kb := e.f.backend(b); kb.Family != 0 {
+			t.Errorf("backend %d not freed: %+v", b, kb)
+		}
+	}
+	if _, ok := e.f.ports[8080]; ok {
+		t.Errorf("pb_ports[8080] still set after its backends were freed")
+	}
+	e.checkKernel()
+}
+
+func TestServiceIDReuseAfterCooldown(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		after  time.Duration
+		reused bool
+	}{
+		{name: "before cooldown", after: testCooldown - time.Second, reused: false},
+		{name: "at cooldown", after: testCooldown, reused: true},
+		{name: "long after", after: 10 * testCooldown, reused: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			web := svc("web", vip1, 80, ep("198.19.1.1:8080"))
+			e.apply(web)
+			old := e.service(web.Key).ID
+			e.apply()
+			e.clk.Step(tc.after)
+			e.r.Sweep(InUse{})
+			// The same key comes back, and so does another one.
+			e.apply(web, svc("api", vip2, 443, ep("198.19.2.1:8443")))
+			got := []uint32{e.service(web.Key).ID, e.service(desired.Key{VIP: netip.MustParseAddr(vip2), Port: 443, Protocol: desired.TCP}).ID}
+			if slices.Contains(got, old) != tc.reused {
+				t.Errorf("old id %d, new ids %v: reused = %v, want %v", old, got, !tc.reused, tc.reused)
+			}
+			if v := e.f.services[keyOf(web.Key)]; v.Id != got[0] {
+				t.Errorf("pb_services id %d, want %d", v.Id, got[0])
+			}
+			e.checkKernel()
+		})
+	}
+}
+
+// Backend ids run out: the endpoint without an id is reported, the rest is
+// programmed, and a later Apply completes the service once ids are freed.
+func TestBackendIDExhaustion(t *testing.T) {
+	// Ids are 1..MaxBackends-1: three of them.
+	e := newEnv(t, func(o *Options) { o.MaxBackends = 4 })
+	a := svc("alpha", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	b := svc("bravo", vip2, 80, ep("198.19.2.1:8080"), ep("198.19.2.2:8080"))
+	c := svc("charlie", vip3, 80)
+
+	changes, err := e.r.Apply(state(a, b, c))
+	if err == nil {
+		t.Fatal("Apply: no error")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "bravo") || !strings.Contains(msg, "198.19.2.2:8080") {
+		t.Errorf("error %q does not name the service and the endpoint", msg)
+	}
+	if strings.Contains(err.Error(), "alpha") || strings.Contains(err.Error(), "198.19.2.1:8080") {
+		t.Errorf("error %q names what was programmed", err)
+	}
+	if len(changes) != 3 {
+		t.Errorf("%d changes, want 3 (every service was programmed)", len(changes))
+	}
+	for _, k := range []desired.Key{a.Key, b.Key, c.Key} {
+		s := e.service(k)
+		if _, ok := e.f.services[keyOf(k)]; !ok {
+			t.Errorf("service %s not in pb_services", s.Spec.Name)
+		}
+	}
+	if got := len(e.service(a.Key).Backends); got != 2 {
+		t.Errorf("alpha has %d backends, want 2", got)
+	}
+	bs := e.service(b.Key)
+	if len(bs.Backends) != 1 || len(bs.Spec.Endpoints) != 1 || bs.Spec.Endpoints[0].Addr != b.Endpoints[0].Addr {
+		t.Errorf("bravo: backends %v endpoints %v, want only its first endpoint", bs.Backends, bs.Spec.Endpoints)
+	}
+	e.programAll()
+	e.checkKernel()
+	if got := idsIn(e.f.tables[bs.ID]); !slices.Equal(got, bs.Backends) {
+		t.Errorf("bravo's table holds %v, want %v", got, bs.Backends)
+	}
+
+	// Retrying without freeing fails the same way, and writes nothing new.
+	e.f.takeOps()
+	if _, err := e.r.Apply(state(a, b, c)); err == nil || !strings.Contains(err.Error(), "198.19.2.2:8080") {
+		t.Errorf("retry: err = %v", err)
+	}
+	if ops := e.f.takeOps(); count(ops, kindIs(opSetBackend, opUpsertService)) != 0 {
+		t.Errorf("retry wrote %s", opsString(ops))
+	}
+
+	// Free one of alpha's ids: bravo gets its endpoint.
+	a.Endpoints = a.Endpoints[:1]
+	if _, err := e.r.Apply(state(a, b, c)); err == nil {
+		t.Error("no error while the removed backend still holds its id")
+	}
+	e.clk.Step(testCooldown)
+	e.r.Sweep(InUse{})
+	changes, err = e.r.Apply(state(a, b, c))
+	if err != nil {
+		t.Fatalf("Apply after freeing an id: %v", err)
+	}
+	if got := len(e.service(b.Key).Backends); got != 2 {
+		t.Errorf("bravo has %d backends, want 2", got)
+	}
+	if len(changes) != 1 || changes[0].Service.ID != bs.ID {
+		t.Errorf("changes %+v, want bravo's", changes)
+	}
+	e.programAll()
+	e.checkKernel()
+}
+
+func TestServiceIDExhaustion(t *testing.T) {
+	// Service ids are 1..MaxServices-1: two of them.
+	e := newEnv(t, func(o *Options) { o.MaxServices = 3 })
+	a := svc("alpha", vip1, 80, ep("198.19.1.1:8080"))
+	b := svc("bravo", vip2, 80, ep("198.19.2.1:8080"))
+	c := svc("charlie", vip3, 80, ep("198.19.3.1:8080"))
+	changes, err := e.r.Apply(state(a, b, c))
+	if err == nil || !strings.Contains(err.Error(), "charlie") {
+		t.Fatalf("err = %v, want one naming charlie", err)
+	}
+	if len(changes) != 2 {
+		t.Errorf("%d changes, want 2", len(changes))
+	}
+	if _, ok := e.r.ServiceByKey(c.Key); ok {
+		t.Error("charlie programmed without an id")
+	}
+	e.programAll()
+	e.checkKernel()
+	// Once an id is freed, charlie gets it.
+	e.apply(a)
+	e.clk.Step(testCooldown)
+	e.r.Sweep(InUse{})
+	e.apply(a, c)
+	e.programAll()
+	e.checkKernel()
+}
+
+// A failed backend write is reported with its endpoint and retried by the
+// next Apply; the id is not lost.
+func TestApplyBackendWriteFailure(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.MaxBackends = 3 })
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	e.f.fail[opSetBackend] = errInjected
+	changes, err := e.r.Apply(state(web))
+	if err == nil || !strings.Contains(err.Error(), "198.19.1.1:8080") || !strings.Contains(err.Error(), "web") {
+		t.Fatalf("err = %v", err)
+	}
+	if len(changes) != 1 || len(e.service(web.Key).Backends) != 1 {
+		t.Fatalf("changes %+v, backends %v", changes, e.service(web.Key).Backends)
+	}
+	// Both ids are still available (MaxBackends 3: ids 1 and 2).
+	if _, err := e.r.Apply(state(web)); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if got := len(e.service(web.Key).Backends); got != 2 {
+		t.Errorf("%d backends after retry", got)
+	}
+	e.programAll()
+	e.checkKernel()
+}
+
+// A failed pb_services write must not hide the endpoints the same Apply
+// retired: the caller resets their accrual state and health by Change.
+func TestApplyServiceWriteFailureStillReportsRetired(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, ep(beA), ep(beB))
+	e.apply(web)
+	e.programAll()
+	b := e.bid(web.Key, beB)
+
+	web.Endpoints = web.Endpoints[:1]
+	web.MaxInflight = 7 // the service value changes too, and its write fails
+	e.f.fail[opUpsertService] = errInjected
+	changes, err := e.r.Apply(state(web))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if len(changes) != 1 || !slices.Equal(changes[0].Retired, []uint32{b}) {
+		t.Errorf("changes %+v, want one retiring %d", changes, b)
+	}
+	e.wantKernelState(b, pbmaps.BackendRemoved, 0)
+
+	// The next Apply writes the service value.
+	e.f.takeOps()
+	if _, err := e.r.Apply(state(web)); err != nil {
+		t.Fatal(err)
+	}
+	if ops := e.f.takeOps(); len(ops) != 1 || ops[0].Kind != opUpsertService {
+		t.Errorf("retry wrote %s", opsString(ops))
+	}
+	e.programAll()
+	e.checkKernel()
+}

@@ -1,0 +1,391 @@
+package reconcile
+
+import (
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maglev"
+	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+const (
+	testTableSize = 31
+	testCooldown  = time.Minute
+)
+
+// Addresses: 198.18.0.0/16 for VIPs, 198.19.0.0/16 for backends.
+const (
+	vip1 = "198.18.0.10"
+	vip2 = "198.18.0.11"
+	vip3 = "198.18.0.12"
+)
+
+type env struct {
+	t    *testing.T
+	f    *fakeWriter
+	clk  *testingclock.FakeClock
+	opts Options
+	r    *Reconciler
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func newEnv(t *testing.T, mut ...func(*Options)) *env {
+	t.Helper()
+	e := &env{t: t, f: newFakeWriter(t), clk: testingclock.NewFakeClock(t0)}
+	e.opts = Options{
+		MaxServices: 64, MaxBackends: 256, TableSize: testTableSize,
+		Cooldown: testCooldown, Clock: e.clk, Logger: testLogger(t),
+	}
+	for _, m := range mut {
+		m(&e.opts)
+	}
+	e.restart()
+	if ops := e.f.takeOps(); len(ops) != 0 {
+		t.Fatalf("New over empty maps wrote %s", opsString(ops))
+	}
+	return e
+}
+
+// restart replaces the reconciler with a new one over the same maps, as a
+// restarted agent would get.
+func (e *env) restart() {
+	e.t.Helper()
+	r, err := New(e.f, e.opts)
+	if err != nil {
+		e.t.Fatalf("New: %v", err)
+	}
+	e.r = r
+}
+
+func ep(s string) desired.Endpoint { return desired.Endpoint{Addr: netip.MustParseAddrPort(s)} }
+
+func epn(s, name string) desired.Endpoint {
+	return desired.Endpoint{Addr: netip.MustParseAddrPort(s), Name: name}
+}
+
+func svc(name, vip string, port uint16, eps ...desired.Endpoint) desired.Service {
+	return desired.Service{
+		Name:      name,
+		Key:       desired.Key{VIP: netip.MustParseAddr(vip), Port: port, Protocol: desired.TCP},
+		Endpoints: eps,
+	}
+}
+
+func state(svcs ...desired.Service) desired.State { return desired.State{Services: svcs} }
+
+func keyOf(k desired.Key) bpf.LbSvcKey {
+	return pbmaps.ServiceKey(k.VIP, k.Port, uint8(k.Protocol))
+}
+
+// apply applies the services and fails the test on error.
+func (e *env) apply(svcs ...desired.Service) []Change {
+	e.t.Helper()
+	ch, err := e.r.Apply(state(svcs...))
+	if err != nil {
+		e.t.Fatalf("Apply: %v", err)
+	}
+	return ch
+}
+
+func (e *env) service(k desired.Key) *Service {
+	e.t.Helper()
+	s, ok := e.r.ServiceByKey(k)
+	if !ok {
+		e.t.Fatalf("service %s not programmed", k)
+	}
+	return s
+}
+
+// bid is the backend id of the endpoint addr of the service with key k.
+func (e *env) bid(k desired.Key, addr string) uint32 {
+	e.t.Helper()
+	a := netip.MustParseAddrPort(addr)
+	for _, id := range e.service(k).Backends {
+		if b, _ := e.r.Backend(id); b.Addr == a {
+			return id
+		}
+	}
+	e.t.Fatalf("service %s has no endpoint %s", k, addr)
+	return 0
+}
+
+func (e *env) bids(k desired.Key, addrs ...string) []uint32 {
+	e.t.Helper()
+	out := make([]uint32, 0, len(addrs))
+	for _, a := range addrs {
+		out = append(out, e.bid(k, a))
+	}
+	return out
+}
+
+func (e *env) program(id uint32, active, probation []uint32, failOpen bool) {
+	e.t.Helper()
+	if err := e.r.ProgramService(id, active, probation, failOpen); err != nil {
+		e.t.Fatalf("ProgramService(%d, %v, %v, %v): %v", id, active, probation, failOpen, err)
+	}
+}
+
+// wantTable is the Maglev table over the backends ids, computed here
+// independently of Reconciler.build.
+func (e *env) wantTable(size uint32, ids []uint32) []uint32 {
+	e.t.Helper()
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		b, ok := e.r.Backend(id)
+		if !ok {
+			e.t.Fatalf("no backend %d", id)
+		}
+		keys[i] = b.Addr.String()
+	}
+	idx, err := maglev.NewBuilder(size).Build(keys, nil)
+	if err != nil {
+		e.t.Fatalf("maglev: %v", err)
+	}
+	out := make([]uint32, len(idx))
+	for i, x := range idx {
+		out[i] = ids[x]
+	}
+	return out
+}
+
+// idsIn is the sorted set of ids a table holds.
+func idsIn(table []uint32) []uint32 {
+	m := map[uint32]bool{}
+	for _, id := range table {
+		m[id] = true
+	}
+	return slices.Sorted(maps.Keys(m))
+}
+
+func sorted(ids []uint32) []uint32 {
+	out := slices.Clone(ids)
+	slices.Sort(out)
+	return out
+}
+
+func (e *env) kernelState(id uint32) (pbmaps.BackendState, int32) {
+	b := e.f.backend(id)
+	return pbmaps.BackendState(b.State), b.ProbeGrants
+}
+
+func (e *env) wantKernelState(id uint32, st pbmaps.BackendState, grants int32) {
+	e.t.Helper()
+	if gs, gg := e.kernelState(id); gs != st || gg != grants {
+		e.t.Errorf("pb_backends[%d]: state %s grants %d, want %s grants %d", id, gs, gg, st, grants)
+	}
+	if b, ok := e.r.Backend(id); !ok || b.State != st {
+		e.t.Errorf("Backend(%d).State = %v (found %v), want %s", id, b, ok, st)
+	}
+}
+
+// --- operation order ---
+
+type opMatch func(op) bool
+
+func is(kind string, id uint32) opMatch {
+	return func(o op) bool { return o.Kind == kind && o.ID == id }
+}
+
+func setState(id uint32, st pbmaps.BackendState) opMatch {
+	return func(o op) bool { return o.Kind == opSetBackend && o.ID == id && o.State == st }
+}
+
+func upsertSize(id, size uint32) opMatch {
+	return func(o op) bool { return o.Kind == opUpsertService && o.ID == id && o.Size == size }
+}
+
+func kindIs(kinds ...string) opMatch {
+	return func(o op) bool { return slices.Contains(kinds, o.Kind) }
+}
+
+func index(ops []op, m opMatch) int { return slices.IndexFunc(ops, m) }
+
+func count(ops []op, m opMatch) int {
+	n := 0
+	for _, o := range ops {
+		if m(o) {
+			n++
+		}
+	}
+	return n
+}
+
+// inOrder asserts that each matcher matches an operation, and that the
+// first matches of consecutive matchers come in the given order.
+func inOrder(t *testing.T, ops []op, what string, ms ...opMatch) {
+	t.Helper()
+	prev := -1
+	for i, m := range ms {
+		at := index(ops, m)
+		if at < 0 {
+			t.Errorf("%s: step %d not written; ops: %s", what, i, opsString(ops))
+			return
+		}
+		if at < prev {
+			t.Errorf("%s: step %d written at %d, before step %d at %d; ops: %s", what, i, at, i-1, prev, opsString(ops))
+		}
+		prev = at
+	}
+}
+
+// checkKernel asserts that the fake kernel holds exactly what the
+// reconciler believes it programmed and that the datapath can use it:
+// service values, tables whose size matches table_size and that hold only
+// the service's admitted backends, fallbacks of active backends only,
+// backend entries matching the reconciler's, and port roles.
+// Call it after every service was programmed.
+func (e *env) checkKernel() {
+	t, r, f := e.t, e.r, e.f
+	t.Helper()
+	if len(f.services) != len(r.byID) {
+		t.Errorf("pb_services has %d entries, reconciler %d services", len(f.services), len(r.byID))
+	}
+	for _, s := range r.Services() {
+		v, ok := f.services[keyOf(s.Spec.Key)]
+		if !ok {
+			t.Errorf("service %s (%d): no pb_services entry", s.Spec.Name, s.ID)
+			continue
+		}
+		if v != s.value || v.Id != s.ID {
+			t.Errorf("service %s: pb_services value %+v, reconciler wrote %+v (id %d)", s.Spec.Name, v, s.value, s.ID)
+		}
+		if v.MaxInflight != s.Spec.MaxInflight || v.MaxInflightPerBackend != s.Spec.MaxInflightPerEndpoint {
+			t.Errorf("service %s: limits %d/%d, want %d/%d", s.Spec.Name, v.MaxInflight, v.MaxInflightPerBackend,
+				s.Spec.MaxInflight, s.Spec.MaxInflightPerEndpoint)
+		}
+		if len(s.Backends) != len(s.Spec.Endpoints) {
+			t.Errorf("service %s: %d backends for %d endpoints", s.Spec.Name, len(s.Backends), len(s.Spec.Endpoints))
+		}
+		for i, id := range s.Backends {
+			b, ok := r.Backend(id)
+			if !ok {
+				t.Errorf("service %s: backend %d unknown", s.Spec.Name, id)
+				continue
+			}
+			if i < len(s.Spec.Endpoints) && b.Addr != s.Spec.Endpoints[i].Addr {
+				t.Errorf("service %s: backend %d is %s, endpoint %d is %s", s.Spec.Name, id, b.Addr, i, s.Spec.Endpoints[i].Addr)
+			}
+			if b.State == pbmaps.BackendRemoved || b.Service != s.ID {
+				t.Errorf("service %s: backend %d: state %s service %d", s.Spec.Name, id, b.State, b.Service)
+			}
+		}
+		tbl, hasTable := f.tables[s.ID]
+		if hasTable {
+			if int(v.TableSize) != len(tbl) {
+				t.Errorf("service %s: table_size %d, table has %d slots", s.Spec.Name, v.TableSize, len(tbl))
+			}
+			for _, id := range idsIn(tbl) {
+				st := pbmaps.BackendState(f.backend(id).State)
+				if !slices.Contains(s.Backends, id) || f.backend(id).Family == 0 ||
+					(st != pbmaps.BackendActive && st != pbmaps.BackendProbation) {
+					t.Errorf("service %s: table holds backend %d (state %s), not one of its admitted backends %v", s.Spec.Name, id, st, s.Backends)
+				}
+			}
+		}
+		if fb, ok := f.fallbacks[s.ID]; ok {
+			if !hasTable {
+				t.Errorf("service %s: fallback table without a table", s.Spec.Name)
+			}
+			if int(v.TableSize) != len(fb) {
+				t.Errorf("service %s: table_size %d, fallback has %d slots", s.Spec.Name, v.TableSize, len(fb))
+			}
+			for _, id := range idsIn(fb) {
+				if !slices.Contains(s.Backends, id) || pbmaps.BackendState(f.backend(id).State) != pbmaps.BackendActive {
+					t.Errorf("service %s: fallback holds backend %d (state %d), want active ones only", s.Spec.Name, id, f.backend(id).State)
+				}
+			}
+		}
+	}
+	for id := range f.tables {
+		if _, ok := r.byID[id]; !ok {
+			t.Errorf("pb_maglev holds a table for unknown service %d", id)
+		}
+	}
+	for id := range f.fallbacks {
+		if _, ok := r.byID[id]; !ok {
+			t.Errorf("pb_maglev_fb holds a table for unknown service %d", id)
+		}
+	}
+	kb, _ := f.Backends()
+	for id, b := range r.backends {
+		k, ok := kb[id]
+		if !ok {
+			t.Errorf("backend %d (%s): no pb_backends entry", id, b.Addr)
+			continue
+		}
+		want := pbmaps.NewBackend(b.Addr, b.Service, b.State, k.ProbeGrants)
+		if k != want {
+			t.Errorf("pb_backends[%d] = %+v, want %+v", id, k, want)
+		}
+		if b.State != pbmaps.BackendProbation && k.ProbeGrants != 0 {
+			t.Errorf("pb_backends[%d]: %d grants in state %s", id, k.ProbeGrants, b.State)
+		}
+	}
+	for id := range kb {
+		if _, ok := r.backends[id]; !ok {
+			t.Errorf("pb_backends[%d] used but unknown to the reconciler", id)
+		}
+	}
+	want := map[uint16]uint8{}
+	for k := range r.services {
+		want[k.Port] |= pbmaps.PortVIP
+	}
+	for _, b := range kb {
+		want[pbmaps.Port(b.Port)] |= pbmaps.PortBackend
+	}
+	if got := f.nonZeroPorts(); !maps.Equal(got, want) {
+		t.Errorf("pb_ports = %v, want %v", got, want)
+	}
+}
+
+// snapshot is a deep copy of the fake kernel's maps.
+type snapshot struct {
+	services  map[bpf.LbSvcKey]bpf.LbSvcValue
+	backends  map[uint32]bpf.LbBackend
+	tables    map[uint32][]uint32
+	fallbacks map[uint32][]uint32
+	ports     map[uint16]uint8
+}
+
+func (f *fakeWriter) snapshot() snapshot {
+	cl := func(m map[uint32][]uint32) map[uint32][]uint32 {
+		out := map[uint32][]uint32{}
+		for k, v := range m {
+			out[k] = slices.Clone(v)
+		}
+		return out
+	}
+	return snapshot{maps.Clone(f.services), maps.Clone(f.backends), cl(f.tables), cl(f.fallbacks), maps.Clone(f.ports)}
+}
+
+func (s snapshot) diff(t *testing.T, o snapshot) {
+	t.Helper()
+	if !maps.Equal(s.services, o.services) {
+		t.Errorf("pb_services changed: %v -> %v", s.services, o.services)
+	}
+	if !maps.Equal(s.backends, o.backends) {
+		t.Errorf("pb_backends changed: %v -> %v", s.backends, o.backends)
+	}
+	if !maps.EqualFunc(s.tables, o.tables, slices.Equal) {
+		t.Errorf("pb_maglev changed: %v -> %v", s.tables, o.tables)
+	}
+	if !maps.EqualFunc(s.fallbacks, o.fallbacks, slices.Equal) {
+		t.Errorf("pb_maglev_fb changed: %v -> %v", s.fallbacks, o.fallbacks)
+	}
+	if !maps.Equal(s.ports, o.ports) {
+		t.Errorf("pb_ports changed: %v -> %v", s.ports, o.ports)
+	}
+}
