@@ -1,0 +1,57 @@
+package agentrun
+
+import (
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Metrics is one scrape, by family name.
+type Metrics map[string]*dto.MetricFamily
+
+// Value returns the value of the series of family name whose labels
+// include every given pair ("k", "v", ...), summed over matching series.
+// ok is false when no series matches.
+func (m Metrics) Value(name string, labels ...string) (v float64, ok bool) {
+	fam, found := m[name]
+	if !found {
+		return 0, false
+	}
+	for _, s := range fam.Metric {
+		if !matches(s, labels) {
+			continue
+		}
+		ok = true
+		switch {
+		case s.Counter != nil:
+			v += s.Counter.GetValue()
+		case s.Gauge != nil:
+			v += s.Gauge.GetValue()
+		case s.Untyped != nil:
+			v += s.Untyped.GetValue()
+		case s.Histogram != nil:
+			v += float64(s.Histogram.GetSampleCount())
+		}
+	}
+	return v, ok
+}
+
+// Get is Value without ok (0 when absent).
+func (m Metrics) Get(name string, labels ...string) float64 {
+	v, _ := m.Value(name, labels...)
+	return v
+}
+
+func matches(s *dto.Metric, labels []string) bool {
+	for i := 0; i+1 < len(labels); i += 2 {
+		found := false
+		for _, l := range s.Label {
+			if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}

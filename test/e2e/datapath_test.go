@@ -1,0 +1,262 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/penaltybox/penaltybox/internal/agentrun"
+	"github.com/penaltybox/penaltybox/internal/testnet"
+)
+
+// Every new connection through the VIP reaches a real server, and Maglev
+// spreads them over the three backends.
+func TestConnectionsThroughVIPSpreadEvenly(t *testing.T) {
+	e := newEnv(t, 3)
+	e.startAgent(config(e.topo, all(3), ""))
+
+	rs := e.load(250, 4*time.Second, time.Second)
+	if len(rs) < 1000 {
+		t.Fatalf("only %d attempts scheduled", len(rs))
+	}
+	if f := rs.Failures(); f != 0 {
+		t.Fatalf("%d of %d connections failed: %v", f, len(rs), rs.Counts())
+	}
+	by := rs.ByBackend()
+	t.Logf("%d connections: %v", len(rs), by)
+	for _, b := range []string{"b1", "b2", "b3"} {
+		// Client ports are random, so each backend's share is binomial
+		// around 1/3; at n=1000 its standard deviation is 1.5%.
+		share := float64(by[b]) / float64(len(rs))
+		if share < 0.25 || share > 0.42 {
+			t.Errorf("%s got %.1f%% of the connections, want about a third", b, 100*share)
+		}
+	}
+	m := e.metrics()
+	if got := m.Get("penaltybox_service_flows_total", "service", "web"); got < float64(len(rs)) {
+		t.Errorf("penaltybox_service_flows_total = %v, want at least %d", got, len(rs))
+	}
+	if got := m.Get("penaltybox_events_total", "type", "new_flow"); got < float64(len(rs)) {
+		t.Errorf("new_flow events = %v, want at least %d", got, len(rs))
+	}
+	if got := m.Get("penaltybox_datapath_events_lost_total"); got != 0 {
+		t.Errorf("lost events: %v", got)
+	}
+}
+
+// conn is a keep-alive HTTP/1.1 connection through the VIP.
+type conn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func (e *env) dialVIP() *conn {
+	e.t.Helper()
+	c, err := e.topo.Client.Dialer(time.Second).DialContext(e.ctx, "tcp", testnet.VIP+":80")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	return &conn{t: e.t, c: c, br: bufio.NewReader(c)}
+}
+
+// get sends one request on the connection and returns the backend's name.
+func (c *conn) get() (string, error) {
+	c.c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := fmt.Fprintf(c.c, "GET / HTTP/1.1\r\nHost: vip\r\n\r\n"); err != nil {
+		return "", err
+	}
+	req, _ := http.NewRequest("GET", "/", nil)
+	resp, err := http.ReadResponse(c.br, req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b := make([]byte, 64)
+	n, _ := resp.Body.Read(b)
+	return strings.TrimSpace(string(b[:n])), nil
+}
+
+func (c *conn) mustGet(when string) string {
+	c.t.Helper()
+	b, err := c.get()
+	if err != nil {
+		c.t.Fatalf("%s: request on the long-lived connection: %v", when, err)
+	}
+	return b
+}
+
+// The datapath outlives the agent: a long-lived connection and new ones
+// keep working while it is down, and a restarted agent adopts the pinned
+// maps without breaking the connection.
+func TestAgentRestartKeepsConnections(t *testing.T) {
+	e := newEnv(t, 3)
+	a := e.startAgent(config(e.topo, all(3), ""))
+	c := e.dialVIP()
+	first := c.mustGet("before restart")
+
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.mustGet("agent stopped"); got != first {
+		t.Fatalf("connection moved from %s to %s while the agent was down", first, got)
+	}
+	if rs := e.load(50, time.Second, time.Second); rs.Failures() != 0 {
+		t.Fatalf("new connections while the agent is down: %v", rs.Counts())
+	}
+
+	if err := a.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.mustGet("after restart"); got != first {
+		t.Fatalf("connection moved from %s to %s across the restart", first, got)
+	}
+	if !a.LogContains("adopted XDP link") || !a.LogContains("adopted pinned state") {
+		t.Errorf("restarted agent did not adopt the pinned datapath:\n%s", a.LogTail(20))
+	}
+	if rs := e.load(100, 2*time.Second, time.Second); rs.Failures() != 0 || len(rs.ByBackend()) != 3 {
+		t.Fatalf("after restart: %v over %v", rs.Counts(), rs.ByBackend())
+	}
+}
+
+// A valid reload applies without dropping established flows; an invalid
+// one is refused, counted, and the last good config stays in force.
+func TestReloadKeepsFlowsAndRejectsBadConfig(t *testing.T) {
+	e := newEnv(t, 3)
+	a := e.startAgent(config(e.topo, all(3), ""))
+
+	// Hold one connection on each backend.
+	held := map[string]*conn{}
+	for range 60 {
+		c := e.dialVIP()
+		b := c.mustGet("before reload")
+		if held[b] == nil {
+			held[b] = c
+		} else {
+			c.c.Close()
+		}
+		if len(held) == 3 {
+			break
+		}
+	}
+	if len(held) != 3 {
+		t.Fatalf("could not open a connection to every backend: %v", held)
+	}
+
+	// Take b3 out of the service.
+	if err := a.Reload(config(e.topo, []int{1, 2}, "")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "reload applied", func() bool {
+		return e.metrics().Get("penaltybox_config_reloads_total", "result", "success") >= 2
+	})
+	for b, c := range held {
+		if got := c.mustGet("after reload"); got != b {
+			t.Fatalf("established connection moved from %s to %s", b, got)
+		}
+	}
+	rs := e.load(100, 2*time.Second, time.Second)
+	if rs.Failures() != 0 || rs.ByBackend()["b3"] != 0 {
+		t.Fatalf("after removing b3: %v over %v", rs.Counts(), rs.ByBackend())
+	}
+
+	// A broken file: refused, counted, logged; b1 and b2 still serve.
+	if err := a.Reload("interfaces: [cl0]\nservices:\n  - name: web\n    vip: 198.18.100.1\n    port: 70000\n"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "reload error counted", func() bool {
+		return e.metrics().Get("penaltybox_config_reloads_total", "result", "error") == 1
+	})
+	if !a.LogContains("config reload rejected", "services[0].port", "70000") {
+		t.Errorf("the log does not name the bad field:\n%s", a.LogTail(10))
+	}
+	if got := e.metrics().Get("penaltybox_config_last_reload_successful"); got != 0 {
+		t.Errorf("config_last_reload_successful = %v after a bad reload", got)
+	}
+	rs = e.load(100, time.Second, time.Second)
+	if rs.Failures() != 0 || rs.ByBackend()["b3"] != 0 || len(rs.ByBackend()) != 2 {
+		t.Fatalf("last good config not in force: %v over %v", rs.Counts(), rs.ByBackend())
+	}
+	for b, c := range held {
+		if got := c.mustGet("after bad reload"); got != b {
+			t.Fatalf("established connection moved from %s to %s", b, got)
+		}
+	}
+}
+
+// A bad config at start stops the agent with an error naming the field.
+func TestInvalidConfigAtStart(t *testing.T) {
+	e := newEnv(t, 1)
+	cfg := config(e.topo, all(1), "    failureAccrual:\n      jitterRatio: 1.5\n")
+	a, err := agentrun.New(agentBin, e.topo.Node, t.TempDir(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	if err := a.StartNoWait(); err != nil {
+		t.Fatal(err)
+	}
+	exited, err := a.Exited(20 * time.Second)
+	if !exited {
+		t.Fatal("agent kept running with an invalid config")
+	}
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() == 0 {
+		t.Fatalf("exit: %v, want a non-zero exit code", err)
+	}
+	if !a.LogContains("services[0].failureAccrual.jitterRatio", "1.5") {
+		t.Fatalf("error does not name the field and value:\n%s", a.LogTail(5))
+	}
+}
+
+// bpftool shows the pinned maps with field names, and teardown removes
+// everything.
+func TestBpftoolReadsPinnedMaps(t *testing.T) {
+	if _, err := exec.LookPath("bpftool"); err != nil {
+		t.Fatal("bpftool not installed: `make deps` installs it")
+	}
+	e := newEnv(t, 2)
+	a := e.startAgent(config(e.topo, all(2), ""))
+	for _, c := range []struct {
+		args   []string
+		fields []string
+	}{
+		{[]string{"dump", "pinned", filepath.Join(a.BPFFSRoot, "pb_services")},
+			[]string{`"vip"`, `"port"`, `"proto"`, `"table_size"`}},
+		// pb_backends is an array of 262144: look one entry up.
+		{[]string{"lookup", "pinned", filepath.Join(a.BPFFSRoot, "pb_backends"), "key", "1", "0", "0", "0"},
+			[]string{`"addr"`, `"state"`, `"probe_grants"`}},
+	} {
+		out, err := exec.Command("bpftool", append([]string{"map"}, c.args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("bpftool map %v: %v\n%s", c.args, err, out)
+		}
+		for _, f := range c.fields {
+			if !strings.Contains(string(out), f) {
+				t.Errorf("bpftool map %s lacks field %s:\n%s", c.args[0], f, out)
+			}
+		}
+	}
+	link, err := e.topo.Node.Run("ip", "link", "show", "cl0")
+	if err != nil || !strings.Contains(link, "xdp") {
+		t.Fatalf("cl0 shows no XDP program: %v\n%s", err, link)
+	}
+
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	link, _ = e.topo.Node.Run("ip", "link", "show", "cl0")
+	if strings.Contains(link, "xdp") {
+		t.Fatalf("XDP still attached after teardown:\n%s", link)
+	}
+	if _, err := os.Stat(a.BPFFSRoot); !os.IsNotExist(err) {
+		t.Fatalf("pins left after teardown: %v", err)
+	}
+}
