@@ -25,64 +25,39 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
 
-// run is the standalone agent: config file in, datapath out.
+// run starts the agent in the mode the flags select and runs its loop
+// until ctx ends.
 func run(ctx context.Context, o options, log *slog.Logger) error {
+	if o.configPath != "" {
+		return runStandalone(ctx, o, log)
+	}
+	return runKubernetes(ctx, o, log)
+}
+
+// runStandalone is the agent fed by a config file: SIGHUP reloads it.
+func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 	// 1. Desired state: a bad config file stops the start, naming the field.
 	cfg, err := config.Load(o.configPath)
 	if err != nil {
 		return err
 	}
-
-	// 2. The datapath: load or adopt the pinned maps.
-	o.dp.Logger = log
-	dp, err := datapath.Load(o.dp)
+	// 2. Datapath, agent, HTTP.
+	a, err := start(ctx, o, log, cfg.MaglevTableSize)
 	if err != nil {
 		return err
 	}
-	defer dp.Close() // pins stay: the datapath keeps forwarding without us
-	m, err := maps.New(&dp.LbMaps, dp.InnerSpec)
-	if err != nil {
-		return err
-	}
-	a, err := newAgent(log, clock.RealClock{}, dp, m, dp.Opts, cfg.MaglevTableSize)
-	if err != nil {
-		return err
-	}
-
-	// 3. What operators see.
-	srv := admin.New(a.metrics.Registry, a.ready, log)
-	srv.JSON("/admin/services", a.servicesView)
-	srv.JSON("/admin/endpoints", a.endpointsView)
-	addr, httpDone, err := srv.Serve(ctx, o.metricsAddr)
-	if err != nil {
-		return fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
-	}
-	log.Info("serving metrics and admin", "addr", addr.String())
-
-	// 4. Maps first, then the XDP hooks, then accrual state from before a
-	// restart.
+	defer a.close()
+	// 3. Maps first, then the XDP hooks, then accrual state from before a
+	// restart; then outcomes start flowing.
 	if err := a.applyConfig(cfg); err != nil {
 		return err
 	}
-	a.restoreHealth()
-	a.readyAt.Store(true)
-	log.Info("datapath ready", "interfaces", cfg.Interfaces, "services", len(cfg.Services))
-
-	// 5. Outcomes: the ring buffer reader feeds the loop.
-	reader, err := outcomes.NewReader(dp.PbEvents)
-	if err != nil {
+	if err := a.begin(); err != nil {
 		return err
 	}
-	a.monoOffset = reader.Offset()
-	events := make(chan []outcomes.Event, 256)
-	go func() {
-		if err := reader.Run(events); err != nil {
-			log.Error("ring buffer reader stopped", "err", err)
-		}
-	}()
-	defer reader.Close()
+	log.Info("datapath ready", "interfaces", cfg.Interfaces, "services", len(cfg.Services))
 
-	// 6. SIGHUP reloads the config file; a bad one leaves the last good one
+	// 4. SIGHUP reloads the config file; a bad one leaves the last good one
 	// in force.
 	reloads := make(chan *config.Config, 1)
 	hup := make(chan os.Signal, 1)
@@ -106,12 +81,77 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		}
 	}()
 
-	a.loop(ctx, events, reloads, nil)
-	log.Info("agent stopping; pinned datapath keeps forwarding", "bpffs_root", o.dp.Root)
-	if err := <-httpDone; err != nil {
+	// 5. The loop.
+	a.loop(ctx, reloads, nil)
+	return a.stop()
+}
+
+// start loads (or adopts) the datapath, builds the agent and serves HTTP.
+func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (*agent, error) {
+	o.dp.Logger = log
+	dp, err := datapath.Load(o.dp)
+	if err != nil {
+		return nil, err
+	}
+	m, err := maps.New(&dp.LbMaps, dp.InnerSpec)
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	a, err := newAgent(log, clock.RealClock{}, dp, m, dp.Opts, tableSize)
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	srv := admin.New(a.metrics.Registry, a.ready, log)
+	srv.JSON("/admin/services", a.servicesView)
+	srv.JSON("/admin/endpoints", a.endpointsView)
+	addr, httpDone, err := srv.Serve(ctx, o.metricsAddr)
+	if err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
+	}
+	a.httpDone = httpDone
+	log.Info("serving metrics and admin", "addr", addr.String())
+	return a, nil
+}
+
+// begin is called once the first desired state is programmed: it restores
+// accrual state from before a restart, reports ready, and starts reading
+// outcomes.
+func (a *agent) begin() error {
+	a.restoreHealth()
+	reader, err := outcomes.NewReader(a.dp.PbEvents)
+	if err != nil {
 		return err
 	}
+	a.reader = reader
+	a.monoOffset = reader.Offset()
+	a.events = make(chan []outcomes.Event, 256)
+	go func() {
+		if err := reader.Run(a.events); err != nil {
+			a.log.Error("ring buffer reader stopped", "err", err)
+		}
+	}()
+	a.readyAt.Store(true)
 	return nil
+}
+
+// stop waits for the HTTP server after the loop returned.
+func (a *agent) stop() error {
+	a.log.Info("agent stopping; pinned datapath keeps forwarding", "bpffs_root", a.dp.Opts.Root)
+	if a.httpDone != nil {
+		return <-a.httpDone
+	}
+	return nil
+}
+
+// close releases the agent's handles; pins stay.
+func (a *agent) close() {
+	if a.reader != nil {
+		a.reader.Close()
+	}
+	a.dp.Close()
 }
 
 // agent owns the reconciler, the accrual engine and the outcome tracker.
@@ -134,6 +174,12 @@ type agent struct {
 	readyAt    atomic.Bool
 	monoOffset int64
 	eventTypes [16]prometheusCounter
+	reader     *outcomes.Reader
+	events     chan []outcomes.Event
+	httpDone   <-chan error
+	// notify, when set, hears of every accrual transition after the maps
+	// were programmed (Kubernetes Events). It must not block.
+	notify func(s *reconcile.Service, b *reconcile.Backend, t accrual.Transition)
 }
 
 type prometheusCounter interface{ Inc() }
@@ -180,7 +226,8 @@ func (a *agent) ready() error {
 // loop is the agent: it applies desired state as it changes, feeds kernel
 // outcomes to failure accrual, and writes accrual's decisions back into the
 // maps. Everything that changes state happens here, one thing at a time.
-func (a *agent) loop(ctx context.Context, events <-chan []outcomes.Event, reloads <-chan *config.Config, states <-chan desired.State) {
+func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states <-chan desired.State) {
+	events := a.events
 	timer := a.clk.NewTimer(time.Hour)
 	defer timer.Stop()
 	sweep := a.clk.NewTicker(30 * time.Second)
@@ -382,6 +429,13 @@ func (a *agent) handleTransitions(trs []accrual.Transition) {
 	}
 	for _, id := range dirty {
 		a.program(id)
+	}
+	if a.notify != nil {
+		for _, t := range trs {
+			s, _ := a.rec.Service(t.Service)
+			b, _ := a.rec.Backend(t.Endpoint)
+			a.notify(s, b, t)
+		}
 	}
 	if len(ejections) > 0 {
 		now := outcomes.MonoNow()

@@ -79,7 +79,7 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if o.configPath == "" {
-		return o, errors.New("--config is required (standalone mode)")
+		return o, errors.New("--config FILE is required (standalone mode)")
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
