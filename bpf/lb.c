@@ -342,29 +342,166 @@ static __always_inline void rev_key(struct ct_key *rk, const struct ct_key *fk,
 	rk->pad = 0;
 }
 
+static __always_inline void inflight_add(void *map, __u32 id, __s64 d)
+{
+	struct inflight *c = bpf_map_lookup_elem(map, &id);
+	if (c)
+		__sync_fetch_and_add(&c->count, d);
+}
+
+/* release gives back a counted flow's circuit-breaker slot. Whoever
+ * deletes the pb_flows entry releases it (the datapath on FIN or RST, the
+ * agent on expiry), so it happens exactly once. */
+static __always_inline void release(const struct ct_key *fk)
+{
+	struct flow_value *fl = bpf_map_lookup_elem(&pb_flows, fk);
+	if (!fl)
+		return;
+	__u32 svc = fl->svc_id, be = fl->backend_id;
+	if (bpf_map_delete_elem(&pb_flows, fk))
+		return;
+	inflight_add(&pb_svc_inflight, svc, -1);
+	inflight_add(&pb_be_inflight, be, -1);
+}
+
+/* take_slot counts one more flow in c unless it is at limit (0: none). */
+static __always_inline int take_slot(struct inflight *c, __u32 limit)
+{
+	if (!c)
+		return 0;
+	__s64 old = __sync_fetch_and_add(&c->count, 1);
+	if (limit && old >= limit) {
+		__sync_fetch_and_add(&c->count, -1);
+		return -1;
+	}
+	return 0;
+}
+
+struct scan {
+	__u32 svc_id;
+	__u32 start;
+	__u32 n;
+	__u32 limit;
+	__u32 skip;
+	__u32 found;
+};
+
+static long scan_backend(__u32 i, struct scan *sc)
+{
+	if (!sc->n)
+		return 1;
+	struct svc_backend_key k = {.svc_id = sc->svc_id, .idx = (sc->start + i) % sc->n};
+	__u32 *idp = bpf_map_lookup_elem(&pb_svc_backends, &k);
+	if (!idp || *idp == sc->skip)
+		return 0;
+	__u32 id = *idp;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
+	if (!be || !be->family || be->state != PB_BE_ACTIVE)
+		return 0;
+	if (take_slot(bpf_map_lookup_elem(&pb_be_inflight, &id), sc->limit))
+		return 0;
+	sc->found = id;
+	return 1;
+}
+
+/* backend_slot takes a slot on the picked backend or, when it is at its
+ * per-endpoint limit, on the first active backend of the service with
+ * room (a scan of the service's backend list from a hashed start, so the
+ * overflow spreads). Returns -1 when every backend is full. */
+static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, struct pick *pk)
+{
+	__u32 limit = svc->max_inflight_per_backend;
+	if (!take_slot(bpf_map_lookup_elem(&pb_be_inflight, &pk->id), limit))
+		return 0;
+	__u32 n = svc->backend_count;
+	if (n > PB_MAX_SCAN)
+		n = PB_MAX_SCAN;
+	struct scan sc = {.svc_id = svc->id, .start = hash, .n = n, .limit = limit, .skip = pk->id};
+	if (!n || bpf_loop(n, scan_backend, &sc, 0) <= 0 || !sc.found)
+		return -1;
+	__u32 id = sc.found;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
+	if (!be) {
+		inflight_add(&pb_be_inflight, id, -1);
+		return -1;
+	}
+	pk->id = id;
+	pk->be = be;
+	pk->probe = 0;
+	return 0;
+}
+
+#define PB_NO_BACKEND -1
+#define PB_OVER_LIMIT -2
+
+static __always_inline void count_refused(struct svc_value *svc, int over_limit)
+{
+	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
+	if (!ss)
+		return;
+	if (over_limit)
+		ss->over_limit++;
+	else
+		ss->no_backend++;
+}
+
 /* new_flow picks a backend and writes both conntrack entries. A SYN or a
- * first UDP packet is a real new flow (event, counters, may be a probe);
- * a mid-stream TCP packet without state (conntrack entry lost) only gets a
- * backend. old_rev, when set, is the reverse entry of the backend the flow
- * leaves. Returns the forward entry's NAT target or -1: no backend. */
+ * first UDP packet is a real new flow (event, counters, circuit breaker,
+ * may be a probe); a mid-stream TCP packet without state (conntrack entry
+ * lost) only gets a backend. old_rev, when set, is the reverse entry of
+ * the backend the flow leaves. Returns 0, PB_NO_BACKEND or PB_OVER_LIMIT. */
 static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct ct_key *fk,
 				    int midstream, __u8 ev_flags, struct ct_key *old_rev,
 				    struct ct_value *fv, struct global_stats *gs)
 {
+	/* A flow moving off its backend gives its slot back first. */
+	if (old_rev)
+		release(fk);
+
+	/* Circuit breaker: one more flow, unless the service is full. Services
+	 * without limits pay nothing here. */
+	int limited = !midstream && (svc->max_inflight || svc->max_inflight_per_backend);
+	if (limited && take_slot(bpf_map_lookup_elem(&pb_svc_inflight, &svc->id), svc->max_inflight)) {
+		if (gs)
+			gs->inflight_rejected++;
+		count_refused(svc, 1);
+		return PB_OVER_LIMIT;
+	}
+
 	__u32 hash = jhash_3words(fk->src.v4, fk->dst.v4,
 				  ((__u32)fk->sport << 16) | fk->dport, PB_HASH_SEED ^ fk->proto);
 	struct pick pk = {};
 	if (pick_backend(svc, hash, !midstream, &pk, gs) < 0) {
+		if (limited)
+			inflight_add(&pb_svc_inflight, svc->id, -1);
 		if (gs)
 			gs->no_backend++;
-		struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
-		if (ss)
-			ss->rejected++;
-		return -1;
+		count_refused(svc, 0);
+		return PB_NO_BACKEND;
 	}
 
 	__u64 now = bpf_ktime_get_ns();
 	__u32 flags = 0;
+	if (limited) {
+		if (backend_slot(svc, hash, &pk)) {
+			inflight_add(&pb_svc_inflight, svc->id, -1);
+			if (gs)
+				gs->inflight_rejected++;
+			count_refused(svc, 1);
+			return PB_OVER_LIMIT;
+		}
+		struct flow_value fl = {.svc_id = svc->id, .backend_id = pk.id, .created_ns = now};
+		if (bpf_map_update_elem(&pb_flows, fk, &fl, BPF_NOEXIST) == 0) {
+			flags |= PB_CT_COUNTED;
+		} else {
+			/* No room to remember it: admit it uncounted, and say so. */
+			inflight_add(&pb_svc_inflight, svc->id, -1);
+			inflight_add(&pb_be_inflight, pk.id, -1);
+			if (gs)
+				gs->inflight_untracked++;
+		}
+	}
+
 	if (pk.probe)
 		flags |= PB_CT_PROBE;
 	if (midstream)
@@ -407,18 +544,21 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	return 0;
 }
 
-/* close_flow marks the flow closed once and reports its end. */
-static __always_inline void close_flow(struct ct_value *rv, __u32 bits, __u8 ev_flags,
+/* close_flow marks the flow closed once, gives back its circuit-breaker
+ * slot and reports its end. fk is the flow's full forward key. */
+static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
 				       const struct ct_key *fk, struct global_stats *gs)
 {
-	__u32 old = __sync_fetch_and_or(&rv->flags, bits | PB_CT_CLOSED);
+	__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
 	if (old & PB_CT_CLOSED)
 		return;
+	if (old & PB_CT_COUNTED)
+		release(fk);
 	emit(PB_EV_FLOW_END, ev_flags, rv->svc_id, rv->backend_id, fk->src.v4, fk->sport, gs);
 }
 
 /* client_control handles SYN, FIN and RST from the client on a known flow.
- * Returns 0 to forward with *fv, -1 when no backend is left. */
+ * Returns 0 to forward with *fv, or new_flow's refusal. */
 static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 					  struct ct_key *fk, struct ct_value *fv,
 					  struct global_stats *gs)
@@ -430,14 +570,14 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 
 	if (f & TCP_RST) {
 		if (rv)
-			close_flow(rv, 0, PB_EVF_CLIENT, fk, gs);
+			close_flow(rv, PB_EVF_CLIENT, fk, gs);
 		return 0;
 	}
 	if (f & TCP_FIN) {
 		if (rv) {
 			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_FWD);
 			if ((old & PB_CT_FIN_REV) && !(old & PB_CT_CLOSED))
-				close_flow(rv, 0, PB_EVF_CLIENT, fk, gs);
+				close_flow(rv, PB_EVF_CLIENT, fk, gs);
 		}
 		return 0;
 	}
@@ -471,6 +611,89 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	return 0;
 }
 
+static __always_inline __u16 sum16(const __u16 *w, int n, __u32 s)
+{
+#pragma unroll
+	for (int i = 0; i < n; i++)
+		s += w[i];
+	return csum_fold32(s);
+}
+
+/* reject answers a new TCP flow the circuit breaker turned away with a RST
+ * from the VIP, so the client fails at once instead of timing out; UDP is
+ * dropped. The SYN becomes the RST in place: addresses and ports swapped,
+ * seq 0, ack = its seq + 1 + payload (RFC 9293 3.10.7.1), no options. It
+ * goes back out the ingress interface when that interface can take
+ * redirected frames (it is in pb_redirect), else the stack routes it back
+ * (XDP_PASS). */
+static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct global_stats *gs)
+{
+	if (p->proto != IPPROTO_TCP || p->ip->ihl != 5 || !(p->tcp_flags & TCP_SYN))
+		return XDP_DROP;
+	struct tcphdr *tcp = (void *)p->ports;
+	__u32 ack = bpf_ntohl(tcp->seq) + 1 + p->payload;
+
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	int want = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr);
+	int delta = want - (int)(data_end - data);
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
+		return XDP_DROP;
+
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > data_end)
+		return XDP_DROP;
+
+	__be32 a = ip->saddr;
+	ip->saddr = ip->daddr;
+	ip->daddr = a;
+	ip->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
+	ip->id = 0;
+	ip->frag_off = 0;
+	ip->ttl = 64;
+	ip->tos = 0;
+	ip->check = 0;
+	ip->check = ~sum16((__u16 *)ip, sizeof(*ip) / 2, 0);
+
+	__be16 port = tcp->source;
+	tcp->source = tcp->dest;
+	tcp->dest = port;
+	tcp->seq = 0;
+	tcp->ack_seq = bpf_htonl(ack);
+	((__u8 *)tcp)[12] = 5 << 4;            /* data offset: no options */
+	((__u8 *)tcp)[13] = TCP_RST | TCP_ACK;
+	tcp->window = 0;
+	tcp->urg_ptr = 0;
+	tcp->check = 0;
+	__u32 ps = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
+		   (ip->daddr >> 16) + bpf_htons(IPPROTO_TCP) + bpf_htons(sizeof(*tcp));
+	tcp->check = ~sum16((__u16 *)tcp, sizeof(*tcp) / 2, ps);
+
+	__u32 ifindex = ctx->ingress_ifindex;
+	if (bpf_map_lookup_elem(&pb_redirect, &ifindex)) {
+		unsigned char mac[ETH_ALEN];
+		__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+		__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+		if (gs)
+			gs->reject_rst_tx++;
+		/* Back out the way it came, like XDP_TX, but through the devmap:
+		 * a veth kicks its peer's NAPI for redirected frames, while an
+		 * XDP_TX frame to a peer without an XDP program (GRO only) waits
+		 * in the ring until other traffic arrives. */
+		return bpf_redirect_map(&pb_redirect, ifindex, XDP_DROP);
+	}
+	/* The frame still looks addressed to this host: the stack forwards
+	 * the RST back out to the client. */
+	if (gs)
+		gs->reject_rst_pass++;
+	return XDP_PASS;
+}
+
 static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 					  struct svc_value *svc, struct global_stats *gs)
 {
@@ -485,12 +708,12 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 	fk.family = PB_AF_INET;
 
 	struct ct_value fv;
+	int rc = 0;
 	struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
 	if (ct) {
 		fv = *ct;
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST))) {
-			if (client_control(p, svc, &fk, &fv, gs) < 0)
-				return XDP_DROP;
+			rc = client_control(p, svc, &fk, &fv, gs);
 		} else {
 			__u64 now = bpf_ktime_get_coarse_ns();
 			/* Refresh at most once a second: keeps the line clean. */
@@ -502,9 +725,12 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
-		if (new_flow(p, svc, &fk, !syn, 0, 0, &fv, gs) < 0)
-			return XDP_DROP; /* no backend: a VIP has nowhere else to go */
+		rc = new_flow(p, svc, &fk, !syn, 0, 0, &fv, gs);
 	}
+	if (rc == PB_OVER_LIMIT)
+		return reject(ctx, p, gs);
+	if (rc < 0)
+		return XDP_DROP; /* no backend: a VIP has nowhere else to go */
 
 	rewrite_dst(p, fv.nat_addr.v4, fv.nat_port);
 
@@ -542,14 +768,21 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 
 	if (p->proto == IPPROTO_TCP) {
 		__u8 f = p->tcp_flags;
-		/* The forward key, as the client sent it, names the flow in events. */
+		/* The forward key, as the client sent it. */
 		struct ct_key fk = {};
 		fk.src = rk.dst;
+		fk.dst = rv->nat_addr;
 		fk.sport = rk.dport;
+		fk.dport = rv->nat_port;
+		fk.proto = rk.proto;
+		fk.dir = PB_DIR_FWD;
+		fk.family = rk.family;
 
 		if (f & TCP_RST) {
 			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
 			if (!(old & PB_CT_CLOSED)) {
+				if (old & PB_CT_COUNTED)
+					release(&fk);
 				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
 				if (!(old & PB_CT_ESTABLISHED)) {
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
@@ -583,7 +816,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			if (f & TCP_FIN) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_REV);
 				if ((old & PB_CT_FIN_FWD) && !(old & PB_CT_CLOSED))
-					close_flow(rv, 0, 0, &fk, gs);
+					close_flow(rv, 0, &fk, gs);
 			}
 		}
 	}

@@ -111,19 +111,40 @@ type LbEvent struct {
 	Pad        uint32
 }
 
+type LbFlowValue struct {
+	_         structs.HostLayout
+	SvcId     uint32
+	BackendId uint32
+	CreatedNs uint64
+}
+
 type LbGlobalStats struct {
-	_                structs.HostLayout
-	EventsLost       uint64
-	Redirected       uint64
-	PassedAfterNat   uint64
-	NoBackend        uint64
-	ProbeAdmitted    uint64
-	Steered          uint64
-	SteerFailed      uint64
-	Repicked         uint64
-	CtCreateFailed   uint64
-	Malformed        uint64
-	InflightRejected uint64
+	_                 structs.HostLayout
+	EventsLost        uint64
+	Redirected        uint64
+	PassedAfterNat    uint64
+	NoBackend         uint64
+	ProbeAdmitted     uint64
+	Steered           uint64
+	SteerFailed       uint64
+	Repicked          uint64
+	CtCreateFailed    uint64
+	Malformed         uint64
+	InflightRejected  uint64
+	InflightUntracked uint64
+	RejectRstTx       uint64
+	RejectRstPass     uint64
+}
+
+type LbInflight struct {
+	_     structs.HostLayout
+	Count int64
+}
+
+type LbSvcBackendKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+	Idx   uint32
 }
 
 type LbSvcKey struct {
@@ -139,11 +160,12 @@ type LbSvcKey struct {
 }
 
 type LbSvcStats struct {
-	_        structs.HostLayout
-	Packets  uint64
-	Bytes    uint64
-	Flows    uint64
-	Rejected uint64
+	_         structs.HostLayout
+	Packets   uint64
+	Bytes     uint64
+	Flows     uint64
+	NoBackend uint64
+	OverLimit uint64
 }
 
 type LbSvcValue struct {
@@ -153,28 +175,32 @@ type LbSvcValue struct {
 	MaxInflight           uint32
 	MaxInflightPerBackend uint32
 	Flags                 uint32
-	Pad                   uint32
+	BackendCount          uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LbMapPbBackends  = "pb_backends"
-	LbMapPbBeStats   = "pb_be_stats"
-	LbMapPbConfig    = "pb_config"
-	LbMapPbCt        = "pb_ct"
-	LbMapPbEvents    = "pb_events"
-	LbMapPbHealth    = "pb_health"
-	LbMapPbMaglev    = "pb_maglev"
-	LbMapPbMaglevFb  = "pb_maglev_fb"
-	LbMapPbPorts     = "pb_ports"
-	LbMapPbRedirect  = "pb_redirect"
-	LbMapPbServices  = "pb_services"
-	LbMapPbStats     = "pb_stats"
-	LbMapPbSvcStats  = "pb_svc_stats"
-	LbProgPbXdp      = "pb_xdp"
-	LbVarUnusedEvent = "unused_event"
+	LbMapPbBackends    = "pb_backends"
+	LbMapPbBeInflight  = "pb_be_inflight"
+	LbMapPbBeStats     = "pb_be_stats"
+	LbMapPbConfig      = "pb_config"
+	LbMapPbCt          = "pb_ct"
+	LbMapPbEvents      = "pb_events"
+	LbMapPbFlows       = "pb_flows"
+	LbMapPbHealth      = "pb_health"
+	LbMapPbMaglev      = "pb_maglev"
+	LbMapPbMaglevFb    = "pb_maglev_fb"
+	LbMapPbPorts       = "pb_ports"
+	LbMapPbRedirect    = "pb_redirect"
+	LbMapPbServices    = "pb_services"
+	LbMapPbStats       = "pb_stats"
+	LbMapPbSvcBackends = "pb_svc_backends"
+	LbMapPbSvcInflight = "pb_svc_inflight"
+	LbMapPbSvcStats    = "pb_svc_stats"
+	LbProgPbXdp        = "pb_xdp"
+	LbVarUnusedEvent   = "unused_event"
 )
 
 // LoadLb returns the embedded CollectionSpec for Lb.
@@ -226,19 +252,23 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
-	PbBackends *ebpf.MapSpec `ebpf:"pb_backends"`
-	PbBeStats  *ebpf.MapSpec `ebpf:"pb_be_stats"`
-	PbConfig   *ebpf.MapSpec `ebpf:"pb_config"`
-	PbCt       *ebpf.MapSpec `ebpf:"pb_ct"`
-	PbEvents   *ebpf.MapSpec `ebpf:"pb_events"`
-	PbHealth   *ebpf.MapSpec `ebpf:"pb_health"`
-	PbMaglev   *ebpf.MapSpec `ebpf:"pb_maglev"`
-	PbMaglevFb *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
-	PbPorts    *ebpf.MapSpec `ebpf:"pb_ports"`
-	PbRedirect *ebpf.MapSpec `ebpf:"pb_redirect"`
-	PbServices *ebpf.MapSpec `ebpf:"pb_services"`
-	PbStats    *ebpf.MapSpec `ebpf:"pb_stats"`
-	PbSvcStats *ebpf.MapSpec `ebpf:"pb_svc_stats"`
+	PbBackends    *ebpf.MapSpec `ebpf:"pb_backends"`
+	PbBeInflight  *ebpf.MapSpec `ebpf:"pb_be_inflight"`
+	PbBeStats     *ebpf.MapSpec `ebpf:"pb_be_stats"`
+	PbConfig      *ebpf.MapSpec `ebpf:"pb_config"`
+	PbCt          *ebpf.MapSpec `ebpf:"pb_ct"`
+	PbEvents      *ebpf.MapSpec `ebpf:"pb_events"`
+	PbFlows       *ebpf.MapSpec `ebpf:"pb_flows"`
+	PbHealth      *ebpf.MapSpec `ebpf:"pb_health"`
+	PbMaglev      *ebpf.MapSpec `ebpf:"pb_maglev"`
+	PbMaglevFb    *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
+	PbPorts       *ebpf.MapSpec `ebpf:"pb_ports"`
+	PbRedirect    *ebpf.MapSpec `ebpf:"pb_redirect"`
+	PbServices    *ebpf.MapSpec `ebpf:"pb_services"`
+	PbStats       *ebpf.MapSpec `ebpf:"pb_stats"`
+	PbSvcBackends *ebpf.MapSpec `ebpf:"pb_svc_backends"`
+	PbSvcInflight *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
+	PbSvcStats    *ebpf.MapSpec `ebpf:"pb_svc_stats"`
 }
 
 // LbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -268,28 +298,34 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
-	PbBackends *ebpf.Map `ebpf:"pb_backends"`
-	PbBeStats  *ebpf.Map `ebpf:"pb_be_stats"`
-	PbConfig   *ebpf.Map `ebpf:"pb_config"`
-	PbCt       *ebpf.Map `ebpf:"pb_ct"`
-	PbEvents   *ebpf.Map `ebpf:"pb_events"`
-	PbHealth   *ebpf.Map `ebpf:"pb_health"`
-	PbMaglev   *ebpf.Map `ebpf:"pb_maglev"`
-	PbMaglevFb *ebpf.Map `ebpf:"pb_maglev_fb"`
-	PbPorts    *ebpf.Map `ebpf:"pb_ports"`
-	PbRedirect *ebpf.Map `ebpf:"pb_redirect"`
-	PbServices *ebpf.Map `ebpf:"pb_services"`
-	PbStats    *ebpf.Map `ebpf:"pb_stats"`
-	PbSvcStats *ebpf.Map `ebpf:"pb_svc_stats"`
+	PbBackends    *ebpf.Map `ebpf:"pb_backends"`
+	PbBeInflight  *ebpf.Map `ebpf:"pb_be_inflight"`
+	PbBeStats     *ebpf.Map `ebpf:"pb_be_stats"`
+	PbConfig      *ebpf.Map `ebpf:"pb_config"`
+	PbCt          *ebpf.Map `ebpf:"pb_ct"`
+	PbEvents      *ebpf.Map `ebpf:"pb_events"`
+	PbFlows       *ebpf.Map `ebpf:"pb_flows"`
+	PbHealth      *ebpf.Map `ebpf:"pb_health"`
+	PbMaglev      *ebpf.Map `ebpf:"pb_maglev"`
+	PbMaglevFb    *ebpf.Map `ebpf:"pb_maglev_fb"`
+	PbPorts       *ebpf.Map `ebpf:"pb_ports"`
+	PbRedirect    *ebpf.Map `ebpf:"pb_redirect"`
+	PbServices    *ebpf.Map `ebpf:"pb_services"`
+	PbStats       *ebpf.Map `ebpf:"pb_stats"`
+	PbSvcBackends *ebpf.Map `ebpf:"pb_svc_backends"`
+	PbSvcInflight *ebpf.Map `ebpf:"pb_svc_inflight"`
+	PbSvcStats    *ebpf.Map `ebpf:"pb_svc_stats"`
 }
 
 func (m *LbMaps) Close() error {
 	return _LbClose(
 		m.PbBackends,
+		m.PbBeInflight,
 		m.PbBeStats,
 		m.PbConfig,
 		m.PbCt,
 		m.PbEvents,
+		m.PbFlows,
 		m.PbHealth,
 		m.PbMaglev,
 		m.PbMaglevFb,
@@ -297,6 +333,8 @@ func (m *LbMaps) Close() error {
 		m.PbRedirect,
 		m.PbServices,
 		m.PbStats,
+		m.PbSvcBackends,
+		m.PbSvcInflight,
 		m.PbSvcStats,
 	)
 }

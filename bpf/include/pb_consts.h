@@ -35,8 +35,7 @@
 #define PB_CT_TIMEOUT_SEEN 0x0020  /* retransmitted SYN already reported */
 #define PB_CT_PROBE 0x0040         /* this flow is a probation probe */
 #define PB_CT_MIDSTREAM 0x0080     /* picked up without a SYN (CT lost) */
-#define PB_CT_COUNTED 0x0200       /* counted in the inflight gauges */
-#define PB_CT_RELEASED 0x0400      /* inflight released (exactly once) */
+#define PB_CT_COUNTED 0x0200       /* counted in the inflight gauges (has a pb_flows entry) */
 
 /* Backend admission state, written by the agent. */
 enum pb_backend_state {
@@ -54,7 +53,8 @@ enum pb_event_type {
 	PB_EV_RESET = 4,       /* RST from the backend after SYN-ACK */
 	PB_EV_SYN_RETRANS = 5, /* client retransmitted SYN, no SYN-ACK yet */
 	PB_EV_FLOW_END = 6,    /* FIN both ways or RST either way */
-	PB_EV_REJECTED = 7,    /* new flow refused by a circuit breaker */
+	/* 7 is reserved: circuit-breaker rejections are counted, not reported
+	 * one by one (they come in floods, exactly when the ring is busiest). */
 	PB_EV_FIRST_DATA = 8,  /* first payload byte from the backend */
 };
 
@@ -63,6 +63,10 @@ enum pb_event_type {
 #define PB_EVF_BACKEND_DATA 0x02 /* RESET: the backend had sent payload */
 #define PB_EVF_REPICK 0x04       /* NEW_FLOW: re-picked after a dead backend */
 #define PB_EVF_CLIENT 0x08       /* FLOW_END: the client ended it */
+
+/* Circuit breaker: how many of a service's backends a new flow scans for
+ * room when its own is at the per-endpoint limit. */
+#define PB_MAX_SCAN 4096
 
 /* pb_config.flags */
 #define PB_CFG_REDIRECT 0x1 /* try bpf_fib_lookup + redirect after NAT */

@@ -127,6 +127,48 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_be_stats SEC(".maps");
 
+/* Forward conntrack key -> the flow's circuit-breaker accounting. Only
+ * flows of services with a limit are here. A plain hash, not LRU: an
+ * entry must never vanish without its count being released. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct flow_value);
+	__uint(max_entries, PB_CT_SIZE / 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_flows SEC(".maps");
+
+/* (service id, index) -> backend id: each service's active backends, so a
+ * new flow whose backend is at its per-endpoint limit finds one with room
+ * by a bounded scan. Written by the agent with the Maglev table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_backend_key);
+	__type(value, __u32);
+	__uint(max_entries, PB_MAX_BACKENDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_svc_backends SEC(".maps");
+
+/* service id -> live counted flows (atomic; agent maps it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct inflight);
+	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_svc_inflight SEC(".maps");
+
+/* backend id -> live counted flows (atomic; agent maps it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct inflight);
+	__uint(max_entries, PB_MAX_BACKENDS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_be_inflight SEC(".maps");
+
 /* backend id -> failure-accrual state. Written by the agent only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -27,7 +27,13 @@ struct svc_value {
 	__u32 max_inflight;             /* 0: no limit */
 	__u32 max_inflight_per_backend; /* 0: no limit */
 	__u32 flags;
-	__u32 pad;
+	__u32 backend_count;               /* active backends listed in pb_svc_backends */
+};
+
+/* pb_svc_backends key: the idx-th active backend of a service. */
+struct svc_backend_key {
+	__u32 svc_id;
+	__u32 idx;
 };
 
 /* pb_backends value, indexed by backend id. A backend id belongs to one
@@ -76,6 +82,22 @@ struct event {
 	__u32 pad;
 };
 
+/* pb_flows value: one live flow counted against a circuit breaker. Whoever
+ * deletes the entry (datapath on FIN/RST, agent on expiry) releases the
+ * count, so it is released exactly once. */
+struct flow_value {
+	__u32 svc_id;
+	__u32 backend_id;
+	__u64 created_ns;
+};
+
+/* pb_svc_inflight[svc_id], pb_be_inflight[backend_id]: live counted flows.
+ * Memory-mapped by the agent, which releases expired flows with atomic
+ * adds on the same words the datapath uses. */
+struct inflight {
+	__s64 count;
+};
+
 /* pb_config[0]: runtime switches written by the agent. */
 struct config {
 	__u32 flags; /* PB_CFG_* */
@@ -95,14 +117,18 @@ struct global_stats {
 	__u64 ct_create_failed;    /* conntrack insert failed */
 	__u64 malformed;           /* VIP-bound packet too short or bad lengths */
 	__u64 inflight_rejected;   /* new flow refused by a circuit breaker */
+	__u64 inflight_untracked;  /* pb_flows full: admitted without counting */
+	__u64 reject_rst_tx;       /* rejection RST sent back out the ingress (redirect) */
+	__u64 reject_rst_pass;     /* ... or handed to the stack to route back */
 };
 
 /* pb_svc_stats[svc_id], per CPU. */
 struct svc_stats {
 	__u64 packets;   /* client -> VIP packets forwarded */
 	__u64 bytes;
-	__u64 flows;     /* new flows admitted */
-	__u64 rejected;  /* new flows refused (no backend, circuit breaker) */
+	__u64 flows;      /* new flows admitted */
+	__u64 no_backend; /* new flows dropped: no usable backend */
+	__u64 over_limit; /* new flows refused by the circuit breaker */
 };
 
 /* pb_be_stats[backend_id], per CPU. */

@@ -2,11 +2,188 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
+	"sync"
+
+	"k8s.io/klog/v2"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/config"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/k8s"
+	"github.com/penaltybox/penaltybox/pkg/k8s/nodelinks"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
 
-// runKubernetes is the agent fed by the Kubernetes API (--node-name).
+// runKubernetes is the agent fed by the Kubernetes API (--node-name):
+// Services and EndpointSlices are the desired state, XDP goes on the
+// node's external interfaces and on every pod's veth as pods come and go,
+// and accrual decisions become Events on the Services.
 func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
-	return errors.New("kubernetes mode is not implemented yet")
+	// client-go logs through klog: keep the agent's log one JSON stream.
+	klog.SetSlogLogger(log)
+	client, err := k8s.NewClient(o.kubeconfig, o.nodeName)
+	if err != nil {
+		return err
+	}
+	a, err := start(ctx, o, log, config.DefaultMaglevTableSize)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	// 1. Desired state: the controller's first snapshot is complete (all
+	// caches synced), so a restarted agent never drops a service it had.
+	ctrl := k8s.New(client, k8s.Options{
+		NodeName:        o.nodeName,
+		MaxInflight:     o.maxInflightDefault,
+		InvalidSettings: a.metrics.InvalidSettings,
+		Logger:          log.With("component", "kubernetes"),
+	})
+	a.notify = func(s *reconcile.Service, b *reconcile.Backend, t accrual.Transition) {
+		if s == nil {
+			return // the service is gone: no object to attach an Event to
+		}
+		n := k8s.Transition{Service: s.Spec.Name, Transition: t}
+		if b != nil {
+			n.Endpoint, n.Addr = b.Name, b.Addr
+		}
+		ctrl.Notify(n)
+	}
+	states := make(chan desired.State)
+	ctrlDone := make(chan error, 1)
+	go func() { ctrlDone <- ctrl.Run(ctx, states) }()
+	var first desired.State
+	select {
+	case first = <-states:
+	case err := <-ctrlDone:
+		return fmt.Errorf("kubernetes: %w", err)
+	case <-ctx.Done():
+		return a.stop()
+	}
+	a.applyDesired(first)
+
+	// 2. XDP hooks: the first set synchronously, later ones as they change.
+	// Traffic goes through the kernel stack after NAT (no XDP_REDIRECT):
+	// a pod's veth can only take redirected frames if the CNI enabled GRO
+	// or XDP on the pod's end, which the agent cannot know.
+	if err := a.maps.SetRedirect(nil); err != nil {
+		return err
+	}
+	if err := a.maps.SetConfig(0); err != nil {
+		return err
+	}
+	lopts := nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
+		Logger: log.With("component", "interfaces")}
+	links := make(chan []nodelinks.Link)
+	go func() {
+		if err := nodelinks.Watch(ctx, lopts, links); err != nil {
+			log.Error("interface watch stopped", "err", err)
+		}
+	}()
+	att := &attacher{a: a, have: map[string]int{}}
+	select {
+	case ls := <-links:
+		att.apply(ls, true)
+	case <-ctx.Done():
+		return a.stop()
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ls := <-links:
+				att.apply(ls, false)
+			}
+		}
+	})
+	defer wg.Wait()
+
+	// 3. Accrual state from before a restart, readiness, outcomes.
+	if err := a.begin(); err != nil {
+		return err
+	}
+	log.Info("datapath ready", "mode", "kubernetes", "node", o.nodeName,
+		"interfaces", len(att.have), "services", len(first.Services))
+
+	// 4. The loop, fed by the controller.
+	loopDone := make(chan struct{})
+	go func() {
+		// A controller that fails after its first snapshot ends the agent,
+		// so that the kubelet restarts it rather than it serving stale state.
+		select {
+		case err := <-ctrlDone:
+			if err != nil && ctx.Err() == nil {
+				log.Error("kubernetes controller stopped", "err", err)
+			}
+			cancel()
+		case <-loopDone:
+		}
+	}()
+	a.loop(ctx, nil, states)
+	close(loopDone)
+	return a.stop()
+}
+
+// attacher keeps XDP on exactly the selected links. Only its goroutine
+// uses it after the first apply.
+type attacher struct {
+	a    *agent
+	have map[string]int // attached: name → ifindex
+}
+
+// apply attaches XDP to new links and detaches it from links that went.
+// A link whose ifindex changed under the same name (a pod recreated with a
+// deterministic veth name) is detached and attached afresh. On the first
+// call it also releases hooks a previous agent pinned on interfaces that
+// are no longer wanted. An interface that cannot be attached is logged
+// and retried on the next change; the others are not held up.
+func (t *attacher) apply(ls []nodelinks.Link, first bool) {
+	want := map[string]int{}
+	for _, l := range ls {
+		want[l.Name] = l.Index
+	}
+	if first {
+		for _, name := range t.a.dp.Attached() {
+			if _, ok := want[name]; !ok {
+				t.detach(name)
+			}
+		}
+	}
+	for name, idx := range t.have {
+		if want[name] != idx {
+			t.detach(name)
+			delete(t.have, name)
+		}
+	}
+	for _, l := range ls {
+		if _, ok := t.have[l.Name]; ok {
+			continue
+		}
+		if err := t.a.dp.Attach(l.Name); err != nil {
+			t.a.log.Warn("attach XDP", "interface", l.Name, "pod", l.Pod, "err", err)
+			continue
+		}
+		t.have[l.Name] = l.Index
+	}
+	names := make([]string, 0, len(t.have))
+	for _, l := range ls {
+		if _, ok := t.have[l.Name]; ok {
+			names = append(names, l.Name)
+		}
+	}
+	t.a.mu.Lock()
+	t.a.interfaces = names
+	t.a.mu.Unlock()
+}
+
+func (t *attacher) detach(name string) {
+	if err := t.a.dp.Detach(name); err != nil {
+		t.a.log.Warn("detach XDP", "interface", name, "err", err)
+	}
 }

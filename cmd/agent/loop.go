@@ -17,6 +17,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/admin"
 	"github.com/penaltybox/penaltybox/pkg/config"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/maps"
@@ -37,7 +38,14 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 // runStandalone is the agent fed by a config file: SIGHUP reloads it.
 func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 	// 1. Desired state: a bad config file stops the start, naming the field.
-	cfg, err := config.Load(o.configPath)
+	load := func() (*config.Config, error) {
+		cfg, err := config.Load(o.configPath)
+		if err == nil && cfg.MaxInflight == nil && o.maxInflightDefault > 0 {
+			cfg.MaxInflight = &o.maxInflightDefault
+		}
+		return cfg, err
+	}
+	cfg, err := load()
 	if err != nil {
 		return err
 	}
@@ -69,7 +77,7 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 			case <-ctx.Done():
 				return
 			case <-hup:
-				cfg, err := config.Load(o.configPath)
+				cfg, err := load()
 				if err != nil {
 					a.metrics.ConfigReloads.WithLabelValues("error").Inc()
 					a.metrics.ConfigLastOK.Set(0)
@@ -98,7 +106,7 @@ func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (
 		dp.Close()
 		return nil, err
 	}
-	a, err := newAgent(log, clock.RealClock{}, dp, m, dp.Opts, tableSize)
+	a, err := newAgent(log, clock.RealClock{}, dp, m, dp.Opts, tableSize, o.maxInflightDefault)
 	if err != nil {
 		dp.Close()
 		return nil, err
@@ -106,6 +114,7 @@ func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (
 	srv := admin.New(a.metrics.Registry, a.ready, log)
 	srv.JSON("/admin/services", a.servicesView)
 	srv.JSON("/admin/endpoints", a.endpointsView)
+	srv.JSON("/admin/circuit_breakers", a.circuitBreakersView)
 	addr, httpDone, err := srv.Serve(ctx, o.metricsAddr)
 	if err != nil {
 		dp.Close()
@@ -151,6 +160,7 @@ func (a *agent) close() {
 	if a.reader != nil {
 		a.reader.Close()
 	}
+	a.inflight.Close()
 	a.dp.Close()
 }
 
@@ -170,13 +180,16 @@ type agent struct {
 	// policy[backend id] judges that backend's outcomes (dense, hot path).
 	policy []outcomes.Policy
 
-	interfaces []string
-	readyAt    atomic.Bool
-	monoOffset int64
-	eventTypes [16]prometheusCounter
-	reader     *outcomes.Reader
-	events     chan []outcomes.Event
-	httpDone   <-chan error
+	interfaces         []string
+	readyAt            atomic.Bool
+	monoOffset         int64
+	eventTypes         [16]prometheusCounter
+	reader             *outcomes.Reader
+	events             chan []outcomes.Event
+	httpDone           <-chan error
+	inflight           *maps.Inflight
+	reaper             *conntrack.Reaper
+	maxInflightDefault uint32
 	// notify, when set, hears of every accrual transition after the maps
 	// were programmed (Kubernetes Events). It must not block.
 	notify func(s *reconcile.Service, b *reconcile.Backend, t accrual.Transition)
@@ -184,22 +197,41 @@ type agent struct {
 
 type prometheusCounter interface{ Inc() }
 
-func newAgent(log *slog.Logger, clk clock.WithTicker, dp *datapath.Datapath, m *maps.Maps, o datapath.Options, tableSize uint32) (*agent, error) {
-	rec, err := reconcile.New(m, reconcile.Options{
-		MaxServices: o.MaxServices, MaxBackends: o.MaxBackends, TableSize: tableSize,
-		Clock: clk, Logger: log,
-	})
+func newAgent(log *slog.Logger, clk clock.WithTicker, dp *datapath.Datapath, m *maps.Maps, o datapath.Options, tableSize, maxInflightDefault uint32) (*agent, error) {
+	inflight, err := m.OpenInflight()
 	if err != nil {
 		return nil, err
 	}
+	reaper := &conntrack.Reaper{Maps: m, Inflight: inflight, Timeouts: conntrack.DefaultTimeouts(), Clocks: conntrack.KernelClocks()}
+	// Expire what went stale while no agent ran, and learn which ids live
+	// flows still use before any id is handed out.
+	swept, err := reaper.Sweep()
+	if err != nil {
+		inflight.Close()
+		return nil, err
+	}
+	rec, err := reconcile.New(m, reconcile.Options{
+		MaxServices: o.MaxServices, MaxBackends: o.MaxBackends, TableSize: tableSize,
+		Clock: clk, Logger: log, InUse: swept.InUse,
+	})
+	if err != nil {
+		inflight.Close()
+		return nil, err
+	}
 	a := &agent{
-		log:    log,
-		clk:    clk,
-		dp:     dp,
-		maps:   m,
-		rec:    rec,
-		engine: accrual.New(clk, nil),
-		policy: make([]outcomes.Policy, o.MaxBackends),
+		log:                log,
+		clk:                clk,
+		dp:                 dp,
+		maps:               m,
+		rec:                rec,
+		engine:             accrual.New(clk, nil),
+		policy:             make([]outcomes.Policy, o.MaxBackends),
+		inflight:           inflight,
+		reaper:             reaper,
+		maxInflightDefault: maxInflightDefault,
+	}
+	if swept.Expired > 0 || swept.Released > 0 {
+		log.Info("expired stale flows", "flows", swept.Expired, "released", swept.Released)
 	}
 	a.tracker = outcomes.NewTracker(a.policyOf)
 	a.metrics = metrics.New(a, log)
@@ -230,7 +262,7 @@ func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states 
 	events := a.events
 	timer := a.clk.NewTimer(time.Hour)
 	defer timer.Stop()
-	sweep := a.clk.NewTicker(30 * time.Second)
+	sweep := a.clk.NewTicker(10 * time.Second)
 	defer sweep.Stop()
 	sweepDone := make(chan reconcile.InUse, 1)
 	for {
@@ -249,7 +281,7 @@ func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states 
 			a.advance()
 		case <-sweep.C():
 			// Scanning conntrack takes a while on a big table: off the loop.
-			go func() { sweepDone <- a.referencedIDs() }()
+			go func() { sweepDone <- a.sweepConntrack() }()
 		case inUse := <-sweepDone:
 			a.mu.Lock()
 			a.rec.Sweep(inUse)
@@ -493,17 +525,17 @@ func (a *agent) endpointName(id uint32) string {
 	return b.Addr.String()
 }
 
-// referencedIDs lists the service and backend ids live conntrack entries
-// use, so they are not recycled under them.
-func (a *agent) referencedIDs() reconcile.InUse {
-	out := reconcile.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}}
-	ents, err := a.maps.Conntrack(0)
+// sweepConntrack expires idle flows, releasing their circuit-breaker
+// slots, and returns the ids live flows use so they are not recycled.
+func (a *agent) sweepConntrack() reconcile.InUse {
+	res, err := a.reaper.Sweep()
 	if err != nil {
-		a.log.Warn("conntrack scan", "err", err)
+		a.log.Warn("conntrack sweep", "err", err)
 	}
-	for _, e := range ents {
-		out.Services[e.Value.SvcId] = true
-		out.Backends[e.Value.BackendId] = true
+	if res.Expired > 0 || res.Released > 0 {
+		a.log.Debug("conntrack sweep", "entries", res.Entries, "expired", res.Expired, "released", res.Released)
 	}
-	return out
+	a.metrics.ConntrackEntries.Set(float64(res.Entries))
+	a.metrics.ConntrackExpired.Add(float64(res.Expired))
+	return res.InUse
 }

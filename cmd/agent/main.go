@@ -5,6 +5,7 @@
 // connection proves them healthy again.
 //
 //	agent --config FILE [--metrics-addr :9464]   standalone
+//	agent --node-name NODE [--kubeconfig FILE]   Kubernetes (a DaemonSet)
 //	agent teardown [--bpffs-root DIR]           detach and unpin everything
 //
 // Read top-down: main wires the parts, loop.go is the agent's loop:
@@ -22,14 +23,26 @@ import (
 	"syscall"
 
 	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/k8s/nodelinks"
 )
 
 type options struct {
-	configPath  string
+	configPath string
+	// Kubernetes mode (--node-name): the API server, and the interfaces
+	// that get XDP.
+	nodeName       string
+	kubeconfig     string
+	nodeIfaces     []string
+	nodeIfacesAuto bool
+	podIfaces      []string
+
 	metricsAddr string
 	bpffsRoot   string
 	logLevel    string
 	dp          datapath.Options
+	// maxInflightDefault is the circuit-breaker limit of services that set
+	// none (a config file's defaults.maxInflight overrides it); 0: none.
+	maxInflightDefault uint32
 }
 
 func main() {
@@ -55,6 +68,10 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.StringVar(&o.configPath, "config", "", "standalone mode: the YAML file with interfaces and services (SIGHUP reloads it)")
+	fs.StringVar(&o.nodeName, "node-name", "", "Kubernetes mode: this node's name (from the downward API); Services and EndpointSlices come from the API server")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: the pod's service account)")
+	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
+	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz, /readyz and /admin/*")
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links (bpffs is mounted on its parent when missing)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -68,6 +85,14 @@ func parseFlags(args []string) (options, error) {
 			return nil
 		})
 	}
+	fs.Func("max-inflight-default", "live flows a service may hold unless it sets its own limit (config defaults.maxInflight, annotation penaltybox.io/max-inflight); 0: no limit (default 0)", func(s string) error {
+		var v uint32
+		if _, err := fmt.Sscan(s, &v); err != nil {
+			return fmt.Errorf("want a non-negative integer, got %q", s)
+		}
+		o.maxInflightDefault = v
+		return nil
+	})
 	max(&o.dp.MaxServices, "max-services", datapath.DefaultMaxServices, "size of the services maps")
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
 	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")
@@ -78,8 +103,18 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if o.configPath == "" {
-		return o, errors.New("--config FILE is required (standalone mode)")
+	switch {
+	case o.configPath == "" && o.nodeName == "":
+		return o, errors.New("--config FILE (standalone) or --node-name NODE (Kubernetes) is required")
+	case o.configPath != "" && o.nodeName != "":
+		return o, errors.New("--config and --node-name are exclusive: standalone or Kubernetes mode, not both")
+	}
+	var err error
+	if o.nodeIfaces, o.nodeIfacesAuto, err = nodelinks.ParseExternal(*nodeIfaces); err != nil {
+		return o, fmt.Errorf("--node-interfaces: %w", err)
+	}
+	if o.podIfaces, err = nodelinks.ParsePatterns(*podIfaces); err != nil {
+		return o, fmt.Errorf("--pod-interfaces: %w", err)
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err

@@ -87,7 +87,8 @@ func (a *agent) Services() []metrics.ServiceView {
 	defer a.mu.RUnlock()
 	var out []metrics.ServiceView
 	for _, s := range a.rec.Services() {
-		v := metrics.ServiceView{ID: s.ID, Name: s.Spec.Name}
+		v := metrics.ServiceView{ID: s.ID, Name: s.Spec.Name, MaxInflight: s.Spec.MaxInflight,
+			Inflight: a.inflight.Service(s.ID)}
 		for _, id := range s.Backends {
 			b, _ := a.rec.Backend(id)
 			v.Backends = append(v.Backends, metrics.BackendView{ID: id, Endpoint: b.Addr.String()})
@@ -217,4 +218,53 @@ func timePtr(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+type circuitBreakerJSON struct {
+	Service                string          `json:"service"`
+	ID                     uint32          `json:"id"`
+	MaxInflight            uint32          `json:"maxInflight"`
+	MaxInflightPerEndpoint uint32          `json:"maxInflightPerEndpoint"`
+	Inflight               int64           `json:"inflight"`
+	Rejected               uint64          `json:"rejected"`
+	Endpoints              []endpointFlows `json:"endpoints"`
+}
+
+type endpointFlows struct {
+	Endpoint string `json:"endpoint"`
+	ID       uint32 `json:"id"`
+	Inflight int64  `json:"inflight"`
+}
+
+// circuitBreakersView is GET /admin/circuit_breakers: limits, live flows
+// and rejections. A rejection here is the node refusing a flow over the
+// limit; a backend's own refusal shows as a refused failure in
+// /admin/endpoints instead.
+func (a *agent) circuitBreakersView() any {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := struct {
+		DefaultMaxInflight uint32               `json:"defaultMaxInflight"`
+		RejectedTotal      uint64               `json:"rejectedTotal"`
+		Untracked          uint64               `json:"untrackedTotal"`
+		Services           []circuitBreakerJSON `json:"services"`
+	}{DefaultMaxInflight: a.maxInflightDefault, Services: []circuitBreakerJSON{}}
+	if gs, err := a.maps.GlobalStats(); err == nil {
+		out.RejectedTotal = gs.InflightRejected
+		out.Untracked = gs.InflightUntracked
+	}
+	for _, s := range a.rec.Services() {
+		cb := circuitBreakerJSON{Service: s.Spec.Name, ID: s.ID, MaxInflight: s.Spec.MaxInflight,
+			MaxInflightPerEndpoint: s.Spec.MaxInflightPerEndpoint, Inflight: a.inflight.Service(s.ID),
+			Endpoints: []endpointFlows{}}
+		if st, err := a.maps.ServiceStats(s.ID); err == nil {
+			cb.Rejected = st.OverLimit
+		}
+		for _, id := range s.Backends {
+			b, _ := a.rec.Backend(id)
+			cb.Endpoints = append(cb.Endpoints, endpointFlows{Endpoint: b.Addr.String(), ID: id, Inflight: a.inflight.Backend(id)})
+		}
+		out.Services = append(out.Services, cb)
+	}
+	return out
 }

@@ -75,23 +75,15 @@ func Load(tb testing.TB) *Loaded {
 }
 
 // Run runs one packet through the program and returns the verdict and the
-// packet as the program left it.
+// packet as the program left it (its length included).
 func Run(tb testing.TB, prog *ebpf.Program, pkt []byte) (uint32, []byte) {
 	tb.Helper()
-	out := make([]byte, len(pkt)+256)
-	ret, err := prog.Run(&ebpf.RunOptions{Data: pkt, DataOut: out, Repeat: 1})
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+256), Repeat: 1}
+	ret, err := prog.Run(opts)
 	if err != nil {
 		tb.Fatalf("prog test run: %v", err)
 	}
-	// DataOut is sized by the kernel's copy; trim to the IP total length.
-	return ret, trim(out, len(pkt))
-}
-
-func trim(out []byte, n int) []byte {
-	if n > len(out) {
-		n = len(out)
-	}
-	return out[:n]
+	return ret, opts.DataOut
 }
 
 // XDP verdicts.

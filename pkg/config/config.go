@@ -13,6 +13,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -53,6 +54,11 @@ type Config struct {
 	Defaults accrual.Settings
 	// Services are in file order; possibly none.
 	Services []Service
+	// MaxInflight and MaxInflightPerEndpoint are defaults.maxInflight and
+	// defaults.maxInflightPerEndpoint: nil when the file does not set them
+	// (the agent's --max-inflight-default applies then), 0 for no limit.
+	MaxInflight            *uint32
+	MaxInflightPerEndpoint *uint32
 }
 
 // Service is one validated services entry.
@@ -66,6 +72,10 @@ type Service struct {
 	Backends []netip.AddrPort
 	// Accrual is fully merged: built-in, defaults block, service block.
 	Accrual accrual.Settings
+	// MaxInflight and MaxInflightPerEndpoint are the service's own circuit
+	// breaker limits; nil inherits the default.
+	MaxInflight            *uint32
+	MaxInflightPerEndpoint *uint32
 }
 
 // Load reads and parses the config file at path.
@@ -103,6 +113,10 @@ func Parse(data []byte) (*Config, error) {
 	// service that inherits from it.
 	var defaultsOK bool
 	c.Defaults, defaultsOK = rd.resolve("defaults.failureAccrual", accrual.Defaults(), &errs)
+	if raw.Defaults != nil {
+		c.MaxInflight = parseLimit(raw.Defaults.MaxInflight, "defaults.maxInflight", &errs)
+		c.MaxInflightPerEndpoint = parseLimit(raw.Defaults.MaxInflightPerEndpoint, "defaults.maxInflightPerEndpoint", &errs)
+	}
 	c.Services = parseServices(raw.Services, c.MaglevTableSize, c.Defaults, defaultsOK, &errs)
 	if err := errs.err(); err != nil {
 		return nil, err
@@ -296,7 +310,22 @@ func (r *rawService) parse(p string, defaults accrual.Settings, defaultsOK bool,
 	if defaultsOK {
 		s.Accrual, _ = r.FailureAccrual.resolve(p+".failureAccrual", defaults, errs)
 	}
+	s.MaxInflight = parseLimit(r.MaxInflight, p+".maxInflight", errs)
+	s.MaxInflightPerEndpoint = parseLimit(r.MaxInflightPerEndpoint, p+".maxInflightPerEndpoint", errs)
 	return s, keyOK
+}
+
+// parseLimit checks a circuit-breaker limit: a count of live flows.
+func parseLimit(v *int64, path string, errs *errList) *uint32 {
+	if v == nil {
+		return nil
+	}
+	if *v < 0 || *v > math.MaxUint32 {
+		errs.add(path, strconv.FormatInt(*v, 10), fmt.Sprintf("must be within [0, %d] (0: no limit)", uint32(math.MaxUint32)))
+		return nil
+	}
+	n := uint32(*v)
+	return &n
 }
 
 func parseBackends(raws []string, p string, errs *errList) []netip.AddrPort {
@@ -389,6 +418,18 @@ func checkIPv4(a netip.Addr) string {
 
 // Desired converts c to the reconciler's input. Endpoint names are empty in
 // standalone mode. The result shares no memory with c.
+// limit resolves a circuit-breaker limit: the service's own, else the
+// default, else none.
+func limit(own, def *uint32) uint32 {
+	switch {
+	case own != nil:
+		return *own
+	case def != nil:
+		return *def
+	}
+	return 0
+}
+
 func (c *Config) Desired() desired.State {
 	st := desired.State{Services: make([]desired.Service, 0, len(c.Services))}
 	for _, s := range c.Services {
@@ -397,10 +438,12 @@ func (c *Config) Desired() desired.State {
 			eps = append(eps, desired.Endpoint{Addr: b})
 		}
 		st.Services = append(st.Services, desired.Service{
-			Name:      s.Name,
-			Key:       desired.Key{VIP: s.VIP, Port: s.Port, Protocol: s.Protocol},
-			Endpoints: eps,
-			Accrual:   s.Accrual,
+			Name:                   s.Name,
+			Key:                    desired.Key{VIP: s.VIP, Port: s.Port, Protocol: s.Protocol},
+			Endpoints:              eps,
+			Accrual:                s.Accrual,
+			MaxInflight:            limit(s.MaxInflight, c.MaxInflight),
+			MaxInflightPerEndpoint: limit(s.MaxInflightPerEndpoint, c.MaxInflightPerEndpoint),
 		})
 	}
 	return st

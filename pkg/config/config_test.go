@@ -610,3 +610,60 @@ func TestCheckShapeUint(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxInflightLimits(t *testing.T) {
+	base := `interfaces: [cl0]
+defaults:
+  maxInflight: 100
+services:
+  - name: inherits
+    vip: 198.18.100.1
+    port: 80
+    backends: ["198.18.1.2:8080"]
+  - name: own
+    vip: 198.18.100.2
+    port: 80
+    maxInflight: 20
+    maxInflightPerEndpoint: 5
+    backends: ["198.18.1.2:8080"]
+  - name: unlimited
+    vip: 198.18.100.3
+    port: 80
+    maxInflight: 0
+    backends: ["198.18.1.2:8080"]
+`
+	c, err := Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.Desired()
+	got := [][2]uint32{}
+	for _, s := range st.Services {
+		got = append(got, [2]uint32{s.MaxInflight, s.MaxInflightPerEndpoint})
+	}
+	want := [][2]uint32{{100, 0}, {20, 5}, {0, 0}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("limits %v, want %v", got, want)
+	}
+
+	// Without defaults.maxInflight the file leaves the default to the flag.
+	c, err = Parse([]byte(strings.Replace(base, "defaults:\n  maxInflight: 100\n", "", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxInflight != nil || c.Desired().Services[0].MaxInflight != 0 {
+		t.Fatalf("unset default: %v", c.MaxInflight)
+	}
+
+	for _, bad := range []struct{ from, to, want string }{
+		{"maxInflight: 20", "maxInflight: -1", `services[1].maxInflight: -1: must be within [0, 4294967295]`},
+		{"maxInflightPerEndpoint: 5", "maxInflightPerEndpoint: 5000000000", `services[1].maxInflightPerEndpoint: 5000000000: must be within`},
+		{"  maxInflight: 100", "  maxInflight: -3", `defaults.maxInflight: -3: must be within`},
+		{"maxInflight: 20", `maxInflight: "20"`, `services[1].maxInflight`},
+	} {
+		_, err := Parse([]byte(strings.Replace(base, bad.from, bad.to, 1)))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: error %v, want it to contain %q", bad.to, err, bad.want)
+		}
+	}
+}

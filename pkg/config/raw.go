@@ -35,7 +35,9 @@ type rawMaglev struct {
 
 // rawDefaults holds what a service inherits unless it sets its own.
 type rawDefaults struct {
-	FailureAccrual *rawAccrual `json:"failureAccrual"`
+	FailureAccrual         *rawAccrual `json:"failureAccrual"`
+	MaxInflight            *int64      `json:"maxInflight"`
+	MaxInflightPerEndpoint *int64      `json:"maxInflightPerEndpoint"`
 }
 
 type rawService struct {
@@ -45,6 +47,10 @@ type rawService struct {
 	Protocol       *string     `json:"protocol"`
 	Backends       []string    `json:"backends"`
 	FailureAccrual *rawAccrual `json:"failureAccrual"`
+	// Circuit breaker: live flows allowed; unset inherits the default, 0
+	// means no limit.
+	MaxInflight            *int64 `json:"maxInflight"`
+	MaxInflightPerEndpoint *int64 `json:"maxInflightPerEndpoint"`
 }
 
 // duration is a Go duration string ("10s", "5m"). Its own type only so the

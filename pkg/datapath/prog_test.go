@@ -390,8 +390,8 @@ func TestNoBackendDrops(t *testing.T) {
 	}
 	ss, err := f.Maps.ServiceStats(svcID)
 	f.must(err)
-	if ss.Rejected != 1 {
-		t.Errorf("rejected = %d, want 1", ss.Rejected)
+	if ss.NoBackend != 1 || ss.OverLimit != 0 {
+		t.Errorf("no_backend = %d, over_limit = %d, want 1 and 0", ss.NoBackend, ss.OverLimit)
 	}
 }
 

@@ -376,3 +376,38 @@ func (m *Maps) Health() (map[uint32]bpf.LbEndpointHealth, error) {
 	}
 	return out, it.Err()
 }
+
+// SetServiceBackends writes a service's list of active backends for the
+// circuit breaker's scan (pb_svc_backends), removing entries past the new
+// end. The service's n_backends is written separately, after.
+func (m *Maps) SetServiceBackends(svcID uint32, old, ids []uint32) error {
+	for i, id := range ids {
+		if i < len(old) && old[i] == id {
+			continue
+		}
+		k := bpf.LbSvcBackendKey{SvcId: svcID, Idx: uint32(i)}
+		if err := m.m.PbSvcBackends.Put(k, id); err != nil {
+			return fmt.Errorf("pb_svc_backends[%d/%d]: %w", svcID, i, err)
+		}
+	}
+	for i := len(ids); i < len(old); i++ {
+		k := bpf.LbSvcBackendKey{SvcId: svcID, Idx: uint32(i)}
+		if err := m.m.PbSvcBackends.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("pb_svc_backends[%d/%d]: %w", svcID, i, err)
+		}
+	}
+	return nil
+}
+
+// ServiceBackends reads the first n entries of a service's list.
+func (m *Maps) ServiceBackends(svcID uint32, n uint32) ([]uint32, error) {
+	out := make([]uint32, 0, n)
+	for i := range n {
+		var id uint32
+		if err := m.m.PbSvcBackends.Lookup(bpf.LbSvcBackendKey{SvcId: svcID, Idx: i}, &id); err != nil {
+			return nil, fmt.Errorf("pb_svc_backends[%d/%d]: %w", svcID, i, err)
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}

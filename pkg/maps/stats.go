@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -27,6 +28,9 @@ func (m *Maps) GlobalStats() (bpf.LbGlobalStats, error) {
 		s.CtCreateFailed += c.CtCreateFailed
 		s.Malformed += c.Malformed
 		s.InflightRejected += c.InflightRejected
+		s.InflightUntracked += c.InflightUntracked
+		s.RejectRstTx += c.RejectRstTx
+		s.RejectRstPass += c.RejectRstPass
 	}
 	return s, nil
 }
@@ -42,7 +46,8 @@ func (m *Maps) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
 		s.Packets += c.Packets
 		s.Bytes += c.Bytes
 		s.Flows += c.Flows
-		s.Rejected += c.Rejected
+		s.NoBackend += c.NoBackend
+		s.OverLimit += c.OverLimit
 	}
 	return s, nil
 }
@@ -64,14 +69,18 @@ func (m *Maps) BackendStats(id uint32) (bpf.LbBeStats, error) {
 	return s, nil
 }
 
-// ResetServiceStats zeroes a service's counters, so a reused id starts clean.
+// ResetServiceStats zeroes a service's counters and circuit-breaker count,
+// so a reused id starts clean. Only for ids no live flow refers to.
 func (m *Maps) ResetServiceStats(id uint32) error {
-	return m.m.PbSvcStats.Put(id, make([]bpf.LbSvcStats, m.ncpu))
+	return errors.Join(m.m.PbSvcStats.Put(id, make([]bpf.LbSvcStats, m.ncpu)),
+		m.m.PbSvcInflight.Put(id, bpf.LbInflight{}))
 }
 
-// ResetBackendStats zeroes a backend's counters, so a reused id starts clean.
+// ResetBackendStats zeroes a backend's counters and circuit-breaker count,
+// as ResetServiceStats.
 func (m *Maps) ResetBackendStats(id uint32) error {
-	return m.m.PbBeStats.Put(id, make([]bpf.LbBeStats, m.ncpu))
+	return errors.Join(m.m.PbBeStats.Put(id, make([]bpf.LbBeStats, m.ncpu)),
+		m.m.PbBeInflight.Put(id, bpf.LbInflight{}))
 }
 
 // CTEntry is one conntrack entry.

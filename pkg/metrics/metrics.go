@@ -22,6 +22,10 @@ type ServiceView struct {
 	ID       uint32
 	Name     string
 	Backends []BackendView
+	// MaxInflight is the circuit breaker's limit (0: none); Inflight the
+	// live counted flows (counted only while some limit is set).
+	MaxInflight uint32
+	Inflight    int64
 }
 
 // BackendView is one backend of a service.
@@ -57,6 +61,8 @@ type Metrics struct {
 	PendingConnects   prometheus.Gauge
 	PendingOverflow   prometheus.Counter
 	InvalidSettings   *prometheus.CounterVec
+	ConntrackEntries  prometheus.Gauge
+	ConntrackExpired  prometheus.Counter
 }
 
 // New registers every metric. src may be nil in tests that only need the
@@ -115,10 +121,18 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "invalid_settings_total",
 			Help: "Invalid per-service settings (config fields or annotations) rejected; the last good setting stays in force.",
 		}, []string{"service", "key"}),
+		ConntrackEntries: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "conntrack_entries",
+			Help: "Conntrack entries at the last sweep (two per flow). Near --conntrack-size, the LRU starts evicting live flows.",
+		}),
+		ConntrackExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "conntrack_expired_flows_total",
+			Help: "Idle flows the agent expired (their circuit-breaker slots released).",
+		}),
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.ReactionState, m.Transitions, m.PendingConnects, m.PendingOverflow,
-		m.InvalidSettings,
+		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})
@@ -131,10 +145,11 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 var (
-	dSvcPackets  = desc("service_packets_total", "Client packets to the service's VIP forwarded to a backend.", "service")
-	dSvcBytes    = desc("service_bytes_total", "Bytes of those packets (IP total length).", "service")
-	dSvcFlows    = desc("service_flows_total", "New flows admitted to the service.", "service")
-	dSvcRejected = desc("service_rejected_flows_total", "New flows the service turned away (no backend at all).", "service")
+	dSvcPackets   = desc("service_packets_total", "Client packets to the service's VIP forwarded to a backend.", "service")
+	dSvcBytes     = desc("service_bytes_total", "Bytes of those packets (IP total length).", "service")
+	dSvcFlows     = desc("service_flows_total", "New flows admitted to the service.", "service")
+	dSvcNoBackend = desc("service_no_backend_flows_total", "New flows dropped because the service had no usable backend.", "service")
+	dCBRejected   = desc("circuit_breaker_rejected_total", "New flows the service's circuit breaker refused (TCP: RST from the VIP; UDP: dropped). Never a backend's failure.", "service")
 
 	dBePackets  = desc("backend_packets_total", "Client packets sent to the backend.", "service", "endpoint")
 	dBeBytes    = desc("backend_bytes_total", "Bytes of those packets.", "service", "endpoint")
@@ -157,6 +172,8 @@ var (
 	dEpEjections  = desc("endpoint_ejections_total", "Times the endpoint was ejected.", "service", "endpoint")
 	dEpProbes     = desc("endpoint_probes_total", "Probation probes by result (success, failure, inconclusive).", "service", "endpoint", "result")
 	dEpSuppressed = desc("endpoint_ejections_suppressed_total", "Ejections the max-ejection-percent cap prevented.", "service", "endpoint")
+	dCBMax        = desc("circuit_breaker_max_inflight", "Live flows the service may hold (0: no limit).", "service")
+	dInflight     = desc("inflight_connections", "Live flows of the service counted by its circuit breaker (0 while it has no limit).", "service")
 	dFailOpen     = desc("service_fail_open", "1 while the service fails open (no endpoint ready: new flows go to all endpoints).", "service")
 	dFailOpenEps  = desc("service_fail_open_episodes_total", "Times the service started failing open.", "service")
 )
@@ -167,10 +184,10 @@ type collector struct {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcRejected, dBePackets, dBeBytes,
+	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcNoBackend, dCBRejected, dBePackets, dBeBytes,
 		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked,
 		dCTFail, dMalformed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
-		dEpSuppressed, dFailOpen, dFailOpenEps} {
+		dEpSuppressed, dFailOpen, dFailOpenEps, dCBMax, dInflight} {
 		ch <- d
 	}
 }
@@ -203,11 +220,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	endpoints := map[uint32]string{}
 	for _, s := range c.src.Services() {
 		names[s.ID] = s.Name
+		gauge(ch, dCBMax, float64(s.MaxInflight), s.Name)
+		gauge(ch, dInflight, float64(s.Inflight), s.Name)
 		if st, err := c.src.ServiceStats(s.ID); err == nil {
 			counter(ch, dSvcPackets, st.Packets, s.Name)
 			counter(ch, dSvcBytes, st.Bytes, s.Name)
 			counter(ch, dSvcFlows, st.Flows, s.Name)
-			counter(ch, dSvcRejected, st.Rejected, s.Name)
+			counter(ch, dSvcNoBackend, st.NoBackend, s.Name)
+			counter(ch, dCBRejected, st.OverLimit, s.Name)
 		}
 		for _, b := range s.Backends {
 			endpoints[b.ID] = b.Endpoint

@@ -25,6 +25,7 @@ const (
 	opSetPorts      = "SetPorts"
 	opResetSvcStats = "ResetServiceStats"
 	opResetBeStats  = "ResetBackendStats"
+	opSetSvcBes     = "SetServiceBackends"
 )
 
 // op is one recorded mutation of the fake kernel.
@@ -67,6 +68,7 @@ type fakeWriter struct {
 	tables    map[uint32][]uint32      // pb_maglev: service id -> inner map
 	fallbacks map[uint32][]uint32      // pb_maglev_fb
 	ports     map[uint16]uint8         // array: absent == 0
+	listed    map[uint32][]uint32      // pb_svc_backends: service id -> active backends
 
 	ops []op
 	// fail makes the next call of a kind return the error (once).
@@ -258,6 +260,26 @@ func (f *fakeWriter) ResetBackendStats(id uint32) error {
 	}
 	f.record(op{Kind: opResetBeStats, ID: id})
 	return nil
+}
+
+func (f *fakeWriter) SetServiceBackends(id uint32, old, ids []uint32) error {
+	if err := f.failing(opSetSvcBes); err != nil {
+		return err
+	}
+	f.record(op{Kind: opSetSvcBes, ID: id})
+	if f.listed == nil {
+		f.listed = map[uint32][]uint32{}
+	}
+	f.listed[id] = append([]uint32(nil), ids...)
+	return nil
+}
+
+func (f *fakeWriter) ServiceBackends(id uint32, n uint32) ([]uint32, error) {
+	l := f.listed[id]
+	if int(n) > len(l) {
+		return nil, fmt.Errorf("pb_svc_backends[%d]: %d entries, want %d", id, len(l), n)
+	}
+	return append([]uint32(nil), l[:n]...), nil
 }
 
 // --- Inspection helpers ---

@@ -43,6 +43,8 @@ type Writer interface {
 	Ports() (map[uint16]uint8, error)
 	ResetServiceStats(uint32) error
 	ResetBackendStats(uint32) error
+	SetServiceBackends(svcID uint32, old, ids []uint32) error
+	ServiceBackends(svcID uint32, n uint32) ([]uint32, error)
 }
 
 // Service is the reconciler's view of one programmed service.
@@ -55,7 +57,8 @@ type Service struct {
 	Active, Probation []uint32
 	FailOpen          bool
 
-	value bpf.LbSvcValue // last written pb_services value
+	value  bpf.LbSvcValue // last written pb_services value
+	listed []uint32       // last written pb_svc_backends list
 }
 
 // Backend is one (service, endpoint) pair's kernel entry.
@@ -99,8 +102,12 @@ type Options struct {
 	// Cooldown keeps removed ids out of reuse, so a quickly re-added service
 	// or endpoint never inherits a stale count or a late event.
 	Cooldown time.Duration
-	Clock    clock.PassiveClock
-	Logger   *slog.Logger
+	// InUse are ids live flows refer to at start. Service ids among them
+	// that no pinned service holds (removed before a restart) stay out of
+	// reuse like retired ones.
+	InUse  InUse
+	Clock  clock.PassiveClock
+	Logger *slog.Logger
 }
 
 // New adopts what the maps hold and returns a reconciler ready for Apply.
@@ -134,6 +141,11 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 	if err := r.adopt(); err != nil {
 		return nil, err
 	}
+	for id := range opts.InUse.Services {
+		if _, ok := r.byID[id]; !ok && r.svcIDs.take(id) {
+			r.retiredSvc[id] = r.clk.Now()
+		}
+	}
 	return r, nil
 }
 
@@ -153,6 +165,10 @@ func (r *Reconciler) adopt() error {
 			continue
 		}
 		s := &Service{ID: v.Id, Spec: desired.Service{Key: key}, value: v}
+		if s.listed, err = r.w.ServiceBackends(v.Id, v.BackendCount); err != nil {
+			r.log.Warn("pinned service's backend list unreadable, rewriting it", "service", key, "err", err)
+			s.listed, s.value.BackendCount = nil, 0
+		}
 		r.services[key] = s
 		r.byID[v.Id] = s
 	}
@@ -498,7 +514,17 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 			errs = append(errs, r.setState(bid, st))
 		}
 	}
-	// 4. The table. The service's table_size tells the kernel the modulus;
+	// 4. The active backends a circuit breaker scans for room. Entries go
+	// first; the service's backend_count, written with the table below,
+	// makes them visible.
+	if !slices.Equal(s.listed, active) {
+		err := r.w.SetServiceBackends(id, s.listed, active)
+		if err == nil {
+			s.listed = append(make([]uint32, 0, len(active)), active...)
+		}
+		errs = append(errs, err)
+	}
+	// 5. The table. The service's table_size tells the kernel the modulus;
 	// when it changes, it goes first if shrinking and last if growing, so
 	// every slot the kernel computes exists in whichever table it sees.
 	all := append(append([]uint32(nil), active...), probation...)
@@ -521,6 +547,7 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 		// No endpoint at all: the service drops new flows (counted).
 		r.w.ClearFallback(id)
 		r.w.ClearTable(id)
+		errs = append(errs, r.writeService(s, s.value.TableSize))
 	}
 	if len(probation) == 0 || len(active) == 0 {
 		r.w.ClearFallback(id)
@@ -556,8 +583,11 @@ func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
 // writeService writes s's pb_services entry when it changed.
 func (r *Reconciler) writeService(s *Service, tableSize uint32) error {
 	spec := &s.Spec
+	if tableSize == 0 {
+		tableSize = r.tableSize
+	}
 	v := bpf.LbSvcValue{Id: s.ID, TableSize: tableSize, MaxInflight: spec.MaxInflight,
-		MaxInflightPerBackend: spec.MaxInflightPerEndpoint}
+		MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.listed))}
 	if v == s.value {
 		return nil
 	}

@@ -107,8 +107,12 @@ func TestSetTableSize(t *testing.T) {
 			}
 			e.f.takeOps()
 			e.program(fs.ID, fs.Backends, nil, false)
-			if n := count(e.f.takeOps(), kindIs(opUpsertService)); n != 0 {
-				t.Errorf("new service rewritten after its first table")
+			// Rewritten once, for its backend count; the size stays.
+			if n := count(e.f.takeOps(), kindIs(opUpsertService)); n > 1 {
+				t.Errorf("new service rewritten %d times after its first table", n)
+			}
+			if v := e.f.services[keyOf(fresh.Key)]; v.TableSize != tc.size || v.BackendCount != 1 {
+				t.Errorf("new service value %+v, want table_size %d, backend_count 1", v, tc.size)
 			}
 			e.checkKernel()
 		})

@@ -1,0 +1,186 @@
+// Package conntrack expires idle flows from the datapath's conntrack map
+// and releases their circuit-breaker slots. The kernel ends most flows
+// itself (FIN both ways, RST); this covers the rest: clients that vanish,
+// UDP flows, entries the LRU evicted under pressure. It also reports which
+// service and backend ids live flows still use, so the reconciler does not
+// recycle them.
+package conntrack
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
+)
+
+// Timeouts are how long a flow may stay silent before it is expired, by
+// state. The defaults follow Cilium's conntrack GC.
+type Timeouts struct {
+	TCPEstablished time.Duration // handshake done, not closed
+	TCPOpening     time.Duration // SYN sent, no SYN-ACK yet
+	TCPClosed      time.Duration // FIN both ways or RST
+	UDP            time.Duration
+	// Orphan: a counted flow whose conntrack entry is gone (evicted) is
+	// released once it is at least this old, so a flow being created right
+	// now (its pb_flows entry is written before its conntrack entries) is
+	// never taken for one.
+	Orphan time.Duration
+}
+
+// DefaultTimeouts: TCP 6h established, 60s opening, 10s closed; UDP 60s.
+func DefaultTimeouts() Timeouts {
+	return Timeouts{
+		TCPEstablished: 6 * time.Hour,
+		TCPOpening:     time.Minute,
+		TCPClosed:      10 * time.Second,
+		UDP:            time.Minute,
+		Orphan:         10 * time.Second,
+	}
+}
+
+// Clocks of the kernel's timestamps: last_seen_ns is coarse monotonic,
+// created_ns monotonic. Both are injectable for tests.
+type Clocks struct {
+	Coarse func() int64
+	Mono   func() int64
+}
+
+func clockNow(id int32) func() int64 {
+	return func() int64 {
+		var ts unix.Timespec
+		_ = unix.ClockGettime(id, &ts)
+		return ts.Nano()
+	}
+}
+
+// KernelClocks reads the clocks the datapath uses.
+func KernelClocks() Clocks {
+	return Clocks{Coarse: clockNow(unix.CLOCK_MONOTONIC_COARSE), Mono: clockNow(unix.CLOCK_MONOTONIC)}
+}
+
+// Reaper sweeps the maps. Sweep is safe to run beside the datapath and
+// the agent's loop; two Sweeps must not overlap.
+type Reaper struct {
+	Maps     *maps.Maps
+	Inflight *maps.Inflight
+	Timeouts Timeouts
+	Clocks   Clocks
+}
+
+// Result says what one sweep saw and did.
+type Result struct {
+	Entries  int // conntrack entries scanned
+	Expired  int // flows expired (both entries deleted)
+	Released int // circuit-breaker slots given back
+	Counted  int // pb_flows entries left
+	InUse    reconcile.InUse
+}
+
+type flow struct {
+	fwd, rev       *maps.CTEntry
+	fwdKey, revKey bpf.LbCtKey
+}
+
+// Sweep expires idle flows and releases their slots.
+func (r *Reaper) Sweep() (Result, error) {
+	res := Result{InUse: reconcile.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}}}
+	ents, err := r.Maps.Conntrack(0)
+	if err != nil {
+		return res, err
+	}
+	res.Entries = len(ents)
+	now := r.Clocks.Coarse()
+
+	// Pair entries: a reverse entry's forward key is derivable from it.
+	fwd := make(map[bpf.LbCtKey]*maps.CTEntry, len(ents)/2)
+	for i := range ents {
+		if ents[i].Key.Dir == maps.DirFwd {
+			fwd[ents[i].Key] = &ents[i]
+		}
+	}
+	live := make(map[bpf.LbCtKey]bool, len(fwd))
+	for i := range ents {
+		e := &ents[i]
+		if e.Key.Dir != maps.DirRev {
+			continue
+		}
+		fk := ForwardKey(e.Key, e.Value)
+		f := fwd[fk]
+		last := e.Value.LastSeenNs
+		if f != nil && f.Value.LastSeenNs > last {
+			last = f.Value.LastSeenNs
+		}
+		if now-int64(last) > int64(r.timeout(e.Key.Proto, e.Value.Flags)) {
+			r.Maps.DeleteCT(e.Key)
+			if f != nil {
+				r.Maps.DeleteCT(fk)
+				delete(fwd, fk)
+			}
+			res.Expired++
+			continue
+		}
+		live[fk] = true
+		res.InUse.Services[e.Value.SvcId] = true
+		res.InUse.Backends[e.Value.BackendId] = true
+	}
+	// Forward entries whose reverse half is gone still pin their ids.
+	for k, f := range fwd {
+		if !live[k] {
+			res.InUse.Services[f.Value.SvcId] = true
+			res.InUse.Backends[f.Value.BackendId] = true
+			live[k] = true
+		}
+	}
+
+	flows, err := r.Maps.Flows()
+	if err != nil {
+		return res, err
+	}
+	mono := r.Clocks.Mono()
+	for _, fl := range flows {
+		if live[fl.Key] || mono-int64(fl.Value.CreatedNs) < int64(r.Timeouts.Orphan) {
+			res.Counted++
+			res.InUse.Services[fl.Value.SvcId] = true
+			res.InUse.Backends[fl.Value.BackendId] = true
+			continue
+		}
+		released, err := r.Maps.ReleaseFlow(r.Inflight, fl)
+		if err != nil {
+			return res, err
+		}
+		if released {
+			res.Released++
+		}
+	}
+	return res, nil
+}
+
+func (r *Reaper) timeout(proto uint8, flags uint32) time.Duration {
+	switch {
+	case proto != 6:
+		return r.Timeouts.UDP
+	case flags&maps.CTClosed != 0:
+		return r.Timeouts.TCPClosed
+	case flags&maps.CTEstablished != 0:
+		return r.Timeouts.TCPEstablished
+	default:
+		return r.Timeouts.TCPOpening
+	}
+}
+
+// ForwardKey derives a flow's forward (client -> VIP) key from its
+// reverse entry.
+func ForwardKey(rk bpf.LbCtKey, rv bpf.LbCtValue) bpf.LbCtKey {
+	var fk bpf.LbCtKey
+	fk.Src = rk.Dst
+	fk.Dst = rv.NatAddr
+	fk.Sport = rk.Dport
+	fk.Dport = rv.NatPort
+	fk.Proto = rk.Proto
+	fk.Dir = maps.DirFwd
+	fk.Family = rk.Family
+	return fk
+}
