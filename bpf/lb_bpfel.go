@@ -16,9 +16,8 @@ import (
 type LbBackend struct {
 	_    structs.HostLayout
 	Addr struct {
-		_  structs.HostLayout
-		V4 uint32
-		_  [12]byte
+		_     structs.HostLayout
+		Bytes [16]uint8
 	}
 	Port        uint16
 	Family      uint8
@@ -46,14 +45,12 @@ type LbConfig struct {
 type LbCtKey struct {
 	_   structs.HostLayout
 	Src struct {
-		_  structs.HostLayout
-		V4 uint32
-		_  [12]byte
+		_     structs.HostLayout
+		Bytes [16]uint8
 	}
 	Dst struct {
-		_  structs.HostLayout
-		V4 uint32
-		_  [12]byte
+		_     structs.HostLayout
+		Bytes [16]uint8
 	}
 	Sport  uint16
 	Dport  uint16
@@ -66,9 +63,8 @@ type LbCtKey struct {
 type LbCtValue struct {
 	_       structs.HostLayout
 	NatAddr struct {
-		_  structs.HostLayout
-		V4 uint32
-		_  [12]byte
+		_     structs.HostLayout
+		Bytes [16]uint8
 	}
 	NatPort    uint16
 	Pad        uint16
@@ -101,9 +97,8 @@ type LbEvent struct {
 	SvcId     uint32
 	BackendId uint32
 	Client    struct {
-		_  structs.HostLayout
-		V4 uint32
-		_  [12]byte
+		_     structs.HostLayout
+		Bytes [16]uint8
 	}
 	ClientPort uint16
 	Type       uint8
@@ -150,9 +145,8 @@ type LbSvcBackendKey struct {
 type LbSvcKey struct {
 	_   structs.HostLayout
 	Vip struct {
-		_  structs.HostLayout
-		V4 uint32
-		_  [12]byte
+		_     structs.HostLayout
+		Bytes [16]uint8
 	}
 	Port   uint16
 	Proto  uint8

@@ -7,8 +7,11 @@
 
 #include <linux/types.h>
 
-/* 16 bytes so IPv6 fits without a new layout; IPv4 uses v4 and zeroes the rest. */
+/* 16 bytes so IPv6 fits without a new layout; IPv4 uses v4 and zeroes the
+ * rest. bytes comes first so bpftool prints an address readably:
+ * "bytes": [198,18,100,1,0,...]. */
 union addr {
+	__u8 bytes[16];
 	__be32 v4;
 	__be32 v6[4];
 };

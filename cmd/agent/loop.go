@@ -435,25 +435,14 @@ func (a *agent) handleTransitions(trs []accrual.Transition) {
 		return
 	}
 	var dirty []uint32
-	var ejections []accrual.Transition
 	for _, t := range trs {
-		s, ok := a.rec.Service(t.Service)
-		name := fmt.Sprint(t.Service)
-		if ok {
-			name = s.Spec.Name
-		}
-		a.metrics.Transitions.WithLabelValues(name, string(t.Reason)).Inc()
-		a.logTransition(name, t)
 		if !t.ServiceLevel() {
 			a.persist(t)
 		}
 		if t.Reason == accrual.ReasonProbeInconclusive {
 			if err := a.rec.Regrant(t.Endpoint); err != nil {
-				a.log.Error("grant a new probe", "service", name, "err", err)
+				a.log.Error("grant a new probe", "endpoint", a.endpointName(t.Endpoint), "err", err)
 			}
-		}
-		if t.To == accrual.Ejected && t.From != accrual.Ejected && !t.FailureAt.IsZero() {
-			ejections = append(ejections, t)
 		}
 		if len(dirty) == 0 || dirty[len(dirty)-1] != t.Service {
 			dirty = append(dirty, t.Service)
@@ -462,18 +451,24 @@ func (a *agent) handleTransitions(trs []accrual.Transition) {
 	for _, id := range dirty {
 		a.program(id)
 	}
-	if a.notify != nil {
-		for _, t := range trs {
-			s, _ := a.rec.Service(t.Service)
+	// The maps are written: an ejection's reaction time ends here.
+	now := outcomes.MonoNow()
+	for _, t := range trs {
+		s, ok := a.rec.Service(t.Service)
+		name := fmt.Sprint(t.Service)
+		if ok {
+			name = s.Spec.Name
+		}
+		a.metrics.Transitions.WithLabelValues(name, string(t.Reason)).Inc()
+		var reaction time.Duration
+		if t.To == accrual.Ejected && t.From != accrual.Ejected && !t.FailureAt.IsZero() {
+			reaction = time.Duration(now - (t.FailureAt.UnixNano() - a.monoOffset))
+			a.metrics.Reaction.Observe(reaction.Seconds())
+		}
+		a.logTransition(name, t, reaction)
+		if a.notify != nil {
 			b, _ := a.rec.Backend(t.Endpoint)
 			a.notify(s, b, t)
-		}
-	}
-	if len(ejections) > 0 {
-		now := outcomes.MonoNow()
-		for _, t := range ejections {
-			kernel := t.FailureAt.UnixNano() - a.monoOffset
-			a.metrics.Reaction.Observe(float64(now-kernel) / 1e9)
 		}
 	}
 }
@@ -490,7 +485,7 @@ func (a *agent) program(id uint32) {
 	}
 }
 
-func (a *agent) logTransition(service string, t accrual.Transition) {
+func (a *agent) logTransition(service string, t accrual.Transition, reaction time.Duration) {
 	switch t.Reason {
 	case accrual.ReasonFailOpenStart:
 		a.log.Warn("service failing open: no endpoint ready, new flows go to all endpoints", "service", service)
@@ -506,6 +501,10 @@ func (a *agent) logTransition(service string, t accrual.Transition) {
 	}
 	if t.To == accrual.Ejected {
 		attrs = append(attrs, "penalty", t.Penalty.String(), "probation_at", t.ProbationAt.Format(time.RFC3339Nano))
+	}
+	if reaction > 0 {
+		// Kernel's timestamp of the deciding failure -> maps written.
+		attrs = append(attrs, "reaction_us", reaction.Microseconds())
 	}
 	level := slog.LevelInfo
 	if t.To == accrual.Ejected || t.Reason == accrual.ReasonEjectionSuppressed {

@@ -134,7 +134,7 @@ func (f *fixture) events() []event {
 			f.t.Errorf("event without timestamp: %+v", e)
 		}
 		out = append(out, event{e.Type, e.Flags, e.SvcId, e.BackendId,
-			netip.AddrPortFrom(maps.AddrFromV4(e.Client.V4), maps.Port(e.ClientPort))})
+			netip.AddrPortFrom(maps.AddrFrom16(e.Client.Bytes), maps.Port(e.ClientPort))})
 	}
 	f.t.Fatal("ring buffer does not drain")
 	return nil

@@ -88,14 +88,21 @@ func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
 // Raw exposes the underlying maps for tests and tools.
 func (m *Maps) Raw() *bpf.LbMaps { return m.m }
 
-// AddrV4 is an IPv4 address in a pb_addr's v4 field: network byte order
-// read as a host integer.
-func AddrV4(a netip.Addr) uint32 {
-	b := a.As4()
-	return binary.NativeEndian.Uint32(b[:])
+// Addr16 is an IPv4 address as a union addr's bytes: the four address
+// bytes, then zeroes (IPv6 will use all sixteen).
+func Addr16(a netip.Addr) [16]uint8 {
+	var b [16]uint8
+	v4 := a.As4()
+	copy(b[:], v4[:])
+	return b
 }
 
-// AddrFromV4 is the inverse of AddrV4.
+// AddrFrom16 is the inverse of Addr16 for IPv4.
+func AddrFrom16(b [16]uint8) netip.Addr {
+	return netip.AddrFrom4([4]byte(b[:4]))
+}
+
+// AddrFromV4 reads an IPv4 address from a __be32 field (as in events).
 func AddrFromV4(v uint32) netip.Addr {
 	var b [4]byte
 	binary.NativeEndian.PutUint32(b[:], v)
@@ -113,7 +120,7 @@ func Port(p uint16) uint16 {
 // ServiceKey builds a pb_services key.
 func ServiceKey(vip netip.Addr, port uint16, proto uint8) bpf.LbSvcKey {
 	var k bpf.LbSvcKey
-	k.Vip.V4 = AddrV4(vip)
+	k.Vip.Bytes = Addr16(vip)
 	k.Port = Port(port)
 	k.Proto = proto
 	k.Family = FamilyIPv4
@@ -192,7 +199,7 @@ func (m *Maps) Backends() (map[uint32]bpf.LbBackend, error) {
 // NewBackend builds a pb_backends value.
 func NewBackend(addr netip.AddrPort, svcID uint32, state BackendState, grants int32) bpf.LbBackend {
 	var b bpf.LbBackend
-	b.Addr.V4 = AddrV4(addr.Addr())
+	b.Addr.Bytes = Addr16(addr.Addr())
 	b.Port = Port(addr.Port())
 	b.Family = FamilyIPv4
 	b.State = uint8(state)

@@ -288,7 +288,7 @@ func TestApplyEndpointChanges(t *testing.T) {
 				wantRetired = append(wantRetired, id)
 				// Marked removed, not cleared: live flows still use it.
 				e.wantKernelState(id, pbmaps.BackendRemoved, 0)
-				if kb := e.f.backend(id); pbmaps.AddrFromV4(kb.Addr.V4) != netip.MustParseAddrPort(x).Addr() || kb.SvcId != s.ID {
+				if kb := e.f.backend(id); pbmaps.AddrFrom16(kb.Addr.Bytes) != netip.MustParseAddrPort(x).Addr() || kb.SvcId != s.ID {
 					t.Errorf("removed backend %d lost its address or service: %+v", id, kb)
 				}
 				if got, _ := e.r.Backend(id); got.RemovedAt != t0 {

@@ -158,7 +158,7 @@ func (r *Reconciler) adopt() error {
 		return fmt.Errorf("adopt services: %w", err)
 	}
 	for k, v := range svcs {
-		key := desired.Key{VIP: maps.AddrFromV4(k.Vip.V4), Port: maps.Port(k.Port), Protocol: desired.Protocol(k.Proto)}
+		key := desired.Key{VIP: maps.AddrFrom16(k.Vip.Bytes), Port: maps.Port(k.Port), Protocol: desired.Protocol(k.Proto)}
 		if !r.svcIDs.take(v.Id) {
 			r.log.Warn("pinned service with an unusable id, dropping it", "service", key, "id", v.Id)
 			r.w.DeleteService(k, v.Id)
@@ -187,7 +187,7 @@ func (r *Reconciler) adopt() error {
 			continue
 		}
 		b := &Backend{ID: id, Service: v.SvcId, State: maps.BackendState(v.State),
-			Addr: netip.AddrPortFrom(maps.AddrFromV4(v.Addr.V4), maps.Port(v.Port))}
+			Addr: netip.AddrPortFrom(maps.AddrFrom16(v.Addr.Bytes), maps.Port(v.Port))}
 		r.backends[id] = b
 		if s, ok := r.byID[v.SvcId]; ok && b.State != maps.BackendRemoved {
 			s.Backends = append(s.Backends, id)
