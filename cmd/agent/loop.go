@@ -187,6 +187,8 @@ type agent struct {
 	reader             *outcomes.Reader
 	events             chan []outcomes.Event
 	httpDone           <-chan error
+	overflowSeen       uint64
+	badSeen            uint64
 	inflight           *maps.Inflight
 	reaper             *conntrack.Reaper
 	maxInflightDefault uint32
@@ -415,6 +417,19 @@ func (a *agent) handleEvents(batch []outcomes.Event) {
 		}
 	}
 	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
+	a.syncCounters()
+}
+
+// syncCounters carries counts kept outside Prometheus into it.
+func (a *agent) syncCounters() {
+	if d := a.tracker.Overflow - a.overflowSeen; d > 0 {
+		a.metrics.PendingOverflow.Add(float64(d))
+		a.overflowSeen = a.tracker.Overflow
+	}
+	if bad := a.reader.Bad.Load(); bad > a.badSeen {
+		a.metrics.EventsUndecodable.Add(float64(bad - a.badSeen))
+		a.badSeen = bad
+	}
 }
 
 // advance runs due deadlines: penalties ending, connects timing out.

@@ -56,7 +56,6 @@ type Metrics struct {
 	ConfigLastOK      prometheus.Gauge
 	ProgramErrors     prometheus.Counter
 	Reaction          prometheus.Histogram
-	ReactionState     prometheus.Histogram
 	Transitions       *prometheus.CounterVec
 	PendingConnects   prometheus.Gauge
 	PendingOverflow   prometheus.Counter
@@ -100,11 +99,6 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Help:    "Time from the kernel seeing the failure that ejects an endpoint to the endpoint being out of its service's Maglev table.",
 			Buckets: []float64{50e-6, 100e-6, 200e-6, 350e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3, 0.25, 1},
 		}),
-		ReactionState: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Name: "ejection_steer_seconds",
-			Help:    "Time from the kernel seeing the failure that ejects an endpoint to the kernel steering new flows away from it (backend state written, before the table swap).",
-			Buckets: []float64{50e-6, 100e-6, 200e-6, 350e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3, 0.25, 1},
-		}),
 		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "accrual_transitions_total",
 			Help: "Failure-accrual decisions by reason (consecutive-failures, probe-failed, penalty-over, probe-succeeded, fail-open-start, ...).",
@@ -131,7 +125,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}),
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
-		m.ProgramErrors, m.Reaction, m.ReactionState, m.Transitions, m.PendingConnects, m.PendingOverflow,
+		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
