@@ -180,13 +180,15 @@ type agent struct {
 	// policy[backend id] judges that backend's outcomes (dense, hot path).
 	policy []outcomes.Policy
 
-	interfaces         []string
-	readyAt            atomic.Bool
-	monoOffset         int64
-	eventTypes         [16]prometheusCounter
-	reader             *outcomes.Reader
-	events             chan []outcomes.Event
-	httpDone           <-chan error
+	interfaces []string
+	readyAt    atomic.Bool
+	monoOffset int64
+	eventTypes [16]prometheusCounter
+	reader     *outcomes.Reader
+	events     chan []outcomes.Event
+	httpDone   <-chan error
+	// probeSeen: when each backend's last probe flow started (watchdog).
+	probeSeen          map[uint32]time.Time
 	overflowSeen       uint64
 	badSeen            uint64
 	inflight           *maps.Inflight
@@ -230,6 +232,7 @@ func newAgent(log *slog.Logger, clk clock.WithTicker, dp *datapath.Datapath, m *
 		policy:             make([]outcomes.Policy, o.MaxBackends),
 		inflight:           inflight,
 		reaper:             reaper,
+		probeSeen:          map[uint32]time.Time{},
 		maxInflightDefault: maxInflightDefault,
 	}
 	if swept.Expired > 0 || swept.Released > 0 {
@@ -237,8 +240,9 @@ func newAgent(log *slog.Logger, clk clock.WithTicker, dp *datapath.Datapath, m *
 	}
 	a.tracker = outcomes.NewTracker(a.policyOf)
 	a.metrics = metrics.New(a, log)
-	for t := range a.eventTypes {
-		a.eventTypes[t] = a.metrics.Events.WithLabelValues(outcomes.Type(t).String())
+	for _, t := range []outcomes.Type{outcomes.NewFlow, outcomes.Established, outcomes.Refused,
+		outcomes.Reset, outcomes.SynRetrans, outcomes.FlowEnd, outcomes.FirstData} {
+		a.eventTypes[t] = a.metrics.Events.WithLabelValues(t.String())
 	}
 	return a, nil
 }
@@ -267,6 +271,8 @@ func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states 
 	sweep := a.clk.NewTicker(10 * time.Second)
 	defer sweep.Stop()
 	sweepDone := make(chan reconcile.InUse, 1)
+	probes := a.clk.NewTicker(2 * time.Second)
+	defer probes.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -284,6 +290,8 @@ func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states 
 		case <-sweep.C():
 			// Scanning conntrack takes a while on a big table: off the loop.
 			go func() { sweepDone <- a.sweepConntrack() }()
+		case <-probes.C():
+			a.watchProbes()
 		case inUse := <-sweepDone:
 			a.mu.Lock()
 			a.rec.Sweep(inUse)
@@ -383,6 +391,7 @@ func (a *agent) applyDesired(st desired.State) {
 	for _, c := range changes {
 		for _, id := range c.Retired {
 			gone[id] = true
+			delete(a.probeSeen, id)
 			a.policy[id] = outcomes.Policy{}
 			a.maps.DeleteHealth(id)
 		}
@@ -411,6 +420,9 @@ func (a *agent) handleEvents(batch []outcomes.Event) {
 		ev := &batch[i]
 		if int(ev.Type) < len(a.eventTypes) && a.eventTypes[ev.Type] != nil {
 			a.eventTypes[ev.Type].Inc()
+		}
+		if ev.Type == outcomes.NewFlow && ev.Flags&outcomes.FlagProbe != 0 {
+			a.probeSeen[ev.Backend] = a.clk.Now()
 		}
 		if o, ok := a.tracker.Classify(*ev); ok {
 			a.handleTransitions(a.engine.Observe(o))
@@ -537,6 +549,46 @@ func (a *agent) endpointName(id uint32) string {
 		return b.Name + " (" + b.Addr.String() + ")"
 	}
 	return b.Addr.String()
+}
+
+// watchProbes keeps probation from stalling. An endpoint in probation
+// must either hold an unused grant or have a probe whose verdict is on
+// its way; if the kernel's entry disagrees with the agent (state drifted)
+// or the grant is spent and no verdict came within the connect timeout
+// (its events were lost), the endpoint gets a fresh grant. Without this,
+// one lost probe would keep a healed endpoint out for good.
+func (a *agent) watchProbes() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.clk.Now()
+	for _, s := range a.rec.Services() {
+		for _, id := range s.Probation {
+			kb, err := a.maps.Backend(id)
+			if err != nil {
+				continue
+			}
+			reason := ""
+			switch {
+			case maps.BackendState(kb.State) != maps.BackendProbation:
+				reason = "the datapath's entry is " + maps.BackendState(kb.State).String()
+			case kb.ProbeGrants <= 0:
+				seen, ok := a.probeSeen[id]
+				wait := a.policyOf(id).ConnectTimeout*2 + time.Second
+				if !ok || now.Sub(seen) > wait {
+					reason = "its probe was admitted but no verdict came"
+				}
+			}
+			if reason == "" {
+				continue
+			}
+			a.log.Warn("probation stalled, granting a new probe", "service", s.Spec.Name,
+				"endpoint", a.endpointName(id), "reason", reason)
+			if err := a.rec.Regrant(id); err != nil {
+				a.log.Error("grant a new probe", "endpoint", a.endpointName(id), "err", err)
+			}
+			a.probeSeen[id] = now
+		}
+	}
 }
 
 // sweepConntrack expires idle flows, releasing their circuit-breaker

@@ -599,7 +599,9 @@ func (r *Reconciler) writeService(s *Service, tableSize uint32) error {
 }
 
 // Regrant gives an endpoint in probation a fresh probe: its last probe
-// ended without a verdict (a failure of a kind that does not count).
+// ended without a verdict (a failure of a kind that does not count, or
+// events lost), or the kernel's entry drifted. It rewrites the entry
+// whatever the reconciler believes it holds.
 func (r *Reconciler) Regrant(id uint32) error {
 	b, ok := r.backends[id]
 	if !ok || b.State != maps.BackendProbation {
