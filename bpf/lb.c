@@ -55,6 +55,7 @@ struct pkt {
 	__u8 proto;
 	__u8 tcp_flags;
 	__u8 partial;     /* L4 checksum left to the device (see l4csum_replace) */
+	__u32 ifindex;    /* ingress interface */
 };
 
 static __always_inline struct global_stats *gstats(void)
@@ -149,7 +150,8 @@ static __always_inline void l4csum_replace(struct pkt *p, __be32 saddr, __be32 d
 	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
 		return;
 	__u32 l4len = p->len - p->ip->ihl * 4;
-	if (*p->l4csum == pseudo_sum(saddr, daddr, p->proto, l4len)) {
+	if (*p->l4csum == pseudo_sum(saddr, daddr, p->proto, l4len) &&
+	    bpf_map_lookup_elem(&pb_partial_ifaces, &p->ifindex)) {
 		p->partial = 1;
 		*p->l4csum = dst ? pseudo_sum(saddr, new_addr, p->proto, l4len)
 				 : pseudo_sum(new_addr, daddr, p->proto, l4len);
@@ -254,10 +256,15 @@ struct pick {
 	__u8 probe;
 };
 
-static __always_inline struct backend *table_lookup(void *outer, __u32 svc_id, __u32 slot,
-							__u32 *id)
+/* table_key is the pb_maglev key of a service's live table. */
+static __always_inline __u32 table_key(const struct svc_value *svc)
 {
-	void *tbl = bpf_map_lookup_elem(outer, &svc_id);
+	return svc->id * 2 + (svc->table & 1);
+}
+
+static __always_inline struct backend *table_lookup(void *outer, __u32 key, __u32 slot, __u32 *id)
+{
+	void *tbl = bpf_map_lookup_elem(outer, &key);
 	if (!tbl)
 		return 0;
 	__u32 *idp = bpf_map_lookup_elem(tbl, &slot);
@@ -288,7 +295,7 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 		return -1;
 	__u32 slot = hash % size;
 	__u32 id = 0;
-	struct backend *be = table_lookup(&pb_maglev, svc->id, slot, &id);
+	struct backend *be = table_lookup(&pb_maglev, table_key(svc), slot, &id);
 	if (!be)
 		return -1;
 
@@ -313,7 +320,7 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 
 #pragma unroll
 	for (__u32 i = 1; i <= PB_STEER_TRIES; i++) {
-		alt = table_lookup(&pb_maglev, svc->id, jhash_3words(hash, i, 0, PB_HASH_SEED) % size,
+		alt = table_lookup(&pb_maglev, table_key(svc), jhash_3words(hash, i, 0, PB_HASH_SEED) % size,
 				   &alt_id);
 		if (alt && alt->state == PB_BE_ACTIVE)
 			goto steered;
@@ -354,6 +361,10 @@ static __always_inline void inflight_add(void *map, __u32 id, __s64 d)
  * agent on expiry), so it happens exactly once. */
 static __always_inline void release(const struct ct_key *fk)
 {
+	/* Programs have no lookup-and-delete for hashes. Between the lookup
+	 * and the delete, another releaser of the same flow would have to
+	 * delete it and a new flow on the same tuple be counted for this to
+	 * release the wrong ids: nanoseconds apart, on one tuple. */
 	struct flow_value *fl = bpf_map_lookup_elem(&pb_flows, fk);
 	if (!fl)
 		return;
@@ -413,6 +424,11 @@ static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, struc
 	__u32 limit = svc->max_inflight_per_backend;
 	if (!take_slot(bpf_map_lookup_elem(&pb_be_inflight, &pk->id), limit))
 		return 0;
+	if (pk->probe) {
+		/* The probe cannot go to its backend: the grant is not spent. */
+		__sync_fetch_and_add(&pk->be->probe_grants, 1);
+		pk->probe = 0;
+	}
 	__u32 n = svc->backend_count;
 	if (n > PB_MAX_SCAN)
 		n = PB_MAX_SCAN;
@@ -571,6 +587,8 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	if (f & TCP_RST) {
 		if (rv)
 			close_flow(rv, PB_EVF_CLIENT, fk, gs);
+		else if (fv->flags & PB_CT_COUNTED)
+			release(fk); /* reverse half evicted: nobody else will */
 		return 0;
 	}
 	if (f & TCP_FIN) {
@@ -631,7 +649,8 @@ static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct glob
 	if (p->proto != IPPROTO_TCP || p->ip->ihl != 5 || !(p->tcp_flags & TCP_SYN))
 		return XDP_DROP;
 	struct tcphdr *tcp = (void *)p->ports;
-	__u32 ack = bpf_ntohl(tcp->seq) + 1 + p->payload;
+	/* SEG.SEQ + SEG.LEN: the SYN, the payload, and a FIN if any. */
+	__u32 ack = bpf_ntohl(tcp->seq) + 1 + p->payload + !!(p->tcp_flags & TCP_FIN);
 
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -694,57 +713,81 @@ static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct glob
 	return XDP_PASS;
 }
 
-static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
-					  struct svc_value *svc, struct global_stats *gs)
+/* to_backend DNATs a client packet to its flow's backend, counts it and
+ * sends it on. */
+static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, __be32 addr, __be16 port,
+				      __u32 svc_id, __u32 backend_id, struct global_stats *gs)
 {
-	struct iphdr *ip = p->ip;
-	struct ct_key fk = {};
-	fk.src.v4 = ip->saddr;
-	fk.dst.v4 = ip->daddr;
-	fk.sport = p->ports[0];
-	fk.dport = p->ports[1];
-	fk.proto = p->proto;
-	fk.dir = PB_DIR_FWD;
-	fk.family = PB_AF_INET;
-
-	struct ct_value fv;
-	int rc = 0;
-	struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
-	if (ct) {
-		fv = *ct;
-		if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST))) {
-			rc = client_control(p, svc, &fk, &fv, gs);
-		} else {
-			__u64 now = bpf_ktime_get_coarse_ns();
-			/* Refresh at most once a second: keeps the line clean. */
-			if (now - ct->last_seen_ns > 1000000000ULL)
-				ct->last_seen_ns = now;
-		}
-	} else {
-		int syn = p->proto == IPPROTO_UDP ||
-			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
-		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
-			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
-		rc = new_flow(p, svc, &fk, !syn, 0, 0, &fv, gs);
-	}
-	if (rc == PB_OVER_LIMIT)
-		return reject(ctx, p, gs);
-	if (rc < 0)
-		return XDP_DROP; /* no backend: a VIP has nowhere else to go */
-
-	rewrite_dst(p, fv.nat_addr.v4, fv.nat_port);
-
-	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &fv.svc_id);
+	rewrite_dst(p, addr, port);
+	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc_id);
 	if (ss) {
 		ss->packets++;
 		ss->bytes += p->len;
 	}
-	struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &fv.backend_id);
+	struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &backend_id);
 	if (bs) {
 		bs->packets++;
 		bs->bytes += p->len;
 	}
 	return forward(ctx, p, gs);
+}
+
+/* established handles the common case: a packet of a known flow that
+ * carries no SYN, FIN or RST. One conntrack lookup, no service lookup. */
+static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct ct_key *fk,
+				       struct ct_value *ct, struct global_stats *gs)
+{
+	/* The client completed the handshake: an established flow for the
+	 * reaper's timeouts (a SYN-ACK alone does not make one). */
+	if (unlikely(!(ct->flags & PB_CT_CLIENT_ACKED)))
+		__sync_fetch_and_or(&ct->flags, PB_CT_CLIENT_ACKED);
+	__u64 now = bpf_ktime_get_coarse_ns();
+	/* Refresh at most once a second: keeps the line clean. Then also make
+	 * sure the reverse half is there: the LRU may have evicted it, and
+	 * without it replies are not reverse-NATed and the flow's end is
+	 * never seen. */
+	if (now - ct->last_seen_ns > 1000000000ULL) {
+		ct->last_seen_ns = now;
+		struct ct_value fv = *ct;
+		struct ct_key rk = {};
+		rev_key(&rk, fk, &fv);
+		if (!bpf_map_lookup_elem(&pb_ct, &rk)) {
+			struct ct_value rv = fv;
+			rv.nat_addr = fk->dst;
+			rv.nat_port = fk->dport;
+			rv.flags = (fv.flags & (PB_CT_COUNTED | PB_CT_PROBE)) | PB_CT_ESTABLISHED |
+				   PB_CT_MIDSTREAM;
+			rv.last_seen_ns = now;
+			bpf_map_update_elem(&pb_ct, &rk, &rv, BPF_NOEXIST);
+		}
+	}
+	return to_backend(ctx, p, ct->nat_addr.v4, ct->nat_port, ct->svc_id, ct->backend_id, gs);
+}
+
+/* handle_forward handles a client packet to a service that is not the
+ * plain established case: a new flow, or SYN, FIN or RST on a known one
+ * (ct, when not NULL). */
+static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
+					  struct svc_value *svc, struct ct_key *fk,
+					  struct ct_value *ct, struct global_stats *gs)
+{
+	struct ct_value fv;
+	int rc;
+	if (ct) {
+		fv = *ct;
+		rc = client_control(p, svc, fk, &fv, gs);
+	} else {
+		int syn = p->proto == IPPROTO_UDP ||
+			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
+		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
+			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
+		rc = new_flow(p, svc, fk, !syn, 0, 0, &fv, gs);
+	}
+	if (rc == PB_OVER_LIMIT)
+		return reject(ctx, p, gs);
+	if (rc < 0)
+		return XDP_DROP; /* no backend: a VIP has nowhere else to go */
+	return to_backend(ctx, p, fv.nat_addr.v4, fv.nat_port, fv.svc_id, fv.backend_id, gs);
 }
 
 /* handle_reply reverse-NATs a backend's reply and turns its TCP flags into
@@ -784,7 +827,9 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				if (old & PB_CT_COUNTED)
 					release(&fk);
 				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
-				if (!(old & PB_CT_ESTABLISHED)) {
+				if (old & PB_CT_MIDSTREAM) {
+					/* picked up without its handshake: not an outcome */
+				} else if (!(old & PB_CT_ESTABLISHED)) {
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
 				} else {
@@ -800,7 +845,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			if ((f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
 			    !(rv->flags & PB_CT_ESTABLISHED)) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
-				if (!(old & PB_CT_ESTABLISHED))
+				if (!(old & (PB_CT_ESTABLISHED | PB_CT_CLOSED)))
 					emit(PB_EV_ESTABLISHED,
 					     (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
 					     rv->backend_id, fk.src.v4, fk.sport, gs);
@@ -809,7 +854,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			 * after it is no longer a failure to connect. */
 			if (p->payload && !(rv->flags & PB_CT_BACKEND_DATA)) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_BACKEND_DATA);
-				if (!(old & PB_CT_BACKEND_DATA))
+				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED | PB_CT_MIDSTREAM)))
 					emit(PB_EV_FIRST_DATA, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0,
 					     rv->svc_id, rv->backend_id, fk.src.v4, fk.sport, gs);
 			}
@@ -847,6 +892,7 @@ SEC("xdp")
 int pb_xdp(struct xdp_md *ctx)
 {
 	struct pkt p = {};
+	p.ifindex = ctx->ingress_ifindex;
 	int rc = parse(ctx, &p);
 	if (rc > 0)
 		return XDP_PASS;
@@ -866,14 +912,35 @@ int pb_xdp(struct xdp_md *ctx)
 	}
 
 	if (port_role(p.ports[1]) & PB_PORT_VIP) {
+		/* Conntrack first: most packets to a VIP belong to a known flow,
+		 * which needs no service lookup (and keeps working after its
+		 * service is gone). */
+		struct ct_key fk = {};
+		fk.src.v4 = p.ip->saddr;
+		fk.dst.v4 = p.ip->daddr;
+		fk.sport = p.ports[0];
+		fk.dport = p.ports[1];
+		fk.proto = p.proto;
+		fk.dir = PB_DIR_FWD;
+		fk.family = PB_AF_INET;
+		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
+		int control = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST));
+		if (ct && !control)
+			return established(ctx, &p, &fk, ct, gstats());
+
 		struct svc_key sk = {};
 		sk.vip.v4 = p.ip->daddr;
 		sk.port = p.ports[1];
 		sk.proto = p.proto;
 		sk.family = PB_AF_INET;
-		struct svc_value *svc = bpf_map_lookup_elem(&pb_services, &sk);
-		if (svc)
-			return handle_forward(ctx, &p, svc, gstats());
+		struct svc_value *svcp = bpf_map_lookup_elem(&pb_services, &sk);
+		if (svcp) {
+			/* A copy: the agent flips tables by rewriting this value. */
+			struct svc_value svc = *svcp;
+			return handle_forward(ctx, &p, &svc, &fk, ct, gstats());
+		}
+		if (ct)
+			return established(ctx, &p, &fk, ct, gstats()); /* service gone, flow lives on */
 	}
 	if (port_role(p.ports[0]) & PB_PORT_BACKEND) {
 		rc = handle_reply(ctx, &p, gstats());

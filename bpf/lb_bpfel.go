@@ -165,36 +165,39 @@ type LbSvcStats struct {
 type LbSvcValue struct {
 	_                     structs.HostLayout
 	Id                    uint32
+	Table                 uint32
 	TableSize             uint32
 	MaxInflight           uint32
 	MaxInflightPerBackend uint32
-	Flags                 uint32
 	BackendCount          uint32
+	Flags                 uint32
+	Pad                   uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LbMapPbBackends    = "pb_backends"
-	LbMapPbBeInflight  = "pb_be_inflight"
-	LbMapPbBeStats     = "pb_be_stats"
-	LbMapPbConfig      = "pb_config"
-	LbMapPbCt          = "pb_ct"
-	LbMapPbEvents      = "pb_events"
-	LbMapPbFlows       = "pb_flows"
-	LbMapPbHealth      = "pb_health"
-	LbMapPbMaglev      = "pb_maglev"
-	LbMapPbMaglevFb    = "pb_maglev_fb"
-	LbMapPbPorts       = "pb_ports"
-	LbMapPbRedirect    = "pb_redirect"
-	LbMapPbServices    = "pb_services"
-	LbMapPbStats       = "pb_stats"
-	LbMapPbSvcBackends = "pb_svc_backends"
-	LbMapPbSvcInflight = "pb_svc_inflight"
-	LbMapPbSvcStats    = "pb_svc_stats"
-	LbProgPbXdp        = "pb_xdp"
-	LbVarUnusedEvent   = "unused_event"
+	LbMapPbBackends      = "pb_backends"
+	LbMapPbBeInflight    = "pb_be_inflight"
+	LbMapPbBeStats       = "pb_be_stats"
+	LbMapPbConfig        = "pb_config"
+	LbMapPbCt            = "pb_ct"
+	LbMapPbEvents        = "pb_events"
+	LbMapPbFlows         = "pb_flows"
+	LbMapPbHealth        = "pb_health"
+	LbMapPbMaglev        = "pb_maglev"
+	LbMapPbMaglevFb      = "pb_maglev_fb"
+	LbMapPbPartialIfaces = "pb_partial_ifaces"
+	LbMapPbPorts         = "pb_ports"
+	LbMapPbRedirect      = "pb_redirect"
+	LbMapPbServices      = "pb_services"
+	LbMapPbStats         = "pb_stats"
+	LbMapPbSvcBackends   = "pb_svc_backends"
+	LbMapPbSvcInflight   = "pb_svc_inflight"
+	LbMapPbSvcStats      = "pb_svc_stats"
+	LbProgPbXdp          = "pb_xdp"
+	LbVarUnusedEvent     = "unused_event"
 )
 
 // LoadLb returns the embedded CollectionSpec for Lb.
@@ -246,23 +249,24 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
-	PbBackends    *ebpf.MapSpec `ebpf:"pb_backends"`
-	PbBeInflight  *ebpf.MapSpec `ebpf:"pb_be_inflight"`
-	PbBeStats     *ebpf.MapSpec `ebpf:"pb_be_stats"`
-	PbConfig      *ebpf.MapSpec `ebpf:"pb_config"`
-	PbCt          *ebpf.MapSpec `ebpf:"pb_ct"`
-	PbEvents      *ebpf.MapSpec `ebpf:"pb_events"`
-	PbFlows       *ebpf.MapSpec `ebpf:"pb_flows"`
-	PbHealth      *ebpf.MapSpec `ebpf:"pb_health"`
-	PbMaglev      *ebpf.MapSpec `ebpf:"pb_maglev"`
-	PbMaglevFb    *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
-	PbPorts       *ebpf.MapSpec `ebpf:"pb_ports"`
-	PbRedirect    *ebpf.MapSpec `ebpf:"pb_redirect"`
-	PbServices    *ebpf.MapSpec `ebpf:"pb_services"`
-	PbStats       *ebpf.MapSpec `ebpf:"pb_stats"`
-	PbSvcBackends *ebpf.MapSpec `ebpf:"pb_svc_backends"`
-	PbSvcInflight *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
-	PbSvcStats    *ebpf.MapSpec `ebpf:"pb_svc_stats"`
+	PbBackends      *ebpf.MapSpec `ebpf:"pb_backends"`
+	PbBeInflight    *ebpf.MapSpec `ebpf:"pb_be_inflight"`
+	PbBeStats       *ebpf.MapSpec `ebpf:"pb_be_stats"`
+	PbConfig        *ebpf.MapSpec `ebpf:"pb_config"`
+	PbCt            *ebpf.MapSpec `ebpf:"pb_ct"`
+	PbEvents        *ebpf.MapSpec `ebpf:"pb_events"`
+	PbFlows         *ebpf.MapSpec `ebpf:"pb_flows"`
+	PbHealth        *ebpf.MapSpec `ebpf:"pb_health"`
+	PbMaglev        *ebpf.MapSpec `ebpf:"pb_maglev"`
+	PbMaglevFb      *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
+	PbPartialIfaces *ebpf.MapSpec `ebpf:"pb_partial_ifaces"`
+	PbPorts         *ebpf.MapSpec `ebpf:"pb_ports"`
+	PbRedirect      *ebpf.MapSpec `ebpf:"pb_redirect"`
+	PbServices      *ebpf.MapSpec `ebpf:"pb_services"`
+	PbStats         *ebpf.MapSpec `ebpf:"pb_stats"`
+	PbSvcBackends   *ebpf.MapSpec `ebpf:"pb_svc_backends"`
+	PbSvcInflight   *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
+	PbSvcStats      *ebpf.MapSpec `ebpf:"pb_svc_stats"`
 }
 
 // LbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -292,23 +296,24 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
-	PbBackends    *ebpf.Map `ebpf:"pb_backends"`
-	PbBeInflight  *ebpf.Map `ebpf:"pb_be_inflight"`
-	PbBeStats     *ebpf.Map `ebpf:"pb_be_stats"`
-	PbConfig      *ebpf.Map `ebpf:"pb_config"`
-	PbCt          *ebpf.Map `ebpf:"pb_ct"`
-	PbEvents      *ebpf.Map `ebpf:"pb_events"`
-	PbFlows       *ebpf.Map `ebpf:"pb_flows"`
-	PbHealth      *ebpf.Map `ebpf:"pb_health"`
-	PbMaglev      *ebpf.Map `ebpf:"pb_maglev"`
-	PbMaglevFb    *ebpf.Map `ebpf:"pb_maglev_fb"`
-	PbPorts       *ebpf.Map `ebpf:"pb_ports"`
-	PbRedirect    *ebpf.Map `ebpf:"pb_redirect"`
-	PbServices    *ebpf.Map `ebpf:"pb_services"`
-	PbStats       *ebpf.Map `ebpf:"pb_stats"`
-	PbSvcBackends *ebpf.Map `ebpf:"pb_svc_backends"`
-	PbSvcInflight *ebpf.Map `ebpf:"pb_svc_inflight"`
-	PbSvcStats    *ebpf.Map `ebpf:"pb_svc_stats"`
+	PbBackends      *ebpf.Map `ebpf:"pb_backends"`
+	PbBeInflight    *ebpf.Map `ebpf:"pb_be_inflight"`
+	PbBeStats       *ebpf.Map `ebpf:"pb_be_stats"`
+	PbConfig        *ebpf.Map `ebpf:"pb_config"`
+	PbCt            *ebpf.Map `ebpf:"pb_ct"`
+	PbEvents        *ebpf.Map `ebpf:"pb_events"`
+	PbFlows         *ebpf.Map `ebpf:"pb_flows"`
+	PbHealth        *ebpf.Map `ebpf:"pb_health"`
+	PbMaglev        *ebpf.Map `ebpf:"pb_maglev"`
+	PbMaglevFb      *ebpf.Map `ebpf:"pb_maglev_fb"`
+	PbPartialIfaces *ebpf.Map `ebpf:"pb_partial_ifaces"`
+	PbPorts         *ebpf.Map `ebpf:"pb_ports"`
+	PbRedirect      *ebpf.Map `ebpf:"pb_redirect"`
+	PbServices      *ebpf.Map `ebpf:"pb_services"`
+	PbStats         *ebpf.Map `ebpf:"pb_stats"`
+	PbSvcBackends   *ebpf.Map `ebpf:"pb_svc_backends"`
+	PbSvcInflight   *ebpf.Map `ebpf:"pb_svc_inflight"`
+	PbSvcStats      *ebpf.Map `ebpf:"pb_svc_stats"`
 }
 
 func (m *LbMaps) Close() error {
@@ -323,6 +328,7 @@ func (m *LbMaps) Close() error {
 		m.PbHealth,
 		m.PbMaglev,
 		m.PbMaglevFb,
+		m.PbPartialIfaces,
 		m.PbPorts,
 		m.PbRedirect,
 		m.PbServices,

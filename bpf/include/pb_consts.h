@@ -35,6 +35,7 @@
 #define PB_CT_TIMEOUT_SEEN 0x0020  /* retransmitted SYN already reported */
 #define PB_CT_PROBE 0x0040         /* this flow is a probation probe */
 #define PB_CT_MIDSTREAM 0x0080     /* picked up without a SYN (CT lost) */
+#define PB_CT_CLIENT_ACKED 0x0100  /* FWD entry: the client sent a non-SYN packet (handshake completed) */
 #define PB_CT_COUNTED 0x0200       /* counted in the inflight gauges (has a pb_flows entry) */
 
 /* Backend admission state, written by the agent. */

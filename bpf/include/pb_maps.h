@@ -9,38 +9,47 @@
 #include "pb_consts.h"
 #include "pb_structs.h"
 
-/* VIP:port:proto -> service. Written by the agent. */
+/* VIP:port:proto -> service. Written by the agent. Not preallocated: a
+ * replaced value is freed after an RCU grace period, so a program never
+ * reads another service's value through a recycled element. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct svc_key);
 	__type(value, struct svc_value);
 	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_services SEC(".maps");
 
 /* The inner map template of pb_maglev and pb_maglev_fb: slot -> backend id.
- * BPF_F_INNER_MAP lets each service's table have its own size. */
+ * BPF_F_INNER_MAP lets each service's table have its own size;
+ * BPF_F_MMAPABLE lets the agent fill a new table with one memory copy
+ * instead of a batch update per slot (the ejection's critical path). */
 struct pb_maglev_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, __u32);
 	__uint(max_entries, PB_MAGLEV_DEFAULT_SIZE);
-	__uint(map_flags, BPF_F_INNER_MAP);
+	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
 };
 
-/* service id -> that service's Maglev table. The agent builds a new inner
- * map and swaps it in with one update, so a reader never sees half a table. */
+/* 2 * service id + n -> the service's Maglev table n (0 or 1). A service
+ * has two tables: the agent fills the one not in use, then flips the
+ * service's `table` field, so a reader sees the old table or the new one,
+ * never a mix, and a flip costs no RCU grace period (replacing an inner
+ * map does). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__type(key, __u32);
-	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(max_entries, 2 * PB_MAX_SERVICES);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct pb_maglev_inner);
 } pb_maglev SEC(".maps");
 
-/* service id -> the table without probation backends. Present only while the
- * service has a backend in probation: a new flow that lands on a probation
- * backend whose grant is used up takes this table's pick for the same slot. */
+/* service id -> the table without probation backends, for the service's
+ * live table size. Consulted only for a new flow that lands on a probation
+ * backend whose grant is used up: it takes this table's pick for the same
+ * slot. Created the first time a service has a backend in probation. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__type(key, __u32);
@@ -94,6 +103,17 @@ struct {
 	__uint(max_entries, 1024);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_redirect SEC(".maps");
+
+/* Ingress interfaces on which a local sender may hand us a CHECKSUM_PARTIAL
+ * packet (veths of local pods). Elsewhere a complete checksum is never
+ * mistaken for a partial one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_partial_ifaces SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -25,12 +25,14 @@ struct svc_key {
 };
 
 struct svc_value {
-	__u32 id;                       /* index into pb_maglev, pb_svc_stats, pb_svc_inflight */
-	__u32 table_size;               /* entries in this service's Maglev table */
+	__u32 id;                       /* index into pb_svc_stats, pb_svc_inflight, ... */
+	__u32 table;                    /* which of the service's two tables is live (0, 1) */
+	__u32 table_size;               /* slots in the live table; 0: no table, new flows dropped */
 	__u32 max_inflight;             /* 0: no limit */
 	__u32 max_inflight_per_backend; /* 0: no limit */
+	__u32 backend_count;            /* active backends listed in pb_svc_backends */
 	__u32 flags;
-	__u32 backend_count;               /* active backends listed in pb_svc_backends */
+	__u32 pad;
 };
 
 /* pb_svc_backends key: the idx-th active backend of a service. */

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"k8s.io/utils/clock"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -161,6 +162,7 @@ func (a *agent) close() {
 		a.reader.Close()
 	}
 	a.inflight.Close()
+	a.maps.Close()
 	a.dp.Close()
 }
 
@@ -358,6 +360,15 @@ func (a *agent) applyInterfaces(ifaces, redirect []string) error {
 			}
 		}
 	}
+	var partial []uint32
+	for _, n := range ifaces {
+		if l, err := netlink.LinkByName(n); err == nil && l.Type() == "veth" {
+			partial = append(partial, uint32(l.Attrs().Index))
+		}
+	}
+	if err := a.maps.SetPartialIfaces(partial); err != nil {
+		return err
+	}
 	var idx []uint32
 	for _, n := range redirect {
 		ifc, err := net.InterfaceByName(n)
@@ -465,6 +476,9 @@ func (a *agent) handleTransitions(trs []accrual.Transition) {
 	for _, t := range trs {
 		if !t.ServiceLevel() {
 			a.persist(t)
+		}
+		if t.To == accrual.Probation && t.From != accrual.Probation {
+			a.probeSeen[t.Endpoint] = a.clk.Now() // granted now
 		}
 		if t.Reason == accrual.ReasonProbeInconclusive {
 			if err := a.rec.Regrant(t.Endpoint); err != nil {
@@ -596,7 +610,9 @@ func (a *agent) watchProbes() {
 func (a *agent) sweepConntrack() reconcile.InUse {
 	res, err := a.reaper.Sweep()
 	if err != nil {
+		// A partial view must not free ids that live flows may still use.
 		a.log.Warn("conntrack sweep", "err", err)
+		return reconcile.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, Incomplete: true}
 	}
 	if res.Expired > 0 || res.Released > 0 {
 		a.log.Debug("conntrack sweep", "entries", res.Entries, "expired", res.Expired, "released", res.Released)

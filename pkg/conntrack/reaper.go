@@ -113,7 +113,16 @@ func (r *Reaper) Sweep() (Result, error) {
 		if f != nil && f.Value.LastSeenNs > last {
 			last = f.Value.LastSeenNs
 		}
-		if now-int64(last) > int64(r.timeout(e.Key.Proto, e.Value.Flags)) {
+		flags := e.Value.Flags
+		if f == nil || f.Value.Flags&maps.CTClientAcked == 0 {
+			flags &^= maps.CTEstablished // handshake never completed by the client
+		}
+		if now-int64(last) > int64(r.timeout(e.Key.Proto, flags)) {
+			// The snapshot may be old: if the tuple was reused meanwhile,
+			// the entries are a new flow's. Leave them.
+			if cur, err := r.Maps.CTEntry(e.Key); err != nil || cur.CreatedNs != e.Value.CreatedNs {
+				continue
+			}
 			r.Maps.DeleteCT(e.Key)
 			if f != nil {
 				r.Maps.DeleteCT(fk)
@@ -126,8 +135,14 @@ func (r *Reaper) Sweep() (Result, error) {
 		res.InUse.Services[e.Value.SvcId] = true
 		res.InUse.Backends[e.Value.BackendId] = true
 	}
-	// Forward entries whose reverse half is gone still pin their ids.
+	// Forward entries whose reverse half is gone (LRU eviction) get the
+	// short closed timeout; until then they pin their ids.
 	for k, f := range fwd {
+		if !live[k] && now-int64(f.Value.LastSeenNs) > int64(r.Timeouts.TCPClosed) {
+			r.Maps.DeleteCT(k)
+			res.Expired++
+			continue
+		}
 		if !live[k] {
 			res.InUse.Services[f.Value.SvcId] = true
 			res.InUse.Backends[f.Value.BackendId] = true

@@ -8,7 +8,6 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
-	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/maps"
@@ -18,9 +17,9 @@ import (
 func (f *fixture) limit(maxInflight, perBackend uint32, backends ...uint32) {
 	f.t.Helper()
 	f.must(f.Maps.SetServiceBackends(svcID, nil, backends))
-	f.must(f.Maps.UpsertService(maps.ServiceKey(vip.Addr(), vip.Port(), 6), bpf.LbSvcValue{
-		Id: svcID, TableSize: size, MaxInflight: maxInflight, MaxInflightPerBackend: perBackend,
-		BackendCount: uint32(len(backends))}))
+	f.svc.MaxInflight, f.svc.MaxInflightPerBackend = maxInflight, perBackend
+	f.svc.BackendCount = uint32(len(backends))
+	f.writeService()
 }
 
 func (f *fixture) inflight() *maps.Inflight {
@@ -212,6 +211,7 @@ func TestReaperExpiresIdleFlows(t *testing.T) {
 	// An established TCP flow, an unanswered one, and one to be kept.
 	f.run(bpftest.TCP(clientPort(1), vip, bpftest.SYN, nil))
 	f.run(bpftest.TCP(be1, clientPort(1), bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(clientPort(1), vip, bpftest.ACK, nil)) // the client completes the handshake
 	f.run(bpftest.TCP(clientPort(2), vip, bpftest.SYN, nil))
 	if n := in.Service(svcID); n != 2 {
 		t.Fatalf("inflight %d, want 2", n)

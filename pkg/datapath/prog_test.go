@@ -50,6 +50,10 @@ type fixture struct {
 	*bpftest.Loaded
 	t  *testing.T
 	rb *ringbuf.Reader
+	// svc is the service's pb_services value as last written; proto its
+	// protocol.
+	svc   bpf.LbSvcValue
+	proto uint8
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -63,6 +67,7 @@ func newFixture(t *testing.T) *fixture {
 	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendActive, 0)))
 	f.must(f.Maps.SetBackend(id2, maps.NewBackend(be2, svcID, maps.BackendActive, 0)))
 	f.must(f.Maps.SetPorts(nil, map[uint16]uint8{80: maps.PortVIP, 8080: maps.PortBackend}))
+	f.must(f.Maps.InstallTables([]maps.TableInstall{{SvcID: svcID, N: 0, Size: size}, {SvcID: svcID, N: 1, Size: size}}))
 	f.service(6, 0)
 	return f
 }
@@ -77,16 +82,30 @@ func (f *fixture) must(err error) {
 // service programs the VIP for proto with every slot on backend id (0: no table).
 func (f *fixture) service(proto uint8, id uint32) {
 	f.t.Helper()
-	f.must(f.Maps.UpsertService(maps.ServiceKey(vip.Addr(), vip.Port(), proto),
-		bpf.LbSvcValue{Id: svcID, TableSize: size}))
+	f.proto = proto
+	f.svc = bpf.LbSvcValue{Id: svcID}
+	f.writeService()
 	if id != 0 {
 		f.table(id)
 	}
 }
 
+func (f *fixture) writeService() {
+	f.t.Helper()
+	f.must(f.Maps.UpsertService(maps.ServiceKey(vip.Addr(), vip.Port(), f.proto), f.svc))
+}
+
+// table fills the service's spare table with every slot on backend id and
+// flips the service to it, as the agent does.
 func (f *fixture) table(id uint32) {
 	f.t.Helper()
-	f.must(f.Maps.SwapTable(svcID, fill(id)))
+	next := uint32(0)
+	if f.svc.TableSize != 0 {
+		next = 1 - f.svc.Table
+	}
+	f.must(f.Maps.FillTable(svcID, next, fill(id)))
+	f.svc.Table, f.svc.TableSize = next, size
+	f.writeService()
 }
 
 func fill(id uint32) []uint32 {
@@ -483,6 +502,7 @@ func finish(pkt []byte, csumOff int) {
 func TestPartialChecksumFromLocalSenders(t *testing.T) {
 	f := newFixture(t)
 	f.table(id1)
+	f.must(f.Maps.Raw().PbPartialIfaces.Put(uint32(1), uint8(1))) // BPF_PROG_TEST_RUN's ingress (lo)
 	const tcpCsum = 14 + 20 + 16
 	for _, c := range []struct {
 		name string

@@ -36,7 +36,8 @@ func (m *Maps) OpenInflight() (*Inflight, error) {
 }
 
 func mmapArray(m *ebpf.Map) ([]byte, error) {
-	size := int(m.MaxEntries()) * int(m.ValueSize())
+	elem := (int(m.ValueSize()) + 7) &^ 7 // array elements are 8-byte aligned
+	size := int(m.MaxEntries()) * elem
 	page := os.Getpagesize()
 	size = (size + page - 1) / page * page
 	return unix.Mmap(m.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
@@ -102,15 +103,25 @@ type Flow struct {
 }
 
 // Flows returns every pb_flows entry.
+// It reads in batches, like Conntrack, so deletions meanwhile cannot abort it.
 func (m *Maps) Flows() ([]Flow, error) {
 	var out []Flow
-	var k bpf.LbCtKey
-	var v bpf.LbFlowValue
-	it := m.m.PbFlows.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, Flow{k, v})
+	const chunk = 4096
+	keys := make([]bpf.LbCtKey, chunk)
+	vals := make([]bpf.LbFlowValue, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.m.PbFlows.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			out = append(out, Flow{keys[i], vals[i]})
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if err != nil {
+			return out, fmt.Errorf("pb_flows: %w", err)
+		}
 	}
-	return out, it.Err()
 }
 
 // ReleaseFlow ends the accounting of a flow: it deletes the pb_flows entry

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"sync"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/bpf"
 )
@@ -60,6 +62,7 @@ const (
 	CTTimeoutSeen uint32 = 0x0020
 	CTProbe       uint32 = 0x0040
 	CTMidstream   uint32 = 0x0080
+	CTClientAcked uint32 = 0x0100 // forward entry: the client finished the handshake
 )
 
 // Conntrack directions.
@@ -73,6 +76,12 @@ type Maps struct {
 	m     *bpf.LbMaps
 	inner *ebpf.MapSpec
 	ncpu  int
+
+	// tables caches the memory maps of Maglev tables by pb_maglev key, so
+	// a refill costs a copy and no map/unmap (unmapping costs a TLB
+	// shootdown on every CPU: the bulk of an ejection's work otherwise).
+	mu     sync.Mutex
+	tables map[uint32][]byte
 }
 
 // New wraps loaded maps. inner is the Maglev inner map template
@@ -82,7 +91,16 @@ func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("maps: %w", err)
 	}
-	return &Maps{m: m, inner: inner.Copy(), ncpu: n}, nil
+	return &Maps{m: m, inner: inner.Copy(), ncpu: n, tables: map[uint32][]byte{}}, nil
+}
+
+// Close releases the cached table mappings.
+func (m *Maps) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.tables {
+		m.unmapTable(k)
+	}
 }
 
 // Raw exposes the underlying maps for tests and tools.
@@ -135,14 +153,13 @@ func (m *Maps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
 	return nil
 }
 
-// DeleteService removes a pb_services entry and its tables.
+// DeleteService removes a pb_services entry and the service's tables.
 func (m *Maps) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	err := m.m.PbServices.Delete(k)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("pb_services: delete: %w", err)
 	}
-	m.deleteOuter(m.m.PbMaglev, id)
-	m.deleteOuter(m.m.PbMaglevFb, id)
+	m.DeleteTables(id)
 	return nil
 }
 
@@ -208,58 +225,197 @@ func NewBackend(addr netip.AddrPort, svcID uint32, state BackendState, grants in
 	return b
 }
 
-// SwapTable installs a new Maglev table for a service: it fills a fresh
-// inner map and replaces the old one with a single outer-map update, so
-// the datapath sees either the old table or the new one, never a mix.
-func (m *Maps) SwapTable(svcID uint32, slots []uint32) error {
-	return m.swap(m.m.PbMaglev, svcID, slots)
+// TableKey is the pb_maglev key of a service's table n (0 or 1).
+func TableKey(svcID, n uint32) uint32 { return svcID*2 + n&1 }
+
+// TableInstall asks for an empty table of Size slots as table N of a
+// service.
+type TableInstall struct {
+	SvcID, N, Size uint32
 }
 
-// SetFallback installs the service's table without probation backends.
-func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
-	return m.swap(m.m.PbMaglevFb, svcID, slots)
-}
-
-// ClearTable removes the service's table: new flows to it are dropped.
-func (m *Maps) ClearTable(svcID uint32) { m.deleteOuter(m.m.PbMaglev, svcID) }
-
-// ClearFallback removes the service's fallback table.
-func (m *Maps) ClearFallback(svcID uint32) { m.deleteOuter(m.m.PbMaglevFb, svcID) }
-
-// keys is shared by every table fill: slot numbers 0..n-1.
-var keys []uint32
-
-func slotKeys(n int) []uint32 {
-	for len(keys) < n {
-		keys = append(keys, uint32(len(keys)))
+// InstallTables creates empty tables and puts them in pb_maglev with one
+// batch update. Replacing an inner map makes the kernel wait for an RCU
+// grace period (milliseconds) once per update call: batching is what
+// makes programming thousands of services fast. A table must not be live
+// when it is replaced.
+func (m *Maps) InstallTables(reqs []TableInstall) error {
+	if len(reqs) == 0 {
+		return nil
 	}
-	return keys[:n]
-}
-
-func (m *Maps) swap(outer *ebpf.Map, svcID uint32, slots []uint32) error {
-	if len(slots) == 0 {
-		return fmt.Errorf("maglev table for service %d: empty", svcID)
+	keys := make([]uint32, 0, len(reqs))
+	fds := make([]uint32, 0, len(reqs)) // a map-in-map update takes the inner map's fd
+	inners := make([]*ebpf.Map, 0, len(reqs))
+	defer func() {
+		for _, in := range inners {
+			in.Close() // the outer map holds its own reference
+		}
+	}()
+	for _, r := range reqs {
+		in, err := m.newTable(r.Size)
+		if err != nil {
+			return fmt.Errorf("maglev table %d of service %d: create: %w", r.N, r.SvcID, err)
+		}
+		inners = append(inners, in)
+		fds = append(fds, uint32(in.FD()))
+		keys = append(keys, TableKey(r.SvcID, r.N))
 	}
-	spec := *m.inner
-	spec.MaxEntries = uint32(len(slots))
-	spec.Contents = nil
-	inner, err := ebpf.NewMap(&spec)
-	if err != nil {
-		return fmt.Errorf("maglev table for service %d: create: %w", svcID, err)
+	if _, err := m.m.PbMaglev.BatchUpdate(keys, fds, nil); err != nil {
+		return fmt.Errorf("pb_maglev: install %d tables: %w", len(keys), err)
 	}
-	defer inner.Close() // the outer map holds its own reference
-	if _, err := inner.BatchUpdate(slotKeys(len(slots)), slots, nil); err != nil {
-		return fmt.Errorf("maglev table for service %d: fill: %w", svcID, err)
-	}
-	if err := outer.Put(svcID, inner); err != nil {
-		return fmt.Errorf("maglev table for service %d: swap: %w", svcID, err)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range keys {
+		m.unmapTable(k)
 	}
 	return nil
 }
 
-// Table reads a service's current table (nil when it has none).
-func (m *Maps) Table(svcID uint32) ([]uint32, error) {
-	return m.readTable(m.m.PbMaglev, svcID)
+// unmapTable drops a cached table mapping (the table was replaced or
+// deleted). Called with mu held.
+func (m *Maps) unmapTable(key uint32) {
+	if mem, ok := m.tables[key]; ok {
+		unix.Munmap(mem)
+		delete(m.tables, key)
+	}
+}
+
+func (m *Maps) newTable(size uint32) (*ebpf.Map, error) {
+	if size == 0 {
+		return nil, errors.New("empty table")
+	}
+	spec := *m.inner
+	spec.MaxEntries = size
+	spec.Contents = nil
+	return ebpf.NewMap(&spec)
+}
+
+// FillTable writes slots into table n of a service, which must have
+// exactly len(slots) slots and must not be live: the caller flips the
+// service to it afterwards.
+func (m *Maps) FillTable(svcID, n uint32, slots []uint32) error {
+	key := TableKey(svcID, n)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mem, ok := m.tables[key]
+	if !ok {
+		in, err := m.innerAt(m.m.PbMaglev, key)
+		if err != nil {
+			return fmt.Errorf("maglev table %d of service %d: %w", n, svcID, err)
+		}
+		mem, err = mmapArray(in)
+		in.Close() // the mapping keeps the table alive until it is unmapped
+		if err != nil {
+			return fmt.Errorf("maglev table %d of service %d: map: %w", n, svcID, err)
+		}
+		m.tables[key] = mem
+	}
+	if len(mem) < len(slots)*8 || len(mem) >= (len(slots)+512)*8 {
+		return fmt.Errorf("maglev table %d of service %d: %d bytes mapped, want %d slots", n, svcID, len(mem), len(slots))
+	}
+	writeSlots(mem, slots)
+	return nil
+}
+
+// TableSizes are the slot counts of a service's two tables (0: none).
+func (m *Maps) TableSizes(svcID uint32) ([2]uint32, error) {
+	var out [2]uint32
+	for n := range uint32(2) {
+		in, err := m.innerAt(m.m.PbMaglev, TableKey(svcID, n))
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return out, err
+		}
+		out[n] = in.MaxEntries()
+		in.Close()
+	}
+	return out, nil
+}
+
+// SetFallback writes the service's table without probation backends,
+// in place when one of the right size exists (it is only read for flows
+// that land on a spent probation grant, and every slot always holds a
+// valid backend id), else by installing a new one.
+func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
+	in, err := m.innerAt(m.m.PbMaglevFb, svcID)
+	if err == nil {
+		defer in.Close()
+		if in.MaxEntries() == uint32(len(slots)) {
+			return fillMmap(in, slots)
+		}
+	}
+	fresh, err := m.newTable(uint32(len(slots)))
+	if err != nil {
+		return fmt.Errorf("fallback table of service %d: create: %w", svcID, err)
+	}
+	defer fresh.Close()
+	if err := fillMmap(fresh, slots); err != nil {
+		return fmt.Errorf("fallback table of service %d: fill: %w", svcID, err)
+	}
+	if err := m.m.PbMaglevFb.Put(svcID, fresh); err != nil {
+		return fmt.Errorf("fallback table of service %d: install: %w", svcID, err)
+	}
+	return nil
+}
+
+// DeleteTables removes a service's tables and fallback table.
+func (m *Maps) DeleteTables(svcID uint32) {
+	m.mu.Lock()
+	m.unmapTable(TableKey(svcID, 0))
+	m.unmapTable(TableKey(svcID, 1))
+	m.mu.Unlock()
+	_, _ = m.m.PbMaglev.BatchDelete([]uint32{TableKey(svcID, 0), TableKey(svcID, 1)}, nil)
+	m.deleteOuter(m.m.PbMaglev, TableKey(svcID, 0)) // in case the batch stopped at a missing key
+	m.deleteOuter(m.m.PbMaglev, TableKey(svcID, 1))
+	m.deleteOuter(m.m.PbMaglevFb, svcID)
+}
+
+func (m *Maps) innerAt(outer *ebpf.Map, key uint32) (*ebpf.Map, error) {
+	var id ebpf.MapID
+	if err := outer.Lookup(key, &id); err != nil {
+		return nil, err
+	}
+	return ebpf.NewMapFromID(id)
+}
+
+// fillMmap writes a table through a memory map of the array: one copy
+// instead of a syscall's worth of work per slot.
+func fillMmap(m *ebpf.Map, slots []uint32) error {
+	mem, err := mmapArray(m)
+	if err != nil {
+		return err
+	}
+	defer unix.Munmap(mem)
+	writeSlots(mem, slots)
+	return nil
+}
+
+// writeSlots stores slot values into a mapped array. The kernel lays
+// array elements out 8 bytes apart, whatever their size; each store is a
+// single aligned word, so a reader never sees a torn id.
+func writeSlots(mem []byte, slots []uint32) {
+	for i, id := range slots {
+		binary.NativeEndian.PutUint32(mem[i*8:], id)
+	}
+}
+
+// Table reads table n of a service (nil when it has none).
+func (m *Maps) Table(svcID, n uint32) ([]uint32, error) {
+	return m.readTable(m.m.PbMaglev, TableKey(svcID, n))
+}
+
+// LiveTable reads the table a service's pb_services entry points at.
+func (m *Maps) LiveTable(k bpf.LbSvcKey) ([]uint32, error) {
+	var v bpf.LbSvcValue
+	if err := m.m.PbServices.Lookup(k, &v); err != nil {
+		return nil, err
+	}
+	if v.TableSize == 0 {
+		return nil, nil
+	}
+	return m.Table(v.Id, v.Table)
 }
 
 // Fallback reads a service's fallback table (nil when it has none).
@@ -267,15 +423,11 @@ func (m *Maps) Fallback(svcID uint32) ([]uint32, error) {
 	return m.readTable(m.m.PbMaglevFb, svcID)
 }
 
-func (m *Maps) readTable(outer *ebpf.Map, svcID uint32) ([]uint32, error) {
-	var innerID ebpf.MapID
-	if err := outer.Lookup(svcID, &innerID); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil, nil
-		}
-		return nil, err
+func (m *Maps) readTable(outer *ebpf.Map, key uint32) ([]uint32, error) {
+	inner, err := m.innerAt(outer, key)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, nil
 	}
-	inner, err := ebpf.NewMapFromID(innerID)
 	if err != nil {
 		return nil, err
 	}
@@ -314,16 +466,21 @@ func (m *Maps) SetPorts(old, roles map[uint16]uint8) error {
 
 // Ports reads every non-zero pb_ports entry.
 func (m *Maps) Ports() (map[uint16]uint8, error) {
+	n := int(m.m.PbPorts.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]uint8, n)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.m.PbPorts.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("pb_ports: %w", err)
+	}
 	out := map[uint16]uint8{}
-	var k uint32
-	var v uint8
-	it := m.m.PbPorts.Iterate()
-	for it.Next(&k, &v) {
-		if v != 0 {
-			out[uint16(k)] = v
+	for i := range got {
+		if vals[i] != 0 {
+			out[uint16(keys[i])] = vals[i]
 		}
 	}
-	return out, it.Err()
+	return out, nil
 }
 
 // SetConfig writes pb_config[0].
@@ -417,4 +574,32 @@ func (m *Maps) ServiceBackends(svcID uint32, n uint32) ([]uint32, error) {
 		out = append(out, id)
 	}
 	return out, nil
+}
+
+// SetPartialIfaces makes pb_partial_ifaces hold exactly ifindexes: the
+// interfaces (veths) on which a local sender may hand the datapath a packet
+// whose L4 checksum the device is still to finish.
+func (m *Maps) SetPartialIfaces(ifindexes []uint32) error {
+	want := map[uint32]bool{}
+	for _, i := range ifindexes {
+		want[i] = true
+	}
+	var k uint32
+	var v uint8
+	var stale []uint32
+	it := m.m.PbPartialIfaces.Iterate()
+	for it.Next(&k, &v) {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	for _, k := range stale {
+		_ = m.m.PbPartialIfaces.Delete(k)
+	}
+	for i := range want {
+		if err := m.m.PbPartialIfaces.Put(i, uint8(1)); err != nil {
+			return fmt.Errorf("pb_partial_ifaces[%d]: %w", i, err)
+		}
+	}
+	return nil
 }

@@ -90,18 +90,37 @@ type CTEntry struct {
 }
 
 // Conntrack returns up to limit entries of pb_ct (all when limit <= 0).
+// It reads in batches (bucket by bucket): a key-by-key iteration restarts
+// from the first bucket whenever its cursor key is deleted meanwhile, which
+// on a full LRU happens on every new flow, and then aborts.
 func (m *Maps) Conntrack(limit int) ([]CTEntry, error) {
 	var out []CTEntry
-	var k bpf.LbCtKey
-	var v bpf.LbCtValue
-	it := m.m.PbCt.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, CTEntry{k, v})
-		if limit > 0 && len(out) >= limit {
-			break
+	const chunk = 4096
+	keys := make([]bpf.LbCtKey, chunk)
+	vals := make([]bpf.LbCtValue, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.m.PbCt.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			out = append(out, CTEntry{keys[i], vals[i]})
+			if limit > 0 && len(out) >= limit {
+				return out, nil
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
 		}
 	}
-	return out, it.Err()
+}
+
+// CTEntry reads one conntrack entry.
+func (m *Maps) CTEntry(k bpf.LbCtKey) (bpf.LbCtValue, error) {
+	var v bpf.LbCtValue
+	err := m.m.PbCt.Lookup(k, &v)
+	return v, err
 }
 
 // DeleteCT removes one conntrack entry; absence is not an error.

@@ -63,6 +63,7 @@ const (
 	connecting phase = iota + 1 // waiting for SYN-ACK or RST
 	settling                    // established, success not yet decided
 	timedOut                    // our deadline judged it; later news changes nothing
+	settled                     // our deadline judged it a success; a later reset is no second verdict
 )
 
 // timedOutMemory is how many connect timeouts a timed-out flow is
@@ -164,7 +165,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	}
 	key := flowKey{ev.Backend, ev.Client}
 	p, known := t.pending[key]
-	if known && p.phase == timedOut && ev.Type != NewFlow {
+	if known && (p.phase == timedOut || p.phase == settled) && ev.Type != NewFlow {
 		if ev.Type == FlowEnd || ev.Type == Refused || ev.Type == Reset {
 			delete(t.pending, key)
 		}
@@ -241,6 +242,7 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 				t.wait(d.key, pending{phase: timedOut}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
 			case settling:
 				o.Success = true
+				t.wait(d.key, pending{phase: settled}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
 			default:
 				continue
 			}

@@ -35,10 +35,10 @@ type Writer interface {
 	SetBackend(uint32, bpf.LbBackend) error
 	ClearBackend(uint32) error
 	Backends() (map[uint32]bpf.LbBackend, error)
-	SwapTable(uint32, []uint32) error
-	ClearTable(uint32)
+	InstallTables([]maps.TableInstall) error
+	FillTable(svcID, n uint32, slots []uint32) error
+	TableSizes(svcID uint32) ([2]uint32, error)
 	SetFallback(uint32, []uint32) error
-	ClearFallback(uint32)
 	SetPorts(old, roles map[uint16]uint8) error
 	Ports() (map[uint16]uint8, error)
 	ResetServiceStats(uint32) error
@@ -59,6 +59,7 @@ type Service struct {
 
 	value  bpf.LbSvcValue // last written pb_services value
 	listed []uint32       // last written pb_svc_backends list
+	sizes  [2]uint32      // slots of the service's two installed tables (0: none)
 }
 
 // Backend is one (service, endpoint) pair's kernel entry.
@@ -79,10 +80,10 @@ type Reconciler struct {
 	clk      clock.PassiveClock
 	cooldown time.Duration
 
-	tableSize uint32
-	builder   *maglev.Builder
-	slots     []int32
-	keys      []string
+	maxTableSize uint32
+	builders     map[uint32]*maglev.Builder
+	slots        map[uint32][]int32
+	keys         []string
 
 	services map[desired.Key]*Service
 	byID     map[uint32]*Service
@@ -98,7 +99,8 @@ type Reconciler struct {
 // Options configure a Reconciler.
 type Options struct {
 	MaxServices, MaxBackends uint32
-	TableSize                uint32
+	// TableSize is the largest Maglev table a service gets (a prime).
+	TableSize uint32
 	// Cooldown keeps removed ids out of reuse, so a quickly re-added service
 	// or endpoint never inherits a stale count or a late event.
 	Cooldown time.Duration
@@ -125,18 +127,19 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		opts.Cooldown = time.Minute
 	}
 	r := &Reconciler{
-		w:          w,
-		log:        opts.Logger,
-		clk:        opts.Clock,
-		cooldown:   opts.Cooldown,
-		tableSize:  opts.TableSize,
-		builder:    maglev.NewBuilder(opts.TableSize),
-		services:   map[desired.Key]*Service{},
-		byID:       map[uint32]*Service{},
-		backends:   map[uint32]*Backend{},
-		retiredSvc: map[uint32]time.Time{},
-		svcIDs:     newIDPool(opts.MaxServices),
-		beIDs:      newIDPool(opts.MaxBackends),
+		w:            w,
+		log:          opts.Logger,
+		clk:          opts.Clock,
+		cooldown:     opts.Cooldown,
+		maxTableSize: opts.TableSize,
+		builders:     map[uint32]*maglev.Builder{},
+		slots:        map[uint32][]int32{},
+		services:     map[desired.Key]*Service{},
+		byID:         map[uint32]*Service{},
+		backends:     map[uint32]*Backend{},
+		retiredSvc:   map[uint32]time.Time{},
+		svcIDs:       newIDPool(opts.MaxServices),
+		beIDs:        newIDPool(opts.MaxBackends),
 	}
 	if err := r.adopt(); err != nil {
 		return nil, err
@@ -165,6 +168,9 @@ func (r *Reconciler) adopt() error {
 			continue
 		}
 		s := &Service{ID: v.Id, Spec: desired.Service{Key: key}, value: v}
+		if s.sizes, err = r.w.TableSizes(v.Id); err != nil {
+			return fmt.Errorf("adopt service %s: tables: %w", key, err)
+		}
 		if s.listed, err = r.w.ServiceBackends(v.Id, v.BackendCount); err != nil {
 			r.log.Warn("pinned service's backend list unreadable, rewriting it", "service", key, "err", err)
 			s.listed, s.value.BackendCount = nil, 0
@@ -274,11 +280,7 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		} else {
 			r.renameBackends(s)
 		}
-		size := s.value.TableSize
-		if size == 0 {
-			size = r.tableSize
-		}
-		if err := r.writeService(s, size); err != nil {
+		if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
 			// Report the change anyway: the backends it retired are gone
 			// from the kernel's view whatever happened to the service entry,
 			// and no later Apply would report them again.
@@ -308,6 +310,7 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String())
 	}
 
+	errs = append(errs, r.prepareTables())
 	if err := r.syncPorts(); err != nil {
 		errs = append(errs, err)
 	}
@@ -418,21 +421,76 @@ func (r *Reconciler) syncPorts() error {
 	return nil
 }
 
-// TableSize is the Maglev table size new tables get.
-func (r *Reconciler) TableSize() uint32 { return r.tableSize }
+// TableSize is the largest Maglev table size.
+func (r *Reconciler) TableSize() uint32 { return r.maxTableSize }
 
-// SetTableSize changes the Maglev table size. Every service's table is
-// rebuilt at the new size by its next ProgramService (forced here), and
-// the services' table_size fields follow with the tables.
+// SetTableSize changes the largest Maglev table size. Services whose size
+// changes get new tables at their next ProgramService (forced here).
 func (r *Reconciler) SetTableSize(n uint32) error {
 	if err := maglev.ValidateTableSize(n); err != nil {
 		return err
 	}
-	r.tableSize = n
-	r.builder = maglev.NewBuilder(n)
-	r.slots = nil // sized for the old builder: Build rejects it
+	r.maxTableSize = n
 	for _, s := range r.byID {
 		s.Active, s.Probation = nil, nil // force a rebuild
+	}
+	return r.prepareTables()
+}
+
+// sizeLadder are the table sizes services get: primes, each about twice
+// the last, so a service's size changes only when its endpoint count
+// doubles.
+var sizeLadder = []uint32{1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071, 262139, 524287, 1048573}
+
+// sizeFor picks the table size for n endpoints: the smallest size of the
+// ladder with at least 100 slots per endpoint (Maglev's rule for shares
+// within 1%), capped at the configured maximum. Small services thus cost
+// 4 KiB per table, not 64 KiB.
+func (r *Reconciler) sizeFor(n int) uint32 {
+	want := uint64(n) * 100
+	for _, p := range sizeLadder {
+		if p > r.maxTableSize {
+			break
+		}
+		if uint64(p) >= want {
+			return p
+		}
+	}
+	return r.maxTableSize
+}
+
+// nextTable is which of s's two tables the next ProgramService fills:
+// the one not live.
+func nextTable(s *Service) uint32 {
+	if s.value.TableSize == 0 {
+		return s.value.Table
+	}
+	return 1 - s.value.Table&1
+}
+
+// prepareTables installs, in one batch, the empty tables the next
+// ProgramService of each service will fill, where they are missing or of
+// the wrong size: replacing an inner map costs an RCU grace period per
+// update call, so doing it here for all services at once keeps it off
+// the path of an ejection and makes programming many services fast.
+func (r *Reconciler) prepareTables() error {
+	var reqs []maps.TableInstall
+	var svcs []*Service
+	for _, s := range r.byID {
+		if len(s.Backends) == 0 {
+			continue
+		}
+		size, n := r.sizeFor(len(s.Backends)), nextTable(s)
+		if s.sizes[n] != size {
+			reqs = append(reqs, maps.TableInstall{SvcID: s.ID, N: n, Size: size})
+			svcs = append(svcs, s)
+		}
+	}
+	if err := r.w.InstallTables(reqs); err != nil {
+		return err
+	}
+	for i, s := range svcs {
+		s.sizes[reqs[i].N] = reqs[i].Size
 	}
 	return nil
 }
@@ -501,8 +559,9 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 		}
 	}
 	// 2. The fallback table, whenever a probe shares the table with others.
+	size := r.sizeFor(len(s.Backends))
 	if len(probation) > 0 && len(active) > 0 {
-		slots, err := r.build(active)
+		slots, err := r.build(active, size)
 		if err == nil {
 			err = r.w.SetFallback(id, slots)
 		}
@@ -524,33 +583,33 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 		}
 		errs = append(errs, err)
 	}
-	// 5. The table. The service's table_size tells the kernel the modulus;
-	// when it changes, it goes first if shrinking and last if growing, so
-	// every slot the kernel computes exists in whichever table it sees.
+	// 5. The table: fill the one not live, then flip the service to it
+	// (its table index and size change in one value update). A table is
+	// only installed here if prepareTables could not do it beforehand.
 	all := append(append([]uint32(nil), active...), probation...)
 	if len(all) > 0 {
-		slots, err := r.build(all)
+		n := nextTable(s)
+		var err error
+		if s.sizes[n] != size {
+			err = r.w.InstallTables([]maps.TableInstall{{SvcID: id, N: n, Size: size}})
+			if err == nil {
+				s.sizes[n] = size
+			}
+		}
+		var slots []uint32
 		if err == nil {
-			size := uint32(len(slots))
-			if size < s.value.TableSize {
-				err = r.writeService(s, size)
-			}
-			if err == nil {
-				err = r.w.SwapTable(id, slots)
-			}
-			if err == nil {
-				err = r.writeService(s, size)
-			}
+			slots, err = r.build(all, size)
+		}
+		if err == nil {
+			err = r.w.FillTable(id, n, slots)
+		}
+		if err == nil {
+			err = r.writeService(s, n, size)
 		}
 		errs = append(errs, err)
 	} else {
-		// No endpoint at all: the service drops new flows (counted).
-		r.w.ClearFallback(id)
-		r.w.ClearTable(id)
-		errs = append(errs, r.writeService(s, s.value.TableSize))
-	}
-	if len(probation) == 0 || len(active) == 0 {
-		r.w.ClearFallback(id)
+		// No endpoint at all: no table, the service drops new flows (counted).
+		errs = append(errs, r.writeService(s, s.value.Table, 0))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("program service %s: %w", s.Spec.Name, err)
@@ -580,13 +639,11 @@ func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
 	return nil
 }
 
-// writeService writes s's pb_services entry when it changed.
-func (r *Reconciler) writeService(s *Service, tableSize uint32) error {
+// writeService writes s's pb_services entry when it changed: table n of
+// tableSize slots is live (tableSize 0: none).
+func (r *Reconciler) writeService(s *Service, n, tableSize uint32) error {
 	spec := &s.Spec
-	if tableSize == 0 {
-		tableSize = r.tableSize
-	}
-	v := bpf.LbSvcValue{Id: s.ID, TableSize: tableSize, MaxInflight: spec.MaxInflight,
+	v := bpf.LbSvcValue{Id: s.ID, Table: n, TableSize: tableSize, MaxInflight: spec.MaxInflight,
 		MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.listed))}
 	if v == s.value {
 		return nil
@@ -613,18 +670,23 @@ func (r *Reconciler) Regrant(id uint32) error {
 // build computes a Maglev table over the given backends. Keys are the
 // endpoint addresses, so the table depends only on the set, not on ids or
 // order, and a restarted agent rebuilds it byte for byte.
-func (r *Reconciler) build(ids []uint32) ([]uint32, error) {
+func (r *Reconciler) build(ids []uint32, size uint32) ([]uint32, error) {
 	r.keys = r.keys[:0]
 	for _, id := range ids {
 		r.keys = append(r.keys, r.backends[id].Addr.String())
 	}
-	var err error
-	r.slots, err = r.builder.Build(r.keys, r.slots)
+	b := r.builders[size]
+	if b == nil {
+		b = maglev.NewBuilder(size)
+		r.builders[size] = b
+	}
+	slots, err := b.Build(r.keys, r.slots[size])
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint32, len(r.slots))
-	for i, idx := range r.slots {
+	r.slots[size] = slots
+	out := make([]uint32, len(slots))
+	for i, idx := range slots {
 		out[i] = ids[idx]
 	}
 	return out, nil
@@ -633,6 +695,9 @@ func (r *Reconciler) build(ids []uint32) ([]uint32, error) {
 // Sweep frees ids of removed services and backends whose cooldown is over
 // and that no conntrack entry refers to, and drops their port roles.
 func (r *Reconciler) Sweep(inUse InUse) {
+	if inUse.Incomplete {
+		return
+	}
 	now := r.clk.Now()
 	freed := 0
 	for id, b := range r.backends {
@@ -664,6 +729,8 @@ func (r *Reconciler) Sweep(inUse InUse) {
 // counters would be misattributed if the ids were handed out again.
 type InUse struct {
 	Services, Backends map[uint32]bool
+	// Incomplete: the scan failed part way; nothing may be freed.
+	Incomplete bool
 }
 
 // idPool hands out ids 1..max-1 (0 means "none" in the maps), reusing
