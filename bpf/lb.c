@@ -262,7 +262,12 @@ static __always_inline __u32 table_key(const struct svc_value *svc)
 	return svc->id * 2 + (svc->table & 1);
 }
 
-static __always_inline struct backend *table_lookup(void *outer, __u32 key, __u32 slot, __u32 *id)
+/* table_lookup reads slot of the table at key in outer and returns its
+ * backend, if that backend is a live one of service svc_id: a stale table
+ * (a fallback, a table being replaced) can hold a cleared id or one since
+ * given to another service. */
+static __always_inline struct backend *table_lookup(void *outer, __u32 key, __u32 slot, __u32 *id,
+						    __u32 svc_id)
 {
 	void *tbl = bpf_map_lookup_elem(outer, &key);
 	if (!tbl)
@@ -272,8 +277,7 @@ static __always_inline struct backend *table_lookup(void *outer, __u32 key, __u3
 		return 0;
 	*id = *idp;
 	struct backend *be = bpf_map_lookup_elem(&pb_backends, id);
-	/* A cleared entry (family 0) is no backend, whatever a stale table says. */
-	if (!be || !be->family)
+	if (!be || !be->family || be->svc_id != svc_id)
 		return 0;
 	return be;
 }
@@ -295,7 +299,7 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 		return -1;
 	__u32 slot = hash % size;
 	__u32 id = 0;
-	struct backend *be = table_lookup(&pb_maglev, table_key(svc), slot, &id);
+	struct backend *be = table_lookup(&pb_maglev, table_key(svc), slot, &id, svc->id);
 	if (!be)
 		return -1;
 
@@ -314,14 +318,14 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 	}
 
 	__u32 alt_id = 0;
-	struct backend *alt = table_lookup(&pb_maglev_fb, svc->id, slot, &alt_id);
+	struct backend *alt = table_lookup(&pb_maglev_fb, svc->id, slot, &alt_id, svc->id);
 	if (alt && alt->state == PB_BE_ACTIVE)
 		goto steered;
 
 #pragma unroll
 	for (__u32 i = 1; i <= PB_STEER_TRIES; i++) {
 		alt = table_lookup(&pb_maglev, table_key(svc), jhash_3words(hash, i, 0, PB_HASH_SEED) % size,
-				   &alt_id);
+				   &alt_id, svc->id);
 		if (alt && alt->state == PB_BE_ACTIVE)
 			goto steered;
 	}
@@ -407,7 +411,7 @@ static long scan_backend(__u32 i, struct scan *sc)
 		return 0;
 	__u32 id = *idp;
 	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
-	if (!be || !be->family || be->state != PB_BE_ACTIVE)
+	if (!be || !be->family || be->svc_id != sc->svc_id || be->state != PB_BE_ACTIVE)
 		return 0;
 	if (take_slot(bpf_map_lookup_elem(&pb_be_inflight, &id), sc->limit))
 		return 0;
@@ -822,6 +826,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		fk.family = rk.family;
 
 		if (f & TCP_RST) {
+			int rescue = 0;
 			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
 			if (!(old & PB_CT_CLOSED)) {
 				if (old & PB_CT_COUNTED)
@@ -832,6 +837,12 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				} else if (!(old & PB_CT_ESTABLISHED)) {
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
+					/* The probe is our experiment on a real client:
+					 * it failed, but the client need not. Swallow the
+					 * RST; its SYN retransmission (~1s) finds the flow
+					 * closed and the endpoint ejected again, and gets
+					 * another backend. */
+					rescue = old & PB_CT_PROBE;
 				} else {
 					if (old & PB_CT_BACKEND_DATA)
 						evf |= PB_EVF_BACKEND_DATA;
@@ -840,6 +851,11 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				}
 				emit(PB_EV_FLOW_END, 0, rv->svc_id, rv->backend_id, fk.src.v4,
 				     fk.sport, gs);
+				if (rescue) {
+					if (gs)
+						gs->probe_rescued++;
+					return XDP_DROP;
+				}
 			}
 		} else {
 			if ((f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&

@@ -129,6 +129,7 @@ type LbGlobalStats struct {
 	InflightUntracked uint64
 	RejectRstTx       uint64
 	RejectRstPass     uint64
+	ProbeRescued      uint64
 }
 
 type LbInflight struct {

@@ -125,6 +125,7 @@ struct global_stats {
 	__u64 inflight_untracked;  /* pb_flows full: admitted without counting */
 	__u64 reject_rst_tx;       /* rejection RST sent back out the ingress (redirect) */
 	__u64 reject_rst_pass;     /* ... or handed to the stack to route back */
+	__u64 probe_rescued;       /* refused probe's RST kept from its client */
 };
 
 /* pb_svc_stats[svc_id], per CPU. */

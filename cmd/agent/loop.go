@@ -190,7 +190,9 @@ type agent struct {
 	events     chan []outcomes.Event
 	httpDone   <-chan error
 	// probeSeen: when each backend's last probe flow started (watchdog).
-	probeSeen          map[uint32]time.Time
+	probeSeen map[uint32]time.Time
+	// retry: services whose last programming failed (retried every 2s).
+	retry              map[uint32]bool
 	overflowSeen       uint64
 	badSeen            uint64
 	inflight           *maps.Inflight
@@ -235,6 +237,7 @@ func newAgent(log *slog.Logger, clk clock.WithTicker, dp *datapath.Datapath, m *
 		inflight:           inflight,
 		reaper:             reaper,
 		probeSeen:          map[uint32]time.Time{},
+		retry:              map[uint32]bool{},
 		maxInflightDefault: maxInflightDefault,
 	}
 	if swept.Expired > 0 || swept.Released > 0 {
@@ -294,6 +297,7 @@ func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states 
 			go func() { sweepDone <- a.sweepConntrack() }()
 		case <-probes.C():
 			a.watchProbes()
+			a.maintain()
 		case inUse := <-sweepDone:
 			a.mu.Lock()
 			a.rec.Sweep(inUse)
@@ -419,6 +423,11 @@ func (a *agent) applyDesired(st desired.State) {
 		a.handleTransitions(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
 		a.program(s.ID)
 	}
+	// Spare tables for the changes to come, in one batch.
+	if err := a.rec.PrepareTables(); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("preparing spare tables", "err", err)
+	}
 }
 
 // handleEvents feeds one batch of kernel events through classification
@@ -517,13 +526,17 @@ func (a *agent) handleTransitions(trs []accrual.Transition) {
 // program writes one service's admission to the maps.
 func (a *agent) program(id uint32) {
 	if _, ok := a.rec.Service(id); !ok {
+		delete(a.retry, id)
 		return
 	}
 	active, probation, failOpen := a.engine.Admitted(id)
 	if err := a.rec.ProgramService(id, active, probation, failOpen); err != nil {
 		a.metrics.ProgramErrors.Inc()
-		a.log.Error("programming table", "err", err)
+		a.log.Error("programming table; retrying", "err", err)
+		a.retry[id] = true
+		return
 	}
+	delete(a.retry, id)
 }
 
 func (a *agent) logTransition(service string, t accrual.Transition, reaction time.Duration) {
@@ -563,6 +576,20 @@ func (a *agent) endpointName(id uint32) string {
 		return b.Name + " (" + b.Addr.String() + ")"
 	}
 	return b.Addr.String()
+}
+
+// maintain retries services whose programming failed and prepares the
+// spare tables the next changes will fill.
+func (a *agent) maintain() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id := range a.retry {
+		a.program(id)
+	}
+	if err := a.rec.PrepareTables(); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("preparing spare tables", "err", err)
+	}
 }
 
 // watchProbes keeps probation from stalling. An endpoint in probation

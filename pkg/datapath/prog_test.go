@@ -535,3 +535,43 @@ func TestPartialChecksumFromLocalSenders(t *testing.T) {
 		}
 	}
 }
+
+// A refused probe fails the endpoint, not the client: the RST is kept
+// from it, and its retransmitted SYN goes to another backend.
+func TestRefusedProbeIsRescued(t *testing.T) {
+	f := newFixture(t)
+	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendProbation, 1)))
+	f.table(id1)
+	f.must(f.Maps.SetFallback(svcID, fill(id2)))
+
+	_, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	if p.Dst != be1 {
+		t.Fatalf("probe went to %v", p.Dst)
+	}
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.RST, nil)); ret != bpftest.XDPDrop {
+		t.Fatalf("the refused probe's RST was not kept from the client: verdict %d", ret)
+	}
+	f.wantEvents(ev(evNewFlow, evfProbe, id1, client), ev(evRefused, evfProbe, id1, client), ev(evFlowEnd, 0, id1, client))
+
+	// The agent ejects it again; the client retransmits its SYN.
+	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendEjected, 0)))
+	f.table(id2)
+	_, p, _ = f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	if p.Dst != be2 {
+		t.Fatalf("retransmitted SYN went to %v, want %v", p.Dst, be2)
+	}
+	_, p, _ = f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil))
+	if p.Src != vip {
+		t.Fatalf("reply from the new backend: %v", p.Src)
+	}
+	gs, err := f.Maps.GlobalStats()
+	f.must(err)
+	if gs.ProbeRescued != 1 {
+		t.Errorf("probe_rescued = %d, want 1", gs.ProbeRescued)
+	}
+	// A refused flow that is not a probe reaches its client as usual.
+	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
+	if ret, out := bpftest.Run(t, f.PbXdp, bpftest.TCP(be2, client2, bpftest.RST, nil)); ret != bpftest.XDPPass || len(out) == 0 {
+		t.Fatalf("an ordinary refusal was not passed on: verdict %d", ret)
+	}
+}

@@ -31,6 +31,7 @@ func (m *Maps) GlobalStats() (bpf.LbGlobalStats, error) {
 		s.InflightUntracked += c.InflightUntracked
 		s.RejectRstTx += c.RejectRstTx
 		s.RejectRstPass += c.RejectRstPass
+		s.ProbeRescued += c.ProbeRescued
 	}
 	return s, nil
 }

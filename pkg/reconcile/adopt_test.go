@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -43,12 +44,22 @@ func TestAdoption(t *testing.T) {
 			e.program(w.ID, []uint32{a, b}, []uint32{c}, false) // d stays ejected
 			e.program(apiS.ID, apiIDs, nil, false)
 			// gone is removed while the old agent runs: its backend is
-			// left removed, not yet freed.
+			// left removed, not yet freed. (This Apply prepares api's
+			// spare table: both services have both tables.)
 			e.apply(web, api)
 			e.spendGrants(c) // the kernel admitted the probe
 			webID, apiID := w.ID, apiS.ID
 			e.checkKernel()
+			for _, id := range []uint32{webID, apiID} {
+				if got, _ := e.f.TableSizes(id); got != [2]uint32{testTableSize, testTableSize} {
+					t.Fatalf("setup: service %d has tables %v, want both", id, got)
+				}
+			}
 			before := e.f.snapshot()
+			liveBefore := map[uint32][]uint32{
+				webID: slices.Clone(e.liveTable(web.Key)),
+				apiID: slices.Clone(e.liveTable(api.Key)),
+			}
 			e.f.takeOps()
 
 			// Restart.
@@ -67,6 +78,8 @@ func TestAdoption(t *testing.T) {
 			}
 			if s, ok := e.r.ServiceByKey(web.Key); !ok || s.ID != webID {
 				t.Errorf("web not adopted with id %d", webID)
+			} else if s.sizes != [2]uint32{testTableSize, testTableSize} {
+				t.Errorf("web adopted with table sizes %v", s.sizes)
 			}
 			if s, ok := e.r.ServiceByKey(api.Key); !ok || s.ID != apiID {
 				t.Errorf("api not adopted with id %d", apiID)
@@ -110,17 +123,40 @@ func TestAdoption(t *testing.T) {
 			}
 
 			// Accrual restored from its own state admits the same sets.
+			// Each service's spare table is refilled and flipped to; none
+			// is installed (both exist at the right size).
+			spares := map[uint32]uint32{webID: e.spare(webID), apiID: e.spare(apiID)}
 			e.program(webID, []uint32{a, b}, []uint32{c}, false)
 			e.program(apiID, apiIDs, nil, false)
 			ops = e.f.takeOps()
-			if n := count(ops, kindIs(opSetBackend, opClearBackend, opUpsertService, opDeleteService,
+			if n := count(ops, kindIs(opSetBackend, opClearBackend, opDeleteService, opInstallTables,
 				opResetBeStats, opResetSvcStats, opSetPorts)); n != 0 {
 				t.Errorf("programming adopted services wrote entries: %s", opsString(ops))
 			}
+			for id, n := range spares {
+				inOrder(t, ops, "refill the spare, flip", fill(id, n), flip(id, n, testTableSize))
+				if n := count(ops, is(opUpsertService, id)); n != 1 {
+					t.Errorf("service %d written %d times, want the flip only: %s", id, n, opsString(ops))
+				}
+			}
 			// The probe's grant was spent before the restart and stays spent.
 			e.wantKernelState(c, pbmaps.BackendProbation, 0)
-			// Tables are rebuilt byte for byte.
-			before.diff(t, e.f.snapshot())
+			// Tables are rebuilt byte for byte: the live tables hold what
+			// they held, the values changed only in which table is live.
+			after := e.f.snapshot()
+			for k, v := range before.services {
+				w := after.services[k]
+				if w.Table != 1-v.Table {
+					t.Errorf("service %d: table %d, want a flip from %d", v.Id, w.Table, v.Table)
+				}
+				w.Table = v.Table
+				after.services[k] = w
+				if got, _ := e.f.table(v.Id, 1-v.Table); !slices.Equal(got, liveBefore[v.Id]) {
+					t.Errorf("service %d: live table differs from the one before the restart", v.Id)
+				}
+			}
+			before.tables, after.tables = nil, nil
+			before.diff(t, after)
 			e.checkKernel()
 
 			// Removed backends are freed a cooldown after the restart.
@@ -193,8 +229,10 @@ func TestAdoptionThenRemoval(t *testing.T) {
 	if _, ok := e.f.services[keyOf(api.Key)]; ok {
 		t.Error("api still in pb_services")
 	}
-	if _, ok := e.f.tables[apiID]; ok {
-		t.Error("api's table still there")
+	for n := range uint32(2) {
+		if _, ok := e.f.table(apiID, n); ok {
+			t.Errorf("api's table %d still there", n)
+		}
 	}
 	e.program(e.service(web.Key).ID, []uint32{a}, nil, false)
 	e.checkKernel()
@@ -208,15 +246,17 @@ func TestAdoptionOfInconsistentMaps(t *testing.T) {
 	kWeb := pbmaps.ServiceKey(netip.MustParseAddr(vip1), 80, uint8(desired.TCP))
 	kBad := pbmaps.ServiceKey(netip.MustParseAddr(vip2), 80, uint8(desired.TCP))
 	kZero := pbmaps.ServiceKey(netip.MustParseAddr(vip3), 80, uint8(desired.TCP))
-	f.services[kWeb] = bpf.LbSvcValue{Id: 5, TableSize: testTableSize}
 	f.services[kBad] = bpf.LbSvcValue{Id: 100, TableSize: testTableSize} // >= MaxServices
 	f.services[kZero] = bpf.LbSvcValue{Id: 0, TableSize: testTableSize}
 	f.backends[7] = pbmaps.NewBackend(mustAP(beA), 5, pbmaps.BackendActive, 0)
 	f.backends[8] = pbmaps.NewBackend(mustAP(beB), 5, pbmaps.BackendRemoved, 0)
 	f.backends[9] = pbmaps.NewBackend(mustAP("198.19.9.1:7070"), 42, pbmaps.BackendActive, 0)      // no service 42
 	f.backends[10] = pbmaps.NewBackend(mustAP("198.19.9.2:7070"), 100, pbmaps.BackendProbation, 1) // service dropped
-	f.tables[5] = slices.Repeat([]uint32{7}, testTableSize)
-	f.tables[100] = slices.Repeat([]uint32{10}, testTableSize)
+	f.services[kWeb] = bpf.LbSvcValue{Id: 5, Table: 1, TableSize: testTableSize}
+	f.tables[pbmaps.TableKey(5, 0)] = slices.Repeat([]uint32{7}, 13) // an older size
+	f.tables[pbmaps.TableKey(5, 1)] = slices.Repeat([]uint32{7}, testTableSize)
+	f.tables[pbmaps.TableKey(100, 0)] = slices.Repeat([]uint32{10}, testTableSize)
+	f.tables[pbmaps.TableKey(100, 1)] = slices.Repeat([]uint32{10}, testTableSize)
 	f.ports = map[uint16]uint8{80: pbmaps.PortVIP, 8080: pbmaps.PortBackend, 7070: pbmaps.PortBackend}
 	// The kernel checks below need every table to hold only ids that exist.
 	f.check = nil
@@ -236,8 +276,13 @@ func TestAdoptionOfInconsistentMaps(t *testing.T) {
 	if _, ok := f.services[kBad]; ok {
 		t.Error("service with an unusable id kept in pb_services")
 	}
-	if _, ok := f.tables[100]; ok {
-		t.Error("table of the dropped service kept")
+	for n := range uint32(2) {
+		if _, ok := f.table(100, n); ok {
+			t.Errorf("table %d of the dropped service kept", n)
+		}
+	}
+	if s, ok := r.Service(5); !ok || s.sizes != [2]uint32{13, testTableSize} || s.value.Table != 1 {
+		t.Errorf("service 5 adopted as %+v, want tables of 13 and %d slots, table 1 live", s, testTableSize)
 	}
 	want := map[desired.Key]map[netip.AddrPort]uint32{
 		{VIP: netip.MustParseAddr(vip1), Port: 80, Protocol: desired.TCP}: {mustAP(beA): 7},
@@ -294,4 +339,114 @@ func adoptedEqual(a, b map[desired.Key]map[netip.AddrPort]uint32) bool {
 		}
 	}
 	return true
+}
+
+// Adoption reads both tables' sizes. Where the previous agent left only
+// the live table (no Apply ran after it went live), the new agent's first
+// Apply installs the missing spares in one batch; where the configured
+// maximum changed, the spares are installed at the new size while the
+// old tables keep serving, and ProgramService flips to them.
+func TestAdoptionPreparesSpares(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		spares  bool   // the previous agent prepared the spare tables
+		maxSize uint32 // the new agent's maximum
+	}{
+		{name: "both tables, same size", spares: true, maxSize: testTableSize},
+		{name: "live table only", spares: false, maxSize: testTableSize},
+		{name: "both tables, new maximum", spares: true, maxSize: 13},
+		{name: "live table only, new maximum", spares: false, maxSize: 61},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			web := svc("web", vip1, 80, ep(beA), ep(beB), ep(beC))
+			api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
+			empty := svc("empty", vip3, 80)
+			e.apply(web, api, empty)
+			e.programAll()
+			if tc.spares {
+				e.apply(web, api, empty)
+			}
+			lives := map[uint32][]uint32{}
+			for _, s := range e.r.Services() {
+				if len(s.Backends) > 0 {
+					lives[s.ID] = slices.Clone(e.liveTable(s.Spec.Key))
+				}
+			}
+			values := maps.Clone(e.f.services)
+			e.f.takeOps()
+
+			e.opts.TableSize = tc.maxSize
+			e.restart()
+			if ops := e.f.takeOps(); len(ops) != 0 {
+				t.Errorf("New wrote %s", opsString(ops))
+			}
+			for id := range lives {
+				s, _ := e.r.Service(id)
+				if got, _ := e.f.TableSizes(id); s.sizes != got {
+					t.Errorf("service %d adopted with sizes %v, kernel %v", id, s.sizes, got)
+				}
+			}
+
+			e.apply(web, api, empty)
+			ops := e.f.takeOps()
+			wantInstall := !tc.spares || tc.maxSize != testTableSize
+			switch {
+			case !wantInstall && len(ops) != 0:
+				t.Errorf("first Apply after the restart wrote %s", opsString(ops))
+			case wantInstall:
+				if len(ops) != 1 || ops[0].Kind != opInstallTables || len(ops[0].Reqs) != len(lives) {
+					t.Errorf("first Apply after the restart wrote %s, want one batch of %d spare tables", opsString(ops), len(lives))
+				}
+				for _, r := range installed(ops) {
+					if r.N != 1 || r.Size != tc.maxSize {
+						t.Errorf("installed %+v, want spare table 1 of %d slots", r, tc.maxSize)
+					}
+				}
+			}
+			// The live tables kept serving through all this.
+			if !maps.Equal(values, e.f.services) {
+				t.Errorf("pb_services changed before ProgramService")
+			}
+			for id, live := range lives {
+				if got, _ := e.f.table(id, 0); !slices.Equal(got, live) {
+					t.Errorf("service %d: live table written before ProgramService", id)
+				}
+			}
+
+			for _, s := range e.r.Services() {
+				e.program(s.ID, s.Backends, nil, false)
+				ops := e.f.takeOps()
+				if c := count(ops, kindIs(opInstallTables, opSetBackend)); c != 0 {
+					t.Errorf("service %s: programming after the restart wrote %s", s.Spec.Name, opsString(ops))
+				}
+				if len(s.Backends) == 0 {
+					continue
+				}
+				inOrder(t, ops, "flip", fill(s.ID, 1), flip(s.ID, 1, tc.maxSize))
+				if tc.maxSize == testTableSize {
+					if got := e.liveTable(s.Spec.Key); !slices.Equal(got, lives[s.ID]) {
+						t.Errorf("service %s: table rebuilt differently after the restart", s.Spec.Name)
+					}
+				}
+				e.wantProgrammed(s.ID, s.Backends, nil, nil)
+			}
+		})
+	}
+}
+
+// A pinned map the new agent cannot read fails New, rather than leaving
+// it blind to tables it might then replace while live.
+func TestAdoptionReadFailures(t *testing.T) {
+	for _, kind := range []string{opServices, opBackends, opPorts, opTableSizes} {
+		t.Run(kind, func(t *testing.T) {
+			e := newEnv(t)
+			e.apply(svc("web", vip1, 80, ep(beA)))
+			e.programAll()
+			e.f.fail[kind] = errInjected
+			if _, err := New(e.f, e.opts); err == nil {
+				t.Errorf("New: no error with %s failing", kind)
+			}
+		})
+	}
 }

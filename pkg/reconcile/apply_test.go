@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -49,12 +50,24 @@ func TestApplyNewServices(t *testing.T) {
 		if s.Spec.Name != spec.Name {
 			t.Errorf("service %d: spec name %q, want %q", s.ID, s.Spec.Name, spec.Name)
 		}
+		// No table yet (table_size 0: new flows dropped) until
+		// ProgramService admits endpoints.
 		got, ok := e.f.services[keyOf(spec.Key)]
-		want := bpf.LbSvcValue{Id: s.ID, TableSize: testTableSize,
+		want := bpf.LbSvcValue{Id: s.ID, Table: 0, TableSize: 0,
 			MaxInflight: spec.MaxInflight, MaxInflightPerBackend: spec.MaxInflightPerEndpoint}
 		if !ok || got != want {
 			t.Errorf("pb_services[%s] = %+v (present %v), want %+v", spec.Key, got, ok, want)
 		}
+		// Its first table is installed, empty, for ProgramService to fill;
+		// after the service entry, so no table exists for a service the
+		// kernel does not know.
+		if tbl, ok := e.f.table(s.ID, 0); !ok || len(tbl) != testTableSize || slices.ContainsFunc(tbl, func(id uint32) bool { return id != 0 }) {
+			t.Errorf("service %s: table 0 = %v (present %v), want %d empty slots", spec.Name, tbl, ok, testTableSize)
+		}
+		if _, ok := e.f.table(s.ID, 1); ok {
+			t.Errorf("service %s: table 1 installed before table 0 was ever live", spec.Name)
+		}
+		inOrder(t, ops, "service entry before its table", is(opUpsertService, s.ID), installs(s.ID))
 		if count(ops, is(opResetSvcStats, s.ID)) != 1 {
 			t.Errorf("service %s: stats of new id %d not reset once", spec.Name, s.ID)
 		}
@@ -97,8 +110,15 @@ func TestApplyNewServices(t *testing.T) {
 	if n := count(ops, kindIs(opSetPorts)); n != 1 {
 		t.Errorf("%d SetPorts, want 1", n)
 	}
-	if n := count(ops, kindIs(opSwapTable, opSetFallback)); n != 0 {
+	if n := count(ops, kindIs(opFillTable, opSetFallback)); n != 0 {
 		t.Errorf("Apply wrote %d tables; tables are ProgramService's", n)
+	}
+	// One InstallTables for the three services: one RCU grace period.
+	if n := count(ops, kindIs(opInstallTables)); n != 1 {
+		t.Errorf("%d InstallTables, want 1 batch: %s", n, opsString(ops))
+	}
+	if got := installed(ops); len(got) != 3 {
+		t.Errorf("installed %v, want one table for each of 3 services", got)
 	}
 	e.checkKernel()
 }
@@ -176,6 +196,7 @@ func TestApplyRenameOnlyWritesNothing(t *testing.T) {
 	web := svc("web", vip1, 80, epn("198.19.1.1:8080", "ns/a"), epn("198.19.1.2:8080", "ns/b"))
 	e.apply(web)
 	e.programAll()
+	e.apply(web) // prepares the spare table
 	e.f.takeOps()
 
 	renamed := svc("web-renamed", vip1, 80, epn("198.19.1.1:8080", "ns/a2"), epn("198.19.1.2:8080", ""))
@@ -204,13 +225,15 @@ func TestApplyLimitsChange(t *testing.T) {
 	e.apply(web)
 	id := e.service(web.Key).ID
 	e.programAll()
+	e.apply(web) // prepares the spare table
 	e.f.takeOps()
 
+	live := e.f.services[keyOf(web.Key)]
 	web.MaxInflight, web.MaxInflightPerEndpoint = 10, 2
 	changes := e.apply(web)
 	ops := e.f.takeOps()
-	if len(ops) != 1 || !upsertSize(id, testTableSize)(ops[0]) {
-		t.Errorf("limits change wrote %s, want one UpsertService keeping table_size", opsString(ops))
+	if len(ops) != 1 || !flip(id, live.Table, testTableSize)(ops[0]) {
+		t.Errorf("limits change wrote %s, want one UpsertService keeping table %d and table_size", opsString(ops), live.Table)
 	}
 	if len(changes) != 0 {
 		t.Errorf("limits change reported endpoint changes %+v", changes)
@@ -237,7 +260,7 @@ func TestApplyEndpointChanges(t *testing.T) {
 		{name: "remove", from: []string{a, b, c}, to: []string{a, c}, retired: []string{b}, kernelOps: 1},
 		{name: "replace", from: []string{a, b}, to: []string{a, c}, retired: []string{b}, added: []string{c}, kernelOps: 3},
 		{name: "remove all", from: []string{a, b}, to: nil, retired: []string{a, b}, kernelOps: 2},
-		{name: "from none", from: nil, to: []string{a, b}, added: []string{a, b}, kernelOps: 5}, // + SetPorts
+		{name: "from none", from: nil, to: []string{a, b}, added: []string{a, b}, kernelOps: 6}, // + SetPorts, InstallTables
 		{name: "reorder", from: []string{a, b, c}, to: []string{c, a, b}, kernelOps: 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -425,8 +448,14 @@ func TestRemoveService(t *testing.T) {
 	// A probe in flight, so there is a fallback table too.
 	e.program(id, bes[:2], bes[2:], false)
 	e.program(e.service(api.Key).ID, e.service(api.Key).Backends, nil, false)
+	e.apply(web, api) // both tables of each service exist now
 	if _, ok := e.f.fallbacks[id]; !ok {
 		t.Fatal("setup: no fallback table")
+	}
+	for n := range uint32(2) {
+		if _, ok := e.f.table(id, n); !ok {
+			t.Fatalf("setup: no table %d", n)
+		}
 	}
 	e.f.takeOps()
 
@@ -436,8 +465,10 @@ func TestRemoveService(t *testing.T) {
 	if _, ok := e.f.services[keyOf(web.Key)]; ok {
 		t.Error("pb_services entry still there")
 	}
-	if _, ok := e.f.tables[id]; ok {
-		t.Error("Maglev table still there")
+	for n := range uint32(2) {
+		if _, ok := e.f.table(id, n); ok {
+			t.Errorf("Maglev table %d still there", n)
+		}
 	}
 	if _, ok := e.f.fallbacks[id]; ok {
 		t.Error("fallback table still there")
@@ -553,7 +584,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 	}
 	e.programAll()
 	e.checkKernel()
-	if got := idsIn(e.f.tables[bs.ID]); !slices.Equal(got, bs.Backends) {
+	if got := idsIn(e.liveTable(b.Key)); !slices.Equal(got, bs.Backends) {
 		t.Errorf("bravo's table holds %v, want %v", got, bs.Backends)
 	}
 
@@ -571,6 +602,9 @@ func TestBackendIDExhaustion(t *testing.T) {
 	if _, err := e.r.Apply(state(a, b, c)); err == nil {
 		t.Error("no error while the removed backend still holds its id")
 	}
+	// As the agent does after every Apply: alpha's table loses the
+	// removed backend long before its id can be reused.
+	e.programAll()
 	e.clk.Step(testCooldown)
 	e.r.Sweep(InUse{})
 	changes, err = e.r.Apply(state(a, b, c))
@@ -666,6 +700,111 @@ func TestApplyServiceWriteFailureStillReportsRetired(t *testing.T) {
 	}
 	if ops := e.f.takeOps(); len(ops) != 1 || ops[0].Kind != opUpsertService {
 		t.Errorf("retry wrote %s", opsString(ops))
+	}
+	e.programAll()
+	e.checkKernel()
+}
+
+// Apply installs the tables of every service that needs one in a single
+// InstallTables call (one RCU grace period in the kernel, however many
+// services), so that ProgramService installs none: new services get
+// table 0; once it is live, the next Apply prepares every spare table 1
+// in one batch too; with both tables in place, Apply installs nothing.
+func TestApplyBatchesInstalls(t *testing.T) {
+	const n = 20
+	e := newEnv(t)
+	var svcs []desired.Service
+	for i := range n {
+		svcs = append(svcs, svc(fmt.Sprintf("s%d", i), fmt.Sprintf("198.18.1.%d", i+1), 80,
+			ep(fmt.Sprintf("198.19.1.%d:8080", i+1)), ep(fmt.Sprintf("198.19.2.%d:8080", i+1))))
+	}
+	svcs = append(svcs, svc("empty", vip1, 80)) // no endpoints: no table
+	e.apply(svcs...)
+	ops := e.f.takeOps()
+	if c := count(ops, kindIs(opInstallTables)); c != 1 {
+		t.Fatalf("%d InstallTables for %d new services, want 1: %s", c, n, opsString(ops))
+	}
+	got := installed(ops)
+	if len(got) != n {
+		t.Errorf("installed %d tables, want %d", len(got), n)
+	}
+	seen := map[uint32]bool{}
+	for _, r := range got {
+		if r.N != 0 || r.Size != testTableSize || seen[r.SvcID] {
+			t.Errorf("installed %+v", r)
+		}
+		seen[r.SvcID] = true
+	}
+	// After every service entry: the batch is the last table work.
+	if i := index(ops, kindIs(opInstallTables)); i < index(ops, is(opUpsertService, e.service(svcs[n-1].Key).ID)) {
+		t.Errorf("tables installed before the services: %s", opsString(ops))
+	}
+	if seen[e.service(svcs[n].Key).ID] {
+		t.Error("table installed for a service without endpoints")
+	}
+
+	for _, s := range e.r.Services() {
+		e.program(s.ID, s.Backends, nil, false)
+		ops := e.f.takeOps()
+		if c := count(ops, kindIs(opInstallTables)); c != 0 {
+			t.Errorf("service %s: ProgramService installed a table Apply prepared: %s", s.Spec.Name, opsString(ops))
+		}
+		if len(s.Backends) > 0 {
+			inOrder(t, ops, "fill, then flip", fill(s.ID, 0), flip(s.ID, 0, testTableSize))
+		}
+	}
+	e.checkKernel()
+
+	// The spares: one batch.
+	e.apply(svcs...)
+	ops = e.f.takeOps()
+	if len(ops) != 1 || ops[0].Kind != opInstallTables || len(ops[0].Reqs) != n {
+		t.Fatalf("second Apply wrote %s, want one InstallTables of %d spare tables", opsString(ops), n)
+	}
+	for _, r := range ops[0].Reqs {
+		if r.N != 1 || r.Size != testTableSize {
+			t.Errorf("installed %+v, want the spare table 1", r)
+		}
+	}
+	e.checkKernel()
+
+	// Both tables in place: nothing more, ever, at this size.
+	e.apply(svcs...)
+	if ops := e.f.takeOps(); len(ops) != 0 {
+		t.Errorf("third Apply wrote %s", opsString(ops))
+	}
+	for _, s := range e.r.Services() {
+		if len(s.Backends) == 0 {
+			continue
+		}
+		e.program(s.ID, s.Backends[:1], nil, false)
+		e.program(s.ID, s.Backends, nil, false)
+	}
+	if c := count(e.f.takeOps(), kindIs(opInstallTables)); c != 0 {
+		t.Errorf("%d InstallTables with every table in place", c)
+	}
+	e.checkKernel()
+}
+
+// Adding services to running ones: the batch holds the new services'
+// tables and only those; running services' live tables are never
+// replaced (the fake asserts it).
+func TestApplyBatchWithRunningServices(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, ep(beA), ep(beB))
+	e.apply(web)
+	e.programAll()
+	e.apply(web)
+	e.f.takeOps()
+
+	api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
+	dns := svc("dns", vip3, 53, ep("198.19.3.1:53"))
+	e.apply(web, api, dns)
+	ops := e.f.takeOps()
+	got := installed(ops)
+	if count(ops, kindIs(opInstallTables)) != 1 || len(got) != 2 ||
+		slices.ContainsFunc(got, func(r pbmaps.TableInstall) bool { return r.SvcID == e.service(web.Key).ID }) {
+		t.Errorf("installed %v: %s", got, opsString(ops))
 	}
 	e.programAll()
 	e.checkKernel()

@@ -18,28 +18,41 @@ const (
 	opDeleteService = "DeleteService"
 	opSetBackend    = "SetBackend"
 	opClearBackend  = "ClearBackend"
-	opSwapTable     = "SwapTable"
-	opClearTable    = "ClearTable"
+	opInstallTables = "InstallTables"
+	opFillTable     = "FillTable"
 	opSetFallback   = "SetFallback"
-	opClearFallback = "ClearFallback"
 	opSetPorts      = "SetPorts"
 	opResetSvcStats = "ResetServiceStats"
 	opResetBeStats  = "ResetBackendStats"
 	opSetSvcBes     = "SetServiceBackends"
 )
 
+// Kinds of read-only calls, for failure injection only.
+const (
+	opServices        = "Services"
+	opBackends        = "Backends"
+	opPorts           = "Ports"
+	opTableSizes      = "TableSizes"
+	opServiceBackends = "ServiceBackends"
+)
+
 // op is one recorded mutation of the fake kernel.
 type op struct {
 	Kind string
 	// ID is the service id (services, tables, service stats) or the backend
-	// id (backends, backend stats). Zero for SetPorts.
+	// id (backends, backend stats). Zero for SetPorts and InstallTables.
 	ID uint32
 	// SetBackend: the state and grants written.
 	State  pbmaps.BackendState
 	Grants int32
-	// UpsertService: the table_size written. SwapTable/SetFallback: the
-	// number of slots.
-	Size uint32
+	// UpsertService: the table index and table_size written (the live
+	// table). FillTable: the table index and the number of slots.
+	// SetFallback: the number of slots.
+	Table uint32
+	Size  uint32
+	// InstallTables: the tables the call installed (one call, one op, one
+	// RCU grace period in the kernel, however many tables).
+	Reqs []pbmaps.TableInstall
 }
 
 func (o op) String() string {
@@ -47,9 +60,17 @@ func (o op) String() string {
 	case opSetBackend:
 		return fmt.Sprintf("%s(%d, %s, grants=%d)", o.Kind, o.ID, o.State, o.Grants)
 	case opUpsertService:
-		return fmt.Sprintf("%s(%d, table_size=%d)", o.Kind, o.ID, o.Size)
-	case opSwapTable, opSetFallback:
+		return fmt.Sprintf("%s(%d, table=%d, table_size=%d)", o.Kind, o.ID, o.Table, o.Size)
+	case opFillTable:
+		return fmt.Sprintf("%s(%d, table=%d, %d slots)", o.Kind, o.ID, o.Table, o.Size)
+	case opSetFallback:
 		return fmt.Sprintf("%s(%d, %d slots)", o.Kind, o.ID, o.Size)
+	case opInstallTables:
+		s := make([]string, len(o.Reqs))
+		for i, r := range o.Reqs {
+			s[i] = fmt.Sprintf("%d/%d:%d", r.SvcID, r.N, r.Size)
+		}
+		return fmt.Sprintf("%s(%s)", o.Kind, strings.Join(s, " "))
 	case opSetPorts:
 		return o.Kind
 	}
@@ -58,15 +79,16 @@ func (o op) String() string {
 
 // fakeWriter is an in-memory kernel: it holds the maps the way the kernel
 // does (pb_backends and pb_ports are arrays, so a cleared entry is a zero
-// value, not an absent one; deleting a service deletes its tables) and
-// records every mutation in order.
+// value, not an absent one; pb_maglev holds two tables per service, at
+// keys 2*id and 2*id+1; deleting a service deletes its tables) and records
+// every mutation in order.
 type fakeWriter struct {
 	t testing.TB
 
 	services  map[bpf.LbSvcKey]bpf.LbSvcValue
 	backends  map[uint32]bpf.LbBackend // array: absent == zero value
-	tables    map[uint32][]uint32      // pb_maglev: service id -> inner map
-	fallbacks map[uint32][]uint32      // pb_maglev_fb
+	tables    map[uint32][]uint32      // pb_maglev: TableKey(svc, n) -> inner array
+	fallbacks map[uint32][]uint32      // pb_maglev_fb: service id -> inner array
 	ports     map[uint16]uint8         // array: absent == 0
 	listed    map[uint32][]uint32      // pb_svc_backends: service id -> active backends
 
@@ -86,6 +108,7 @@ func newFakeWriter(t testing.TB) *fakeWriter {
 		tables:    map[uint32][]uint32{},
 		fallbacks: map[uint32][]uint32{},
 		ports:     map[uint16]uint8{},
+		listed:    map[uint32][]uint32{},
 		fail:      map[string]error{},
 		check:     kernelInvariants,
 	}
@@ -106,28 +129,42 @@ func (f *fakeWriter) record(o op) {
 	}
 }
 
+// liveBy returns the service whose live table is pb_maglev[key], if any:
+// the table the datapath reads for that service's new flows.
+func (f *fakeWriter) liveBy(key uint32) (bpf.LbSvcValue, bool) {
+	for _, v := range f.services {
+		if v.TableSize != 0 && pbmaps.TableKey(v.Id, v.Table) == key {
+			return v, true
+		}
+	}
+	return bpf.LbSvcValue{}, false
+}
+
 func (f *fakeWriter) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
 	if err := f.failing(opUpsertService); err != nil {
 		return err
 	}
 	f.services[k] = v
-	f.record(op{Kind: opUpsertService, ID: v.Id, Size: v.TableSize})
+	f.record(op{Kind: opUpsertService, ID: v.Id, Table: v.Table, Size: v.TableSize})
 	return nil
 }
 
+// DeleteService removes the entry and the service's tables, like
+// maps.Maps.DeleteService.
 func (f *fakeWriter) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	if err := f.failing(opDeleteService); err != nil {
 		return err
 	}
 	delete(f.services, k)
-	delete(f.tables, id)
+	delete(f.tables, pbmaps.TableKey(id, 0))
+	delete(f.tables, pbmaps.TableKey(id, 1))
 	delete(f.fallbacks, id)
 	f.record(op{Kind: opDeleteService, ID: id})
 	return nil
 }
 
 func (f *fakeWriter) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) {
-	if err := f.failing("Services"); err != nil {
+	if err := f.failing(opServices); err != nil {
 		return nil, err
 	}
 	return maps.Clone(f.services), nil
@@ -156,7 +193,7 @@ func (f *fakeWriter) ClearBackend(id uint32) error {
 
 // Backends returns the used entries (those with a family), like maps.Maps.
 func (f *fakeWriter) Backends() (map[uint32]bpf.LbBackend, error) {
-	if err := f.failing("Backends"); err != nil {
+	if err := f.failing(opBackends); err != nil {
 		return nil, err
 	}
 	out := map[uint32]bpf.LbBackend{}
@@ -168,21 +205,81 @@ func (f *fakeWriter) Backends() (map[uint32]bpf.LbBackend, error) {
 	return out, nil
 }
 
-func (f *fakeWriter) SwapTable(id uint32, slots []uint32) error {
-	if err := f.failing(opSwapTable); err != nil {
+// InstallTables puts new, zero-filled tables into pb_maglev in one batch
+// update, like maps.Maps.InstallTables: an empty batch makes no system
+// call and records nothing; otherwise one op however many tables.
+// Replacing a live table is the bug the double buffer exists to avoid:
+// the datapath would read an empty table (every new flow dropped) until
+// it is filled.
+func (f *fakeWriter) InstallTables(reqs []pbmaps.TableInstall) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	if err := f.failing(opInstallTables); err != nil {
 		return err
 	}
-	if len(slots) == 0 {
-		return fmt.Errorf("maglev table for service %d: empty", id)
+	seen := map[uint32]bool{}
+	for _, r := range reqs {
+		if r.Size == 0 {
+			return fmt.Errorf("maglev table %d of service %d: create: empty table", r.N, r.SvcID)
+		}
+		if r.N > 1 {
+			f.t.Errorf("InstallTables: table %d of service %d: a service has tables 0 and 1", r.N, r.SvcID)
+		}
+		key := pbmaps.TableKey(r.SvcID, r.N)
+		if seen[key] {
+			f.t.Errorf("InstallTables: table %d of service %d twice in one batch", r.N, r.SvcID)
+		}
+		seen[key] = true
+		if v, live := f.liveBy(key); live {
+			f.t.Errorf("InstallTables replaces table %d of service %d, which is live (%+v): new flows would see an empty table",
+				r.N, r.SvcID, v)
+		}
 	}
-	f.tables[id] = slices.Clone(slots)
-	f.record(op{Kind: opSwapTable, ID: id, Size: uint32(len(slots))})
+	for _, r := range reqs {
+		f.tables[pbmaps.TableKey(r.SvcID, r.N)] = make([]uint32, r.Size)
+	}
+	f.record(op{Kind: opInstallTables, Reqs: slices.Clone(reqs)})
 	return nil
 }
 
-func (f *fakeWriter) ClearTable(id uint32) {
-	delete(f.tables, id)
-	f.record(op{Kind: opClearTable, ID: id})
+// FillTable writes every slot of an existing table in place, like
+// maps.Maps.FillTable (which fails unless the table exists with the
+// number of slots given). Filling the live table is a bug: the datapath
+// would read a half-written table.
+func (f *fakeWriter) FillTable(svcID, n uint32, slots []uint32) error {
+	if err := f.failing(opFillTable); err != nil {
+		return err
+	}
+	if n > 1 {
+		f.t.Errorf("FillTable: table %d of service %d: a service has tables 0 and 1", n, svcID)
+	}
+	key := pbmaps.TableKey(svcID, n)
+	t, ok := f.tables[key]
+	if !ok {
+		return fmt.Errorf("maglev table %d of service %d: key does not exist", n, svcID)
+	}
+	if len(t) != len(slots) {
+		return fmt.Errorf("maglev table %d of service %d: %d slots, want %d", n, svcID, len(t), len(slots))
+	}
+	if v, live := f.liveBy(key); live {
+		f.t.Errorf("FillTable writes table %d of service %d, which is live (%+v)", n, svcID, v)
+	}
+	copy(t, slots)
+	f.record(op{Kind: opFillTable, ID: svcID, Table: n, Size: uint32(len(slots))})
+	return nil
+}
+
+// TableSizes are the slot counts of a service's two tables (0: none).
+func (f *fakeWriter) TableSizes(svcID uint32) ([2]uint32, error) {
+	if err := f.failing(opTableSizes); err != nil {
+		return [2]uint32{}, err
+	}
+	var out [2]uint32
+	for n := range uint32(2) {
+		out[n] = uint32(len(f.tables[pbmaps.TableKey(svcID, n)]))
+	}
+	return out, nil
 }
 
 func (f *fakeWriter) SetFallback(id uint32, slots []uint32) error {
@@ -190,16 +287,11 @@ func (f *fakeWriter) SetFallback(id uint32, slots []uint32) error {
 		return err
 	}
 	if len(slots) == 0 {
-		return fmt.Errorf("maglev table for service %d: empty", id)
+		return fmt.Errorf("fallback table of service %d: create: empty table", id)
 	}
 	f.fallbacks[id] = slices.Clone(slots)
 	f.record(op{Kind: opSetFallback, ID: id, Size: uint32(len(slots))})
 	return nil
-}
-
-func (f *fakeWriter) ClearFallback(id uint32) {
-	delete(f.fallbacks, id)
-	f.record(op{Kind: opClearFallback, ID: id})
 }
 
 // SetPorts behaves like maps.Maps.SetPorts, which trusts old to be what
@@ -240,7 +332,7 @@ func nonZero(m map[uint16]uint8) map[uint16]uint8 {
 func (f *fakeWriter) nonZeroPorts() map[uint16]uint8 { return nonZero(f.ports) }
 
 func (f *fakeWriter) Ports() (map[uint16]uint8, error) {
-	if err := f.failing("Ports"); err != nil {
+	if err := f.failing(opPorts); err != nil {
 		return nil, err
 	}
 	return f.nonZeroPorts(), nil
@@ -266,20 +358,20 @@ func (f *fakeWriter) SetServiceBackends(id uint32, old, ids []uint32) error {
 	if err := f.failing(opSetSvcBes); err != nil {
 		return err
 	}
+	f.listed[id] = slices.Clone(ids)
 	f.record(op{Kind: opSetSvcBes, ID: id})
-	if f.listed == nil {
-		f.listed = map[uint32][]uint32{}
-	}
-	f.listed[id] = append([]uint32(nil), ids...)
 	return nil
 }
 
 func (f *fakeWriter) ServiceBackends(id uint32, n uint32) ([]uint32, error) {
+	if err := f.failing(opServiceBackends); err != nil {
+		return nil, err
+	}
 	l := f.listed[id]
 	if int(n) > len(l) {
 		return nil, fmt.Errorf("pb_svc_backends[%d]: %d entries, want %d", id, len(l), n)
 	}
-	return append([]uint32(nil), l[:n]...), nil
+	return slices.Clone(l[:n]), nil
 }
 
 // --- Inspection helpers ---
@@ -303,27 +395,54 @@ func opsString(ops []op) string {
 // zero when never written or cleared.
 func (f *fakeWriter) backend(id uint32) bpf.LbBackend { return f.backends[id] }
 
-// lookup is the datapath's table_lookup: slot -> backend id -> entry.
-func (f *fakeWriter) lookup(tables map[uint32][]uint32, svcID, slot uint32) (uint32, bpf.LbBackend, bool) {
-	t, ok := tables[svcID]
+// table reads table n of a service (nil, false when it has none).
+func (f *fakeWriter) table(svcID, n uint32) ([]uint32, bool) {
+	t, ok := f.tables[pbmaps.TableKey(svcID, n)]
+	return t, ok
+}
+
+// live reads the table the service's pb_services entry points at (nil,
+// false when table_size is 0 or the table is missing).
+func (f *fakeWriter) live(k bpf.LbSvcKey) ([]uint32, bool) {
+	v, ok := f.services[k]
+	if !ok || v.TableSize == 0 {
+		return nil, false
+	}
+	return f.table(v.Id, v.Table)
+}
+
+// lookup is the datapath's table_lookup: outer[key] -> slot -> backend id
+// -> entry; a missing table, an out-of-range slot, an empty slot or an
+// unused backend entry (family 0) is no backend.
+func (f *fakeWriter) lookup(outer map[uint32][]uint32, key, slot, svcID uint32) (uint32, bpf.LbBackend, bool) {
+	t, ok := outer[key]
 	if !ok || slot >= uint32(len(t)) || t[slot] == 0 {
 		return 0, bpf.LbBackend{}, false
 	}
-	return t[slot], f.backends[t[slot]], true
+	be := f.backends[t[slot]]
+	// As lb.c's table_lookup: a cleared entry or another service's
+	// backend is no backend.
+	if be.Family == 0 || be.SvcId != svcID {
+		return 0, bpf.LbBackend{}, false
+	}
+	return t[slot], be, true
 }
 
 // pick mirrors pick_backend in bpf/lb.c for a new flow with the given hash:
-// the slot's backend if active, or if in probation with a grant left (which
-// it consumes); otherwise the same slot of the fallback table, then a few
-// rehashed slots, and finally the slot's backend anyway. ok is false when
-// the flow is dropped (no service, no table_size, no table entry).
+// slot = hash % table_size in the live table pb_maglev[2*id + (table&1)];
+// the slot's backend if active, or if in probation with a grant left
+// (which it consumes); otherwise the same slot of the fallback table
+// pb_maglev_fb[id], then a few rehashed slots of the live table, and
+// finally the slot's backend anyway. ok is false when the flow is dropped
+// (no service, table_size 0, no table, no backend in the slot).
 func (f *fakeWriter) pick(k bpf.LbSvcKey, hash uint32, mayProbe bool) (id uint32, probe, ok bool) {
 	svc, found := f.services[k]
 	if !found || svc.TableSize == 0 {
 		return 0, false, false
 	}
+	key := pbmaps.TableKey(svc.Id, svc.Table)
 	slot := hash % svc.TableSize
-	id, be, found := f.lookup(f.tables, svc.Id, slot)
+	id, be, found := f.lookup(f.tables, key, slot, svc.Id)
 	if !found {
 		return 0, false, false
 	}
@@ -335,11 +454,11 @@ func (f *fakeWriter) pick(k bpf.LbSvcKey, hash uint32, mayProbe bool) (id uint32
 		f.backends[id] = be
 		return id, true, true
 	}
-	if alt, abe, found := f.lookup(f.fallbacks, svc.Id, slot); found && pbmaps.BackendState(abe.State) == pbmaps.BackendActive {
+	if alt, abe, found := f.lookup(f.fallbacks, svc.Id, slot, svc.Id); found && pbmaps.BackendState(abe.State) == pbmaps.BackendActive {
 		return alt, false, true
 	}
 	for i := uint32(1); i <= 3; i++ {
-		if alt, abe, found := f.lookup(f.tables, svc.Id, rehash(hash, i)%svc.TableSize); found && pbmaps.BackendState(abe.State) == pbmaps.BackendActive {
+		if alt, abe, found := f.lookup(f.tables, key, rehash(hash, i)%svc.TableSize, svc.Id); found && pbmaps.BackendState(abe.State) == pbmaps.BackendActive {
 			return alt, false, true
 		}
 	}
@@ -356,34 +475,81 @@ func rehash(h, i uint32) uint32 {
 }
 
 // kernelInvariants must hold after every single map write, since the
-// datapath may look at the maps between any two of them:
+// datapath may look at the maps between any two of them. For every
+// pb_services entry with table_size > 0:
 //
-//   - every slot the kernel computes (hash % table_size) exists in the
-//     service's table: table_size never exceeds the table's length;
-//   - a table holding both an active backend and one in probation has a
-//     fallback table, so flows the probe does not take are steered to an
-//     active backend on the same slot rather than rehashed.
+//   - its live table pb_maglev[2*id+table] exists, has exactly table_size
+//     slots (every slot hash % table_size exists, and the Maglev table of
+//     that size is the one in it) and no empty slot (0: flow dropped);
+//   - the live table holds no backend of another service, nor an unused
+//     (cleared) entry;
+//   - a live table mixing active backends and ones in probation has a
+//     fallback table, so flows a spent probe does not take are steered on
+//     the same slot rather than left to rehashing;
+//   - the datapath reads the fallback for any slot whose backend is not
+//     active (ejected and removed ones too, not only spent probes), so
+//     whatever it holds, however old, must never steer a flow to an
+//     active backend of another service.
+//
+// The fallback is exactly the size of the live table and holds active
+// backends only once a ProgramService is done (checkKernel asserts it);
+// not at every instant, by design: leaving endpoints are ejected before
+// the fallback is rewritten (their ejection is what stops new flows, so
+// it goes first), a backend leaving probation for active is in the new
+// fallback a write before its state says so, and when the table size
+// changes while a probe runs, the one fallback is written at the new size
+// before the flip. In those windows a flow on a spent probe's slot may
+// miss the fallback and be rehashed, as the datapath does for any slot
+// without an active fallback; it is never steered outside the service.
+//
+// (FillTable and InstallTables assert, on their own, that they never
+// touch a live table.)
 func kernelInvariants(f *fakeWriter, after op) {
 	for _, v := range f.services {
-		t, ok := f.tables[v.Id]
-		if !ok {
+		if v.TableSize == 0 {
 			continue
 		}
-		if int(v.TableSize) > len(t) {
-			f.t.Errorf("after %s: service %d: table_size %d > %d slots in its table", after, v.Id, v.TableSize, len(t))
+		t, ok := f.table(v.Id, v.Table)
+		if !ok {
+			f.t.Errorf("after %s: service %d: live table %d (pb_maglev[%d]) does not exist", after, v.Id, v.Table, pbmaps.TableKey(v.Id, v.Table))
+			continue
+		}
+		if int(v.TableSize) != len(t) {
+			f.t.Errorf("after %s: service %d: table_size %d, live table %d has %d slots", after, v.Id, v.TableSize, v.Table, len(t))
 		}
 		var active, probation bool
-		for _, id := range t {
-			switch pbmaps.BackendState(f.backends[id].State) {
+		for i, id := range t {
+			if id == 0 {
+				f.t.Errorf("after %s: service %d: live table %d: slot %d empty", after, v.Id, v.Table, i)
+				break
+			}
+			be := f.backends[id]
+			if be.Family == 0 || be.SvcId != v.Id {
+				f.t.Errorf("after %s: service %d: live table %d: slot %d holds backend %d of service %d (family %d)",
+					after, v.Id, v.Table, i, id, be.SvcId, be.Family)
+				break
+			}
+			switch pbmaps.BackendState(be.State) {
 			case pbmaps.BackendActive:
 				active = true
 			case pbmaps.BackendProbation:
 				probation = true
 			}
 		}
-		if active && probation {
-			if _, ok := f.fallbacks[v.Id]; !ok {
-				f.t.Errorf("after %s: service %d: table mixes active and probation backends but has no fallback table", after, v.Id)
+		fb, hasFb := f.fallbacks[v.Id]
+		if active && probation && !hasFb {
+			f.t.Errorf("after %s: service %d: live table mixes active and probation backends but has no fallback table", after, v.Id)
+		}
+		for i, id := range fb {
+			be := f.backends[id]
+			if id == 0 {
+				f.t.Errorf("after %s: service %d: fallback slot %d empty", after, v.Id, i)
+				break
+			}
+			if be.Family != 0 && be.SvcId != v.Id && pbmaps.BackendState(be.State) == pbmaps.BackendActive {
+				f.t.Errorf("after %s: service %d: fallback slot %d holds backend %d, active in service %d: flows would be steered to another service",
+					after, v.Id, i, id, be.SvcId)
+				break
 			}
 		}
 	}

@@ -138,6 +138,14 @@ func (e *env) program(id uint32, active, probation []uint32, failOpen bool) {
 	}
 }
 
+// prepare runs PrepareTables, as the agent does after programming.
+func (e *env) prepare() {
+	e.t.Helper()
+	if err := e.r.PrepareTables(); err != nil {
+		e.t.Fatalf("PrepareTables: %v", err)
+	}
+}
+
 // wantTable is the Maglev table over the backends ids, computed here
 // independently of Reconciler.build.
 func (e *env) wantTable(size uint32, ids []uint32) []uint32 {
@@ -207,6 +215,29 @@ func upsertSize(id, size uint32) opMatch {
 	return func(o op) bool { return o.Kind == opUpsertService && o.ID == id && o.Size == size }
 }
 
+// flip matches the pb_services write that makes table n of size slots
+// the service's live table.
+func flip(id, n, size uint32) opMatch {
+	return func(o op) bool { return o.Kind == opUpsertService && o.ID == id && o.Table == n && o.Size == size }
+}
+
+// flipAny matches any pb_services write of the service with a table.
+func flipAny(id uint32) opMatch {
+	return func(o op) bool { return o.Kind == opUpsertService && o.ID == id && o.Size != 0 }
+}
+
+// fill matches a FillTable of table n of the service.
+func fill(id, n uint32) opMatch {
+	return func(o op) bool { return o.Kind == opFillTable && o.ID == id && o.Table == n }
+}
+
+// installs matches an InstallTables call with a table of the service.
+func installs(id uint32) opMatch {
+	return func(o op) bool {
+		return o.Kind == opInstallTables && slices.ContainsFunc(o.Reqs, func(r pbmaps.TableInstall) bool { return r.SvcID == id })
+	}
+}
+
 func kindIs(kinds ...string) opMatch {
 	return func(o op) bool { return slices.Contains(kinds, o.Kind) }
 }
@@ -241,11 +272,50 @@ func inOrder(t *testing.T, ops []op, what string, ms ...opMatch) {
 	}
 }
 
+// installed is every table the InstallTables calls among ops installed.
+func installed(ops []op) []pbmaps.TableInstall {
+	var out []pbmaps.TableInstall
+	for _, o := range ops {
+		if o.Kind == opInstallTables {
+			out = append(out, o.Reqs...)
+		}
+	}
+	return out
+}
+
+// liveTable is the service's live table in the fake kernel, failing the
+// test when it has none.
+func (e *env) liveTable(k desired.Key) []uint32 {
+	e.t.Helper()
+	t, ok := e.f.live(keyOf(k))
+	if !ok {
+		e.t.Fatalf("service %s: no live table (%+v)", k, e.f.services[keyOf(k)])
+	}
+	return t
+}
+
+// mixes tells whether a table holds both an active backend and one in
+// probation, as the kernel's pb_backends says.
+func (f *fakeWriter) mixes(t []uint32) bool {
+	var active, probation bool
+	for _, id := range t {
+		switch pbmaps.BackendState(f.backend(id).State) {
+		case pbmaps.BackendActive:
+			active = true
+		case pbmaps.BackendProbation:
+			probation = true
+		}
+	}
+	return active && probation
+}
+
 // checkKernel asserts that the fake kernel holds exactly what the
 // reconciler believes it programmed and that the datapath can use it:
-// service values, tables whose size matches table_size and that hold only
-// the service's admitted backends, fallbacks of active backends only,
-// backend entries matching the reconciler's, and port roles.
+// service values, the two tables of each service as the reconciler
+// sized them, a live table whose size is table_size and that holds only
+// the service's admitted backends (none: table_size 0), fallbacks of
+// active backends only where the datapath needs them, backend entries
+// matching the reconciler's, and port roles.
 // Call it after every service was programmed.
 func (e *env) checkKernel() {
 	t, r, f := e.t, e.r, e.f
@@ -266,6 +336,9 @@ func (e *env) checkKernel() {
 			t.Errorf("service %s: limits %d/%d, want %d/%d", s.Spec.Name, v.MaxInflight, v.MaxInflightPerBackend,
 				s.Spec.MaxInflight, s.Spec.MaxInflightPerEndpoint)
 		}
+		if v.Table > 1 {
+			t.Errorf("service %s: table index %d", s.Spec.Name, v.Table)
+		}
 		if len(s.Backends) != len(s.Spec.Endpoints) {
 			t.Errorf("service %s: %d backends for %d endpoints", s.Spec.Name, len(s.Backends), len(s.Spec.Endpoints))
 		}
@@ -282,7 +355,25 @@ func (e *env) checkKernel() {
 				t.Errorf("service %s: backend %d: state %s service %d", s.Spec.Name, id, b.State, b.Service)
 			}
 		}
-		tbl, hasTable := f.tables[s.ID]
+		// The reconciler's idea of the tables' sizes is the kernel's.
+		for n := range uint32(2) {
+			tbl, _ := f.table(s.ID, n)
+			if s.sizes[n] != uint32(len(tbl)) {
+				t.Errorf("service %s: reconciler believes table %d has %d slots, kernel %d", s.Spec.Name, n, s.sizes[n], len(tbl))
+			}
+		}
+		if s.Active != nil && (len(s.Active)+len(s.Probation) > 0) != (v.TableSize > 0) {
+			t.Errorf("service %s: admitted %v/%v, table_size %d", s.Spec.Name, s.Active, s.Probation, v.TableSize)
+		}
+		if s.Active != nil {
+			if l := f.listed[s.ID]; int(v.BackendCount) > len(l) || !slices.Equal(l[:v.BackendCount], s.Active) {
+				t.Errorf("service %s: backend_count %d, pb_svc_backends %v, want the active %v", s.Spec.Name, v.BackendCount, l, s.Active)
+			}
+		}
+		tbl, hasTable := f.live(keyOf(s.Spec.Key))
+		if v.TableSize > 0 && !hasTable {
+			t.Errorf("service %s: table_size %d but no table %d", s.Spec.Name, v.TableSize, v.Table)
+		}
 		if hasTable {
 			if int(v.TableSize) != len(tbl) {
 				t.Errorf("service %s: table_size %d, table has %d slots", s.Spec.Name, v.TableSize, len(tbl))
@@ -295,9 +386,9 @@ func (e *env) checkKernel() {
 				}
 			}
 		}
-		if fb, ok := f.fallbacks[s.ID]; ok {
-			if !hasTable {
-				t.Errorf("service %s: fallback table without a table", s.Spec.Name)
+		if fb, ok := f.fallbacks[s.ID]; hasTable && f.mixes(tbl) {
+			if !ok {
+				t.Errorf("service %s: table mixes active and probation backends, no fallback", s.Spec.Name)
 			}
 			if int(v.TableSize) != len(fb) {
 				t.Errorf("service %s: table_size %d, fallback has %d slots", s.Spec.Name, v.TableSize, len(fb))
@@ -309,9 +400,9 @@ func (e *env) checkKernel() {
 			}
 		}
 	}
-	for id := range f.tables {
-		if _, ok := r.byID[id]; !ok {
-			t.Errorf("pb_maglev holds a table for unknown service %d", id)
+	for key := range f.tables {
+		if _, ok := r.byID[key/2]; !ok {
+			t.Errorf("pb_maglev[%d] holds table %d for unknown service %d", key, key%2, key/2)
 		}
 	}
 	for id := range f.fallbacks {

@@ -8,6 +8,7 @@ package reconcile
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	stdmaps "maps"
 	"net/netip"
@@ -60,6 +61,11 @@ type Service struct {
 	value  bpf.LbSvcValue // last written pb_services value
 	listed []uint32       // last written pb_svc_backends list
 	sizes  [2]uint32      // slots of the service's two installed tables (0: none)
+	// hasFallback: the service has a fallback table, holding a table over
+	// fallback (the active backends when it was last written).
+	hasFallback  bool
+	fallback     []uint32
+	fallbackSize uint32
 }
 
 // Backend is one (service, endpoint) pair's kernel entry.
@@ -91,9 +97,15 @@ type Reconciler struct {
 	// retired: ids of removed services and backends, reusable once their
 	// cooldown passed and no flow refers to them (see Sweep).
 	retiredSvc map[uint32]time.Time
-	svcIDs     idPool
-	beIDs      idPool
-	ports      map[uint16]uint8
+	// deleting: removed services whose pb_services entry could not be
+	// deleted yet (retried; their ids stay out of reuse).
+	deleting map[uint32]desired.Key
+	// spare: services whose spare table must be (re)installed before
+	// their next change (after a flip to a new size, or at start).
+	spare  map[uint32]bool
+	svcIDs idPool
+	beIDs  idPool
+	ports  map[uint16]uint8
 }
 
 // Options configure a Reconciler.
@@ -138,6 +150,8 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		byID:         map[uint32]*Service{},
 		backends:     map[uint32]*Backend{},
 		retiredSvc:   map[uint32]time.Time{},
+		deleting:     map[uint32]desired.Key{},
+		spare:        map[uint32]bool{},
 		svcIDs:       newIDPool(opts.MaxServices),
 		beIDs:        newIDPool(opts.MaxBackends),
 	}
@@ -296,7 +310,10 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 			continue
 		}
 		if err := r.w.DeleteService(maps.ServiceKey(key.VIP, key.Port, uint8(key.Protocol)), s.ID); err != nil {
+			// Retried by every later Apply and PrepareTables; until then
+			// the id stays out of reuse.
 			errs = append(errs, err)
+			r.deleting[s.ID] = key
 		}
 		for _, id := range s.Backends {
 			r.retire(r.backends[id], now)
@@ -310,7 +327,7 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String())
 	}
 
-	errs = append(errs, r.prepareTables())
+	errs = append(errs, r.retryDeletes(), r.prepareTables())
 	if err := r.syncPorts(); err != nil {
 		errs = append(errs, err)
 	}
@@ -463,7 +480,7 @@ func (r *Reconciler) sizeFor(n int) uint32 {
 // the one not live.
 func nextTable(s *Service) uint32 {
 	if s.value.TableSize == 0 {
-		return s.value.Table
+		return s.value.Table & 1
 	}
 	return 1 - s.value.Table&1
 }
@@ -474,9 +491,49 @@ func nextTable(s *Service) uint32 {
 // update call, so doing it here for all services at once keeps it off
 // the path of an ejection and makes programming many services fast.
 func (r *Reconciler) prepareTables() error {
+	return r.prepare(func(yield func(*Service) bool) {
+		for _, s := range r.byID {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+}
+
+// PrepareTables installs, in one batch, the spare tables that flips since
+// the last call left missing or of the wrong size, and retries deletions
+// that failed. The agent calls it after programming and periodically, so
+// an ejection finds its spare table ready.
+func (r *Reconciler) PrepareTables() error {
+	pending := r.spare
+	r.spare = map[uint32]bool{}
+	err := r.prepare(func(yield func(*Service) bool) {
+		for id := range pending {
+			if s, ok := r.byID[id]; ok && !yield(s) {
+				return
+			}
+		}
+	})
+	return errors.Join(r.retryDeletes(), err)
+}
+
+func (r *Reconciler) retryDeletes() error {
+	var errs []error
+	for id, key := range r.deleting {
+		if err := r.w.DeleteService(maps.ServiceKey(key.VIP, key.Port, uint8(key.Protocol)), id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(r.deleting, id)
+		r.retiredSvc[id] = r.clk.Now()
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Reconciler) prepare(services iter.Seq[*Service]) error {
 	var reqs []maps.TableInstall
 	var svcs []*Service
-	for _, s := range r.byID {
+	for s := range services {
 		if len(s.Backends) == 0 {
 			continue
 		}
@@ -558,14 +615,22 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 			errs = append(errs, r.setState(bid, maps.BackendEjected))
 		}
 	}
-	// 2. The fallback table, whenever a probe shares the table with others.
+	// 2. The fallback table, whenever a probe shares the table with others,
+	// and kept current once it exists (it must never hold a backend the
+	// service no longer has). Without it, no endpoint may enter probation.
 	size := r.sizeFor(len(s.Backends))
-	if len(probation) > 0 && len(active) > 0 {
+	if len(active) > 0 && (len(probation) > 0 || s.hasFallback) &&
+		(!slices.Equal(s.fallback, active) || s.fallbackSize != size) {
 		slots, err := r.build(active, size)
 		if err == nil {
 			err = r.w.SetFallback(id, slots)
 		}
-		errs = append(errs, err)
+		if err != nil {
+			return fmt.Errorf("program service %s: fallback table: %w", s.Spec.Name, errors.Join(append(errs, err)...))
+		}
+		s.hasFallback = true
+		s.fallback = append([]uint32(nil), active...)
+		s.fallbackSize = size
 	}
 	// 3. States of the endpoints going in.
 	for _, bid := range s.Backends {
@@ -605,6 +670,9 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 		}
 		if err == nil {
 			err = r.writeService(s, n, size)
+		}
+		if err == nil && s.sizes[1-n] != size {
+			r.spare[id] = true
 		}
 		errs = append(errs, err)
 	} else {
@@ -713,6 +781,9 @@ func (r *Reconciler) Sweep(inUse InUse) {
 		freed++
 	}
 	for id, at := range r.retiredSvc {
+		if _, pending := r.deleting[id]; pending {
+			continue
+		}
 		if now.Sub(at) >= r.cooldown && !inUse.Services[id] {
 			delete(r.retiredSvc, id)
 			r.svcIDs.put(id)
