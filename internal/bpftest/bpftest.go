@@ -62,7 +62,7 @@ func Load(tb testing.TB) *Loaded {
 	tb.Helper()
 	RequireRoot(tb)
 	root := TempBPFFS(tb)
-	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 64, MaxBackends: 256, ConntrackSize: 4096, EventsBytes: 1 << 16})
+	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 256, MaxBackends: 256, ConntrackSize: 4096, EventsBytes: 1 << 16})
 	if err != nil {
 		tb.Fatal(err)
 	}

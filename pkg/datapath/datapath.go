@@ -85,14 +85,19 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		return nil, err
 	}
 	sizes := map[string]uint32{
-		bpf.LbMapPbServices: opts.MaxServices,
-		bpf.LbMapPbMaglev:   opts.MaxServices,
-		bpf.LbMapPbMaglevFb: opts.MaxServices,
-		bpf.LbMapPbSvcStats: opts.MaxServices,
-		bpf.LbMapPbBackends: opts.MaxBackends,
-		bpf.LbMapPbBeStats:  opts.MaxBackends,
-		bpf.LbMapPbCt:       opts.ConntrackSize,
-		bpf.LbMapPbEvents:   opts.EventsBytes,
+		bpf.LbMapPbServices:    opts.MaxServices,
+		bpf.LbMapPbMaglev:      2 * opts.MaxServices, // two tables per service
+		bpf.LbMapPbMaglevFb:    opts.MaxServices,
+		bpf.LbMapPbSvcStats:    opts.MaxServices,
+		bpf.LbMapPbSvcInflight: opts.MaxServices,
+		bpf.LbMapPbBackends:    opts.MaxBackends,
+		bpf.LbMapPbBeStats:     opts.MaxBackends,
+		bpf.LbMapPbBeInflight:  opts.MaxBackends,
+		bpf.LbMapPbHealth:      opts.MaxBackends,
+		bpf.LbMapPbSvcBackends: opts.MaxBackends,
+		bpf.LbMapPbCt:          opts.ConntrackSize,
+		bpf.LbMapPbFlows:       max(opts.ConntrackSize/2, 1), // a flow takes two conntrack entries
+		bpf.LbMapPbEvents:      opts.EventsBytes,
 	}
 	for name, n := range sizes {
 		ms, ok := spec.Maps[name]

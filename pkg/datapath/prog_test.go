@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -573,5 +574,29 @@ func TestRefusedProbeIsRescued(t *testing.T) {
 	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
 	if ret, out := bpftest.Run(t, f.PbXdp, bpftest.TCP(be2, client2, bpftest.RST, nil)); ret != bpftest.XDPPass || len(out) == 0 {
 		t.Fatalf("an ordinary refusal was not passed on: verdict %d", ret)
+	}
+}
+
+// More tables than the agent keeps mapped: every fill still lands in
+// the right table.
+func TestTableFillsBeyondTheMappingCache(t *testing.T) {
+	f := newFixture(t)
+	const n = 300
+	var reqs []maps.TableInstall
+	for id := uint32(10); id < 10+n/2; id++ {
+		reqs = append(reqs, maps.TableInstall{SvcID: id, N: 0, Size: size}, maps.TableInstall{SvcID: id, N: 1, Size: size})
+	}
+	f.must(f.Maps.InstallTables(reqs))
+	for round := range uint32(2) {
+		for _, r := range reqs {
+			f.must(f.Maps.FillTable(r.SvcID, r.N, fill(r.SvcID*10+r.N+round)))
+		}
+	}
+	for _, r := range reqs {
+		got, err := f.Maps.Table(r.SvcID, r.N)
+		f.must(err)
+		if want := fill(r.SvcID*10 + r.N + 1); !slices.Equal(got, want) {
+			t.Fatalf("table %d of service %d holds %v, want %v", r.N, r.SvcID, got, want)
+		}
 	}
 }

@@ -77,12 +77,23 @@ type Maps struct {
 	inner *ebpf.MapSpec
 	ncpu  int
 
-	// tables caches the memory maps of Maglev tables by pb_maglev key, so
-	// a refill costs a copy and no map/unmap (unmapping costs a TLB
-	// shootdown on every CPU: the bulk of an ejection's work otherwise).
+	// tables caches the memory maps of recently filled Maglev tables by
+	// pb_maglev key, so a refill costs a copy and no map/unmap (unmapping
+	// costs a TLB shootdown on every CPU: the bulk of an ejection's work
+	// otherwise). Bounded, least recently used out, so ten thousand
+	// services do not keep their tables mapped into the agent.
 	mu     sync.Mutex
-	tables map[uint32][]byte
+	tables map[uint32]*mapped
+	clock  uint64
 }
+
+type mapped struct {
+	mem  []byte
+	used uint64
+}
+
+// maxMapped bounds the table mapping cache.
+const maxMapped = 256
 
 // New wraps loaded maps. inner is the Maglev inner map template
 // (pb_maglev's InnerMap spec) used to create new tables.
@@ -91,7 +102,7 @@ func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("maps: %w", err)
 	}
-	return &Maps{m: m, inner: inner.Copy(), ncpu: n, tables: map[uint32][]byte{}}, nil
+	return &Maps{m: m, inner: inner.Copy(), ncpu: n, tables: map[uint32]*mapped{}}, nil
 }
 
 // Close releases the cached table mappings.
@@ -274,10 +285,40 @@ func (m *Maps) InstallTables(reqs []TableInstall) error {
 // unmapTable drops a cached table mapping (the table was replaced or
 // deleted). Called with mu held.
 func (m *Maps) unmapTable(key uint32) {
-	if mem, ok := m.tables[key]; ok {
-		unix.Munmap(mem)
+	if t, ok := m.tables[key]; ok {
+		unix.Munmap(t.mem)
 		delete(m.tables, key)
 	}
+}
+
+// mapTable returns the (cached) mapping of the table at key. Called with
+// mu held.
+func (m *Maps) mapTable(key uint32) ([]byte, error) {
+	m.clock++
+	if t, ok := m.tables[key]; ok {
+		t.used = m.clock
+		return t.mem, nil
+	}
+	in, err := m.innerAt(m.m.PbMaglev, key)
+	if err != nil {
+		return nil, err
+	}
+	mem, err := mmapArray(in)
+	in.Close() // the mapping keeps the table alive until it is unmapped
+	if err != nil {
+		return nil, err
+	}
+	if len(m.tables) >= maxMapped {
+		oldest, at := uint32(0), ^uint64(0)
+		for k, t := range m.tables {
+			if t.used < at {
+				oldest, at = k, t.used
+			}
+		}
+		m.unmapTable(oldest)
+	}
+	m.tables[key] = &mapped{mem: mem, used: m.clock}
+	return mem, nil
 }
 
 func (m *Maps) newTable(size uint32) (*ebpf.Map, error) {
@@ -297,18 +338,9 @@ func (m *Maps) FillTable(svcID, n uint32, slots []uint32) error {
 	key := TableKey(svcID, n)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	mem, ok := m.tables[key]
-	if !ok {
-		in, err := m.innerAt(m.m.PbMaglev, key)
-		if err != nil {
-			return fmt.Errorf("maglev table %d of service %d: %w", n, svcID, err)
-		}
-		mem, err = mmapArray(in)
-		in.Close() // the mapping keeps the table alive until it is unmapped
-		if err != nil {
-			return fmt.Errorf("maglev table %d of service %d: map: %w", n, svcID, err)
-		}
-		m.tables[key] = mem
+	mem, err := m.mapTable(key)
+	if err != nil {
+		return fmt.Errorf("maglev table %d of service %d: %w", n, svcID, err)
 	}
 	if len(mem) < len(slots)*8 || len(mem) >= (len(slots)+512)*8 {
 		return fmt.Errorf("maglev table %d of service %d: %d bytes mapped, want %d slots", n, svcID, len(mem), len(slots))
