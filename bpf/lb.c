@@ -247,7 +247,14 @@ static __always_inline void emit(__u8 type, __u8 flags, __u32 svc_id, __u32 back
 	e->client_port = client_port;
 	e->type = type;
 	e->flags = flags;
-	bpf_ringbuf_submit(e, 0);
+	/* Waking the reader costs a self-interrupt per event (the bulk of a
+	 * new flow's cost in a VM). Only failures, which may eject an endpoint
+	 * and so must be seen at once, wake it; the rest wait for the next
+	 * failure or the reader's periodic poll (milliseconds). */
+	__u64 wake = (type == PB_EV_REFUSED || type == PB_EV_RESET || type == PB_EV_SYN_RETRANS)
+			     ? 0
+			     : BPF_RB_NO_WAKEUP;
+	bpf_ringbuf_submit(e, wake);
 }
 
 struct pick {

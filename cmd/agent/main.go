@@ -20,11 +20,15 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/k8s/nodelinks"
 )
+
+// defaultMemoryLimit is the agent's soft heap limit (GOMEMLIMIT overrides).
+const defaultMemoryLimit = 96 << 20
 
 type options struct {
 	configPath string
@@ -55,6 +59,11 @@ func main() {
 		os.Exit(2)
 	}
 	log := newLogger(opts.logLevel)
+	// A soft heap limit keeps the agent's footprint steady on a node; an
+	// operator's GOMEMLIMIT wins. The GC works harder near it, never fails.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, opts, log); err != nil {

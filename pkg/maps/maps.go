@@ -84,7 +84,9 @@ type Maps struct {
 	// services do not keep their tables mapped into the agent.
 	mu     sync.Mutex
 	tables map[uint32]*mapped
+	fills  map[uint32]uint32 // fills per table key, to map only tables filled again
 	clock  uint64
+	keys   []uint32 // 0..n-1, the slot numbers of batch fills
 }
 
 type mapped struct {
@@ -102,7 +104,7 @@ func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("maps: %w", err)
 	}
-	return &Maps{m: m, inner: inner.Copy(), ncpu: n, tables: map[uint32]*mapped{}}, nil
+	return &Maps{m: m, inner: inner.Copy(), ncpu: n, tables: map[uint32]*mapped{}, fills: map[uint32]uint32{}}, nil
 }
 
 // Close releases the cached table mappings.
@@ -198,6 +200,17 @@ func (m *Maps) SetBackend(id uint32, b bpf.LbBackend) error {
 	return nil
 }
 
+// SetBackends writes several pb_backends entries in one batch.
+func (m *Maps) SetBackends(ids []uint32, vals []bpf.LbBackend) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := m.m.PbBackends.BatchUpdate(ids, vals, nil); err != nil {
+		return fmt.Errorf("pb_backends: batch of %d: %w", len(ids), err)
+	}
+	return nil
+}
+
 // Backend reads pb_backends[id].
 func (m *Maps) Backend(id uint32) (bpf.LbBackend, error) {
 	var b bpf.LbBackend
@@ -213,15 +226,24 @@ func (m *Maps) ClearBackend(id uint32) error {
 // Backends returns the used entries of pb_backends (those with a family).
 func (m *Maps) Backends() (map[uint32]bpf.LbBackend, error) {
 	out := map[uint32]bpf.LbBackend{}
-	var k uint32
-	var v bpf.LbBackend
-	it := m.m.PbBackends.Iterate()
-	for it.Next(&k, &v) {
-		if v.Family != 0 {
-			out[k] = v
+	const chunk = 8192
+	keys := make([]uint32, chunk)
+	vals := make([]bpf.LbBackend, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.m.PbBackends.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			if vals[i].Family != 0 {
+				out[keys[i]] = vals[i]
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pb_backends: %w", err)
 		}
 	}
-	return out, it.Err()
 }
 
 // NewBackend builds a pb_backends value.
@@ -278,12 +300,21 @@ func (m *Maps) InstallTables(reqs []TableInstall) error {
 	defer m.mu.Unlock()
 	for _, k := range keys {
 		m.unmapTable(k)
+		delete(m.fills, k)
 	}
 	return nil
 }
 
 // unmapTable drops a cached table mapping (the table was replaced or
 // deleted). Called with mu held.
+// slotKeys returns the keys 0..n-1. Called with mu held.
+func (m *Maps) slotKeysLocked(n int) []uint32 {
+	for len(m.keys) < n {
+		m.keys = append(m.keys, uint32(len(m.keys)))
+	}
+	return m.keys[:n]
+}
+
 func (m *Maps) unmapTable(key uint32) {
 	if t, ok := m.tables[key]; ok {
 		unix.Munmap(t.mem)
@@ -328,6 +359,9 @@ func (m *Maps) newTable(size uint32) (*ebpf.Map, error) {
 	spec := *m.inner
 	spec.MaxEntries = size
 	spec.Contents = nil
+	// No BTF: loading a BTF blob per table costs more than the table, and
+	// bpftool shows the outer map's types anyway.
+	spec.Key, spec.Value = nil, nil
 	return ebpf.NewMap(&spec)
 }
 
@@ -338,6 +372,24 @@ func (m *Maps) FillTable(svcID, n uint32, slots []uint32) error {
 	key := TableKey(svcID, n)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// A table filled for the first time (thousands of them when the agent
+	// starts) is written with one batch update; one filled again (a
+	// service whose endpoints come and go) is mapped and kept mapped.
+	m.fills[key]++
+	if _, hot := m.tables[key]; !hot && m.fills[key] < 2 {
+		in, err := m.innerAt(m.m.PbMaglev, key)
+		if err != nil {
+			return fmt.Errorf("maglev table %d of service %d: %w", n, svcID, err)
+		}
+		defer in.Close()
+		if in.MaxEntries() != uint32(len(slots)) {
+			return fmt.Errorf("maglev table %d of service %d: has %d slots, want %d", n, svcID, in.MaxEntries(), len(slots))
+		}
+		if _, err := in.BatchUpdate(m.slotKeysLocked(len(slots)), slots, nil); err != nil {
+			return fmt.Errorf("maglev table %d of service %d: fill: %w", n, svcID, err)
+		}
+		return nil
+	}
 	mem, err := m.mapTable(key)
 	if err != nil {
 		return fmt.Errorf("maglev table %d of service %d: %w", n, svcID, err)
@@ -395,8 +447,10 @@ func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
 // DeleteTables removes a service's tables and fallback table.
 func (m *Maps) DeleteTables(svcID uint32) {
 	m.mu.Lock()
-	m.unmapTable(TableKey(svcID, 0))
-	m.unmapTable(TableKey(svcID, 1))
+	for n := range uint32(2) {
+		m.unmapTable(TableKey(svcID, n))
+		delete(m.fills, TableKey(svcID, n))
+	}
 	m.mu.Unlock()
 	_, _ = m.m.PbMaglev.BatchDelete([]uint32{TableKey(svcID, 0), TableKey(svcID, 1)}, nil)
 	m.deleteOuter(m.m.PbMaglev, TableKey(svcID, 0)) // in case the batch stopped at a missing key
@@ -577,13 +631,18 @@ func (m *Maps) Health() (map[uint32]bpf.LbEndpointHealth, error) {
 // circuit breaker's scan (pb_svc_backends), removing entries past the new
 // end. The service's n_backends is written separately, after.
 func (m *Maps) SetServiceBackends(svcID uint32, old, ids []uint32) error {
+	var keys []bpf.LbSvcBackendKey
+	var vals []uint32
 	for i, id := range ids {
 		if i < len(old) && old[i] == id {
 			continue
 		}
-		k := bpf.LbSvcBackendKey{SvcId: svcID, Idx: uint32(i)}
-		if err := m.m.PbSvcBackends.Put(k, id); err != nil {
-			return fmt.Errorf("pb_svc_backends[%d/%d]: %w", svcID, i, err)
+		keys = append(keys, bpf.LbSvcBackendKey{SvcId: svcID, Idx: uint32(i)})
+		vals = append(vals, id)
+	}
+	if len(keys) > 0 {
+		if _, err := m.m.PbSvcBackends.BatchUpdate(keys, vals, nil); err != nil {
+			return fmt.Errorf("pb_svc_backends[%d]: %w", svcID, err)
 		}
 	}
 	for i := len(ids); i < len(old); i++ {

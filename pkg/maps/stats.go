@@ -77,11 +77,15 @@ func (m *Maps) ResetServiceStats(id uint32) error {
 		m.m.PbSvcInflight.Put(id, bpf.LbInflight{}))
 }
 
-// ResetBackendStats zeroes a backend's counters and circuit-breaker count,
-// as ResetServiceStats.
-func (m *Maps) ResetBackendStats(id uint32) error {
-	return errors.Join(m.m.PbBeStats.Put(id, make([]bpf.LbBeStats, m.ncpu)),
-		m.m.PbBeInflight.Put(id, bpf.LbInflight{}))
+// ResetBackendStats zeroes backends' counters and circuit-breaker counts,
+// as ResetServiceStats, in batches.
+func (m *Maps) ResetBackendStats(ids []uint32) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err1 := m.m.PbBeStats.BatchUpdate(ids, make([]bpf.LbBeStats, len(ids)*m.ncpu), nil)
+	_, err2 := m.m.PbBeInflight.BatchUpdate(ids, make([]bpf.LbInflight, len(ids)), nil)
+	return errors.Join(err1, err2)
 }
 
 // CTEntry is one conntrack entry.

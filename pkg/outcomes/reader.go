@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -31,6 +32,9 @@ func NewReader(m *ebpf.Map) (*Reader, error) {
 // Offset is what the reader adds to kernel timestamps to get Unix time.
 func (r *Reader) Offset() int64 { return r.offset }
 
+// Poll is how often the reader collects events that did not wake it.
+const Poll = 5 * time.Millisecond
+
 // MaxBatch bounds one batch, so a flood cannot starve the agent's loop.
 const MaxBatch = 1024
 
@@ -39,6 +43,9 @@ const MaxBatch = 1024
 func (r *Reader) Run(out chan<- []Event) error {
 	var rec ringbuf.Record
 	for {
+		// The datapath wakes the reader only for failures; successes and
+		// flow starts and ends are collected by this poll.
+		r.rb.SetDeadline(time.Now().Add(Poll))
 		if err := r.rb.ReadInto(&rec); err != nil {
 			if errors.Is(err, ringbuf.ErrClosed) {
 				return nil
