@@ -34,6 +34,7 @@ type Writer interface {
 	DeleteService(bpf.LbSvcKey, uint32) error
 	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
 	SetBackend(uint32, bpf.LbBackend) error
+	SetBackends(ids []uint32, vals []bpf.LbBackend) error
 	ClearBackend(uint32) error
 	Backends() (map[uint32]bpf.LbBackend, error)
 	InstallTables([]maps.TableInstall) error
@@ -43,7 +44,7 @@ type Writer interface {
 	SetPorts(old, roles map[uint16]uint8) error
 	Ports() (map[uint16]uint8, error)
 	ResetServiceStats(uint32) error
-	ResetBackendStats(uint32) error
+	ResetBackendStats(ids []uint32) error
 	SetServiceBackends(svcID uint32, old, ids []uint32) error
 	ServiceBackends(svcID uint32, n uint32) ([]uint32, error)
 }
@@ -97,6 +98,8 @@ type Reconciler struct {
 	// retired: ids of removed services and backends, reusable once their
 	// cooldown passed and no flow refers to them (see Sweep).
 	retiredSvc map[uint32]time.Time
+	// fresh: backends created by this Apply, written by flushBackends.
+	fresh []*Backend
 	// deleting: removed services whose pb_services entry could not be
 	// deleted yet (retried; their ids stay out of reuse).
 	deleting map[uint32]desired.Key
@@ -294,7 +297,11 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		} else {
 			r.renameBackends(s)
 		}
-		if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
+		// A service with endpoints gets its first entry from its first
+		// ProgramService, with its table: one write, not two.
+		if s.value.Id == 0 && len(s.Backends) > 0 {
+			// not yet
+		} else if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
 			// Report the change anyway: the backends it retired are gone
 			// from the kernel's view whatever happened to the service entry,
 			// and no later Apply would report them again.
@@ -303,6 +310,10 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		if endpointsChanged {
 			changes = append(changes, Change{Service: s, Retired: retired})
 		}
+	}
+
+	if err := r.flushBackends(); err != nil {
+		errs = append(errs, err)
 	}
 
 	for key, s := range r.services {
@@ -375,16 +386,12 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 			errs = append(errs, fmt.Errorf("service %s: endpoint %s: no free backend id (max %d)", s.Spec.Name, ep.Addr, r.beIDs.max))
 			continue
 		}
-		r.w.ResetBackendStats(id)
-		// New endpoints start ejected in the kernel until ProgramService
-		// decides: a backend is only ever active once it is in a table.
-		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendEjected}
-		if err := r.w.SetBackend(id, maps.NewBackend(ep.Addr, s.ID, b.State, 0)); err != nil {
-			r.beIDs.put(id)
-			errs = append(errs, fmt.Errorf("service %s: endpoint %s: %w", s.Spec.Name, ep.Addr, err))
-			continue
-		}
+		// New endpoints start active, as failure accrual starts them ready:
+		// the kernel only reaches a backend through a table, so one that is
+		// in none yet is harmless. Written in one batch by flushBackends.
+		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendActive}
 		r.backends[id] = b
+		r.fresh = append(r.fresh, b)
 		ids = append(ids, id)
 	}
 	for _, id := range have {
@@ -402,6 +409,44 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 		s.Spec.Endpoints = eps
 	}
 	return retired, errors.Join(errs...)
+}
+
+// flushBackends writes the backends syncBackends created, in batches: the
+// counters of their (possibly recycled) ids zeroed, then their entries.
+// An entry that cannot be written leaves its service.
+func (r *Reconciler) flushBackends() error {
+	if len(r.fresh) == 0 {
+		return nil
+	}
+	fresh := r.fresh
+	r.fresh = nil
+	ids := make([]uint32, len(fresh))
+	vals := make([]bpf.LbBackend, len(fresh))
+	for i, b := range fresh {
+		ids[i] = b.ID
+		vals[i] = maps.NewBackend(b.Addr, b.Service, b.State, 0)
+	}
+	var errs []error
+	if err := r.w.ResetBackendStats(ids); err != nil {
+		errs = append(errs, err)
+	}
+	if r.w.SetBackends(ids, vals) == nil {
+		return errors.Join(errs...)
+	}
+	// Find the entries that fail, one by one.
+	for i, b := range fresh {
+		if err := r.w.SetBackend(b.ID, vals[i]); err != nil {
+			errs = append(errs, fmt.Errorf("endpoint %s: %w", b.Addr, err))
+			if s, ok := r.byID[b.Service]; ok {
+				idx := slices.Index(s.Backends, b.ID)
+				s.Backends = slices.Delete(s.Backends, idx, idx+1)
+				s.Spec.Endpoints = slices.Delete(s.Spec.Endpoints, idx, idx+1)
+			}
+			delete(r.backends, b.ID)
+			r.beIDs.put(b.ID)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // retire marks a backend removed. Its entry stays (live flows carry their
