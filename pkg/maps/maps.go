@@ -10,10 +10,8 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
-	"sync"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/bpf"
 )
@@ -77,25 +75,8 @@ type Maps struct {
 	inner *ebpf.MapSpec
 	ncpu  int
 
-	// tables caches the memory maps of recently filled Maglev tables by
-	// pb_maglev key, so a refill costs a copy and no map/unmap (unmapping
-	// costs a TLB shootdown on every CPU: the bulk of an ejection's work
-	// otherwise). Bounded, least recently used out, so ten thousand
-	// services do not keep their tables mapped into the agent.
-	mu     sync.Mutex
-	tables map[uint32]*mapped
-	fills  map[uint32]uint32 // fills per table key, to map only tables filled again
-	clock  uint64
-	keys   []uint32 // 0..n-1, the slot numbers of batch fills
+	t tables
 }
-
-type mapped struct {
-	mem  []byte
-	used uint64
-}
-
-// maxMapped bounds the table mapping cache.
-const maxMapped = 256
 
 // New wraps loaded maps. inner is the Maglev inner map template
 // (pb_maglev's InnerMap spec) used to create new tables.
@@ -104,17 +85,14 @@ func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("maps: %w", err)
 	}
-	return &Maps{m: m, inner: inner.Copy(), ncpu: n, tables: map[uint32]*mapped{}, fills: map[uint32]uint32{}}, nil
+	mm := &Maps{m: m, inner: inner.Copy(), ncpu: n}
+	mm.t.init()
+	return mm, nil
 }
 
-// Close releases the cached table mappings.
-func (m *Maps) Close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for k := range m.tables {
-		m.unmapTable(k)
-	}
-}
+// Close releases the tables' handles and mappings (the tables stay: the
+// outer maps hold them).
+func (m *Maps) Close() { m.t.close() }
 
 // Raw exposes the underlying maps for tests and tools.
 func (m *Maps) Raw() *bpf.LbMaps { return m.m }
@@ -256,277 +234,6 @@ func NewBackend(addr netip.AddrPort, svcID uint32, state BackendState, grants in
 	b.SvcId = svcID
 	b.ProbeGrants = grants
 	return b
-}
-
-// TableKey is the pb_maglev key of a service's table n (0 or 1).
-func TableKey(svcID, n uint32) uint32 { return svcID*2 + n&1 }
-
-// TableInstall asks for an empty table of Size slots as table N of a
-// service.
-type TableInstall struct {
-	SvcID, N, Size uint32
-}
-
-// InstallTables creates empty tables and puts them in pb_maglev with one
-// batch update. Replacing an inner map makes the kernel wait for an RCU
-// grace period (milliseconds) once per update call: batching is what
-// makes programming thousands of services fast. A table must not be live
-// when it is replaced.
-func (m *Maps) InstallTables(reqs []TableInstall) error {
-	if len(reqs) == 0 {
-		return nil
-	}
-	keys := make([]uint32, 0, len(reqs))
-	fds := make([]uint32, 0, len(reqs)) // a map-in-map update takes the inner map's fd
-	inners := make([]*ebpf.Map, 0, len(reqs))
-	defer func() {
-		for _, in := range inners {
-			in.Close() // the outer map holds its own reference
-		}
-	}()
-	for _, r := range reqs {
-		in, err := m.newTable(r.Size)
-		if err != nil {
-			return fmt.Errorf("maglev table %d of service %d: create: %w", r.N, r.SvcID, err)
-		}
-		inners = append(inners, in)
-		fds = append(fds, uint32(in.FD()))
-		keys = append(keys, TableKey(r.SvcID, r.N))
-	}
-	if _, err := m.m.PbMaglev.BatchUpdate(keys, fds, nil); err != nil {
-		return fmt.Errorf("pb_maglev: install %d tables: %w", len(keys), err)
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, k := range keys {
-		m.unmapTable(k)
-		delete(m.fills, k)
-	}
-	return nil
-}
-
-// unmapTable drops a cached table mapping (the table was replaced or
-// deleted). Called with mu held.
-// slotKeys returns the keys 0..n-1. Called with mu held.
-func (m *Maps) slotKeysLocked(n int) []uint32 {
-	for len(m.keys) < n {
-		m.keys = append(m.keys, uint32(len(m.keys)))
-	}
-	return m.keys[:n]
-}
-
-func (m *Maps) unmapTable(key uint32) {
-	if t, ok := m.tables[key]; ok {
-		unix.Munmap(t.mem)
-		delete(m.tables, key)
-	}
-}
-
-// mapTable returns the (cached) mapping of the table at key. Called with
-// mu held.
-func (m *Maps) mapTable(key uint32) ([]byte, error) {
-	m.clock++
-	if t, ok := m.tables[key]; ok {
-		t.used = m.clock
-		return t.mem, nil
-	}
-	in, err := m.innerAt(m.m.PbMaglev, key)
-	if err != nil {
-		return nil, err
-	}
-	mem, err := mmapArray(in)
-	in.Close() // the mapping keeps the table alive until it is unmapped
-	if err != nil {
-		return nil, err
-	}
-	if len(m.tables) >= maxMapped {
-		oldest, at := uint32(0), ^uint64(0)
-		for k, t := range m.tables {
-			if t.used < at {
-				oldest, at = k, t.used
-			}
-		}
-		m.unmapTable(oldest)
-	}
-	m.tables[key] = &mapped{mem: mem, used: m.clock}
-	return mem, nil
-}
-
-func (m *Maps) newTable(size uint32) (*ebpf.Map, error) {
-	if size == 0 {
-		return nil, errors.New("empty table")
-	}
-	spec := *m.inner
-	spec.MaxEntries = size
-	spec.Contents = nil
-	// No BTF: loading a BTF blob per table costs more than the table, and
-	// bpftool shows the outer map's types anyway.
-	spec.Key, spec.Value = nil, nil
-	return ebpf.NewMap(&spec)
-}
-
-// FillTable writes slots into table n of a service, which must have
-// exactly len(slots) slots and must not be live: the caller flips the
-// service to it afterwards.
-func (m *Maps) FillTable(svcID, n uint32, slots []uint32) error {
-	key := TableKey(svcID, n)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	// A table filled for the first time (thousands of them when the agent
-	// starts) is written with one batch update; one filled again (a
-	// service whose endpoints come and go) is mapped and kept mapped.
-	m.fills[key]++
-	if _, hot := m.tables[key]; !hot && m.fills[key] < 2 {
-		in, err := m.innerAt(m.m.PbMaglev, key)
-		if err != nil {
-			return fmt.Errorf("maglev table %d of service %d: %w", n, svcID, err)
-		}
-		defer in.Close()
-		if in.MaxEntries() != uint32(len(slots)) {
-			return fmt.Errorf("maglev table %d of service %d: has %d slots, want %d", n, svcID, in.MaxEntries(), len(slots))
-		}
-		if _, err := in.BatchUpdate(m.slotKeysLocked(len(slots)), slots, nil); err != nil {
-			return fmt.Errorf("maglev table %d of service %d: fill: %w", n, svcID, err)
-		}
-		return nil
-	}
-	mem, err := m.mapTable(key)
-	if err != nil {
-		return fmt.Errorf("maglev table %d of service %d: %w", n, svcID, err)
-	}
-	if len(mem) < len(slots)*8 || len(mem) >= (len(slots)+512)*8 {
-		return fmt.Errorf("maglev table %d of service %d: %d bytes mapped, want %d slots", n, svcID, len(mem), len(slots))
-	}
-	writeSlots(mem, slots)
-	return nil
-}
-
-// TableSizes are the slot counts of a service's two tables (0: none).
-func (m *Maps) TableSizes(svcID uint32) ([2]uint32, error) {
-	var out [2]uint32
-	for n := range uint32(2) {
-		in, err := m.innerAt(m.m.PbMaglev, TableKey(svcID, n))
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			continue
-		}
-		if err != nil {
-			return out, err
-		}
-		out[n] = in.MaxEntries()
-		in.Close()
-	}
-	return out, nil
-}
-
-// SetFallback writes the service's table without probation backends,
-// in place when one of the right size exists (it is only read for flows
-// that land on a spent probation grant, and every slot always holds a
-// valid backend id), else by installing a new one.
-func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
-	in, err := m.innerAt(m.m.PbMaglevFb, svcID)
-	if err == nil {
-		defer in.Close()
-		if in.MaxEntries() == uint32(len(slots)) {
-			return fillMmap(in, slots)
-		}
-	}
-	fresh, err := m.newTable(uint32(len(slots)))
-	if err != nil {
-		return fmt.Errorf("fallback table of service %d: create: %w", svcID, err)
-	}
-	defer fresh.Close()
-	if err := fillMmap(fresh, slots); err != nil {
-		return fmt.Errorf("fallback table of service %d: fill: %w", svcID, err)
-	}
-	if err := m.m.PbMaglevFb.Put(svcID, fresh); err != nil {
-		return fmt.Errorf("fallback table of service %d: install: %w", svcID, err)
-	}
-	return nil
-}
-
-// DeleteTables removes a service's tables and fallback table.
-func (m *Maps) DeleteTables(svcID uint32) {
-	m.mu.Lock()
-	for n := range uint32(2) {
-		m.unmapTable(TableKey(svcID, n))
-		delete(m.fills, TableKey(svcID, n))
-	}
-	m.mu.Unlock()
-	_, _ = m.m.PbMaglev.BatchDelete([]uint32{TableKey(svcID, 0), TableKey(svcID, 1)}, nil)
-	m.deleteOuter(m.m.PbMaglev, TableKey(svcID, 0)) // in case the batch stopped at a missing key
-	m.deleteOuter(m.m.PbMaglev, TableKey(svcID, 1))
-	m.deleteOuter(m.m.PbMaglevFb, svcID)
-}
-
-func (m *Maps) innerAt(outer *ebpf.Map, key uint32) (*ebpf.Map, error) {
-	var id ebpf.MapID
-	if err := outer.Lookup(key, &id); err != nil {
-		return nil, err
-	}
-	return ebpf.NewMapFromID(id)
-}
-
-// fillMmap writes a table through a memory map of the array: one copy
-// instead of a syscall's worth of work per slot.
-func fillMmap(m *ebpf.Map, slots []uint32) error {
-	mem, err := mmapArray(m)
-	if err != nil {
-		return err
-	}
-	defer unix.Munmap(mem)
-	writeSlots(mem, slots)
-	return nil
-}
-
-// writeSlots stores slot values into a mapped array. The kernel lays
-// array elements out 8 bytes apart, whatever their size; each store is a
-// single aligned word, so a reader never sees a torn id.
-func writeSlots(mem []byte, slots []uint32) {
-	for i, id := range slots {
-		binary.NativeEndian.PutUint32(mem[i*8:], id)
-	}
-}
-
-// Table reads table n of a service (nil when it has none).
-func (m *Maps) Table(svcID, n uint32) ([]uint32, error) {
-	return m.readTable(m.m.PbMaglev, TableKey(svcID, n))
-}
-
-// LiveTable reads the table a service's pb_services entry points at.
-func (m *Maps) LiveTable(k bpf.LbSvcKey) ([]uint32, error) {
-	var v bpf.LbSvcValue
-	if err := m.m.PbServices.Lookup(k, &v); err != nil {
-		return nil, err
-	}
-	if v.TableSize == 0 {
-		return nil, nil
-	}
-	return m.Table(v.Id, v.Table)
-}
-
-// Fallback reads a service's fallback table (nil when it has none).
-func (m *Maps) Fallback(svcID uint32) ([]uint32, error) {
-	return m.readTable(m.m.PbMaglevFb, svcID)
-}
-
-func (m *Maps) readTable(outer *ebpf.Map, key uint32) ([]uint32, error) {
-	inner, err := m.innerAt(outer, key)
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer inner.Close()
-	n := int(inner.MaxEntries())
-	out := make([]uint32, n)
-	var cursor ebpf.MapBatchCursor
-	ks := make([]uint32, n)
-	got, err := inner.BatchLookup(&cursor, ks, out, nil)
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil, err
-	}
-	return out[:got], nil
 }
 
 // SetPorts makes pb_ports hold exactly roles (port -> PB_PORT_* bits),
