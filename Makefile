@@ -17,7 +17,7 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         nginx:nginx haproxy:haproxy ethtool:ethtool /usr/include/bpf/bpf_helpers.h:libbpf-dev \
         /usr/include/x86_64-linux-gnu/asm/types.h:linux-libc-dev
 
-.PHONY: all build deps generate check-generated vet test test-unit test-bpf test-e2e demo bench teardown clean
+.PHONY: all build deps generate check-generated vet test k8s-tools demo bench teardown clean
 
 all: build
 
@@ -39,29 +39,36 @@ deps:
 
 generate: deps
 	cd bpf && $(GO) generate ./...
+	cd bench/xdpbase && $(GO) generate ./...
 
 # check-generated fails when the committed BPF objects or bindings differ
 # from what the C sources compile to.
-check-generated: deps
-	cd bpf && $(GO) generate ./...
-	@if ! git diff --quiet -- bpf; then \
-	  echo "bpf/: the committed objects or bindings differ from what the C sources compile to."; \
-	  echo "Commit the regenerated files ('make generate'):"; git --no-pager diff --stat -- bpf; exit 1; fi
+check-generated: generate
+	@if ! git diff --quiet -- bpf bench/xdpbase; then \
+	  echo "the committed BPF objects or bindings differ from what the C sources compile to."; \
+	  echo "Commit the regenerated files ('make generate'):"; git --no-pager diff --stat -- bpf bench/xdpbase; exit 1; fi
 
 vet:
 	$(GO) vet ./...
 	@out=$$(gofmt -l cmd pkg internal bpf test bench examples 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 
-# Userspace packages under the race detector; BPF and network tests need
-# root and run in CI (which is root).
-test: deps check-generated vet build
-	$(GO) test -race -count=1 -timeout 10m ./...
+# Every test, under the race detector. BPF and network tests need root
+# and run in CI (which is root). k8s-tools first, so the test timeout does
+# not include building the API server.
+test: deps check-generated vet build k8s-tools
+	$(GO) test -race -count=1 -timeout 12m ./...
+
+# A real kube-apiserver, etcd and kubectl for test/e2e/k8s, built from the
+# Go module proxy and cached by version in /var/cache/penaltybox (the first
+# build takes 10-20 minutes; later ones a second).
+k8s-tools:
+	scripts/k8s-tools.sh >/dev/null
 
 demo: deps build
 	$(GO) run ./examples/demo --agent bin/agent
 
 bench: deps build
-	$(GO) run ./bench --out bench/RESULTS.md
+	$(GO) run ./bench --out bench/RESULTS.md --agent bin/agent $(BENCHFLAGS)
 
 # teardown removes the datapath left by a standalone agent on this host.
 teardown: build

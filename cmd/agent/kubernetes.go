@@ -27,15 +27,34 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The agent stops when ctx ends or when the controller fails for good;
+	// the HTTP server started below stops with it.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	a, err := start(ctx, o, log, config.DefaultMaglevTableSize)
 	if err != nil {
 		return err
 	}
 	defer a.close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 
-	// 1. Desired state: the controller's first snapshot is complete (all
+	// 1. The node: its interfaces and its own addresses, watched from now
+	// on. The controller needs the addresses before its first snapshot.
+	lopts := nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
+		Logger: log.With("component", "interfaces")}
+	node := make(chan nodelinks.Update)
+	go func() {
+		if err := nodelinks.Watch(ctx, lopts, node); err != nil {
+			log.Error("interface watch stopped", "err", err)
+		}
+	}()
+	var firstNode nodelinks.Update
+	select {
+	case firstNode = <-node:
+	case <-ctx.Done():
+		return a.stop()
+	}
+
+	// 2. Desired state: the controller's first snapshot is complete (all
 	// caches synced), so a restarted agent never drops a service it had.
 	ctrl := k8s.New(client, k8s.Options{
 		NodeName:        o.nodeName,
@@ -43,6 +62,7 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 		InvalidSettings: a.metrics.InvalidSettings,
 		Logger:          log.With("component", "kubernetes"),
 	})
+	ctrl.SetLocalAddrs(firstNode.Addrs)
 	a.notify = func(s *reconcile.Service, b *reconcile.Backend, t accrual.Transition) {
 		if s == nil {
 			return // the service is gone: no object to attach an Event to
@@ -60,58 +80,53 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	select {
 	case first = <-states:
 	case err := <-ctrlDone:
+		if ctx.Err() != nil {
+			return a.stop()
+		}
 		return fmt.Errorf("kubernetes: %w", err)
 	case <-ctx.Done():
 		return a.stop()
 	}
 	a.applyDesired(first)
 
-	// 2. XDP hooks: the first set synchronously, later ones as they change.
-	// Traffic goes through the kernel stack after NAT (no XDP_REDIRECT):
-	// a pod's veth can only take redirected frames if the CNI enabled GRO
-	// or XDP on the pod's end, which the agent cannot know.
+	// 3. XDP hooks, once the maps hold the services; later changes as they
+	// come. Traffic goes through the kernel stack after NAT (no
+	// XDP_REDIRECT): a pod's veth can only take redirected frames if the
+	// CNI enabled GRO or XDP on the pod's end, which the agent cannot know.
 	if err := a.maps.SetRedirect(nil); err != nil {
 		return err
 	}
 	if err := a.maps.SetConfig(0); err != nil {
 		return err
 	}
-	lopts := nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
-		Logger: log.With("component", "interfaces")}
-	links := make(chan []nodelinks.Link)
-	go func() {
-		if err := nodelinks.Watch(ctx, lopts, links); err != nil {
-			log.Error("interface watch stopped", "err", err)
-		}
-	}()
 	att := &attacher{a: a, have: map[string]int{}}
-	select {
-	case ls := <-links:
-		att.apply(ls, true)
-	case <-ctx.Done():
-		return a.stop()
-	}
+	att.apply(firstNode.Links, true)
+	attached := len(att.have) // att is the goroutine's from here on
 	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	wg.Go(func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case ls := <-links:
-				att.apply(ls, false)
+			case u := <-node:
+				att.apply(u.Links, false)
+				ctrl.SetLocalAddrs(u.Addrs)
 			}
 		}
 	})
-	defer wg.Wait()
 
-	// 3. Accrual state from before a restart, readiness, outcomes.
+	// 4. Accrual state from before a restart, readiness, outcomes.
 	if err := a.begin(); err != nil {
 		return err
 	}
 	log.Info("datapath ready", "mode", "kubernetes", "node", o.nodeName,
-		"interfaces", len(att.have), "services", len(first.Services))
+		"interfaces", attached, "services", len(first.Services))
 
-	// 4. The loop, fed by the controller.
+	// 5. The loop, fed by the controller.
 	loopDone := make(chan struct{})
 	go func() {
 		// A controller that fails after its first snapshot ends the agent,

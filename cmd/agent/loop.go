@@ -263,6 +263,12 @@ func (a *agent) ready() error {
 	if !a.readyAt.Load() {
 		return fmt.Errorf("datapath not attached and programmed yet")
 	}
+	a.mu.RLock()
+	failing := len(a.retry)
+	a.mu.RUnlock()
+	if failing > 0 {
+		return fmt.Errorf("%d services could not be programmed (retrying; see the log)", failing)
+	}
 	return nil
 }
 

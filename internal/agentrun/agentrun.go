@@ -76,7 +76,9 @@ type Agent struct {
 }
 
 // New prepares an agent: a private bpffs mounted under dir (so tests
-// never touch /sys/fs/bpf), and the config written. Call Start.
+// never touch /sys/fs/bpf), and the config written. Call Start. An empty
+// config means no config file and no --config flag (Kubernetes mode: the
+// caller's Args say where the API server is).
 func New(binary string, node *testnet.NS, dir, config string) (*Agent, error) {
 	mnt := filepath.Join(dir, "bpffs")
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
@@ -92,6 +94,10 @@ func New(binary string, node *testnet.NS, dir, config string) (*Agent, error) {
 		BPFFSRoot:  filepath.Join(mnt, "penaltybox"),
 		ConfigPath: filepath.Join(dir, "config.yaml"),
 		http:       node.HTTPClient(time.Second),
+	}
+	if config == "" {
+		a.ConfigPath = ""
+		return a, nil
 	}
 	if err := a.WriteConfig(config); err != nil {
 		return nil, err
@@ -132,8 +138,11 @@ func (a *Agent) StartNoWait() error {
 	if err != nil {
 		return err
 	}
-	args := append([]string{"--config", a.ConfigPath, "--bpffs-root", a.BPFFSRoot,
-		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", MetricsPort)}, a.Args...)
+	args := []string{"--bpffs-root", a.BPFFSRoot, "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", MetricsPort)}
+	if a.ConfigPath != "" {
+		args = append(args, "--config", a.ConfigPath)
+	}
+	args = append(args, a.Args...)
 	cmd := exec.Command(a.Binary, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := a.Node.Start(cmd); err != nil {

@@ -1,0 +1,24 @@
+# The agent image that deploy/daemonset.yaml runs (penaltybox/agent):
+#
+#   docker build -t REGISTRY/penaltybox/agent:TAG .
+#
+# Build stage: a static Go binary. The BPF object and its Go bindings are
+# committed (bpf/lb_bpfel.o, bpf/lb_bpfel.go), so no clang is needed.
+ARG GO_VERSION=1.26.8
+FROM golang:${GO_VERSION}-bookworm AS build
+WORKDIR /src
+ENV CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY bpf/ bpf/
+COPY cmd/ cmd/
+COPY pkg/ pkg/
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    go build -trimpath -ldflags="-s -w" -o /out/agent ./cmd/agent
+
+# Run stage: nothing but the binary (no shell, no libc). The agent runs as
+# uid 0 with only the capabilities the DaemonSet adds (BPF, NET_ADMIN,
+# PERFMON); distroless/static's default user is root for that reason.
+FROM gcr.io/distroless/static-debian12
+COPY --from=build /out/agent /usr/local/bin/agent
+ENTRYPOINT ["/usr/local/bin/agent"]

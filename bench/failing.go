@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/penaltybox/penaltybox/internal/testnet"
+)
+
+type failingOpts struct {
+	Rounds   int
+	Duration time.Duration
+	Rate     float64 // new connections per second, open loop
+}
+
+// maxFailures is N for both penaltybox (maxFailures) and HAProxy
+// (error-limit).
+const maxFailures = 5
+
+// pbAccrual is penaltybox's failure accrual in the failing-backend runs:
+// the connect deadline equals HAProxy's `timeout connect`.
+const pbAccrual = `    failureAccrual:
+      maxFailures: 5
+      minPenalty: 2s
+      maxPenalty: 1m
+      jitterRatio: 0.2
+      connectTimeout: 300ms
+`
+
+func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, ...any)) error {
+	r, err := newRig(agentBin, 3)
+	if err != nil {
+		return err
+	}
+	defer r.close()
+	version, said := haproxyCheck(r.dir)
+
+	const (
+		vPB   = "penaltybox"
+		vNft  = "nftables DNAT (no accrual)"
+		vHAP  = "HAProxy, passive L4 checks"
+		sRef  = "refusing"
+		sDrop = "dropping SYNs"
+	)
+	variants := []struct {
+		name  string
+		start func() (lb, error)
+	}{
+		{vNft, r.nftables},
+		{vHAP, func() (lb, error) { return r.haproxy(true, maxFailures) }},
+		{vPB, func() (lb, error) { return r.penaltybox(false, pbAccrual) }},
+	}
+	scenarios := []struct {
+		name string
+		mode testnet.Mode
+	}{{sRef, testnet.Refuse}, {sDrop, testnet.Blackhole}}
+
+	bad := r.topo.Backend(3)
+	for round := range o.Rounds {
+		for _, sc := range scenarios {
+			for _, v := range variants {
+				if err := r.flushConntrack(); err != nil {
+					return err
+				}
+				l, err := v.start()
+				if err != nil {
+					return fmt.Errorf("%s: %w", v.name, err)
+				}
+				if err := bad.SetMode(sc.mode); err != nil {
+					l.stop()
+					return err
+				}
+				rs, err := testnet.Load(context.Background(), r.topo.Client, testnet.LoadSpec{
+					Target: vipTarget, Rate: o.Rate, Duration: o.Duration,
+					// Long enough for one SYN retransmission (1 s).
+					ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second,
+				})
+				serr := bad.SetMode(testnet.Serve)
+				if lerr := l.stop(); lerr != nil && serr == nil {
+					serr = lerr
+				}
+				if err != nil {
+					return fmt.Errorf("%s/%s: load: %w", sc.name, v.name, err)
+				}
+				if serr != nil {
+					return serr
+				}
+				all := rs.SuccessRate()
+				after, ok := rs.AfterFailures(maxFailures)
+				if !ok {
+					after = rs // fewer client-visible failures than N
+				}
+				last := 0.0
+				t0 := rs[0].Scheduled
+				for _, x := range rs {
+					if x.Class.Failed() {
+						last = math.Max(last, x.End().Sub(t0).Seconds())
+					}
+				}
+				add := func(what, unit string, v float64, digits int) {
+					f := res.figure("failing", sc.name+": "+what, unit)
+					f.Samples = append(f.Samples, v)
+					f.Digits = digits
+				}
+				add(v.name+": success rate, all connections", "%", 100*all, 2)
+				add(v.name+fmt.Sprintf(": success rate after the first %d failures", maxFailures), "%", 100*after.SuccessRate(), 3)
+				add(v.name+": time until the last failure", "s", last, 2)
+				add(v.name+": failed connections", "count", float64(rs.Failures()), 0)
+				logf("failing: round %d/%d: %-14s %-28s %v; last failure at %.2fs", round+1, o.Rounds, sc.name, v.name, rs, last)
+			}
+		}
+	}
+	// Ratios: success rates and failures against HAProxy's passive checks.
+	for _, f := range res.Figures {
+		if f.Part != "failing" {
+			continue
+		}
+		for _, sc := range scenarios {
+			for _, suffix := range []string{": success rate, all connections", fmt.Sprintf(": success rate after the first %d failures", maxFailures), ": failed connections"} {
+				if f.Name == sc.name+": "+vPB+suffix || f.Name == sc.name+": "+vNft+suffix {
+					f.Baseline = sc.name + ": " + vHAP + suffix
+				}
+			}
+		}
+	}
+	sortFailing(res)
+
+	res.note("failing", "Same topology as part 2; backend b3 refuses (its listener closed: the kernel answers SYN with RST) or drops SYNs (nftables in its namespace), for the whole run. Open loop: %.0f new connections per second for %v (one HTTP request each, scheduled by the clock whatever earlier attempts do), client connect timeout 3 s (room for one SYN retransmission) and 3 s for the response. A fresh load balancer per run; scenarios and variants interleaved in every round.", o.Rate, o.Duration)
+	res.note("failing", "penaltybox: maxFailures %d, minPenalty 2s, maxPenalty 1m, jitterRatio 0.2, connectTimeout 300ms (its own connect deadline, equal to HAProxy's `timeout connect`). After the penalty a probe (one real connection) goes to the backend; while it still fails, that probe is a client-visible failure and the penalty doubles (2 s, then 4 s, ±20%%): how many of them fall inside a %v run shows in its failed connections and its time until the last failure. Dropped SYNs: the agent's 300 ms deadline ejects the backend, and the clients' retransmitted SYNs (after 1 s) are moved to a healthy backend in the kernel, so they succeed.", maxFailures, o.Duration)
+	res.note("failing", "HAProxy (%s): `mode tcp`, `balance roundrobin`, `retries 3`, `timeout connect 300ms`, servers `check inter 60s observe layer4 error-limit %d on-error mark-down`. The documentation says observe needs health checks enabled; `haproxy -c` says: %s so `check` is on, with `inter 60s` so active checks stay out of a run (a marked-down server then stays down for the run: no probe, so no late failure, but also no way back until an active check passes). No `option redispatch`: a failed connect is retried on the same server, as configured by default.", version, maxFailures, said)
+	res.note("failing", noFailureNote)
+
+	for _, sc := range scenarios {
+		pbAfter := res.median("failing", sc.name+": "+vPB+fmt.Sprintf(": success rate after the first %d failures", maxFailures))
+		hapAll := res.median("failing", sc.name+": "+vHAP+": success rate, all connections")
+		pbAll := res.median("failing", sc.name+": "+vPB+": success rate, all connections")
+		res.Targets = append(res.Targets, aboveHAProxy(sc.name, pbAll-hapAll))
+		res.target("failing", sc.name+fmt.Sprintf(": penaltybox success rate after the first %d failures ≥ 99.9%%", maxFailures), pbAfter, 99.9, false, "%.3f%%")
+	}
+	return nil
+}
+
+func sortFailing(res *Results) {
+	var other, fl []*Figure
+	for _, f := range res.Figures {
+		if f.Part == "failing" {
+			fl = append(fl, f)
+		} else {
+			other = append(other, f)
+		}
+	}
+	// Group by scenario then metric, keeping variant order.
+	order := []string{"success rate, all connections", fmt.Sprintf("success rate after the first %d failures", maxFailures), "failed connections", "time until the last failure"}
+	var out []*Figure
+	for _, sc := range []string{"refusing", "dropping SYNs"} {
+		for _, m := range order {
+			for _, f := range fl {
+				if len(f.Name) > len(sc) && f.Name[:len(sc)] == sc && hasSuffix(f.Name, m) {
+					out = append(out, f)
+				}
+			}
+		}
+	}
+	res.Figures = append(other, out...)
+}
+
+func hasSuffix(s, suf string) bool { return len(s) >= len(suf) && s[len(s)-len(suf):] == suf }
+
+// aboveHAProxy judges "success rate above HAProxy's passive checks":
+// strictly above, so a tie is not a win.
+func aboveHAProxy(scenario string, diff float64) Target {
+	t := Target{Part: "failing", What: scenario + ": penaltybox success rate above HAProxy passive checks' (difference, points)",
+		Measured: fmt.Sprintf("%+.2f pts", diff), Met: diff > 0}
+	if !t.Met {
+		t.Missing = "not above"
+		if diff == 0 {
+			t.Missing = "a tie, not above"
+		}
+	}
+	return t
+}
+
+const noFailureNote = "nftables DNAT has no notion of failure: one third of new connections go to b3 all run long. A time until the last failure of 0 means no client-visible failure at all; success rates count every scheduled connection."

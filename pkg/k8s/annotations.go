@@ -1,0 +1,236 @@
+package k8s
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+)
+
+// Annotation keys on a Service. The consecutive-* keys and the mode key
+// have Linkerd spellings (balancer.linkerd.io/…) that are accepted too, so
+// Services annotated for Linkerd carry their settings over; when both
+// spellings of a key are set, ours is the one in force.
+const (
+	AnnotationMode               = "penaltybox.io/failure-accrual"
+	AnnotationMaxFailures        = "penaltybox.io/failure-accrual-consecutive-max-failures"
+	AnnotationMinPenalty         = "penaltybox.io/failure-accrual-consecutive-min-penalty"
+	AnnotationMaxPenalty         = "penaltybox.io/failure-accrual-consecutive-max-penalty"
+	AnnotationJitterRatio        = "penaltybox.io/failure-accrual-consecutive-jitter-ratio"
+	AnnotationConnectTimeout     = "penaltybox.io/failure-accrual-connect-timeout"
+	AnnotationFailureKinds       = "penaltybox.io/failure-accrual-failure-kinds"
+	AnnotationMaxEjectionPercent = "penaltybox.io/failure-accrual-max-ejection-percent"
+
+	// Circuit breaking: live flows the Service (each of its ports) and each
+	// endpoint may hold; 0 is no limit.
+	AnnotationMaxInflight            = "penaltybox.io/max-inflight"
+	AnnotationMaxInflightPerEndpoint = "penaltybox.io/max-inflight-per-endpoint"
+
+	ourPrefix     = "penaltybox.io/"
+	linkerdPrefix = "balancer.linkerd.io/"
+)
+
+// Settings are what a Service's annotations configure.
+type Settings struct {
+	Accrual                accrual.Settings
+	MaxInflight            uint32
+	MaxInflightPerEndpoint uint32
+}
+
+// DefaultSettings are the settings of a Service without annotations:
+// accrual.Defaults() and the given circuit-breaker limit.
+func DefaultSettings(maxInflight uint32) Settings {
+	return Settings{Accrual: accrual.Defaults(), MaxInflight: maxInflight}
+}
+
+// annotation is one settable field: its key, the field it sets (by the
+// config file's name, which is what accrual.Settings.Validate reports),
+// and how to parse it.
+type annotation struct {
+	key     string
+	field   string
+	linkerd bool // balancer.linkerd.io/ spelling accepted
+	set     func(s *Settings, v string) error
+}
+
+// acc adapts a parser of an accrual setting.
+func acc(f func(s *accrual.Settings, v string) error) func(*Settings, string) error {
+	return func(s *Settings, v string) error { return f(&s.Accrual, v) }
+}
+
+var annotations = []annotation{
+	{AnnotationMode, "mode", true, acc(func(s *accrual.Settings, v string) error {
+		switch m := accrual.Mode(v); m {
+		case accrual.ModeConsecutive, accrual.ModeNone:
+			s.Mode = m
+			return nil
+		}
+		return errors.New("unknown mode (want consecutive or none)")
+	})},
+	{AnnotationMaxFailures, "maxFailures", true, acc(func(s *accrual.Settings, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errors.New("want a whole number of failures, e.g. 7")
+		}
+		s.MaxFailures = n
+		return nil
+	})},
+	{AnnotationMinPenalty, "minPenalty", true, durationSetter(func(s *accrual.Settings) *time.Duration { return &s.MinPenalty })},
+	{AnnotationMaxPenalty, "maxPenalty", true, durationSetter(func(s *accrual.Settings) *time.Duration { return &s.MaxPenalty })},
+	{AnnotationJitterRatio, "jitterRatio", true, acc(func(s *accrual.Settings, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return errors.New("want a number within [0, 1], e.g. 0.5")
+		}
+		s.JitterRatio = f
+		return nil
+	})},
+	{AnnotationConnectTimeout, "connectTimeout", false, durationSetter(func(s *accrual.Settings) *time.Duration { return &s.ConnectTimeout })},
+	{AnnotationFailureKinds, "failureKinds", false, acc(func(s *accrual.Settings, v string) error {
+		var set accrual.Kinds
+		for _, name := range strings.Split(v, ",") {
+			k, err := accrual.ParseKind(strings.TrimSpace(name))
+			if err != nil {
+				return fmt.Errorf("unknown failure kind %q (want a comma-separated list of refused, timeout, reset, reset-after-data)", strings.TrimSpace(name))
+			}
+			if set.Has(k) {
+				return fmt.Errorf("failure kind %q listed twice", k)
+			}
+			set |= accrual.KindsOf(k)
+		}
+		s.FailureKinds = set
+		return nil
+	})},
+	{AnnotationMaxEjectionPercent, "maxEjectionPercent", false, acc(func(s *accrual.Settings, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errors.New("want a whole percentage within [0, 100], e.g. 50")
+		}
+		s.MaxEjectionPercent = n
+		return nil
+	})},
+	{AnnotationMaxInflight, "maxInflight", false, limitSetter(func(s *Settings) *uint32 { return &s.MaxInflight })},
+	{AnnotationMaxInflightPerEndpoint, "maxInflightPerEndpoint", false, limitSetter(func(s *Settings) *uint32 { return &s.MaxInflightPerEndpoint })},
+}
+
+// durationSetter parses Go durations ("500ms", "10s", "1m"), as the config
+// file and Linkerd do. Sign and range are Validate's business.
+func durationSetter(field func(*accrual.Settings) *time.Duration) func(*Settings, string) error {
+	return acc(func(s *accrual.Settings, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return errors.New(`invalid duration (want e.g. "500ms", "10s", "5m")`)
+		}
+		*field(s) = d
+		return nil
+	})
+}
+
+// limitSetter parses a flow limit: a whole number, 0 for none.
+func limitSetter(field func(*Settings) *uint32) func(*Settings, string) error {
+	return func(s *Settings, v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return errors.New("want a whole number of flows, 0 for no limit")
+		}
+		*field(s) = uint32(n)
+		return nil
+	}
+}
+
+// partner names, for each field that accrual.Settings.Validate checks
+// against another, that other field, so a cross-field error lands on the
+// annotation that was actually set. pkg/config keeps the same table for
+// config files; both mirror Validate's cross-field rules.
+var partner = map[string]string{
+	"minPenalty":   "maxPenalty",
+	"maxPenalty":   "minPenalty",
+	"failureKinds": "mode",
+}
+
+// AnnotationError is one invalid annotation: the key as written on the
+// Service (ours or Linkerd's spelling), its value and what is wrong.
+type AnnotationError struct {
+	Key   string
+	Value string
+	Msg   string
+}
+
+func (e *AnnotationError) Error() string {
+	return fmt.Sprintf("annotation %s=%q: %s", e.Key, e.Value, e.Msg)
+}
+
+// ParseAnnotations overlays the annotations found in ann onto base (whose
+// accrual settings must be valid) and validates the result. On any error
+// the returned settings are base unchanged: a Service's settings apply
+// whole or not at all, never half of an edit. Every invalid key is
+// reported, in the order of the table above.
+func ParseAnnotations(ann map[string]string, base Settings) (Settings, []*AnnotationError) {
+	s := base
+	var errs []*AnnotationError
+	keys := map[string]string{}   // field → the key that set it
+	values := map[string]string{} // field → the value as written
+	for _, a := range annotations {
+		key, v, ok := lookup(ann, a)
+		if !ok {
+			continue
+		}
+		keys[a.field] = key
+		values[a.field] = v
+		if strings.TrimSpace(v) == "" {
+			errs = append(errs, &AnnotationError{key, v, "empty value (remove the annotation to use the default)"})
+			continue
+		}
+		if err := a.set(&s, strings.TrimSpace(v)); err != nil {
+			errs = append(errs, &AnnotationError{key, v, err.Error()})
+		}
+	}
+	if len(errs) > 0 {
+		return base, errs
+	}
+	if err := s.Accrual.Validate(); err != nil {
+		var fe *accrual.FieldError
+		if !errors.As(err, &fe) {
+			return base, []*AnnotationError{{Msg: err.Error()}}
+		}
+		field := fe.Field
+		if key, ok := keys[field]; ok {
+			return base, []*AnnotationError{{key, values[field], fe.Msg}}
+		}
+		if p, ok := partner[field]; ok {
+			if key, ok := keys[p]; ok {
+				return base, []*AnnotationError{{key, values[p], "conflicts with the default of " + keyOf(field) + " (" + fe.Error() + ")"}}
+			}
+		}
+		// Only a rule this package does not know of gets here.
+		return base, []*AnnotationError{{Msg: "settings invalid: " + fe.Error()}}
+	}
+	return s, nil
+}
+
+// keyOf returns our annotation key for a settings field.
+func keyOf(field string) string {
+	for _, a := range annotations {
+		if a.field == field {
+			return a.key
+		}
+	}
+	return field
+}
+
+// lookup finds a's value, ours first, then Linkerd's spelling.
+func lookup(ann map[string]string, a annotation) (key, value string, ok bool) {
+	if v, ok := ann[a.key]; ok {
+		return a.key, v, true
+	}
+	if a.linkerd {
+		key := linkerdPrefix + strings.TrimPrefix(a.key, ourPrefix)
+		if v, ok := ann[key]; ok {
+			return key, v, true
+		}
+	}
+	return "", "", false
+}

@@ -1,0 +1,450 @@
+package k8s
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/penaltybox/penaltybox/pkg/desired"
+)
+
+// labelServiceProxyName marks Services (and their slices) that another
+// proxy implementation handles; kube-proxy skips them, and so do we.
+const labelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// Event reasons on Services.
+const (
+	ReasonInvalidAnnotation  = "InvalidAnnotation"
+	ReasonEndpointEjected    = "EndpointEjected"
+	ReasonEndpointRestored   = "EndpointRestored"
+	ReasonEjectionSuppressed = "EjectionSuppressed"
+	ReasonFailingOpen        = "FailingOpen"
+	ReasonFailOpenEnded      = "FailOpenEnded"
+)
+
+// Options configure a Controller.
+type Options struct {
+	// NodeName is this node's name: the source of the Events the agent
+	// writes, and the filter for internalTrafficPolicy: Local.
+	NodeName string
+	// Debounce is how long a change waits for more before the desired
+	// state is handed over (default 100ms): a rollout touching many slices
+	// costs one reprogramming, and no change waits longer than this.
+	Debounce time.Duration
+	// Resync re-reads every Service from the informers' caches this often
+	// (default 5m): a safety net that, computing from scratch, reaches the
+	// same answer and so changes nothing when all is well.
+	Resync time.Duration
+	// MaxInflight is the circuit-breaker limit of Services without a
+	// penaltybox.io/max-inflight annotation (the --max-inflight-default).
+	MaxInflight uint32
+	// InvalidSettings counts rejected annotations by service and key
+	// (penaltybox_invalid_settings_total); may be nil.
+	InvalidSettings *prometheus.CounterVec
+	// Recorder writes Events; nil means one writing to the API server with
+	// client-go's spam filter and aggregation (see NewRecorder).
+	Recorder record.EventRecorder
+	Logger   *slog.Logger
+}
+
+// Controller turns Services and EndpointSlices into the agent's desired
+// state, the way client-go's sample-controller does: informers feed a
+// rate-limited work queue of Service keys, and each key is recomputed from
+// the listers from scratch, never from the order of events. The full
+// desired state is handed over as a snapshot after every change.
+type Controller struct {
+	opts     Options
+	log      *slog.Logger
+	factory  informers.SharedInformerFactory
+	services corelisters.ServiceLister
+	slices   discoverylisters.EndpointSliceLister
+	synced   []cache.InformerSynced
+	queue    workqueue.TypedRateLimitingInterface[string]
+	recorder record.EventRecorder
+	stopRec  func()
+	notes    chan Transition
+
+	mu      sync.Mutex
+	local   map[netip.Addr]bool // the node's own addresses (SetLocalAddrs)
+	entries map[string]*entry   // by Service key "namespace/name"
+	owner   map[string]string   // desired service name → Service key
+	dirty   chan struct{}       // capacity 1: something changed since the last snapshot
+}
+
+// entry is what the controller knows of one Service.
+type entry struct {
+	uid       types.UID
+	services  []desired.Service
+	hostLocal []string // ports left to kube-proxy (see Translate)
+	// lastGood are the settings from the last time all of the Service's
+	// annotations were valid; an invalid edit leaves them in force.
+	lastGood Settings
+	// reported are the invalid "key=value"s already announced by Event and
+	// metric, so each is announced once, not on every recomputation.
+	reported map[string]bool
+}
+
+// New builds a controller on client. Nothing runs until Run.
+func New(client kubernetes.Interface, opts Options) *Controller {
+	if opts.Debounce <= 0 {
+		opts.Debounce = 100 * time.Millisecond
+	}
+	if opts.Resync <= 0 {
+		opts.Resync = 5 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	// kube-proxy's selection: Services another proxy handles, and the
+	// slices of headless Services, never reach us.
+	noProxyName, _ := labels.NewRequirement(labelServiceProxyName, selection.DoesNotExist, nil)
+	noHeadless, _ := labels.NewRequirement(corev1.IsHeadlessService, selection.DoesNotExist, nil)
+	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
+	factory := informers.NewSharedInformerFactoryWithOptions(client, opts.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+
+	c := &Controller{
+		opts:     opts,
+		log:      opts.Logger,
+		factory:  factory,
+		services: factory.Core().V1().Services().Lister(),
+		slices:   factory.Discovery().V1().EndpointSlices().Lister(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "services"}),
+		recorder: opts.Recorder,
+		notes:    make(chan Transition, 1024),
+		entries:  map[string]*entry{},
+		owner:    map[string]string{},
+		dirty:    make(chan struct{}, 1),
+	}
+	if c.recorder == nil {
+		c.recorder, c.stopRec = NewRecorder(client, opts.NodeName)
+	}
+
+	svcInformer := factory.Core().V1().Services().Informer()
+	svcInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueueService,
+		UpdateFunc: func(_, obj any) { c.enqueueService(obj) },
+		DeleteFunc: c.enqueueService,
+	})
+	sliceInformer := factory.Discovery().V1().EndpointSlices().Informer()
+	sliceInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: c.enqueueSlice,
+		UpdateFunc: func(old, obj any) {
+			// A slice relabelled to another Service changes both.
+			c.enqueueSlice(old)
+			c.enqueueSlice(obj)
+		},
+		DeleteFunc: c.enqueueSlice,
+	})
+	c.synced = []cache.InformerSynced{svcInformer.HasSynced, sliceInformer.HasSynced}
+	return c
+}
+
+func (c *Controller) enqueueService(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	c.queue.Add(key)
+}
+
+// enqueueSlice queues the Service a slice belongs to.
+func (c *Controller) enqueueSlice(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	sl, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	if name := sl.Labels[discoveryv1.LabelServiceName]; name != "" {
+		c.queue.Add(sl.Namespace + "/" + name)
+	}
+}
+
+// Run starts the informers, waits for their caches, sends the first
+// complete desired state on out, then one after every change, until ctx
+// ends (then it returns nil). Sends block: the receiver gets the latest
+// state, computed after it was last ready to take one.
+func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
+	defer utilruntime.HandleCrash()
+	defer c.queue.ShutDown()
+	if c.stopRec != nil {
+		defer c.stopRec()
+	}
+	go c.eventLoop(ctx)
+	c.factory.Start(ctx.Done())
+	defer c.factory.Shutdown()
+	c.log.Info("waiting for the Service and EndpointSlice caches")
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return nil // ctx ended
+	}
+	// Compute everything once before the first hand-over: the agent must
+	// never see a partial state, which would remove the services not yet
+	// computed (and their established flows' backends) from the maps.
+	svcs, err := c.services.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	for _, s := range svcs {
+		if err := c.sync(s.Namespace + "/" + s.Name); err != nil {
+			return err
+		}
+	}
+	// The snapshot holds every change so far: no hand-over is pending.
+	select {
+	case <-c.dirty:
+	default:
+	}
+	first := c.snapshot()
+	select {
+	case out <- first:
+	case <-ctx.Done():
+		return nil
+	}
+	c.log.Info("kubernetes caches synced", "services", len(svcs), "ports", len(first.Services))
+
+	go func() {
+		for c.processNext() {
+		}
+	}()
+	c.publish(ctx, out, first)
+	return nil
+}
+
+// publish hands over a snapshot after each change, waiting Debounce for
+// more changes first. A change undone within the wait hands nothing over.
+func (c *Controller) publish(ctx context.Context, out chan<- desired.State, last desired.State) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.dirty:
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(c.opts.Debounce):
+		}
+		// Changes that arrived during the wait are in this snapshot.
+		select {
+		case <-c.dirty:
+		default:
+		}
+		st := c.snapshot()
+		if reflect.DeepEqual(st, last) {
+			continue
+		}
+		select {
+		case out <- st:
+			last = st
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (c *Controller) processNext() bool {
+	key, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(key)
+	if err := c.sync(key); err != nil {
+		c.log.Warn("sync service, retrying", "service", key, "err", err)
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	return true
+}
+
+// sync recomputes one Service's desired services from the listers.
+func (c *Controller) sync(key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil // a malformed key will not get better
+	}
+	svc, err := c.services.Services(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if e, ok := c.entries[key]; ok {
+			c.forget(key, e)
+			delete(c.entries, key)
+			c.markDirty()
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	sel := labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: name})
+	epSlices, err := c.slices.EndpointSlices(ns).List(sel)
+	if err != nil {
+		return err
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[key]
+	if e == nil || e.uid != svc.UID {
+		// A new Service, or one deleted and recreated under the same name:
+		// nothing carries over.
+		if e != nil {
+			c.forget(key, e)
+		}
+		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight)}
+		c.entries[key] = e
+	}
+	settings := c.settings(svc, key, e)
+	services, hostLocal := Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Addrs: c.local})
+	if !slices.Equal(hostLocal, e.hostLocal) {
+		if len(hostLocal) > 0 {
+			c.log.Info("ports with a backend in this node's own network namespace are left to kube-proxy",
+				"service", key, "ports", hostLocal)
+		}
+		e.hostLocal = hostLocal
+	}
+	if reflect.DeepEqual(services, e.services) {
+		return nil
+	}
+	for _, s := range e.services {
+		delete(c.owner, s.Name)
+	}
+	for _, s := range services {
+		c.owner[s.Name] = key
+	}
+	e.services = services
+	c.markDirty()
+	return nil
+}
+
+// settings returns the Service's settings: from its annotations when they
+// are all valid, else the last good ones. Each
+// invalid key=value is announced once, by a Warning Event, a log line and
+// the invalid-settings metric. Called with mu held.
+func (c *Controller) settings(svc *corev1.Service, key string, e *entry) Settings {
+	s, errs := ParseAnnotations(svc.Annotations, DefaultSettings(c.opts.MaxInflight))
+	if len(errs) == 0 {
+		e.lastGood = s
+		e.reported = nil
+		return s
+	}
+	now := map[string]bool{}
+	for _, ae := range errs {
+		id := ae.Key + "=" + ae.Value
+		now[id] = true
+		if e.reported[id] {
+			continue
+		}
+		c.log.Warn("invalid annotation; the last good settings stay in force",
+			"service", key, "key", ae.Key, "value", ae.Value, "err", ae.Msg)
+		if c.opts.InvalidSettings != nil {
+			c.opts.InvalidSettings.WithLabelValues(key, ae.Key).Inc()
+		}
+		c.recorder.Eventf(svc, corev1.EventTypeWarning, ReasonInvalidAnnotation,
+			"%s; the last good settings stay in force", ae.Error())
+	}
+	e.reported = now
+	return e.lastGood
+}
+
+// forget drops what the controller holds for a Service, its
+// invalid-settings series included (a deleted Service's series would
+// otherwise stay forever). Called with mu held.
+func (c *Controller) forget(key string, e *entry) {
+	for _, s := range e.services {
+		if c.owner[s.Name] == key {
+			delete(c.owner, s.Name)
+		}
+	}
+	if c.opts.InvalidSettings != nil {
+		c.opts.InvalidSettings.DeletePartialMatch(prometheus.Labels{"service": key})
+	}
+}
+
+func (c *Controller) markDirty() {
+	select {
+	case c.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// snapshot assembles the full desired state, ordered by name.
+func (c *Controller) snapshot() desired.State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var st desired.State
+	for _, e := range c.entries {
+		st.Services = append(st.Services, e.services...)
+	}
+	slices.SortFunc(st.Services, func(a, b desired.Service) int { return cmp.Compare(a.Name, b.Name) })
+	return st
+}
+
+// SetLocalAddrs tells the controller the node's own addresses; Services
+// are recomputed when they change (see Translate). Call it before Run for
+// the first desired state to take them into account.
+func (c *Controller) SetLocalAddrs(addrs []netip.Addr) {
+	m := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		m[a] = true
+	}
+	c.mu.Lock()
+	changed := !maps.Equal(m, c.local)
+	c.local = m
+	c.mu.Unlock()
+	if !changed {
+		return
+	}
+	// Before Run has synced the caches this lists nothing, and Run's
+	// first pass computes everything anyway.
+	svcs, _ := c.services.List(labels.Everything())
+	for _, s := range svcs {
+		c.queue.Add(s.Namespace + "/" + s.Name)
+	}
+}
+
+// serviceOf returns the Service a desired service name belongs to.
+func (c *Controller) serviceOf(name string) (*corev1.Service, error) {
+	c.mu.Lock()
+	key, ok := c.owner[name]
+	c.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("no Service for %q", name)
+	}
+	ns, n, _ := strings.Cut(key, "/")
+	svc, err := c.services.Services(ns).Get(n)
+	if err != nil {
+		return nil, err
+	}
+	return svc, nil
+}

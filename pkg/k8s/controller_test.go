@@ -1,0 +1,395 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+)
+
+// harness runs a Controller on a fake clientset.
+type harness struct {
+	t       *testing.T
+	ctx     context.Context
+	client  *fake.Clientset
+	ctrl    *Controller
+	rec     *record.FakeRecorder
+	invalid *prometheus.CounterVec
+	states  chan desired.State
+	done    chan error
+}
+
+// debounce is the controller's Debounce in tests, short so they run fast.
+var debounce = 10 * time.Millisecond
+
+func newHarness(t *testing.T, objs ...any) *harness {
+	return newHarnessDebounce(t, debounce, objs...)
+}
+
+func newHarnessDebounce(t *testing.T, debounce time.Duration, objs ...any) *harness {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{
+		t: t, ctx: ctx,
+		rec:     record.NewFakeRecorder(100),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "invalid_settings_total"}, []string{"service", "key"}),
+		states:  make(chan desired.State),
+		done:    make(chan error, 1),
+	}
+	h.client = fake.NewClientset()
+	for _, o := range objs {
+		h.create(o)
+	}
+	h.ctrl = New(h.client, Options{
+		NodeName: "n1", Debounce: debounce, InvalidSettings: h.invalid,
+		Recorder: h.rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	go func() { h.done <- h.ctrl.Run(ctx, h.states) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-h.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return h
+}
+
+func (h *harness) create(o any) {
+	h.t.Helper()
+	var err error
+	switch o := o.(type) {
+	case *corev1.Service:
+		_, err = h.client.CoreV1().Services(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
+	case *discoveryv1.EndpointSlice:
+		_, err = h.client.DiscoveryV1().EndpointSlices(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
+	}
+	if err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) updateService(s *corev1.Service) {
+	h.t.Helper()
+	if _, err := h.client.CoreV1().Services(s.Namespace).Update(h.ctx, s, metav1.UpdateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) updateSlice(s *discoveryv1.EndpointSlice) {
+	h.t.Helper()
+	if _, err := h.client.DiscoveryV1().EndpointSlices(s.Namespace).Update(h.ctx, s, metav1.UpdateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// next waits for the next desired state.
+func (h *harness) next() desired.State {
+	h.t.Helper()
+	select {
+	case st := <-h.states:
+		return st
+	case <-time.After(5 * time.Second):
+		h.t.Fatal("no desired state within 5s")
+	}
+	return desired.State{}
+}
+
+// quiet asserts no desired state is sent for a while.
+func (h *harness) quiet() {
+	h.t.Helper()
+	select {
+	case st := <-h.states:
+		h.t.Fatalf("unexpected desired state %+v", st)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+func (h *harness) event() string {
+	h.t.Helper()
+	select {
+	case e := <-h.rec.Events:
+		return e
+	case <-time.After(5 * time.Second):
+		h.t.Fatal("no Event within 5s")
+	}
+	return ""
+}
+
+func (h *harness) noEvent() {
+	h.t.Helper()
+	select {
+	case e := <-h.rec.Events:
+		h.t.Fatalf("unexpected Event %q", e)
+	default:
+	}
+}
+
+func byName(st desired.State) map[string]desired.Service {
+	out := map[string]desired.Service{}
+	for _, s := range st.Services {
+		out[s.Name] = s
+	}
+	return out
+}
+
+func addrs(s desired.Service) []string {
+	var out []string
+	for _, e := range s.Endpoints {
+		out = append(out, e.Addr.String())
+	}
+	return out
+}
+
+func TestControllerFirstStateIsComplete(t *testing.T) {
+	other := service()
+	other.Name, other.UID, other.Spec.ClusterIP, other.Spec.ClusterIPs = "api", "uid-api", "198.19.0.11", []string{"198.19.0.11"}
+	otherSlice := slice("api-1", httpPort, readyEP("198.18.7.2", "api-a"))
+	otherSlice.Labels[discoveryv1.LabelServiceName] = "api"
+	skipped := service()
+	skipped.Name, skipped.UID, skipped.Labels = "mesh", "uid-mesh", map[string]string{labelServiceProxyName: "other-proxy"}
+	skipped.Spec.ClusterIP, skipped.Spec.ClusterIPs = "198.19.0.12", []string{"198.19.0.12"}
+
+	h := newHarness(t, service(), other, skipped,
+		slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")),
+		slice("web-2", httpPort, readyEP("198.18.2.2", "web-b")),
+		otherSlice)
+	st := h.next()
+	got := byName(st)
+	if len(got) != 2 {
+		t.Fatalf("services %v, want shop/api:http and shop/web:http (shop/mesh belongs to another proxy)", got)
+	}
+	if a := addrs(got["shop/web:http"]); strings.Join(a, ",") != "198.18.1.2:8080,198.18.2.2:8080" {
+		t.Errorf("web endpoints %v: want both slices' endpoints", a)
+	}
+	if a := addrs(got["shop/api:http"]); strings.Join(a, ",") != "198.18.7.2:8080" {
+		t.Errorf("api endpoints %v", a)
+	}
+	if st.Services[0].Name != "shop/api:http" {
+		t.Errorf("services not sorted by name: %v", st.Services)
+	}
+	h.quiet() // the initial adds queued by the informers change nothing
+}
+
+func TestControllerFollowsChanges(t *testing.T) {
+	sl := slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"), readyEP("198.18.2.2", "web-b"))
+	h := newHarness(t, service(), sl)
+	h.next()
+
+	// An endpoint goes not-ready: it leaves the backends.
+	sl.Endpoints[1].Conditions.Ready = new(bool)
+	start := time.Now()
+	h.updateSlice(sl)
+	st := h.next()
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("change took %v to reach the desired state, want well under 1s", d)
+	}
+	if a := addrs(byName(st)["shop/web:http"]); strings.Join(a, ",") != "198.18.1.2:8080" {
+		t.Fatalf("endpoints %v after web-b went not ready", a)
+	}
+
+	// A second slice appears.
+	h.create(slice("web-2", httpPort, readyEP("198.18.3.2", "web-c")))
+	if a := addrs(byName(h.next())["shop/web:http"]); strings.Join(a, ",") != "198.18.1.2:8080,198.18.3.2:8080" {
+		t.Fatalf("endpoints %v after web-2 was created", a)
+	}
+
+	// A port is added to the Service.
+	svc, _ := h.client.CoreV1().Services("shop").Get(h.ctx, "web", metav1.GetOptions{})
+	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP})
+	h.updateService(svc)
+	if got := byName(h.next()); len(got) != 2 || len(got["shop/web:dns"].Endpoints) != 0 {
+		t.Fatalf("after adding port dns: %v", got)
+	}
+
+	// A slice is deleted, then the Service.
+	if err := h.client.DiscoveryV1().EndpointSlices("shop").Delete(h.ctx, "web-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if a := addrs(byName(h.next())["shop/web:http"]); strings.Join(a, ",") != "198.18.3.2:8080" {
+		t.Fatalf("endpoints %v after web-1 was deleted", a)
+	}
+	if err := h.client.CoreV1().Services("shop").Delete(h.ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.next(); len(st.Services) != 0 {
+		t.Fatalf("services after the Service was deleted: %v", st.Services)
+	}
+}
+
+// A burst of changes inside the debounce window is one hand-over.
+func TestControllerDebounces(t *testing.T) {
+	sl := slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"))
+	h := newHarnessDebounce(t, 300*time.Millisecond, service(), sl)
+	h.next()
+	for i := 2; i <= 5; i++ {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("198.18.%d.2", i)}})
+		h.updateSlice(sl)
+	}
+	if n := len(byName(h.next())["shop/web:http"].Endpoints); n != 5 {
+		t.Errorf("first hand-over after the burst has %d endpoints, want all 5", n)
+	}
+	h.quiet()
+}
+
+func TestControllerInvalidAnnotationKeepsLastGood(t *testing.T) {
+	svc := service()
+	svc.Annotations = map[string]string{AnnotationMaxFailures: "3"}
+	h := newHarness(t, svc, slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")))
+	if got := byName(h.next())["shop/web:http"].Accrual.MaxFailures; got != 3 {
+		t.Fatalf("maxFailures = %d, want 3", got)
+	}
+
+	// An invalid value: settings stay, one Warning Event, metric +1.
+	svc.Annotations = map[string]string{AnnotationMaxFailures: "three", AnnotationMinPenalty: "5s"}
+	h.updateService(svc)
+	ev := h.event()
+	for _, want := range []string{"Warning", ReasonInvalidAnnotation, AnnotationMaxFailures, `"three"`, "last good"} {
+		if !strings.Contains(ev, want) {
+			t.Errorf("Event %q does not contain %q", ev, want)
+		}
+	}
+	if v := testutil.ToFloat64(h.invalid.WithLabelValues("shop/web", AnnotationMaxFailures)); v != 1 {
+		t.Errorf("invalid_settings_total = %v, want 1", v)
+	}
+	h.quiet() // nothing changed for the datapath: min-penalty waits with the rest
+
+	// Recomputing (a label change, a resync) does not announce it again.
+	svc.Labels = map[string]string{"touched": "yes"}
+	h.updateService(svc)
+	h.quiet()
+	h.noEvent()
+	if v := testutil.ToFloat64(h.invalid.WithLabelValues("shop/web", AnnotationMaxFailures)); v != 1 {
+		t.Errorf("invalid_settings_total = %v after a recomputation, want still 1", v)
+	}
+
+	// Another invalid value is announced.
+	svc.Annotations[AnnotationMaxFailures] = "-2"
+	h.updateService(svc)
+	if ev := h.event(); !strings.Contains(ev, `"-2"`) {
+		t.Errorf("Event %q does not name the new value", ev)
+	}
+
+	// Fixed: everything applies.
+	svc.Annotations[AnnotationMaxFailures] = "4"
+	h.updateService(svc)
+	acc := byName(h.next())["shop/web:http"].Accrual
+	if acc.MaxFailures != 4 || acc.MinPenalty != 5*time.Second {
+		t.Errorf("accrual %+v, want maxFailures 4 and minPenalty 5s", acc)
+	}
+	if v := testutil.ToFloat64(h.invalid.WithLabelValues("shop/web", AnnotationMaxFailures)); v != 2 {
+		t.Errorf("invalid_settings_total = %v, want 2", v)
+	}
+
+	// Deleting the Service drops its series.
+	if err := h.client.CoreV1().Services("shop").Delete(h.ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.next()
+	if n := testutil.CollectAndCount(h.invalid); n != 0 {
+		t.Errorf("%d invalid_settings_total series left after the Service was deleted", n)
+	}
+}
+
+// A Service created with an invalid annotation gets the defaults, and a
+// recreated Service does not inherit its predecessor's last good settings.
+func TestControllerInvalidFromTheStart(t *testing.T) {
+	svc := service()
+	svc.Annotations = map[string]string{AnnotationMode: "none"}
+	h := newHarness(t, svc)
+	if got := byName(h.next())["shop/web:http"].Accrual.Mode; got != accrual.ModeNone {
+		t.Fatalf("mode %q, want none", got)
+	}
+	if err := h.client.CoreV1().Services("shop").Delete(h.ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.next()
+	svc = service()
+	svc.UID = "uid-web-2"
+	svc.Annotations = map[string]string{AnnotationMode: "off"}
+	h.create(svc)
+	if got := byName(h.next())["shop/web:http"].Accrual; got != accrual.Defaults() {
+		t.Fatalf("accrual %+v, want the defaults", got)
+	}
+	if ev := h.event(); !strings.Contains(ev, `"off"`) {
+		t.Errorf("Event %q", ev)
+	}
+}
+
+func TestControllerNotify(t *testing.T) {
+	h := newHarness(t, service(), slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")))
+	h.next()
+	addr := netip.MustParseAddrPort("198.18.1.2:8080")
+	h.ctrl.Notify(Transition{Service: "shop/web:http", Endpoint: "shop/web-a", Addr: addr, Transition: accrual.Transition{
+		From: accrual.Ready, To: accrual.Ejected, Reason: accrual.ReasonConsecutiveFailures, Kind: accrual.KindRefused, Failures: 7,
+	}})
+	ev := h.event()
+	for _, want := range []string{"Warning", ReasonEndpointEjected, "pod shop/web-a (198.18.1.2:8080)", "port http", "node n1", "7 consecutive failures", "refused"} {
+		if !strings.Contains(ev, want) {
+			t.Errorf("Event %q does not contain %q", ev, want)
+		}
+	}
+	// Transitions that get no Event, and those of unknown services.
+	h.ctrl.Notify(Transition{Service: "shop/web:http", Addr: addr, Transition: accrual.Transition{
+		From: accrual.Ejected, To: accrual.Probation, Reason: accrual.ReasonPenaltyOver}})
+	h.ctrl.Notify(Transition{Service: "shop/gone:http", Addr: addr, Transition: accrual.Transition{
+		From: accrual.Ready, To: accrual.Ejected, Reason: accrual.ReasonConsecutiveFailures}})
+	h.ctrl.Notify(Transition{Service: "shop/web:http", Endpoint: "shop/web-a", Addr: addr, Transition: accrual.Transition{
+		From: accrual.Probation, To: accrual.Ready, Reason: accrual.ReasonProbeSucceeded}})
+	if ev := h.event(); !strings.Contains(ev, "Normal "+ReasonEndpointRestored) || !strings.Contains(ev, "probe connection succeeded") {
+		t.Errorf("Event %q, want the restore", ev)
+	}
+	h.noEvent()
+}
+
+// Notify never blocks, however many transitions come at once.
+func TestNotifyDoesNotBlock(t *testing.T) {
+	c := New(fake.NewClientset(), Options{Recorder: record.NewFakeRecorder(1),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	done := make(chan struct{})
+	go func() {
+		for range 5000 {
+			c.Notify(Transition{Service: "shop/web:http", Transition: accrual.Transition{
+				From: accrual.Ready, To: accrual.Ejected, Reason: accrual.ReasonConsecutiveFailures}})
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Notify blocked with nobody draining the queue")
+	}
+}
+
+// The node's own addresses decide which ports are left to kube-proxy, and
+// a change of them recomputes the Services.
+func TestControllerLocalAddrs(t *testing.T) {
+	h := newHarness(t, service(), slice("web-1", httpPort, readyEP("198.18.1.1", "web-hostnet")))
+	if got := byName(h.next()); len(got) != 1 {
+		t.Fatalf("services %v, want shop/web:http while 198.18.1.1 is not the node's", got)
+	}
+	h.ctrl.SetLocalAddrs([]netip.Addr{netip.MustParseAddr("198.18.1.1")})
+	if got := h.next(); len(got.Services) != 0 {
+		t.Fatalf("services %v, want none: the backend is on the node's own address", got.Services)
+	}
+	h.ctrl.SetLocalAddrs([]netip.Addr{netip.MustParseAddr("198.18.1.1")})
+	h.quiet()
+	h.ctrl.SetLocalAddrs(nil)
+	if got := h.next(); len(got.Services) != 1 {
+		t.Fatalf("services %v, want shop/web:http back", got.Services)
+	}
+}

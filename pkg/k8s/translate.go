@@ -1,0 +1,239 @@
+package k8s
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/penaltybox/penaltybox/pkg/desired"
+)
+
+// ServiceName is the desired-state name of one port of a Service:
+// "namespace/name:port-name", or the port number when the port is unnamed
+// (a single-port Service).
+func ServiceName(namespace, name string, port corev1.ServicePort) string {
+	p := port.Name
+	if p == "" {
+		p = strconv.Itoa(int(port.Port))
+	}
+	return namespace + "/" + name + ":" + p
+}
+
+// Translate turns one Service and its EndpointSlices into desired services,
+// one per ClusterIP port, following kube-proxy's rules:
+//
+//   - Services without a ClusterIP (ExternalName) and headless Services
+//     (ClusterIP None) are not load-balanced: DNS answers for them.
+//   - A Service without a selector is load-balanced like any other, from
+//     whatever EndpointSlices carry its kubernetes.io/service-name label.
+//   - Only IPv4 ClusterIPs and IPv4 EndpointSlices: the datapath is IPv4.
+//   - Ports: TCP and UDP (SCTP is not load-balanced). A Service port takes
+//     the slice ports of the same name and protocol; the slice port's number
+//     is the pod's (named targetPorts are resolved per pod by the slice).
+//   - An endpoint's first address is used. Ready is true unless the
+//     condition says false; serving defaults to ready; terminating to false.
+//   - Backends are the ready endpoints. When none is ready, endpoints that
+//     are terminating but still serving are used instead, so connections
+//     during a rollout's last pod shutting down still land somewhere.
+//   - internalTrafficPolicy: Local keeps only this node's endpoints (by
+//     the endpoint's nodeName), with the same terminating fallback.
+//   - An endpoint listed in two slices (during a slice's handover) counts
+//     once; a ready copy wins over a not-ready one.
+//
+// One rule is ours: a port with a backend on one of the node's own
+// addresses (a host-network pod on this node, like the API server on a
+// control-plane node) is left out and reported in hostLocal, for
+// kube-proxy to handle. That backend's replies leave the host's own
+// network stack straight into the client's veth without crossing any XDP
+// hook, so nothing would rewrite their source back to the ClusterIP.
+//
+// Topology hints are ignored: endpoints are balanced cluster-wide.
+// Endpoints are sorted by address, so the result does not depend on slice
+// or list order. epSlices may include slices of other Services: only those
+// labelled with this Service's name in its namespace are used.
+func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, settings Settings, node Node) (out []desired.Service, hostLocal []string) {
+	vip, ok := clusterIPv4(svc)
+	if !ok {
+		return nil, nil
+	}
+	local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	for _, port := range svc.Spec.Ports {
+		proto, ok := protocol(port.Protocol)
+		if !ok {
+			continue
+		}
+		name := ServiceName(svc.Namespace, svc.Name, port)
+		eps := choose(endpointsFor(svc, port, epSlices), local, node.Name)
+		if slices.ContainsFunc(eps, func(e desired.Endpoint) bool { return node.Addrs[e.Addr.Addr()] }) {
+			hostLocal = append(hostLocal, name)
+			continue
+		}
+		out = append(out, desired.Service{
+			Name:      name,
+			Key:       desired.Key{VIP: vip, Port: uint16(port.Port), Protocol: proto},
+			Endpoints: eps,
+			Accrual:   settings.Accrual,
+			// Each port is its own desired service, so each gets the
+			// Service's limit.
+			MaxInflight:            settings.MaxInflight,
+			MaxInflightPerEndpoint: settings.MaxInflightPerEndpoint,
+		})
+	}
+	return out, hostLocal
+}
+
+// Node is what Translate needs to know of the node it runs on.
+type Node struct {
+	Name string
+	// Addrs are the node's own addresses.
+	Addrs map[netip.Addr]bool
+}
+
+// clusterIPv4 returns the Service's IPv4 ClusterIP, if it has one.
+func clusterIPv4(svc *corev1.Service) (netip.Addr, bool) {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return netip.Addr{}, false
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	for _, s := range ips {
+		if s == corev1.ClusterIPNone {
+			return netip.Addr{}, false
+		}
+		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func protocol(p corev1.Protocol) (desired.Protocol, bool) {
+	switch p {
+	case corev1.ProtocolTCP, "": // the API server defaults it to TCP
+		return desired.TCP, true
+	case corev1.ProtocolUDP:
+		return desired.UDP, true
+	}
+	return 0, false
+}
+
+// endpoint is one slice endpoint for one Service port, with the
+// conditions kube-proxy looks at.
+type endpoint struct {
+	desired.Endpoint
+	ready, serving, terminating bool
+	node                        string
+}
+
+// endpointsFor collects the endpoints of one Service port from the slices,
+// deduplicated by address.
+func endpointsFor(svc *corev1.Service, port corev1.ServicePort, all []*discoveryv1.EndpointSlice) []endpoint {
+	want, _ := protocol(port.Protocol)
+	ordered := make([]*discoveryv1.EndpointSlice, 0, len(all))
+	for _, sl := range all {
+		if sl.Namespace == svc.Namespace && sl.Labels[discoveryv1.LabelServiceName] == svc.Name &&
+			sl.AddressType == discoveryv1.AddressTypeIPv4 {
+			ordered = append(ordered, sl)
+		}
+	}
+	slices.SortFunc(ordered, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+
+	byAddr := map[netip.AddrPort]int{}
+	var out []endpoint
+	for _, sl := range ordered {
+		var portNum int32
+		found := false
+		for _, p := range sl.Ports {
+			name := ""
+			if p.Name != nil {
+				name = *p.Name
+			}
+			proto := desired.TCP
+			if p.Protocol != nil {
+				var ok bool
+				if proto, ok = protocol(*p.Protocol); !ok {
+					continue
+				}
+			}
+			if name == port.Name && proto == want && p.Port != nil {
+				portNum, found = *p.Port, true
+				break
+			}
+		}
+		if !found || portNum <= 0 || portNum > 65535 {
+			continue
+		}
+		for _, e := range sl.Endpoints {
+			if len(e.Addresses) == 0 {
+				continue
+			}
+			addr, err := netip.ParseAddr(e.Addresses[0])
+			if err != nil || !addr.Is4() {
+				continue
+			}
+			ep := endpoint{
+				Endpoint:    desired.Endpoint{Addr: netip.AddrPortFrom(addr, uint16(portNum)), Name: endpointName(sl.Namespace, e)},
+				ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
+				terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+			}
+			ep.serving = ep.ready
+			if e.Conditions.Serving != nil {
+				ep.serving = *e.Conditions.Serving
+			}
+			if e.NodeName != nil {
+				ep.node = *e.NodeName
+			}
+			if i, dup := byAddr[ep.Addr]; dup {
+				if ep.ready && !out[i].ready {
+					out[i] = ep
+				}
+				continue
+			}
+			byAddr[ep.Addr] = len(out)
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// endpointName names the endpoint for people: "namespace/pod" from its
+// targetRef, else its hostname, else nothing (the address stands alone).
+func endpointName(namespace string, e discoveryv1.Endpoint) string {
+	if r := e.TargetRef; r != nil && r.Name != "" {
+		ns := r.Namespace
+		if ns == "" {
+			ns = namespace
+		}
+		return ns + "/" + r.Name
+	}
+	if e.Hostname != nil {
+		return namespace + "/" + *e.Hostname
+	}
+	return ""
+}
+
+// choose picks the backends among eps: ready ones, else serving
+// terminating ones; only this node's when local.
+func choose(eps []endpoint, local bool, nodeName string) []desired.Endpoint {
+	usable := func(pick func(endpoint) bool) []desired.Endpoint {
+		var out []desired.Endpoint
+		for _, e := range eps {
+			if (!local || e.node == nodeName) && pick(e) {
+				out = append(out, e.Endpoint)
+			}
+		}
+		return out
+	}
+	out := usable(func(e endpoint) bool { return e.ready })
+	if len(out) == 0 {
+		out = usable(func(e endpoint) bool { return e.serving && e.terminating })
+	}
+	slices.SortFunc(out, func(a, b desired.Endpoint) int { return a.Addr.Compare(b.Addr) })
+	return out
+}

@@ -1,0 +1,376 @@
+package k8s
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+)
+
+// Test fixtures: a Service "shop/web" and slices for it. Addresses are in
+// 198.18.0.0/15 like every test address of the project.
+
+const vip = "198.19.0.10"
+
+type svcOpt func(*corev1.Service)
+
+func service(opts ...svcOpt) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "uid-web"},
+		Spec: corev1.ServiceSpec{
+			Type:       corev1.ServiceTypeClusterIP,
+			ClusterIP:  vip,
+			ClusterIPs: []string{vip},
+			Selector:   map[string]string{"app": "web"},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)},
+			},
+		},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func ports(ps ...corev1.ServicePort) svcOpt {
+	return func(s *corev1.Service) { s.Spec.Ports = ps }
+}
+
+type ep struct {
+	ip                          string
+	pod                         string
+	ready, serving, terminating *bool
+	node                        string
+}
+
+func slice(name string, sp []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.EndpointSlice {
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name,
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       sp,
+	}
+	for _, e := range eps {
+		x := discoveryv1.Endpoint{
+			Addresses:  []string{e.ip},
+			Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Serving: e.serving, Terminating: e.terminating},
+		}
+		if e.pod != "" {
+			x.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: e.pod}
+		}
+		if e.node != "" {
+			x.NodeName = ptr.To(e.node)
+		}
+		sl.Endpoints = append(sl.Endpoints, x)
+	}
+	return sl
+}
+
+func sport(name string, port int32, proto corev1.Protocol) discoveryv1.EndpointPort {
+	p := discoveryv1.EndpointPort{Port: ptr.To(port), Protocol: ptr.To(proto)}
+	if name != "" {
+		p.Name = ptr.To(name)
+	}
+	return p
+}
+
+var httpPort = []discoveryv1.EndpointPort{sport("http", 8080, corev1.ProtocolTCP)}
+
+func readyEP(ip, pod string) ep { return ep{ip: ip, pod: pod, ready: ptr.To(true)} }
+
+func dep(addr, name string) desired.Endpoint {
+	return desired.Endpoint{Addr: netip.MustParseAddrPort(addr), Name: name}
+}
+
+func dsvc(name string, port uint16, proto desired.Protocol, eps ...desired.Endpoint) desired.Service {
+	return desired.Service{
+		Name:      name,
+		Key:       desired.Key{VIP: netip.MustParseAddr(vip), Port: port, Protocol: proto},
+		Endpoints: eps,
+		Accrual:   accrual.Defaults(),
+	}
+}
+
+func TestTranslate(t *testing.T) {
+	T, F := ptr.To(true), ptr.To(false)
+	tests := []struct {
+		name   string
+		svc    *corev1.Service
+		slices []*discoveryv1.EndpointSlice
+		node   string
+		addrs  []string // the node's own addresses
+		want   []desired.Service
+		// hostLocal are the ports left to kube-proxy.
+		hostLocal []string
+	}{
+		{
+			name:   "one port, ready endpoints sorted by address, named by pod",
+			svc:    service(),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort, readyEP("198.18.2.2", "web-b"), readyEP("198.18.1.2", "web-a"))},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP,
+				dep("198.18.1.2:8080", "shop/web-a"), dep("198.18.2.2:8080", "shop/web-b"))},
+		},
+		{
+			name: "multi-port TCP and UDP, each port its own service",
+			svc: service(ports(
+				corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP},
+				corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+				corev1.ServicePort{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP},
+			)),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", []discoveryv1.EndpointPort{
+				sport("http", 8080, corev1.ProtocolTCP),
+				sport("dns", 5353, corev1.ProtocolUDP),
+				sport("dns-tcp", 5354, corev1.ProtocolTCP),
+			}, readyEP("198.18.1.2", "web-a"))},
+			want: []desired.Service{
+				dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a")),
+				dsvc("shop/web:dns", 53, desired.UDP, dep("198.18.1.2:5353", "shop/web-a")),
+				dsvc("shop/web:dns-tcp", 53, desired.TCP, dep("198.18.1.2:5354", "shop/web-a")),
+			},
+		},
+		{
+			name: "port matched by name and protocol, not by number",
+			svc: service(ports(
+				corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+			)),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", []discoveryv1.EndpointPort{
+				sport("dns", 5354, corev1.ProtocolTCP), // same name, other protocol
+				sport("dns", 5353, corev1.ProtocolUDP),
+			}, readyEP("198.18.1.2", "web-a"))},
+			want: []desired.Service{dsvc("shop/web:dns", 53, desired.UDP, dep("198.18.1.2:5353", "shop/web-a"))},
+		},
+		{
+			name: "unnamed single port is named by number; slice port nil protocol is TCP",
+			svc:  service(ports(corev1.ServicePort{Port: 8443, Protocol: corev1.ProtocolTCP})),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1",
+				[]discoveryv1.EndpointPort{{Port: ptr.To[int32](443)}}, readyEP("198.18.1.2", "web-a"))},
+			want: []desired.Service{dsvc("shop/web:8443", 8443, desired.TCP, dep("198.18.1.2:443", "shop/web-a"))},
+		},
+		{
+			// A named targetPort resolves per pod: pods with different
+			// numbers for "web" land in different slices.
+			name: "named target port resolved differently in two slices",
+			svc: service(ports(corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP,
+				TargetPort: intstr.FromString("web")})),
+			slices: []*discoveryv1.EndpointSlice{
+				slice("web-1", []discoveryv1.EndpointPort{sport("http", 8080, corev1.ProtocolTCP)}, readyEP("198.18.1.2", "web-a")),
+				slice("web-2", []discoveryv1.EndpointPort{sport("http", 9090, corev1.ProtocolTCP)}, readyEP("198.18.2.2", "web-b")),
+			},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP,
+				dep("198.18.1.2:8080", "shop/web-a"), dep("198.18.2.2:9090", "shop/web-b"))},
+		},
+		{
+			name: "two slices for one Service are merged; a duplicate counts once, ready copy wins",
+			svc:  service(),
+			slices: []*discoveryv1.EndpointSlice{
+				slice("web-b", httpPort, readyEP("198.18.2.2", "web-b"), readyEP("198.18.1.2", "web-a-new")),
+				slice("web-a", httpPort, ep{ip: "198.18.1.2", pod: "web-a-old", ready: F}, readyEP("198.18.3.2", "web-c")),
+			},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP,
+				dep("198.18.1.2:8080", "shop/web-a-new"), dep("198.18.2.2:8080", "shop/web-b"), dep("198.18.3.2:8080", "shop/web-c"))},
+		},
+		{
+			name: "not ready endpoints are left out; nil ready counts as ready",
+			svc:  service(),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort,
+				ep{ip: "198.18.1.2", pod: "web-a", ready: F},
+				ep{ip: "198.18.2.2", pod: "web-b"},
+				ep{ip: "198.18.3.2", pod: "web-c", ready: F, serving: T}, // serving but not terminating: not used
+			)},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.2.2:8080", "shop/web-b"))},
+		},
+		{
+			name: "terminating endpoints are not used while any endpoint is ready",
+			svc:  service(),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort,
+				readyEP("198.18.1.2", "web-a"),
+				ep{ip: "198.18.2.2", pod: "web-b", ready: F, serving: T, terminating: T},
+			)},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+		},
+		{
+			name: "with no ready endpoint, serving terminating ones are used (not the non-serving ones)",
+			svc:  service(),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort,
+				ep{ip: "198.18.1.2", pod: "web-a", ready: F, serving: T, terminating: T},
+				ep{ip: "198.18.2.2", pod: "web-b", ready: F, serving: F, terminating: T},
+				ep{ip: "198.18.3.2", pod: "web-c", ready: F},
+			)},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+		},
+		{
+			name: "no endpoints at all: the service exists and drops new flows",
+			svc:  service(),
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP)},
+		},
+		{
+			name: "internalTrafficPolicy Local keeps this node's endpoints",
+			svc: service(func(s *corev1.Service) {
+				s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+			}),
+			node: "n1",
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort,
+				ep{ip: "198.18.1.2", pod: "web-a", ready: T, node: "n1"},
+				ep{ip: "198.18.2.2", pod: "web-b", ready: T, node: "n2"},
+			)},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+		},
+		{
+			name: "internalTrafficPolicy Local falls back to local serving terminating endpoints, never remote ones",
+			svc: service(func(s *corev1.Service) {
+				s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+			}),
+			node: "n1",
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort,
+				ep{ip: "198.18.1.2", pod: "web-a", ready: F, serving: T, terminating: T, node: "n1"},
+				ep{ip: "198.18.2.2", pod: "web-b", ready: T, node: "n2"},
+			)},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+		},
+		{
+			name: "Service without selector: its manually managed slices are used; endpoints without targetRef unnamed",
+			svc:  service(func(s *corev1.Service) { s.Spec.Selector = nil }),
+			slices: []*discoveryv1.EndpointSlice{slice("web-manual", httpPort,
+				ep{ip: "198.18.9.2"}, readyEP("198.18.8.2", ""))},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP,
+				dep("198.18.8.2:8080", ""), dep("198.18.9.2:8080", ""))},
+		},
+		{
+			name:   "headless Service: nothing",
+			svc:    service(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"))},
+		},
+		{
+			name: "ExternalName Service: nothing",
+			svc: service(func(s *corev1.Service) {
+				s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "", nil, "db.shop.svc.cluster.local"
+			}),
+		},
+		{
+			name:   "NodePort and LoadBalancer Services keep their ClusterIP",
+			svc:    service(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeLoadBalancer }),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"))},
+			want:   []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+		},
+		{
+			name: "dual-stack: the IPv4 ClusterIP and IPv4 slices only",
+			svc: service(func(s *corev1.Service) {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10", vip}
+			}),
+			slices: []*discoveryv1.EndpointSlice{
+				func() *discoveryv1.EndpointSlice {
+					sl := slice("web-v6", httpPort, readyEP("fd00::1:2", "web-a"))
+					sl.AddressType = discoveryv1.AddressTypeIPv6
+					return sl
+				}(),
+				slice("web-v4", httpPort, readyEP("198.18.1.2", "web-a")),
+			},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+		},
+		{
+			name:   "IPv6-only Service: nothing",
+			svc:    service(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10"} }),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"))},
+		},
+		{
+			name: "SCTP ports are skipped",
+			svc: service(ports(
+				corev1.ServicePort{Name: "sig", Port: 3868, Protocol: corev1.ProtocolSCTP},
+				corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP},
+			)),
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", []discoveryv1.EndpointPort{
+				sport("sig", 3868, corev1.ProtocolSCTP), sport("http", 8080, corev1.ProtocolTCP),
+			}, readyEP("198.18.1.2", "web-a"))},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+		},
+		{
+			name: "slices of other Services, a port missing from a slice, and endpoints without addresses are ignored",
+			svc:  service(),
+			slices: []*discoveryv1.EndpointSlice{
+				func() *discoveryv1.EndpointSlice {
+					sl := slice("api-1", httpPort, readyEP("198.18.7.2", "api-a"))
+					sl.Labels[discoveryv1.LabelServiceName] = "api"
+					return sl
+				}(),
+				func() *discoveryv1.EndpointSlice {
+					sl := slice("web-other-ns", httpPort, readyEP("198.18.6.2", "web-x"))
+					sl.Namespace = "other"
+					return sl
+				}(),
+				slice("web-noport", []discoveryv1.EndpointPort{sport("metrics", 9090, corev1.ProtocolTCP)}, readyEP("198.18.5.2", "web-m")),
+				func() *discoveryv1.EndpointSlice {
+					sl := slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"))
+					sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Conditions: discoveryv1.EndpointConditions{Ready: T}})
+					return sl
+				}(),
+			},
+			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+		},
+		{
+			// A host-network pod on this node: its replies never cross an
+			// XDP hook, so the port is left to kube-proxy.
+			name: "a port with a backend on the node's own address is left to kube-proxy",
+			svc: service(ports(
+				corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP},
+				corev1.ServicePort{Name: "admin", Port: 81, Protocol: corev1.ProtocolTCP},
+			)),
+			addrs: []string{"198.18.0.1", "198.18.1.1"},
+			slices: []*discoveryv1.EndpointSlice{
+				slice("web-1", httpPort, readyEP("198.18.1.1", "web-hostnet"), readyEP("198.18.2.2", "web-b")),
+				slice("web-2", []discoveryv1.EndpointPort{sport("admin", 9000, corev1.ProtocolTCP)}, readyEP("198.18.2.2", "web-b")),
+			},
+			want:      []desired.Service{dsvc("shop/web:admin", 81, desired.TCP, dep("198.18.2.2:9000", "shop/web-b"))},
+			hostLocal: []string{"shop/web:http"},
+		},
+		{
+			name:   "a not-ready endpoint on the node's address does not matter",
+			svc:    service(),
+			addrs:  []string{"198.18.1.1"},
+			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort, ep{ip: "198.18.1.1", ready: F}, readyEP("198.18.2.2", "web-b"))},
+			want:   []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.2.2:8080", "shop/web-b"))},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			node := Node{Name: tt.node, Addrs: map[netip.Addr]bool{}}
+			for _, a := range tt.addrs {
+				node.Addrs[netip.MustParseAddr(a)] = true
+			}
+			got, hostLocal := Translate(tt.svc, tt.slices, DefaultSettings(0), node)
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got\n%+v\nwant\n%+v", got, tt.want)
+			}
+			if !reflect.DeepEqual(hostLocal, tt.hostLocal) {
+				t.Errorf("left to kube-proxy: %v, want %v", hostLocal, tt.hostLocal)
+			}
+		})
+	}
+}
+
+func TestTranslateCarriesSettings(t *testing.T) {
+	st := DefaultSettings(100)
+	st.Accrual.MaxFailures = 3
+	st.MaxInflightPerEndpoint = 10
+	got, _ := Translate(service(ports(
+		corev1.ServicePort{Name: "a", Port: 80, Protocol: corev1.ProtocolTCP},
+		corev1.ServicePort{Name: "b", Port: 81, Protocol: corev1.ProtocolUDP},
+	)), nil, st, Node{})
+	if len(got) != 2 {
+		t.Fatalf("got %d services, want 2", len(got))
+	}
+	for _, s := range got {
+		if s.Accrual != st.Accrual || s.MaxInflight != 100 || s.MaxInflightPerEndpoint != 10 {
+			t.Errorf("%s: accrual %+v, limits %d/%d; want the Service's settings on every port",
+				s.Name, s.Accrual, s.MaxInflight, s.MaxInflightPerEndpoint)
+		}
+	}
+}

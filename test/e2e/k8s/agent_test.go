@@ -1,0 +1,721 @@
+package k8s
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/internal/agentrun"
+	"github.com/penaltybox/penaltybox/internal/testnet"
+	pbk8s "github.com/penaltybox/penaltybox/pkg/k8s"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+const (
+	nodeName = "e2e-node"
+	shop     = "shop"
+	httpSvc  = "shop/web:http"
+	dnsSvc   = "shop/web:dns"
+)
+
+// servicesView is the part of /admin/services the test reads.
+type servicesView struct {
+	Interfaces []string `json:"interfaces"`
+	Services   []struct {
+		Name     string `json:"name"`
+		ID       uint32 `json:"id"`
+		VIP      string `json:"vip"`
+		Backends []struct {
+			ID       uint32 `json:"id"`
+			Endpoint string `json:"endpoint"`
+			Name     string `json:"name"`
+		} `json:"backends"`
+	} `json:"services"`
+}
+
+// endpointsView is the part of /admin/endpoints the test reads.
+type endpointsView struct {
+	Services []struct {
+		Service   string `json:"service"`
+		Mode      string `json:"mode"`
+		Endpoints []struct {
+			Endpoint string `json:"endpoint"`
+			Name     string `json:"name"`
+			State    string `json:"state"`
+		} `json:"endpoints"`
+	} `json:"services"`
+}
+
+// world is the test's node, cluster and agent.
+type world struct {
+	t     *testing.T
+	ctx   context.Context
+	topo  *testnet.Topology
+	c     *cluster
+	agent *agentrun.Agent
+}
+
+// The issue's scenario, end to end: a Service with annotations and an
+// EndpointSlice pointing at real servers in backend namespaces; the agent
+// in Kubernetes mode, with only the DaemonSet's capabilities and only the
+// RBAC of deploy/, load-balances its ClusterIP; a refusing endpoint is
+// ejected with a Warning Event; annotations retune it live; pod veths are
+// attached and released as they come and go; a deleted Service leaves the
+// maps.
+func TestKubernetesMode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces and BPF (CI runs as root)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := &world{t: t, ctx: ctx, topo: testnet.New(t, testnet.Options{Backends: 3})}
+	for _, b := range w.topo.Backends {
+		if err := b.ServeHTTP(8080); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.ServeUDPEcho(5353); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.c = startCluster(t, w.topo.Node)
+
+	// The agent's identity gets exactly what deploy/rbac.yaml grants.
+	if out, err := w.c.kubectl("apply", "-f", filepath.Join(repoRoot, "deploy", "namespace.yaml"),
+		"-f", filepath.Join(repoRoot, "deploy", "rbac.yaml")); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("kubectl apply:\n%s", strings.TrimSpace(out))
+	}
+
+	// A Service configured with our annotations and Linkerd's.
+	admin := w.c.Admin
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shop}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	annotations := map[string]string{
+		pbk8s.AnnotationMode:           "consecutive",
+		pbk8s.AnnotationMinPenalty:     "20s",
+		pbk8s.AnnotationMaxPenalty:     "1m",
+		pbk8s.AnnotationConnectTimeout: "300ms",
+	}
+	annotations["balancer.linkerd.io/failure-accrual-consecutive-max-failures"] = "5" // Linkerd's spelling
+	svc, err := admin.CoreV1().Services(shop).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: annotations},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "web"},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)},
+				{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromInt32(5353)},
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr(svc.Spec.ClusterIP)
+	if !netip.MustParsePrefix("198.18.0.0/15").Contains(vip) {
+		t.Fatalf("ClusterIP %s outside the test range", vip)
+	}
+	t.Logf("Service shop/web has ClusterIP %s", vip)
+	// No controller-manager runs: the test is the EndpointSlice controller.
+	slice := endpointSlice(1, 2, 3)
+	if _, err := admin.DiscoveryV1().EndpointSlices(shop).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	w.startAgent()
+	w.eventually(10*time.Second, "both ports programmed with 3 backends", func() bool {
+		v := w.services()
+		return len(v.service(httpSvc)) == 3 && len(v.service(dnsSvc)) == 3
+	})
+
+	// Each step builds on the one before: a failed step ends the test.
+	// The world's helpers report to the running step's t.
+	step := func(name string, f func(t *testing.T)) {
+		ok := t.Run(name, func(st *testing.T) {
+			w.t = st
+			defer func() { w.t = t }()
+			f(st)
+		})
+		if !ok {
+			t.FailNow()
+		}
+	}
+
+	step("ClusterIP reaches every backend, TCP and UDP", func(t *testing.T) {
+		rs, err := testnet.Load(ctx, w.topo.Client, testnet.LoadSpec{
+			Target: netip.AddrPortFrom(vip, 80).String(), Rate: 100, Count: 90, ConnectTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rs.Failures() > 0 || len(rs.ByBackend()) != 3 {
+			t.Fatalf("through %s:80: %v, by backend %v; want all OK from b1, b2 and b3", vip, rs, rs.ByBackend())
+		}
+		seen := map[string]bool{}
+		for range 12 {
+			seen[w.udpEcho(netip.AddrPortFrom(vip, 53))] = true
+		}
+		if len(seen) < 2 {
+			t.Errorf("12 UDP flows to %s:53 all went to %v", vip, seen)
+		}
+	})
+
+	step("endpoint changes apply within a second and keep established flows", func(t *testing.T) {
+		conn, first := w.keepAlive(netip.AddrPortFrom(vip, 80))
+		defer conn.Close()
+		i := int(first[1] - '0') // "b2" → 2
+		rest := slices.DeleteFunc([]int{1, 2, 3}, func(x int) bool { return x == i })
+		took := w.updateSlice(rest...)
+		w.eventually(time.Second, fmt.Sprintf("b%d leaves %s", i, httpSvc), func() bool {
+			return len(w.services().service(httpSvc)) == 2
+		})
+		t.Logf("endpoint removal programmed %v after the API write", time.Since(took).Round(time.Millisecond))
+		if got := conn.get(); got != first {
+			t.Fatalf("the established connection to %s now answers %q", first, got)
+		}
+		took = w.updateSlice(1, 2, 3)
+		w.eventually(time.Second, "the endpoint is back", func() bool { return len(w.services().service(httpSvc)) == 3 })
+		t.Logf("endpoint addition programmed %v after the API write", time.Since(took).Round(time.Millisecond))
+		if got := conn.get(); got != first {
+			t.Fatalf("the established connection to %s now answers %q", first, got)
+		}
+	})
+
+	step("a refusing endpoint is ejected, with an Event and metrics", func(t *testing.T) {
+		if err := w.topo.Backend(3).SetMode(testnet.Refuse); err != nil {
+			t.Fatal(err)
+		}
+		rs, err := testnet.Load(ctx, w.topo.Client, testnet.LoadSpec{
+			Target: netip.AddrPortFrom(vip, 80).String(), Rate: 100, Duration: 2 * time.Second, ConnectTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("load while b3 refuses: %v", rs)
+		if st := w.endpointState(httpSvc, "198.18.3.2:8080"); st != "ejected" {
+			t.Fatalf("b3 is %q, want ejected", st)
+		}
+		ev := w.waitEvent("Warning", pbk8s.ReasonEndpointEjected, "shop/web-3")
+		for _, want := range []string{"198.18.3.2:8080", "port http", "node " + nodeName, "refused"} {
+			if !strings.Contains(ev.Message, want) {
+				t.Errorf("Event message %q does not contain %q", ev.Message, want)
+			}
+		}
+		if ev.Source.Host != nodeName || ev.InvolvedObject.UID != svc.UID {
+			t.Errorf("Event source %+v, object %+v", ev.Source, ev.InvolvedObject)
+		}
+		out, err := w.c.kubectl("describe", "service", "web", "-n", shop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, pbk8s.ReasonEndpointEjected) || !strings.Contains(out, "shop/web-3") {
+			t.Errorf("kubectl describe service does not show the ejection:\n%s", out)
+		}
+		m := w.metrics()
+		if got := m.Get("penaltybox_endpoints", "service", httpSvc, "state", "ejected"); got != 1 {
+			t.Errorf(`penaltybox_endpoints{service=%q,state="ejected"} = %v, want 1`, httpSvc, got)
+		}
+		if got := m.Get("penaltybox_endpoint_ejections_total", "service", httpSvc, "endpoint", "198.18.3.2:8080"); got < 1 {
+			t.Errorf("penaltybox_endpoint_ejections_total of b3 = %v", got)
+		}
+	})
+
+	step("an annotation change takes effect", func(t *testing.T) {
+		start := w.annotate(pbk8s.AnnotationMode, "none")
+		w.eventually(2*time.Second, "accrual mode none, b3 ready again", func() bool {
+			return w.mode(httpSvc) == "none" && w.endpointState(httpSvc, "198.18.3.2:8080") == "ready"
+		})
+		t.Logf("annotation applied %v after the API write", time.Since(start).Round(time.Millisecond))
+		ev := w.waitEvent("Normal", pbk8s.ReasonEndpointRestored, "shop/web-3")
+		if !strings.Contains(ev.Message, "failure accrual was turned off") {
+			t.Errorf("restore Event %q", ev.Message)
+		}
+	})
+
+	step("an invalid annotation keeps the last good settings, with a Warning and a metric", func(t *testing.T) {
+		w.annotate(pbk8s.AnnotationMaxFailures, "lots")
+		ev := w.waitEvent("Warning", pbk8s.ReasonInvalidAnnotation, pbk8s.AnnotationMaxFailures)
+		if !strings.Contains(ev.Message, `"lots"`) {
+			t.Errorf("Event %q does not name the value", ev.Message)
+		}
+		w.eventually(5*time.Second, "the invalid-settings metric", func() bool {
+			return w.metrics().Get("penaltybox_invalid_settings_total", "service", "shop/web", "key", pbk8s.AnnotationMaxFailures) == 1
+		})
+		if m := w.mode(httpSvc); m != "none" {
+			t.Errorf("mode %q, want the last good setting (none)", m)
+		}
+	})
+
+	step("a Service backed by the node's own address is left to kube-proxy", func(t *testing.T) {
+		// Like the API server behind default/kubernetes on a control-plane
+		// node: the backend lives in the node's network namespace, where
+		// no XDP hook would see its replies.
+		hostSvc, err := admin.CoreV1().Services(shop).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "hostnet"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sl := &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: "hostnet-1", Namespace: shop,
+				Labels: map[string]string{discoveryv1.LabelServiceName: "hostnet"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}},
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"198.18.1.1"}, NodeName: ptr.To(nodeName),
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		}
+		if _, err := admin.DiscoveryV1().EndpointSlices(shop).Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.eventually(2*time.Second, "the agent to leave shop/hostnet:http to kube-proxy", func() bool {
+			return w.agent.LogContains("left to kube-proxy", "shop/hostnet", "shop/hostnet:http")
+		})
+		if eps := w.services().service("shop/hostnet:http"); eps != nil {
+			t.Errorf("shop/hostnet:http (ClusterIP %s) is programmed with %v", hostSvc.Spec.ClusterIP, eps)
+		}
+		if err := admin.CoreV1().Services(shop).Delete(ctx, "hostnet", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	step("pod veths are attached as they appear and released as they go", func(t *testing.T) {
+		if _, err := w.topo.Node.Run("ip", "link", "add", "b99", "type", "veth", "peer", "name", "p99"); err != nil {
+			t.Fatal(err)
+		}
+		pin := filepath.Join(w.agent.BPFFSRoot, "links", "b99")
+		w.eventually(2*time.Second, "XDP on the new veth b99", func() bool {
+			_, err := os.Stat(pin)
+			return slices.Contains(w.services().Interfaces, "b99") && err == nil
+		})
+		if slices.Contains(w.services().Interfaces, "p99") {
+			t.Errorf("p99 does not match the pod pattern but got XDP")
+		}
+		if _, err := w.topo.Node.Run("ip", "link", "del", "b99"); err != nil {
+			t.Fatal(err)
+		}
+		w.eventually(2*time.Second, "b99 released", func() bool {
+			_, err := os.Stat(pin)
+			return !slices.Contains(w.services().Interfaces, "b99") && os.IsNotExist(err)
+		})
+	})
+
+	step("a deleted Service leaves the maps", func(t *testing.T) {
+		v := w.services()
+		var ids, backends []uint32
+		for _, s := range v.Services {
+			if strings.HasPrefix(s.Name, "shop/") {
+				ids = append(ids, s.ID)
+				for _, b := range s.Backends {
+					backends = append(backends, b.ID)
+				}
+			}
+		}
+		if n := w.maglevTables(); n == 0 {
+			t.Fatal("pb_maglev holds no table before the Service is deleted")
+		}
+		if err := admin.CoreV1().Services(shop).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.DiscoveryV1().EndpointSlices(shop).Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.eventually(2*time.Second, "shop/web gone from the agent", func() bool {
+			for _, s := range w.services().Services {
+				if strings.HasPrefix(s.Name, "shop/") {
+					return false
+				}
+			}
+			return true
+		})
+		w.checkMapsWithout(vip, ids, backends)
+	})
+}
+
+// startAgent runs the agent in Kubernetes mode in the node namespace, with
+// the DaemonSet's capabilities only.
+func (w *world) startAgent() {
+	t := w.t
+	dir := t.TempDir()
+	caps := daemonSetCapabilities(t)
+	wrapper := filepath.Join(dir, "agent-with-caps")
+	script := fmt.Sprintf("#!/bin/sh\nexec setpriv --bounding-set=-all,%s --inh-caps=-all %s \"$@\"\n", caps, agentBin)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, err := agentrun.New(wrapper, w.topo.Node, dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Args = []string{"--node-name", nodeName, "--kubeconfig", w.c.AgentKubeconfig,
+		"--pod-interfaces", "cl*,b*", "--node-interfaces", "", "--log-level", "debug"}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log tail:\n%s", a.LogTail(60))
+		}
+		// Nothing in the scenario is an agent error; warnings are shown.
+		b, _ := os.ReadFile(a.LogPath())
+		for _, line := range strings.Split(string(b), "\n") {
+			switch {
+			case strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, "operation not permitted"):
+				t.Errorf("the agent needs a capability deploy/daemonset.yaml does not grant (it runs with exactly %s): %s", caps, line)
+			case strings.Contains(line, `"level":"ERROR"`):
+				t.Errorf("agent logged an error: %s", line)
+			case strings.Contains(line, `"level":"WARN"`):
+				t.Logf("agent warning: %s", line)
+			}
+		}
+		if err := a.Close(); err != nil {
+			t.Logf("agent close: %v", err)
+		}
+	})
+	start := time.Now()
+	if err := a.Start(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.agent = a
+	t.Logf("agent ready in %v with capabilities %s (%s)", time.Since(start).Round(time.Millisecond), caps, agentCapEff(a))
+}
+
+// daemonSetCapabilities reads the capabilities deploy/daemonset.yaml adds,
+// in setpriv's spelling ("+bpf,+net_admin,...").
+func daemonSetCapabilities(t *testing.T) string {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "daemonset.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(b, &ds); err != nil {
+		t.Fatal(err)
+	}
+	sc := ds.Spec.Template.Spec.Containers[0].SecurityContext
+	if sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) == 0 {
+		t.Fatalf("daemonset.yaml: want capabilities drop [ALL] and an add list, got %+v", sc)
+	}
+	var out []string
+	for _, c := range sc.Capabilities.Add {
+		out = append(out, "+"+strings.ToLower(strings.TrimPrefix(string(c), "CAP_")))
+	}
+	return strings.Join(out, ",")
+}
+
+// agentCapEff finds the agent process by its bpffs root and returns its
+// effective capability mask, as evidence in the log.
+func agentCapEff(a *agentrun.Agent) string {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(b, []byte(a.BPFFSRoot)) || bytes.Contains(b, []byte("setpriv")) {
+			continue
+		}
+		st, err := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(st), "\n") {
+			if strings.HasPrefix(line, "CapEff:") {
+				return strings.Join(strings.Fields(line), " ")
+			}
+		}
+	}
+	return "CapEff unknown"
+}
+
+// endpointSlice is the Service's slice with backends i (1..3): pod
+// shop/web-i at 198.18.i.2 on this node.
+func endpointSlice(backends ...int) *discoveryv1.EndpointSlice {
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: shop,
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)},
+			{Name: ptr.To("dns"), Port: ptr.To[int32](5353), Protocol: ptr.To(corev1.ProtocolUDP)},
+		},
+	}
+	for _, i := range backends {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{fmt.Sprintf("198.18.%d.2", i)},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			NodeName:   ptr.To(nodeName),
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: shop, Name: fmt.Sprintf("web-%d", i)},
+		})
+	}
+	return sl
+}
+
+// updateSlice sets the slice's endpoints and returns when the API server
+// took the write.
+func (w *world) updateSlice(backends ...int) time.Time {
+	w.t.Helper()
+	cur, err := w.c.Admin.DiscoveryV1().EndpointSlices(shop).Get(w.ctx, "web-1", metav1.GetOptions{})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	cur.Endpoints = endpointSlice(backends...).Endpoints
+	if _, err := w.c.Admin.DiscoveryV1().EndpointSlices(shop).Update(w.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		w.t.Fatal(err)
+	}
+	return time.Now()
+}
+
+// annotate sets one annotation on the Service (a merge patch, as
+// `kubectl annotate` does) and returns when the API server took it.
+func (w *world) annotate(key, value string) time.Time {
+	w.t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, key, value)
+	if _, err := w.c.Admin.CoreV1().Services(shop).Patch(w.ctx, "web", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		w.t.Fatal(err)
+	}
+	return time.Now()
+}
+
+func (w *world) services() servicesView {
+	w.t.Helper()
+	var v servicesView
+	if err := w.agent.JSON(w.ctx, "/admin/services", &v); err != nil {
+		w.t.Fatal(err)
+	}
+	return v
+}
+
+// service returns the endpoints of the named service (nil if absent).
+func (v servicesView) service(name string) []string {
+	for _, s := range v.Services {
+		if s.Name == name {
+			out := []string{}
+			for _, b := range s.Backends {
+				out = append(out, b.Endpoint)
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+func (w *world) endpoints() endpointsView {
+	w.t.Helper()
+	var v endpointsView
+	if err := w.agent.JSON(w.ctx, "/admin/endpoints", &v); err != nil {
+		w.t.Fatal(err)
+	}
+	return v
+}
+
+func (w *world) endpointState(service, ep string) string {
+	for _, s := range w.endpoints().Services {
+		if s.Service != service {
+			continue
+		}
+		for _, e := range s.Endpoints {
+			if e.Endpoint == ep {
+				return e.State
+			}
+		}
+	}
+	return ""
+}
+
+func (w *world) mode(service string) string {
+	for _, s := range w.endpoints().Services {
+		if s.Service == service {
+			return s.Mode
+		}
+	}
+	return ""
+}
+
+func (w *world) metrics() agentrun.Metrics {
+	w.t.Helper()
+	m, err := w.agent.Metrics(w.ctx)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return m
+}
+
+// waitEvent waits for an Event on Service shop/web with the given type and
+// reason whose message contains sub.
+func (w *world) waitEvent(typ, reason, sub string) corev1.Event {
+	w.t.Helper()
+	var found corev1.Event
+	w.eventually(10*time.Second, fmt.Sprintf("%s Event %s mentioning %q on shop/web", typ, reason, sub), func() bool {
+		l, err := w.c.Admin.CoreV1().Events(shop).List(w.ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=Service,involvedObject.name=web"})
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		for _, e := range l.Items {
+			if e.Type == typ && e.Reason == reason && strings.Contains(e.Message, sub) {
+				found = e
+				return true
+			}
+		}
+		return false
+	})
+	w.t.Logf("Event: %s %s %q (from %s/%s)", found.Type, found.Reason, found.Message, found.Source.Component, found.Source.Host)
+	return found
+}
+
+// udpEcho sends one datagram on a new flow and returns the answering
+// backend's name.
+func (w *world) udpEcho(to netip.AddrPort) string {
+	w.t.Helper()
+	c, err := w.topo.Client.DialContext(w.ctx, "udp", to.String())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		w.t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if err != nil {
+		w.t.Fatalf("UDP echo through %s: %v", to, err)
+	}
+	name, payload, _ := strings.Cut(string(buf[:n]), "\n")
+	if payload != "ping" {
+		w.t.Fatalf("UDP echo %q", buf[:n])
+	}
+	return name
+}
+
+// httpConn is one keep-alive HTTP connection through the VIP.
+type httpConn struct {
+	t *testing.T
+	net.Conn
+	r *bufio.Reader
+}
+
+func (w *world) keepAlive(to netip.AddrPort) (*httpConn, string) {
+	w.t.Helper()
+	c, err := w.topo.Client.DialContext(w.ctx, "tcp", to.String())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	hc := &httpConn{t: w.t, Conn: c, r: bufio.NewReader(c)}
+	return hc, hc.get()
+}
+
+// get sends a request and returns the answering backend ("b1", ...).
+func (c *httpConn) get() string {
+	c.t.Helper()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write([]byte("GET / HTTP/1.1\r\nHost: web\r\n\r\n")); err != nil {
+		c.t.Fatalf("established connection: write: %v", err)
+	}
+	resp, err := http.ReadResponse(c.r, nil)
+	if err != nil {
+		c.t.Fatalf("established connection: read: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// checkMapsWithout asserts, on the pinned maps themselves, that a deleted
+// Service left them: no pb_services key holds its ClusterIP, no Maglev
+// table remains, and its backends are retired (kept only for flows still
+// using them, freed by the sweep after a cooldown). What is left in
+// pb_services is exactly what the agent reports: the API server's own
+// default/kubernetes Service, which has no endpoints here.
+func (w *world) checkMapsWithout(vip netip.Addr, ids, backends []uint32) {
+	t := w.t
+	root := w.agent.BPFFSRoot
+	open := func(name string) *ebpf.Map {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(root, name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	svcs := open(bpf.LbMapPbServices)
+	var key, value []byte
+	n := 0
+	ip := vip.As4()
+	for it := svcs.Iterate(); it.Next(&key, &value); {
+		n++
+		if bytes.Contains(key, ip[:]) {
+			t.Errorf("pb_services still has a key with %s: % x", vip, key)
+		}
+	}
+	if want := len(w.services().Services); n != want {
+		t.Errorf("pb_services has %d entries, the agent reports %d services", n, want)
+	}
+	// Only default/kubernetes is left, and it has no endpoints: no Maglev
+	// table may remain at all.
+	if n := w.maglevTables(); n != 0 {
+		t.Errorf("pb_maglev holds %d tables after the only Service with endpoints was deleted", n)
+	}
+	bes := open(bpf.LbMapPbBackends)
+	for _, id := range backends {
+		var b bpf.LbBackend
+		if err := bes.Lookup(id, &b); err != nil {
+			continue // already freed
+		}
+		if st := maps.BackendState(b.State); st != maps.BackendRemoved {
+			t.Errorf("backend %d of the deleted Service is %v, want removed", id, st)
+		}
+	}
+	t.Logf("pinned maps: pb_services has %d entries (none for %s), no Maglev table, backends %v (of service ids %v) retired",
+		n, vip, backends, ids)
+}
+
+// maglevTables counts the tables in pb_maglev (populated slots: no
+// knowledge of how tables are keyed needed).
+func (w *world) maglevTables() int {
+	w.t.Helper()
+	outer, err := ebpf.LoadPinnedMap(filepath.Join(w.agent.BPFFSRoot, bpf.LbMapPbMaglev), nil)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer outer.Close()
+	var k, id uint32
+	n := 0
+	it := outer.Iterate()
+	for it.Next(&k, &id) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		w.t.Fatalf("pb_maglev: %v", err)
+	}
+	return n
+}
+
+func (w *world) eventually(d time.Duration, what string, cond func() bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			w.t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
