@@ -35,6 +35,7 @@ func TestApplyNewServices(t *testing.T) {
 
 	changes := e.apply(web, dns, alt)
 	ops := e.f.takeOps()
+	calls := e.f.takeCalls()
 
 	if len(changes) != 3 {
 		t.Fatalf("%d changes, want 3: %+v", len(changes), changes)
@@ -50,24 +51,23 @@ func TestApplyNewServices(t *testing.T) {
 		if s.Spec.Name != spec.Name {
 			t.Errorf("service %d: spec name %q, want %q", s.ID, s.Spec.Name, spec.Name)
 		}
-		// No table yet (table_size 0: new flows dropped) until
-		// ProgramService admits endpoints.
-		got, ok := e.f.services[keyOf(spec.Key)]
-		want := bpf.LbSvcValue{Id: s.ID, Table: 0, TableSize: 0,
-			MaxInflight: spec.MaxInflight, MaxInflightPerBackend: spec.MaxInflightPerEndpoint}
-		if !ok || got != want {
-			t.Errorf("pb_services[%s] = %+v (present %v), want %+v", spec.Key, got, ok, want)
+		// A service with endpoints gets its first pb_services entry from
+		// its first ProgramService, with its table (one write, not two):
+		// none yet.
+		if got, ok := e.f.services[keyOf(spec.Key)]; ok {
+			t.Errorf("pb_services[%s] = %+v written by Apply, want it first written by ProgramService", spec.Key, got)
+		}
+		if n := count(ops, is(opUpsertService, s.ID)); n != 0 {
+			t.Errorf("service %s written %d times by Apply: %s", spec.Name, n, opsString(ops))
 		}
 		// Its first table is installed, empty, for ProgramService to fill;
-		// after the service entry, so no table exists for a service the
-		// kernel does not know.
+		// no entry points at it yet.
 		if tbl, ok := e.f.table(s.ID, 0); !ok || len(tbl) != testTableSize || slices.ContainsFunc(tbl, func(id uint32) bool { return id != 0 }) {
 			t.Errorf("service %s: table 0 = %v (present %v), want %d empty slots", spec.Name, tbl, ok, testTableSize)
 		}
 		if _, ok := e.f.table(s.ID, 1); ok {
 			t.Errorf("service %s: table 1 installed before table 0 was ever live", spec.Name)
 		}
-		inOrder(t, ops, "service entry before its table", is(opUpsertService, s.ID), installs(s.ID))
 		if count(ops, is(opResetSvcStats, s.ID)) != 1 {
 			t.Errorf("service %s: stats of new id %d not reset once", spec.Name, s.ID)
 		}
@@ -84,11 +84,16 @@ func TestApplyNewServices(t *testing.T) {
 			if !ok || b.Addr != epAddr || b.Name != spec.Endpoints[j].Name || b.Service != s.ID {
 				t.Errorf("Backend(%d) = %+v, want %s %q of service %d", id, b, epAddr, spec.Endpoints[j].Name, s.ID)
 			}
-			// New endpoints are ejected until ProgramService admits them.
-			if kb := e.f.backend(id); kb != pbmaps.NewBackend(epAddr, s.ID, pbmaps.BackendEjected, 0) {
-				t.Errorf("pb_backends[%d] = %+v, want %s ejected in service %d", id, kb, epAddr, s.ID)
+			// New endpoints start active, as accrual starts them ready; no
+			// table holds them until ProgramService, so no flow reaches them.
+			if kb := e.f.backend(id); kb != pbmaps.NewBackend(epAddr, s.ID, pbmaps.BackendActive, 0) {
+				t.Errorf("pb_backends[%d] = %+v, want %s active in service %d", id, kb, epAddr, s.ID)
 			}
+			e.wantUnreachable(id)
 			inOrder(t, ops, "backend stats reset before the entry is written", is(opResetBeStats, id), is(opSetBackend, id))
+			if n := count(ops, is(opSetBackend, id)); n != 1 {
+				t.Errorf("backend %d written %d times, want once", id, n)
+			}
 		}
 		if changes[i].Service != s {
 			// Changes are ordered by id, and ids are handed out in order.
@@ -120,7 +125,52 @@ func TestApplyNewServices(t *testing.T) {
 	if got := installed(ops); len(got) != 3 {
 		t.Errorf("installed %v, want one table for each of 3 services", got)
 	}
-	e.checkKernel()
+	// The four backends in one batch of stats resets and one of entries.
+	if calls[opResetBeStats] != 1 || calls[opSetBackends] != 1 || calls[opSetBackend] != 0 {
+		t.Errorf("calls %v, want one ResetBackendStats, one SetBackends, no SetBackend", calls)
+	}
+	// Every write: 3 service stats resets, 4 backend stats resets, 4
+	// backend entries, 1 InstallTables, 1 SetPorts.
+	if len(ops) != 13 {
+		t.Errorf("%d writes, want 13: %s", len(ops), opsString(ops))
+	}
+
+	// The first ProgramService of each writes its entry once: the flip to
+	// its filled table, limits and backend count with it. Nothing else:
+	// the admitted backends are active already, the table installed.
+	for i, spec := range []desired.Service{web, dns, alt} {
+		s := e.service(spec.Key)
+		e.program(s.ID, s.Backends, nil, false)
+		ops := e.f.takeOps()
+		want := []string{opSetSvcBes, opFillTable, opUpsertService}
+		if got := opKinds(ops); !slices.Equal(got, want) {
+			t.Errorf("service %s: first ProgramService wrote %s, want %v", spec.Name, opsString(ops), want)
+		}
+		inOrder(t, ops, "fill, then the first entry", fill(s.ID, 0), flip(s.ID, 0, testTableSize))
+		want2 := bpf.LbSvcValue{Id: s.ID, Table: 0, TableSize: testTableSize, MaxInflight: spec.MaxInflight,
+			MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.Backends))}
+		if got := e.f.services[keyOf(spec.Key)]; got != want2 {
+			t.Errorf("pb_services[%s] = %+v, want %+v", spec.Key, got, want2)
+		}
+		// The services not programmed yet still have no entry.
+		for _, other := range []desired.Service{web, dns, alt}[i+1:] {
+			if _, ok := e.f.services[keyOf(other.Key)]; ok {
+				t.Errorf("service %s has an entry before its ProgramService", other.Name)
+			}
+		}
+	}
+	for _, s := range e.r.Services() {
+		e.wantProgrammed(s.ID, s.Backends, nil, nil) // checks the kernel too
+	}
+}
+
+// opKinds lists the kinds of ops, in order.
+func opKinds(ops []op) []string {
+	out := make([]string, len(ops))
+	for i, o := range ops {
+		out[i] = o.Kind
+	}
+	return out
 }
 
 func mapsEqual(a, b map[uint16]uint8) bool {
@@ -259,7 +309,9 @@ func TestApplyEndpointChanges(t *testing.T) {
 		{name: "add several", from: []string{a}, to: []string{d, a, c}, added: []string{d, c}, kernelOps: 4},
 		{name: "remove", from: []string{a, b, c}, to: []string{a, c}, retired: []string{b}, kernelOps: 1},
 		{name: "replace", from: []string{a, b}, to: []string{a, c}, retired: []string{b}, added: []string{c}, kernelOps: 3},
-		{name: "remove all", from: []string{a, b}, to: nil, retired: []string{a, b}, kernelOps: 2},
+		// Without endpoints, the service gets its entry from Apply (its
+		// first: it never had a table), so its VIP's flows are dropped.
+		{name: "remove all", from: []string{a, b}, to: nil, retired: []string{a, b}, kernelOps: 3},
 		{name: "from none", from: nil, to: []string{a, b}, added: []string{a, b}, kernelOps: 6}, // + SetPorts, InstallTables
 		{name: "reorder", from: []string{a, b, c}, to: []string{c, a, b}, kernelOps: 0},
 	} {
@@ -273,6 +325,7 @@ func TestApplyEndpointChanges(t *testing.T) {
 				return s
 			}
 			e.apply(mk(tc.from))
+			e.f.takeCalls()
 			s := e.service(mk(nil).Key)
 			before := map[string]uint32{}
 			var allBefore []uint32
@@ -298,8 +351,13 @@ func TestApplyEndpointChanges(t *testing.T) {
 				case !had && slices.Contains(allBefore, id):
 					t.Errorf("new endpoint %s got id %d, still held by a removed one", x, id)
 				case !had:
-					e.wantKernelState(id, pbmaps.BackendEjected, 0)
-					inOrder(t, ops, "new backend", is(opResetBeStats, id), setState(id, pbmaps.BackendEjected))
+					// Active, but in no table until ProgramService.
+					e.wantKernelState(id, pbmaps.BackendActive, 0)
+					inOrder(t, ops, "new backend", is(opResetBeStats, id), setState(id, pbmaps.BackendActive))
+					if n := count(ops, is(opSetBackend, id)); n != 1 {
+						t.Errorf("new backend %d written %d times: %s", id, n, opsString(ops))
+					}
+					e.wantUnreachable(id)
 				}
 			}
 			if got := s.Backends; len(got) != len(tc.to) {
@@ -327,6 +385,21 @@ func TestApplyEndpointChanges(t *testing.T) {
 			if n := count(ops, kindIs(opSetPorts)); n != 0 && len(tc.from) > 0 {
 				t.Errorf("%d SetPorts, want none", n)
 			}
+			// The service got its entry from Apply only if it has no
+			// endpoints: otherwise it is ProgramService's.
+			if _, ok := e.f.services[keyOf(s.Spec.Key)]; ok != (len(tc.to) == 0 || len(tc.from) == 0) {
+				t.Errorf("pb_services entry present %v with endpoints %v then %v", ok, tc.from, tc.to)
+			}
+			// New backends in one batch, whatever their number.
+			calls := e.f.takeCalls()
+			if wantBatch := min(len(tc.added), 1); calls[opResetBeStats] != wantBatch || calls[opSetBackends] != wantBatch {
+				t.Errorf("calls %v, want %d ResetBackendStats and SetBackends", calls, wantBatch)
+			}
+			if calls[opSetBackend] != len(tc.retired) {
+				t.Errorf("%d SetBackend calls, want one per retired endpoint (%d)", calls[opSetBackend], len(tc.retired))
+			}
+			e.programAll()
+			e.checkKernel()
 		})
 	}
 }
@@ -409,10 +482,19 @@ func TestRemovedBackendLifecycle(t *testing.T) {
 			if got := e.bid(web.Key, "198.19.1.9:8080"); got != id {
 				t.Errorf("new endpoint got id %d, want freed id %d", got, id)
 			}
-			e.wantKernelState(id, pbmaps.BackendEjected, 0)
+			// Active, as every new backend, and reachable by no flow: no
+			// table holds the reused id (the live table lost it when the
+			// old endpoint left) until ProgramService admits it.
+			e.wantKernelState(id, pbmaps.BackendActive, 0)
+			e.wantUnreachable(id)
 			if kb := e.f.backend(id); pbmaps.Port(kb.Port) != 8080 {
 				t.Errorf("reused id %d holds port %d", id, pbmaps.Port(kb.Port))
 			}
+			e.programAll()
+			if !slices.Contains(e.liveTable(web.Key), id) {
+				t.Errorf("reused id %d not in the table once admitted", id)
+			}
+			e.checkKernel()
 		})
 	}
 }
@@ -434,7 +516,13 @@ func TestReaddedEndpointGetsNewID(t *testing.T) {
 		t.Errorf("changes %+v", changes)
 	}
 	e.wantKernelState(old, pbmaps.BackendRemoved, 0)
-	e.wantKernelState(id, pbmaps.BackendEjected, 0)
+	e.wantKernelState(id, pbmaps.BackendActive, 0)
+	e.wantUnreachable(id)
+	e.programAll()
+	if got := idsIn(e.liveTable(web.Key)); slices.Contains(got, old) || !slices.Contains(got, id) {
+		t.Errorf("table holds %v, want the new id %d, not the old %d", got, id, old)
+	}
+	e.checkKernel()
 }
 
 func TestRemoveService(t *testing.T) {
@@ -539,6 +627,8 @@ func TestServiceIDReuseAfterCooldown(t *testing.T) {
 			if slices.Contains(got, old) != tc.reused {
 				t.Errorf("old id %d, new ids %v: reused = %v, want %v", old, got, !tc.reused, tc.reused)
 			}
+			// Both have endpoints: their entries come with their tables.
+			e.programAll()
 			if v := e.f.services[keyOf(web.Key)]; v.Id != got[0] {
 				t.Errorf("pb_services id %d, want %d", v.Id, got[0])
 			}
@@ -569,10 +659,12 @@ func TestBackendIDExhaustion(t *testing.T) {
 	if len(changes) != 3 {
 		t.Errorf("%d changes, want 3 (every service was programmed)", len(changes))
 	}
+	// Only charlie, without endpoints, has its entry from Apply; the
+	// others get theirs from their first ProgramService (below).
 	for _, k := range []desired.Key{a.Key, b.Key, c.Key} {
 		s := e.service(k)
-		if _, ok := e.f.services[keyOf(k)]; !ok {
-			t.Errorf("service %s not in pb_services", s.Spec.Name)
+		if _, ok := e.f.services[keyOf(k)]; ok != (len(s.Backends) == 0) {
+			t.Errorf("service %s with %d backends: in pb_services %v after Apply", s.Spec.Name, len(s.Backends), ok)
 		}
 	}
 	if got := len(e.service(a.Key).Backends); got != 2 {
@@ -583,6 +675,11 @@ func TestBackendIDExhaustion(t *testing.T) {
 		t.Errorf("bravo: backends %v endpoints %v, want only its first endpoint", bs.Backends, bs.Spec.Endpoints)
 	}
 	e.programAll()
+	for _, k := range []desired.Key{a.Key, b.Key, c.Key} {
+		if _, ok := e.f.services[keyOf(k)]; !ok {
+			t.Errorf("service %s not in pb_services once programmed", e.service(k).Spec.Name)
+		}
+	}
 	e.checkKernel()
 	if got := idsIn(e.liveTable(b.Key)); !slices.Equal(got, bs.Backends) {
 		t.Errorf("bravo's table holds %v, want %v", got, bs.Backends)
@@ -649,24 +746,38 @@ func TestServiceIDExhaustion(t *testing.T) {
 }
 
 // A failed backend write is reported with its endpoint and retried by the
-// next Apply; the id is not lost.
+// next Apply; the id is not lost. (The batch fails, then the first entry
+// written on its own: see TestApplyBackendBatchFallback for more.)
 func TestApplyBackendWriteFailure(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.MaxBackends = 3 })
-	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	// A fresh desired state for each Apply (see
+	// TestKnownBugBackendFallbackMutatesDesiredState).
+	web := func() desired.Service {
+		return svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	}
+	e.f.fail[opSetBackends] = errInjected
 	e.f.fail[opSetBackend] = errInjected
-	changes, err := e.r.Apply(state(web))
-	if err == nil || !strings.Contains(err.Error(), "198.19.1.1:8080") || !strings.Contains(err.Error(), "web") {
-		t.Fatalf("err = %v", err)
+	changes, err := e.r.Apply(state(web()))
+	if err == nil || !strings.Contains(err.Error(), "198.19.1.1:8080") {
+		t.Fatalf("err = %v, want one naming the endpoint", err)
 	}
-	if len(changes) != 1 || len(e.service(web.Key).Backends) != 1 {
-		t.Fatalf("changes %+v, backends %v", changes, e.service(web.Key).Backends)
+	if strings.Contains(err.Error(), "198.19.1.2:8080") {
+		t.Errorf("err = %v names the endpoint that was written", err)
 	}
+	if _, ok := e.f.fail[opSetBackend]; ok {
+		t.Fatal("no per-entry write after the batch failed")
+	}
+	s := e.service(web().Key)
+	if len(changes) != 1 || len(s.Backends) != 1 || len(s.Spec.Endpoints) != 1 || s.Spec.Endpoints[0] != ep("198.19.1.2:8080") {
+		t.Fatalf("changes %+v, backends %v, endpoints %v", changes, s.Backends, s.Spec.Endpoints)
+	}
+	e.wantKernelState(s.Backends[0], pbmaps.BackendActive, 0)
 	// Both ids are still available (MaxBackends 3: ids 1 and 2).
-	if _, err := e.r.Apply(state(web)); err != nil {
+	if _, err := e.r.Apply(state(web())); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	if got := len(e.service(web.Key).Backends); got != 2 {
-		t.Errorf("%d backends after retry", got)
+	if got := e.service(web().Key).Spec.Endpoints; !slices.Equal(got, web().Endpoints) {
+		t.Errorf("endpoints %v after retry, want %v", got, web().Endpoints)
 	}
 	e.programAll()
 	e.checkKernel()
@@ -735,12 +846,19 @@ func TestApplyBatchesInstalls(t *testing.T) {
 		}
 		seen[r.SvcID] = true
 	}
-	// After every service entry: the batch is the last table work.
-	if i := index(ops, kindIs(opInstallTables)); i < index(ops, is(opUpsertService, e.service(svcs[n-1].Key).ID)) {
-		t.Errorf("tables installed before the services: %s", opsString(ops))
+	// Services with endpoints get their entries from ProgramService, with
+	// their tables; only the one without endpoints is written here, with
+	// no table (table_size 0).
+	emptyID := e.service(svcs[n].Key).ID
+	if ups := count(ops, kindIs(opUpsertService)); ups != 1 || index(ops, upsertSize(emptyID, 0)) < 0 {
+		t.Errorf("Apply wrote %d service entries, want only the one of the service without endpoints: %s", ups, opsString(ops))
 	}
-	if seen[e.service(svcs[n].Key).ID] {
+	if seen[emptyID] {
 		t.Error("table installed for a service without endpoints")
+	}
+	// The batch is the last table work: after every backend it serves.
+	if i, j := index(ops, kindIs(opInstallTables)), lastIndex(ops, kindIs(opSetBackend)); i < 0 || j < 0 || i < j {
+		t.Errorf("tables installed before the backends: %s", opsString(ops))
 	}
 
 	for _, s := range e.r.Services() {

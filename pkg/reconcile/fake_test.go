@@ -25,6 +25,7 @@ const (
 	opResetSvcStats = "ResetServiceStats"
 	opResetBeStats  = "ResetBackendStats"
 	opSetSvcBes     = "SetServiceBackends"
+	opSetBackends   = "SetBackends"
 )
 
 // Kinds of read-only calls, for failure injection only.
@@ -93,8 +94,18 @@ type fakeWriter struct {
 	listed    map[uint32][]uint32      // pb_svc_backends: service id -> active backends
 
 	ops []op
+	// calls counts the calls of each Writer method by kind, failed ones
+	// included: a batch (SetBackends, ResetBackendStats) records one op per
+	// entry, so only calls tell how many batches there were.
+	calls map[string]int
 	// fail makes the next call of a kind return the error (once).
 	fail map[string]error
+	// rejectBackend, when set, makes every write of a pb_backends entry
+	// for which it returns an error fail, as the kernel fails an update it
+	// cannot apply: SetBackend returns the error; SetBackends writes the
+	// entries before the rejected one, in order, and returns the error
+	// (as BPF_MAP_UPDATE_BATCH stops at the first failing entry).
+	rejectBackend func(id uint32, b bpf.LbBackend) error
 	// check runs after every mutation: invariants that must hold at every
 	// instant the datapath could look at the maps.
 	check func(f *fakeWriter, after op)
@@ -109,12 +120,16 @@ func newFakeWriter(t testing.TB) *fakeWriter {
 		fallbacks: map[uint32][]uint32{},
 		ports:     map[uint16]uint8{},
 		listed:    map[uint32][]uint32{},
+		calls:     map[string]int{},
 		fail:      map[string]error{},
 		check:     kernelInvariants,
 	}
 }
 
+// failing is called first by every method with its kind: it counts the
+// call and returns the injected failure, if any.
 func (f *fakeWriter) failing(kind string) error {
+	f.calls[kind]++
 	if err, ok := f.fail[kind]; ok {
 		delete(f.fail, kind)
 		return err
@@ -177,8 +192,38 @@ func (f *fakeWriter) SetBackend(id uint32, b bpf.LbBackend) error {
 	if id == 0 {
 		f.t.Errorf("SetBackend(0): id 0 means \"no backend\" in the tables")
 	}
+	if f.rejectBackend != nil {
+		if err := f.rejectBackend(id, b); err != nil {
+			return err
+		}
+	}
 	f.backends[id] = b
 	f.record(op{Kind: opSetBackend, ID: id, State: pbmaps.BackendState(b.State), Grants: b.ProbeGrants})
+	return nil
+}
+
+// SetBackends is the batch: it fails as a whole (injected with the
+// SetBackends kind), else records one SetBackend op per entry; an entry
+// rejectBackend rejects ends the batch there.
+func (f *fakeWriter) SetBackends(ids []uint32, vals []bpf.LbBackend) error {
+	if err := f.failing(opSetBackends); err != nil {
+		return err
+	}
+	if len(ids) != len(vals) {
+		f.t.Errorf("SetBackends: %d ids, %d values", len(ids), len(vals))
+	}
+	for i, id := range ids {
+		if id == 0 {
+			f.t.Errorf("SetBackends: id 0 means \"no backend\" in the tables")
+		}
+		if f.rejectBackend != nil {
+			if err := f.rejectBackend(id, vals[i]); err != nil {
+				return fmt.Errorf("pb_backends: batch of %d: entry %d: %w", len(ids), i, err)
+			}
+		}
+		f.backends[id] = vals[i]
+		f.record(op{Kind: opSetBackend, ID: id, State: pbmaps.BackendState(vals[i].State), Grants: vals[i].ProbeGrants})
+	}
 	return nil
 }
 
@@ -346,11 +391,13 @@ func (f *fakeWriter) ResetServiceStats(id uint32) error {
 	return nil
 }
 
-func (f *fakeWriter) ResetBackendStats(id uint32) error {
+func (f *fakeWriter) ResetBackendStats(ids []uint32) error {
 	if err := f.failing(opResetBeStats); err != nil {
 		return err
 	}
-	f.record(op{Kind: opResetBeStats, ID: id})
+	for _, id := range ids {
+		f.record(op{Kind: opResetBeStats, ID: id})
+	}
 	return nil
 }
 
@@ -375,6 +422,13 @@ func (f *fakeWriter) ServiceBackends(id uint32, n uint32) ([]uint32, error) {
 }
 
 // --- Inspection helpers ---
+
+// takeCalls returns the call counts since the last call.
+func (f *fakeWriter) takeCalls() map[string]int {
+	c := f.calls
+	f.calls = map[string]int{}
+	return c
+}
 
 // takeOps returns the operations recorded since the last call.
 func (f *fakeWriter) takeOps() []op {

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -244,6 +245,16 @@ func kindIs(kinds ...string) opMatch {
 
 func index(ops []op, m opMatch) int { return slices.IndexFunc(ops, m) }
 
+// lastIndex is the index of the last op m matches, -1 if none.
+func lastIndex(ops []op, m opMatch) int {
+	for i := len(ops) - 1; i >= 0; i-- {
+		if m(ops[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
 func count(ops []op, m opMatch) int {
 	n := 0
 	for _, o := range ops {
@@ -478,5 +489,44 @@ func (s snapshot) diff(t *testing.T, o snapshot) {
 	}
 	if !maps.Equal(s.ports, o.ports) {
 		t.Errorf("pb_ports changed: %v -> %v", s.ports, o.ports)
+	}
+}
+
+// wantUnreachable asserts that no new flow can reach backend id, whatever
+// its state: no service's live table or fallback table holds it, and the
+// datapath, picking for every service the kernel has, never returns it.
+// New backends are written active by Apply: this is what makes that
+// harmless until ProgramService puts them in a table.
+func (e *env) wantUnreachable(id uint32) {
+	e.t.Helper()
+	f := e.f
+	for k, v := range f.services {
+		if tbl, ok := f.live(k); ok && slices.Contains(tbl, id) {
+			e.t.Errorf("backend %d is in the live table %d of service %d", id, v.Table, v.Id)
+		}
+		if slices.Contains(f.fallbacks[v.Id], id) {
+			e.t.Errorf("backend %d is in the fallback table of service %d", id, v.Id)
+		}
+		for h := range 4 * max(v.TableSize, 1) {
+			if got, _, ok := f.pick(k, h*2654435761+99, false); ok && got == id {
+				e.t.Errorf("a new flow to service %d reached backend %d", v.Id, id)
+				break
+			}
+		}
+	}
+}
+
+// rejectAddrs makes the fake kernel refuse every pb_backends write of the
+// given endpoints (a batch stops at the first one).
+func (f *fakeWriter) rejectAddrs(addrs ...string) {
+	bad := map[netip.AddrPort]bool{}
+	for _, a := range addrs {
+		bad[netip.MustParseAddrPort(a)] = true
+	}
+	f.rejectBackend = func(id uint32, b bpf.LbBackend) error {
+		if bad[netip.AddrPortFrom(pbmaps.AddrFrom16(b.Addr.Bytes), pbmaps.Port(b.Port))] {
+			return fmt.Errorf("pb_backends[%d]: %w", id, errInjected)
+		}
+		return nil
 	}
 }

@@ -17,7 +17,8 @@ const (
 )
 
 // webEnv is a reconciler with one service "web" of endpoints a, b, c, d,
-// applied but not programmed (every backend ejected, no table).
+// applied but not programmed: every backend active but in no table (table
+// 0 installed, empty), and no pb_services entry yet.
 func webEnv(t *testing.T, mut ...func(*Options)) (*env, desired.Service, uint32) {
 	e := newEnv(t, mut...)
 	web := svc("web", vip1, 80, ep(beA), ep(beB), ep(beC), ep(beD))
@@ -134,13 +135,26 @@ func TestProgramServiceTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e, web, id := webEnv(t)
 			active := e.bids(web.Key, tc.active...)
+			// Before: every backend active, none reachable, no entry.
+			if _, ok := e.f.services[keyOf(web.Key)]; ok {
+				t.Fatalf("service written before its first ProgramService")
+			}
+			for _, b := range e.service(web.Key).Backends {
+				e.wantKernelState(b, pbmaps.BackendActive, 0)
+				e.wantUnreachable(b)
+			}
 			e.program(id, active, nil, false)
 			ops := e.f.takeOps()
 			e.wantProgrammed(id, active, nil, nil)
-			for _, b := range active {
-				inOrder(t, ops, "admitted, table filled, then flipped to",
-					setState(b, pbmaps.BackendActive), fill(id, 0), flip(id, 0, testTableSize))
+			// Those not admitted are ejected first (out first), then the
+			// table is filled and the service flipped to it.
+			for _, b := range e.service(web.Key).Backends {
+				if !slices.Contains(active, b) {
+					inOrder(t, ops, "not admitted: ejected, then table filled, then flipped to",
+						setState(b, pbmaps.BackendEjected), fill(id, 0), flip(id, 0, testTableSize))
+				}
 			}
+			inOrder(t, ops, "table filled, then flipped to", fill(id, 0), flip(id, 0, testTableSize))
 			// Apply installed the table: programming does not.
 			if n := count(ops, kindIs(opInstallTables)); n != 0 {
 				t.Errorf("ProgramService installed tables Apply prepared: %s", opsString(ops))
@@ -148,11 +162,16 @@ func TestProgramServiceTable(t *testing.T) {
 			if n := count(ops, kindIs(opFillTable)); n != 1 {
 				t.Errorf("%d tables filled, want 1: %s", n, opsString(ops))
 			}
-			// Ejected backends were ejected already: not rewritten.
-			if n := count(ops, func(o op) bool { return o.Kind == opSetBackend && o.State != pbmaps.BackendActive }); n != 0 {
-				t.Errorf("%d needless state writes: %s", n, opsString(ops))
+			// Admitted backends were active already: not rewritten; each
+			// of the others ejected once.
+			if n := count(ops, kindIs(opSetBackend)); n != 4-len(active) {
+				t.Errorf("%d state writes, want %d ejections: %s", n, 4-len(active), opsString(ops))
 			}
-			// The service is written once: the flip, with the backend count.
+			if n := count(ops, func(o op) bool { return o.Kind == opSetBackend && o.State != pbmaps.BackendEjected }); n != 0 {
+				t.Errorf("active backends rewritten: %s", opsString(ops))
+			}
+			// The service is written once, its first entry: the flip, with
+			// the backend count.
 			if n := count(ops, kindIs(opUpsertService)); n != 1 {
 				t.Errorf("service written %d times: %s", n, opsString(ops))
 			}

@@ -288,6 +288,8 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		}
 		endpointsChanged := !existed || !sameEndpoints(s, spec.Endpoints, r.backends)
 		s.Spec = spec
+		// The caller's slice stays the caller's: this one may be edited.
+		s.Spec.Endpoints = slices.Clone(spec.Endpoints)
 		var retired []uint32
 		if endpointsChanged {
 			var err error
@@ -436,7 +438,11 @@ func (r *Reconciler) flushBackends() error {
 	// Find the entries that fail, one by one.
 	for i, b := range fresh {
 		if err := r.w.SetBackend(b.ID, vals[i]); err != nil {
-			errs = append(errs, fmt.Errorf("endpoint %s: %w", b.Addr, err))
+			name := fmt.Sprint(b.Service)
+			if s, ok := r.byID[b.Service]; ok {
+				name = s.Spec.Name
+			}
+			errs = append(errs, fmt.Errorf("service %s: endpoint %s: %w", name, b.Addr, err))
 			if s, ok := r.byID[b.Service]; ok {
 				idx := slices.Index(s.Backends, b.ID)
 				s.Backends = slices.Delete(s.Backends, idx, idx+1)
