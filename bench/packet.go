@@ -107,7 +107,7 @@ func newPacketRig() (*packetRig, error) {
 			r.read.Add(uint64(len(b)))
 		}
 	}()
-	go func() { r.reader.Run(ch); close(ch) }()
+	go func() { r.reader.Run(func(b []outcomes.Event) { ch <- b }); close(ch) }()
 	r.waitRead(4) // the established flows' NEW_FLOW events, before any count
 	return r, nil
 }

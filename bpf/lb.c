@@ -249,10 +249,12 @@ static __always_inline void emit(__u8 type, __u8 flags, __u32 svc_id, __u32 back
 	e->flags = flags;
 	/* Waking the reader costs a self-interrupt per event (the bulk of a
 	 * new flow's cost in a VM). Only failures, which may eject an endpoint
-	 * and so must be seen at once, wake it; the rest wait for the next
-	 * failure or the reader's periodic poll (milliseconds). */
+	 * and so must be seen at once, wake it, and they must force it: the
+	 * kernel's default wakes the reader only when it has read everything
+	 * before, which the unannounced events make false. The rest wait for
+	 * the next failure or the reader's periodic poll (milliseconds). */
 	__u64 wake = (type == PB_EV_REFUSED || type == PB_EV_RESET || type == PB_EV_SYN_RETRANS)
-			     ? 0
+			     ? BPF_RB_FORCE_WAKEUP
 			     : BPF_RB_NO_WAKEUP;
 	bpf_ringbuf_submit(e, wake);
 }

@@ -187,10 +187,19 @@ func (t *attacher) apply(ls []nodelinks.Link, first bool) {
 		t.have[l.Name] = l.Index
 	}
 	names := make([]string, 0, len(t.have))
+	var pods []uint32
 	for _, l := range ls {
 		if _, ok := t.have[l.Name]; ok {
 			names = append(names, l.Name)
+			if l.Pod {
+				pods = append(pods, uint32(l.Index))
+			}
 		}
+	}
+	// Pods' packets arrive with their L4 checksum left to the device: the
+	// datapath must know which interfaces can hand it such packets.
+	if err := t.a.maps.SetPartialIfaces(pods); err != nil {
+		t.a.log.Error("pb_partial_ifaces", "err", err)
 	}
 	t.a.mu.Lock()
 	t.a.interfaces = names

@@ -137,9 +137,12 @@ func (a *agent) begin() error {
 	}
 	a.reader = reader
 	a.monoOffset = reader.Offset()
-	a.events = make(chan []outcomes.Event, 256)
+	// The reader's goroutine runs each batch through classification and
+	// accrual itself (under the agent's lock, like everything that changes
+	// state): a hand-off to the loop would put a goroutine wake-up on the
+	// path of every ejection.
 	go func() {
-		if err := reader.Run(a.events); err != nil {
+		if err := reader.Run(a.handleEvents); err != nil {
 			a.log.Error("ring buffer reader stopped", "err", err)
 		}
 	}()
@@ -187,8 +190,9 @@ type agent struct {
 	monoOffset int64
 	eventTypes [16]prometheusCounter
 	reader     *outcomes.Reader
-	events     chan []outcomes.Event
-	httpDone   <-chan error
+	// deadlines tells the loop that handled events added deadlines.
+	deadlines chan struct{}
+	httpDone  <-chan error
 	// probeSeen: when each backend's last probe flow started (watchdog).
 	probeSeen map[uint32]time.Time
 	// retry: services whose last programming failed (retried every 2s).
@@ -237,6 +241,7 @@ func newAgent(log *slog.Logger, clk clock.WithTicker, dp *datapath.Datapath, m *
 		inflight:           inflight,
 		reaper:             reaper,
 		probeSeen:          map[uint32]time.Time{},
+		deadlines:          make(chan struct{}, 1),
 		retry:              map[uint32]bool{},
 		maxInflightDefault: maxInflightDefault,
 	}
@@ -276,7 +281,6 @@ func (a *agent) ready() error {
 // outcomes to failure accrual, and writes accrual's decisions back into the
 // maps. Everything that changes state happens here, one thing at a time.
 func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states <-chan desired.State) {
-	events := a.events
 	timer := a.clk.NewTimer(time.Hour)
 	defer timer.Stop()
 	sweep := a.clk.NewTicker(10 * time.Second)
@@ -294,10 +298,10 @@ func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states 
 			}
 		case st := <-states:
 			a.applyDesired(st)
-		case batch := <-events:
-			a.handleEvents(batch)
 		case <-timer.C():
 			a.advance()
+		case <-a.deadlines:
+			// Events brought new deadlines: rearm below.
 		case <-sweep.C():
 			// Scanning conntrack takes a while on a big table: off the loop.
 			go func() { sweepDone <- a.sweepConntrack() }()
@@ -456,6 +460,11 @@ func (a *agent) handleEvents(batch []outcomes.Event) {
 	}
 	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
 	a.syncCounters()
+	// The loop's timer may now be late for the new connect deadlines.
+	select {
+	case a.deadlines <- struct{}{}:
+	default:
+	}
 }
 
 // syncCounters carries counts kept outside Prometheus into it.
@@ -489,9 +498,6 @@ func (a *agent) handleTransitions(trs []accrual.Transition) {
 	}
 	var dirty []uint32
 	for _, t := range trs {
-		if !t.ServiceLevel() {
-			a.persist(t)
-		}
 		if t.To == accrual.Probation && t.From != accrual.Probation {
 			a.probeSeen[t.Endpoint] = a.clk.Now() // granted now
 		}
@@ -520,6 +526,9 @@ func (a *agent) handleTransitions(trs []accrual.Transition) {
 		if t.To == accrual.Ejected && t.From != accrual.Ejected && !t.FailureAt.IsZero() {
 			reaction = time.Duration(now - (t.FailureAt.UnixNano() - a.monoOffset))
 			a.metrics.Reaction.Observe(reaction.Seconds())
+		}
+		if !t.ServiceLevel() {
+			a.persist(t)
 		}
 		a.logTransition(name, t, reaction)
 		if a.notify != nil {

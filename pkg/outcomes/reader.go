@@ -38,9 +38,10 @@ const Poll = 5 * time.Millisecond
 // MaxBatch bounds one batch, so a flood cannot starve the agent's loop.
 const MaxBatch = 1024
 
-// Run reads until Close, handing batches of events to out. It returns nil
-// after Close.
-func (r *Reader) Run(out chan<- []Event) error {
+// Run reads until Close, handing batches of events to handle on its own
+// goroutine (a hand-off to another would put a goroutine wake-up on the
+// path of every ejection). It returns nil after Close.
+func (r *Reader) Run(handle func([]Event)) error {
 	var rec ringbuf.Record
 	for {
 		// The datapath wakes the reader only for failures; successes and
@@ -73,7 +74,7 @@ func (r *Reader) Run(out chan<- []Event) error {
 		}
 		r.Read.Add(uint64(len(batch)))
 		if len(batch) > 0 {
-			out <- batch
+			handle(batch)
 		}
 	}
 }

@@ -312,6 +312,23 @@ func TestKubernetesMode(t *testing.T) {
 		if slices.Contains(w.services().Interfaces, "p99") {
 			t.Errorf("p99 does not match the pod pattern but got XDP")
 		}
+		// A pod's packets may carry checksums left to the device: the
+		// datapath must know this interface can hand it such packets.
+		ifc, err := w.topo.Node.Run("cat", "/sys/class/net/b99/ifindex")
+		if err != nil {
+			t.Fatal(err)
+		}
+		partial, err := ebpf.LoadPinnedMap(filepath.Join(w.agent.BPFFSRoot, bpf.LbMapPbPartialIfaces), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer partial.Close()
+		var idx uint32
+		fmt.Sscan(strings.TrimSpace(ifc), &idx)
+		w.eventually(2*time.Second, "b99 in pb_partial_ifaces", func() bool {
+			var v uint8
+			return partial.Lookup(idx, &v) == nil
+		})
 		if _, err := w.topo.Node.Run("ip", "link", "del", "b99"); err != nil {
 			t.Fatal(err)
 		}
