@@ -301,7 +301,7 @@ static __always_inline struct backend *table_lookup(void *outer, __u32 key, __u3
  * slot's backend anyway: the agent keeps tables so that this does not
  * happen outside the instants between two map updates. */
 static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int may_probe,
-					struct pick *out, struct global_stats *gs)
+					__u32 avoid, struct pick *out, struct global_stats *gs)
 {
 	__u32 size = svc->table_size;
 	if (size == 0)
@@ -315,10 +315,10 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 	out->id = id;
 	out->be = be;
 	out->probe = 0;
-	if (likely(be->state == PB_BE_ACTIVE))
+	if (likely(be->state == PB_BE_ACTIVE && id != avoid))
 		return 0;
 
-	if (be->state == PB_BE_PROBATION && may_probe && be->probe_grants > 0 &&
+	if (be->state == PB_BE_PROBATION && may_probe && id != avoid && be->probe_grants > 0 &&
 	    __sync_fetch_and_add(&be->probe_grants, -1) > 0) {
 		out->probe = 1;
 		if (gs)
@@ -328,14 +328,14 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 
 	__u32 alt_id = 0;
 	struct backend *alt = table_lookup(&pb_maglev_fb, svc->id, slot, &alt_id, svc->id);
-	if (alt && alt->state == PB_BE_ACTIVE)
+	if (alt && alt->state == PB_BE_ACTIVE && alt_id != avoid)
 		goto steered;
 
 #pragma unroll
 	for (__u32 i = 1; i <= PB_STEER_TRIES; i++) {
 		alt = table_lookup(&pb_maglev, table_key(svc), jhash_3words(hash, i, 0, PB_HASH_SEED) % size,
 				   &alt_id, svc->id);
-		if (alt && alt->state == PB_BE_ACTIVE)
+		if (alt && alt->state == PB_BE_ACTIVE && alt_id != avoid)
 			goto steered;
 	}
 	if (gs)
@@ -478,10 +478,11 @@ static __always_inline void count_refused(struct svc_value *svc, int over_limit)
  * first UDP packet is a real new flow (event, counters, circuit breaker,
  * may be a probe); a mid-stream TCP packet without state (conntrack entry
  * lost) only gets a backend. old_rev, when set, is the reverse entry of
- * the backend the flow leaves. Returns 0, PB_NO_BACKEND or PB_OVER_LIMIT. */
+ * the backend the flow leaves, avoid a backend not to pick again, ct_flags
+ * flags the flow starts with. Returns 0, PB_NO_BACKEND or PB_OVER_LIMIT. */
 static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct ct_key *fk,
-				    int midstream, __u8 ev_flags, struct ct_key *old_rev,
-				    struct ct_value *fv, struct global_stats *gs)
+				    int midstream, __u8 ev_flags, struct ct_key *old_rev, __u32 avoid,
+				    __u32 ct_flags, struct ct_value *fv, struct global_stats *gs)
 {
 	/* A flow moving off its backend gives its slot back first. */
 	if (old_rev)
@@ -500,7 +501,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	__u32 hash = jhash_3words(fk->src.v4, fk->dst.v4,
 				  ((__u32)fk->sport << 16) | fk->dport, PB_HASH_SEED ^ fk->proto);
 	struct pick pk = {};
-	if (pick_backend(svc, hash, !midstream, &pk, gs) < 0) {
+	if (pick_backend(svc, hash, !midstream, avoid, &pk, gs) < 0) {
 		if (limited)
 			inflight_add(&pb_svc_inflight, svc->id, -1);
 		if (gs)
@@ -510,7 +511,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	}
 
 	__u64 now = bpf_ktime_get_ns();
-	__u32 flags = 0;
+	__u32 flags = ct_flags;
 	if (limited) {
 		if (backend_slot(svc, hash, &pk)) {
 			inflight_add(&pb_svc_inflight, svc->id, -1);
@@ -616,9 +617,19 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 		return 0;
 
 	/* A SYN on a known tuple: a reused tuple after the flow ended (or whose
-	 * reverse entry was lost) is a new flow... */
-	if (!rv || (rv->flags & PB_CT_CLOSED))
-		return new_flow(p, svc, fk, 0, 0, rv ? &rk : 0, fv, gs);
+	 * reverse entry was lost) is a new flow. If its backend refused it and
+	 * the refusal was kept from the client, this is the client's
+	 * retransmission: one more try, on another backend. */
+	if (!rv)
+		return new_flow(p, svc, fk, 0, 0, 0, 0, 0, fv, gs);
+	if (rv->flags & PB_CT_CLOSED) {
+		if ((rv->flags & (PB_CT_RESCUED | PB_CT_RETRY)) == PB_CT_RESCUED) {
+			if (gs)
+				gs->retried++;
+			return new_flow(p, svc, fk, 0, PB_EVF_REPICK, &rk, fv->backend_id, PB_CT_RETRY, fv, gs);
+		}
+		return new_flow(p, svc, fk, 0, 0, &rk, 0, 0, fv, gs);
+	}
 	if (rv->flags & PB_CT_ESTABLISHED)
 		return 0;
 
@@ -637,7 +648,7 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	if (be && (be->state == PB_BE_EJECTED || be->state == PB_BE_REMOVED)) {
 		if (gs)
 			gs->repicked++;
-		return new_flow(p, svc, fk, 0, PB_EVF_REPICK, &rk, fv, gs);
+		return new_flow(p, svc, fk, 0, PB_EVF_REPICK, &rk, bid, 0, fv, gs);
 	}
 	return 0;
 }
@@ -794,7 +805,7 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
-		rc = new_flow(p, svc, fk, !syn, 0, 0, &fv, gs);
+		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, &fv, gs);
 	}
 	if (rc == PB_OVER_LIMIT)
 		return reject(ctx, p, gs);
@@ -846,12 +857,22 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				} else if (!(old & PB_CT_ESTABLISHED)) {
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
-					/* The probe is our experiment on a real client:
-					 * it failed, but the client need not. Swallow the
-					 * RST; its SYN retransmission (~1s) finds the flow
-					 * closed and the endpoint ejected again, and gets
-					 * another backend. */
-					rescue = old & PB_CT_PROBE;
+					/* A refused probe is our experiment on a real
+					 * client: it failed, the client need not. With
+					 * retryRefused, any refused flow gets the same:
+					 * the RST is kept from the client, whose SYN
+					 * retransmission (~1s) is sent to another backend
+					 * (client_control). Once per flow. */
+					if (!(old & PB_CT_RETRY)) {
+						__u32 bid = rv->backend_id;
+						struct backend *be = bpf_map_lookup_elem(&pb_backends, &bid);
+						if (old & PB_CT_PROBE)
+							rescue = 1;
+						else if (be && (be->flags & PB_BE_F_RETRY_REFUSED))
+							rescue = 2;
+					}
+					if (rescue)
+						__sync_fetch_and_or(&rv->flags, PB_CT_RESCUED);
 				} else {
 					if (old & PB_CT_BACKEND_DATA)
 						evf |= PB_EVF_BACKEND_DATA;
@@ -861,8 +882,12 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				emit(PB_EV_FLOW_END, 0, rv->svc_id, rv->backend_id, fk.src.v4,
 				     fk.sport, gs);
 				if (rescue) {
-					if (gs)
-						gs->probe_rescued++;
+					if (gs) {
+						if (rescue == 1)
+							gs->probe_rescued++;
+						else
+							gs->refused_rescued++;
+					}
 					return XDP_DROP;
 				}
 			}

@@ -24,7 +24,7 @@ type LbBackend struct {
 	State       uint8
 	SvcId       uint32
 	ProbeGrants int32
-	Pad         uint32
+	Flags       uint32
 }
 
 type LbBeStats struct {
@@ -130,6 +130,8 @@ type LbGlobalStats struct {
 	RejectRstTx       uint64
 	RejectRstPass     uint64
 	ProbeRescued      uint64
+	RefusedRescued    uint64
+	Retried           uint64
 }
 
 type LbInflight struct {

@@ -37,6 +37,8 @@
 #define PB_CT_MIDSTREAM 0x0080     /* picked up without a SYN (CT lost) */
 #define PB_CT_CLIENT_ACKED 0x0100  /* FWD entry: the client sent a non-SYN packet (handshake completed) */
 #define PB_CT_COUNTED 0x0200       /* counted in the inflight gauges (has a pb_flows entry) */
+#define PB_CT_RESCUED 0x0400       /* the backend refused it; the RST was kept from the client */
+#define PB_CT_RETRY 0x0800         /* a rescued flow's second try: not rescued again */
 
 /* Backend admission state, written by the agent. */
 enum pb_backend_state {
@@ -58,6 +60,9 @@ enum pb_event_type {
 	 * one by one (they come in floods, exactly when the ring is busiest). */
 	PB_EV_FIRST_DATA = 8,  /* first payload byte from the backend */
 };
+
+/* pb_backends flags */
+#define PB_BE_F_RETRY_REFUSED 0x1 /* a refused new flow gets one more try elsewhere */
 
 /* pb_event.flags */
 #define PB_EVF_PROBE 0x01        /* the flow is a probation probe */

@@ -50,7 +50,7 @@ struct backend {
 	__u8 state;         /* enum pb_backend_state */
 	__u32 svc_id;
 	__s32 probe_grants; /* PROBATION: new flows still admitted (atomic) */
-	__u32 pad;
+	__u32 flags;        /* PB_BE_F_*: the service's settings the datapath needs here */
 };
 
 struct ct_key {
@@ -126,6 +126,8 @@ struct global_stats {
 	__u64 reject_rst_tx;       /* rejection RST sent back out the ingress (redirect) */
 	__u64 reject_rst_pass;     /* ... or handed to the stack to route back */
 	__u64 probe_rescued;       /* refused probe's RST kept from its client */
+	__u64 refused_rescued;     /* other refused flows' RST kept (retryRefused) */
+	__u64 retried;             /* rescued flows' retransmitted SYNs sent elsewhere */
 };
 
 /* pb_svc_stats[svc_id], per CPU. */

@@ -59,6 +59,8 @@ type Config struct {
 	// (the agent's --max-inflight-default applies then), 0 for no limit.
 	MaxInflight            *uint32
 	MaxInflightPerEndpoint *uint32
+	// RetryRefused is defaults.retryRefused (false when unset).
+	RetryRefused bool
 }
 
 // Service is one validated services entry.
@@ -76,6 +78,8 @@ type Service struct {
 	// breaker limits; nil inherits the default.
 	MaxInflight            *uint32
 	MaxInflightPerEndpoint *uint32
+	// RetryRefused is the service's own setting; nil inherits the default.
+	RetryRefused *bool
 }
 
 // Load reads and parses the config file at path.
@@ -116,6 +120,9 @@ func Parse(data []byte) (*Config, error) {
 	if raw.Defaults != nil {
 		c.MaxInflight = parseLimit(raw.Defaults.MaxInflight, "defaults.maxInflight", &errs)
 		c.MaxInflightPerEndpoint = parseLimit(raw.Defaults.MaxInflightPerEndpoint, "defaults.maxInflightPerEndpoint", &errs)
+		if raw.Defaults.RetryRefused != nil {
+			c.RetryRefused = *raw.Defaults.RetryRefused
+		}
 	}
 	c.Services = parseServices(raw.Services, c.MaglevTableSize, c.Defaults, defaultsOK, &errs)
 	if err := errs.err(); err != nil {
@@ -312,6 +319,7 @@ func (r *rawService) parse(p string, defaults accrual.Settings, defaultsOK bool,
 	}
 	s.MaxInflight = parseLimit(r.MaxInflight, p+".maxInflight", errs)
 	s.MaxInflightPerEndpoint = parseLimit(r.MaxInflightPerEndpoint, p+".maxInflightPerEndpoint", errs)
+	s.RetryRefused = r.RetryRefused
 	return s, keyOK
 }
 
@@ -444,7 +452,11 @@ func (c *Config) Desired() desired.State {
 			Accrual:                s.Accrual,
 			MaxInflight:            limit(s.MaxInflight, c.MaxInflight),
 			MaxInflightPerEndpoint: limit(s.MaxInflightPerEndpoint, c.MaxInflightPerEndpoint),
+			RetryRefused:           c.RetryRefused,
 		})
+		if s.RetryRefused != nil {
+			st.Services[len(st.Services)-1].RetryRefused = *s.RetryRefused
+		}
 	}
 	return st
 }

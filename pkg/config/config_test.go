@@ -667,3 +667,32 @@ services:
 		}
 	}
 }
+
+func TestRetryRefused(t *testing.T) {
+	base := `interfaces: [cl0]
+defaults:
+  retryRefused: true
+services:
+  - name: inherits
+    vip: 198.18.100.1
+    port: 80
+    backends: ["198.18.1.2:8080"]
+  - name: own
+    vip: 198.18.100.2
+    port: 80
+    retryRefused: false
+    backends: ["198.18.1.2:8080"]
+`
+	c, err := Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.Desired()
+	if !st.Services[0].RetryRefused || st.Services[1].RetryRefused {
+		t.Fatalf("retryRefused = %v, %v; want true (inherited), false (own)", st.Services[0].RetryRefused, st.Services[1].RetryRefused)
+	}
+	_, err = Parse([]byte(strings.Replace(base, "retryRefused: false", `retryRefused: "no"`, 1)))
+	if err == nil || !strings.Contains(err.Error(), "services[1].retryRefused") {
+		t.Fatalf("a string for a bool: %v", err)
+	}
+}

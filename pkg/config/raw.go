@@ -38,6 +38,7 @@ type rawDefaults struct {
 	FailureAccrual         *rawAccrual `json:"failureAccrual"`
 	MaxInflight            *int64      `json:"maxInflight"`
 	MaxInflightPerEndpoint *int64      `json:"maxInflightPerEndpoint"`
+	RetryRefused           *bool       `json:"retryRefused"`
 }
 
 type rawService struct {
@@ -51,6 +52,9 @@ type rawService struct {
 	// means no limit.
 	MaxInflight            *int64 `json:"maxInflight"`
 	MaxInflightPerEndpoint *int64 `json:"maxInflightPerEndpoint"`
+	// RetryRefused: a refused new connection gets one more try on another
+	// backend (its client sees a delay, not the refusal).
+	RetryRefused *bool `json:"retryRefused"`
 }
 
 // duration is a Go duration string ("10s", "5m"). Its own type only so the

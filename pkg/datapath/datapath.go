@@ -173,6 +173,8 @@ func lostOnRecreate(name string) string {
 		return "established flows (they will be re-balanced, most break)"
 	case bpf.LbMapPbEvents:
 		return "undelivered outcome events"
+	case bpf.LbMapPbStats, bpf.LbMapPbSvcStats, bpf.LbMapPbBeStats:
+		return "kernel counters (they restart from 0, which Prometheus reads as a reset)"
 	default:
 		return "nothing: the agent rewrites it from the desired state"
 	}

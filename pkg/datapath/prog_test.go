@@ -600,3 +600,65 @@ func TestTableFillsBeyondTheMappingCache(t *testing.T) {
 		}
 	}
 }
+
+// With retryRefused, a refused new flow is not failed to its client: the
+// RST is kept from it and its retransmitted SYN goes to another backend,
+// once; a second refusal reaches the client.
+func TestRetryRefusedSendsTheRetransmissionElsewhere(t *testing.T) {
+	f := newFixture(t)
+	b1 := maps.NewBackend(be1, svcID, maps.BackendActive, 0)
+	b1.Flags = maps.BackendRetryRefused
+	b2 := maps.NewBackend(be2, svcID, maps.BackendActive, 0)
+	b2.Flags = maps.BackendRetryRefused
+	f.must(f.Maps.SetBackend(id1, b1))
+	f.must(f.Maps.SetBackend(id2, b2))
+	// Both backends in the table, so a plain re-pick could land on b1 again.
+	tbl := fill(id1)
+	tbl[0], tbl[3] = id2, id2
+	f.must(f.Maps.FillTable(svcID, 0, tbl))
+	f.svc.Table, f.svc.TableSize = 0, size
+	f.writeService()
+
+	// Find a client port whose flow hashes to backend 1.
+	var c netip.AddrPort
+	for port := uint16(40000); ; port++ {
+		c = clientPort(port)
+		_, p, _ := f.run(bpftest.TCP(c, vip, bpftest.SYN, nil))
+		if p.Dst == be1 {
+			break
+		}
+		bpftest.Run(t, f.PbXdp, bpftest.TCP(c, vip, bpftest.RST, nil))
+		if port > 40100 {
+			t.Fatal("no flow to backend 1")
+		}
+	}
+	f.events()
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, c, bpftest.RST, nil)); ret != bpftest.XDPDrop {
+		t.Fatalf("the refusal reached the client: verdict %d", ret)
+	}
+	_, p, _ := f.run(bpftest.TCP(c, vip, bpftest.SYN, nil)) // the client's retransmission
+	if p.Dst != be2 {
+		t.Fatalf("retransmitted SYN went to %v, want the other backend %v", p.Dst, be2)
+	}
+	f.wantEvents(ev(evRefused, 0, id1, c), ev(evFlowEnd, 0, id1, c), ev(evNewFlow, evfRepick, id2, c))
+	// Refused again: this time the client hears it.
+	if ret, out := bpftest.Run(t, f.PbXdp, bpftest.TCP(be2, c, bpftest.RST, nil)); ret != bpftest.XDPPass || len(out) == 0 {
+		t.Fatalf("the second refusal was kept from the client too: verdict %d", ret)
+	}
+	gs, err := f.Maps.GlobalStats()
+	f.must(err)
+	if gs.RefusedRescued != 1 || gs.Retried != 1 {
+		t.Errorf("refused_rescued %d, retried %d; want 1 and 1", gs.RefusedRescued, gs.Retried)
+	}
+
+	// Without the flag, a refusal reaches the client at once.
+	b1.Flags = 0
+	f.must(f.Maps.SetBackend(id1, b1))
+	f.must(f.Maps.FillTable(svcID, 1, fill(id1)))
+	f.svc.Table = 1
+	f.writeService()
+	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client2, bpftest.RST, nil)); ret != bpftest.XDPPass {
+		t.Fatalf("a refusal without retryRefused was kept: verdict %d", ret)
+	}
+}

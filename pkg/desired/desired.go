@@ -59,6 +59,10 @@ type Service struct {
 	MaxInflight uint32
 	// MaxInflightPerEndpoint caps live flows to each endpoint; 0: no limit.
 	MaxInflightPerEndpoint uint32
+	// RetryRefused: a new connection a backend refuses is not failed to
+	// its client; its SYN retransmission (about a second later) goes to
+	// another backend, once.
+	RetryRefused bool
 }
 
 // State is everything the agent must program.

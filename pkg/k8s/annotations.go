@@ -29,6 +29,10 @@ const (
 	AnnotationMaxInflight            = "penaltybox.io/max-inflight"
 	AnnotationMaxInflightPerEndpoint = "penaltybox.io/max-inflight-per-endpoint"
 
+	// A refused new connection gets one more try on another backend: its
+	// client sees a delay of about a second, not the refusal.
+	AnnotationRetryRefused = "penaltybox.io/retry-refused"
+
 	ourPrefix     = "penaltybox.io/"
 	linkerdPrefix = "balancer.linkerd.io/"
 )
@@ -38,6 +42,7 @@ type Settings struct {
 	Accrual                accrual.Settings
 	MaxInflight            uint32
 	MaxInflightPerEndpoint uint32
+	RetryRefused           bool
 }
 
 // DefaultSettings are the settings of a Service without annotations:
@@ -114,6 +119,14 @@ var annotations = []annotation{
 	})},
 	{AnnotationMaxInflight, "maxInflight", false, limitSetter(func(s *Settings) *uint32 { return &s.MaxInflight })},
 	{AnnotationMaxInflightPerEndpoint, "maxInflightPerEndpoint", false, limitSetter(func(s *Settings) *uint32 { return &s.MaxInflightPerEndpoint })},
+	{AnnotationRetryRefused, "retryRefused", false, func(s *Settings, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return errors.New(`want "true" or "false"`)
+		}
+		s.RetryRefused = b
+		return nil
+	}},
 }
 
 // durationSetter parses Go durations ("500ms", "10s", "1m"), as the config

@@ -61,6 +61,7 @@ func TestParseAnnotations(t *testing.T) {
 		}, with(func(s *Settings) { s.Accrual.MaxFailures = 4 })},
 		{"surrounding spaces trimmed", map[string]string{AnnotationMinPenalty: " 3s\n"}, with(func(s *Settings) { s.Accrual.MinPenalty = 3 * time.Second })},
 		{"max-inflight 0 means no limit", map[string]string{AnnotationMaxInflight: "0"}, def},
+		{"retry-refused", map[string]string{AnnotationRetryRefused: "true"}, with(func(s *Settings) { s.RetryRefused = true })},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,6 +139,8 @@ func TestParseAnnotationsErrors(t *testing.T) {
 			[]AnnotationError{{AnnotationMaxInflight, "-1", "whole number of flows"}}},
 		{"max-inflight-per-endpoint too big", map[string]string{AnnotationMaxInflightPerEndpoint: "4294967296"},
 			[]AnnotationError{{AnnotationMaxInflightPerEndpoint, "4294967296", "whole number of flows"}}},
+		{"retry-refused not a bool", map[string]string{AnnotationRetryRefused: "sometimes"},
+			[]AnnotationError{{AnnotationRetryRefused, "sometimes", `want "true" or "false"`}}},
 		{"empty value", map[string]string{AnnotationMaxFailures: ""},
 			[]AnnotationError{{AnnotationMaxFailures, "", "empty value"}}},
 		{"Linkerd spelling is named as written", map[string]string{"balancer.linkerd.io/failure-accrual-consecutive-jitter-ratio": "2"},

@@ -81,6 +81,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, setti
 			// Service's limit.
 			MaxInflight:            settings.MaxInflight,
 			MaxInflightPerEndpoint: settings.MaxInflightPerEndpoint,
+			RetryRefused:           settings.RetryRefused,
 		})
 	}
 	return out, hostLocal

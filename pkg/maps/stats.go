@@ -32,6 +32,8 @@ func (m *Maps) GlobalStats() (bpf.LbGlobalStats, error) {
 		s.RejectRstTx += c.RejectRstTx
 		s.RejectRstPass += c.RejectRstPass
 		s.ProbeRescued += c.ProbeRescued
+		s.RefusedRescued += c.RefusedRescued
+		s.Retried += c.Retried
 	}
 	return s, nil
 }

@@ -199,3 +199,38 @@ func TestKnownBugAdoptedTableIndexOutOfRange(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// retryRefused lives in each backend's entry (the datapath reads it where
+// it sees the refusal): new backends carry it, and changing the setting
+// rewrites the entries of the service's backends, keeping their state.
+func TestRetryRefusedFlagsFollowTheService(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, ep(beA), ep(beB))
+	web.RetryRefused = true
+	e.apply(web)
+	e.programAll()
+	s := e.service(web.Key)
+	for _, id := range s.Backends {
+		if got := e.f.backend(id).Flags; got != pbmaps.BackendRetryRefused {
+			t.Fatalf("backend %d flags %#x, want retry-refused", id, got)
+		}
+	}
+	e.f.takeOps()
+	web.RetryRefused = false
+	e.apply(web)
+	ops := e.f.takeOps()
+	if n := count(ops, kindIs(opSetBackend)); n != 2 {
+		t.Fatalf("turning retryRefused off wrote %d backend entries, want 2: %s", n, opsString(ops))
+	}
+	for _, id := range s.Backends {
+		b := e.f.backend(id)
+		if b.Flags != 0 || pbmaps.BackendState(b.State) != pbmaps.BackendActive {
+			t.Fatalf("backend %d: flags %#x state %d, want 0 and active", id, b.Flags, b.State)
+		}
+	}
+	// Applying the same again writes nothing.
+	e.apply(web)
+	if ops := e.f.takeOps(); len(ops) != 0 {
+		t.Fatalf("second apply wrote %s", opsString(ops))
+	}
+}

@@ -301,3 +301,29 @@ func TestRestartKeepsPenalty(t *testing.T) {
 		t.Fatalf("b3 got %d connections before its penalty ended (%v)", n, probationAt)
 	}
 }
+
+// With retryRefused, a refusing backend costs its clients a delay, not a
+// failure: each refused connection's retransmitted SYN is sent to another
+// backend, and the backend is ejected as usual.
+func TestRetryRefusedHidesRefusals(t *testing.T) {
+	e := newEnv(t, 3)
+	e.topo.Backend(3).SetMode(testnet.Refuse)
+	e.startAgent(config(e.topo, all(3), accrualYAML+"    retryRefused: true\n"))
+
+	// Clients wait 3s to connect: room for one SYN retransmission (1s).
+	rs := e.load(200, 5*time.Second, 3*time.Second)
+	t.Logf("%v", rs)
+	if f := rs.Failures(); f != 0 {
+		t.Fatalf("%d connections failed: %v", f, rs.Counts())
+	}
+	if st, _ := e.state(b3); st != "ejected" && st != "probation" {
+		t.Fatalf("b3 is %s, want ejected", st)
+	}
+	m := e.metrics()
+	if got := m.Get("penaltybox_datapath_refused_retried_total", "result", "retried"); got < maxFailures {
+		t.Errorf("retried flows = %v, want >= %d", got, maxFailures)
+	}
+	if got := m.Get("penaltybox_endpoint_failures_total", "endpoint", b3, "kind", "refused"); got < maxFailures {
+		t.Errorf("refusals counted against b3 = %v, want >= %d", got, maxFailures)
+	}
+}
