@@ -242,7 +242,14 @@ type haproxyLB struct {
 // `haproxy -c` says), but its documentation says observing needs health
 // checks enabled, so `check` is on, with inter 60s to keep the active
 // checks out of a run.
-func (r *rig) haproxyConfig(passive bool, errorLimit int) string {
+// hapOpts are the HAProxy settings a benchmark varies.
+type hapOpts struct {
+	passive    bool // observe layer4 with error-limit errorLimit, on-error mark-down
+	errorLimit int
+	redispatch bool // option redispatch 1: every connect retry may go to another server
+}
+
+func (r *rig) haproxyConfig(o hapOpts) string {
 	var sb strings.Builder
 	sb.WriteString(`global
 	maxconn 9000
@@ -259,22 +266,25 @@ frontend web
 backend web
 	balance roundrobin
 `)
+	if o.redispatch {
+		sb.WriteString("	option redispatch 1\n")
+	}
 	for i := range r.topo.Backends {
 		fmt.Fprintf(&sb, "\tserver b%d 198.18.%d.2:%d", i+1, i+1, backendPrt)
-		if passive {
-			fmt.Fprintf(&sb, " check inter 60s observe layer4 error-limit %d on-error mark-down", errorLimit)
+		if o.passive {
+			fmt.Fprintf(&sb, " check inter 60s observe layer4 error-limit %d on-error mark-down", o.errorLimit)
 		}
 		sb.WriteString("\n")
 	}
 	return sb.String()
 }
 
-func (r *rig) haproxy(passive bool, errorLimit int) (lb, error) {
+func (r *rig) haproxy(o hapOpts) (lb, error) {
 	if _, err := r.topo.Node.Run("ip", "addr", "replace", testnet.VIP+"/32", "dev", "lo"); err != nil {
 		return nil, err
 	}
 	path := filepath.Join(r.dir, "haproxy.cfg")
-	if err := os.WriteFile(path, []byte(r.haproxyConfig(passive, errorLimit)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(r.haproxyConfig(o)), 0o600); err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(r.dir, "haproxy.log")
@@ -337,8 +347,8 @@ func haproxyCheck(dir string) (version, said string) {
 		name string
 		cfg  string
 	}{
-		{"observe without check", strings.ReplaceAll(r.haproxyConfig(true, 5), "check inter 60s ", "")},
-		{"observe with check", r.haproxyConfig(true, 5)},
+		{"observe without check", strings.ReplaceAll(r.haproxyConfig(hapOpts{passive: true, errorLimit: 5}), "check inter 60s ", "")},
+		{"observe with check", r.haproxyConfig(hapOpts{passive: true, errorLimit: 5, redispatch: true})},
 	} {
 		path := filepath.Join(dir, "check.cfg")
 		os.WriteFile(path, []byte(variant.cfg), 0o600)
@@ -554,7 +564,7 @@ func runE2E(res *Results, o e2eOpts, agentBin string, logf func(string, ...any))
 		{vNft, r.nftables, []string{vipTarget}},
 		{vPB, func() (lb, error) { return r.penaltybox(false, "") }, []string{vipTarget}},
 		{vPBRed, func() (lb, error) { return r.penaltybox(true, "") }, []string{vipTarget}},
-		{vHAP, func() (lb, error) { return r.haproxy(false, 0) }, []string{vipTarget}},
+		{vHAP, func() (lb, error) { return r.haproxy(hapOpts{}) }, []string{vipTarget}},
 	}
 	failures, total, firstErrs := map[string]int{}, map[string]int{}, map[string]error{}
 	for round := range o.Rounds {

@@ -19,6 +19,11 @@ type failingOpts struct {
 // (error-limit).
 const maxFailures = 5
 
+// delayedAfter: a successful connection slower than this was retried
+// (an unloaded one takes about a millisecond; HAProxy's turn-around
+// before a retry is 300 ms here, a client's SYN retransmission 1 s).
+const delayedAfter = 250 * time.Millisecond
+
 // pbAccrual is penaltybox's failure accrual in the failing-backend runs:
 // the connect deadline equals HAProxy's `timeout connect`.
 const pbAccrual = `    failureAccrual:
@@ -41,6 +46,8 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 		vPB   = "penaltybox"
 		vNft  = "nftables DNAT (no accrual)"
 		vHAP  = "HAProxy, passive L4 checks"
+		vPBR  = "penaltybox, retryRefused"
+		vHAPR = "HAProxy, passive L4 checks + option redispatch"
 		sRef  = "refusing"
 		sDrop = "dropping SYNs"
 	)
@@ -49,8 +56,12 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 		start func() (lb, error)
 	}{
 		{vNft, r.nftables},
-		{vHAP, func() (lb, error) { return r.haproxy(true, maxFailures) }},
+		{vHAP, func() (lb, error) { return r.haproxy(hapOpts{passive: true, errorLimit: maxFailures}) }},
 		{vPB, func() (lb, error) { return r.penaltybox(false, pbAccrual) }},
+		// Each with its option to send a refused connect elsewhere: the
+		// fair comparison for clients that must not see refusals.
+		{vHAPR, func() (lb, error) { return r.haproxy(hapOpts{passive: true, errorLimit: maxFailures, redispatch: true}) }},
+		{vPBR, func() (lb, error) { return r.penaltybox(false, pbAccrual+"    retryRefused: true\n") }},
 	}
 	scenarios := []struct {
 		name string
@@ -92,11 +103,17 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 				if !ok {
 					after = rs // fewer client-visible failures than N
 				}
-				last := 0.0
+				last, slowest, delayed := 0.0, 0.0, 0
 				t0 := rs[0].Scheduled
 				for _, x := range rs {
 					if x.Class.Failed() {
 						last = math.Max(last, x.End().Sub(t0).Seconds())
+					}
+					if x.Class == testnet.OK {
+						slowest = math.Max(slowest, x.Latency.Seconds())
+						if x.Latency > delayedAfter {
+							delayed++
+						}
 					}
 				}
 				add := func(what, unit string, v float64, digits int) {
@@ -108,19 +125,25 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 				add(v.name+fmt.Sprintf(": success rate after the first %d failures", maxFailures), "%", 100*after.SuccessRate(), 3)
 				add(v.name+": time until the last failure", "s", last, 2)
 				add(v.name+": failed connections", "count", float64(rs.Failures()), 0)
+				add(v.name+fmt.Sprintf(": successful connections slower than %v", delayedAfter), "count", float64(delayed), 0)
+				add(v.name+": slowest successful connection", "s", slowest, 2)
 				logf("failing: round %d/%d: %-14s %-28s %v; last failure at %.2fs", round+1, o.Rounds, sc.name, v.name, rs, last)
 			}
 		}
 	}
-	// Ratios: success rates and failures against HAProxy's passive checks.
+	// Ratios: success rates and failures against HAProxy's passive checks,
+	// each penaltybox variant against the HAProxy configured like it.
 	for _, f := range res.Figures {
 		if f.Part != "failing" {
 			continue
 		}
 		for _, sc := range scenarios {
 			for _, suffix := range []string{": success rate, all connections", fmt.Sprintf(": success rate after the first %d failures", maxFailures), ": failed connections"} {
-				if f.Name == sc.name+": "+vPB+suffix || f.Name == sc.name+": "+vNft+suffix {
+				switch f.Name {
+				case sc.name + ": " + vPB + suffix, sc.name + ": " + vNft + suffix:
 					f.Baseline = sc.name + ": " + vHAP + suffix
+				case sc.name + ": " + vPBR + suffix:
+					f.Baseline = sc.name + ": " + vHAPR + suffix
 				}
 			}
 		}
@@ -129,14 +152,19 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 
 	res.note("failing", "Same topology as part 2; backend b3 refuses (its listener closed: the kernel answers SYN with RST) or drops SYNs (nftables in its namespace), for the whole run. Open loop: %.0f new connections per second for %v (one HTTP request each, scheduled by the clock whatever earlier attempts do), client connect timeout 3 s (room for one SYN retransmission) and 3 s for the response. A fresh load balancer per run; scenarios and variants interleaved in every round.", o.Rate, o.Duration)
 	res.note("failing", "penaltybox: maxFailures %d, minPenalty 2s, maxPenalty 1m, jitterRatio 0.2, connectTimeout 300ms (its own connect deadline, equal to HAProxy's `timeout connect`). After the penalty a probe (one real connection) goes to the backend; while it still fails, that probe is a client-visible failure and the penalty doubles (2 s, then 4 s, ±20%%): how many of them fall inside a %v run shows in its failed connections and its time until the last failure. Dropped SYNs: the agent's 300 ms deadline ejects the backend, and the clients' retransmitted SYNs (after 1 s) are moved to a healthy backend in the kernel, so they succeed.", maxFailures, o.Duration)
-	res.note("failing", "HAProxy (%s): `mode tcp`, `balance roundrobin`, `retries 3`, `timeout connect 300ms`, servers `check inter 60s observe layer4 error-limit %d on-error mark-down`. The documentation says observe needs health checks enabled; `haproxy -c` says: %s so `check` is on, with `inter 60s` so active checks stay out of a run (a marked-down server then stays down for the run: no probe, so no late failure, but also no way back until an active check passes). No `option redispatch`: a failed connect is retried on the same server, as configured by default.", version, maxFailures, said)
+	res.note("failing", "HAProxy (%s): `mode tcp`, `balance roundrobin`, `retries 3`, `timeout connect 300ms`, servers `check inter 60s observe layer4 error-limit %d on-error mark-down`. The documentation says observe needs health checks enabled; `haproxy -c` says: %s so `check` is on, with `inter 60s` so active checks stay out of a run (a marked-down server then stays down for the run: no probe, so no late failure, but also no way back until an active check passes). Without `option redispatch` a failed connect is retried on the same server (HAProxy's default); with `option redispatch 1` every retry may go to another server, the quickest way round a refusing server HAProxy has. penaltybox, retryRefused: the same accrual, and a refused new connection's RST is kept from the client, whose retransmitted SYN (after 1 s) goes to another backend.", version, maxFailures, said)
 	res.note("failing", noFailureNote)
 
 	for _, sc := range scenarios {
 		pbAfter := res.median("failing", sc.name+": "+vPB+fmt.Sprintf(": success rate after the first %d failures", maxFailures))
 		hapAll := res.median("failing", sc.name+": "+vHAP+": success rate, all connections")
 		pbAll := res.median("failing", sc.name+": "+vPB+": success rate, all connections")
-		res.Targets = append(res.Targets, aboveHAProxy(sc.name, pbAll-hapAll))
+		res.Targets = append(res.Targets, aboveHAProxy(sc.name, "penaltybox", "HAProxy passive checks'", pbAll-hapAll))
+		// The issue's HAProxy (passive checks, no redispatch) against
+		// penaltybox with its option on; with redispatch, HAProxy is a
+		// figure above, not a target.
+		pbRAll := res.median("failing", sc.name+": "+vPBR+": success rate, all connections")
+		res.Targets = append(res.Targets, aboveHAProxy(sc.name, "penaltybox with retryRefused", "HAProxy passive checks'", pbRAll-hapAll))
 		res.target("failing", sc.name+fmt.Sprintf(": penaltybox success rate after the first %d failures ≥ 99.9%%", maxFailures), pbAfter, 99.9, false, "%.3f%%")
 	}
 	return nil
@@ -152,7 +180,8 @@ func sortFailing(res *Results) {
 		}
 	}
 	// Group by scenario then metric, keeping variant order.
-	order := []string{"success rate, all connections", fmt.Sprintf("success rate after the first %d failures", maxFailures), "failed connections", "time until the last failure"}
+	order := []string{"success rate, all connections", fmt.Sprintf("success rate after the first %d failures", maxFailures), "failed connections", "time until the last failure",
+		fmt.Sprintf("successful connections slower than %v", delayedAfter), "slowest successful connection"}
 	var out []*Figure
 	for _, sc := range []string{"refusing", "dropping SYNs"} {
 		for _, m := range order {
@@ -170,8 +199,8 @@ func hasSuffix(s, suf string) bool { return len(s) >= len(suf) && s[len(s)-len(s
 
 // aboveHAProxy judges "success rate above HAProxy's passive checks":
 // strictly above, so a tie is not a win.
-func aboveHAProxy(scenario string, diff float64) Target {
-	t := Target{Part: "failing", What: scenario + ": penaltybox success rate above HAProxy passive checks' (difference, points)",
+func aboveHAProxy(scenario, ours, theirs string, diff float64) Target {
+	t := Target{Part: "failing", What: scenario + ": " + ours + " success rate above " + theirs + " (difference, points)",
 		Measured: fmt.Sprintf("%+.2f pts", diff), Met: diff > 0}
 	if !t.Met {
 		t.Missing = "not above"

@@ -207,22 +207,5 @@ func load(path string) (*Results, Machine, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, Machine{}, err
 	}
-	// Targets and notes are kept as the run wrote them, except the
-	// HAProxy comparison, judged strictly (a tie is not "above") since
-	// the run that may have saved it with >=.
-	for i, t := range s.Results.Targets {
-		if sc, ok := strings.CutSuffix(t.What, ": penaltybox success rate − HAProxy passive checks' (points)"); ok {
-			var d float64
-			fmt.Sscanf(t.Measured, "%f", &d)
-			s.Results.Targets[i] = aboveHAProxy(sc, d)
-		}
-	}
-	for i, n := range s.Results.Notes["failing"] {
-		if n == "nftables DNAT has no notion of failure: one third of new connections go to b3 all run long." {
-			n = noFailureNote
-		}
-		s.Results.Notes["failing"][i] = strings.Replace(n, "one or two probes fall in a 6s run, and they are why its last failure is late in the run.",
-			"how many of them fall inside a 6s run shows in its failed connections and its time until the last failure.", 1)
-	}
 	return s.Results, s.Machine, nil
 }
