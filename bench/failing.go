@@ -60,7 +60,9 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 		{vPB, func() (lb, error) { return r.penaltybox(false, pbAccrual) }},
 		// Each with its option to send a refused connect elsewhere: the
 		// fair comparison for clients that must not see refusals.
-		{vHAPR, func() (lb, error) { return r.haproxy(hapOpts{passive: true, errorLimit: maxFailures, redispatch: true}) }},
+		{vHAPR, func() (lb, error) {
+			return r.haproxy(hapOpts{passive: true, errorLimit: maxFailures, redispatch: true})
+		}},
 		{vPBR, func() (lb, error) { return r.penaltybox(false, pbAccrual+"    retryRefused: true\n") }},
 	}
 	scenarios := []struct {
