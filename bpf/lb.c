@@ -291,15 +291,67 @@ static __always_inline struct backend *table_lookup(void *outer, __u32 key, __u3
 	return be;
 }
 
+/* take_slot counts one more flow in c unless it is at limit (0: none). */
+static __always_inline int take_slot(struct inflight *c, __u32 limit)
+{
+	if (!c)
+		return 0;
+	__s64 old = __sync_fetch_and_add(&c->count, 1);
+	if (limit && old >= limit) {
+		__sync_fetch_and_add(&c->count, -1);
+		return -1;
+	}
+	return 0;
+}
+
+/* scan walks a service's list of active backends (pb_svc_backends) from
+ * a hashed start for one that is active, is neither skip nor avoid, and,
+ * when take is set, has room under limit (a slot is then taken on it). */
+struct scan {
+	__u32 svc_id;
+	__u32 start;
+	__u32 n;
+	__u32 limit;
+	__u32 skip;
+	__u32 avoid;
+	__u32 take;
+	__u32 found;
+};
+
+static long scan_backend(__u32 i, struct scan *sc)
+{
+	if (!sc->n)
+		return 1;
+	struct svc_backend_key k = {.svc_id = sc->svc_id, .idx = (sc->start + i) % sc->n};
+	__u32 *idp = bpf_map_lookup_elem(&pb_svc_backends, &k);
+	if (!idp || *idp == sc->skip || *idp == sc->avoid)
+		return 0;
+	__u32 id = *idp;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
+	if (!be || !be->family || be->svc_id != sc->svc_id || be->state != PB_BE_ACTIVE)
+		return 0;
+	if (sc->take && take_slot(bpf_map_lookup_elem(&pb_be_inflight, &id), sc->limit))
+		return 0;
+	sc->found = id;
+	return 1;
+}
+
+static __always_inline __u32 scan_count(struct svc_value *svc)
+{
+	__u32 n = svc->backend_count;
+	return n > PB_MAX_SCAN ? PB_MAX_SCAN : n;
+}
+
 #define PB_STEER_TRIES 3
 
 /* pick_backend chooses the backend for a new flow: the Maglev slot's
  * backend if it is active, or if it is in probation and a grant is left
  * (the flow becomes the probe). Otherwise the flow is steered: first to the
  * same slot of the service's table without probation backends, then to a
- * few rehashed slots. Only when nothing active is found is it sent to the
- * slot's backend anyway: the agent keeps tables so that this does not
- * happen outside the instants between two map updates. */
+ * few rehashed slots, then to the first active backend of the service's
+ * list. avoid (0: none) is never picked while another active backend
+ * exists: the backend a retried flow leaves. Only when nothing else is
+ * found is the flow sent to the slot's backend anyway. */
 static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int may_probe,
 					__u32 avoid, struct pick *out, struct global_stats *gs)
 {
@@ -317,6 +369,9 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 	out->probe = 0;
 	if (likely(be->state == PB_BE_ACTIVE && id != avoid))
 		return 0;
+	/* Steering counts moves off backends that are not active; a retry
+	 * leaving an active one is counted as a retry. */
+	int off = be->state != PB_BE_ACTIVE;
 
 	if (be->state == PB_BE_PROBATION && may_probe && id != avoid && be->probe_grants > 0 &&
 	    __sync_fetch_and_add(&be->probe_grants, -1) > 0) {
@@ -338,13 +393,21 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 		if (alt && alt->state == PB_BE_ACTIVE && alt_id != avoid)
 			goto steered;
 	}
-	if (gs)
+	__u32 n = scan_count(svc);
+	struct scan sc = {.svc_id = svc->id, .start = hash, .n = n, .avoid = avoid};
+	if (n && bpf_loop(n, scan_backend, &sc, 0) > 0 && sc.found) {
+		alt_id = sc.found;
+		alt = bpf_map_lookup_elem(&pb_backends, &alt_id);
+		if (alt)
+			goto steered;
+	}
+	if (gs && off)
 		gs->steer_failed++;
 	return 0;
 steered:
 	out->id = alt_id;
 	out->be = alt;
-	if (gs)
+	if (gs && off)
 		gs->steered++;
 	return 0;
 }
@@ -388,51 +451,12 @@ static __always_inline void release(const struct ct_key *fk)
 	inflight_add(&pb_be_inflight, be, -1);
 }
 
-/* take_slot counts one more flow in c unless it is at limit (0: none). */
-static __always_inline int take_slot(struct inflight *c, __u32 limit)
-{
-	if (!c)
-		return 0;
-	__s64 old = __sync_fetch_and_add(&c->count, 1);
-	if (limit && old >= limit) {
-		__sync_fetch_and_add(&c->count, -1);
-		return -1;
-	}
-	return 0;
-}
-
-struct scan {
-	__u32 svc_id;
-	__u32 start;
-	__u32 n;
-	__u32 limit;
-	__u32 skip;
-	__u32 found;
-};
-
-static long scan_backend(__u32 i, struct scan *sc)
-{
-	if (!sc->n)
-		return 1;
-	struct svc_backend_key k = {.svc_id = sc->svc_id, .idx = (sc->start + i) % sc->n};
-	__u32 *idp = bpf_map_lookup_elem(&pb_svc_backends, &k);
-	if (!idp || *idp == sc->skip)
-		return 0;
-	__u32 id = *idp;
-	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
-	if (!be || !be->family || be->svc_id != sc->svc_id || be->state != PB_BE_ACTIVE)
-		return 0;
-	if (take_slot(bpf_map_lookup_elem(&pb_be_inflight, &id), sc->limit))
-		return 0;
-	sc->found = id;
-	return 1;
-}
-
 /* backend_slot takes a slot on the picked backend or, when it is at its
  * per-endpoint limit, on the first active backend of the service with
  * room (a scan of the service's backend list from a hashed start, so the
  * overflow spreads). Returns -1 when every backend is full. */
-static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, struct pick *pk)
+static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, __u32 avoid,
+					struct pick *pk)
 {
 	__u32 limit = svc->max_inflight_per_backend;
 	if (!take_slot(bpf_map_lookup_elem(&pb_be_inflight, &pk->id), limit))
@@ -442,10 +466,9 @@ static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, struc
 		__sync_fetch_and_add(&pk->be->probe_grants, 1);
 		pk->probe = 0;
 	}
-	__u32 n = svc->backend_count;
-	if (n > PB_MAX_SCAN)
-		n = PB_MAX_SCAN;
-	struct scan sc = {.svc_id = svc->id, .start = hash, .n = n, .limit = limit, .skip = pk->id};
+	__u32 n = scan_count(svc);
+	struct scan sc = {.svc_id = svc->id, .start = hash, .n = n, .limit = limit, .skip = pk->id,
+			  .avoid = avoid, .take = 1};
 	if (!n || bpf_loop(n, scan_backend, &sc, 0) <= 0 || !sc.found)
 		return -1;
 	__u32 id = sc.found;
@@ -501,7 +524,9 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	__u32 hash = jhash_3words(fk->src.v4, fk->dst.v4,
 				  ((__u32)fk->sport << 16) | fk->dport, PB_HASH_SEED ^ fk->proto);
 	struct pick pk = {};
-	if (pick_backend(svc, hash, !midstream, avoid, &pk, gs) < 0) {
+	/* A retried client has been refused once: it is not our experiment. */
+	int may_probe = !midstream && !(ct_flags & PB_CT_RETRY);
+	if (pick_backend(svc, hash, may_probe, avoid, &pk, gs) < 0) {
 		if (limited)
 			inflight_add(&pb_svc_inflight, svc->id, -1);
 		if (gs)
@@ -513,7 +538,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	__u64 now = bpf_ktime_get_ns();
 	__u32 flags = ct_flags;
 	if (limited) {
-		if (backend_slot(svc, hash, &pk)) {
+		if (backend_slot(svc, hash, avoid, &pk)) {
 			inflight_add(&pb_svc_inflight, svc->id, -1);
 			if (gs)
 				gs->inflight_rejected++;
@@ -534,6 +559,8 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 
 	if (pk.probe)
 		flags |= PB_CT_PROBE;
+	if (svc->flags & PB_SVC_F_RETRY_REFUSED)
+		flags |= PB_CT_RETRYABLE;
 	if (midstream)
 		flags |= PB_CT_MIDSTREAM | PB_CT_ESTABLISHED;
 
@@ -616,21 +643,28 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	if ((f & (TCP_SYN | TCP_ACK)) != TCP_SYN)
 		return 0;
 
-	/* A SYN on a known tuple: a reused tuple after the flow ended (or whose
-	 * reverse entry was lost) is a new flow. If its backend refused it and
-	 * the refusal was kept from the client, this is the client's
-	 * retransmission: one more try, on another backend. */
+	/* A SYN on a known tuple. One new_flow call below serves every case
+	 * that starts the flow again (each inlined copy costs the verifier
+	 * and the program size). */
+	__u8 evf = 0;
+	__u32 avoid = 0, ct_flags = 0;
+	int retry = 0;
 	if (!rv)
-		return new_flow(p, svc, fk, 0, 0, 0, 0, 0, fv, gs);
-	if (rv->flags & PB_CT_CLOSED) {
-		if ((rv->flags & (PB_CT_RESCUED | PB_CT_RETRY)) == PB_CT_RESCUED) {
-			if (gs)
-				gs->retried++;
-			return new_flow(p, svc, fk, 0, PB_EVF_REPICK, &rk, fv->backend_id, PB_CT_RETRY, fv, gs);
+		goto again; /* reverse entry lost: a new flow */
+	__u32 cur = rv->flags;
+	if (cur & PB_CT_CLOSED) {
+		/* A reused tuple after the flow ended is a new flow. If its
+		 * backend refused it and the refusal was kept from the client,
+		 * this is the client's retransmission: one more try, elsewhere. */
+		if ((cur & (PB_CT_RESCUED | PB_CT_RETRY)) == PB_CT_RESCUED) {
+			evf = PB_EVF_REPICK;
+			avoid = fv->backend_id;
+			ct_flags = PB_CT_RETRY;
+			retry = !(cur & PB_CT_PROBE);
 		}
-		return new_flow(p, svc, fk, 0, 0, &rk, 0, 0, fv, gs);
+		goto again;
 	}
-	if (rv->flags & PB_CT_ESTABLISHED)
+	if (cur & PB_CT_ESTABLISHED)
 		return 0;
 
 	/* ...otherwise the client is retransmitting its SYN: the backend has not
@@ -642,15 +676,21 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 
 	/* The backend never answered, so moving the flow is safe. Do it when the
 	 * agent has taken the backend out: the client's retry then succeeds
-	 * instead of timing out. */
+	 * instead of timing out. A flow that is already a retry stays one. */
 	__u32 bid = fv->backend_id;
 	struct backend *be = bpf_map_lookup_elem(&pb_backends, &bid);
-	if (be && (be->state == PB_BE_EJECTED || be->state == PB_BE_REMOVED)) {
-		if (gs)
-			gs->repicked++;
-		return new_flow(p, svc, fk, 0, PB_EVF_REPICK, &rk, bid, 0, fv, gs);
-	}
-	return 0;
+	if (!be || (be->state != PB_BE_EJECTED && be->state != PB_BE_REMOVED))
+		return 0;
+	if (gs)
+		gs->repicked++;
+	evf = PB_EVF_REPICK;
+	avoid = bid;
+	ct_flags = cur & PB_CT_RETRY;
+again:;
+	int rc = new_flow(p, svc, fk, 0, evf, rv ? &rk : 0, avoid, ct_flags, fv, gs);
+	if (rc == 0 && retry && gs)
+		gs->retried++;
+	return rc;
 }
 
 static __always_inline __u16 sum16(const __u16 *w, int n, __u32 s)
@@ -846,9 +886,27 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		fk.family = rk.family;
 
 		if (f & TCP_RST) {
-			int rescue = 0;
-			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
-			if (!(old & PB_CT_CLOSED)) {
+			/* A refused probe is our experiment on a real client: it
+			 * failed, the client need not. With retryRefused any
+			 * refused flow gets the same. The RST is kept from the
+			 * client, whose SYN retransmission (~1s) is sent to
+			 * another backend (client_control); once per flow. The
+			 * bits this decides on never change after the flow began
+			 * (ESTABLISHED is checked again below), so the decision
+			 * goes in with CLOSED, in one atomic update. */
+			__u32 set = PB_CT_CLOSED;
+			__u32 cur = rv->flags;
+			if ((cur & (PB_CT_PROBE | PB_CT_RETRYABLE)) &&
+			    !(cur & (PB_CT_ESTABLISHED | PB_CT_MIDSTREAM | PB_CT_RETRY)))
+				set |= PB_CT_RESCUED;
+			__u32 old = __sync_fetch_and_or(&rv->flags, set);
+			if (old & PB_CT_CLOSED) {
+				/* A second RST of a rescued flow (answering a
+				 * retransmitted SYN) is kept from the client too. */
+				if (old & PB_CT_RESCUED)
+					return XDP_DROP;
+			} else {
+				int rescue = 0;
 				if (old & PB_CT_COUNTED)
 					release(&fk);
 				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
@@ -857,22 +915,8 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				} else if (!(old & PB_CT_ESTABLISHED)) {
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
-					/* A refused probe is our experiment on a real
-					 * client: it failed, the client need not. With
-					 * retryRefused, any refused flow gets the same:
-					 * the RST is kept from the client, whose SYN
-					 * retransmission (~1s) is sent to another backend
-					 * (client_control). Once per flow. */
-					if (!(old & PB_CT_RETRY)) {
-						__u32 bid = rv->backend_id;
-						struct backend *be = bpf_map_lookup_elem(&pb_backends, &bid);
-						if (old & PB_CT_PROBE)
-							rescue = 1;
-						else if (be && (be->flags & PB_BE_F_RETRY_REFUSED))
-							rescue = 2;
-					}
-					if (rescue)
-						__sync_fetch_and_or(&rv->flags, PB_CT_RESCUED);
+					if (set & PB_CT_RESCUED)
+						rescue = (old & PB_CT_PROBE) ? 1 : 2;
 				} else {
 					if (old & PB_CT_BACKEND_DATA)
 						evf |= PB_EVF_BACKEND_DATA;
@@ -881,6 +925,9 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				}
 				emit(PB_EV_FLOW_END, 0, rv->svc_id, rv->backend_id, fk.src.v4,
 				     fk.sport, gs);
+				/* Established meanwhile: a reset, nothing to rescue. */
+				if ((set & PB_CT_RESCUED) && !rescue)
+					__sync_fetch_and_and(&rv->flags, ~PB_CT_RESCUED);
 				if (rescue) {
 					if (gs) {
 						if (rescue == 1)

@@ -24,7 +24,7 @@ type LbBackend struct {
 	State       uint8
 	SvcId       uint32
 	ProbeGrants int32
-	Flags       uint32
+	Pad         uint32
 }
 
 type LbBeStats struct {

@@ -39,6 +39,7 @@
 #define PB_CT_COUNTED 0x0200       /* counted in the inflight gauges (has a pb_flows entry) */
 #define PB_CT_RESCUED 0x0400       /* the backend refused it; the RST was kept from the client */
 #define PB_CT_RETRY 0x0800         /* a rescued flow's second try: not rescued again */
+#define PB_CT_RETRYABLE 0x1000     /* its service had retryRefused when the flow began */
 
 /* Backend admission state, written by the agent. */
 enum pb_backend_state {
@@ -61,13 +62,13 @@ enum pb_event_type {
 	PB_EV_FIRST_DATA = 8,  /* first payload byte from the backend */
 };
 
-/* pb_backends flags */
-#define PB_BE_F_RETRY_REFUSED 0x1 /* a refused new flow gets one more try elsewhere */
+/* pb_services flags */
+#define PB_SVC_F_RETRY_REFUSED 0x1 /* a refused new flow gets one more try elsewhere */
 
 /* pb_event.flags */
 #define PB_EVF_PROBE 0x01        /* the flow is a probation probe */
 #define PB_EVF_BACKEND_DATA 0x02 /* RESET: the backend had sent payload */
-#define PB_EVF_REPICK 0x04       /* NEW_FLOW: re-picked after a dead backend */
+#define PB_EVF_REPICK 0x04       /* NEW_FLOW: moved on a retransmitted SYN (ejected or refusing backend) */
 #define PB_EVF_CLIENT 0x08       /* FLOW_END: the client ended it */
 
 /* Circuit breaker: how many of a service's backends a new flow scans for

@@ -31,7 +31,7 @@ struct svc_value {
 	__u32 max_inflight;             /* 0: no limit */
 	__u32 max_inflight_per_backend; /* 0: no limit */
 	__u32 backend_count;            /* active backends listed in pb_svc_backends */
-	__u32 flags;
+	__u32 flags;                    /* PB_SVC_F_* */
 	__u32 pad;
 };
 
@@ -50,7 +50,7 @@ struct backend {
 	__u8 state;         /* enum pb_backend_state */
 	__u32 svc_id;
 	__s32 probe_grants; /* PROBATION: new flows still admitted (atomic) */
-	__u32 flags;        /* PB_BE_F_*: the service's settings the datapath needs here */
+	__u32 pad;
 };
 
 struct ct_key {
@@ -127,7 +127,7 @@ struct global_stats {
 	__u64 reject_rst_pass;     /* ... or handed to the stack to route back */
 	__u64 probe_rescued;       /* refused probe's RST kept from its client */
 	__u64 refused_rescued;     /* other refused flows' RST kept (retryRefused) */
-	__u64 retried;             /* rescued flows' retransmitted SYNs sent elsewhere */
+	__u64 retried;             /* rescued non-probe flows re-picked on their retransmitted SYN */
 };
 
 /* pb_svc_stats[svc_id], per CPU. */

@@ -111,14 +111,16 @@ func (a *agent) ServiceStats(id uint32) (bpf.LbSvcStats, error) { return a.maps.
 func (a *agent) BackendStats(id uint32) (bpf.LbBeStats, error) { return a.maps.BackendStats(id) }
 
 type serviceJSON struct {
-	Name     string          `json:"name"`
-	ID       uint32          `json:"id"`
-	VIP      string          `json:"vip"`
-	Port     uint16          `json:"port"`
-	Protocol string          `json:"protocol"`
-	FailOpen bool            `json:"failOpen"`
-	Counters *bpf.LbSvcStats `json:"counters,omitempty"`
-	Backends []backendJSON   `json:"backends"`
+	Name     string `json:"name"`
+	ID       uint32 `json:"id"`
+	VIP      string `json:"vip"`
+	Port     uint16 `json:"port"`
+	Protocol string `json:"protocol"`
+	FailOpen bool   `json:"failOpen"`
+	// RetryRefused: refused new connections get a second try (pb_services flags).
+	RetryRefused bool            `json:"retryRefused"`
+	Counters     *bpf.LbSvcStats `json:"counters,omitempty"`
+	Backends     []backendJSON   `json:"backends"`
 }
 
 type backendJSON struct {
@@ -143,7 +145,8 @@ func (a *agent) servicesView() any {
 	}
 	for _, s := range a.rec.Services() {
 		sj := serviceJSON{Name: s.Spec.Name, ID: s.ID, VIP: s.Spec.Key.VIP.String(), Port: s.Spec.Key.Port,
-			Protocol: s.Spec.Key.Protocol.String(), FailOpen: s.FailOpen, Backends: []backendJSON{}}
+			Protocol: s.Spec.Key.Protocol.String(), FailOpen: s.FailOpen, RetryRefused: s.Spec.RetryRefused,
+			Backends: []backendJSON{}}
 		if st, err := a.maps.ServiceStats(s.ID); err == nil {
 			sj.Counters = &st
 		}

@@ -606,56 +606,56 @@ func TestTableFillsBeyondTheMappingCache(t *testing.T) {
 // once; a second refusal reaches the client.
 func TestRetryRefusedSendsTheRetransmissionElsewhere(t *testing.T) {
 	f := newFixture(t)
-	b1 := maps.NewBackend(be1, svcID, maps.BackendActive, 0)
-	b1.Flags = maps.BackendRetryRefused
-	b2 := maps.NewBackend(be2, svcID, maps.BackendActive, 0)
-	b2.Flags = maps.BackendRetryRefused
-	f.must(f.Maps.SetBackend(id1, b1))
-	f.must(f.Maps.SetBackend(id2, b2))
-	// Both backends in the table, so a plain re-pick could land on b1 again.
-	tbl := fill(id1)
-	tbl[0], tbl[3] = id2, id2
-	f.must(f.Maps.FillTable(svcID, 0, tbl))
-	f.svc.Table, f.svc.TableSize = 0, size
-	f.writeService()
+	// Every slot on backend 1: the other backend is found only through
+	// the service's backend list, as when the refusing backend still
+	// fills the table before its ejection.
+	f.must(f.Maps.SetServiceBackends(svcID, nil, []uint32{id1, id2}))
+	f.svc.BackendCount = 2
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.table(id1)
 
-	// Find a client port whose flow hashes to backend 1.
-	var c netip.AddrPort
-	for port := uint16(40000); ; port++ {
-		c = clientPort(port)
-		_, p, _ := f.run(bpftest.TCP(c, vip, bpftest.SYN, nil))
-		if p.Dst == be1 {
-			break
-		}
-		bpftest.Run(t, f.PbXdp, bpftest.TCP(c, vip, bpftest.RST, nil))
-		if port > 40100 {
-			t.Fatal("no flow to backend 1")
-		}
+	if _, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil)); p.Dst != be1 {
+		t.Fatalf("SYN went to %v, want %v", p.Dst, be1)
 	}
 	f.events()
-	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, c, bpftest.RST, nil)); ret != bpftest.XDPDrop {
-		t.Fatalf("the refusal reached the client: verdict %d", ret)
+	for i := range 2 { // the refusal, and the backend's answer to an early retransmission
+		if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.RST, nil)); ret != bpftest.XDPDrop {
+			t.Fatalf("refusal %d reached the client: verdict %d", i+1, ret)
+		}
 	}
-	_, p, _ := f.run(bpftest.TCP(c, vip, bpftest.SYN, nil)) // the client's retransmission
+	_, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil)) // the client's retransmission
 	if p.Dst != be2 {
 		t.Fatalf("retransmitted SYN went to %v, want the other backend %v", p.Dst, be2)
 	}
-	f.wantEvents(ev(evRefused, 0, id1, c), ev(evFlowEnd, 0, id1, c), ev(evNewFlow, evfRepick, id2, c))
-	// Refused again: this time the client hears it.
-	if ret, out := bpftest.Run(t, f.PbXdp, bpftest.TCP(be2, c, bpftest.RST, nil)); ret != bpftest.XDPPass || len(out) == 0 {
+	f.wantEvents(ev(evRefused, 0, id1, client), ev(evFlowEnd, 0, id1, client), ev(evNewFlow, evfRepick, id2, client))
+	// Refused again: once per connection, so this time the client hears it.
+	if ret, out := bpftest.Run(t, f.PbXdp, bpftest.TCP(be2, client, bpftest.RST, nil)); ret != bpftest.XDPPass || len(out) == 0 {
 		t.Fatalf("the second refusal was kept from the client too: verdict %d", ret)
 	}
 	gs, err := f.Maps.GlobalStats()
 	f.must(err)
-	if gs.RefusedRescued != 1 || gs.Retried != 1 {
-		t.Errorf("refused_rescued %d, retried %d; want 1 and 1", gs.RefusedRescued, gs.Retried)
+	if gs.RefusedRescued != 1 || gs.Retried != 1 || gs.Steered != 0 || gs.SteerFailed != 0 {
+		t.Errorf("refused_rescued %d, retried %d, steered %d, steer_failed %d; want 1, 1, 0, 0",
+			gs.RefusedRescued, gs.Retried, gs.Steered, gs.SteerFailed)
 	}
 
-	// Without the flag, a refusal reaches the client at once.
-	b1.Flags = 0
-	f.must(f.Maps.SetBackend(id1, b1))
-	f.must(f.Maps.FillTable(svcID, 1, fill(id1)))
-	f.svc.Table = 1
+	// A retry is never a probe: the client has been refused once already.
+	pb := maps.NewBackend(be2, svcID, maps.BackendProbation, 1)
+	f.must(f.Maps.SetBackend(id2, pb))
+	c3 := clientPort(40100)
+	f.run(bpftest.TCP(c3, vip, bpftest.SYN, nil))
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, c3, bpftest.RST, nil)); ret != bpftest.XDPDrop {
+		t.Fatalf("refusal reached the client: verdict %d", ret)
+	}
+	if _, p, _ := f.run(bpftest.TCP(c3, vip, bpftest.SYN, nil)); p.Dst != be1 {
+		t.Fatalf("retry went to %v; with no other active backend, want %v", p.Dst, be1)
+	}
+	if b, err := f.Maps.Backend(id2); err != nil || b.ProbeGrants != 1 {
+		t.Fatalf("probation backend's grants %d (%v), want 1: the retry became its probe", b.ProbeGrants, err)
+	}
+
+	// Without the service's flag, a refusal reaches the client at once.
+	f.svc.Flags = 0
 	f.writeService()
 	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
 	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client2, bpftest.RST, nil)); ret != bpftest.XDPPass {

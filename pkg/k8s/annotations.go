@@ -120,12 +120,12 @@ var annotations = []annotation{
 	{AnnotationMaxInflight, "maxInflight", false, limitSetter(func(s *Settings) *uint32 { return &s.MaxInflight })},
 	{AnnotationMaxInflightPerEndpoint, "maxInflightPerEndpoint", false, limitSetter(func(s *Settings) *uint32 { return &s.MaxInflightPerEndpoint })},
 	{AnnotationRetryRefused, "retryRefused", false, func(s *Settings, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return errors.New(`want "true" or "false"`)
+		switch v {
+		case "true", "false":
+			s.RetryRefused = v == "true"
+			return nil
 		}
-		s.RetryRefused = b
-		return nil
+		return errors.New(`want "true" or "false"`)
 	}},
 }
 

@@ -141,6 +141,8 @@ func TestParseAnnotationsErrors(t *testing.T) {
 			[]AnnotationError{{AnnotationMaxInflightPerEndpoint, "4294967296", "whole number of flows"}}},
 		{"retry-refused not a bool", map[string]string{AnnotationRetryRefused: "sometimes"},
 			[]AnnotationError{{AnnotationRetryRefused, "sometimes", `want "true" or "false"`}}},
+		{"retry-refused spelled like Go's ParseBool", map[string]string{AnnotationRetryRefused: "1"},
+			[]AnnotationError{{AnnotationRetryRefused, "1", `want "true" or "false"`}}},
 		{"empty value", map[string]string{AnnotationMaxFailures: ""},
 			[]AnnotationError{{AnnotationMaxFailures, "", "empty value"}}},
 		{"Linkerd spelling is named as written", map[string]string{"balancer.linkerd.io/failure-accrual-consecutive-jitter-ratio": "2"},

@@ -40,9 +40,9 @@ func (s BackendState) String() string {
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
 
-// BackendRetryRefused is PB_BE_F_RETRY_REFUSED: a refused new flow of
-// this backend gets one more try on another backend.
-const BackendRetryRefused uint32 = 0x1
+// ServiceRetryRefused is PB_SVC_F_RETRY_REFUSED in pb_services flags: a
+// refused new flow of the service gets one more try on another backend.
+const ServiceRetryRefused uint32 = 0x1
 
 // Values of pb_ports bits, PB_AF_*, pb_config flags and event types.
 const (

@@ -157,7 +157,7 @@ var (
 	dProbes       = desc("datapath_probe_flows_total", "New flows admitted to an endpoint in probation (its probe).")
 	dSteered      = desc("datapath_steered_flows_total", "New flows moved off a backend that was not active, by result (steered to an active one, or failed: none found).", "result")
 	dRescued      = desc("datapath_probes_rescued_total", "Refused probes whose RST the datapath kept from the client: its SYN retransmission goes to another backend, so the client sees a delay, not a failure.")
-	dRetried      = desc("datapath_refused_retried_total", "Refused new flows of services with retryRefused: the RST kept from the client (result=rescued), and their retransmitted SYNs sent to another backend (result=retried).", "result")
+	dRetried      = desc("datapath_refused_retried_total", "Refused new flows of services with retryRefused: the RST kept from the client (result=rescued), and their retransmitted SYNs re-picked avoiding the refusing backend (result=retried).", "result")
 	dRepicked     = desc("datapath_repicked_flows_total", "Unanswered flows moved to another backend on the client's SYN retransmission because theirs was ejected.")
 	dCTFail       = desc("datapath_conntrack_insert_failures_total", "Conntrack inserts that failed.")
 	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")

@@ -76,23 +76,7 @@ type Backend struct {
 	Addr      netip.AddrPort
 	Name      string
 	State     maps.BackendState
-	Flags     uint32    // maps.BackendRetryRefused: the service's settings the datapath reads here
 	RemovedAt time.Time // when it left the desired state
-}
-
-// entry is b's pb_backends value in state st with grants.
-func entry(b *Backend, st maps.BackendState, grants int32) bpf.LbBackend {
-	v := maps.NewBackend(b.Addr, b.Service, st, grants)
-	v.Flags = b.Flags
-	return v
-}
-
-// backendFlags are the flags a service's backends carry.
-func backendFlags(spec *desired.Service) uint32 {
-	if spec.RetryRefused {
-		return maps.BackendRetryRefused
-	}
-	return 0
 }
 
 // Reconciler programs maps. Not safe for concurrent use: the agent's loop
@@ -225,7 +209,7 @@ func (r *Reconciler) adopt() error {
 		if !r.beIDs.take(id) {
 			continue
 		}
-		b := &Backend{ID: id, Service: v.SvcId, State: maps.BackendState(v.State), Flags: v.Flags,
+		b := &Backend{ID: id, Service: v.SvcId, State: maps.BackendState(v.State),
 			Addr: netip.AddrPortFrom(maps.AddrFrom16(v.Addr.Bytes), maps.Port(v.Port))}
 		r.backends[id] = b
 		if s, ok := r.byID[v.SvcId]; ok && b.State != maps.BackendRemoved {
@@ -237,7 +221,7 @@ func (r *Reconciler) adopt() error {
 			b.State = maps.BackendRemoved
 			b.RemovedAt = r.clk.Now()
 			if v.State != uint8(maps.BackendRemoved) || v.ProbeGrants != 0 {
-				if err := r.w.SetBackend(id, entry(b, maps.BackendRemoved, 0)); err != nil {
+				if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
 					r.log.Error("mark orphaned backend removed", "backend", b.Addr, "id", id, "err", err)
 				}
 			}
@@ -314,9 +298,6 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 			}
 		} else {
 			r.renameBackends(s)
-		}
-		if err := r.syncFlags(s); err != nil {
-			errs = append(errs, err)
 		}
 		// A service with endpoints gets its first entry from its first
 		// ProgramService, with its table: one write, not two.
@@ -410,8 +391,7 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 		// New endpoints start active, as failure accrual starts them ready:
 		// the kernel only reaches a backend through a table, so one that is
 		// in none yet is harmless. Written in one batch by flushBackends.
-		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendActive,
-			Flags: backendFlags(&s.Spec)}
+		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendActive}
 		r.backends[id] = b
 		r.fresh = append(r.fresh, b)
 		ids = append(ids, id)
@@ -433,32 +413,6 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 	return retired, errors.Join(errs...)
 }
 
-// syncFlags rewrites the entries of s's backends whose flags no longer
-// match the service's settings (retryRefused changed). Fresh backends get
-// theirs when flushBackends writes them.
-func (r *Reconciler) syncFlags(s *Service) error {
-	want := backendFlags(&s.Spec)
-	var errs []error
-	for _, id := range s.Backends {
-		b := r.backends[id]
-		if b.Flags == want {
-			continue
-		}
-		b.Flags = want
-		if slices.ContainsFunc(r.fresh, func(f *Backend) bool { return f == b }) {
-			continue
-		}
-		grants := int32(0)
-		if b.State == maps.BackendProbation {
-			grants = ProbeGrants
-		}
-		if err := r.w.SetBackend(id, entry(b, b.State, grants)); err != nil {
-			errs = append(errs, fmt.Errorf("service %s: endpoint %s: %w", s.Spec.Name, b.Addr, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // flushBackends writes the backends syncBackends created, in batches: the
 // counters of their (possibly recycled) ids zeroed, then their entries.
 // An entry that cannot be written leaves its service.
@@ -472,7 +426,7 @@ func (r *Reconciler) flushBackends() error {
 	vals := make([]bpf.LbBackend, len(fresh))
 	for i, b := range fresh {
 		ids[i] = b.ID
-		vals[i] = entry(b, b.State, 0)
+		vals[i] = maps.NewBackend(b.Addr, b.Service, b.State, 0)
 	}
 	var errs []error
 	if err := r.w.ResetBackendStats(ids); err != nil {
@@ -510,7 +464,7 @@ func (r *Reconciler) retire(b *Backend, now time.Time) {
 	}
 	b.State = maps.BackendRemoved
 	b.RemovedAt = now
-	if err := r.w.SetBackend(b.ID, entry(b, maps.BackendRemoved, 0)); err != nil {
+	if err := r.w.SetBackend(b.ID, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
 		r.log.Error("mark backend removed", "backend", b.Addr, "id", b.ID, "err", err)
 	}
 }
@@ -797,7 +751,7 @@ func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
 	if st == maps.BackendProbation {
 		grants = ProbeGrants
 	}
-	if err := r.w.SetBackend(id, entry(b, st, grants)); err != nil {
+	if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, st, grants)); err != nil {
 		return fmt.Errorf("backend %s: %w", b.Addr, err)
 	}
 	b.State = st
@@ -810,6 +764,9 @@ func (r *Reconciler) writeService(s *Service, n, tableSize uint32) error {
 	spec := &s.Spec
 	v := bpf.LbSvcValue{Id: s.ID, Table: n, TableSize: tableSize, MaxInflight: spec.MaxInflight,
 		MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.listed))}
+	if spec.RetryRefused {
+		v.Flags |= maps.ServiceRetryRefused
+	}
 	if v == s.value {
 		return nil
 	}
@@ -829,7 +786,7 @@ func (r *Reconciler) Regrant(id uint32) error {
 	if !ok || b.State != maps.BackendProbation {
 		return nil
 	}
-	return r.w.SetBackend(id, entry(b, maps.BackendProbation, ProbeGrants))
+	return r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, maps.BackendProbation, ProbeGrants))
 }
 
 // build computes a Maglev table over the given backends. Keys are the

@@ -200,33 +200,29 @@ func TestKnownBugAdoptedTableIndexOutOfRange(t *testing.T) {
 	}
 }
 
-// retryRefused lives in each backend's entry (the datapath reads it where
-// it sees the refusal): new backends carry it, and changing the setting
-// rewrites the entries of the service's backends, keeping their state.
-func TestRetryRefusedFlagsFollowTheService(t *testing.T) {
+// retryRefused is a flag of the service's pb_services value: turning it
+// on or off rewrites that one entry and touches no backend.
+func TestRetryRefusedFlagFollowsTheService(t *testing.T) {
 	e := newEnv(t)
 	web := svc("web", vip1, 80, ep(beA), ep(beB))
 	web.RetryRefused = true
 	e.apply(web)
 	e.programAll()
+	e.prepare() // the spare table, so that only the flag change is left to write
 	s := e.service(web.Key)
-	for _, id := range s.Backends {
-		if got := e.f.backend(id).Flags; got != pbmaps.BackendRetryRefused {
-			t.Fatalf("backend %d flags %#x, want retry-refused", id, got)
-		}
+	key := pbmaps.ServiceKey(web.Key.VIP, web.Key.Port, uint8(web.Key.Protocol))
+	if got := e.f.services[key].Flags; got != pbmaps.ServiceRetryRefused {
+		t.Fatalf("pb_services flags %#x, want retry-refused", got)
 	}
 	e.f.takeOps()
 	web.RetryRefused = false
 	e.apply(web)
 	ops := e.f.takeOps()
-	if n := count(ops, kindIs(opSetBackend)); n != 2 {
-		t.Fatalf("turning retryRefused off wrote %d backend entries, want 2: %s", n, opsString(ops))
+	if len(ops) != 1 || count(ops, kindIs(opUpsertService)) != 1 {
+		t.Fatalf("turning retryRefused off wrote %s, want one service entry", opsString(ops))
 	}
-	for _, id := range s.Backends {
-		b := e.f.backend(id)
-		if b.Flags != 0 || pbmaps.BackendState(b.State) != pbmaps.BackendActive {
-			t.Fatalf("backend %d: flags %#x state %d, want 0 and active", id, b.Flags, b.State)
-		}
+	if got := e.f.services[key]; got.Flags != 0 || got != s.value {
+		t.Fatalf("pb_services value %+v after turning it off, want flags 0 and the rest as before", got)
 	}
 	// Applying the same again writes nothing.
 	e.apply(web)
