@@ -283,6 +283,16 @@ func (r *rig) haproxy(o hapOpts) (lb, error) {
 	if _, err := r.topo.Node.Run("ip", "addr", "replace", testnet.VIP+"/32", "dev", "lo"); err != nil {
 		return nil, err
 	}
+	// HAProxy is the only variant that opens connections from the node
+	// (to the backends) and, closing them first, keeps their TIME_WAIT
+	// there. With the default port range the connect() port search grows
+	// with every round until a round collapses (~600 conn/s, seen in the
+	// third round); production HAProxy hosts are tuned like this.
+	for _, kv := range [][2]string{{"net/ipv4/ip_local_port_range", "1024 65535"}, {"net/ipv4/tcp_tw_reuse", "1"}} {
+		if err := r.topo.Node.Sysctl(kv[0], kv[1]); err != nil {
+			return nil, err
+		}
+	}
 	path := filepath.Join(r.dir, "haproxy.cfg")
 	if err := os.WriteFile(path, []byte(r.haproxyConfig(o)), 0o600); err != nil {
 		return nil, err
@@ -629,7 +639,7 @@ func runE2E(res *Results, o e2eOpts, agentBin string, logf func(string, ...any))
 
 	res.note("e2e", "Topology: internal/testnet (client, node, 3 backends in network namespaces, veth pairs with GRO and full checksums on the peers), real HTTP servers (Go net/http, `testnet.Backend.ServeHTTP`) on 198.18.{1,2,3}.2:8080. Closed loop: %d client workers, each opening a new TCP connection per request (GET), reading the 200 response and closing it (the client closes first, so TIME_WAIT stays on the client side); %v warm-up, then %v measured, per variant per round; variants interleaved in every round. Every request must succeed.", o.Workers, o.Warmup, o.Duration)
 	res.note("e2e", "Machine CPU per connection = busy CPU time of the whole machine (/proc/stat, all CPUs, total − idle − iowait) during the measured window ÷ completed connections. It includes the client, the servers and the Go runtime (identical in every variant) and, for HAProxy, its own user time; the load balancers' kernel work has no process of its own, so whole-machine time is the honest denominator. Lower is better; the difference between variants is the load balancer's share.")
-	res.note("e2e", "nftables: %s, in the node namespace. HAProxy: `mode tcp`, `balance roundrobin`, `nbthread 2`, bound to the VIP on the node's lo (added for this variant only). penaltybox: the agent binary with the config file, XDP on cl0, b1..b3; \"XDP redirect\" adds `redirectInterfaces: [cl0, b1, b2, b3]` (bpf_fib_lookup + bpf_redirect_map), the other rewrites and hands the packet to the node's stack. The \"no load balancer\" row connects to the backends' own addresses through the node's routing: the floor.", nftRulesSummary())
+	res.note("e2e", "nftables: %s, in the node namespace. HAProxy: `mode tcp`, `balance roundrobin`, `nbthread 2`, bound to the VIP on the node's lo (added for this variant only); the node gets `net.ipv4.ip_local_port_range = 1024 65535` and `net.ipv4.tcp_tw_reuse = 1`, as HAProxy hosts are tuned, because HAProxy alone opens (and closes first) the node → backend connections, whose TIME_WAIT otherwise exhausts the default port range within three rounds. penaltybox: the agent binary with the config file, XDP on cl0, b1..b3; \"XDP redirect\" adds `redirectInterfaces: [cl0, b1, b2, b3]` (bpf_fib_lookup + bpf_redirect_map), the other rewrites and hands the packet to the node's stack. The \"no load balancer\" row connects to the backends' own addresses through the node's routing: the floor.", nftRulesSummary())
 	var fl []string
 	for _, v := range variants {
 		s := fmt.Sprintf("%s: %d of %d", v.name, failures[v.name], total[v.name])
