@@ -148,7 +148,10 @@ func (d *demo) part2(ctx context.Context) error {
 
 	rs, err := testnet.Load(loadCtx, d.topo.Client, testnet.LoadSpec{
 		Target: fmt.Sprintf("%s:%d", testnet.VIP, vipPort), Rate: o.rate, Duration: healAfter + maxAfterHeal,
-		ConnectTimeout: time.Second, RequestTimeout: 2 * time.Second,
+		// Longer than the client's first SYN retransmission (1s), as
+		// clients' connect timeouts are: a refused probe's client is
+		// rescued by it (see "Part 2 in numbers").
+		ConnectTimeout: 3 * time.Second, RequestTimeout: 2 * time.Second,
 	})
 	stopAux()
 	wg.Wait()
@@ -275,7 +278,11 @@ func (d *demo) part2(ctx context.Context) error {
 		p.line("    (the agent counted %v consecutive failures; first penalty %v).", cf, pen)
 		p.line("  From the ejection until the heal: %d of %d connections succeeded (%s).",
 			afterOK, after, pct(afterOK, after))
-		if f := after - afterOK; f > 0 {
+		if f := after - afterOK; f == 0 && probesFailed > 0 {
+			p.line("    %s of the still-refusing b3 failed (a failed probe doubles the penalty), and no client saw it:",
+				plural(probesFailed, "probe"))
+			p.line("    the datapath kept b3's RST from the probe's client, whose SYN retransmission (~1s later) went to another backend.")
+		} else if f > 0 {
 			other := ""
 			if f > probesFailed {
 				other = fmt.Sprintf("; %s other (e.g. already on its way to b3)", plural(f-probesFailed, "connection"))
