@@ -401,6 +401,15 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 		if (alt)
 			goto steered;
 	}
+	/* Nothing else is active: a retry goes back to the backend it left
+	 * rather than to a slot's backend that is not active (in probation
+	 * with its grant spent, or ejected). */
+	if (avoid && off) {
+		alt_id = avoid;
+		alt = bpf_map_lookup_elem(&pb_backends, &alt_id);
+		if (alt && alt->family && alt->svc_id == svc->id && alt->state == PB_BE_ACTIVE)
+			goto steered;
+	}
 	if (gs && off)
 		gs->steer_failed++;
 	return 0;
@@ -905,6 +914,11 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				 * retransmitted SYN) is kept from the client too. */
 				if (old & PB_CT_RESCUED)
 					return XDP_DROP;
+				/* Closed by someone else (the client's RST): this
+				 * RST rescues nothing, and the mark it just added
+				 * would make the tuple's next SYN a retry. */
+				if (set & PB_CT_RESCUED)
+					__sync_fetch_and_and(&rv->flags, ~PB_CT_RESCUED);
 			} else {
 				int rescue = 0;
 				if (old & PB_CT_COUNTED)

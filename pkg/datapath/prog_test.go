@@ -662,3 +662,39 @@ func TestRetryRefusedSendsTheRetransmissionElsewhere(t *testing.T) {
 		t.Fatalf("a refusal without retryRefused was kept: verdict %d", ret)
 	}
 }
+
+// A retry whose slot holds a backend that is not active (in probation
+// with its grant spent) goes back to the backend it left when no other
+// is active, not to the slot's; and a backend RST on a flow the client
+// already closed marks nothing for the tuple's next SYN.
+func TestRetryRefusedCornerCases(t *testing.T) {
+	f := newFixture(t)
+	f.must(f.Maps.SetServiceBackends(svcID, nil, []uint32{id1, id2}))
+	f.svc.BackendCount = 2
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.table(id2)
+	f.must(f.Maps.SetBackend(id2, maps.NewBackend(be2, svcID, maps.BackendProbation, 0)))
+
+	c := clientPort(40200)
+	if _, p, _ := f.run(bpftest.TCP(c, vip, bpftest.SYN, nil)); p.Dst != be1 {
+		t.Fatalf("SYN went to %v, want %v (the slot's backend has no grant)", p.Dst, be1)
+	}
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, c, bpftest.RST, nil)); ret != bpftest.XDPDrop {
+		t.Fatalf("refusal reached the client: verdict %d", ret)
+	}
+	if _, p, _ := f.run(bpftest.TCP(c, vip, bpftest.SYN, nil)); p.Dst != be1 {
+		t.Fatalf("retry went to %v; with no other active backend, want the one it left, %v", p.Dst, be1)
+	}
+	f.events()
+
+	// The client gives up (RST) before the backend's RST arrives.
+	c2 := clientPort(40201)
+	f.run(bpftest.TCP(c2, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(c2, vip, bpftest.RST, nil))
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, c2, bpftest.RST, nil)); ret != bpftest.XDPPass {
+		t.Fatalf("a backend RST after the client's own was dropped: verdict %d", ret)
+	}
+	f.events()
+	f.run(bpftest.TCP(c2, vip, bpftest.SYN, nil))
+	f.wantEvents(ev(evNewFlow, 0, id1, c2))
+}

@@ -206,8 +206,13 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		o.Kind = accrual.KindRefused
 	case SynRetrans:
 		// The client gave up waiting before our own deadline: that is the
-		// timeout. The deadline for this flow is void now.
+		// timeout. The deadline for this flow is void now, and what the
+		// backend answers later (a RST, a late SYN-ACK) is not a second
+		// verdict on the same connection, as after our own deadline.
 		o.Kind = accrual.KindTimeout
+		delete(t.pending, key)
+		t.wait(key, pending{phase: timedOut}, ev.At, timedOutMemory*pol.ConnectTimeout)
+		return o, true
 	case Reset:
 		o.Kind = accrual.KindReset
 		if ev.Flags&FlagBackendData != 0 {

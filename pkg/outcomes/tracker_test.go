@@ -44,6 +44,12 @@ func TestTrackerVerdicts(t *testing.T) {
 		{"timeout by the kernel first, deadline void", all, []step{
 			{0, NewFlow, 0, 1}, {900 * ms, SynRetrans, 0, 1}, {5 * time.Second, 0, 0, 0}},
 			[]string{"timeout@900ms"}},
+		{"timeout by the kernel, late refusal ignored", all, []step{
+			{0, NewFlow, 0, 1}, {900 * ms, SynRetrans, 0, 1}, {1200 * ms, Refused, 0, 1}, {5 * time.Second, 0, 0, 0}},
+			[]string{"timeout@900ms"}},
+		{"timeout by the kernel, late SYN-ACK ignored", all, []step{
+			{0, NewFlow, 0, 1}, {900 * ms, SynRetrans, 0, 1}, {1200 * ms, Established, 0, 1}, {5 * time.Second, 0, 0, 0}},
+			[]string{"timeout@900ms"}},
 		{"success at SYN-ACK when resets do not count", noReset, []step{
 			{0, NewFlow, 0, 1}, {2 * ms, Established, 0, 1}, {3 * ms, Reset, 0, 1}},
 			[]string{"success@2ms", "reset@3ms"}},
