@@ -261,7 +261,7 @@ func runScale(res *Results, o controlOpts, agentBin string, logf func(string, ..
 			return err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		err = waitReady(ctx, a)
+		err = a.PollReady(ctx, 5*time.Millisecond)
 		cancel()
 		ready := time.Since(t0)
 		if err != nil {
@@ -312,22 +312,6 @@ func runScale(res *Results, o controlOpts, agentBin string, logf func(string, ..
 	res.target("control", fmt.Sprintf("%s programmed in < 5 s (start → ready)", label), res.median("control", label+": agent start → /readyz 200"), 5, true, "%.2f s")
 	res.target("control", fmt.Sprintf("%s: agent RSS < 150 MB", label), res.median("control", label+": agent RSS when ready"), 150, true, "%.1f MB")
 	return nil
-}
-
-func waitReady(ctx context.Context, a *agentrun.Agent) error {
-	for {
-		if code, _, err := a.Get(ctx, "/readyz"); err == nil && code == 200 {
-			return nil
-		}
-		if exited, err := a.Exited(0); exited {
-			return fmt.Errorf("agent exited (%v) before ready:\n%s", err, a.LogTail(30))
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("agent not ready: %w\n%s", ctx.Err(), a.LogTail(30))
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
 }
 
 func backendChange(a *agentrun.Agent, ifaces []string, o controlOpts, round int) (time.Duration, error) {

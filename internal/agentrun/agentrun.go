@@ -32,7 +32,7 @@ const MetricsPort = 9464
 // Build compiles the agent into dir and returns the binary's path.
 func Build(dir string) (string, error) {
 	out := filepath.Join(dir, "agent")
-	root, err := moduleRoot()
+	root, err := ModuleRoot()
 	if err != nil {
 		return "", err
 	}
@@ -44,7 +44,9 @@ func Build(dir string) (string, error) {
 	return out, nil
 }
 
-func moduleRoot() (string, error) {
+// ModuleRoot is the repository's root: the first directory with a go.mod
+// above the working directory.
+func ModuleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
@@ -182,10 +184,16 @@ func (a *Agent) reap() {
 	a.cmd, a.done, a.log = nil, nil, nil
 }
 
-// WaitReady polls /readyz.
+// WaitReady polls /readyz every 50 ms, for at most 30 s.
 func (a *Agent) WaitReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	return a.PollReady(ctx, 50*time.Millisecond)
+}
+
+// PollReady polls /readyz every interval until it answers 200, the agent
+// exits, or ctx ends.
+func (a *Agent) PollReady(ctx context.Context, every time.Duration) error {
 	for {
 		if code, _, err := a.Get(ctx, "/readyz"); err == nil && code == 200 {
 			return nil
@@ -196,7 +204,7 @@ func (a *Agent) WaitReady(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("agent not ready: %w\n%s", ctx.Err(), a.LogTail(30))
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(every):
 		}
 	}
 }

@@ -33,7 +33,7 @@ var (
 
 func TestMain(m *testing.M) {
 	var err error
-	if repoRoot, err = findRoot(); err != nil {
+	if repoRoot, err = agentrun.ModuleRoot(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -59,20 +59,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-func findRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for range 10 {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		dir = filepath.Dir(dir)
-	}
-	return "", fmt.Errorf("go.mod not found above the working directory")
 }
 
 // k8sTools finds (or, the first time, builds) the servers and kubectl.
