@@ -58,7 +58,15 @@ func main() {
 	render := flag.String("render", "", "do not measure: re-render --out (and the table) from a JSON file written by --json")
 	spinPath := flag.String("spin", "", "instead of measuring, run one datapath path in a loop for a profiler: established, reply, passthrough, newflow, newflow-noreader, dnat")
 	spinFor := flag.Duration("spin-for", 10*time.Second, "how long --spin runs")
+	floorChild := flag.Bool(wakeFloorFlag, false, "internal: be the reaction part's wake-up floor process")
 	flag.Parse()
+	if *floorChild {
+		if err := wakeFloorChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *spinPath != "" {
 		if err := spin(*spinPath, *spinFor); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)

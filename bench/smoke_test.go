@@ -1,12 +1,27 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 )
+
+// TestMain lets this test binary be the reaction part's wake-up floor
+// process, which the part starts by re-executing its own binary.
+func TestMain(m *testing.M) {
+	if slices.Contains(os.Args[1:], "--"+wakeFloorFlag) {
+		if err := wakeFloorChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // TestSmoke runs every part once with tiny sizes (--quick): it proves that
 // each part runs to the end, produces numbers, and that the per-path
