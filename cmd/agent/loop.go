@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -348,18 +349,10 @@ func (a *agent) rearm(timer clock.Timer) {
 	timer.Reset(d)
 }
 
-// applyConfig applies a config file: interfaces, then services.
+// applyConfig applies a config file (services, then interfaces) and
+// counts the outcome.
 func (a *agent) applyConfig(cfg *config.Config) error {
-	a.mu.Lock()
-	if cfg.MaglevTableSize != a.rec.TableSize() {
-		if err := a.rec.SetTableSize(cfg.MaglevTableSize); err != nil {
-			a.mu.Unlock()
-			return err
-		}
-	}
-	a.mu.Unlock()
-	a.applyDesired(cfg.Desired())
-	if err := a.applyInterfaces(cfg.Interfaces, cfg.RedirectInterfaces); err != nil {
+	if err := a.applyConfigParts(cfg); err != nil {
 		a.metrics.ConfigReloads.WithLabelValues("error").Inc()
 		a.metrics.ConfigLastOK.Set(0)
 		return err
@@ -368,6 +361,45 @@ func (a *agent) applyConfig(cfg *config.Config) error {
 	a.metrics.ConfigLastOK.Set(1)
 	a.metrics.ConfigLastSuccess.SetToCurrentTime()
 	return nil
+}
+
+func (a *agent) applyConfigParts(cfg *config.Config) error {
+	// What the file cannot promise (that its interfaces exist) is checked
+	// before anything is applied: a typo leaves the running config whole.
+	if err := checkInterfaces(cfg); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	// The file's defaults.maxInflight, else the flag's (load fills it in).
+	a.maxInflightDefault = 0
+	if cfg.MaxInflight != nil {
+		a.maxInflightDefault = *cfg.MaxInflight
+	}
+	if cfg.MaglevTableSize != a.rec.TableSize() {
+		if err := a.rec.SetTableSize(cfg.MaglevTableSize); err != nil {
+			a.mu.Unlock()
+			return fmt.Errorf("maglev.tableSize: %d: %w", cfg.MaglevTableSize, err)
+		}
+	}
+	a.mu.Unlock()
+	a.applyDesired(cfg.Desired())
+	return a.applyInterfaces(cfg.Interfaces, cfg.RedirectInterfaces)
+}
+
+// checkInterfaces resolves every interface a config file names.
+func checkInterfaces(cfg *config.Config) error {
+	var errs []error
+	for _, f := range []struct {
+		field string
+		names []string
+	}{{"interfaces", cfg.Interfaces}, {"redirectInterfaces", cfg.RedirectInterfaces}} {
+		for i, n := range f.names {
+			if _, err := net.InterfaceByName(n); err != nil {
+				errs = append(errs, fmt.Errorf("%s[%d]: %q: %w", f.field, i, n, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // applyInterfaces attaches XDP where listed and detaches it elsewhere.

@@ -14,7 +14,8 @@ import (
 )
 
 type breakersView struct {
-	RejectedTotal uint64 `json:"rejectedTotal"`
+	DefaultMaxInflight uint32 `json:"defaultMaxInflight"`
+	RejectedTotal      uint64 `json:"rejectedTotal"`
 	Services      []struct {
 		Service     string `json:"service"`
 		MaxInflight uint32 `json:"maxInflight"`
@@ -168,7 +169,11 @@ func TestCircuitBreakerCapsLiveConnections(t *testing.T) {
 // the traffic stops, the counts are 0 again.
 func TestCircuitBreakerSoakHasNoDrift(t *testing.T) {
 	e := newEnv(t, 3)
-	e.startAgent(config(e.topo, all(3), "    maxInflight: 500\n    maxInflightPerEndpoint: 200\n"))
+	// The limit comes from the file's defaults block, as most fleets set it.
+	e.startAgent("defaults:\n  maxInflight: 500\n" + config(e.topo, all(3), "    maxInflightPerEndpoint: 200\n"))
+	if v := e.breakers(); v.DefaultMaxInflight != 500 || v.Services[0].MaxInflight != 500 {
+		t.Fatalf("defaults.maxInflight 500: admin shows default %d, service limit %d", v.DefaultMaxInflight, v.Services[0].MaxInflight)
+	}
 	rs := e.load(400, 6*time.Second, time.Second)
 	if rs.Failures() != 0 || len(rs) < 2000 {
 		t.Fatalf("soak: %v", rs)

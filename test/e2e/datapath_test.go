@@ -193,6 +193,23 @@ func TestReloadKeepsFlowsAndRejectsBadConfig(t *testing.T) {
 			t.Fatalf("established connection moved from %s to %s", b, got)
 		}
 	}
+
+	// A file that parses but names an interface the node lacks: nothing of
+	// it is applied (b3 would come back if its services were).
+	missing := strings.Replace(config(e.topo, all(3), ""), "interfaces: [", "interfaces: [pb-missing0, ", 1)
+	if err := a.Reload(missing); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "second reload error counted", func() bool {
+		return e.metrics().Get("penaltybox_config_reloads_total", "result", "error") == 2
+	})
+	if !a.LogContains("config reload failed to apply", "interfaces[0]", "pb-missing0") {
+		t.Errorf("the log does not name the missing interface:\n%s", a.LogTail(10))
+	}
+	rs = e.load(100, time.Second, time.Second)
+	if rs.Failures() != 0 || rs.ByBackend()["b3"] != 0 || len(rs.ByBackend()) != 2 {
+		t.Fatalf("half-applied reload: %v over %v", rs.Counts(), rs.ByBackend())
+	}
 }
 
 // A bad config at start stops the agent with an error naming the field.
