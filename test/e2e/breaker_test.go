@@ -16,7 +16,7 @@ import (
 type breakersView struct {
 	DefaultMaxInflight uint32 `json:"defaultMaxInflight"`
 	RejectedTotal      uint64 `json:"rejectedTotal"`
-	Services      []struct {
+	Services           []struct {
 		Service     string `json:"service"`
 		MaxInflight uint32 `json:"maxInflight"`
 		Inflight    int64  `json:"inflight"`
