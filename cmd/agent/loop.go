@@ -616,8 +616,10 @@ func (a *agent) logTransition(service string, t accrual.Transition, reaction tim
 	if t.Kind != 0 {
 		attrs = append(attrs, "failure_kind", t.Kind.String(), "consecutive_failures", t.Failures)
 	}
+	// The penalty: drawn (ejected), served (probation), reset (ready: 0s).
+	attrs = append(attrs, "penalty", t.Penalty.String())
 	if t.To == accrual.Ejected {
-		attrs = append(attrs, "penalty", t.Penalty.String(), "probation_at", t.ProbationAt.Format(time.RFC3339Nano))
+		attrs = append(attrs, "probation_at", t.ProbationAt.Format(time.RFC3339Nano))
 	}
 	if reaction > 0 {
 		// Kernel's timestamp of the deciding failure -> maps written.

@@ -145,6 +145,11 @@ func TestRefusingBackendIsEjectedAndRejoins(t *testing.T) {
 	if got := e.metrics().Get("penaltybox_endpoint_probes_total", "endpoint", b3, "result", "success"); got != 1 {
 		t.Errorf("successful probes = %v, want 1", got)
 	}
+	// Every state change is one line with the penalty: served, then reset.
+	if !e.agent.LogContains(`"msg":"endpoint probation"`, b3, `"penalty":"`) ||
+		!e.agent.LogContains(`"msg":"endpoint ready"`, b3, `"reason":"probe-succeeded"`, `"penalty":"0s"`) {
+		t.Errorf("no structured log lines for probation and return:\n%s", e.agent.LogTail(10))
+	}
 }
 
 // A backend that never answers SYN (dropped by nftables) is ejected on the
