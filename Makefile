@@ -81,7 +81,10 @@ demo: deps build
 	$(GO) run ./examples/demo --agent bin/agent
 
 bench: deps build
-	$(GO) run ./bench --out bench/RESULTS.md --agent bin/agent $(BENCHFLAGS)
+	@# The raw figures too (bench/out/ is not committed): --render redraws
+	@# RESULTS.md from them without measuring again.
+	mkdir -p bench/out
+	$(GO) run ./bench --out bench/RESULTS.md --json bench/out/results.json --agent bin/agent $(BENCHFLAGS)
 
 # teardown removes the datapath left by a standalone agent on this host.
 teardown: build
