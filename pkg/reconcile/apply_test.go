@@ -580,9 +580,10 @@ func TestRemoveService(t *testing.T) {
 	if err := e.r.ProgramService(id, bes, nil, false); err == nil {
 		t.Error("ProgramService of a removed service: no error")
 	}
-	// The VIP port goes, the backend port stays until the backends are freed.
-	if got := e.f.ports[80]; got != 0 {
-		t.Errorf("pb_ports[80] = %#x after the service went", got)
+	// Both ports stay while the service's flows may live on: the VIP port
+	// until its id is freed, the backend port until its backends are.
+	if got := e.f.ports[80]; got != pbmaps.PortVIP {
+		t.Errorf("pb_ports[80] = %#x, want VIP while the removed service's flows may live", got)
 	}
 	if got := e.f.ports[8080]; got != pbmaps.PortBackend {
 		t.Errorf("pb_ports[8080] = %#x, want backend while removed backends remain", got)
@@ -590,12 +591,20 @@ func TestRemoveService(t *testing.T) {
 	inOrder(t, ops, "delete", is(opDeleteService, id))
 	e.checkKernel()
 
+	// Past the cooldown, a flow still in conntrack keeps the VIP port.
 	e.clk.Step(testCooldown)
+	e.r.Sweep(InUse{Services: map[uint32]bool{id: true}, Backends: map[uint32]bool{bes[0]: true}})
+	if got := e.f.ports[80]; got != pbmaps.PortVIP {
+		t.Errorf("pb_ports[80] = %#x, want VIP while conntrack holds a flow of the service", got)
+	}
 	e.r.Sweep(InUse{})
 	for _, b := range bes {
 		if kb := e.f.backend(b); kb.Family != 0 {
 			t.Errorf("backend %d not freed: %+v", b, kb)
 		}
+	}
+	if _, ok := e.f.ports[80]; ok {
+		t.Errorf("pb_ports[80] still set after the service's id was freed")
 	}
 	if _, ok := e.f.ports[8080]; ok {
 		t.Errorf("pb_ports[8080] still set after its backends were freed")

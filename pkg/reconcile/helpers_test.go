@@ -445,6 +445,13 @@ func (e *env) checkKernel() {
 	for k := range r.services {
 		want[k.Port] |= pbmaps.PortVIP
 	}
+	// Removed services keep their VIP port until their id is freed.
+	for id, p := range r.retiredPort {
+		if _, ok := r.retiredSvc[id]; !ok {
+			t.Errorf("retired port %d kept for service %d, whose id is free", p, id)
+		}
+		want[p] |= pbmaps.PortVIP
+	}
 	for _, b := range kb {
 		want[pbmaps.Port(b.Port)] |= pbmaps.PortBackend
 	}

@@ -98,6 +98,11 @@ type Reconciler struct {
 	// retired: ids of removed services and backends, reusable once their
 	// cooldown passed and no flow refers to them (see Sweep).
 	retiredSvc map[uint32]time.Time
+	// retiredPort: the VIP port of each retired service whose key is
+	// known. It stays a VIP port in pb_ports until the id is freed, so a
+	// removed service's established flows keep their NAT (as conntrack
+	// keeps kube-proxy's) whether or not another service shares the port.
+	retiredPort map[uint32]uint16
 	// fresh: backends created by this Apply, written by flushBackends.
 	fresh []*Backend
 	// deleting: removed services whose pb_services entry could not be
@@ -153,6 +158,7 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		byID:         map[uint32]*Service{},
 		backends:     map[uint32]*Backend{},
 		retiredSvc:   map[uint32]time.Time{},
+		retiredPort:  map[uint32]uint16{},
 		deleting:     map[uint32]desired.Key{},
 		spare:        map[uint32]bool{},
 		svcIDs:       newIDPool(opts.MaxServices),
@@ -336,6 +342,7 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		delete(r.services, key)
 		delete(r.byID, s.ID)
 		r.retiredSvc[s.ID] = now
+		r.retiredPort[s.ID] = key.Port
 		changes = append(changes, Change{Service: s, Removed: true, Retired: retired})
 		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String())
 	}
@@ -476,6 +483,9 @@ func (r *Reconciler) syncPorts() error {
 	for key := range r.services {
 		want[key.Port] |= maps.PortVIP
 	}
+	for _, p := range r.retiredPort {
+		want[p] |= maps.PortVIP
+	}
 	for _, b := range r.backends {
 		want[b.Addr.Port()] |= maps.PortBackend
 	}
@@ -577,6 +587,7 @@ func (r *Reconciler) retryDeletes() error {
 		}
 		delete(r.deleting, id)
 		r.retiredSvc[id] = r.clk.Now()
+		r.retiredPort[id] = key.Port
 	}
 	return errors.Join(errs...)
 }
@@ -840,6 +851,10 @@ func (r *Reconciler) Sweep(inUse InUse) {
 		}
 		if now.Sub(at) >= r.cooldown && !inUse.Services[id] {
 			delete(r.retiredSvc, id)
+			if _, ok := r.retiredPort[id]; ok {
+				delete(r.retiredPort, id)
+				freed++
+			}
 			r.svcIDs.put(id)
 		}
 	}

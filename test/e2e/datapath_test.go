@@ -212,6 +212,31 @@ func TestReloadKeepsFlowsAndRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// Removing a service leaves its established flows alone, as conntrack
+// does for kube-proxy: here its port (80) is no other service's, and the
+// flow keeps its NAT in both directions until it ends.
+func TestRemovedServiceKeepsEstablishedFlows(t *testing.T) {
+	e := newEnv(t, 1)
+	a := e.startAgent(config(e.topo, all(1), ""))
+	c := e.dialVIP()
+	defer c.c.Close()
+	if got := c.mustGet("before removal"); got != "b1" {
+		t.Fatalf("served by %s, want b1", got)
+	}
+	ifs := strings.Join(e.topo.NodeIfaces(), ", ")
+	if err := a.Reload("interfaces: [" + ifs + "]\nservices: []\n"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "reload applied", func() bool {
+		return e.metrics().Get("penaltybox_config_reloads_total", "result", "success") >= 2
+	})
+	for i := range 3 {
+		if got := c.mustGet(fmt.Sprintf("request %d after removal", i)); got != "b1" {
+			t.Fatalf("established flow moved to %s", got)
+		}
+	}
+}
+
 // A bad config at start stops the agent with an error naming the field.
 func TestInvalidConfigAtStart(t *testing.T) {
 	e := newEnv(t, 1)
