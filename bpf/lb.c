@@ -999,6 +999,13 @@ static __always_inline __u8 port_role(__be16 port)
 	return role ? *role : 0;
 }
 
+static __always_inline int vip_slot_marked(__be32 addr)
+{
+	__u32 k = (bpf_ntohl(addr) * PB_VIP_SLOT_MUL) >> (32 - PB_VIP_SLOT_BITS);
+	__u8 *marked = bpf_map_lookup_elem(&pb_vip_slots, &k);
+	return marked && *marked;
+}
+
 SEC("xdp")
 int pb_xdp(struct xdp_md *ctx)
 {
@@ -1022,7 +1029,9 @@ int pb_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 
-	if (port_role(p.ports[1]) & PB_PORT_VIP) {
+	/* Two array reads decide for most traffic that is not ours: a
+	 * destination port no service uses, or an address no VIP hashes to. */
+	if ((port_role(p.ports[1]) & PB_PORT_VIP) && vip_slot_marked(p.ip->daddr)) {
 		/* Conntrack first: most packets to a VIP belong to a known flow,
 		 * which needs no service lookup (and keeps working after its
 		 * service is gone). */

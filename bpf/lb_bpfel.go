@@ -199,6 +199,7 @@ const (
 	LbMapPbSvcBackends   = "pb_svc_backends"
 	LbMapPbSvcInflight   = "pb_svc_inflight"
 	LbMapPbSvcStats      = "pb_svc_stats"
+	LbMapPbVipSlots      = "pb_vip_slots"
 	LbProgPbXdp          = "pb_xdp"
 	LbVarUnusedEvent     = "unused_event"
 )
@@ -270,6 +271,7 @@ type LbMapSpecs struct {
 	PbSvcBackends   *ebpf.MapSpec `ebpf:"pb_svc_backends"`
 	PbSvcInflight   *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.MapSpec `ebpf:"pb_svc_stats"`
+	PbVipSlots      *ebpf.MapSpec `ebpf:"pb_vip_slots"`
 }
 
 // LbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -317,6 +319,7 @@ type LbMaps struct {
 	PbSvcBackends   *ebpf.Map `ebpf:"pb_svc_backends"`
 	PbSvcInflight   *ebpf.Map `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.Map `ebpf:"pb_svc_stats"`
+	PbVipSlots      *ebpf.Map `ebpf:"pb_vip_slots"`
 }
 
 func (m *LbMaps) Close() error {
@@ -339,6 +342,7 @@ func (m *LbMaps) Close() error {
 		m.PbSvcBackends,
 		m.PbSvcInflight,
 		m.PbSvcStats,
+		m.PbVipSlots,
 	)
 }
 

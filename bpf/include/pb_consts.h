@@ -19,6 +19,13 @@
 #define PB_PORT_VIP 0x1     /* some service listens on this destination port */
 #define PB_PORT_BACKEND 0x2 /* some backend sends replies from this source port */
 
+/* pb_vip_slots: a second prefilter, on the destination address. Slot =
+ * the top PB_VIP_SLOT_BITS bits of (host-order address * PB_VIP_SLOT_MUL),
+ * a multiplicative hash (pkg/maps.VIPSlot computes the same). */
+#define PB_VIP_SLOT_BITS 16
+#define PB_VIP_SLOTS (1 << PB_VIP_SLOT_BITS)
+#define PB_VIP_SLOT_MUL 0x9e3779b1u
+
 /* pb_ct key direction. */
 #define PB_DIR_FWD 0 /* client -> VIP, as seen on the wire */
 #define PB_DIR_REV 1 /* backend -> client, as seen on the wire */

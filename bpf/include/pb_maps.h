@@ -95,6 +95,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_ports SEC(".maps");
 
+/* Address slot (see PB_VIP_SLOT_*) -> 1 when some VIP, or the VIP of a
+ * removed service that conntrack still holds flows of, hashes there. A
+ * packet to a VIP port at an address whose slot is 0 is no VIP's: it
+ * passes without a conntrack or service lookup. Other addresses may share
+ * a VIP's slot; they only pay those lookups. Written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, PB_VIP_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_vip_slots SEC(".maps");
+
 /* Egress interfaces that XDP_REDIRECT can deliver to. Written by the agent. */
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);

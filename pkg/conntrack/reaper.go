@@ -7,6 +7,7 @@
 package conntrack
 
 import (
+	"net/netip"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -86,7 +87,11 @@ type flow struct {
 
 // Sweep expires idle flows and releases their slots.
 func (r *Reaper) Sweep() (Result, error) {
-	res := Result{InUse: reconcile.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}}}
+	res := Result{InUse: reconcile.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{}}}
+	// A live flow's forward key names the VIP it was addressed to.
+	vip := func(fk bpf.LbCtKey) {
+		res.InUse.VIPs[netip.AddrPortFrom(maps.AddrFrom16(fk.Dst.Bytes), maps.Port(fk.Dport))] = true
+	}
 	ents, err := r.Maps.Conntrack(0)
 	if err != nil {
 		return res, err
@@ -132,6 +137,7 @@ func (r *Reaper) Sweep() (Result, error) {
 			continue
 		}
 		live[fk] = true
+		vip(fk)
 		res.InUse.Services[e.Value.SvcId] = true
 		res.InUse.Backends[e.Value.BackendId] = true
 	}
@@ -147,6 +153,7 @@ func (r *Reaper) Sweep() (Result, error) {
 			res.InUse.Services[f.Value.SvcId] = true
 			res.InUse.Backends[f.Value.BackendId] = true
 			live[k] = true
+			vip(k)
 		}
 	}
 
@@ -158,6 +165,7 @@ func (r *Reaper) Sweep() (Result, error) {
 	for _, fl := range flows {
 		if live[fl.Key] || mono-int64(fl.Value.CreatedNs) < int64(r.Timeouts.Orphan) {
 			res.Counted++
+			vip(fl.Key)
 			res.InUse.Services[fl.Value.SvcId] = true
 			res.InUse.Backends[fl.Value.BackendId] = true
 			continue

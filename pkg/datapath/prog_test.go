@@ -68,6 +68,7 @@ func newFixture(t *testing.T) *fixture {
 	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendActive, 0)))
 	f.must(f.Maps.SetBackend(id2, maps.NewBackend(be2, svcID, maps.BackendActive, 0)))
 	f.must(f.Maps.SetPorts(nil, map[uint16]uint8{80: maps.PortVIP, 8080: maps.PortBackend}))
+	f.must(f.Maps.SetVIPSlots(nil, map[uint32]bool{maps.VIPSlot(vip.Addr()): true}))
 	f.must(f.Maps.InstallTables([]maps.TableInstall{{SvcID: svcID, N: 0, Size: size}, {SvcID: svcID, N: 1, Size: size}}))
 	f.service(6, 0)
 	return f
@@ -460,6 +461,39 @@ func TestNotOursPassesUnchanged(t *testing.T) {
 	f.must(err)
 	if gs.Malformed == 0 {
 		t.Errorf("malformed VIP-bound packets were not counted")
+	}
+}
+
+// pb_vip_slots gates every lookup of a VIP-port packet: with the VIP's
+// slot clear, even a packet of an established flow passes unchanged (no
+// conntrack or service lookup); marked again, the flow carries on.
+func TestVIPSlotGatesLookups(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	if _, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil)); p.Dst != be1 {
+		t.Fatalf("SYN went to %v, want %v", p.Dst, be1)
+	}
+	f.wantEvents(ev(evNewFlow, 0, id1, client))
+
+	slot := map[uint32]bool{maps.VIPSlot(vip.Addr()): true}
+	f.must(f.Maps.SetVIPSlots(slot, nil))
+	for name, pkt := range map[string][]byte{
+		"established flow": bpftest.TCP(client, vip, bpftest.ACK, []byte("GET /")),
+		"new flow":         bpftest.TCP(client2, vip, bpftest.SYN, nil),
+	} {
+		ret, out := bpftest.Run(t, f.PbXdp, pkt)
+		if ret != bpftest.XDPPass || !bytes.Equal(out[:len(pkt)], pkt) {
+			t.Errorf("%s with the VIP's slot clear: verdict %d, changed %v; want XDP_PASS unchanged", name, ret, !bytes.Equal(out[:len(pkt)], pkt))
+		}
+	}
+	f.wantEvents()
+	if ss, err := f.Maps.ServiceStats(svcID); err != nil || ss.Flows != 1 {
+		t.Errorf("flows = %d (%v), want only the first", ss.Flows, err)
+	}
+
+	f.must(f.Maps.SetVIPSlots(nil, slot))
+	if _, p, _ := f.run(bpftest.TCP(client, vip, bpftest.ACK, []byte("GET /"))); p.Dst != be1 {
+		t.Fatalf("with the slot marked again the flow went to %v, want %v", p.Dst, be1)
 	}
 }
 

@@ -280,6 +280,56 @@ func (m *Maps) Ports() (map[uint16]uint8, error) {
 	return out, nil
 }
 
+// VIPSlot is addr's pb_vip_slots index: the datapath's vip_slot_marked
+// hash (PB_VIP_SLOT_*), on the address in host byte order.
+func VIPSlot(addr netip.Addr) uint32 {
+	v4 := addr.As4()
+	return (binary.BigEndian.Uint32(v4[:]) * 0x9e3779b1) >> (32 - 16)
+}
+
+// SetVIPSlots marks the slots in want and clears those only in old (what
+// pb_vip_slots holds now), in one batch.
+func (m *Maps) SetVIPSlots(old, want map[uint32]bool) error {
+	var keys []uint32
+	var vals []uint8
+	for k := range old {
+		if !want[k] {
+			keys, vals = append(keys, k), append(vals, 0)
+		}
+	}
+	for k := range want {
+		if !old[k] {
+			keys, vals = append(keys, k), append(vals, 1)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if _, err := m.m.PbVipSlots.BatchUpdate(keys, vals, nil); err != nil {
+		return fmt.Errorf("pb_vip_slots: %w", err)
+	}
+	return nil
+}
+
+// VIPSlots reads the marked pb_vip_slots entries.
+func (m *Maps) VIPSlots() (map[uint32]bool, error) {
+	n := int(m.m.PbVipSlots.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]uint8, n)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.m.PbVipSlots.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("pb_vip_slots: %w", err)
+	}
+	out := map[uint32]bool{}
+	for i := range got {
+		if vals[i] != 0 {
+			out[keys[i]] = true
+		}
+	}
+	return out, nil
+}
+
 // SetConfig writes pb_config[0].
 func (m *Maps) SetConfig(flags uint32) error {
 	return m.m.PbConfig.Put(uint32(0), bpf.LbConfig{Flags: flags})

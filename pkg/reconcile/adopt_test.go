@@ -103,8 +103,13 @@ func TestAdoption(t *testing.T) {
 			}
 			changes := e.apply(desiredWeb, api)
 			ops := e.f.takeOps()
-			if len(ops) != 0 {
+			// Only the removed service's VIP slot may go: the new agent does
+			// not know its key, and no sweep reported flows to it.
+			if len(ops) > 1 || (len(ops) == 1 && ops[0].Kind != opSetVIPSlots) {
 				t.Errorf("first Apply after a restart wrote %s", opsString(ops))
+			}
+			if gs := pbmaps.VIPSlot(gone.Key.VIP); e.f.vipSlots[gs] && gs != pbmaps.VIPSlot(web.Key.VIP) && gs != pbmaps.VIPSlot(api.Key.VIP) {
+				t.Errorf("the removed service's VIP slot is still marked")
 			}
 			if !tc.reorder && len(changes) != 0 {
 				t.Errorf("changes %+v", changes)
@@ -449,4 +454,36 @@ func TestAdoptionReadFailures(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A service removed before a restart is unknown to the new agent; the
+// conntrack sweep it starts with reports flows to its VIP, which keeps the
+// VIP's port and address slot marked until a sweep finds none.
+func TestRestartKeepsPrefiltersOfLiveFlows(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"))
+	gone := svc("gone", vip3, 9000, ep("198.19.3.1:9090"))
+	e.apply(web, gone)
+	e.apply(web)
+
+	goneVIP := netip.AddrPortFrom(gone.Key.VIP, gone.Key.Port)
+	e.opts.InUse = InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{goneVIP: true}}
+	e.restart()
+	e.apply(web)
+	e.programAll()
+	slot := pbmaps.VIPSlot(gone.Key.VIP)
+	if !e.f.vipSlots[slot] || e.f.ports[9000]&pbmaps.PortVIP == 0 {
+		t.Fatalf("after the restart: slot marked %v, pb_ports[9000] = %#x; want both kept for the live flows",
+			e.f.vipSlots[slot], e.f.ports[9000])
+	}
+	e.checkKernel()
+
+	e.r.Sweep(InUse{}) // the flows ended
+	if slot != pbmaps.VIPSlot(web.Key.VIP) && e.f.vipSlots[slot] {
+		t.Error("slot still marked after a sweep found no flows")
+	}
+	if e.f.ports[9000] != 0 {
+		t.Errorf("pb_ports[9000] = %#x after a sweep found no flows", e.f.ports[9000])
+	}
+	e.checkKernel()
 }

@@ -130,9 +130,9 @@ func TestApplyNewServices(t *testing.T) {
 		t.Errorf("calls %v, want one ResetBackendStats, one SetBackends, no SetBackend", calls)
 	}
 	// Every write: 3 service stats resets, 4 backend stats resets, 4
-	// backend entries, 1 InstallTables, 1 SetPorts.
-	if len(ops) != 13 {
-		t.Errorf("%d writes, want 13: %s", len(ops), opsString(ops))
+	// backend entries, 1 InstallTables, 1 SetPorts, 1 SetVIPSlots.
+	if len(ops) != 14 {
+		t.Errorf("%d writes, want 14: %s", len(ops), opsString(ops))
 	}
 
 	// The first ProgramService of each writes its entry once: the flip to
@@ -591,13 +591,24 @@ func TestRemoveService(t *testing.T) {
 	inOrder(t, ops, "delete", is(opDeleteService, id))
 	e.checkKernel()
 
-	// Past the cooldown, a flow still in conntrack keeps the VIP port.
+	slot := pbmaps.VIPSlot(web.Key.VIP)
+	if !e.f.vipSlots[slot] {
+		t.Errorf("pb_vip_slots[%d] cleared while the removed service's flows may live", slot)
+	}
+
+	// Past the cooldown, a flow still in conntrack keeps the VIP port and
+	// address (the sweep reports the service's id and its VIP).
 	e.clk.Step(testCooldown)
-	e.r.Sweep(InUse{Services: map[uint32]bool{id: true}, Backends: map[uint32]bool{bes[0]: true}})
-	if got := e.f.ports[80]; got != pbmaps.PortVIP {
-		t.Errorf("pb_ports[80] = %#x, want VIP while conntrack holds a flow of the service", got)
+	vipAP := netip.AddrPortFrom(web.Key.VIP, web.Key.Port)
+	e.r.Sweep(InUse{Services: map[uint32]bool{id: true}, Backends: map[uint32]bool{bes[0]: true},
+		VIPs: map[netip.AddrPort]bool{vipAP: true}})
+	if got := e.f.ports[80]; got != pbmaps.PortVIP || !e.f.vipSlots[slot] {
+		t.Errorf("pb_ports[80] = %#x, slot marked %v: want both while conntrack holds a flow of the service", got, e.f.vipSlots[slot])
 	}
 	e.r.Sweep(InUse{})
+	if e.f.vipSlots[slot] {
+		t.Errorf("pb_vip_slots[%d] still marked after the service's id was freed", slot)
+	}
 	for _, b := range bes {
 		if kb := e.f.backend(b); kb.Family != 0 {
 			t.Errorf("backend %d not freed: %+v", b, kb)

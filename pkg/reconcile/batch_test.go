@@ -118,8 +118,8 @@ func TestApplyBatchesBackendWrites(t *testing.T) {
 	// Every write, exactly: stats of the nSvc+1 new services, then per new
 	// backend a stats reset and an entry, b's and gone's backend's
 	// removal, the empty service's entry, gone's deletion, one batch of
-	// tables (the ports do not change).
-	if wantOps := (nSvc + 1) + 2*n + 2 + 1 + 1 + 1; len(ops) != wantOps {
+	// tables (the ports do not change), one batch of VIP slots.
+	if wantOps := (nSvc + 1) + 2*n + 2 + 1 + 1 + 1 + 1; len(ops) != wantOps {
 		t.Errorf("%d writes, want %d: %s", len(ops), wantOps, opsString(ops))
 	}
 	if got := installed(ops); len(got) != nSvc || count(ops, kindIs(opInstallTables)) != 1 {
@@ -366,8 +366,8 @@ func TestFirstServiceEntry(t *testing.T) {
 		if got, ok := e.f.services[keyOf(empty.Key)]; !ok || got != want {
 			t.Errorf("pb_services = %+v (present %v), want %+v", got, ok, want)
 		}
-		if got := opKinds(ops); !slices.Equal(got, []string{opResetSvcStats, opUpsertService, opSetPorts}) {
-			t.Errorf("Apply wrote %s, want the stats reset, the entry, the VIP port", opsString(ops))
+		if got := opKinds(ops); !slices.Equal(got, []string{opResetSvcStats, opUpsertService, opSetPorts, opSetVIPSlots}) {
+			t.Errorf("Apply wrote %s, want the stats reset, the entry, the VIP port and address slot", opsString(ops))
 		}
 		if _, _, ok := e.f.pick(keyOf(empty.Key), 12345, true); ok {
 			t.Error("flow to a service without endpoints not dropped")

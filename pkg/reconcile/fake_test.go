@@ -26,6 +26,7 @@ const (
 	opResetBeStats  = "ResetBackendStats"
 	opSetSvcBes     = "SetServiceBackends"
 	opSetBackends   = "SetBackends"
+	opSetVIPSlots   = "SetVIPSlots"
 )
 
 // Kinds of read-only calls, for failure injection only.
@@ -33,6 +34,7 @@ const (
 	opServices        = "Services"
 	opBackends        = "Backends"
 	opPorts           = "Ports"
+	opVIPSlots        = "VIPSlots"
 	opTableSizes      = "TableSizes"
 	opServiceBackends = "ServiceBackends"
 )
@@ -91,6 +93,7 @@ type fakeWriter struct {
 	tables    map[uint32][]uint32      // pb_maglev: TableKey(svc, n) -> inner array
 	fallbacks map[uint32][]uint32      // pb_maglev_fb: service id -> inner array
 	ports     map[uint16]uint8         // array: absent == 0
+	vipSlots  map[uint32]bool          // array: absent == 0
 	listed    map[uint32][]uint32      // pb_svc_backends: service id -> active backends
 
 	ops []op
@@ -119,6 +122,7 @@ func newFakeWriter(t testing.TB) *fakeWriter {
 		tables:    map[uint32][]uint32{},
 		fallbacks: map[uint32][]uint32{},
 		ports:     map[uint16]uint8{},
+		vipSlots:  map[uint32]bool{},
 		listed:    map[uint32][]uint32{},
 		calls:     map[string]int{},
 		fail:      map[string]error{},
@@ -364,6 +368,27 @@ func (f *fakeWriter) SetPorts(old, roles map[uint16]uint8) error {
 	return nil
 }
 
+// SetVIPSlots behaves like maps.Maps.SetVIPSlots, which trusts old to be
+// what pb_vip_slots holds: the fake checks that it is.
+func (f *fakeWriter) SetVIPSlots(old, want map[uint32]bool) error {
+	if err := f.failing(opSetVIPSlots); err != nil {
+		return err
+	}
+	if !maps.Equal(f.vipSlots, old) {
+		f.t.Errorf("SetVIPSlots: old = %v, but pb_vip_slots holds %v", old, f.vipSlots)
+	}
+	f.vipSlots = maps.Clone(want)
+	f.record(op{Kind: opSetVIPSlots})
+	return nil
+}
+
+func (f *fakeWriter) VIPSlots() (map[uint32]bool, error) {
+	if err := f.failing(opVIPSlots); err != nil {
+		return nil, err
+	}
+	return maps.Clone(f.vipSlots), nil
+}
+
 func nonZero(m map[uint16]uint8) map[uint16]uint8 {
 	out := map[uint16]uint8{}
 	for k, v := range m {
@@ -559,9 +584,14 @@ func rehash(h, i uint32) uint32 {
 // (FillTable and InstallTables assert, on their own, that they never
 // touch a live table.)
 func kernelInvariants(f *fakeWriter, after op) {
-	for _, v := range f.services {
+	for k, v := range f.services {
 		if v.TableSize == 0 {
 			continue
+		}
+		// A live service's packets must get past both prefilters.
+		if !f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFrom16(k.Vip.Bytes))] || f.ports[pbmaps.Port(k.Port)]&pbmaps.PortVIP == 0 {
+			f.t.Errorf("after %s: service %d is live but its VIP's slot (%v) or port (%#x) is not marked",
+				after, v.Id, f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFrom16(k.Vip.Bytes))], f.ports[pbmaps.Port(k.Port)])
 		}
 		t, ok := f.table(v.Id, v.Table)
 		if !ok {

@@ -442,15 +442,26 @@ func (e *env) checkKernel() {
 		}
 	}
 	want := map[uint16]uint8{}
+	slots := map[uint32]bool{}
 	for k := range r.services {
 		want[k.Port] |= pbmaps.PortVIP
+		slots[pbmaps.VIPSlot(k.VIP)] = true
 	}
-	// Removed services keep their VIP port until their id is freed.
-	for id, p := range r.retiredPort {
+	// Removed services keep their VIP port and address marked until their
+	// id is freed, and any VIP conntrack held flows to at the last sweep.
+	for id, k := range r.retiredKey {
 		if _, ok := r.retiredSvc[id]; !ok {
-			t.Errorf("retired port %d kept for service %d, whose id is free", p, id)
+			t.Errorf("retired key %v kept for service %d, whose id is free", k, id)
 		}
-		want[p] |= pbmaps.PortVIP
+		want[k.Port] |= pbmaps.PortVIP
+		slots[pbmaps.VIPSlot(k.VIP)] = true
+	}
+	for ap := range r.inUseVIPs {
+		want[ap.Port()] |= pbmaps.PortVIP
+		slots[pbmaps.VIPSlot(ap.Addr())] = true
+	}
+	if !maps.Equal(f.vipSlots, slots) {
+		t.Errorf("pb_vip_slots = %v, want %v", f.vipSlots, slots)
 	}
 	for _, b := range kb {
 		want[pbmaps.Port(b.Port)] |= pbmaps.PortBackend

@@ -43,6 +43,8 @@ type Writer interface {
 	SetFallback(uint32, []uint32) error
 	SetPorts(old, roles map[uint16]uint8) error
 	Ports() (map[uint16]uint8, error)
+	SetVIPSlots(old, want map[uint32]bool) error
+	VIPSlots() (map[uint32]bool, error)
 	ResetServiceStats(uint32) error
 	ResetBackendStats(ids []uint32) error
 	SetServiceBackends(svcID uint32, old, ids []uint32) error
@@ -98,11 +100,18 @@ type Reconciler struct {
 	// retired: ids of removed services and backends, reusable once their
 	// cooldown passed and no flow refers to them (see Sweep).
 	retiredSvc map[uint32]time.Time
-	// retiredPort: the VIP port of each retired service whose key is
-	// known. It stays a VIP port in pb_ports until the id is freed, so a
-	// removed service's established flows keep their NAT (as conntrack
-	// keeps kube-proxy's) whether or not another service shares the port.
-	retiredPort map[uint32]uint16
+	// retiredKey: the key of each retired service whose key is known. Its
+	// VIP port (pb_ports) and address (pb_vip_slots) stay marked until the
+	// id is freed, so a removed service's established flows keep their NAT
+	// (as conntrack keeps kube-proxy's) whether or not another service
+	// shares the port or address.
+	retiredKey map[uint32]desired.Key
+	// inUseVIPs: the VIPs conntrack held live flows to at the last sweep;
+	// they stay marked too (flows outlive the cooldown, and an agent
+	// restart forgets retiredKey).
+	inUseVIPs map[netip.AddrPort]bool
+	// vipSlots is what pb_vip_slots holds.
+	vipSlots map[uint32]bool
 	// fresh: backends created by this Apply, written by flushBackends.
 	fresh []*Backend
 	// deleting: removed services whose pb_services entry could not be
@@ -158,7 +167,8 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		byID:         map[uint32]*Service{},
 		backends:     map[uint32]*Backend{},
 		retiredSvc:   map[uint32]time.Time{},
-		retiredPort:  map[uint32]uint16{},
+		retiredKey:   map[uint32]desired.Key{},
+		inUseVIPs:    opts.InUse.VIPs,
 		deleting:     map[uint32]desired.Key{},
 		spare:        map[uint32]bool{},
 		svcIDs:       newIDPool(opts.MaxServices),
@@ -238,6 +248,9 @@ func (r *Reconciler) adopt() error {
 		return fmt.Errorf("adopt ports: %w", err)
 	}
 	r.ports = ports
+	if r.vipSlots, err = r.w.VIPSlots(); err != nil {
+		return fmt.Errorf("adopt VIP slots: %w", err)
+	}
 	if len(svcs) > 0 || len(bes) > 0 {
 		r.log.Info("adopted pinned state", "services", len(r.services), "backends", len(r.backends))
 	}
@@ -342,13 +355,13 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		delete(r.services, key)
 		delete(r.byID, s.ID)
 		r.retiredSvc[s.ID] = now
-		r.retiredPort[s.ID] = key.Port
+		r.retiredKey[s.ID] = key
 		changes = append(changes, Change{Service: s, Removed: true, Retired: retired})
 		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String())
 	}
 
 	errs = append(errs, r.retryDeletes(), r.prepareTables())
-	if err := r.syncPorts(); err != nil {
+	if err := r.syncPrefilters(); err != nil {
 		errs = append(errs, err)
 	}
 	sort.Slice(changes, func(i, j int) bool { return changes[i].Service.ID < changes[j].Service.ID })
@@ -476,27 +489,47 @@ func (r *Reconciler) retire(b *Backend, now time.Time) {
 	}
 }
 
-// syncPorts makes pb_ports mark every service port and every backend port
-// (removed backends included: their flows' replies still need reverse NAT).
-func (r *Reconciler) syncPorts() error {
+// syncPrefilters makes the datapath's two prefilters match the services:
+// pb_ports marks every VIP port and every backend port (removed backends
+// included: their flows' replies still need reverse NAT), pb_vip_slots the
+// slot of every VIP address. Removed services whose flows may live on keep
+// theirs. Slots are marked before any service entry that needs them is
+// written (Apply runs this before the agent programs new services).
+func (r *Reconciler) syncPrefilters() error {
 	want := map[uint16]uint8{}
-	for key := range r.services {
-		want[key.Port] |= maps.PortVIP
+	slots := map[uint32]bool{}
+	vip := func(addr netip.Addr, port uint16) {
+		want[port] |= maps.PortVIP
+		slots[maps.VIPSlot(addr)] = true
 	}
-	for _, p := range r.retiredPort {
-		want[p] |= maps.PortVIP
+	for key := range r.services {
+		vip(key.VIP, key.Port)
+	}
+	for _, key := range r.retiredKey {
+		vip(key.VIP, key.Port)
+	}
+	for ap := range r.inUseVIPs {
+		vip(ap.Addr(), ap.Port())
 	}
 	for _, b := range r.backends {
 		want[b.Addr.Port()] |= maps.PortBackend
 	}
-	if stdmaps.Equal(want, r.ports) {
-		return nil
+	var errs []error
+	if !stdmaps.Equal(want, r.ports) {
+		if err := r.w.SetPorts(r.ports, want); err != nil {
+			errs = append(errs, err)
+		} else {
+			r.ports = want
+		}
 	}
-	if err := r.w.SetPorts(r.ports, want); err != nil {
-		return err
+	if !stdmaps.Equal(slots, r.vipSlots) {
+		if err := r.w.SetVIPSlots(r.vipSlots, slots); err != nil {
+			errs = append(errs, err)
+		} else {
+			r.vipSlots = slots
+		}
 	}
-	r.ports = want
-	return nil
+	return errors.Join(errs...)
 }
 
 // TableSize is the largest Maglev table size.
@@ -587,7 +620,7 @@ func (r *Reconciler) retryDeletes() error {
 		}
 		delete(r.deleting, id)
 		r.retiredSvc[id] = r.clk.Now()
-		r.retiredPort[id] = key.Port
+		r.retiredKey[id] = key
 	}
 	return errors.Join(errs...)
 }
@@ -851,17 +884,13 @@ func (r *Reconciler) Sweep(inUse InUse) {
 		}
 		if now.Sub(at) >= r.cooldown && !inUse.Services[id] {
 			delete(r.retiredSvc, id)
-			if _, ok := r.retiredPort[id]; ok {
-				delete(r.retiredPort, id)
-				freed++
-			}
+			delete(r.retiredKey, id)
 			r.svcIDs.put(id)
 		}
 	}
-	if freed > 0 {
-		if err := r.syncPorts(); err != nil {
-			r.log.Error("sync ports", "err", err)
-		}
+	r.inUseVIPs = inUse.VIPs
+	if err := r.syncPrefilters(); err != nil {
+		r.log.Error("sync prefilters", "err", err)
 	}
 }
 
@@ -869,6 +898,8 @@ func (r *Reconciler) Sweep(inUse InUse) {
 // counters would be misattributed if the ids were handed out again.
 type InUse struct {
 	Services, Backends map[uint32]bool
+	// VIPs are the forward entries' destinations: VIP address and port.
+	VIPs map[netip.AddrPort]bool
 	// Incomplete: the scan failed part way; nothing may be freed.
 	Incomplete bool
 }
