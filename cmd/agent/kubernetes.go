@@ -88,6 +88,9 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 		return a.stop()
 	}
 	a.applyDesired(first)
+	if err := a.prefiltersWritten(); err != nil {
+		return err
+	}
 
 	// 3. XDP hooks, once the maps hold the services; later changes as they
 	// come. Traffic goes through the kernel stack after NAT (no

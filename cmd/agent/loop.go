@@ -272,10 +272,13 @@ func (a *agent) ready() error {
 		return fmt.Errorf("datapath not attached and programmed yet")
 	}
 	a.mu.RLock()
-	failing := len(a.retry)
+	failing, dirty := len(a.retry), a.rec.PrefiltersDirty()
 	a.mu.RUnlock()
 	if failing > 0 {
 		return fmt.Errorf("%d services could not be programmed (retrying; see the log)", failing)
+	}
+	if dirty {
+		return fmt.Errorf("the prefilter maps (pb_ports, pb_vip_slots) could not be written (retrying; see the log)")
 	}
 	return nil
 }
@@ -290,6 +293,7 @@ func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states 
 	sweep := a.clk.NewTicker(10 * time.Second)
 	defer sweep.Stop()
 	sweepDone := make(chan reconcile.InUse, 1)
+	sweeping := false
 	probes := a.clk.NewTicker(2 * time.Second)
 	defer probes.Stop()
 	for {
@@ -307,12 +311,17 @@ func (a *agent) loop(ctx context.Context, reloads <-chan *config.Config, states 
 		case <-a.deadlines:
 			// Events brought new deadlines: rearm below.
 		case <-sweep.C():
-			// Scanning conntrack takes a while on a big table: off the loop.
-			go func() { sweepDone <- a.sweepConntrack() }()
+			// Scanning conntrack takes a while on a big table: off the loop,
+			// one at a time (two would release a flow's slot twice).
+			if !sweeping {
+				sweeping = true
+				go func() { sweepDone <- a.sweepConntrack() }()
+			}
 		case <-probes.C():
 			a.watchProbes()
 			a.maintain()
 		case inUse := <-sweepDone:
+			sweeping = false
 			a.mu.Lock()
 			a.rec.Sweep(inUse)
 			a.mu.Unlock()
@@ -370,20 +379,40 @@ func (a *agent) applyConfigParts(cfg *config.Config) error {
 		return err
 	}
 	a.mu.Lock()
-	// The file's defaults.maxInflight, else the flag's (load fills it in).
-	a.maxInflightDefault = 0
-	if cfg.MaxInflight != nil {
-		a.maxInflightDefault = *cfg.MaxInflight
-	}
 	if cfg.MaglevTableSize != a.rec.TableSize() {
 		if err := a.rec.SetTableSize(cfg.MaglevTableSize); err != nil {
 			a.mu.Unlock()
 			return fmt.Errorf("maglev.tableSize: %d: %w", cfg.MaglevTableSize, err)
 		}
 	}
+	// The file's defaults.maxInflight, else the flag's (load fills it in).
+	a.maxInflightDefault = 0
+	if cfg.MaxInflight != nil {
+		a.maxInflightDefault = *cfg.MaxInflight
+	}
 	a.mu.Unlock()
 	a.applyDesired(cfg.Desired())
+	if err := a.prefiltersWritten(); err != nil {
+		return err
+	}
 	return a.applyInterfaces(cfg.Interfaces, cfg.RedirectInterfaces)
+}
+
+// prefiltersWritten retries a failed write of the prefilter maps once and
+// fails if it fails again. It runs before XDP is attached: a program that
+// finds a VIP's slot unmarked passes its packets unbalanced (after an
+// upgrade that added pb_vip_slots, established flows too), so the agent
+// would rather not attach (the program already attached keeps working).
+func (a *agent) prefiltersWritten() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.rec.PrefiltersDirty() {
+		return nil
+	}
+	if err := a.rec.PrepareTables(); err != nil && a.rec.PrefiltersDirty() {
+		return fmt.Errorf("writing the prefilter maps: %w", err)
+	}
+	return nil
 }
 
 // checkInterfaces resolves every interface a config file names.

@@ -145,9 +145,16 @@ func (r *Reaper) Sweep() (Result, error) {
 	// short closed timeout; until then they pin their ids.
 	for k, f := range fwd {
 		if !live[k] && now-int64(f.Value.LastSeenNs) > int64(r.Timeouts.TCPClosed) {
-			r.Maps.DeleteCT(k)
-			res.Expired++
-			continue
+			cur, err := r.Maps.CTEntry(k)
+			if err != nil {
+				continue // gone already
+			}
+			// As above: a reused tuple's entry is a new flow's; keep it.
+			if cur.CreatedNs == f.Value.CreatedNs {
+				r.Maps.DeleteCT(k)
+				res.Expired++
+				continue
+			}
 		}
 		if !live[k] {
 			res.InUse.Services[f.Value.SvcId] = true

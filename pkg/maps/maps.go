@@ -287,6 +287,9 @@ func VIPSlot(addr netip.Addr) uint32 {
 	return (binary.BigEndian.Uint32(v4[:]) * 0x9e3779b1) >> (32 - 16)
 }
 
+// VIPSlots is pb_vip_slots' size (PB_VIP_SLOTS).
+const VIPSlots = 1 << 16
+
 // SetVIPSlots marks the slots in want and clears those only in old (what
 // pb_vip_slots holds now), in one batch.
 func (m *Maps) SetVIPSlots(old, want map[uint32]bool) error {

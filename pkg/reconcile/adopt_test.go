@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"errors"
 	"maps"
 	"net/netip"
 	"slices"
@@ -485,5 +486,55 @@ func TestRestartKeepsPrefiltersOfLiveFlows(t *testing.T) {
 	if e.f.ports[9000] != 0 {
 		t.Errorf("pb_ports[9000] = %#x after a sweep found no flows", e.f.ports[9000])
 	}
+	e.checkKernel()
+}
+
+// An agent that adds pb_vip_slots adopts services a previous version
+// wrote without it: its first Apply marks their slots (before the agent
+// attaches the program that reads them), and a failed write is read back
+// and retried rather than trusted.
+func TestPrefiltersAfterUpgradeAndFailedWrites(t *testing.T) {
+	e := newEnv(t)
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"))
+	e.apply(web)
+	e.programAll()
+	// The previous version had no pb_vip_slots: an empty map.
+	e.f.vipSlots = map[uint32]bool{}
+	e.f.check = nil // its state breaks the invariant until the first Apply
+	e.restart()
+	e.apply(web)
+	e.f.check = kernelInvariants
+	if !e.f.vipSlots[pbmaps.VIPSlot(web.Key.VIP)] {
+		t.Fatal("the adopted service's slot is not marked after the first Apply")
+	}
+	e.checkKernel()
+
+	// A write that fails part way: the record is read back, not trusted.
+	api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
+	e.f.failAfter = errInjected
+	if _, err := e.r.Apply(state(web, api)); !errors.Is(err, errInjected) {
+		t.Fatalf("Apply: %v, want the injected error", err)
+	}
+	// (The write had landed: read back, the record matches and nothing is
+	// left to retry.)
+	if !maps.Equal(e.r.vipSlots, e.f.vipSlots) || !e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)] {
+		t.Fatalf("after a failed write: record %v, kernel %v", e.r.vipSlots, e.f.vipSlots)
+	}
+	// An outright failure, then the retry PrepareTables makes: api goes,
+	// and once its id is freed its slot should be cleared.
+	e.apply(web)
+	e.clk.Step(testCooldown)
+	e.f.fail[opSetVIPSlots] = errInjected
+	e.r.Sweep(InUse{})
+	if !e.r.PrefiltersDirty() || !e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)] {
+		t.Fatalf("the failed clear: dirty %v, api's slot %v", e.r.PrefiltersDirty(), e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)])
+	}
+	if err := e.r.PrepareTables(); err != nil {
+		t.Fatal(err)
+	}
+	if e.r.PrefiltersDirty() || e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)] {
+		t.Errorf("after the retry: dirty %v, api's slot %v", e.r.PrefiltersDirty(), e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)])
+	}
+	e.programAll()
 	e.checkKernel()
 }

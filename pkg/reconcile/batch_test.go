@@ -366,8 +366,8 @@ func TestFirstServiceEntry(t *testing.T) {
 		if got, ok := e.f.services[keyOf(empty.Key)]; !ok || got != want {
 			t.Errorf("pb_services = %+v (present %v), want %+v", got, ok, want)
 		}
-		if got := opKinds(ops); !slices.Equal(got, []string{opResetSvcStats, opUpsertService, opSetPorts, opSetVIPSlots}) {
-			t.Errorf("Apply wrote %s, want the stats reset, the entry, the VIP port and address slot", opsString(ops))
+		if got := opKinds(ops); !slices.Equal(got, []string{opSetPorts, opSetVIPSlots, opResetSvcStats, opUpsertService}) {
+			t.Errorf("Apply wrote %s, want the VIP port and address slot, then the stats reset and the entry", opsString(ops))
 		}
 		if _, _, ok := e.f.pick(keyOf(empty.Key), 12345, true); ok {
 			t.Error("flow to a service without endpoints not dropped")

@@ -103,6 +103,9 @@ type fakeWriter struct {
 	calls map[string]int
 	// fail makes the next call of a kind return the error (once).
 	fail map[string]error
+	// failAfter makes the next SetVIPSlots write its entries and then
+	// return the error (once), as a batch that failed part way may.
+	failAfter error
 	// rejectBackend, when set, makes every write of a pb_backends entry
 	// for which it returns an error fail, as the kernel fails an update it
 	// cannot apply: SetBackend returns the error; SetBackends writes the
@@ -379,6 +382,10 @@ func (f *fakeWriter) SetVIPSlots(old, want map[uint32]bool) error {
 	}
 	f.vipSlots = maps.Clone(want)
 	f.record(op{Kind: opSetVIPSlots})
+	if err := f.failAfter; err != nil {
+		f.failAfter = nil
+		return err
+	}
 	return nil
 }
 
@@ -585,13 +592,14 @@ func rehash(h, i uint32) uint32 {
 // touch a live table.)
 func kernelInvariants(f *fakeWriter, after op) {
 	for k, v := range f.services {
+		// A service's packets must get past both prefilters (also one
+		// without endpoints: its new flows are dropped, not passed).
+		if !f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFrom16(k.Vip.Bytes))] || f.ports[pbmaps.Port(k.Port)]&pbmaps.PortVIP == 0 {
+			f.t.Errorf("after %s: service %d has an entry but its VIP's slot (%v) or port (%#x) is not marked",
+				after, v.Id, f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFrom16(k.Vip.Bytes))], f.ports[pbmaps.Port(k.Port)])
+		}
 		if v.TableSize == 0 {
 			continue
-		}
-		// A live service's packets must get past both prefilters.
-		if !f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFrom16(k.Vip.Bytes))] || f.ports[pbmaps.Port(k.Port)]&pbmaps.PortVIP == 0 {
-			f.t.Errorf("after %s: service %d is live but its VIP's slot (%v) or port (%#x) is not marked",
-				after, v.Id, f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFrom16(k.Vip.Bytes))], f.ports[pbmaps.Port(k.Port)])
 		}
 		t, ok := f.table(v.Id, v.Table)
 		if !ok {

@@ -112,6 +112,11 @@ type Reconciler struct {
 	inUseVIPs map[netip.AddrPort]bool
 	// vipSlots is what pb_vip_slots holds.
 	vipSlots map[uint32]bool
+	// prefiltersDirty: the last write of pb_ports or pb_vip_slots failed.
+	// ports and vipSlots were then re-read from the kernel (or, unreadable,
+	// set to everything, so the next write rewrites every entry);
+	// PrepareTables retries.
+	prefiltersDirty bool
 	// fresh: backends created by this Apply, written by flushBackends.
 	fresh []*Backend
 	// deleting: removed services whose pb_services entry could not be
@@ -288,6 +293,12 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 	var changes []Change
 	var errs []error
 	seen := map[desired.Key]bool{}
+
+	// New VIPs get past the prefilters before any entry of theirs is
+	// written; what is no longer needed is cleared at the end.
+	if err := r.markPrefilters(st); err != nil {
+		errs = append(errs, err)
+	}
 
 	for i := range st.Services {
 		spec := st.Services[i]
@@ -493,13 +504,12 @@ func (r *Reconciler) retire(b *Backend, now time.Time) {
 // pb_ports marks every VIP port and every backend port (removed backends
 // included: their flows' replies still need reverse NAT), pb_vip_slots the
 // slot of every VIP address. Removed services whose flows may live on keep
-// theirs. Slots are marked before any service entry that needs them is
-// written (Apply runs this before the agent programs new services).
+// theirs.
 func (r *Reconciler) syncPrefilters() error {
-	want := map[uint16]uint8{}
+	ports := map[uint16]uint8{}
 	slots := map[uint32]bool{}
 	vip := func(addr netip.Addr, port uint16) {
-		want[port] |= maps.PortVIP
+		ports[port] |= maps.PortVIP
 		slots[maps.VIPSlot(addr)] = true
 	}
 	for key := range r.services {
@@ -512,25 +522,82 @@ func (r *Reconciler) syncPrefilters() error {
 		vip(ap.Addr(), ap.Port())
 	}
 	for _, b := range r.backends {
-		want[b.Addr.Port()] |= maps.PortBackend
+		ports[b.Addr.Port()] |= maps.PortBackend
 	}
+	return r.writePrefilters(ports, slots)
+}
+
+// markPrefilters marks the VIP ports, address slots and backend ports of
+// st's services on top of what is marked, clearing nothing.
+func (r *Reconciler) markPrefilters(st desired.State) error {
+	ports, slots := stdmaps.Clone(r.ports), stdmaps.Clone(r.vipSlots)
+	if ports == nil {
+		ports = map[uint16]uint8{}
+	}
+	if slots == nil {
+		slots = map[uint32]bool{}
+	}
+	for _, spec := range st.Services {
+		ports[spec.Key.Port] |= maps.PortVIP
+		slots[maps.VIPSlot(spec.Key.VIP)] = true
+		for _, ep := range spec.Endpoints {
+			ports[ep.Addr.Port()] |= maps.PortBackend
+		}
+	}
+	return r.writePrefilters(ports, slots)
+}
+
+// writePrefilters writes what differs from what the kernel holds. After a
+// failed write the kernel's state is read back: a batch may have stopped
+// part way, and a stale record would make later diffs skip entries.
+func (r *Reconciler) writePrefilters(ports map[uint16]uint8, slots map[uint32]bool) error {
 	var errs []error
-	if !stdmaps.Equal(want, r.ports) {
-		if err := r.w.SetPorts(r.ports, want); err != nil {
+	if !stdmaps.Equal(ports, r.ports) {
+		if err := r.w.SetPorts(r.ports, ports); err != nil {
 			errs = append(errs, err)
+			if r.ports, err = r.w.Ports(); err != nil {
+				r.ports = everyPort()
+			}
 		} else {
-			r.ports = want
+			r.ports = ports
 		}
 	}
 	if !stdmaps.Equal(slots, r.vipSlots) {
 		if err := r.w.SetVIPSlots(r.vipSlots, slots); err != nil {
 			errs = append(errs, err)
+			if r.vipSlots, err = r.w.VIPSlots(); err != nil {
+				r.vipSlots = everySlot()
+			}
 		} else {
 			r.vipSlots = slots
 		}
 	}
+	r.prefiltersDirty = len(errs) > 0
 	return errors.Join(errs...)
 }
+
+// everyPort and everySlot stand for a prefilter whose content is unknown:
+// diffed against them, a write covers every entry.
+func everyPort() map[uint16]uint8 {
+	m := make(map[uint16]uint8, 1<<16)
+	for p := range 1 << 16 {
+		m[uint16(p)] = maps.PortVIP | maps.PortBackend
+	}
+	return m
+}
+
+func everySlot() map[uint32]bool {
+	m := make(map[uint32]bool, maps.VIPSlots)
+	for k := range uint32(maps.VIPSlots) {
+		m[k] = true
+	}
+	return m
+}
+
+// PrefiltersDirty reports whether the last write of the prefilters failed
+// (PrepareTables retries it): until it succeeds, packets of a new VIP may
+// pass the datapath without being balanced.
+func (r *Reconciler) PrefiltersDirty() bool { return r.prefiltersDirty }
 
 // TableSize is the largest Maglev table size.
 func (r *Reconciler) TableSize() uint32 { return r.maxTableSize }
@@ -608,6 +675,9 @@ func (r *Reconciler) PrepareTables() error {
 			}
 		}
 	})
+	if r.prefiltersDirty {
+		err = errors.Join(err, r.syncPrefilters())
+	}
 	return errors.Join(r.retryDeletes(), err)
 }
 

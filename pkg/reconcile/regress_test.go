@@ -182,6 +182,7 @@ func TestKnownBugAdoptedTableIndexOutOfRange(t *testing.T) {
 	f := newFakeWriter(t)
 	k := pbmaps.ServiceKey(netip.MustParseAddr(vip1), 80, uint8(desired.TCP))
 	f.services[k] = bpf.LbSvcValue{Id: 5, Table: 2, TableSize: 0}
+	f.vipSlots[pbmaps.VIPSlot(netip.MustParseAddr(vip1))] = true
 	f.backends[7] = pbmaps.NewBackend(mustAP(beA), 5, pbmaps.BackendEjected, 0)
 	r, err := New(f, Options{MaxServices: 64, MaxBackends: 256, TableSize: testTableSize, Logger: testLogger(t)})
 	if err != nil {
