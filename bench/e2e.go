@@ -65,6 +65,10 @@ type rig struct {
 	topo  *testnet.Topology
 	agent string // binary
 	dir   string
+	// Interrupt cleanups: the rig's own and its agents' (Agent.Close is
+	// idempotent, so an agent closed earlier may stay registered).
+	unregister func()
+	agents     []func()
 }
 
 func newRig(agentBin string, backends int) (*rig, error) {
@@ -87,10 +91,20 @@ func newRig(agentBin string, backends int) (*rig, error) {
 			return nil, err
 		}
 	}
-	return &rig{topo: topo, agent: bin, dir: dir}, nil
+	r := &rig{topo: topo, agent: bin, dir: dir}
+	r.unregister = atInterrupt(r.closeNow)
+	return r, nil
 }
 
 func (r *rig) close() {
+	for _, u := range r.agents {
+		u()
+	}
+	r.unregister()
+	r.closeNow()
+}
+
+func (r *rig) closeNow() {
 	r.topo.Close()
 	os.RemoveAll(r.dir)
 }
@@ -168,10 +182,13 @@ func (r *rig) startAgent(cfg string, args ...string) (*agentrun.Agent, error) {
 	a.Args = args
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	unregister := atInterrupt(func() { a.Close() })
 	if err := a.Start(ctx); err != nil {
+		unregister()
 		a.Close()
 		return nil, err
 	}
+	r.agents = append(r.agents, unregister)
 	return a, nil
 }
 
@@ -230,10 +247,11 @@ func nftRulesSummary() string {
 // --- HAProxy in TCP mode ---
 
 type haproxyLB struct {
-	r    *rig
-	cmd  *exec.Cmd
-	done chan error
-	log  string
+	r          *rig
+	cmd        *exec.Cmd
+	done       chan error
+	log        string
+	unregister func()
 }
 
 // haproxyConfig returns the configuration; passive adds passive layer-4
@@ -310,6 +328,7 @@ func (r *rig) haproxy(o hapOpts) (lb, error) {
 	}
 	h := &haproxyLB{r: r, cmd: cmd, done: make(chan error, 1), log: logPath}
 	go func() { h.done <- cmd.Wait(); f.Close() }()
+	h.unregister = atInterrupt(func() { cmd.Process.Kill() })
 	// Ready when the VIP accepts from the client namespace.
 	d := r.topo.Client.Dialer(200 * time.Millisecond)
 	deadline := time.Now().Add(10 * time.Second)
@@ -336,6 +355,7 @@ func (r *rig) haproxy(o hapOpts) (lb, error) {
 func (h *haproxyLB) pid() int { return h.cmd.Process.Pid }
 
 func (h *haproxyLB) stop() error {
+	h.unregister()
 	h.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-h.done:

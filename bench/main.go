@@ -97,6 +97,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bench: needs root (BPF, network namespaces)")
 			os.Exit(1)
 		}
+		cleanUpOnInterrupt()
 		res, m, err = run(o, func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 		})

@@ -66,6 +66,8 @@ type packetRig struct {
 
 	flowSeq uint32
 	out     []byte
+
+	unregister func() // the interrupt cleanup (the bpffs mount)
 }
 
 func newPacketRig() (*packetRig, error) {
@@ -74,6 +76,7 @@ func newPacketRig() (*packetRig, error) {
 		return nil, err
 	}
 	r := &packetRig{unmount: unmount, out: make([]byte, 2048)}
+	r.unregister = atInterrupt(unmount)
 	// The agent's default sizes for conntrack and the ring buffer.
 	r.dp, err = datapath.Load(datapath.Options{Root: root, MaxServices: 1024, MaxBackends: 4096,
 		ConntrackSize: datapath.DefaultConntrackSize, EventsBytes: datapath.DefaultEventsBytes})
@@ -115,6 +118,7 @@ func newPacketRig() (*packetRig, error) {
 }
 
 func (r *packetRig) close() {
+	r.unregister()
 	if r.reader != nil {
 		r.reader.Close()
 		<-r.drained
