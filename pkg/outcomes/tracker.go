@@ -256,15 +256,28 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 	}
 }
 
-// NextDeadline is the earliest pending deadline.
+// NextDeadline is the earliest deadline of a connection still pending.
+// It drops the decided ones it finds at the heads of the queues on the
+// way: nearly every connection is decided by its events long before its
+// deadline, and a stale head would wake the agent for nothing (under
+// load, once per connection).
 func (t *Tracker) NextDeadline() (time.Time, bool) {
 	var best time.Time
 	found := false
 	for _, q := range t.queues {
-		// Heads may be stale (decided already); they only make the agent
-		// wake early, never late.
-		if d, ok := q.peek(); ok && (!found || d.at.Before(best)) {
-			best, found = d.at, true
+		for {
+			d, ok := q.peek()
+			if !ok {
+				break
+			}
+			if p, live := t.pending[d.key]; !live || p.seq != d.seq {
+				q.pop()
+				continue
+			}
+			if !found || d.at.Before(best) {
+				best, found = d.at, true
+			}
+			break
 		}
 	}
 	return best, found

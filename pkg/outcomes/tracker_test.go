@@ -167,3 +167,37 @@ func TestDecode(t *testing.T) {
 		t.Fatal("short record decoded")
 	}
 }
+
+// The next deadline is that of a connection still pending: connections
+// their events decided do not wake the agent.
+func TestTrackerNextDeadlineSkipsDecided(t *testing.T) {
+	pol := PolicyFor(accrual.Defaults(), true)
+	tr := NewTracker(func(uint32) Policy { return pol })
+	client := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), uint16(40000+i))
+	}
+	// 100 connections a millisecond apart, each refused at once, then one
+	// that stays unanswered.
+	for i := range 100 {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		tr.Classify(Event{Type: NewFlow, Backend: 1, Client: client(i), At: at})
+		tr.Classify(Event{Type: Refused, Backend: 1, Client: client(i), At: at})
+	}
+	if d, ok := tr.NextDeadline(); ok {
+		t.Fatalf("next deadline %v with nothing pending", d.Sub(t0))
+	}
+	last := t0.Add(time.Second)
+	tr.Classify(Event{Type: NewFlow, Backend: 1, Client: client(100), At: last})
+	if d, ok := tr.NextDeadline(); !ok || !d.Equal(last.Add(pol.ConnectTimeout)) {
+		t.Fatalf("next deadline %v, %v; want the unanswered connection's, %v", d.Sub(t0), ok, last.Add(pol.ConnectTimeout).Sub(t0))
+	}
+	n := 0
+	tr.Expire(last.Add(pol.ConnectTimeout), func(o accrual.Outcome) {
+		if o.Kind == accrual.KindTimeout {
+			n++
+		}
+	})
+	if n != 1 {
+		t.Fatalf("%d timeouts at the deadline, want 1", n)
+	}
+}
