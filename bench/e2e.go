@@ -48,14 +48,7 @@ func agentBinary(given string) (string, error) {
 	if given != "" {
 		return given, nil
 	}
-	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pb-bench-bin-")
-		if err != nil {
-			agentErr = err
-			return
-		}
-		agentPath, agentErr = agentrun.Build(dir)
-	})
+	agentOnce.Do(func() { agentPath, agentErr = agentrun.Build("pb-bench-bin-") })
 	return agentPath, agentErr
 }
 

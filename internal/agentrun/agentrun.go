@@ -29,16 +29,24 @@ import (
 // MetricsPort is where the agent serves HTTP inside the node namespace.
 const MetricsPort = 9464
 
-// Build compiles the agent into dir and returns the binary's path.
-func Build(dir string) (string, error) {
+// Build compiles the agent into a new temporary directory named after
+// prefix and returns the binary's path; remove filepath.Dir of it when
+// done.
+func Build(prefix string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", err
+	}
 	out := filepath.Join(dir, "agent")
 	root, err := ModuleRoot()
 	if err != nil {
+		os.RemoveAll(dir)
 		return "", err
 	}
 	cmd := exec.Command("go", "build", "-o", out, "./cmd/agent")
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
 		return "", fmt.Errorf("build agent: %v\n%s", err, b)
 	}
 	return out, nil

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,17 +24,14 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: not root; these tests need network namespaces and BPF (CI runs as root)")
 		os.Exit(m.Run())
 	}
-	dir, err := os.MkdirTemp("", "pb-e2e-bin-")
-	if err != nil {
-		panic(err)
-	}
-	agentBin, err = agentrun.Build(dir)
+	var err error
+	agentBin, err = agentrun.Build("pb-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	os.RemoveAll(filepath.Dir(agentBin))
 	os.Exit(code)
 }
 

@@ -47,17 +47,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	fmt.Printf("e2e/k8s: kube-apiserver, etcd and kubectl in %s (%v)\n", toolsDir, time.Since(start).Round(time.Millisecond))
-	dir, err := os.MkdirTemp("", "pb-e2e-k8s-bin-")
-	if err != nil {
-		panic(err)
-	}
-	agentBin, err = agentrun.Build(dir)
+	agentBin, err = agentrun.Build("pb-e2e-k8s-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	os.RemoveAll(filepath.Dir(agentBin))
 	os.Exit(code)
 }
 
