@@ -263,32 +263,46 @@ func (m *Maps) SetPorts(old, roles map[uint16]uint8) error {
 
 // Ports reads every non-zero pb_ports entry.
 func (m *Maps) Ports() (map[uint16]uint8, error) {
-	n := int(m.m.PbPorts.MaxEntries())
+	out := map[uint16]uint8{}
+	err := nonZeroBytes(m.m.PbPorts, func(k uint32, v uint8) { out[uint16(k)] = v })
+	if err != nil {
+		return nil, fmt.Errorf("pb_ports: %w", err)
+	}
+	return out, nil
+}
+
+// nonZeroBytes reads an array of __u8 in one batch and hands each non-zero
+// entry to f.
+func nonZeroBytes(m *ebpf.Map, f func(k uint32, v uint8)) error {
+	n := int(m.MaxEntries())
 	keys := make([]uint32, n)
 	vals := make([]uint8, n)
 	var cursor ebpf.MapBatchCursor
-	got, err := m.m.PbPorts.BatchLookup(&cursor, keys, vals, nil)
+	got, err := m.BatchLookup(&cursor, keys, vals, nil)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil, fmt.Errorf("pb_ports: %w", err)
+		return err
 	}
-	out := map[uint16]uint8{}
 	for i := range got {
 		if vals[i] != 0 {
-			out[uint16(keys[i])] = vals[i]
+			f(keys[i], vals[i])
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // VIPSlot is addr's pb_vip_slots index: the datapath's vip_slot_marked
 // hash (PB_VIP_SLOT_*), on the address in host byte order.
 func VIPSlot(addr netip.Addr) uint32 {
 	v4 := addr.As4()
-	return (binary.BigEndian.Uint32(v4[:]) * 0x9e3779b1) >> (32 - 16)
+	return (binary.BigEndian.Uint32(v4[:]) * vipSlotMul) >> (32 - vipSlotBits)
 }
 
-// VIPSlots is pb_vip_slots' size (PB_VIP_SLOTS).
-const VIPSlots = 1 << 16
+// PB_VIP_SLOT_BITS and PB_VIP_SLOT_MUL; VIPSlots is pb_vip_slots' size.
+const (
+	vipSlotBits = 16
+	vipSlotMul  = 0x9e3779b1
+	VIPSlots    = 1 << vipSlotBits
+)
 
 // SetVIPSlots marks the slots in want and clears those only in old (what
 // pb_vip_slots holds now), in one batch.
@@ -316,19 +330,9 @@ func (m *Maps) SetVIPSlots(old, want map[uint32]bool) error {
 
 // VIPSlots reads the marked pb_vip_slots entries.
 func (m *Maps) VIPSlots() (map[uint32]bool, error) {
-	n := int(m.m.PbVipSlots.MaxEntries())
-	keys := make([]uint32, n)
-	vals := make([]uint8, n)
-	var cursor ebpf.MapBatchCursor
-	got, err := m.m.PbVipSlots.BatchLookup(&cursor, keys, vals, nil)
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil, fmt.Errorf("pb_vip_slots: %w", err)
-	}
 	out := map[uint32]bool{}
-	for i := range got {
-		if vals[i] != 0 {
-			out[keys[i]] = true
-		}
+	if err := nonZeroBytes(m.m.PbVipSlots, func(k uint32, _ uint8) { out[k] = true }); err != nil {
+		return nil, fmt.Errorf("pb_vip_slots: %w", err)
 	}
 	return out, nil
 }

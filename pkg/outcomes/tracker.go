@@ -235,10 +235,10 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 				break
 			}
 			q.pop()
-			p, live := t.pending[d.key]
-			if !live || p.seq != d.seq {
-				continue // decided already, or superseded by a newer flow on the tuple
+			if t.decided(d) {
+				continue
 			}
+			p := t.pending[d.key]
 			delete(t.pending, d.key)
 			o := accrual.Outcome{Endpoint: d.key.backend, Probe: p.probe, At: d.at}
 			switch p.phase {
@@ -256,6 +256,13 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 	}
 }
 
+// decided reports whether d's connection was decided already, or
+// superseded by a newer flow on the tuple: its deadline is void.
+func (t *Tracker) decided(d deadline) bool {
+	p, live := t.pending[d.key]
+	return !live || p.seq != d.seq
+}
+
 // NextDeadline is the earliest deadline of a connection still pending.
 // It drops the decided ones it finds at the heads of the queues on the
 // way: nearly every connection is decided by its events long before its
@@ -270,7 +277,7 @@ func (t *Tracker) NextDeadline() (time.Time, bool) {
 			if !ok {
 				break
 			}
-			if p, live := t.pending[d.key]; !live || p.seq != d.seq {
+			if t.decided(d) {
 				q.pop()
 				continue
 			}

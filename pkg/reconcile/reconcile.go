@@ -506,45 +506,51 @@ func (r *Reconciler) retire(b *Backend, now time.Time) {
 // slot of every VIP address. Removed services whose flows may live on keep
 // theirs.
 func (r *Reconciler) syncPrefilters() error {
-	ports := map[uint16]uint8{}
-	slots := map[uint32]bool{}
-	vip := func(addr netip.Addr, port uint16) {
-		ports[port] |= maps.PortVIP
-		slots[maps.VIPSlot(addr)] = true
-	}
+	want := prefilterSet{ports: map[uint16]uint8{}, slots: map[uint32]bool{}}
 	for key := range r.services {
-		vip(key.VIP, key.Port)
+		want.vip(key.VIP, key.Port)
 	}
 	for _, key := range r.retiredKey {
-		vip(key.VIP, key.Port)
+		want.vip(key.VIP, key.Port)
 	}
 	for ap := range r.inUseVIPs {
-		vip(ap.Addr(), ap.Port())
+		want.vip(ap.Addr(), ap.Port())
 	}
 	for _, b := range r.backends {
-		ports[b.Addr.Port()] |= maps.PortBackend
+		want.ports[b.Addr.Port()] |= maps.PortBackend
 	}
-	return r.writePrefilters(ports, slots)
+	return r.writePrefilters(want.ports, want.slots)
 }
 
 // markPrefilters marks the VIP ports, address slots and backend ports of
 // st's services on top of what is marked, clearing nothing.
 func (r *Reconciler) markPrefilters(st desired.State) error {
-	ports, slots := stdmaps.Clone(r.ports), stdmaps.Clone(r.vipSlots)
-	if ports == nil {
-		ports = map[uint16]uint8{}
+	want := prefilterSet{ports: stdmaps.Clone(r.ports), slots: stdmaps.Clone(r.vipSlots)}
+	if want.ports == nil {
+		want.ports = map[uint16]uint8{}
 	}
-	if slots == nil {
-		slots = map[uint32]bool{}
+	if want.slots == nil {
+		want.slots = map[uint32]bool{}
 	}
 	for _, spec := range st.Services {
-		ports[spec.Key.Port] |= maps.PortVIP
-		slots[maps.VIPSlot(spec.Key.VIP)] = true
+		want.vip(spec.Key.VIP, spec.Key.Port)
 		for _, ep := range spec.Endpoints {
-			ports[ep.Addr.Port()] |= maps.PortBackend
+			want.ports[ep.Addr.Port()] |= maps.PortBackend
 		}
 	}
-	return r.writePrefilters(ports, slots)
+	return r.writePrefilters(want.ports, want.slots)
+}
+
+// prefilterSet is what pb_ports and pb_vip_slots are to mark.
+type prefilterSet struct {
+	ports map[uint16]uint8
+	slots map[uint32]bool
+}
+
+// vip marks a VIP: its port and its address's slot.
+func (p prefilterSet) vip(addr netip.Addr, port uint16) {
+	p.ports[port] |= maps.PortVIP
+	p.slots[maps.VIPSlot(addr)] = true
 }
 
 // writePrefilters writes what differs from what the kernel holds. After a
