@@ -12,7 +12,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/k8s"
-	"github.com/penaltybox/penaltybox/pkg/k8s/nodelinks"
+	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
 

@@ -24,7 +24,7 @@ import (
 	"syscall"
 
 	"github.com/penaltybox/penaltybox/pkg/datapath"
-	"github.com/penaltybox/penaltybox/pkg/k8s/nodelinks"
+	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 )
 
 // defaultMemoryLimit is the agent's soft heap limit (GOMEMLIMIT overrides).
