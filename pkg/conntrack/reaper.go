@@ -14,7 +14,6 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/maps"
-	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
 
 // Timeouts are how long a flow may stay silent before it is expired, by
@@ -71,13 +70,24 @@ type Reaper struct {
 	Clocks   Clocks
 }
 
+// InUse are the ids live conntrack entries refer to: their events and
+// counters would be misattributed if the ids were handed out again, so the
+// reconciler keeps them out of reuse.
+type InUse struct {
+	Services, Backends map[uint32]bool
+	// VIPs are the forward entries' destinations: VIP address and port.
+	VIPs map[netip.AddrPort]bool
+	// Incomplete: the scan failed part way; nothing may be freed.
+	Incomplete bool
+}
+
 // Result says what one sweep saw and did.
 type Result struct {
 	Entries  int // conntrack entries scanned
 	Expired  int // flows expired (both entries deleted)
 	Released int // circuit-breaker slots given back
 	Counted  int // pb_flows entries left
-	InUse    reconcile.InUse
+	InUse    InUse
 }
 
 type flow struct {
@@ -87,7 +97,7 @@ type flow struct {
 
 // Sweep expires idle flows and releases their slots.
 func (r *Reaper) Sweep() (Result, error) {
-	res := Result{InUse: reconcile.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{}}}
+	res := Result{InUse: InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{}}}
 	// A live flow's forward key names the VIP it was addressed to.
 	vip := func(fk bpf.LbCtKey) {
 		res.InUse.VIPs[netip.AddrPortFrom(maps.AddrFrom16(fk.Dst.Bytes), maps.Port(fk.Dport))] = true

@@ -95,6 +95,10 @@ type fakeWriter struct {
 	ports     map[uint16]uint8         // array: absent == 0
 	vipSlots  map[uint32]bool          // array: absent == 0
 	listed    map[uint32][]uint32      // pb_svc_backends: service id -> active backends
+	health    map[uint32]bpf.LbEndpointHealth
+	partial   []uint32 // pb_partial_ifaces
+	redirect  []uint32 // pb_redirect
+	config    uint32   // pb_config flags
 
 	ops []op
 	// calls counts the calls of each Writer method by kind, failed ones
@@ -127,6 +131,7 @@ func newFakeWriter(t testing.TB) *fakeWriter {
 		ports:     map[uint16]uint8{},
 		vipSlots:  map[uint32]bool{},
 		listed:    map[uint32][]uint32{},
+		health:    map[uint32]bpf.LbEndpointHealth{},
 		calls:     map[string]int{},
 		fail:      map[string]error{},
 		check:     kernelInvariants,
@@ -648,3 +653,60 @@ func kernelInvariants(f *fakeWriter, after op) {
 }
 
 var errInjected = errors.New("injected failure")
+
+// Persisted accrual state and the interface maps are not part of what the
+// datapath looks up for a packet: they are stored, not recorded as ops.
+
+func (f *fakeWriter) Backend(id uint32) (bpf.LbBackend, error) {
+	if err := f.failing("Backend"); err != nil {
+		return bpf.LbBackend{}, err
+	}
+	return f.backends[id], nil
+}
+
+func (f *fakeWriter) PutHealth(id uint32, h bpf.LbEndpointHealth) error {
+	if err := f.failing("PutHealth"); err != nil {
+		return err
+	}
+	f.health[id] = h
+	return nil
+}
+
+func (f *fakeWriter) DeleteHealth(id uint32) error {
+	if err := f.failing("DeleteHealth"); err != nil {
+		return err
+	}
+	delete(f.health, id)
+	return nil
+}
+
+func (f *fakeWriter) Health() (map[uint32]bpf.LbEndpointHealth, error) {
+	if err := f.failing("Health"); err != nil {
+		return nil, err
+	}
+	return maps.Clone(f.health), nil
+}
+
+func (f *fakeWriter) SetPartialIfaces(ids []uint32) error {
+	if err := f.failing("SetPartialIfaces"); err != nil {
+		return err
+	}
+	f.partial = slices.Clone(ids)
+	return nil
+}
+
+func (f *fakeWriter) SetRedirect(ids []uint32) error {
+	if err := f.failing("SetRedirect"); err != nil {
+		return err
+	}
+	f.redirect = slices.Clone(ids)
+	return nil
+}
+
+func (f *fakeWriter) SetConfig(flags uint32) error {
+	if err := f.failing("SetConfig"); err != nil {
+		return err
+	}
+	f.config = flags
+	return nil
+}

@@ -1,0 +1,96 @@
+package reconcile
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// adopt reads the pinned maps a previous agent wrote. Services and backends
+// found there keep their ids; the first Apply then rewrites only what the
+// desired state changed.
+func (r *Reconciler) adopt() error {
+	svcs, err := r.w.Services()
+	if err != nil {
+		return fmt.Errorf("adopt services: %w", err)
+	}
+	for k, v := range svcs {
+		key := desired.Key{VIP: maps.AddrFrom16(k.Vip.Bytes), Port: maps.Port(k.Port), Protocol: desired.Protocol(k.Proto)}
+		if !r.svcIDs.take(v.Id) {
+			r.log.Warn("pinned service with an unusable id, dropping it", "service", key, "id", v.Id)
+			r.w.DeleteService(k, v.Id)
+			continue
+		}
+		s := &Service{ID: v.Id, Spec: desired.Service{Key: key}, value: v}
+		if s.sizes, err = r.w.TableSizes(v.Id); err != nil {
+			return fmt.Errorf("adopt service %s: tables: %w", key, err)
+		}
+		if s.listed, err = r.w.ServiceBackends(v.Id, v.BackendCount); err != nil {
+			r.log.Warn("pinned service's backend list unreadable, rewriting it", "service", key, "err", err)
+			s.listed, s.value.BackendCount = nil, 0
+		}
+		r.services[key] = s
+		r.byID[v.Id] = s
+	}
+	bes, err := r.w.Backends()
+	if err != nil {
+		return fmt.Errorf("adopt backends: %w", err)
+	}
+	ids := make([]uint32, 0, len(bes))
+	for id := range bes {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		v := bes[id]
+		if !r.beIDs.take(id) {
+			continue
+		}
+		b := &Backend{ID: id, Service: v.SvcId, State: maps.BackendState(v.State),
+			Addr: netip.AddrPortFrom(maps.AddrFrom16(v.Addr.Bytes), maps.Port(v.Port))}
+		r.backends[id] = b
+		if s, ok := r.byID[v.SvcId]; ok && b.State != maps.BackendRemoved {
+			s.Backends = append(s.Backends, id)
+			s.Spec.Endpoints = append(s.Spec.Endpoints, desired.Endpoint{Addr: b.Addr})
+		} else {
+			// An orphan (its service is gone or was dropped above): mark it
+			// removed in the kernel too, as retire would have.
+			b.State = maps.BackendRemoved
+			b.RemovedAt = r.clk.Now()
+			if v.State != uint8(maps.BackendRemoved) || v.ProbeGrants != 0 {
+				if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
+					r.log.Error("mark orphaned backend removed", "backend", b.Addr, "id", id, "err", err)
+				}
+			}
+		}
+	}
+	ports, err := r.w.Ports()
+	if err != nil {
+		return fmt.Errorf("adopt ports: %w", err)
+	}
+	r.ports = ports
+	if r.vipSlots, err = r.w.VIPSlots(); err != nil {
+		return fmt.Errorf("adopt VIP slots: %w", err)
+	}
+	if len(svcs) > 0 || len(bes) > 0 {
+		r.log.Info("adopted pinned state", "services", len(r.services), "backends", len(r.backends))
+	}
+	return nil
+}
+
+// Adopted returns what the pinned maps held at start, for restoring
+// accrual state: backend id by (service key, endpoint).
+func (r *Reconciler) Adopted() map[desired.Key]map[netip.AddrPort]uint32 {
+	out := map[desired.Key]map[netip.AddrPort]uint32{}
+	for k, s := range r.services {
+		m := map[netip.AddrPort]uint32{}
+		for _, id := range s.Backends {
+			m[r.backends[id].Addr] = id
+		}
+		out[k] = m
+	}
+	return out
+}

@@ -1,0 +1,255 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// Change is a service whose endpoint set Apply changed: failure accrual
+// must hear of it, then ProgramService must run.
+type Change struct {
+	Service *Service
+	Removed bool
+	// Retired are backend ids whose endpoints left the service.
+	Retired []uint32
+}
+
+// Apply makes the services and backends match st. It does not write
+// Maglev tables: admission depends on accrual, so the caller follows up
+// with ProgramService for each changed service.
+func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
+	now := r.clk.Now()
+	var changes []Change
+	var errs []error
+	seen := map[desired.Key]bool{}
+
+	// New VIPs get past the prefilters before any entry of theirs is
+	// written; what is no longer needed is cleared at the end.
+	if err := r.markPrefilters(st); err != nil {
+		errs = append(errs, err)
+	}
+
+	for i := range st.Services {
+		spec := st.Services[i]
+		seen[spec.Key] = true
+		s, existed := r.services[spec.Key]
+		if !existed {
+			id, ok := r.svcIDs.get()
+			if !ok {
+				errs = append(errs, fmt.Errorf("service %s: no free service id (max %d)", spec.Name, r.svcIDs.max))
+				continue
+			}
+			delete(r.retiredSvc, id)
+			r.w.ResetServiceStats(id)
+			s = &Service{ID: id}
+			r.services[spec.Key] = s
+			r.byID[id] = s
+		}
+		endpointsChanged := !existed || !sameEndpoints(s, spec.Endpoints, r.backends)
+		s.Spec = spec
+		// The caller's slice stays the caller's: this one may be edited.
+		s.Spec.Endpoints = slices.Clone(spec.Endpoints)
+		var retired []uint32
+		if endpointsChanged {
+			var err error
+			if retired, err = r.syncBackends(s, now); err != nil {
+				errs = append(errs, err)
+			}
+		} else {
+			r.renameBackends(s)
+		}
+		// A service with endpoints gets its first entry from its first
+		// ProgramService, with its table: one write, not two.
+		if s.value.Id == 0 && len(s.Backends) > 0 {
+			// not yet
+		} else if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
+			// Report the change anyway: the backends it retired are gone
+			// from the kernel's view whatever happened to the service entry,
+			// and no later Apply would report them again.
+			errs = append(errs, err)
+		}
+		if endpointsChanged {
+			changes = append(changes, Change{Service: s, Retired: retired})
+		}
+	}
+
+	if err := r.flushBackends(); err != nil {
+		errs = append(errs, err)
+	}
+
+	for key, s := range r.services {
+		if seen[key] {
+			continue
+		}
+		if err := r.w.DeleteService(maps.ServiceKey(key.VIP, key.Port, uint8(key.Protocol)), s.ID); err != nil {
+			// Retried by every later Apply and PrepareTables; until then
+			// the id stays out of reuse.
+			errs = append(errs, err)
+			r.deleting[s.ID] = key
+		}
+		for _, id := range s.Backends {
+			r.retire(r.backends[id], now)
+		}
+		retired := s.Backends
+		s.Backends, s.Active, s.Probation = nil, nil, nil
+		delete(r.services, key)
+		delete(r.byID, s.ID)
+		r.retiredSvc[s.ID] = now
+		r.retiredKey[s.ID] = key
+		changes = append(changes, Change{Service: s, Removed: true, Retired: retired})
+		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String())
+	}
+
+	errs = append(errs, r.retryDeletes(), r.prepareTables())
+	if err := r.syncPrefilters(); err != nil {
+		errs = append(errs, err)
+	}
+	sort.Slice(changes, func(i, j int) bool { return changes[i].Service.ID < changes[j].Service.ID })
+	return changes, errors.Join(errs...)
+}
+
+func sameEndpoints(s *Service, eps []desired.Endpoint, bes map[uint32]*Backend) bool {
+	if len(s.Backends) != len(eps) {
+		return false
+	}
+	for i, id := range s.Backends {
+		if bes[id].Addr != eps[i].Addr {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Reconciler) renameBackends(s *Service) {
+	for i, id := range s.Backends {
+		r.backends[id].Name = s.Spec.Endpoints[i].Name
+	}
+}
+
+// syncBackends gives every endpoint of s a backend id, keeping the ids of
+// endpoints it already had, and retires the rest.
+func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, _ error) {
+	have := map[netip.AddrPort]uint32{}
+	for _, id := range s.Backends {
+		have[r.backends[id].Addr] = id
+	}
+	var errs []error
+	ids := make([]uint32, 0, len(s.Spec.Endpoints))
+	for _, ep := range s.Spec.Endpoints {
+		id, ok := have[ep.Addr]
+		if ok {
+			delete(have, ep.Addr)
+			r.backends[id].Name = ep.Name
+			ids = append(ids, id)
+			continue
+		}
+		id, ok = r.beIDs.get()
+		if !ok {
+			errs = append(errs, fmt.Errorf("service %s: endpoint %s: no free backend id (max %d)", s.Spec.Name, ep.Addr, r.beIDs.max))
+			continue
+		}
+		// New endpoints start active, as failure accrual starts them ready:
+		// the kernel only reaches a backend through a table, so one that is
+		// in none yet is harmless. Written in one batch by flushBackends.
+		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendActive}
+		r.backends[id] = b
+		r.fresh = append(r.fresh, b)
+		ids = append(ids, id)
+	}
+	for _, id := range have {
+		r.retire(r.backends[id], now)
+		retired = append(retired, id)
+	}
+	slices.Sort(retired)
+	s.Backends = ids
+	// Keep Spec.Endpoints aligned with Backends when an id was unavailable.
+	if len(ids) != len(s.Spec.Endpoints) {
+		eps := make([]desired.Endpoint, 0, len(ids))
+		for _, id := range ids {
+			eps = append(eps, desired.Endpoint{Addr: r.backends[id].Addr, Name: r.backends[id].Name})
+		}
+		s.Spec.Endpoints = eps
+	}
+	return retired, errors.Join(errs...)
+}
+
+// flushBackends writes the backends syncBackends created, in batches: the
+// counters of their (possibly recycled) ids zeroed, then their entries.
+// An entry that cannot be written leaves its service.
+func (r *Reconciler) flushBackends() error {
+	if len(r.fresh) == 0 {
+		return nil
+	}
+	fresh := r.fresh
+	r.fresh = nil
+	ids := make([]uint32, len(fresh))
+	vals := make([]bpf.LbBackend, len(fresh))
+	for i, b := range fresh {
+		ids[i] = b.ID
+		vals[i] = maps.NewBackend(b.Addr, b.Service, b.State, 0)
+	}
+	var errs []error
+	if err := r.w.ResetBackendStats(ids); err != nil {
+		errs = append(errs, err)
+	}
+	if r.w.SetBackends(ids, vals) == nil {
+		return errors.Join(errs...)
+	}
+	// Find the entries that fail, one by one.
+	for i, b := range fresh {
+		if err := r.w.SetBackend(b.ID, vals[i]); err != nil {
+			name := fmt.Sprint(b.Service)
+			if s, ok := r.byID[b.Service]; ok {
+				name = s.Spec.Name
+			}
+			errs = append(errs, fmt.Errorf("service %s: endpoint %s: %w", name, b.Addr, err))
+			if s, ok := r.byID[b.Service]; ok {
+				idx := slices.Index(s.Backends, b.ID)
+				s.Backends = slices.Delete(s.Backends, idx, idx+1)
+				s.Spec.Endpoints = slices.Delete(s.Spec.Endpoints, idx, idx+1)
+			}
+			delete(r.backends, b.ID)
+			r.beIDs.put(b.ID)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// retire marks a backend removed. Its entry stays (live flows carry their
+// backend's address in conntrack, so they keep working) until Sweep finds
+// its cooldown over and no flow referring to it.
+func (r *Reconciler) retire(b *Backend, now time.Time) {
+	if b == nil || b.State == maps.BackendRemoved {
+		return
+	}
+	b.State = maps.BackendRemoved
+	b.RemovedAt = now
+	if err := r.w.SetBackend(b.ID, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
+		r.log.Error("mark backend removed", "backend", b.Addr, "id", b.ID, "err", err)
+	}
+	r.forgetHealth(b.ID)
+}
+
+// retryDeletes deletes the pb_services entries of removed services whose
+// delete failed before.
+func (r *Reconciler) retryDeletes() error {
+	var errs []error
+	for id, key := range r.deleting {
+		if err := r.w.DeleteService(maps.ServiceKey(key.VIP, key.Port, uint8(key.Protocol)), id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(r.deleting, id)
+		r.retiredSvc[id] = r.clk.Now()
+		r.retiredKey[id] = key
+	}
+	return errors.Join(errs...)
+}

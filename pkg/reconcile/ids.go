@@ -1,0 +1,96 @@
+package reconcile
+
+import (
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
+
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// Sweep frees ids of removed services and backends whose cooldown is over
+// and that no conntrack entry refers to, and drops their port roles.
+func (r *Reconciler) Sweep(inUse InUse) {
+	if inUse.Incomplete {
+		return
+	}
+	now := r.clk.Now()
+	freed := 0
+	for id, b := range r.backends {
+		if b.State != maps.BackendRemoved || now.Sub(b.RemovedAt) < r.cooldown || inUse.Backends[id] {
+			continue
+		}
+		if err := r.w.ClearBackend(id); err != nil {
+			r.log.Error("clear backend", "id", id, "err", err)
+			continue
+		}
+		delete(r.backends, id)
+		r.beIDs.put(id)
+		freed++
+	}
+	for id, at := range r.retiredSvc {
+		if _, pending := r.deleting[id]; pending {
+			continue
+		}
+		if now.Sub(at) >= r.cooldown && !inUse.Services[id] {
+			delete(r.retiredSvc, id)
+			delete(r.retiredKey, id)
+			r.svcIDs.put(id)
+		}
+	}
+	r.inUseVIPs = inUse.VIPs
+	if err := r.syncPrefilters(); err != nil {
+		r.log.Error("sync prefilters", "err", err)
+	}
+}
+
+// InUse are the ids live flows refer to, as the conntrack sweep reports
+// them: Sweep frees none of them.
+type InUse = conntrack.InUse
+
+// idPool hands out ids 1..max-1 (0 means "none" in the maps), reusing
+// freed ones before fresh ones.
+type idPool struct {
+	max  uint32
+	next uint32
+	free []uint32
+	used map[uint32]bool
+}
+
+func newIDPool(max uint32) idPool {
+	return idPool{max: max, next: 1, used: map[uint32]bool{}}
+}
+
+func (p *idPool) get() (uint32, bool) {
+	for len(p.free) > 0 {
+		id := p.free[len(p.free)-1]
+		p.free = p.free[:len(p.free)-1]
+		if !p.used[id] {
+			p.used[id] = true
+			return id, true
+		}
+	}
+	for p.next < p.max {
+		id := p.next
+		p.next++
+		if !p.used[id] {
+			p.used[id] = true
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// take reserves a specific id (adoption).
+func (p *idPool) take(id uint32) bool {
+	if id == 0 || id >= p.max || p.used[id] {
+		return false
+	}
+	p.used[id] = true
+	return true
+}
+
+func (p *idPool) put(id uint32) {
+	if p.used[id] {
+		delete(p.used, id)
+		p.free = append(p.free, id)
+	}
+}

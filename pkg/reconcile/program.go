@@ -1,0 +1,204 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/maglev"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// ProgramService writes a service's admission into the kernel: backend
+// states, the fallback table and the Maglev table. active and probation
+// are backend ids of the service; failOpen admits every endpoint.
+//
+// Writes are ordered so that no new flow can reach an endpoint the agent
+// is taking out, and none is turned away from one it is putting in:
+// endpoints leaving are marked ejected first (the kernel steers around
+// them at once), the fallback table exists before any endpoint enters
+// probation, and the new table goes in last.
+func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failOpen bool) error {
+	s, ok := r.byID[id]
+	if !ok {
+		return fmt.Errorf("program service %d: unknown", id)
+	}
+	if failOpen {
+		active, probation = s.Backends, nil
+	}
+	if s.FailOpen == failOpen && slices.Equal(s.Active, active) && slices.Equal(s.Probation, probation) && s.Active != nil {
+		return nil
+	}
+	in := map[uint32]maps.BackendState{}
+	for _, b := range active {
+		in[b] = maps.BackendActive
+	}
+	for _, b := range probation {
+		in[b] = maps.BackendProbation
+	}
+
+	var errs []error
+	// 1. Out first.
+	for _, bid := range s.Backends {
+		if _, ok := in[bid]; !ok {
+			errs = append(errs, r.setState(bid, maps.BackendEjected))
+		}
+	}
+	// 2. The fallback table, whenever a probe shares the table with others,
+	// and kept current once it exists (it must never hold a backend the
+	// service no longer has). Without it, no endpoint may enter probation.
+	size := r.sizeFor(len(s.Backends))
+	if len(active) > 0 && (len(probation) > 0 || s.hasFallback) &&
+		(!slices.Equal(s.fallback, active) || s.fallbackSize != size) {
+		slots, err := r.build(active, size)
+		if err == nil {
+			err = r.w.SetFallback(id, slots)
+		}
+		if err != nil {
+			return fmt.Errorf("program service %s: fallback table: %w", s.Spec.Name, errors.Join(append(errs, err)...))
+		}
+		s.hasFallback = true
+		s.fallback = append([]uint32(nil), active...)
+		s.fallbackSize = size
+	}
+	// 3. States of the endpoints going in.
+	for _, bid := range s.Backends {
+		if st, ok := in[bid]; ok {
+			errs = append(errs, r.setState(bid, st))
+		}
+	}
+	// 4. The active backends a circuit breaker scans for room. Entries go
+	// first; the service's backend_count, written with the table below,
+	// makes them visible.
+	if !slices.Equal(s.listed, active) {
+		err := r.w.SetServiceBackends(id, s.listed, active)
+		if err == nil {
+			s.listed = append(make([]uint32, 0, len(active)), active...)
+		}
+		errs = append(errs, err)
+	}
+	// 5. The table: fill the one not live, then flip the service to it
+	// (its table index and size change in one value update). A table is
+	// only installed here if prepareTables could not do it beforehand.
+	all := append(append([]uint32(nil), active...), probation...)
+	if len(all) > 0 {
+		n := nextTable(s)
+		var err error
+		if s.sizes[n] != size {
+			err = r.w.InstallTables([]maps.TableInstall{{SvcID: id, N: n, Size: size}})
+			if err == nil {
+				s.sizes[n] = size
+			}
+		}
+		var slots []uint32
+		if err == nil {
+			slots, err = r.build(all, size)
+		}
+		if err == nil {
+			err = r.w.FillTable(id, n, slots)
+		}
+		if err == nil {
+			err = r.writeService(s, n, size)
+		}
+		if err == nil && s.sizes[1-n] != size {
+			r.spare[id] = true
+		}
+		errs = append(errs, err)
+	} else {
+		// No endpoint at all: no table, the service drops new flows (counted).
+		errs = append(errs, r.writeService(s, s.value.Table, 0))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("program service %s: %w", s.Spec.Name, err)
+	}
+	s.Active = append(make([]uint32, 0, len(active)), active...)
+	s.Probation = append([]uint32(nil), probation...)
+	s.FailOpen = failOpen
+	return nil
+}
+
+// setState writes a backend's kernel state when it changes. Entering
+// probation grants ProbeGrants flows; staying in probation grants nothing
+// new, so a probe the kernel already admitted is not repeated.
+func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
+	b := r.backends[id]
+	if b.State == st {
+		return nil
+	}
+	grants := int32(0)
+	if st == maps.BackendProbation {
+		grants = ProbeGrants
+	}
+	if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, st, grants)); err != nil {
+		return fmt.Errorf("backend %s: %w", b.Addr, err)
+	}
+	b.State = st
+	return nil
+}
+
+// writeService writes s's pb_services entry when it changed: table n of
+// tableSize slots is live (tableSize 0: none).
+func (r *Reconciler) writeService(s *Service, n, tableSize uint32) error {
+	spec := &s.Spec
+	v := bpf.LbSvcValue{Id: s.ID, Table: n, TableSize: tableSize, MaxInflight: spec.MaxInflight,
+		MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.listed))}
+	if spec.RetryRefused {
+		v.Flags |= maps.ServiceRetryRefused
+	}
+	if v == s.value {
+		return nil
+	}
+	if err := r.w.UpsertService(maps.ServiceKey(spec.Key.VIP, spec.Key.Port, uint8(spec.Key.Protocol)), v); err != nil {
+		return fmt.Errorf("service %s: %w", spec.Name, err)
+	}
+	s.value = v
+	return nil
+}
+
+// Regrant gives an endpoint in probation a fresh probe: its last probe
+// ended without a verdict (a failure of a kind that does not count, or
+// events lost), or the kernel's entry drifted. It rewrites the entry
+// whatever the reconciler believes it holds.
+func (r *Reconciler) Regrant(id uint32) error {
+	b, ok := r.backends[id]
+	if !ok || b.State != maps.BackendProbation {
+		return nil
+	}
+	return r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, maps.BackendProbation, ProbeGrants))
+}
+
+// KernelState reads a backend's entry back from the kernel: its state and
+// the probe grants left, which the datapath spends.
+func (r *Reconciler) KernelState(id uint32) (maps.BackendState, int32, error) {
+	kb, err := r.w.Backend(id)
+	if err != nil {
+		return 0, 0, err
+	}
+	return maps.BackendState(kb.State), kb.ProbeGrants, nil
+}
+
+// build computes a Maglev table over the given backends. Keys are the
+// endpoint addresses, so the table depends only on the set, not on ids or
+// order, and a restarted agent rebuilds it byte for byte.
+func (r *Reconciler) build(ids []uint32, size uint32) ([]uint32, error) {
+	r.keys = r.keys[:0]
+	for _, id := range ids {
+		r.keys = append(r.keys, r.backends[id].Addr.String())
+	}
+	b := r.builders[size]
+	if b == nil {
+		b = maglev.NewBuilder(size)
+		r.builders[size] = b
+	}
+	slots, err := b.Build(r.keys, r.slots[size])
+	if err != nil {
+		return nil, err
+	}
+	r.slots[size] = slots
+	out := make([]uint32, len(slots))
+	for i, idx := range slots {
+		out[i] = ids[idx]
+	}
+	return out, nil
+}

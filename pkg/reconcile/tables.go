@@ -1,0 +1,113 @@
+package reconcile
+
+import (
+	"errors"
+	"iter"
+
+	"github.com/penaltybox/penaltybox/pkg/maglev"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// TableSize is the largest Maglev table size.
+func (r *Reconciler) TableSize() uint32 { return r.maxTableSize }
+
+// SetTableSize changes the largest Maglev table size. Services whose size
+// changes get new tables at their next ProgramService (forced here).
+func (r *Reconciler) SetTableSize(n uint32) error {
+	if err := maglev.ValidateTableSize(n); err != nil {
+		return err
+	}
+	r.maxTableSize = n
+	for _, s := range r.byID {
+		s.Active, s.Probation = nil, nil // force a rebuild
+	}
+	return r.prepareTables()
+}
+
+// sizeLadder are the table sizes services get: primes, each about twice
+// the last, so a service's size changes only when its endpoint count
+// doubles.
+var sizeLadder = []uint32{1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071, 262139, 524287, 1048573}
+
+// sizeFor picks the table size for n endpoints: the smallest size of the
+// ladder with at least 100 slots per endpoint (Maglev's rule for shares
+// within 1%), capped at the configured maximum. Small services thus cost
+// 4 KiB per table, not 64 KiB.
+func (r *Reconciler) sizeFor(n int) uint32 {
+	want := uint64(n) * 100
+	for _, p := range sizeLadder {
+		if p > r.maxTableSize {
+			break
+		}
+		if uint64(p) >= want {
+			return p
+		}
+	}
+	return r.maxTableSize
+}
+
+// nextTable is which of s's two tables the next ProgramService fills:
+// the one not live.
+func nextTable(s *Service) uint32 {
+	if s.value.TableSize == 0 {
+		return s.value.Table & 1
+	}
+	return 1 - s.value.Table&1
+}
+
+// prepareTables installs, in one batch, the empty tables the next
+// ProgramService of each service will fill, where they are missing or of
+// the wrong size: replacing an inner map costs an RCU grace period per
+// update call, so doing it here for all services at once keeps it off
+// the path of an ejection and makes programming many services fast.
+func (r *Reconciler) prepareTables() error {
+	return r.prepare(func(yield func(*Service) bool) {
+		for _, s := range r.byID {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+}
+
+// PrepareTables installs, in one batch, the spare tables that flips since
+// the last call left missing or of the wrong size, and retries deletions
+// that failed. The agent calls it after programming and periodically, so
+// an ejection finds its spare table ready.
+func (r *Reconciler) PrepareTables() error {
+	pending := r.spare
+	r.spare = map[uint32]bool{}
+	err := r.prepare(func(yield func(*Service) bool) {
+		for id := range pending {
+			if s, ok := r.byID[id]; ok && !yield(s) {
+				return
+			}
+		}
+	})
+	if r.prefiltersDirty {
+		err = errors.Join(err, r.syncPrefilters())
+	}
+	return errors.Join(r.retryDeletes(), err)
+}
+
+func (r *Reconciler) prepare(services iter.Seq[*Service]) error {
+	var reqs []maps.TableInstall
+	var svcs []*Service
+	for s := range services {
+		if len(s.Backends) == 0 {
+			continue
+		}
+		size, n := r.sizeFor(len(s.Backends)), nextTable(s)
+		if s.sizes[n] != size {
+			reqs = append(reqs, maps.TableInstall{SvcID: s.ID, N: n, Size: size})
+			svcs = append(svcs, s)
+		}
+	}
+	if err := r.w.InstallTables(reqs); err != nil {
+		return err
+	}
+	for i, s := range svcs {
+		s.sizes[reqs[i].N] = reqs[i].Size
+	}
+	return nil
+}
