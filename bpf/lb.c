@@ -27,9 +27,13 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Ring buffer records are typed only by size; keep struct event in BTF so
- * bpf2go generates its Go twin. */
+/* Ring buffer records are typed only by size, and the enums below are never
+ * the type of a map value or global; keep them in BTF so bpf2go generates
+ * their Go twins (the agent's decoders and constants come from those). */
 const struct event *unused_event __attribute__((unused));
+const enum pb_backend_state *unused_backend_state __attribute__((unused));
+const enum pb_event_type *unused_event_type __attribute__((unused));
+const enum pb_event_flag *unused_event_flag __attribute__((unused));
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02

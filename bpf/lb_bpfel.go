@@ -139,6 +139,36 @@ type LbInflight struct {
 	Count int64
 }
 
+type LbPbBackendState uint32
+
+const (
+	LbPbBackendStatePB_BE_ACTIVE    LbPbBackendState = 0
+	LbPbBackendStatePB_BE_PROBATION LbPbBackendState = 1
+	LbPbBackendStatePB_BE_EJECTED   LbPbBackendState = 2
+	LbPbBackendStatePB_BE_REMOVED   LbPbBackendState = 3
+)
+
+type LbPbEventFlag uint32
+
+const (
+	LbPbEventFlagPB_EVF_PROBE        LbPbEventFlag = 1
+	LbPbEventFlagPB_EVF_BACKEND_DATA LbPbEventFlag = 2
+	LbPbEventFlagPB_EVF_REPICK       LbPbEventFlag = 4
+	LbPbEventFlagPB_EVF_CLIENT       LbPbEventFlag = 8
+)
+
+type LbPbEventType uint32
+
+const (
+	LbPbEventTypePB_EV_NEW_FLOW    LbPbEventType = 1
+	LbPbEventTypePB_EV_ESTABLISHED LbPbEventType = 2
+	LbPbEventTypePB_EV_REFUSED     LbPbEventType = 3
+	LbPbEventTypePB_EV_RESET       LbPbEventType = 4
+	LbPbEventTypePB_EV_SYN_RETRANS LbPbEventType = 5
+	LbPbEventTypePB_EV_FLOW_END    LbPbEventType = 6
+	LbPbEventTypePB_EV_FIRST_DATA  LbPbEventType = 8
+)
+
 type LbSvcBackendKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -181,27 +211,30 @@ type LbSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LbMapPbBackends      = "pb_backends"
-	LbMapPbBeInflight    = "pb_be_inflight"
-	LbMapPbBeStats       = "pb_be_stats"
-	LbMapPbConfig        = "pb_config"
-	LbMapPbCt            = "pb_ct"
-	LbMapPbEvents        = "pb_events"
-	LbMapPbFlows         = "pb_flows"
-	LbMapPbHealth        = "pb_health"
-	LbMapPbMaglev        = "pb_maglev"
-	LbMapPbMaglevFb      = "pb_maglev_fb"
-	LbMapPbPartialIfaces = "pb_partial_ifaces"
-	LbMapPbPorts         = "pb_ports"
-	LbMapPbRedirect      = "pb_redirect"
-	LbMapPbServices      = "pb_services"
-	LbMapPbStats         = "pb_stats"
-	LbMapPbSvcBackends   = "pb_svc_backends"
-	LbMapPbSvcInflight   = "pb_svc_inflight"
-	LbMapPbSvcStats      = "pb_svc_stats"
-	LbMapPbVipSlots      = "pb_vip_slots"
-	LbProgPbXdp          = "pb_xdp"
-	LbVarUnusedEvent     = "unused_event"
+	LbMapPbBackends         = "pb_backends"
+	LbMapPbBeInflight       = "pb_be_inflight"
+	LbMapPbBeStats          = "pb_be_stats"
+	LbMapPbConfig           = "pb_config"
+	LbMapPbCt               = "pb_ct"
+	LbMapPbEvents           = "pb_events"
+	LbMapPbFlows            = "pb_flows"
+	LbMapPbHealth           = "pb_health"
+	LbMapPbMaglev           = "pb_maglev"
+	LbMapPbMaglevFb         = "pb_maglev_fb"
+	LbMapPbPartialIfaces    = "pb_partial_ifaces"
+	LbMapPbPorts            = "pb_ports"
+	LbMapPbRedirect         = "pb_redirect"
+	LbMapPbServices         = "pb_services"
+	LbMapPbStats            = "pb_stats"
+	LbMapPbSvcBackends      = "pb_svc_backends"
+	LbMapPbSvcInflight      = "pb_svc_inflight"
+	LbMapPbSvcStats         = "pb_svc_stats"
+	LbMapPbVipSlots         = "pb_vip_slots"
+	LbProgPbXdp             = "pb_xdp"
+	LbVarUnusedBackendState = "unused_backend_state"
+	LbVarUnusedEvent        = "unused_event"
+	LbVarUnusedEventFlag    = "unused_event_flag"
+	LbVarUnusedEventType    = "unused_event_type"
 )
 
 // LoadLb returns the embedded CollectionSpec for Lb.
@@ -278,7 +311,10 @@ type LbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbVariableSpecs struct {
-	UnusedEvent *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedBackendState *ebpf.VariableSpec `ebpf:"unused_backend_state"`
+	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlag    *ebpf.VariableSpec `ebpf:"unused_event_flag"`
+	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
 }
 
 // LbObjects contains all objects after they have been loaded into the kernel.
@@ -350,7 +386,10 @@ func (m *LbMaps) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbVariables struct {
-	UnusedEvent *ebpf.Variable `ebpf:"unused_event"`
+	UnusedBackendState *ebpf.Variable `ebpf:"unused_backend_state"`
+	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlag    *ebpf.Variable `ebpf:"unused_event_flag"`
+	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
 }
 
 // LbPrograms contains all programs after they have been loaded into the kernel.

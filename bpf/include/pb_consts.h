@@ -72,11 +72,14 @@ enum pb_event_type {
 /* pb_services flags */
 #define PB_SVC_F_RETRY_REFUSED 0x1 /* a refused new flow gets one more try elsewhere */
 
-/* pb_event.flags */
-#define PB_EVF_PROBE 0x01        /* the flow is a probation probe */
-#define PB_EVF_BACKEND_DATA 0x02 /* RESET: the backend had sent payload */
-#define PB_EVF_REPICK 0x04       /* NEW_FLOW: moved on a retransmitted SYN (ejected or refusing backend) */
-#define PB_EVF_CLIENT 0x08       /* FLOW_END: the client ended it */
+/* struct event.flags bits. An enum, not #defines, so bpf2go generates them
+ * for the agent (the constants compile the same). */
+enum pb_event_flag {
+	PB_EVF_PROBE = 0x01,        /* the flow is a probation probe */
+	PB_EVF_BACKEND_DATA = 0x02, /* RESET: the backend had sent payload */
+	PB_EVF_REPICK = 0x04,       /* NEW_FLOW: moved on a retransmitted SYN (ejected or refusing backend) */
+	PB_EVF_CLIENT = 0x08,       /* FLOW_END: the client ended it */
+};
 
 /* Circuit breaker: how many of a service's backends a new flow scans for
  * room when its own is at the per-endpoint limit. */

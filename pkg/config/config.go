@@ -12,6 +12,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -22,15 +23,17 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maglev"
 )
 
 const (
 	// DefaultMaglevTableSize is a prime near 2^14: 64 KiB of u32 slots per
 	// service. The Maglev paper keeps the table over 100x the backend count
 	// for near-even shares, so this suits up to ~160 backends.
-	DefaultMaglevTableSize = 16381
-	minMaglevTableSize     = 7
-	maxMaglevTableSize     = 1048573 // largest prime below 2^20
+	DefaultMaglevTableSize = maglev.DefaultTableSize
+	// The accepted range is maglev's (maglev.ValidateTableSize is the rule).
+	minMaglevTableSize = maglev.MinTableSize
+	maxMaglevTableSize = maglev.MaxTableSize // largest prime below 2^20
 
 	// maxBackends is the per-service cap the schema promises. The datapath
 	// has its own, global, limit on backends across all services.
@@ -136,30 +139,26 @@ func parseMaglev(m *rawMaglev, errs *errList) uint32 {
 		return DefaultMaglevTableSize
 	}
 	n := *m.TableSize
-	switch {
-	case n < minMaglevTableSize || n > maxMaglevTableSize:
-		errs.add("maglev.tableSize", strconv.Itoa(n),
-			fmt.Sprintf("must be within [%d, %d]", minMaglevTableSize, maxMaglevTableSize))
-	case !isPrime(n):
+	// Out-of-uint32 values become out-of-range ones for the check.
+	size := uint32(math.MaxUint32)
+	if n < 0 {
+		size = 0
+	} else if n < math.MaxUint32 {
+		size = uint32(n)
+	}
+	err := maglev.ValidateTableSize(size)
+	if err == nil {
+		return size
+	}
+	var tse *maglev.TableSizeError
+	if errors.As(err, &tse) && tse.NotPrime {
 		errs.add("maglev.tableSize", strconv.Itoa(n),
 			"must be prime (Maglev needs it so every backend's permutation covers the table), e.g. 16381, 65537")
-	default:
-		return uint32(n)
+	} else {
+		errs.add("maglev.tableSize", strconv.Itoa(n),
+			fmt.Sprintf("must be within [%d, %d]", minMaglevTableSize, maxMaglevTableSize))
 	}
 	return 0 // invalid; checks that depend on the size are skipped
-}
-
-// isPrime is trial division: n is at most ~2^20, so at most ~1000 steps.
-func isPrime(n int) bool {
-	if n < 2 {
-		return false
-	}
-	for d := 2; d*d <= n; d++ {
-		if n%d == 0 {
-			return false
-		}
-	}
-	return true
 }
 
 func parseInterfaces(names []string, errs *errList) []string {

@@ -89,16 +89,35 @@ func IsPrime(n uint32) bool {
 	return true
 }
 
+// TableSizeError is the error ValidateTableSize returns: which part of
+// the rule size breaks, so callers (pkg/config) can word it their way.
+type TableSizeError struct {
+	Size uint32
+	// NotPrime: size is in [MinTableSize, MaxTableSize] but not prime.
+	// Otherwise it is out of that range.
+	NotPrime bool
+}
+
+func (e *TableSizeError) Error() string {
+	switch {
+	case e.NotPrime:
+		return fmt.Sprintf("maglev: table size %d is not prime", e.Size)
+	case e.Size < MinTableSize:
+		return fmt.Sprintf("maglev: table size %d is below the minimum %d", e.Size, MinTableSize)
+	default:
+		return fmt.Sprintf("maglev: table size %d exceeds the maximum %d", e.Size, MaxTableSize)
+	}
+}
+
 // ValidateTableSize returns nil if size is a prime in
-// [MinTableSize, MaxTableSize], and an error naming the value otherwise.
+// [MinTableSize, MaxTableSize], and a *TableSizeError naming the value
+// otherwise.
 func ValidateTableSize(size uint32) error {
 	switch {
-	case size < MinTableSize:
-		return fmt.Errorf("maglev: table size %d is below the minimum %d", size, MinTableSize)
-	case size > MaxTableSize:
-		return fmt.Errorf("maglev: table size %d exceeds the maximum %d", size, MaxTableSize)
+	case size < MinTableSize || size > MaxTableSize:
+		return &TableSizeError{Size: size}
 	case !IsPrime(size):
-		return fmt.Errorf("maglev: table size %d is not prime", size)
+		return &TableSizeError{Size: size, NotPrime: true}
 	}
 	return nil
 }

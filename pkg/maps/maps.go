@@ -16,14 +16,16 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 )
 
-// Values of enum pb_backend_state (bpf/include/pb_consts.h).
+// BackendState is enum pb_backend_state (bpf/include/pb_consts.h), as
+// stored in the __u8 state of struct backend. The values come from the
+// bpf2go-generated constants, so they cannot drift from the C enum.
 type BackendState uint8
 
 const (
-	BackendActive    BackendState = 0
-	BackendProbation BackendState = 1
-	BackendEjected   BackendState = 2
-	BackendRemoved   BackendState = 3
+	BackendActive    = BackendState(bpf.LbPbBackendStatePB_BE_ACTIVE)
+	BackendProbation = BackendState(bpf.LbPbBackendStatePB_BE_PROBATION)
+	BackendEjected   = BackendState(bpf.LbPbBackendStatePB_BE_EJECTED)
+	BackendRemoved   = BackendState(bpf.LbPbBackendStatePB_BE_REMOVED)
 )
 
 func (s BackendState) String() string {

@@ -10,24 +10,31 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
-// Type is enum pb_event_type.
+// Type is enum pb_event_type (bpf/include/pb_consts.h), as carried in the
+// __u8 type of struct event. The values come from the bpf2go-generated
+// constants, so they cannot drift from the C enum.
 type Type uint8
 
 const (
-	NewFlow     Type = 1
-	Established Type = 2
-	Refused     Type = 3
-	Reset       Type = 4
-	SynRetrans  Type = 5
-	FlowEnd     Type = 6
-	Rejected    Type = 7
-	FirstData   Type = 8
+	NewFlow     = Type(bpf.LbPbEventTypePB_EV_NEW_FLOW)
+	Established = Type(bpf.LbPbEventTypePB_EV_ESTABLISHED)
+	Refused     = Type(bpf.LbPbEventTypePB_EV_REFUSED)
+	Reset       = Type(bpf.LbPbEventTypePB_EV_RESET)
+	SynRetrans  = Type(bpf.LbPbEventTypePB_EV_SYN_RETRANS)
+	FlowEnd     = Type(bpf.LbPbEventTypePB_EV_FLOW_END)
+	FirstData   = Type(bpf.LbPbEventTypePB_EV_FIRST_DATA)
+
+	// Rejected is 7, which enum pb_event_type reserves and the datapath
+	// never sends (circuit-breaker rejections are counted, not reported).
+	Rejected Type = 7
 )
 
 func (t Type) String() string {
@@ -52,12 +59,12 @@ func (t Type) String() string {
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
 
-// Event flags (PB_EVF_*).
+// Event flags: enum pb_event_flag (PB_EVF_*), from the generated constants.
 const (
-	FlagProbe       uint8 = 0x01
-	FlagBackendData uint8 = 0x02
-	FlagRepick      uint8 = 0x04
-	FlagClient      uint8 = 0x08
+	FlagProbe       = uint8(bpf.LbPbEventFlagPB_EVF_PROBE)
+	FlagBackendData = uint8(bpf.LbPbEventFlagPB_EVF_BACKEND_DATA)
+	FlagRepick      = uint8(bpf.LbPbEventFlagPB_EVF_REPICK)
+	FlagClient      = uint8(bpf.LbPbEventFlagPB_EVF_CLIENT)
 )
 
 // Event is one decoded struct event.
@@ -73,8 +80,23 @@ type Event struct {
 	At time.Time
 }
 
-// eventSize is sizeof(struct event).
-const eventSize = 40
+// The layout of struct event, taken from its bpf2go twin bpf.LbEvent.
+const (
+	eventSize     = int(unsafe.Sizeof(bpf.LbEvent{}))
+	offTs         = int(unsafe.Offsetof(bpf.LbEvent{}.TsNs))
+	offService    = int(unsafe.Offsetof(bpf.LbEvent{}.SvcId))
+	offBackend    = int(unsafe.Offsetof(bpf.LbEvent{}.BackendId))
+	offClient     = int(unsafe.Offsetof(bpf.LbEvent{}.Client) + unsafe.Offsetof(bpf.LbEvent{}.Client.Bytes))
+	offClientPort = int(unsafe.Offsetof(bpf.LbEvent{}.ClientPort))
+	offType       = int(unsafe.Offsetof(bpf.LbEvent{}.Type))
+	offFlags      = int(unsafe.Offsetof(bpf.LbEvent{}.Flags))
+)
+
+// Decode reads the fields at these widths: this stops compiling if a
+// generated field type changes (TestDecodeMatchesGenerated checks values).
+func _(e bpf.LbEvent) (uint64, uint32, uint32, [16]uint8, uint16, uint8, uint8) {
+	return e.TsNs, e.SvcId, e.BackendId, e.Client.Bytes, e.ClientPort, e.Type, e.Flags
+}
 
 // Decode parses a raw ring buffer record. offset converts CLOCK_MONOTONIC
 // nanoseconds to Unix nanoseconds (see MonoOffset).
@@ -83,15 +105,15 @@ func Decode(b []byte, offset int64) (Event, error) {
 		return Event{}, fmt.Errorf("event: %d bytes, want %d", len(b), eventSize)
 	}
 	ne := binary.NativeEndian
-	ts := int64(ne.Uint64(b[0:]))
+	ts := int64(ne.Uint64(b[offTs:]))
 	return Event{
 		Mono:    ts,
 		At:      time.Unix(0, ts+offset),
-		Service: ne.Uint32(b[8:]),
-		Backend: ne.Uint32(b[12:]),
-		Client:  netip.AddrPortFrom(maps.AddrFromV4(ne.Uint32(b[16:])), maps.Port(ne.Uint16(b[32:]))),
-		Type:    Type(b[34]),
-		Flags:   b[35],
+		Service: ne.Uint32(b[offService:]),
+		Backend: ne.Uint32(b[offBackend:]),
+		Client:  netip.AddrPortFrom(maps.AddrFromV4(ne.Uint32(b[offClient:])), maps.Port(ne.Uint16(b[offClientPort:]))),
+		Type:    Type(b[offType]),
+		Flags:   b[offFlags],
 	}, nil
 }
 
