@@ -8,8 +8,12 @@
 //	agent --node-name NODE [--kubeconfig FILE]   Kubernetes (a DaemonSet)
 //	agent teardown [--bpffs-root DIR]           detach and unpin everything
 //
-// Read top-down: main wires the parts, loop.go is the agent's loop:
-// desired state → maps → kernel → outcomes → accrual → maps.
+// This package holds only flags, the wiring of the two modes and the
+// process's lifecycle; the decisions are pkg/agent's. Read top-down:
+// main.go (flags) → standalone.go or kubernetes.go (a mode: where desired
+// state comes from) → node.go (the datapath, the agent over it, HTTP).
+// The loop itself, desired state → maps → kernel → outcomes → accrual →
+// maps, is pkg/agent's Run.
 package main
 
 import (
@@ -71,6 +75,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "agent:", err)
 		os.Exit(1)
 	}
+}
+
+// run starts the agent in the mode the flags select and runs its loop
+// until ctx ends.
+func run(ctx context.Context, o options, log *slog.Logger) error {
+	if o.configPath != "" {
+		return runStandalone(ctx, o, log)
+	}
+	return runKubernetes(ctx, o, log)
 }
 
 func parseFlags(args []string) (options, error) {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/penaltybox/penaltybox/pkg/admin"
+
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
@@ -32,19 +34,8 @@ const (
 // bad is the backend that fails in part 2.
 const bad = 3
 
-// endpointsView is the part of GET /admin/endpoints the demo reads.
-type endpointsView struct {
-	Services []struct {
-		Service   string `json:"service"`
-		Endpoints []struct {
-			Endpoint            string     `json:"endpoint"`
-			State               string     `json:"state"`
-			ConsecutiveFailures uint32     `json:"consecutiveFailures"`
-			Penalty             string     `json:"penalty"`
-			ProbationAt         *time.Time `json:"probationAt"`
-		} `json:"endpoints"`
-	} `json:"services"`
-}
+// endpointsView is GET /admin/endpoints.
+type endpointsView admin.EndpointsView
 
 // poll is one look at b3 through /admin/endpoints.
 type poll struct {

@@ -164,3 +164,6 @@ func (r *Reader) Close() error {
 	r.wake.Close() // wakes a waiting Run
 	return r.rb.Close()
 }
+
+// Undecodable counts the records that did not decode (Bad).
+func (r *Reader) Undecodable() uint64 { return r.Bad.Load() }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/penaltybox/penaltybox/pkg/admin"
+
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
@@ -20,23 +22,8 @@ const accrualYAML = `    failureAccrual:
 
 const maxFailures = 5
 
-type endpointsView struct {
-	Services []struct {
-		Service   string `json:"service"`
-		Ready     int    `json:"ready"`
-		Ejected   int    `json:"ejected"`
-		Probation int    `json:"probation"`
-		FailOpen  bool   `json:"failOpen"`
-		Endpoints []struct {
-			Endpoint            string     `json:"endpoint"`
-			State               string     `json:"state"`
-			ConsecutiveFailures uint32     `json:"consecutiveFailures"`
-			Penalty             string     `json:"penalty"`
-			ProbationAt         *time.Time `json:"probationAt"`
-			LastFailureKind     string     `json:"lastFailureKind"`
-		} `json:"endpoints"`
-	} `json:"services"`
-}
+// endpointsView is GET /admin/endpoints.
+type endpointsView admin.EndpointsView
 
 // state returns the accrual state of endpoint ep of service web, and when
 // its probation starts (zero unless ejected).

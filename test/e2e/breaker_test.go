@@ -10,23 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/penaltybox/penaltybox/pkg/admin"
+
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
-type breakersView struct {
-	DefaultMaxInflight uint32 `json:"defaultMaxInflight"`
-	RejectedTotal      uint64 `json:"rejectedTotal"`
-	Services           []struct {
-		Service     string `json:"service"`
-		MaxInflight uint32 `json:"maxInflight"`
-		Inflight    int64  `json:"inflight"`
-		Rejected    uint64 `json:"rejected"`
-		Endpoints   []struct {
-			Endpoint string `json:"endpoint"`
-			Inflight int64  `json:"inflight"`
-		} `json:"endpoints"`
-	} `json:"services"`
-}
+// breakersView is GET /admin/circuit_breakers.
+type breakersView admin.CircuitBreakersView
 
 func (e *env) breakers() breakersView {
 	e.t.Helper()

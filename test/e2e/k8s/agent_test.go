@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/penaltybox/penaltybox/pkg/admin"
+
 	"github.com/cilium/ebpf"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -40,33 +42,11 @@ const (
 	dnsSvc   = "shop/web:dns"
 )
 
-// servicesView is the part of /admin/services the test reads.
-type servicesView struct {
-	Interfaces []string `json:"interfaces"`
-	Services   []struct {
-		Name     string `json:"name"`
-		ID       uint32 `json:"id"`
-		VIP      string `json:"vip"`
-		Backends []struct {
-			ID       uint32 `json:"id"`
-			Endpoint string `json:"endpoint"`
-			Name     string `json:"name"`
-		} `json:"backends"`
-	} `json:"services"`
-}
+// servicesView is GET /admin/services.
+type servicesView admin.ServicesView
 
-// endpointsView is the part of /admin/endpoints the test reads.
-type endpointsView struct {
-	Services []struct {
-		Service   string `json:"service"`
-		Mode      string `json:"mode"`
-		Endpoints []struct {
-			Endpoint string `json:"endpoint"`
-			Name     string `json:"name"`
-			State    string `json:"state"`
-		} `json:"endpoints"`
-	} `json:"services"`
-}
+// endpointsView is GET /admin/endpoints.
+type endpointsView admin.EndpointsView
 
 // world is the test's node, cluster and agent.
 type world struct {
@@ -557,7 +537,7 @@ func (w *world) endpointState(service, ep string) string {
 func (w *world) mode(service string) string {
 	for _, s := range w.endpoints().Services {
 		if s.Service == service {
-			return s.Mode
+			return string(s.Mode)
 		}
 	}
 	return ""

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/penaltybox/penaltybox/pkg/admin"
+	"github.com/penaltybox/penaltybox/pkg/agent"
+)
+
+// node is one agent process: the agent over the datapath, and the HTTP
+// surface.
+type node struct {
+	*agent.Node
+	log      *slog.Logger
+	httpDone <-chan error
+}
+
+// start loads (or adopts) the datapath, builds the agent over it and
+// serves HTTP.
+func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (*node, error) {
+	an, err := agent.Open(agent.NodeOptions{Datapath: o.dp, Log: log,
+		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault})
+	if err != nil {
+		return nil, err
+	}
+	n := &node{Node: an, log: log}
+	srv := admin.New(n.Metrics().Registry, n.Ready, log)
+	srv.JSON("/admin/services", func() any { return n.ServicesView() })
+	srv.JSON("/admin/endpoints", func() any { return n.EndpointsView() })
+	srv.JSON("/admin/circuit_breakers", func() any { return n.CircuitBreakersView() })
+	addr, httpDone, err := srv.Serve(ctx, o.metricsAddr)
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
+	}
+	n.httpDone = httpDone
+	log.Info("serving metrics and admin", "addr", addr.String())
+	return n, nil
+}
+
+// stop waits for the HTTP server after the loop returned.
+func (n *node) stop() error {
+	n.log.Info("agent stopping; pinned datapath keeps forwarding", "bpffs_root", n.Datapath.Opts.Root)
+	if n.httpDone != nil {
+		return <-n.httpDone
+	}
+	return nil
+}

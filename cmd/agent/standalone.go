@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/penaltybox/penaltybox/pkg/config"
+)
+
+// runStandalone is the agent fed by a config file: SIGHUP reloads it.
+func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
+	// 1. Desired state: a bad config file stops the start, naming the field.
+	load := func() (*config.Config, error) {
+		cfg, err := config.Load(o.configPath)
+		if err == nil && cfg.MaxInflight == nil && o.maxInflightDefault > 0 {
+			cfg.MaxInflight = &o.maxInflightDefault
+		}
+		return cfg, err
+	}
+	cfg, err := load()
+	if err != nil {
+		return err
+	}
+	// 2. Datapath, agent, HTTP.
+	n, err := start(ctx, o, log, cfg.MaglevTableSize)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	// 3. Maps first, then the XDP hooks, then accrual state from before a
+	// restart; then outcomes start flowing.
+	if err := n.ApplyConfig(cfg); err != nil {
+		return err
+	}
+	if err := n.Begin(); err != nil {
+		return err
+	}
+	log.Info("datapath ready", "interfaces", cfg.Interfaces, "services", len(cfg.Services))
+
+	// 4. SIGHUP reloads the config file; a bad one leaves the last good one
+	// in force.
+	reloads := make(chan *config.Config, 1)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				cfg, err := load()
+				if err != nil {
+					n.ConfigRejected(err)
+					continue
+				}
+				reloads <- cfg
+			}
+		}
+	}()
+
+	// 5. The loop.
+	n.Run(ctx, reloads, nil)
+	return n.stop()
+}

@@ -1,0 +1,174 @@
+package admin
+
+import (
+	"time"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+)
+
+// The JSON documents of the /admin/ views. Every key is camelCase; counters
+// are the datapath's, renamed from the C fields (bpf/include/pb_structs.h).
+
+// ServicesView is GET /admin/services: what the datapath holds.
+type ServicesView struct {
+	Interfaces []string          `json:"interfaces"`
+	Services   []Service         `json:"services"`
+	Datapath   *DatapathCounters `json:"datapath,omitempty"`
+}
+
+// Service is one programmed service.
+type Service struct {
+	Name     string `json:"name"`
+	ID       uint32 `json:"id"`
+	VIP      string `json:"vip"`
+	Port     uint16 `json:"port"`
+	Protocol string `json:"protocol"`
+	FailOpen bool   `json:"failOpen"`
+	// RetryRefused: refused new connections get a second try (pb_services flags).
+	RetryRefused bool             `json:"retryRefused"`
+	Counters     *ServiceCounters `json:"counters,omitempty"`
+	Backends     []Backend        `json:"backends"`
+}
+
+// Backend is one endpoint's kernel entry.
+type Backend struct {
+	ID       uint32 `json:"id"`
+	Endpoint string `json:"endpoint"`
+	Name     string `json:"name,omitempty"`
+	// DatapathState is the entry's state in pb_backends: active,
+	// probation, ejected or removed.
+	DatapathState string           `json:"datapathState"`
+	Counters      *BackendCounters `json:"counters,omitempty"`
+}
+
+// ServiceCounters are a service's pb_svc_stats, summed over CPUs.
+type ServiceCounters struct {
+	Packets   uint64 `json:"packets"`
+	Bytes     uint64 `json:"bytes"`
+	Flows     uint64 `json:"flows"`
+	NoBackend uint64 `json:"noBackend"`
+	OverLimit uint64 `json:"overLimit"`
+}
+
+// BackendCounters are a backend's pb_be_stats, summed over CPUs.
+type BackendCounters struct {
+	Packets      uint64 `json:"packets"`
+	Bytes        uint64 `json:"bytes"`
+	Flows        uint64 `json:"flows"`
+	ReplyPackets uint64 `json:"replyPackets"`
+	ReplyBytes   uint64 `json:"replyBytes"`
+}
+
+// DatapathCounters are pb_global_stats, summed over CPUs.
+type DatapathCounters struct {
+	EventsLost        uint64 `json:"eventsLost"`
+	Redirected        uint64 `json:"redirected"`
+	PassedAfterNAT    uint64 `json:"passedAfterNat"`
+	NoBackend         uint64 `json:"noBackend"`
+	ProbeAdmitted     uint64 `json:"probeAdmitted"`
+	Steered           uint64 `json:"steered"`
+	SteerFailed       uint64 `json:"steerFailed"`
+	Repicked          uint64 `json:"repicked"`
+	CTCreateFailed    uint64 `json:"ctCreateFailed"`
+	Malformed         uint64 `json:"malformed"`
+	InflightRejected  uint64 `json:"inflightRejected"`
+	InflightUntracked uint64 `json:"inflightUntracked"`
+	RejectRSTTx       uint64 `json:"rejectRstTx"`
+	RejectRSTPass     uint64 `json:"rejectRstPass"`
+	ProbeRescued      uint64 `json:"probeRescued"`
+	RefusedRescued    uint64 `json:"refusedRescued"`
+	Retried           uint64 `json:"retried"`
+}
+
+// NewServiceCounters renames a pb_svc_stats value.
+func NewServiceCounters(s bpf.LbSvcStats) *ServiceCounters {
+	return &ServiceCounters{Packets: s.Packets, Bytes: s.Bytes, Flows: s.Flows, NoBackend: s.NoBackend, OverLimit: s.OverLimit}
+}
+
+// NewBackendCounters renames a pb_be_stats value.
+func NewBackendCounters(s bpf.LbBeStats) *BackendCounters {
+	return &BackendCounters{Packets: s.Packets, Bytes: s.Bytes, Flows: s.Flows, ReplyPackets: s.ReplyPackets, ReplyBytes: s.ReplyBytes}
+}
+
+// NewDatapathCounters renames a pb_global_stats value.
+func NewDatapathCounters(s bpf.LbGlobalStats) *DatapathCounters {
+	return &DatapathCounters{
+		EventsLost: s.EventsLost, Redirected: s.Redirected, PassedAfterNAT: s.PassedAfterNat,
+		NoBackend: s.NoBackend, ProbeAdmitted: s.ProbeAdmitted, Steered: s.Steered,
+		SteerFailed: s.SteerFailed, Repicked: s.Repicked, CTCreateFailed: s.CtCreateFailed,
+		Malformed: s.Malformed, InflightRejected: s.InflightRejected, InflightUntracked: s.InflightUntracked,
+		RejectRSTTx: s.RejectRstTx, RejectRSTPass: s.RejectRstPass, ProbeRescued: s.ProbeRescued,
+		RefusedRescued: s.RefusedRescued, Retried: s.Retried,
+	}
+}
+
+// EndpointsView is GET /admin/endpoints: failure accrual per endpoint.
+type EndpointsView struct {
+	Services []AccrualService `json:"services"`
+}
+
+// AccrualService is one service's failure accrual.
+type AccrualService struct {
+	Service       string       `json:"service"`
+	ID            uint32       `json:"id"`
+	Mode          accrual.Mode `json:"mode"`
+	Ready         int          `json:"ready"`
+	Ejected       int          `json:"ejected"`
+	Probation     int          `json:"probation"`
+	FailOpen      bool         `json:"failOpen"`
+	FailOpenSince *time.Time   `json:"failOpenSince,omitempty"`
+	Endpoints     []Endpoint   `json:"endpoints"`
+}
+
+// Endpoint is one endpoint's accrual state.
+type Endpoint struct {
+	Endpoint            string `json:"endpoint"`
+	Name                string `json:"name,omitempty"`
+	ID                  uint32 `json:"id"`
+	State               string `json:"state"` // ready, ejected or probation
+	ConsecutiveFailures uint32 `json:"consecutiveFailures"`
+	// Penalty is the current ejection's (a Go duration); empty when ready.
+	Penalty         string           `json:"penalty,omitempty"`
+	ProbationAt     *time.Time       `json:"probationAt,omitempty"`
+	LastFailureKind string           `json:"lastFailureKind,omitempty"`
+	LastFailureAt   *time.Time       `json:"lastFailureAt,omitempty"`
+	Counters        accrual.Counters `json:"counters"`
+}
+
+// CircuitBreakersView is GET /admin/circuit_breakers: limits, live flows
+// and rejections. A rejection here is the node refusing a flow over the
+// limit; a backend's own refusal shows as a refused failure in
+// /admin/endpoints instead.
+type CircuitBreakersView struct {
+	DefaultMaxInflight uint32           `json:"defaultMaxInflight"`
+	RejectedTotal      uint64           `json:"rejectedTotal"`
+	UntrackedTotal     uint64           `json:"untrackedTotal"`
+	Services           []CircuitBreaker `json:"services"`
+}
+
+// CircuitBreaker is one service's limits and live flows.
+type CircuitBreaker struct {
+	Service                string          `json:"service"`
+	ID                     uint32          `json:"id"`
+	MaxInflight            uint32          `json:"maxInflight"`
+	MaxInflightPerEndpoint uint32          `json:"maxInflightPerEndpoint"`
+	Inflight               int64           `json:"inflight"`
+	Rejected               uint64          `json:"rejected"`
+	Endpoints              []EndpointFlows `json:"endpoints"`
+}
+
+// EndpointFlows is one endpoint's live flows.
+type EndpointFlows struct {
+	Endpoint string `json:"endpoint"`
+	ID       uint32 `json:"id"`
+	Inflight int64  `json:"inflight"`
+}
+
+// TimeOrNil is t, or nil (the key left out) when t is zero.
+func TimeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}

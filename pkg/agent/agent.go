@@ -1,0 +1,272 @@
+// Package agent is penaltybox's decision loop as a library: it applies a
+// desired state to the datapath, judges the outcome events the datapath
+// reports, and writes failure accrual's decisions back, through
+// pkg/reconcile, the one writer of the maps.
+//
+//	desired state ─► Apply ─► reconcile ─► maps ─► kernel
+//	kernel ─► HandleEvents ─► outcomes ─► accrual ─► reconcile ─► maps
+//	Advance (deadlines), Maintain (retries, probe watchdog), Sweep (ids)
+//
+// Every entry point (Apply, ApplyConfig, HandleEvents, Advance, Maintain,
+// SweepDone, the views) takes the agent's one mutex, mu, for as long as it
+// looks at or changes the reconciler, the accrual engine or the outcome
+// tracker: the ring-buffer reader's goroutine calls HandleEvents itself (a
+// hand-off to the loop would put a goroutine wake-up on every ejection's
+// path), Run's goroutine calls the rest. Attaching XDP to interfaces is
+// serialised by a second lock, hooksMu, held without mu: an attachment
+// takes milliseconds, and outcomes must not wait for it.
+package agent
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/metrics"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
+)
+
+// Stats reads the datapath's counters (pkg/maps implements it).
+type Stats interface {
+	GlobalStats() (bpf.LbGlobalStats, error)
+	ServiceStats(id uint32) (bpf.LbSvcStats, error)
+	BackendStats(id uint32) (bpf.LbBeStats, error)
+}
+
+// Inflight reads the circuit breaker's live flow counts (maps.Inflight).
+type Inflight interface {
+	Service(id uint32) int64
+	Backend(id uint32) int64
+}
+
+// Sweeper expires idle flows and reports the ids live flows use
+// (conntrack.Reaper). Its sweeps never overlap.
+type Sweeper interface {
+	Sweep() (conntrack.Result, error)
+}
+
+// Hooks are the datapath's XDP attachments (datapath.Datapath).
+type Hooks interface {
+	Attach(ifname string) error
+	Detach(ifname string) error
+	Attached() []string
+}
+
+// Events is the ring buffer reader, as far as the agent needs it.
+type Events interface {
+	// Offset converts the kernel's CLOCK_MONOTONIC timestamps to Unix time.
+	Offset() int64
+	// Undecodable counts records that did not decode.
+	Undecodable() uint64
+}
+
+// Transition is an accrual transition with the names of what it concerns.
+type Transition struct {
+	Service  string
+	Endpoint string // the endpoint's name (a pod), if it has one
+	Addr     netip.AddrPort
+	accrual.Transition
+}
+
+// Notify hears of every accrual transition of a service that still exists,
+// after the maps were written (Kubernetes Events). It must not block.
+type Notify func(Transition)
+
+// Config is what an Agent is built from.
+type Config struct {
+	Log      *slog.Logger
+	Clock    clock.WithTicker
+	Writer   reconcile.Writer
+	Stats    Stats
+	Inflight Inflight
+	Sweeper  Sweeper
+	Hooks    Hooks
+	// Link resolves an interface name to its index and tells whether it is
+	// a veth (nil: netlink).
+	Link func(name string) (index int, veth bool, err error)
+
+	MaxServices, MaxBackends uint32
+	// TableSize is the largest Maglev table a service gets.
+	TableSize uint32
+	// MaxInflightDefault is the circuit-breaker limit of services that set
+	// none (a config file's defaults.maxInflight replaces it).
+	MaxInflightDefault uint32
+	// ProbeCheck is how often Run looks for stalled probation and retries
+	// failed writes (default 2s); SweepEvery how often it sweeps conntrack
+	// (default 10s).
+	ProbeCheck, SweepEvery time.Duration
+}
+
+// Agent owns the reconciler, the accrual engine and the outcome tracker.
+type Agent struct {
+	log      *slog.Logger
+	clk      clock.WithTicker
+	stats    Stats
+	inflight Inflight
+	sweeper  Sweeper
+	hooks    Hooks
+	link     func(string) (int, bool, error)
+	metrics  *metrics.Metrics
+	every    struct{ probes, sweep time.Duration }
+
+	// ready: the first desired state is programmed and XDP attached.
+	ready atomic.Bool
+	// hooksMu serialises XDP attachment (see the package comment).
+	hooksMu sync.Mutex
+	// links: the Kubernetes attacher's attached links, name → ifindex
+	// (under hooksMu).
+	links map[string]int
+
+	mu      sync.RWMutex
+	rec     *reconcile.Reconciler
+	engine  *accrual.Engine
+	tracker *outcomes.Tracker
+	// policy[backend id] judges that backend's outcomes (dense, hot path).
+	policy     []outcomes.Policy
+	interfaces []string
+	events     Events
+	monoOffset int64
+	eventTypes [16]interface{ Inc() }
+	// deadlines tells Run that handled events brought a deadline earlier
+	// than the one its timer is armed for (armed).
+	deadlines chan struct{}
+	armed     time.Time
+	// probeSeen: when each backend's last probe flow started (watchdog).
+	probeSeen map[uint32]time.Time
+	// retry: services whose last programming failed (Maintain retries).
+	retry              map[uint32]bool
+	overflowSeen       uint64
+	badSeen            uint64
+	maxInflightDefault uint32
+	notify             Notify
+}
+
+// New builds an agent over maps that may hold a previous agent's state:
+// it first sweeps conntrack, so that ids live flows still use are not
+// handed out, then adopts what the maps hold.
+func New(c Config) (*Agent, error) {
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Link == nil {
+		c.Link = netlinkLink
+	}
+	if c.ProbeCheck == 0 {
+		c.ProbeCheck = 2 * time.Second
+	}
+	if c.SweepEvery == 0 {
+		c.SweepEvery = 10 * time.Second
+	}
+	// Expire what went stale while no agent ran, and learn which ids live
+	// flows still use before any id is handed out.
+	swept, err := c.Sweeper.Sweep()
+	if err != nil {
+		return nil, err
+	}
+	rec, err := reconcile.New(c.Writer, reconcile.Options{
+		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, TableSize: c.TableSize,
+		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		log:                c.Log,
+		clk:                c.Clock,
+		stats:              c.Stats,
+		inflight:           c.Inflight,
+		sweeper:            c.Sweeper,
+		hooks:              c.Hooks,
+		link:               c.Link,
+		links:              map[string]int{},
+		rec:                rec,
+		engine:             accrual.New(c.Clock, nil),
+		policy:             make([]outcomes.Policy, c.MaxBackends),
+		probeSeen:          map[uint32]time.Time{},
+		deadlines:          make(chan struct{}, 1),
+		retry:              map[uint32]bool{},
+		maxInflightDefault: c.MaxInflightDefault,
+		monoOffset:         outcomes.MonoOffset(),
+	}
+	a.every.probes, a.every.sweep = c.ProbeCheck, c.SweepEvery
+	if swept.Expired > 0 || swept.Released > 0 {
+		a.log.Info("expired stale flows", "flows", swept.Expired, "released", swept.Released)
+	}
+	a.tracker = outcomes.NewTracker(a.policyOf)
+	a.metrics = metrics.New(a, a.log)
+	for _, t := range []outcomes.Type{outcomes.NewFlow, outcomes.Established, outcomes.Refused,
+		outcomes.Reset, outcomes.SynRetrans, outcomes.FlowEnd, outcomes.FirstData} {
+		a.eventTypes[t] = a.metrics.Events.WithLabelValues(t.String())
+	}
+	return a, nil
+}
+
+// Metrics are the agent's Prometheus metrics and registry.
+func (a *Agent) Metrics() *metrics.Metrics { return a.metrics }
+
+// SetNotify sets who hears of transitions (before Begin).
+func (a *Agent) SetNotify(n Notify) {
+	a.mu.Lock()
+	a.notify = n
+	a.mu.Unlock()
+}
+
+// Begin is called once the first desired state is programmed and XDP is
+// attached: it restores accrual state from before a restart and reports
+// ready. Outcome events are handed to HandleEvents from then on.
+func (a *Agent) Begin(ev Events) {
+	a.mu.Lock()
+	a.events = ev
+	a.monoOffset = ev.Offset()
+	a.restoreHealth()
+	a.mu.Unlock()
+	a.ready.Store(true)
+}
+
+// Ready is /readyz: nil once the datapath is attached and programmed and
+// every write went through.
+func (a *Agent) Ready() error {
+	if !a.ready.Load() {
+		return fmt.Errorf("datapath not attached and programmed yet")
+	}
+	a.mu.RLock()
+	failing, dirty := len(a.retry), a.rec.PrefiltersDirty()
+	a.mu.RUnlock()
+	if failing > 0 {
+		return fmt.Errorf("%d services could not be programmed (retrying; see the log)", failing)
+	}
+	if dirty {
+		return fmt.Errorf("the prefilter maps (pb_ports, pb_vip_slots) could not be written (retrying; see the log)")
+	}
+	return nil
+}
+
+func (a *Agent) policyOf(backend uint32) outcomes.Policy {
+	if int(backend) < len(a.policy) {
+		return a.policy[backend]
+	}
+	return outcomes.Policy{}
+}
+
+func (a *Agent) endpointName(id uint32) string {
+	b, ok := a.rec.Backend(id)
+	if !ok {
+		return fmt.Sprintf("backend-%d", id)
+	}
+	if b.Name != "" {
+		return b.Name + " (" + b.Addr.String() + ")"
+	}
+	return b.Addr.String()
+}

@@ -1,0 +1,367 @@
+package agent
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/config"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
+)
+
+func TestNotReadyBeforeBegin(t *testing.T) {
+	e := newEnv(t)
+	e.a.Apply(state(web(80, 3, settings())))
+	if err := e.a.Ready(); err == nil {
+		t.Fatal("ready before the datapath was attached")
+	}
+}
+
+// The N-th consecutive failure ejects the endpoint: the kernel steers new
+// flows around it at once and its service's table is rebuilt without it.
+func TestFailingEndpointIsEjectedAndItsTableRebuilt(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 3, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.wantReachable(s, be...)
+
+	e.refused(svc, be[2], false)
+	e.refused(svc, be[2], false)
+	e.wantState(be[2], "ready")
+	e.wantReachable(s, be...)
+	// A success in between resets the count.
+	e.served(svc, be[2], false)
+	e.refused(svc, be[2], false)
+	e.refused(svc, be[2], false)
+	e.wantState(be[2], "ready")
+	e.refused(svc, be[2], false)
+	e.wantState(be[2], "ejected")
+	if st, _ := e.kernel(be[2]); st != pbmaps.BackendEjected {
+		t.Fatalf("kernel entry %s, want ejected", st)
+	}
+	e.wantReachable(s, be[0], be[1])
+	writes := e.f.tableWrites[svc]
+	if last := writes[len(writes)-1]; slices.Contains(last, be[2]) {
+		t.Fatal("the live table still holds the ejected endpoint")
+	}
+	ep := e.endpoint(be[2])
+	if ep.Penalty != "1s" || ep.LastFailureKind != "refused" {
+		t.Fatalf("penalty %q, last failure %q; want 1s, refused", ep.Penalty, ep.LastFailureKind)
+	}
+	if got := testutil.ToFloat64(e.a.Metrics().Transitions.WithLabelValues("web", string(accrual.ReasonConsecutiveFailures))); got != 1 {
+		t.Fatalf("transitions{consecutive-failures} = %v, want 1", got)
+	}
+	// The decision is persisted for a restart.
+	if h, ok := e.f.health[be[2]]; !ok || accrual.State(h.State) != accrual.Ejected {
+		t.Fatalf("pb_health[%d] = %+v, %v; want ejected", be[2], h, ok)
+	}
+}
+
+// A connection the backend never answers is a timeout failure when the
+// connect deadline passes.
+func TestUnansweredConnectsTimeOut(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	for range 3 {
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], e.nextPort(), 0)})
+	}
+	e.wantState(be[1], "ready")
+	if next := e.a.NextDeadline(); !next.Equal(e.clk.Now().Add(time.Second)) {
+		t.Fatalf("next deadline %v, want the connect timeout from now", next.Sub(e.clk.Now()))
+	}
+	e.clk.Step(time.Second)
+	e.a.Advance()
+	e.wantState(be[1], "ejected")
+	if got := e.endpoint(be[1]).LastFailureKind; got != "timeout" {
+		t.Fatalf("last failure %q, want timeout", got)
+	}
+	e.wantReachable(s, be[0])
+}
+
+// At the end of its penalty an endpoint goes into probation: the kernel
+// admits exactly one new flow to it. A successful probe makes it ready.
+func TestProbationAdmitsOneProbeThatSucceeds(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 3, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.eject(svc, be[0], 3)
+	e.clk.Step(999 * time.Millisecond)
+	e.a.Advance()
+	e.wantState(be[0], "ejected")
+	e.endPenalty(be[0])
+	e.wantState(be[0], "probation")
+	st, grants := e.kernel(be[0])
+	if st != pbmaps.BackendProbation || grants != 1 {
+		t.Fatalf("kernel entry %s with %d grants, want probation with 1", st, grants)
+	}
+	e.wantReachable(s, be...)
+	// The probe is admitted (the kernel spends the grant) and succeeds.
+	e.f.backends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0)
+	e.served(svc, be[0], true)
+	e.wantState(be[0], "ready")
+	if st, _ := e.kernel(be[0]); st != pbmaps.BackendActive {
+		t.Fatalf("kernel entry %s after the probe succeeded, want active", st)
+	}
+	if ep := e.endpoint(be[0]); ep.ConsecutiveFailures != 0 || ep.Penalty != "" {
+		t.Fatalf("after recovery: %d failures, penalty %q; want 0 and none", ep.ConsecutiveFailures, ep.Penalty)
+	}
+	e.wantReachable(s, be...)
+}
+
+// A failed probe ejects the endpoint again with twice the penalty, up to
+// maxPenalty; recovery resets the penalty.
+func TestPenaltyDoublesUpToMaxAndResets(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 3, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.eject(svc, be[1], 3)
+	var got []string
+	for range 4 {
+		got = append(got, e.endpoint(be[1]).Penalty)
+		e.endPenalty(be[1])
+		e.wantState(be[1], "probation")
+		e.refused(svc, be[1], true)
+		e.wantState(be[1], "ejected")
+		e.wantReachable(s, be[0], be[2])
+	}
+	got = append(got, e.endpoint(be[1]).Penalty)
+	if want := []string{"1s", "2s", "4s", "4s", "4s"}; !slices.Equal(got, want) {
+		t.Fatalf("penalties %v, want %v", got, want)
+	}
+	e.endPenalty(be[1])
+	e.served(svc, be[1], true)
+	e.wantState(be[1], "ready")
+	e.eject(svc, be[1], 3)
+	if p := e.endpoint(be[1]).Penalty; p != "1s" {
+		t.Fatalf("penalty after a recovery %q, want 1s", p)
+	}
+}
+
+// maxEjectionPercent caps how many endpoints are out at once: a failing
+// endpoint over the cap stays in its table and the suppression is counted.
+func TestMaxEjectionPercent(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 4, settings(func(s *accrual.Settings) { s.MaxEjectionPercent = 50 }))
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.eject(svc, be[0], 3)
+	e.eject(svc, be[1], 3)
+	for range 3 {
+		e.refused(svc, be[2], false)
+	}
+	e.wantState(be[2], "ready")
+	e.wantReachable(s, be[2], be[3])
+	if got := testutil.ToFloat64(e.a.Metrics().Transitions.WithLabelValues("web", string(accrual.ReasonEjectionSuppressed))); got == 0 {
+		t.Fatal("the suppressed ejection was not counted")
+	}
+}
+
+// With every endpoint ejected the service fails open: new flows go to all
+// of them rather than nowhere. One endpoint recovering ends it.
+func TestFailOpenAndItsEnd(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.eject(svc, be[0], 3)
+	e.wantReachable(s, be[1])
+	for range 3 {
+		e.refused(svc, be[1], false)
+	}
+	v := e.a.EndpointsView().Services[0]
+	if !v.FailOpen || v.FailOpenSince == nil {
+		t.Fatalf("service not failing open with every endpoint ejected: %+v", v)
+	}
+	e.wantReachable(s, be...)
+	if !e.a.ServicesView().Services[0].FailOpen {
+		t.Fatal("/admin/services does not show the datapath failing open")
+	}
+	// A success while failing open brings that endpoint back, which ends
+	// fail-open; the other stays out.
+	e.served(svc, be[1], false)
+	v = e.a.EndpointsView().Services[0]
+	if v.FailOpen {
+		t.Fatal("still failing open after an endpoint recovered")
+	}
+	e.wantState(be[1], "ready")
+	e.wantReachable(s, be[1])
+}
+
+// A restarted agent adopts the accrual state its predecessor persisted:
+// the ejected endpoint stays out until its penalty ends.
+func TestRestartAdoptsPersistedAccrualState(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 3, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.eject(svc, be[1], 3)
+	e.refused(svc, be[2], false)
+	probationAt := *e.endpoint(be[1]).ProbationAt
+
+	e.clk.Step(300 * time.Millisecond)
+	e.restart()
+	e.start(state(s))
+	svc2, be2 := e.ids(s)
+	if svc2 != svc || !slices.Equal(be2, be) {
+		t.Fatalf("ids changed across the restart: %d %v, want %d %v", svc2, be2, svc, be)
+	}
+	e.wantState(be[1], "ejected")
+	if at := e.endpoint(be[1]).ProbationAt; at == nil || !at.Equal(probationAt) {
+		t.Fatalf("probation at %v after the restart, want %v", at, probationAt)
+	}
+	e.wantReachable(s, be[0], be[2])
+	// The penalty keeps running from where it was.
+	e.endPenalty(be[1])
+	e.wantState(be[1], "probation")
+}
+
+// A reload that removes a service deletes it and its endpoints from
+// accrual, but the kernel keeps what its established flows need (backend
+// entries, VIP port) until no flow uses them.
+func TestReloadRemovingAServiceKeepsItsFlows(t *testing.T) {
+	e := newEnv(t)
+	s, other := web(80, 2, settings()), web(443, 1, settings())
+	e.start(state(s, other))
+	svc, be := e.ids(s)
+	e.a.Apply(state(other))
+	if _, ok := e.f.services[kernelKey(s)]; ok {
+		t.Fatal("the removed service still takes new flows")
+	}
+	for _, id := range be {
+		if st, _ := e.kernel(id); st != pbmaps.BackendRemoved {
+			t.Fatalf("backend %d is %s, want removed (kept for its flows)", id, st)
+		}
+	}
+	if e.f.ports[80]&pbmaps.PortVIP == 0 {
+		t.Fatal("the removed service's VIP port is no longer marked: its flows lose their NAT")
+	}
+	if n := len(e.a.EndpointsView().Services); n != 1 {
+		t.Fatalf("accrual still judges %d services, want 1", n)
+	}
+	// A sweep that finds a flow on it keeps everything; once the flows are
+	// gone and the cooldown passed, the entries go.
+	e.clk.Step(2 * time.Minute)
+	e.a.SweepDone(conntrack.InUse{Services: map[uint32]bool{svc: true}, Backends: map[uint32]bool{be[0]: true}})
+	if _, ok := e.f.backends[be[0]]; !ok {
+		t.Fatal("a backend a live flow uses was cleared")
+	}
+	e.a.SweepDone(e.sweep.inUse)
+	if _, ok := e.f.backends[be[0]]; ok {
+		t.Fatal("an unused backend entry survived the sweep after its cooldown")
+	}
+	if e.f.ports[80]&pbmaps.PortVIP != 0 {
+		t.Fatal("the VIP port is still marked after its flows ended")
+	}
+}
+
+// A map write that fails is counted, shown on /readyz, and retried by
+// Maintain until it goes through. The ejected endpoint is out of the
+// kernel's reach meanwhile (its entry is written first).
+func TestFailedWriteIsRetriedAndCounted(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 3, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.f.fail["FillTable"] = 1
+	e.eject(svc, be[0], 3)
+	if got := testutil.ToFloat64(e.a.Metrics().ProgramErrors); got != 1 {
+		t.Fatalf("program errors %v, want 1", got)
+	}
+	if err := e.a.Ready(); err == nil || !strings.Contains(err.Error(), "could not be programmed") {
+		t.Fatalf("ready = %v, want the failing service named", err)
+	}
+	e.wantReachable(s, be[1], be[2])
+	v := e.f.services[kernelKey(s)]
+	if live := e.f.tables[pbmaps.TableKey(svc, v.Table)]; !slices.Contains(live, be[0]) {
+		t.Fatal("the live table changed although its write failed")
+	}
+	e.a.Maintain()
+	if err := e.a.Ready(); err != nil {
+		t.Fatalf("still not ready after the retry: %v", err)
+	}
+	v = e.f.services[kernelKey(s)]
+	if live := e.f.tables[pbmaps.TableKey(svc, v.Table)]; slices.Contains(live, be[0]) {
+		t.Fatal("the retry did not rebuild the table without the ejected endpoint")
+	}
+}
+
+// A probe the kernel admitted whose verdict never came (its events were
+// lost) gets a fresh grant, so a healed endpoint is not kept out for good.
+func TestStalledProbeIsRegranted(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.eject(svc, be[0], 3)
+	e.endPenalty(be[0])
+	e.f.backends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0)
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), outcomes.FlagProbe)})
+	// The tracker's own deadline would judge a lost probe a timeout; here
+	// the flow's NewFlow event was lost too, so nothing is pending.
+	e.a.tracker.Forget(map[uint32]bool{be[0]: true})
+	e.clk.Step(2 * time.Second)
+	e.a.Maintain()
+	if _, grants := e.kernel(be[0]); grants != 0 {
+		t.Fatal("regranted before the verdict could have come")
+	}
+	e.clk.Step(2 * time.Second)
+	e.a.Maintain()
+	if st, grants := e.kernel(be[0]); st != pbmaps.BackendProbation || grants != 1 {
+		t.Fatalf("kernel entry %s with %d grants, want a fresh probe", st, grants)
+	}
+	e.served(svc, be[0], true)
+	e.wantState(be[0], "ready")
+}
+
+// A config naming an interface that does not exist changes nothing and
+// names the field; a good one attaches XDP and tells the datapath which
+// interfaces are veths and which take redirects.
+func TestApplyConfig(t *testing.T) {
+	e := newEnv(t)
+	e.links = map[string]int{"cl0": 4, "b1": 5, "eth9": 6}
+	e.veths = map[string]bool{"b1": true}
+	cfg := &config.Config{Interfaces: []string{"cl0", "nope0"}, MaglevTableSize: 31,
+		Services: []config.Service{{Name: "web", VIP: vip, Port: 80, Protocol: desired.TCP, Accrual: settings()}}}
+	err := e.a.ApplyConfig(cfg)
+	if err == nil || !strings.Contains(err.Error(), `interfaces[1]: "nope0"`) {
+		t.Fatalf("err = %v, want interfaces[1] named", err)
+	}
+	if len(e.f.services) != 0 || len(e.hooks.attached) != 0 {
+		t.Fatal("a config that cannot be applied changed the datapath")
+	}
+	if got := testutil.ToFloat64(e.a.Metrics().ConfigReloads.WithLabelValues("error")); got != 1 {
+		t.Fatalf("config errors %v, want 1", got)
+	}
+	cfg.Interfaces = []string{"cl0", "b1"}
+	cfg.RedirectInterfaces = []string{"eth9"}
+	if err := e.a.ApplyConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(e.hooks.Attached(), []string{"b1", "cl0"}) || !slices.Equal(e.f.partial, []uint32{5}) ||
+		!slices.Equal(e.f.redirect, []uint32{6}) || e.f.config&pbmaps.ConfigRedirect == 0 {
+		t.Fatalf("attached %v, partial %v, redirect %v, config %#x", e.hooks.Attached(), e.f.partial, e.f.redirect, e.f.config)
+	}
+	if got := e.a.ServicesView().Interfaces; !slices.Equal(got, cfg.Interfaces) {
+		t.Fatalf("/admin/services interfaces %v", got)
+	}
+	// Dropping an interface detaches it.
+	cfg.Interfaces, cfg.RedirectInterfaces = []string{"cl0"}, nil
+	if err := e.a.ApplyConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(e.hooks.Attached(), []string{"cl0"}) || len(e.f.redirect) != 0 || e.f.config != 0 {
+		t.Fatalf("attached %v, redirect %v, config %#x", e.hooks.Attached(), e.f.redirect, e.f.config)
+	}
+}

@@ -1,0 +1,193 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/penaltybox/penaltybox/pkg/config"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
+)
+
+// Apply programs a desired state: services and backends, accrual's view
+// of them, then each service's table.
+func (a *Agent) Apply(st desired.State) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.apply(st)
+}
+
+func (a *Agent) apply(st desired.State) {
+	changes, err := a.rec.Apply(st)
+	if err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("programming services", "err", err)
+	}
+	gone := map[uint32]bool{}
+	for _, c := range changes {
+		for _, id := range c.Retired {
+			gone[id] = true
+			delete(a.probeSeen, id)
+			a.policy[id] = outcomes.Policy{}
+		}
+		if c.Removed {
+			a.handleTransitions(a.engine.RemoveService(c.Service.ID))
+		}
+	}
+	a.tracker.Forget(gone)
+	for _, s := range a.rec.Services() {
+		pol := outcomes.PolicyFor(s.Spec.Accrual, s.Spec.Key.Protocol == desired.TCP)
+		for _, id := range s.Backends {
+			a.policy[id] = pol
+		}
+		a.handleTransitions(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
+		a.program(s.ID)
+	}
+	// Spare tables for the changes to come, in one batch.
+	if err := a.rec.PrepareTables(); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("preparing spare tables", "err", err)
+	}
+}
+
+// PrefiltersWritten retries a failed write of the prefilter maps once and
+// fails if it fails again. It runs before XDP is attached: a program that
+// finds a VIP's slot unmarked passes its packets unbalanced (after an
+// upgrade that added pb_vip_slots, established flows too), so the agent
+// would rather not attach (the program already attached keeps working).
+func (a *Agent) PrefiltersWritten() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.rec.PrefiltersDirty() {
+		return nil
+	}
+	if err := a.rec.PrepareTables(); err != nil && a.rec.PrefiltersDirty() {
+		return fmt.Errorf("writing the prefilter maps: %w", err)
+	}
+	return nil
+}
+
+// ApplyConfig applies a config file (services, then interfaces) and
+// counts the outcome. A file that cannot be applied whole changes nothing
+// it can check beforehand (table size, interfaces).
+func (a *Agent) ApplyConfig(cfg *config.Config) error {
+	if err := a.applyConfig(cfg); err != nil {
+		a.metrics.ConfigReloads.WithLabelValues("error").Inc()
+		a.metrics.ConfigLastOK.Set(0)
+		return err
+	}
+	a.metrics.ConfigReloads.WithLabelValues("success").Inc()
+	a.metrics.ConfigLastOK.Set(1)
+	a.metrics.ConfigLastSuccess.SetToCurrentTime()
+	return nil
+}
+
+// ConfigRejected counts and logs a config file that did not load: the
+// last good one stays in force.
+func (a *Agent) ConfigRejected(err error) {
+	a.metrics.ConfigReloads.WithLabelValues("error").Inc()
+	a.metrics.ConfigLastOK.Set(0)
+	a.log.Error("config reload rejected; the last good config stays in force", "err", err)
+}
+
+func (a *Agent) applyConfig(cfg *config.Config) error {
+	// What the file cannot promise (that its interfaces exist) is checked
+	// before anything is applied: a typo leaves the running config whole.
+	if err := a.checkInterfaces(cfg); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	if cfg.MaglevTableSize != a.rec.TableSize() {
+		if err := a.rec.SetTableSize(cfg.MaglevTableSize); err != nil {
+			a.mu.Unlock()
+			return fmt.Errorf("maglev.tableSize: %d: %w", cfg.MaglevTableSize, err)
+		}
+	}
+	// The file's defaults.maxInflight, else the flag's (the caller fills
+	// it in when loading).
+	a.maxInflightDefault = 0
+	if cfg.MaxInflight != nil {
+		a.maxInflightDefault = *cfg.MaxInflight
+	}
+	a.apply(cfg.Desired())
+	a.mu.Unlock()
+	if err := a.PrefiltersWritten(); err != nil {
+		return err
+	}
+	return a.applyInterfaces(cfg.Interfaces, cfg.RedirectInterfaces)
+}
+
+// checkInterfaces resolves every interface a config file names.
+func (a *Agent) checkInterfaces(cfg *config.Config) error {
+	var errs []error
+	for _, f := range []struct {
+		field string
+		names []string
+	}{{"interfaces", cfg.Interfaces}, {"redirectInterfaces", cfg.RedirectInterfaces}} {
+		for i, n := range f.names {
+			if _, _, err := a.link(n); err != nil {
+				errs = append(errs, fmt.Errorf("%s[%d]: %q: %w", f.field, i, n, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// applyInterfaces attaches XDP where listed and detaches it elsewhere, and
+// tells the datapath which interfaces are veths and which take redirects.
+func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
+	a.hooksMu.Lock()
+	defer a.hooksMu.Unlock()
+	want := map[string]bool{}
+	for _, n := range ifaces {
+		want[n] = true
+		if err := a.hooks.Attach(n); err != nil {
+			return err
+		}
+	}
+	for _, n := range a.hooks.Attached() {
+		if !want[n] {
+			if err := a.hooks.Detach(n); err != nil {
+				a.log.Error("detach", "interface", n, "err", err)
+			}
+		}
+	}
+	var partial []uint32
+	for _, n := range ifaces {
+		if idx, veth, err := a.link(n); err == nil && veth {
+			partial = append(partial, uint32(idx))
+		}
+	}
+	var idx []uint32
+	for _, n := range redirect {
+		i, _, err := a.link(n)
+		if err != nil {
+			return fmt.Errorf("redirectInterfaces: %q: %w", n, err)
+		}
+		idx = append(idx, uint32(i))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.rec.SetPartialInterfaces(partial); err != nil {
+		return err
+	}
+	if err := a.rec.SetRedirectInterfaces(idx); err != nil {
+		return err
+	}
+	a.interfaces = ifaces
+	return nil
+}
+
+// netlinkLink resolves an interface by name: its index, and whether it is
+// a veth.
+func netlinkLink(name string) (int, bool, error) {
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return 0, false, err
+	}
+	l, err := netlink.LinkByIndex(ifc.Index)
+	return ifc.Index, err == nil && l.Type() == "veth", nil
+}

@@ -1,0 +1,216 @@
+package agent
+
+import (
+	"log/slog"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/admin"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
+)
+
+// Addresses: VIPs in 198.18.100.0/24, backends in 198.18.1.0/24, the
+// client 198.18.0.2.
+var (
+	vip    = netip.MustParseAddr("198.18.100.1")
+	client = netip.MustParseAddr("198.18.0.2")
+)
+
+type env struct {
+	t     *testing.T
+	clk   *testingclock.FakeClock
+	f     *fakeMaps
+	hooks *fakeHooks
+	sweep *fakeSweeper
+	// links: interfaces that exist (name → index); veths among them.
+	links map[string]int
+	veths map[string]bool
+	a     *Agent
+	port  uint16 // the client's next source port
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{t: t, clk: testingclock.NewFakeClock(time.Now()), f: newFakeMaps(),
+		hooks: &fakeHooks{attached: map[string]bool{}}, sweep: &fakeSweeper{},
+		links: map[string]int{}, veths: map[string]bool{}, port: 40000}
+	e.sweep.inUse = conntrack.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}}
+	e.restart()
+	return e
+}
+
+// restart builds a new agent over the same maps, as a restarted process
+// gets them.
+func (e *env) restart() {
+	e.t.Helper()
+	a, err := New(Config{
+		Log:   slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Clock: e.clk, Writer: e.f, Stats: e.f, Inflight: noInflight{}, Sweeper: e.sweep, Hooks: e.hooks,
+		Link: func(name string) (int, bool, error) {
+			idx, ok := e.links[name]
+			if !ok {
+				return 0, false, &netErr{name}
+			}
+			return idx, e.veths[name], nil
+		},
+		MaxServices: 64, MaxBackends: 256, TableSize: 31,
+	})
+	if err != nil {
+		e.t.Fatalf("New: %v", err)
+	}
+	e.a = a
+}
+
+type netErr struct{ name string }
+
+func (n *netErr) Error() string { return "route ip+net: no such network interface" }
+
+// settings are the defaults with 3 failures to eject, a 1s..4s penalty
+// and no jitter, so penalties are exact.
+func settings(mut ...func(*accrual.Settings)) accrual.Settings {
+	s := accrual.Defaults()
+	s.MaxFailures = 3
+	s.MinPenalty, s.MaxPenalty = time.Second, 4*time.Second
+	s.JitterRatio = 0
+	for _, m := range mut {
+		m(&s)
+	}
+	return s
+}
+
+// web is a TCP service on vip:port with n endpoints 198.18.1.1..n:8080.
+func web(port uint16, n int, st accrual.Settings) desired.Service {
+	s := desired.Service{Name: "web", Key: desired.Key{VIP: vip, Port: port, Protocol: desired.TCP}, Accrual: st}
+	for i := range n {
+		s.Endpoints = append(s.Endpoints, desired.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, 1, byte(i + 1)}), 8080)})
+	}
+	return s
+}
+
+func state(svcs ...desired.Service) desired.State { return desired.State{Services: svcs} }
+
+// start applies st and begins, as the agent does at start.
+func (e *env) start(st desired.State) {
+	e.t.Helper()
+	e.a.Apply(st)
+	if err := e.a.PrefiltersWritten(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.a.Begin(&fakeEvents{})
+	if err := e.a.Ready(); err != nil {
+		e.t.Fatalf("not ready after start: %v", err)
+	}
+}
+
+func kernelKey(s desired.Service) bpf.LbSvcKey {
+	return pbmaps.ServiceKey(s.Key.VIP, s.Key.Port, uint8(s.Key.Protocol))
+}
+
+// ids are the backend ids of s's endpoints, in order.
+func (e *env) ids(s desired.Service) (svc uint32, bes []uint32) {
+	e.t.Helper()
+	rs, ok := e.a.rec.ServiceByKey(s.Key)
+	if !ok {
+		e.t.Fatalf("service %s not programmed", s.Name)
+	}
+	return rs.ID, slices.Clone(rs.Backends)
+}
+
+// reachable: the backends new flows to s can reach in the kernel.
+func (e *env) reachable(s desired.Service) []uint32 { return e.f.reachable(kernelKey(s)) }
+
+func (e *env) wantReachable(s desired.Service, want ...uint32) {
+	e.t.Helper()
+	if got := e.reachable(s); !slices.Equal(got, want) {
+		e.t.Fatalf("new flows reach %v, want %v", got, want)
+	}
+}
+
+func (e *env) event(typ outcomes.Type, svc, be uint32, port uint16, flags uint8) outcomes.Event {
+	now := e.clk.Now()
+	return outcomes.Event{Type: typ, Flags: flags, Service: svc, Backend: be,
+		Client: netip.AddrPortFrom(client, port), At: now, Mono: now.UnixNano() - outcomes.MonoOffset()}
+}
+
+func (e *env) nextPort() uint16 { e.port++; return e.port }
+
+// refused: one connection to be that the backend refuses.
+func (e *env) refused(svc, be uint32, probe bool) {
+	var fl uint8
+	if probe {
+		fl = outcomes.FlagProbe
+	}
+	p := e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be, p, fl), e.event(outcomes.Refused, svc, be, p, fl)})
+}
+
+// served: one connection to be that the backend accepts and answers.
+func (e *env) served(svc, be uint32, probe bool) {
+	var fl uint8
+	if probe {
+		fl = outcomes.FlagProbe
+	}
+	p := e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be, p, fl),
+		e.event(outcomes.Established, svc, be, p, fl), e.event(outcomes.FirstData, svc, be, p, fl)})
+}
+
+// endpoint is be's row of /admin/endpoints.
+func (e *env) endpoint(be uint32) admin.Endpoint {
+	e.t.Helper()
+	for _, s := range e.a.EndpointsView().Services {
+		for _, ep := range s.Endpoints {
+			if ep.ID == be {
+				return ep
+			}
+		}
+	}
+	e.t.Fatalf("endpoint %d not in /admin/endpoints", be)
+	return admin.Endpoint{}
+}
+
+func (e *env) wantState(be uint32, st string) {
+	e.t.Helper()
+	if got := e.endpoint(be).State; got != st {
+		e.t.Fatalf("endpoint %d is %s, want %s", be, got, st)
+	}
+}
+
+func (e *env) kernel(be uint32) (pbmaps.BackendState, int32) {
+	b := e.f.backends[be]
+	return pbmaps.BackendState(b.State), b.ProbeGrants
+}
+
+// eject refuses enough connections to be to eject it.
+func (e *env) eject(svc, be uint32, n int) {
+	e.t.Helper()
+	for range n {
+		e.refused(svc, be, false)
+	}
+	e.wantState(be, "ejected")
+}
+
+// endPenalty moves time to the end of be's penalty and runs the deadline.
+func (e *env) endPenalty(be uint32) {
+	e.t.Helper()
+	at := e.endpoint(be).ProbationAt
+	if at == nil {
+		e.t.Fatalf("endpoint %d has no penalty running", be)
+	}
+	e.clk.SetTime(*at)
+	e.a.Advance()
+}
+
+func (e *env) addr(be uint32) netip.AddrPort {
+	b, _ := e.a.rec.Backend(be)
+	return b.Addr
+}

@@ -1,0 +1,79 @@
+package agent
+
+import (
+	"github.com/penaltybox/penaltybox/pkg/nodelinks"
+)
+
+// SyncLinks keeps XDP on exactly the given links (Kubernetes mode: the
+// node's external interfaces and every pod's veth, as they come and go).
+// A link whose ifindex changed under the same name (a pod recreated with a
+// deterministic veth name) is detached and attached afresh. The first call
+// also releases hooks a previous agent pinned on interfaces that are no
+// longer wanted. An interface that cannot be attached is logged and
+// retried on the next call; the others are not held up. It returns how
+// many links are attached.
+func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
+	a.hooksMu.Lock()
+	defer a.hooksMu.Unlock()
+	want := map[string]int{}
+	for _, l := range ls {
+		want[l.Name] = l.Index
+	}
+	if first {
+		for _, name := range a.hooks.Attached() {
+			if _, ok := want[name]; !ok {
+				a.detach(name)
+			}
+		}
+	}
+	for name, idx := range a.links {
+		if want[name] != idx {
+			a.detach(name)
+			delete(a.links, name)
+		}
+	}
+	for _, l := range ls {
+		if _, ok := a.links[l.Name]; ok {
+			continue
+		}
+		if err := a.hooks.Attach(l.Name); err != nil {
+			a.log.Warn("attach XDP", "interface", l.Name, "pod", l.Pod, "err", err)
+			continue
+		}
+		a.links[l.Name] = l.Index
+	}
+	names := make([]string, 0, len(a.links))
+	var pods []uint32
+	for _, l := range ls {
+		if _, ok := a.links[l.Name]; ok {
+			names = append(names, l.Name)
+			if l.Pod {
+				pods = append(pods, uint32(l.Index))
+			}
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Pods' packets arrive with their L4 checksum left to the device: the
+	// datapath must know which interfaces can hand it such packets.
+	if err := a.rec.SetPartialInterfaces(pods); err != nil {
+		a.log.Error("pb_partial_ifaces", "err", err)
+	}
+	a.interfaces = names
+	return len(a.links)
+}
+
+// NoRedirect sends all traffic through the kernel stack after NAT
+// (Kubernetes mode): a pod's veth can only take redirected frames if the
+// CNI enabled GRO or XDP on the pod's end, which the agent cannot know.
+func (a *Agent) NoRedirect() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rec.SetRedirectInterfaces(nil)
+}
+
+func (a *Agent) detach(name string) {
+	if err := a.hooks.Detach(name); err != nil {
+		a.log.Warn("detach XDP", "interface", name, "err", err)
+	}
+}

@@ -1,0 +1,93 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/penaltybox/penaltybox/pkg/config"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+)
+
+// Run is the agent's loop until ctx ends: it applies desired state as it
+// changes (a config file's, or Kubernetes'), runs deadlines as they fall
+// due, and maintains the maps. Outcome events arrive through HandleEvents
+// on the reader's goroutine meanwhile.
+func (a *Agent) Run(ctx context.Context, configs <-chan *config.Config, states <-chan desired.State) {
+	timer := a.clk.NewTimer(time.Hour)
+	defer timer.Stop()
+	a.rearm(timer) // sets armed, which HandleEvents compares against
+	sweep := a.clk.NewTicker(a.every.sweep)
+	defer sweep.Stop()
+	sweepDone := make(chan conntrack.InUse, 1)
+	sweeping := false
+	probes := a.clk.NewTicker(a.every.probes)
+	defer probes.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case cfg := <-configs:
+			if err := a.ApplyConfig(cfg); err != nil {
+				a.log.Error("config reload failed to apply", "err", err)
+			}
+		case st := <-states:
+			a.Apply(st)
+		case <-timer.C():
+			a.Advance()
+		case <-a.deadlines:
+			// Events brought new deadlines: rearm below.
+		case <-sweep.C():
+			// Scanning conntrack takes a while on a big table: off the loop,
+			// one at a time (two would release a flow's slot twice).
+			if !sweeping {
+				sweeping = true
+				go func() { sweepDone <- a.SweepConntrack() }()
+			}
+		case <-probes.C():
+			a.Maintain()
+		case inUse := <-sweepDone:
+			sweeping = false
+			a.SweepDone(inUse)
+		}
+		a.rearm(timer)
+	}
+}
+
+// nextDeadline is the next accrual or connect deadline, or an hour from
+// now when there is none. Called with mu held.
+func (a *Agent) nextDeadline() time.Time {
+	next, ok := a.engine.NextDeadline()
+	if t, tok := a.tracker.NextDeadline(); tok && (!ok || t.Before(next)) {
+		next, ok = t, true
+	}
+	if !ok {
+		return a.clk.Now().Add(time.Hour)
+	}
+	return next
+}
+
+// rearm points the timer at the next accrual or connect deadline.
+func (a *Agent) rearm(timer clock.Timer) {
+	a.mu.Lock()
+	a.armed = a.nextDeadline()
+	d := max(a.armed.Sub(a.clk.Now()), 0)
+	a.mu.Unlock()
+	if !timer.Stop() {
+		select {
+		case <-timer.C():
+		default:
+		}
+	}
+	timer.Reset(d)
+}
+
+// NextDeadline is when Advance next has work: a penalty ending or a
+// connect timing out (an hour from now when nothing is pending).
+func (a *Agent) NextDeadline() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.nextDeadline()
+}

@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// Maintain keeps probation from stalling, retries services whose
+// programming failed and prepares the spare tables the next changes fill.
+func (a *Agent) Maintain() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.watchProbes()
+	for id := range a.retry {
+		a.program(id)
+	}
+	if err := a.rec.PrepareTables(); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("preparing spare tables", "err", err)
+	}
+}
+
+// watchProbes keeps probation from stalling. An endpoint in probation
+// must either hold an unused grant or have a probe whose verdict is on
+// its way; if the kernel's entry disagrees with the agent (state drifted)
+// or the grant is spent and no verdict came within the connect timeout
+// (its events were lost), the endpoint gets a fresh grant. Without this,
+// one lost probe would keep a healed endpoint out for good. Called with mu
+// held.
+func (a *Agent) watchProbes() {
+	now := a.clk.Now()
+	for _, s := range a.rec.Services() {
+		for _, id := range s.Probation {
+			state, grants, err := a.rec.KernelState(id)
+			if err != nil {
+				continue
+			}
+			reason := ""
+			switch {
+			case state != maps.BackendProbation:
+				reason = "the datapath's entry is " + state.String()
+			case grants <= 0:
+				seen, ok := a.probeSeen[id]
+				wait := a.policyOf(id).ConnectTimeout*2 + time.Second
+				if !ok || now.Sub(seen) > wait {
+					reason = "its probe was admitted but no verdict came"
+				}
+			}
+			if reason == "" {
+				continue
+			}
+			a.log.Warn("probation stalled, granting a new probe", "service", s.Spec.Name,
+				"endpoint", a.endpointName(id), "reason", reason)
+			if err := a.rec.Regrant(id); err != nil {
+				a.log.Error("grant a new probe", "endpoint", a.endpointName(id), "err", err)
+			}
+			a.probeSeen[id] = now
+		}
+	}
+}
+
+// SweepConntrack expires idle flows, releasing their circuit-breaker
+// slots, and returns the ids live flows use. It takes no lock: Run calls
+// it off its goroutine, one sweep at a time, then hands the result to
+// SweepDone.
+func (a *Agent) SweepConntrack() conntrack.InUse {
+	res, err := a.sweeper.Sweep()
+	if err != nil {
+		// A partial view must not free ids that live flows may still use.
+		a.log.Warn("conntrack sweep", "err", err)
+		return conntrack.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, Incomplete: true}
+	}
+	if res.Expired > 0 || res.Released > 0 {
+		a.log.Debug("conntrack sweep", "entries", res.Entries, "expired", res.Expired, "released", res.Released)
+	}
+	a.metrics.ConntrackEntries.Set(float64(res.Entries))
+	a.metrics.ConntrackExpired.Add(float64(res.Expired))
+	return res.InUse
+}
+
+// SweepDone frees the ids of removed services and backends that no live
+// flow uses any more.
+func (a *Agent) SweepDone(inUse conntrack.InUse) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rec.Sweep(inUse)
+}

@@ -1,0 +1,166 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
+)
+
+// HandleEvents feeds one batch of kernel events through classification
+// and accrual. A decision is written to the maps before the next event is
+// looked at, so an ejection is never delayed by the rest of a batch.
+func (a *Agent) HandleEvents(batch []outcomes.Event) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i := range batch {
+		ev := &batch[i]
+		if int(ev.Type) < len(a.eventTypes) && a.eventTypes[ev.Type] != nil {
+			a.eventTypes[ev.Type].Inc()
+		}
+		if ev.Type == outcomes.NewFlow && ev.Flags&outcomes.FlagProbe != 0 {
+			a.probeSeen[ev.Backend] = a.clk.Now()
+		}
+		if o, ok := a.tracker.Classify(*ev); ok {
+			a.handleTransitions(a.engine.Observe(o))
+		}
+	}
+	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
+	a.syncCounters()
+	// Wake the loop only when its timer would now be late: new connects
+	// end after the pending ones, so under load this is rare (a wake-up
+	// per batch cost the agent measurable CPU in the e2e benchmark).
+	if a.nextDeadline().Before(a.armed) {
+		select {
+		case a.deadlines <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// syncCounters carries counts kept outside Prometheus into it.
+func (a *Agent) syncCounters() {
+	if d := a.tracker.Overflow - a.overflowSeen; d > 0 {
+		a.metrics.PendingOverflow.Add(float64(d))
+		a.overflowSeen = a.tracker.Overflow
+	}
+	if a.events == nil {
+		return
+	}
+	if bad := a.events.Undecodable(); bad > a.badSeen {
+		a.metrics.EventsUndecodable.Add(float64(bad - a.badSeen))
+		a.badSeen = bad
+	}
+}
+
+// Advance runs due deadlines: penalties ending, connects timing out.
+func (a *Agent) Advance() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.handleTransitions(a.engine.Advance())
+	a.tracker.Expire(a.clk.Now(), func(o accrual.Outcome) {
+		a.handleTransitions(a.engine.Observe(o))
+	})
+	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
+}
+
+// handleTransitions reprograms the services accrual's decisions touch,
+// then logs, counts, persists and reports them. Called with mu held.
+func (a *Agent) handleTransitions(trs []accrual.Transition) {
+	if len(trs) == 0 {
+		return
+	}
+	var dirty []uint32
+	for _, t := range trs {
+		if t.To == accrual.Probation && t.From != accrual.Probation {
+			a.probeSeen[t.Endpoint] = a.clk.Now() // granted now
+		}
+		if t.Reason == accrual.ReasonProbeInconclusive {
+			if err := a.rec.Regrant(t.Endpoint); err != nil {
+				a.log.Error("grant a new probe", "endpoint", a.endpointName(t.Endpoint), "err", err)
+			}
+		}
+		if len(dirty) == 0 || dirty[len(dirty)-1] != t.Service {
+			dirty = append(dirty, t.Service)
+		}
+	}
+	for _, id := range dirty {
+		a.program(id)
+	}
+	// The maps are written: an ejection's reaction time ends here.
+	now := outcomes.MonoNow()
+	for _, t := range trs {
+		s, ok := a.rec.Service(t.Service)
+		name := fmt.Sprint(t.Service)
+		if ok {
+			name = s.Spec.Name
+		}
+		a.metrics.Transitions.WithLabelValues(name, string(t.Reason)).Inc()
+		var reaction time.Duration
+		if t.To == accrual.Ejected && t.From != accrual.Ejected && !t.FailureAt.IsZero() {
+			reaction = time.Duration(now - (t.FailureAt.UnixNano() - a.monoOffset))
+			a.metrics.Reaction.Observe(reaction.Seconds())
+		}
+		if !t.ServiceLevel() {
+			a.persist(t)
+		}
+		a.logTransition(name, t, reaction)
+		if a.notify != nil && ok {
+			n := Transition{Service: name, Transition: t}
+			if b, bok := a.rec.Backend(t.Endpoint); bok {
+				n.Endpoint, n.Addr = b.Name, b.Addr
+			}
+			a.notify(n)
+		}
+	}
+}
+
+// program writes one service's admission to the maps; a failure is
+// counted and retried by Maintain.
+func (a *Agent) program(id uint32) {
+	if _, ok := a.rec.Service(id); !ok {
+		delete(a.retry, id)
+		return
+	}
+	active, probation, failOpen := a.engine.Admitted(id)
+	if err := a.rec.ProgramService(id, active, probation, failOpen); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("programming table; retrying", "err", err)
+		a.retry[id] = true
+		return
+	}
+	delete(a.retry, id)
+}
+
+func (a *Agent) logTransition(service string, t accrual.Transition, reaction time.Duration) {
+	switch t.Reason {
+	case accrual.ReasonFailOpenStart:
+		a.log.Warn("service failing open: no endpoint ready, new flows go to all endpoints", "service", service)
+		return
+	case accrual.ReasonFailOpenEnd:
+		a.log.Info("service no longer failing open", "service", service)
+		return
+	}
+	attrs := []any{"service", service, "endpoint", a.endpointName(t.Endpoint),
+		"from", t.From.String(), "to", t.To.String(), "reason", string(t.Reason)}
+	if t.Kind != 0 {
+		attrs = append(attrs, "failure_kind", t.Kind.String(), "consecutive_failures", t.Failures)
+	}
+	// The penalty: drawn (ejected), served (probation), reset (ready: 0s).
+	attrs = append(attrs, "penalty", t.Penalty.String())
+	if t.To == accrual.Ejected {
+		attrs = append(attrs, "probation_at", t.ProbationAt.Format(time.RFC3339Nano))
+	}
+	if reaction > 0 {
+		// Kernel's timestamp of the deciding failure -> maps written.
+		attrs = append(attrs, "reaction_us", reaction.Microseconds())
+	}
+	level := slog.LevelInfo
+	if t.To == accrual.Ejected || t.Reason == accrual.ReasonEjectionSuppressed {
+		level = slog.LevelWarn
+	}
+	a.log.Log(context.Background(), level, "endpoint "+t.To.String(), attrs...)
+}
