@@ -1,0 +1,177 @@
+package accrual
+
+import (
+	"slices"
+	"time"
+)
+
+// SetService creates or updates service id: its name, settings and exact
+// endpoint set (endpoints not listed are removed, duplicates ignored).
+// The result is valid until the next mutating call.
+func (e *Engine) SetService(id uint32, name string, st Settings, endpoints []uint32) []Transition {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.out = e.out[:0]
+	now := e.clk.Now()
+	st = sanitize(st)
+	s := e.svcs[id]
+	isNew := s == nil
+	if isNew {
+		s = &service{id: id}
+		e.svcs[id] = s
+	}
+	s.name = name
+	old := s.st
+	s.st = st
+
+	e.gen++
+	cause := NoEndpoint
+	members := make([]uint32, 0, len(endpoints))
+	for _, epID := range endpoints {
+		e.grow(epID)
+		ep := &e.eps[epID]
+		if ep.svc == s && ep.mark == e.gen {
+			continue // duplicate
+		}
+		if ep.svc != s {
+			if ep.svc != nil {
+				e.detach(ep.svc, epID, now)
+			}
+			*ep = endpoint{svc: s, heapIdx: -1}
+			s.count[Ready]++
+		}
+		ep.mark = e.gen
+		members = append(members, epID)
+	}
+	for _, epID := range s.members {
+		ep := &e.eps[epID]
+		if ep.svc == s && ep.mark != e.gen {
+			e.drop(s, epID, ep)
+		}
+	}
+	slices.Sort(members)
+	s.members = members
+
+	if !isNew && old != st {
+		e.applySettings(s, now)
+	}
+	e.updateFailOpen(s, cause, now)
+	return e.result()
+}
+
+// drop forgets ep's state; the caller fixes s.members.
+func (e *Engine) drop(s *service, id uint32, ep *endpoint) {
+	s.count[ep.state]--
+	if ep.state == Ejected {
+		e.heapRemove(ep.heapIdx)
+	}
+	*ep = endpoint{heapIdx: -1}
+}
+
+// detach removes endpoint id from its current service s because another
+// service lists it.
+func (e *Engine) detach(s *service, id uint32, now time.Time) {
+	e.drop(s, id, &e.eps[id])
+	s.members = slices.DeleteFunc(s.members, func(m uint32) bool { return m == id })
+	e.updateFailOpen(s, NoEndpoint, now)
+}
+
+// applySettings makes in-flight state agree with changed settings; see the
+// package documentation ("Settings change").
+func (e *Engine) applySettings(s *service, now time.Time) {
+	if s.st.Mode != ModeConsecutive {
+		for _, id := range s.members {
+			ep := &e.eps[id]
+			if ep.state != Ready {
+				e.toReady(s, id, ep, ReasonAccrualDisabled, now)
+			}
+		}
+		return
+	}
+	limit := maxDrawn(&s.st)
+	for _, id := range s.members {
+		ep := &e.eps[id]
+		ep.level = clampLevel(&s.st, ep.level)
+		if ep.state != Ejected {
+			continue
+		}
+		if end := ep.ejectedAt.Add(limit); ep.probationAt.After(end) {
+			ep.probationAt = end
+			ep.penalty = limit
+			e.heapFix(int(ep.heapIdx))
+		}
+	}
+}
+
+// RemoveService forgets service id and all its endpoints' state. If it was
+// failing open, the result holds its ReasonFailOpenEnd (Endpoint
+// NoEndpoint) so a consumer tracking episodes sees every one end; no
+// endpoint transitions are emitted, as for endpoints SetService removes.
+// The result is valid until the next mutating call.
+func (e *Engine) RemoveService(id uint32) []Transition {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.out = e.out[:0]
+	s := e.svcs[id]
+	if s == nil {
+		return nil
+	}
+	for _, epID := range s.members {
+		e.drop(s, epID, &e.eps[epID])
+	}
+	s.members = nil
+	e.updateFailOpen(s, NoEndpoint, e.clk.Now())
+	delete(e.svcs, id)
+	return e.result()
+}
+
+// Admitted returns what service's table must hold, in endpoint-id order:
+// ready endpoints as active and probation endpoints as probation (each
+// granted one probe flow), or every endpoint as active while the service
+// fails open. An unknown service yields nothing. The slices are the
+// caller's.
+func (e *Engine) Admitted(service uint32) (active, probation []uint32, failOpen bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.svcs[service]
+	if s == nil {
+		return nil, nil, false
+	}
+	if s.failOpen {
+		return slices.Clone(s.members), nil, true
+	}
+	active = make([]uint32, 0, s.count[Ready])
+	for _, id := range s.members {
+		switch e.eps[id].state {
+		case Ready:
+			active = append(active, id)
+		case Probation:
+			probation = append(probation, id)
+		}
+	}
+	return active, probation, false
+}
+
+// EjectionCap is how many of a service's n endpoints may be ejected or in
+// probation at once: floor(n·pct/100).
+//
+// Envoy documents max_ejection_percent as "will eject at least one host
+// regardless of the value", but its implementation (ejectHost in
+// outlier_detection_impl.cc) ejects only while 100·(ejected+1)/n ≤ pct —
+// this same floor — and Envoy 1.31 added the opt-in always_eject_one_host
+// (default false) for the at-least-one behaviour. We follow the
+// implementation and do not eject a floor of one: the cap is a safety limit
+// an operator sets to protect capacity, so 0 must mean never eject and 10%
+// of 5 endpoints ejects none; silently exceeding the cap for small services
+// is the surprise Envoy's users hit. The default is 100, so services get
+// ejection unless the operator asks for a cap. Endpoints in probation count
+// because they take at most one flow.
+func EjectionCap(n, pct int) int {
+	if n <= 0 || pct <= 0 {
+		return 0
+	}
+	if pct >= 100 {
+		return n
+	}
+	return n * pct / 100
+}
