@@ -54,7 +54,8 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	}
 
 	// 2. Desired state: the controller's first snapshot is complete (all
-	// caches synced), so a restarted agent never drops a service it had.
+	// caches synced), so a restarted agent never drops a service it had;
+	// applying it adopts the accrual state from before a restart.
 	ctrl := k8s.New(client, k8s.Options{
 		NodeName:        o.nodeName,
 		MaxInflight:     o.maxInflightDefault,
@@ -105,7 +106,7 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 		}
 	})
 
-	// 4. Accrual state from before a restart, readiness, outcomes.
+	// 4. Readiness, outcomes.
 	if err := n.Begin(); err != nil {
 		return err
 	}

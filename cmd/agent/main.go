@@ -95,7 +95,7 @@ func parseFlags(args []string) (options, error) {
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz, /readyz and /admin/*")
-	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links (bpffs is mounted on its parent when missing)")
+	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	max := func(p *uint32, name string, def uint32, help string) {
 		fs.Func(name, fmt.Sprintf("%s (default %d)", help, def), func(s string) error {

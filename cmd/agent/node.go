@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/penaltybox/penaltybox/pkg/admin"
 	"github.com/penaltybox/penaltybox/pkg/agent"
+	"github.com/penaltybox/penaltybox/pkg/datapath"
 )
 
 // node is one agent process: the agent over the datapath, and the HTTP
@@ -22,6 +24,9 @@ type node struct {
 func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (*node, error) {
 	an, err := agent.Open(agent.NodeOptions{Datapath: o.dp, Log: log,
 		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault})
+	if re := (*datapath.RootError)(nil); errors.As(err, &re) {
+		return nil, fmt.Errorf("--bpffs-root %w", err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -30,8 +30,8 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 		return err
 	}
 	defer n.Close()
-	// 3. Maps first, then the XDP hooks, then accrual state from before a
-	// restart; then outcomes start flowing.
+	// 3. Maps first (with the accrual state from before a restart), then
+	// the XDP hooks; then outcomes start flowing.
 	if err := n.ApplyConfig(cfg); err != nil {
 		return err
 	}

@@ -76,6 +76,13 @@ type Agent struct {
 	BPFFSRoot  string
 	ConfigPath string
 	Args       []string // extra flags
+	// OwnMountNS runs the agent through `ip netns exec`, which gives it a
+	// mount namespace of its own with a fresh /sys (as a container has its
+	// own), instead of only switching its network namespace.
+	OwnMountNS bool
+	// Mount is the private bpffs New mounted; BPFFSRoot is under it, or it
+	// (PinAtMount).
+	Mount string
 
 	mu     sync.Mutex
 	closed bool
@@ -102,6 +109,7 @@ func New(binary string, node *testnet.NS, dir, config string) (*Agent, error) {
 		Node:       node,
 		Dir:        dir,
 		BPFFSRoot:  filepath.Join(mnt, "penaltybox"),
+		Mount:      mnt,
 		ConfigPath: filepath.Join(dir, "config.yaml"),
 		http:       node.HTTPClient(time.Second),
 	}
@@ -153,9 +161,18 @@ func (a *Agent) StartNoWait() error {
 		args = append(args, "--config", a.ConfigPath)
 	}
 	args = append(args, a.Args...)
-	cmd := exec.Command(a.Binary, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := a.Node.Start(cmd); err != nil {
+	var cmd *exec.Cmd
+	if a.OwnMountNS {
+		// ip netns exec execs the agent: the process is the agent's.
+		cmd = a.Node.Command(a.Binary, args...)
+		cmd.Stdout, cmd.Stderr = f, f
+		err = cmd.Start()
+	} else {
+		cmd = exec.Command(a.Binary, args...)
+		cmd.Stdout, cmd.Stderr = f, f
+		err = a.Node.Start(cmd)
+	}
+	if err != nil {
 		f.Close()
 		return err
 	}
@@ -241,6 +258,22 @@ func (a *Agent) Stop() error {
 	return err
 }
 
+// Kill sends SIGKILL, as a crash or an OOM kill would end the agent, and
+// waits for the exit.
+func (a *Agent) Kill() error {
+	if err := a.Signal(syscall.SIGKILL); err != nil {
+		return err
+	}
+	if exited, _ := a.Exited(5 * time.Second); !exited {
+		return errors.New("agent did not exit on SIGKILL within 5s")
+	}
+	return nil
+}
+
+// PinAtMount makes the agent pin at the bpffs mount point itself, not in a
+// directory under it.
+func (a *Agent) PinAtMount() { a.BPFFSRoot = a.Mount }
+
 // Reload writes config and sends SIGHUP.
 func (a *Agent) Reload(config string) error {
 	if err := a.WriteConfig(config); err != nil {
@@ -264,7 +297,7 @@ func (a *Agent) Close() error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		errs = append(errs, fmt.Errorf("teardown: %v: %s", err, out))
 	}
-	errs = append(errs, unix.Unmount(filepath.Dir(a.BPFFSRoot), unix.MNT_DETACH))
+	errs = append(errs, unix.Unmount(a.Mount, unix.MNT_DETACH))
 	return errors.Join(errs...)
 }
 

@@ -148,6 +148,8 @@ type Agent struct {
 	badSeen            uint64
 	maxInflightDefault uint32
 	notify             Notify
+	// restored: the first Apply adopted the persisted accrual state.
+	restored bool
 }
 
 // New builds an agent over maps that may hold a previous agent's state:
@@ -223,14 +225,14 @@ func (a *Agent) SetNotify(n Notify) {
 	a.mu.Unlock()
 }
 
-// Begin is called once the first desired state is programmed and XDP is
-// attached: it restores accrual state from before a restart and reports
-// ready. Outcome events are handed to HandleEvents from then on.
+// Begin is called once the first desired state is programmed (with the
+// accrual state from before a restart, which the first Apply adopts) and
+// XDP is attached: it reports ready. Outcome events are handed to
+// HandleEvents from then on.
 func (a *Agent) Begin(ev Events) {
 	a.mu.Lock()
 	a.events = ev
 	a.monoOffset = ev.Offset()
-	a.restoreHealth()
 	a.mu.Unlock()
 	a.ready.Store(true)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/config"
@@ -225,6 +226,41 @@ func TestRestartAdoptsPersistedAccrualState(t *testing.T) {
 	// The penalty keeps running from where it was.
 	e.endPenalty(be[1])
 	e.wantState(be[1], "probation")
+}
+
+// Across a restart, no new flow can reach an endpoint that was ejected when
+// the agent died: the restarted agent's first table already leaves it out
+// and its kernel entry is never set back to active. A restored ejection is
+// not an ejection's reaction time.
+func TestRestartNeverReadmitsAnEjectedEndpoint(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 3, settings(func(s *accrual.Settings) { s.MinPenalty, s.MaxPenalty = 30*time.Second, time.Minute }))
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.eject(svc, be[1], 3)
+	e.f.tableWrites, e.f.stateWrites = map[uint32][][]uint32{}, map[uint32][]pbmaps.BackendState{}
+
+	e.restart()
+	e.start(state(s))
+	e.wantState(be[1], "ejected")
+	for i, tbl := range e.f.tableWrites[svc] {
+		if slices.Contains(tbl, be[1]) {
+			t.Fatalf("table %d written after the restart admits the ejected endpoint", i)
+		}
+	}
+	for _, st := range e.f.stateWrites[be[1]] {
+		if st != pbmaps.BackendEjected {
+			t.Fatalf("the ejected endpoint's kernel entry was set %s after the restart (writes %v)", st, e.f.stateWrites[be[1]])
+		}
+	}
+	e.wantReachable(s, be[0], be[2])
+	var m dto.Metric
+	if err := e.a.Metrics().Reaction.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if c := m.GetHistogram().GetSampleCount(); c != 0 {
+		t.Fatalf("the restored ejection was observed as a reaction time (%d samples)", c)
+	}
 }
 
 // A reload that removes a service deletes it and its endpoints from

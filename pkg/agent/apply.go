@@ -7,9 +7,11 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
 
 // Apply programs a desired state: services and backends, accrual's view
@@ -38,11 +40,23 @@ func (a *Agent) apply(st desired.State) {
 		}
 	}
 	a.tracker.Forget(gone)
-	for _, s := range a.rec.Services() {
-		pol := outcomes.PolicyFor(s.Spec.Accrual, s.Spec.Key.Protocol == desired.TCP)
-		for _, id := range s.Backends {
-			a.policy[id] = pol
+	services := a.rec.Services()
+	if !a.restored {
+		// The first desired state after a start: accrual adopts what the
+		// previous agent persisted before any table is written, so the
+		// first table already leaves out an endpoint that was ejected when
+		// it died (programming first would admit it for a moment).
+		a.restored = true
+		var trs []accrual.Transition
+		for _, s := range services {
+			a.setPolicy(s)
+			trs = append(trs, a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends)...)
 		}
+		a.restoreHealth()
+		a.handleTransitions(trs)
+	}
+	for _, s := range services {
+		a.setPolicy(s)
 		a.handleTransitions(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
 		a.program(s.ID)
 	}
@@ -50,6 +64,14 @@ func (a *Agent) apply(st desired.State) {
 	if err := a.rec.PrepareTables(); err != nil {
 		a.metrics.ProgramErrors.Inc()
 		a.log.Error("preparing spare tables", "err", err)
+	}
+}
+
+// setPolicy makes s's settings judge its backends' outcomes.
+func (a *Agent) setPolicy(s *reconcile.Service) {
+	pol := outcomes.PolicyFor(s.Spec.Accrual, s.Spec.Key.Protocol == desired.TCP)
+	for _, id := range s.Backends {
+		a.policy[id] = pol
 	}
 }
 

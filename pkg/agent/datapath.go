@@ -64,8 +64,8 @@ func Open(o NodeOptions) (_ *Node, err error) {
 }
 
 // Begin is called once the first desired state is programmed and XDP is
-// attached: the agent restores accrual state from before a restart and
-// reports ready, and the ring buffer's events start flowing to it.
+// attached: the agent reports ready, and the ring buffer's events start
+// flowing to it.
 func (n *Node) Begin() error {
 	reader, err := outcomes.NewReader(n.Datapath.PbEvents)
 	if err != nil {

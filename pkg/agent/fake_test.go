@@ -30,8 +30,10 @@ type fakeMaps struct {
 	config    uint32
 	// fail makes the next n calls of a method fail.
 	fail map[string]int
-	// tableWrites records every table a service went live with, in order.
+	// tableWrites records every table a service went live with, in order;
+	// stateWrites every state written to a backend's entry.
 	tableWrites map[uint32][][]uint32
+	stateWrites map[uint32][]pbmaps.BackendState
 }
 
 func newFakeMaps() *fakeMaps {
@@ -39,7 +41,7 @@ func newFakeMaps() *fakeMaps {
 		services: map[bpf.LbSvcKey]bpf.LbSvcValue{}, backends: map[uint32]bpf.LbBackend{},
 		tables: map[uint32][]uint32{}, fallbacks: map[uint32][]uint32{}, listed: map[uint32][]uint32{},
 		ports: map[uint16]uint8{}, vipSlots: map[uint32]bool{}, health: map[uint32]bpf.LbEndpointHealth{},
-		fail: map[string]int{}, tableWrites: map[uint32][][]uint32{},
+		fail: map[string]int{}, tableWrites: map[uint32][][]uint32{}, stateWrites: map[uint32][]pbmaps.BackendState{},
 	}
 }
 
@@ -82,6 +84,7 @@ func (f *fakeMaps) SetBackend(id uint32, b bpf.LbBackend) error {
 		return err
 	}
 	f.backends[id] = b
+	f.stateWrites[id] = append(f.stateWrites[id], pbmaps.BackendState(b.State))
 	return nil
 }
 
@@ -91,6 +94,7 @@ func (f *fakeMaps) SetBackends(ids []uint32, vals []bpf.LbBackend) error {
 	}
 	for i, id := range ids {
 		f.backends[id] = vals[i]
+		f.stateWrites[id] = append(f.stateWrites[id], pbmaps.BackendState(vals[i].State))
 	}
 	return nil
 }

@@ -16,9 +16,9 @@ func (a *Agent) persist(t accrual.Transition) {
 	}
 }
 
-// restoreHealth adopts the accrual state a previous agent persisted, after
-// the first desired state made the services known again. Called with mu
-// held.
+// restoreHealth adopts the accrual state a previous agent persisted, once
+// the first desired state made the services known again and before their
+// tables are written. Called with mu held.
 func (a *Agent) restoreHealth() {
 	recs, err := a.rec.PersistedEndpoints()
 	if err != nil {

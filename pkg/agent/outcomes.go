@@ -100,7 +100,10 @@ func (a *Agent) handleTransitions(trs []accrual.Transition) {
 		}
 		a.metrics.Transitions.WithLabelValues(name, string(t.Reason)).Inc()
 		var reaction time.Duration
-		if t.To == accrual.Ejected && t.From != accrual.Ejected && !t.FailureAt.IsZero() {
+		// Only a failure seen now has a reaction time: a restored ejection's
+		// failure happened before the restart.
+		if t.To == accrual.Ejected && t.From != accrual.Ejected && !t.FailureAt.IsZero() &&
+			t.Reason != accrual.ReasonRestored {
 			reaction = time.Duration(now - (t.FailureAt.UnixNano() - a.monoOffset))
 			a.metrics.Reaction.Observe(reaction.Seconds())
 		}

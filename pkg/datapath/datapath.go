@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -116,8 +117,17 @@ func Load(opts Options) (*Datapath, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("datapath: memlock: %w", err)
 	}
-	if err := ensureBPFFS(opts.Root); err != nil {
+	pins, err := ensureBPFFS(opts.Root)
+	if err != nil {
 		return nil, err
+	}
+	if opts.Logger != nil {
+		how := "an existing bpffs"
+		if pins.Mounted {
+			how = "a bpffs the agent mounted"
+		}
+		opts.Logger.Info("pins outlive the agent: the datapath keeps forwarding while it is down",
+			"bpffs_root", pins.Root, "bpffs_mount", pins.Mount, "on", how)
 	}
 	spec, err := Spec(opts)
 	if err != nil {
@@ -314,12 +324,20 @@ func Teardown(root string, log *slog.Logger) error {
 	os.Remove(linkDir)
 	ents, _ = os.ReadDir(root)
 	for _, e := range ents {
+		// Only the datapath's own pins: a root that is a bpffs mount point
+		// also holds the kernel's maps.debug and progs.debug.
+		if !strings.HasPrefix(e.Name(), "pb_") {
+			continue
+		}
 		if err := os.Remove(filepath.Join(root, e.Name())); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := os.Remove(root); err != nil && !os.IsNotExist(err) {
-		errs = append(errs, err)
+	// A root that is a mount point stays: it is the operator's.
+	if mountPoint(root) != root {
+		if err := os.Remove(root); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

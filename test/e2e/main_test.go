@@ -91,11 +91,21 @@ func all(n int) []int {
 // startAgent starts the agent with cfg and registers its teardown.
 func (e *env) startAgent(cfg string, args ...string) *agentrun.Agent {
 	e.t.Helper()
+	return e.startAgentWith(cfg, nil, args...)
+}
+
+// startAgentWith is startAgent with a change to the agent's settings
+// before it starts.
+func (e *env) startAgentWith(cfg string, prepare func(*agentrun.Agent), args ...string) *agentrun.Agent {
+	e.t.Helper()
 	a, err := agentrun.New(agentBin, e.topo.Node, e.t.TempDir(), cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	a.Args = args
+	if prepare != nil {
+		prepare(a)
+	}
 	e.t.Cleanup(func() {
 		if e.t.Failed() {
 			e.t.Logf("agent log tail:\n%s", a.LogTail(40))
