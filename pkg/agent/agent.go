@@ -67,6 +67,8 @@ type Events interface {
 	Offset() int64
 	// Undecodable counts records that did not decode.
 	Undecodable() uint64
+	// CaughtUp is a time up to which every event has been handed over.
+	CaughtUp() time.Time
 }
 
 // Transition is an accrual transition with the names of what it concerns.
@@ -150,6 +152,14 @@ type Agent struct {
 	notify             Notify
 	// restored: the first Apply adopted the persisted accrual state.
 	restored bool
+	// lostSeen: pb_stats events_lost at the last look; withheldSeen the
+	// tracker's Withheld carried into the metric.
+	lostSeen, withheldSeen uint64
+	flood                  struct {
+		on          bool
+		since, last time.Time
+		withheld    uint64
+	}
 }
 
 // New builds an agent over maps that may hold a previous agent's state:
@@ -233,6 +243,10 @@ func (a *Agent) Begin(ev Events) {
 	a.mu.Lock()
 	a.events = ev
 	a.monoOffset = ev.Offset()
+	// Losses before this process are no news to it.
+	if gs, err := a.stats.GlobalStats(); err == nil {
+		a.lostSeen = gs.EventsLost
+	}
 	a.mu.Unlock()
 	a.ready.Store(true)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
@@ -28,6 +29,7 @@ type fakeMaps struct {
 	partial   []uint32
 	redirect  []uint32
 	config    uint32
+	lost      uint64 // pb_stats events_lost
 	// fail makes the next n calls of a method fail.
 	fail map[string]int
 	// tableWrites records every table a service went live with, in order;
@@ -224,7 +226,9 @@ func (f *fakeMaps) SetConfig(flags uint32) error {
 }
 
 // Stats, all zero.
-func (f *fakeMaps) GlobalStats() (bpf.LbGlobalStats, error)     { return bpf.LbGlobalStats{}, nil }
+func (f *fakeMaps) GlobalStats() (bpf.LbGlobalStats, error) {
+	return bpf.LbGlobalStats{EventsLost: f.lost}, nil
+}
 func (f *fakeMaps) ServiceStats(uint32) (bpf.LbSvcStats, error) { return bpf.LbSvcStats{}, nil }
 func (f *fakeMaps) BackendStats(uint32) (bpf.LbBeStats, error)  { return bpf.LbBeStats{}, nil }
 
@@ -273,8 +277,19 @@ func (h *fakeHooks) Attach(n string) error { h.attached[n] = true; return nil }
 func (h *fakeHooks) Detach(n string) error { delete(h.attached, n); return nil }
 func (h *fakeHooks) Attached() []string    { return slices.Sorted(maps.Keys(h.attached)) }
 
-// fakeEvents is the ring buffer reader.
-type fakeEvents struct{ bad uint64 }
+// fakeEvents is the ring buffer reader; caught, when set, is how far it
+// has read (else it is always caught up).
+type fakeEvents struct {
+	bad    uint64
+	caught *time.Time
+}
+
+func (e *fakeEvents) CaughtUp() time.Time {
+	if e.caught != nil {
+		return *e.caught
+	}
+	return time.Unix(1<<40, 0)
+}
 
 func (e *fakeEvents) Offset() int64       { return outcomes.MonoOffset() }
 func (e *fakeEvents) Undecodable() uint64 { return e.bad }

@@ -35,6 +35,7 @@ type env struct {
 	links map[string]int
 	veths map[string]bool
 	a     *Agent
+	ev    *fakeEvents
 	port  uint16 // the client's next source port
 }
 
@@ -105,7 +106,8 @@ func (e *env) start(st desired.State) {
 	if err := e.a.PrefiltersWritten(); err != nil {
 		e.t.Fatal(err)
 	}
-	e.a.Begin(&fakeEvents{})
+	e.ev = &fakeEvents{}
+	e.a.Begin(e.ev)
 	if err := e.a.Ready(); err != nil {
 		e.t.Fatalf("not ready after start: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
 // Run is the agent's loop until ctx ends: it applies desired state as it
@@ -60,8 +61,15 @@ func (a *Agent) Run(ctx context.Context, configs <-chan *config.Config, states <
 // now when there is none. Called with mu held.
 func (a *Agent) nextDeadline() time.Time {
 	next, ok := a.engine.NextDeadline()
-	if t, tok := a.tracker.NextDeadline(); tok && (!ok || t.Before(next)) {
-		next, ok = t, true
+	if t, tok := a.tracker.NextDeadline(); tok {
+		// A deadline the reader has not caught up with yet is looked at
+		// again shortly, not in a busy loop.
+		if now := a.clk.Now(); !t.After(now) && a.events != nil && a.events.CaughtUp().Before(t) {
+			t = now.Add(outcomes.Poll)
+		}
+		if !ok || t.Before(next) {
+			next, ok = t, true
+		}
 	}
 	if !ok {
 		return a.clk.Now().Add(time.Hour)

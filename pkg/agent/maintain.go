@@ -8,10 +8,12 @@ import (
 )
 
 // Maintain keeps probation from stalling, retries services whose
-// programming failed and prepares the spare tables the next changes fill.
+// programming failed, prepares the spare tables the next changes fill and
+// ends flood mode when its signs are gone.
 func (a *Agent) Maintain() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.floodCheck(a.clk.Now())
 	a.watchProbes()
 	for id := range a.retry {
 		a.program(id)

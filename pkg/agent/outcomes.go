@@ -44,8 +44,13 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 // syncCounters carries counts kept outside Prometheus into it.
 func (a *Agent) syncCounters() {
 	if d := a.tracker.Overflow - a.overflowSeen; d > 0 {
+		a.floodSign(a.clk.Now(), "too many pending connects")
 		a.metrics.PendingOverflow.Add(float64(d))
 		a.overflowSeen = a.tracker.Overflow
+	}
+	if d := a.tracker.Withheld - a.withheldSeen; d > 0 {
+		a.metrics.Withheld.Add(float64(d))
+		a.withheldSeen = a.tracker.Withheld
 	}
 	if a.events == nil {
 		return
@@ -61,10 +66,16 @@ func (a *Agent) Advance() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.handleTransitions(a.engine.Advance())
-	a.tracker.Expire(a.clk.Now(), func(o accrual.Outcome) {
+	now := a.clk.Now()
+	upTo := a.judgeUpTo(now)
+	if a.tracker.Due(upTo) {
+		a.checkLoss(now)
+	}
+	a.tracker.Expire(upTo, func(o accrual.Outcome) {
 		a.handleTransitions(a.engine.Observe(o))
 	})
 	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
+	a.syncCounters()
 }
 
 // handleTransitions reprograms the services accrual's decisions touch,

@@ -59,6 +59,8 @@ type Metrics struct {
 	Transitions       *prometheus.CounterVec
 	PendingConnects   prometheus.Gauge
 	PendingOverflow   prometheus.Counter
+	Withheld          prometheus.Counter
+	FloodMode         prometheus.Gauge
 	InvalidSettings   *prometheus.CounterVec
 	ConntrackEntries  prometheus.Gauge
 	ConntrackExpired  prometheus.Counter
@@ -111,6 +113,14 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "pending_connects_overflow_total",
 			Help: "New flows not given a connect deadline because too many were pending (SYN flood); the kernel's retransmitted-SYN signal still applies.",
 		}),
+		Withheld: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "connect_timeouts_withheld_total",
+			Help: "Connect deadlines that passed without a verdict because events were lost while the connection waited (its SYN-ACK may have been among them): no evidence, not a timeout.",
+		}),
+		FloodMode: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "flood_mode",
+			Help: "1 while events are lost or read late, or too many connects are pending (a SYN flood, or the agent starved of CPU): connect deadlines then judge only connections whose events all arrived.",
+		}),
 		InvalidSettings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "invalid_settings_total",
 			Help: "Invalid per-service settings (config fields or annotations) rejected; the last good setting stays in force.",
@@ -126,6 +136,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
+		m.Withheld, m.FloodMode,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {

@@ -34,7 +34,15 @@ type Reader struct {
 
 	// Read counts events delivered; Bad counts records that did not decode.
 	Read, Bad atomic.Uint64
+	// caught: the Unix time (ns) up to which every event has been read:
+	// when the reader last found the ring empty.
+	caught atomic.Int64
 }
+
+// CaughtUp is a time up to which every event has been handed to Run's
+// handler: when the reader last found the ring empty. While it lags (the
+// ring is busier than the reader), deadlines after it cannot be judged.
+func (r *Reader) CaughtUp() time.Time { return time.Unix(0, r.caught.Load()) }
 
 // NewReader opens the ring buffer map.
 func NewReader(m *ebpf.Map) (*Reader, error) {
@@ -65,7 +73,9 @@ func NewReader(m *ebpf.Map) (*Reader, error) {
 	}
 	// Reads never wait: the ring is only read when it has data.
 	rb.SetDeadline(time.Unix(1, 0))
-	return &Reader{rb: rb, wake: wake, raw: raw, offset: MonoOffset()}, nil
+	rd := &Reader{rb: rb, wake: wake, raw: raw, offset: MonoOffset()}
+	rd.caught.Store(time.Now().UnixNano())
+	return rd, nil
 }
 
 // Offset is what the reader adds to kernel timestamps to get Unix time.
@@ -113,11 +123,15 @@ func (r *Reader) wait() error {
 func (r *Reader) Run(handle func([]Event)) error {
 	var rec ringbuf.Record
 	for {
+		// The time is taken before the ring is looked at: an event
+		// stamped before it is in the ring by then.
+		at := time.Now().UnixNano()
 		n, ok := r.available()
 		if !ok {
 			return nil
 		}
 		if n == 0 {
+			r.caught.Store(at)
 			if err := r.wait(); err != nil {
 				if _, ok := r.available(); !ok {
 					return nil
@@ -127,6 +141,7 @@ func (r *Reader) Run(handle func([]Event)) error {
 			continue
 		}
 		batch := make([]Event, 0, 64)
+		var emptyAt int64 // when the ring was found empty after this batch
 		for len(batch) < MaxBatch {
 			if err := r.rb.ReadInto(&rec); err != nil {
 				if errors.Is(err, ringbuf.ErrClosed) {
@@ -144,14 +159,21 @@ func (r *Reader) Run(handle func([]Event)) error {
 			} else {
 				batch = append(batch, ev)
 			}
-			// Take what is already there, and no more.
+			// Take what is already there, and no more. (The time is read
+			// only when the ring is empty, after the look: an event stamped
+			// in the nanoseconds between would be missed by the mark, at
+			// no cost to every other record.)
 			if n, _ := r.available(); n == 0 {
+				emptyAt = time.Now().UnixNano()
 				break
 			}
 		}
 		r.Read.Add(uint64(len(batch)))
 		if len(batch) > 0 {
 			handle(batch)
+		}
+		if emptyAt != 0 {
+			r.caught.Store(emptyAt)
 		}
 	}
 }

@@ -73,6 +73,7 @@ const timedOutMemory = 10
 
 type pending struct {
 	seq    uint64
+	gen    uint64 // Tracker.gen when the connection started waiting
 	phase  phase
 	probe  bool
 	settle Settle
@@ -124,7 +125,18 @@ type Tracker struct {
 	// only the kernel's retransmission signal. Overflow counts them.
 	MaxPending int
 	Overflow   uint64
+	// gen counts event losses the agent reported (EventsLost): a connect
+	// deadline of a connection that waited across one is no evidence, as
+	// its SYN-ACK may be among the lost events. Withheld counts those.
+	gen      uint64
+	Withheld uint64
 }
+
+// EventsLost tells the tracker that the datapath dropped events (the ring
+// buffer was full): connections waiting now get no timeout verdict from
+// their deadline, only from what still arrives (a RST, the kernel's
+// retransmission signal, a SYN-ACK).
+func (t *Tracker) EventsLost() { t.gen++ }
 
 // NewTracker returns a tracker using policy for each backend.
 func NewTracker(policy PolicyFunc) *Tracker {
@@ -146,6 +158,7 @@ func (t *Tracker) wait(key flowKey, p pending, at time.Time, d time.Duration) bo
 	}
 	t.seq++
 	p.seq = t.seq
+	p.gen = t.gen
 	t.pending[key] = p
 	q := t.queues[d]
 	if q == nil {
@@ -226,7 +239,10 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 }
 
 // Expire decides every connection whose deadline passed by now: a
-// connecting one timed out, a settling one succeeded.
+// connecting one timed out, a settling one succeeded. now must be a time up
+// to which every event has been read (the reader's CaughtUp): a deadline
+// judged while its connection's SYN-ACK is still unread in the ring would
+// turn a late event into a false timeout.
 func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 	for _, q := range t.queues {
 		for {
@@ -243,6 +259,10 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 			o := accrual.Outcome{Endpoint: d.key.backend, Probe: p.probe, At: d.at}
 			switch p.phase {
 			case connecting:
+				if p.gen != t.gen {
+					t.Withheld++
+					continue
+				}
 				o.Kind = accrual.KindTimeout
 				t.wait(d.key, pending{phase: timedOut}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
 			case settling:
@@ -288,6 +308,12 @@ func (t *Tracker) NextDeadline() (time.Time, bool) {
 		}
 	}
 	return best, found
+}
+
+// Due reports whether a pending connection's deadline has passed by now.
+func (t *Tracker) Due(now time.Time) bool {
+	next, ok := t.NextDeadline()
+	return ok && !next.After(now)
 }
 
 // Forget drops pending connections of backends that left the desired state.
