@@ -155,7 +155,9 @@ type Agent struct {
 	// lostSeen: pb_stats events_lost at the last look; withheldSeen the
 	// tracker's Withheld carried into the metric.
 	lostSeen, withheldSeen uint64
-	flood                  struct {
+	// timeouts: per service, which endpoints timed out lately (peers.go).
+	timeouts map[uint32]*svcTimeouts
+	flood    struct {
 		on          bool
 		since, last time.Time
 		withheld    uint64
@@ -209,6 +211,7 @@ func New(c Config) (*Agent, error) {
 		probeSeen:          map[uint32]time.Time{},
 		deadlines:          make(chan struct{}, 1),
 		retry:              map[uint32]bool{},
+		timeouts:           map[uint32]*svcTimeouts{},
 		maxInflightDefault: c.MaxInflightDefault,
 		monoOffset:         outcomes.MonoOffset(),
 	}

@@ -67,7 +67,7 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 	if ep := e.endpoint(be[1]); ep.State != "ready" || ep.Counters.Failures.Timeout != 0 {
 		t.Fatalf("endpoint %s with %d timeouts judged across lost events", ep.State, ep.Counters.Failures.Timeout)
 	}
-	if got := testutil.ToFloat64(e.a.Metrics().Withheld); got != 3 {
+	if got := testutil.ToFloat64(e.a.Metrics().Withheld.WithLabelValues("events_lost")); got != 3 {
 		t.Fatalf("withheld %v, want 3", got)
 	}
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 1 {
@@ -103,7 +103,41 @@ func TestOldLossesAreNoNews(t *testing.T) {
 	e.clk.Step(time.Second)
 	e.a.Advance()
 	e.wantState(be[0], "ejected")
-	if got := testutil.ToFloat64(e.a.Metrics().Withheld); got != 0 {
+	if got := testutil.ToFloat64(e.a.Metrics().Withheld.WithLabelValues("events_lost")); got != 0 {
 		t.Fatalf("withheld %v, want 0", got)
 	}
+}
+
+// When most endpoints of a service time out together (a node dropping
+// packets under a flood, a shared dependency down), no endpoint is
+// ejected for it: the timeouts are withheld. One endpoint timing out alone
+// among healthy peers is still ejected.
+func TestServiceWideTimeoutsEjectNobody(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 3, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	for range 10 {
+		for _, id := range be {
+			e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, id, e.nextPort(), 0)})
+		}
+	}
+	e.clk.Step(time.Second)
+	e.a.Advance()
+	for _, id := range be {
+		e.wantState(id, "ready")
+	}
+	if got := testutil.ToFloat64(e.a.Metrics().Withheld.WithLabelValues("service_wide")); got < 20 {
+		t.Fatalf("service-wide withheld %v, want most of the 30 timeouts", got)
+	}
+	// Later, one endpoint alone goes silent: it is ejected.
+	e.clk.Step(3 * time.Second)
+	for range 3 {
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[2], e.nextPort(), 0)})
+		e.served(svc, be[0], false)
+		e.served(svc, be[1], false)
+	}
+	e.clk.Step(time.Second)
+	e.a.Advance()
+	e.wantState(be[2], "ejected")
 }

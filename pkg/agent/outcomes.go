@@ -25,7 +25,7 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 			a.probeSeen[ev.Backend] = a.clk.Now()
 		}
 		if o, ok := a.tracker.Classify(*ev); ok {
-			a.handleTransitions(a.engine.Observe(o))
+			a.observe(o)
 		}
 	}
 	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
@@ -49,7 +49,7 @@ func (a *Agent) syncCounters() {
 		a.overflowSeen = a.tracker.Overflow
 	}
 	if d := a.tracker.Withheld - a.withheldSeen; d > 0 {
-		a.metrics.Withheld.Add(float64(d))
+		a.metrics.Withheld.WithLabelValues("events_lost").Add(float64(d))
 		a.withheldSeen = a.tracker.Withheld
 	}
 	if a.events == nil {
@@ -71,9 +71,7 @@ func (a *Agent) Advance() {
 	if a.tracker.Due(upTo) {
 		a.checkLoss(now)
 	}
-	a.tracker.Expire(upTo, func(o accrual.Outcome) {
-		a.handleTransitions(a.engine.Observe(o))
-	})
+	a.tracker.Expire(upTo, a.observe)
 	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
 	a.syncCounters()
 }

@@ -59,7 +59,7 @@ type Metrics struct {
 	Transitions       *prometheus.CounterVec
 	PendingConnects   prometheus.Gauge
 	PendingOverflow   prometheus.Counter
-	Withheld          prometheus.Counter
+	Withheld          *prometheus.CounterVec
 	FloodMode         prometheus.Gauge
 	InvalidSettings   *prometheus.CounterVec
 	ConntrackEntries  prometheus.Gauge
@@ -113,10 +113,10 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "pending_connects_overflow_total",
 			Help: "New flows not given a connect deadline because too many were pending (SYN flood); the kernel's retransmitted-SYN signal still applies.",
 		}),
-		Withheld: prometheus.NewCounter(prometheus.CounterOpts{
+		Withheld: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "connect_timeouts_withheld_total",
-			Help: "Connect deadlines that passed without a verdict because events were lost while the connection waited (its SYN-ACK may have been among them): no evidence, not a timeout.",
-		}),
+			Help: "Connect timeouts not counted against their endpoint, by reason: events_lost (events were lost while the connection waited: its SYN-ACK may have been among them), service_wide (most of the service's endpoints were timing out at once: the service, or the node, is degraded, not the endpoint).",
+		}, []string{"reason"}),
 		FloodMode: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "flood_mode",
 			Help: "1 while events are lost or read late, or too many connects are pending (a SYN flood, or the agent starved of CPU): connect deadlines then judge only connections whose events all arrived.",

@@ -1,0 +1,126 @@
+package testnet
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// FloodSpec is a SYN flood: SYNs from Sources to Target, Rate a second for
+// Duration, every SYN a new flow (each source walks its source port).
+type FloodSpec struct {
+	Sources  []netip.Addr // IPv4 addresses of the namespace's eth0 (AddAddrs)
+	Target   netip.AddrPort
+	Rate     int
+	Duration time.Duration
+}
+
+// FloodResult says what the sender managed.
+type FloodResult struct {
+	Sent    int
+	Elapsed time.Duration
+}
+
+// Rate is the SYNs per second actually sent.
+func (r FloodResult) Rate() float64 { return float64(r.Sent) / r.Elapsed.Seconds() }
+
+// AddAddrs gives the namespace's eth0 more addresses of its /24, so a
+// backend's SYN-ACKs to them come back to this namespace, whose kernel
+// answers them with RST (no socket): a flood from real, reachable sources.
+func (n *NS) AddAddrs(addrs ...netip.Addr) error {
+	for _, a := range addrs {
+		if _, err := n.Run("ip", "addr", "add", a.String()+"/24", "dev", "eth0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SYNFlood sends spec's SYNs through a raw socket in the namespace, paced
+// in 1 ms slices, until Duration passes or ctx ends. It is bounded by
+// Rate·Duration packets.
+func (n *NS) SYNFlood(ctx context.Context, spec FloodSpec) (FloodResult, error) {
+	var fd int
+	if err := n.Do(func() (err error) {
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		return err
+	}); err != nil {
+		return FloodResult{}, fmt.Errorf("testnet: raw socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if len(spec.Sources) == 0 || spec.Rate <= 0 {
+		return FloodResult{}, fmt.Errorf("testnet: flood needs sources and a rate")
+	}
+	dst := spec.Target.Addr().As4()
+	sa := &unix.SockaddrInet4{Addr: dst}
+	pkts := make([][]byte, len(spec.Sources))
+	for i, s := range spec.Sources {
+		pkts[i] = synTemplate(s.As4(), dst, spec.Target.Port())
+	}
+	ports := make([]uint16, len(spec.Sources))
+	for i := range ports {
+		ports[i] = uint16(1024 + rand.IntN(60000))
+	}
+	total := int(float64(spec.Rate) * spec.Duration.Seconds())
+	start := time.Now()
+	sent, i := 0, 0
+	for sent < total && ctx.Err() == nil {
+		// Everything due by now, then a breath.
+		due := min(total, int(float64(spec.Rate)*time.Since(start).Seconds())+1)
+		for ; sent < due; sent++ {
+			k := i % len(pkts)
+			i++
+			ports[k]++
+			if ports[k] < 1024 {
+				ports[k] = 1024
+			}
+			setSYN(pkts[k], ports[k], rand.Uint32())
+			if err := unix.Sendto(fd, pkts[k], 0, sa); err != nil && err != unix.ENOBUFS {
+				return FloodResult{Sent: sent, Elapsed: time.Since(start)}, fmt.Errorf("testnet: send SYN: %w", err)
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return FloodResult{Sent: sent, Elapsed: time.Since(start)}, nil
+}
+
+// synTemplate is an IPv4 + TCP SYN packet from src to dst:port. The
+// kernel fills the IP checksum, length and id (IP_HDRINCL semantics);
+// setSYN fills the source port, sequence number and TCP checksum.
+func synTemplate(src, dst [4]byte, port uint16) []byte {
+	b := make([]byte, 40)
+	b[0] = 0x45
+	b[8] = 64 // TTL
+	b[9] = unix.IPPROTO_TCP
+	copy(b[12:16], src[:])
+	copy(b[16:20], dst[:])
+	binary.BigEndian.PutUint16(b[22:], port)
+	b[32] = 5 << 4 // data offset
+	b[33] = 0x02   // SYN
+	binary.BigEndian.PutUint16(b[34:], 64240)
+	return b
+}
+
+func setSYN(b []byte, sport uint16, seq uint32) {
+	t := b[20:]
+	binary.BigEndian.PutUint16(t[0:], sport)
+	binary.BigEndian.PutUint32(t[4:], seq)
+	t[16], t[17] = 0, 0
+	// Pseudo-header: source, destination, protocol, TCP length (20).
+	sum := uint32(6 + 20)
+	for i := 12; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(t[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	binary.BigEndian.PutUint16(t[16:], ^uint16(sum))
+}

@@ -1,0 +1,78 @@
+package e2e
+
+import (
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/penaltybox/penaltybox/internal/testnet"
+)
+
+// floodSources are four more addresses of the client's namespace: the
+// backends' SYN-ACKs to them reach its kernel, which answers with RST.
+var floodSources = []netip.Addr{
+	netip.MustParseAddr("198.18.0.10"), netip.MustParseAddr("198.18.0.11"),
+	netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("198.18.0.13"),
+}
+
+// floodRate is about twice the SYN rate nftables DNAT carries on this
+// kind of machine: enough to saturate it (its veths drop packets, legit
+// ones with the flood's, and the backends answer with SYN cookies).
+const floodRate = 120000
+
+// A SYN flood does not make healthy endpoints look sick: with three
+// healthy backends, 100 legit connections a second and six long-lived
+// connections through the VIP, 10 s of new flows from four more client
+// addresses at floodRate eject no endpoint and cut no long-lived
+// connection. The machine itself drops packets at this rate, so legit
+// connects time out on every endpoint alike: the agent withholds those
+// timeouts (service-wide) instead of ejecting endpoints one by one.
+func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
+	e := newEnv(t, 3)
+	if err := e.topo.Client.AddAddrs(floodSources...); err != nil {
+		t.Fatal(err)
+	}
+	a := e.startAgent(config(e.topo, all(3), ""))
+	var long []*conn
+	var first []string
+	for range 6 {
+		c := e.dialVIP()
+		long = append(long, c)
+		first = append(first, c.mustGet("before the flood"))
+	}
+	var fr testnet.FloodResult
+	var floodErr error
+	var floodStart time.Time
+	var wg sync.WaitGroup
+	rs := e.loadAround(100, 12*time.Second, func() {
+		time.Sleep(time.Second)
+		wg.Go(func() {
+			floodStart = time.Now()
+			fr, floodErr = e.topo.Client.SYNFlood(e.ctx, testnet.FloodSpec{Sources: floodSources,
+				Target: netip.MustParseAddrPort(testnet.VIP + ":80"), Rate: floodRate, Duration: 10 * time.Second})
+		})
+	})
+	wg.Wait()
+	if floodErr != nil {
+		t.Fatal(floodErr)
+	}
+	during := rs.Since(floodStart)
+	m := e.metrics()
+	ejections := m.Get("penaltybox_accrual_transitions_total", "service", "web", "reason", "consecutive-failures")
+	withheld := m.Get("penaltybox_connect_timeouts_withheld_total", "reason", "service_wide") +
+		m.Get("penaltybox_connect_timeouts_withheld_total", "reason", "events_lost")
+	t.Logf("flood: %d SYNs in %v (%.0f/s); legit connections during it: %d, %.2f%% ok (%v); ejections %v; timeouts withheld %v",
+		fr.Sent, fr.Elapsed.Round(time.Millisecond), fr.Rate(), len(during), 100*during.SuccessRate(), during.Counts(), ejections, withheld)
+	if ejections != 0 || a.LogContains("endpoint ejected") {
+		t.Errorf("%v healthy endpoints ejected during the flood", ejections)
+	}
+	for i, c := range long {
+		if got, err := c.get(); err != nil || got != first[i] {
+			t.Errorf("long-lived connection %d: %q, %v (was on %s)", i, got, err, first[i])
+		}
+	}
+	if fr.Rate() < floodRate/2 {
+		t.Fatalf("the flood reached only %.0f SYNs/s: the test did not flood", fr.Rate())
+	}
+}
