@@ -2,7 +2,7 @@
 // pick instead, on the same machine in the same run, and writes the
 // results as markdown (bench/RESULTS.md via `make bench`):
 //
-//	go run ./bench --out bench/RESULTS.md [--only packet,e2e,failing,reaction,control] [--rounds 5]
+//	go run ./bench --out bench/RESULTS.md [--only packet,e2e,failing,flood,reaction,control] [--rounds 5]
 //
 // Parts (each can run on its own with --only):
 //
@@ -15,6 +15,8 @@
 //	          in TCP mode, and plain routing
 //	failing   one of three backends refusing, then dropping SYNs: penaltybox,
 //	          nftables DNAT, HAProxy with passive layer-4 checks
+//	flood     a SYN flood beside legit load and long-lived connections:
+//	          penaltybox and nftables DNAT at the same offered SYN rates
 //	reaction  kernel timestamp of the deciding failure → endpoint out of the
 //	          maps, over ≥ 1,000 ejections
 //	control   10,000 services × 10 backends from a config file, one backend
@@ -45,7 +47,7 @@ type options struct {
 	agent  string
 }
 
-var allParts = []string{"packet", "e2e", "failing", "reaction", "control"}
+var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control"}
 
 func main() {
 	var o options
@@ -133,6 +135,7 @@ type sizes struct {
 	packet   packetOpts
 	e2e      e2eOpts
 	failing  failingOpts
+	flood    floodOpts
 	reaction reactionOpts
 	control  controlOpts
 }
@@ -143,14 +146,17 @@ func sizesFor(rounds int, quick bool) sizes {
 			packet:   packetOpts{Rounds: rounds, Repeat: 1001, NewFlows: 200},
 			e2e:      e2eOpts{Rounds: rounds, Duration: 300 * time.Millisecond, Warmup: 100 * time.Millisecond, Workers: 4},
 			failing:  failingOpts{Rounds: rounds, Duration: time.Second, Rate: 200},
+			flood:    floodOpts{Rounds: rounds, Duration: 2 * time.Second, Legit: 50, Rates: []int{5000}},
 			reaction: reactionOpts{Ejections: 20, Services: 4, Rate: 400, Timeout: 20 * time.Second, Rounds: rounds},
 			control:  controlOpts{Rounds: rounds, Services: 50, PerService: 10, RingDuration: 200 * time.Millisecond, GoBenchTime: "10x"},
 		}
 	}
 	return sizes{
-		packet:   packetOpts{Rounds: rounds, Repeat: 1_000_001, NewFlows: 20000},
-		e2e:      e2eOpts{Rounds: rounds, Duration: 4 * time.Second, Warmup: 500 * time.Millisecond, Workers: 32},
-		failing:  failingOpts{Rounds: rounds, Duration: 6 * time.Second, Rate: 250},
+		packet:  packetOpts{Rounds: rounds, Repeat: 1_000_001, NewFlows: 20000},
+		e2e:     e2eOpts{Rounds: rounds, Duration: 4 * time.Second, Warmup: 500 * time.Millisecond, Workers: 32},
+		failing: failingOpts{Rounds: rounds, Duration: 6 * time.Second, Rate: 250},
+		// Two rounds: each run saturates the machine for 10 s.
+		flood:    floodOpts{Rounds: min(rounds, 2), Duration: 12 * time.Second, Legit: 100, Rates: []int{60000, 120000, 400000}},
 		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds},
 		control:  controlOpts{Rounds: rounds, Services: 10000, PerService: 10, RingDuration: 2 * time.Second, GoBenchTime: "300ms"},
 	}
@@ -175,6 +181,8 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 			err = runE2E(res, sz.e2e, o.agent, logf)
 		case "failing":
 			err = runFailing(res, sz.failing, o.agent, logf)
+		case "flood":
+			err = runFlood(res, sz.flood, o.agent, logf)
 		case "reaction":
 			err = runReaction(res, sz.reaction, o.agent, logf)
 		case "control":

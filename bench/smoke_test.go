@@ -39,7 +39,7 @@ func TestSmoke(t *testing.T) {
 	})
 	for _, part := range allParts {
 		t.Run(part, func(t *testing.T) {
-			if part == "e2e" || part == "failing" {
+			if part == "e2e" || part == "failing" || part == "flood" {
 				for _, bin := range []string{"nft", "haproxy"} {
 					if _, err := exec.LookPath(bin); err != nil {
 						t.Skipf("%s not installed (make deps)", bin)

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,8 +43,8 @@ func (n *NS) AddAddrs(addrs ...netip.Addr) error {
 }
 
 // SYNFlood sends spec's SYNs through a raw socket in the namespace, paced
-// in 1 ms slices, until Duration passes or ctx ends. It is bounded by
-// Rate·Duration packets.
+// in 1 ms slices, until Duration passes or ctx ends, at most Rate·Duration
+// packets. A sender the machine slows down sends fewer (FloodResult).
 func (n *NS) SYNFlood(ctx context.Context, spec FloodSpec) (FloodResult, error) {
 	var fd int
 	if err := n.Do(func() (err error) {
@@ -69,7 +70,7 @@ func (n *NS) SYNFlood(ctx context.Context, spec FloodSpec) (FloodResult, error) 
 	total := int(float64(spec.Rate) * spec.Duration.Seconds())
 	start := time.Now()
 	sent, i := 0, 0
-	for sent < total && ctx.Err() == nil {
+	for sent < total && ctx.Err() == nil && time.Since(start) < spec.Duration {
 		// Everything due by now, then a breath.
 		due := min(total, int(float64(spec.Rate)*time.Since(start).Seconds())+1)
 		for ; sent < due; sent++ {
@@ -123,4 +124,19 @@ func setSYN(b []byte, sport uint16, seq uint32) {
 		sum = sum>>16 + sum&0xffff
 	}
 	binary.BigEndian.PutUint16(t[16:], ^uint16(sum))
+}
+
+// TxDrops is the interface's transmit drop count (0 if unreadable). On a
+// veth whose peer runs XDP these are the frames its peer's queue had no
+// room for.
+func (n *NS) TxDrops(iface string) uint64 {
+	var drops uint64
+	n.Do(func() error {
+		// netlink, not /sys: sysfs shows the host's interfaces here.
+		if l, err := netlink.LinkByName(iface); err == nil && l.Attrs().Statistics != nil {
+			drops = l.Attrs().Statistics.TxDropped
+		}
+		return nil
+	})
+	return drops
 }
