@@ -74,7 +74,7 @@ func TestUnansweredConnectsTimeOut(t *testing.T) {
 	e.start(state(s))
 	svc, be := e.ids(s)
 	for range 3 {
-		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], e.nextPort(), 0)})
+		e.unanswered(svc, be[1])
 	}
 	e.wantState(be[1], "ready")
 	if next := e.a.NextDeadline(); !next.Equal(e.clk.Now().Add(time.Second)) {
@@ -356,6 +356,9 @@ func TestStalledProbeIsRegranted(t *testing.T) {
 	e.a.Maintain()
 	if st, grants := e.kernel(be[0]); st != pbmaps.BackendProbation || grants != 1 {
 		t.Fatalf("kernel entry %s with %d grants, want a fresh probe", st, grants)
+	}
+	if got := testutil.ToFloat64(e.a.Metrics().ProbeRegrants.WithLabelValues("web", "no_verdict")); got != 1 {
+		t.Fatalf("probe regrants{no_verdict} = %v, want 1", got)
 	}
 	e.served(svc, be[0], true)
 	e.wantState(be[0], "ready")

@@ -59,7 +59,7 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 	e.start(state(s))
 	svc, be := e.ids(s)
 	for range 3 {
-		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], e.nextPort(), 0)})
+		e.unanswered(svc, be[1])
 	}
 	e.f.lost += 1000 // the ring overflowed meanwhile
 	e.clk.Step(time.Second)
@@ -75,7 +75,7 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 	}
 	// After the loss, a silent backend is still caught.
 	for range 3 {
-		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], e.nextPort(), 0)})
+		e.unanswered(svc, be[1])
 	}
 	e.clk.Step(time.Second)
 	e.a.Advance()
@@ -98,7 +98,7 @@ func TestOldLossesAreNoNews(t *testing.T) {
 	e.start(state(s))
 	svc, be := e.ids(s)
 	for range 3 {
-		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), 0)})
+		e.unanswered(svc, be[0])
 	}
 	e.clk.Step(time.Second)
 	e.a.Advance()
@@ -119,7 +119,7 @@ func TestServiceWideTimeoutsEjectNobody(t *testing.T) {
 	svc, be := e.ids(s)
 	for range 10 {
 		for _, id := range be {
-			e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, id, e.nextPort(), 0)})
+			e.unanswered(svc, id)
 		}
 	}
 	e.clk.Step(time.Second)
@@ -133,7 +133,7 @@ func TestServiceWideTimeoutsEjectNobody(t *testing.T) {
 	// Later, one endpoint alone goes silent: it is ejected.
 	e.clk.Step(3 * time.Second)
 	for range 3 {
-		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[2], e.nextPort(), 0)})
+		e.unanswered(svc, be[2])
 		e.served(svc, be[0], false)
 		e.served(svc, be[1], false)
 	}

@@ -145,6 +145,11 @@ func (e *env) event(typ outcomes.Type, svc, be uint32, port uint16, flags uint8)
 
 func (e *env) nextPort() uint16 { e.port++; return e.port }
 
+// unanswered: one new connection to be, with no answer yet.
+func (e *env) unanswered(svc, be uint32) {
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be, e.nextPort(), 0)})
+}
+
 // refused: one connection to be that the backend refuses.
 func (e *env) refused(svc, be uint32, probe bool) {
 	var fl uint8

@@ -40,20 +40,22 @@ func (a *Agent) watchProbes() {
 			if err != nil {
 				continue
 			}
-			reason := ""
+			reason, label := "", ""
 			switch {
 			case state != maps.BackendProbation:
-				reason = "the datapath's entry is " + state.String()
+				reason, label = "the datapath's entry is "+state.String(), "state_drift"
 			case grants <= 0:
 				seen, ok := a.probeSeen[id]
 				wait := a.policyOf(id).ConnectTimeout*2 + time.Second
 				if !ok || now.Sub(seen) > wait {
-					reason = "its probe was admitted but no verdict came"
+					reason, label = "its probe was admitted but no verdict came", "no_verdict"
 				}
 			}
 			if reason == "" {
 				continue
 			}
+			// The probe is inconclusive: said here, counted, and retried.
+			a.metrics.ProbeRegrants.WithLabelValues(s.Spec.Name, label).Inc()
 			a.log.Warn("probation stalled, granting a new probe", "service", s.Spec.Name,
 				"endpoint", a.endpointName(id), "reason", reason)
 			if err := a.rec.Regrant(id); err != nil {

@@ -61,6 +61,7 @@ type Metrics struct {
 	PendingOverflow   prometheus.Counter
 	Withheld          *prometheus.CounterVec
 	FloodMode         prometheus.Gauge
+	ProbeRegrants     *prometheus.CounterVec
 	InvalidSettings   *prometheus.CounterVec
 	ConntrackEntries  prometheus.Gauge
 	ConntrackExpired  prometheus.Counter
@@ -121,6 +122,10 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "flood_mode",
 			Help: "1 while events are lost or read late, or too many connects are pending (a SYN flood, or the agent starved of CPU): connect deadlines then judge only connections whose events all arrived.",
 		}),
+		ProbeRegrants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "probe_regrants_total",
+			Help: "Fresh probes the probation watchdog granted, by reason: no_verdict (the kernel admitted a probe and no verdict came: its events were lost, or the datapath saw no answer), state_drift (the kernel's entry was not in probation).",
+		}, []string{"service", "reason"}),
 		InvalidSettings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "invalid_settings_total",
 			Help: "Invalid per-service settings (config fields or annotations) rejected; the last good setting stays in force.",
@@ -136,7 +141,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
-		m.Withheld, m.FloodMode,
+		m.Withheld, m.FloodMode, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {

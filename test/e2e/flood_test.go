@@ -34,13 +34,7 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := e.startAgent(config(e.topo, all(3), ""))
-	var long []*conn
-	var first []string
-	for range 6 {
-		c := e.dialVIP()
-		long = append(long, c)
-		first = append(first, c.mustGet("before the flood"))
-	}
+	long, first := e.longLived(6)
 	var fr testnet.FloodResult
 	var floodErr error
 	var floodStart time.Time

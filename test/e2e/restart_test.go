@@ -32,6 +32,18 @@ func (e *env) loadAround(rate float64, d time.Duration, during func()) testnet.R
 	return rs
 }
 
+// longLived opens n keep-alive connections through the VIP and returns
+// them with the backend each first reached.
+func (e *env) longLived(n int) (long []*conn, first []string) {
+	e.t.Helper()
+	for range n {
+		c := e.dialVIP()
+		long = append(long, c)
+		first = append(first, c.mustGet("when opened"))
+	}
+	return long, first
+}
+
 // An agent killed outright leaves the datapath serving, wherever its pins
 // are and whatever mount namespace it runs in: here through `ip netns
 // exec`, which gives it a mount namespace of its own (a container has one
@@ -51,13 +63,7 @@ func TestKilledAgentInItsOwnMountNamespaceLeavesTheDatapath(t *testing.T) {
 					a.PinAtMount()
 				}
 			})
-			var long []*conn
-			var first []string
-			for range 6 {
-				c := e.dialVIP()
-				long = append(long, c)
-				first = append(first, c.mustGet("before the kill"))
-			}
+			long, first := e.longLived(6)
 			rs := e.loadAround(100, 5*time.Second, func() {
 				time.Sleep(time.Second)
 				if err := a.Kill(); err != nil {
