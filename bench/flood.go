@@ -43,13 +43,14 @@ func runFlood(res *Results, o floodOpts, agentBin string, logf func(string, ...a
 	if err := r.topo.Client.AddAddrs(floodSources...); err != nil {
 		return err
 	}
-	const vPB, vNft = "penaltybox", "nftables DNAT"
+	const vPB, vPBR, vNft = "penaltybox", "penaltybox, XDP_REDIRECT", "nftables DNAT"
 	variants := []struct {
 		name  string
 		start func() (lb, error)
 	}{
 		{vNft, r.nftables},
 		{vPB, func() (lb, error) { return r.penaltybox(false, "") }},
+		{vPBR, func() (lb, error) { return r.penaltybox(true, "") }},
 	}
 	floodFor := o.Duration - 2*time.Second
 	if floodFor <= 0 {
@@ -90,7 +91,7 @@ func runFlood(res *Results, o floodOpts, agentBin string, logf func(string, ...a
 				add("legit connections ok during the flood", "%", 100*out.legit, 2)
 				add("long-lived connections intact", "of 6", float64(out.intact), 0)
 				add("client veth drops during the flood", "packets", float64(out.drops), 0)
-				if v.name == vPB {
+				if v.name != vNft {
 					add("healthy endpoints ejected", "count", ejected, 0)
 				}
 				logf("flood: round %d/%d: %-14s %7d SYNs/s offered, %.0f sent: legit %.2f%% ok, %d/6 long-lived intact, %d veth drops, %v ejected",
