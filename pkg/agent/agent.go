@@ -13,8 +13,9 @@
 // tracker: the ring-buffer reader's goroutine calls HandleEvents itself (a
 // hand-off to the loop would put a goroutine wake-up on every ejection's
 // path), Run's goroutine calls the rest. Attaching XDP to interfaces is
-// serialised by a second lock, hooksMu, held without mu: an attachment
-// takes milliseconds, and outcomes must not wait for it.
+// serialised by a second lock, hooksMu, taken before mu and never while
+// holding it: attachments (milliseconds each) run without mu, so outcomes
+// do not wait for them, and mu is taken only to publish the result.
 package agent
 
 import (
@@ -122,6 +123,8 @@ type Agent struct {
 
 	// ready: the first desired state is programmed and XDP attached.
 	ready atomic.Bool
+	// eventsErr: why the ring buffer reader stopped (no more outcomes).
+	eventsErr atomic.Pointer[error]
 	// hooksMu serialises XDP attachment (see the package comment).
 	hooksMu sync.Mutex
 	// links: the Kubernetes attacher's attached links, name → ifindex
@@ -152,9 +155,12 @@ type Agent struct {
 	notify             Notify
 	// restored: the first Apply adopted the persisted accrual state.
 	restored bool
+	// begun: when Begin ran, on the events' clock.
+	begun time.Time
 	// lostSeen: pb_stats events_lost at the last look; withheldSeen the
 	// tracker's Withheld carried into the metric.
-	lostSeen, withheldSeen uint64
+	lostSeen, withheldSeen, withheldOldSeen uint64
+	withheldWide                            uint64 // service-wide withholds
 	// timeouts: per service, which endpoints timed out lately (peers.go).
 	timeouts map[uint32]*svcTimeouts
 	flood    struct {
@@ -246,6 +252,12 @@ func (a *Agent) Begin(ev Events) {
 	a.mu.Lock()
 	a.events = ev
 	a.monoOffset = ev.Offset()
+	// A pinned ring may hold events from while no agent ran: they are
+	// evidence as they come, but a connect deadline of a connection that
+	// started then is not (events may have been lost unseen), and a
+	// failure seen then has no reaction time of this agent's.
+	a.begun = time.Unix(0, outcomes.MonoNow()+ev.Offset())
+	a.tracker.NotBefore = a.begun
 	// Losses before this process are no news to it.
 	if gs, err := a.stats.GlobalStats(); err == nil {
 		a.lostSeen = gs.EventsLost
@@ -254,11 +266,22 @@ func (a *Agent) Begin(ev Events) {
 	a.ready.Store(true)
 }
 
+// EventsStopped records that the ring buffer reader stopped for good:
+// the datapath still forwards, but no endpoint is judged any more, so the
+// agent is not ready (the kubelet restarts it).
+func (a *Agent) EventsStopped(err error) {
+	a.eventsErr.Store(&err)
+	a.log.Error("ring buffer reader stopped", "err", err)
+}
+
 // Ready is /readyz: nil once the datapath is attached and programmed and
 // every write went through.
 func (a *Agent) Ready() error {
 	if !a.ready.Load() {
 		return fmt.Errorf("datapath not attached and programmed yet")
+	}
+	if err := a.eventsErr.Load(); err != nil {
+		return fmt.Errorf("outcome events no longer read (no failure accrual): %w", *err)
 	}
 	a.mu.RLock()
 	failing, dirty := len(a.retry), a.rec.PrefiltersDirty()

@@ -75,7 +75,7 @@ func (n *Node) Begin() error {
 	n.Agent.Begin(reader)
 	go func() {
 		if err := reader.Run(n.HandleEvents); err != nil {
-			n.log.Error("ring buffer reader stopped", "err", err)
+			n.EventsStopped(err)
 		}
 	}()
 	return nil

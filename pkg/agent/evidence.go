@@ -19,8 +19,9 @@ import "time"
 const floodQuiet = 10 * time.Second
 
 // lagLimit is how far behind the reader may be before it counts as a
-// sign of flood (the reader's poll is 5 ms).
-const lagLimit = 100 * time.Millisecond
+// sign of flood (the reader's poll is 5 ms; a long Apply holding the
+// agent's lock also holds the reader back, for less than this).
+const lagLimit = time.Second
 
 // judgeUpTo is the time up to which connect deadlines may be judged: now,
 // or earlier while the reader is behind. Called with mu held.
@@ -28,7 +29,11 @@ func (a *Agent) judgeUpTo(now time.Time) time.Time {
 	if a.events == nil {
 		return now
 	}
-	if c := a.events.CaughtUp(); c.Before(now) {
+	c := a.events.CaughtUp()
+	if c.IsZero() {
+		return c // the reader has not yet read the ring to its end once
+	}
+	if c.Before(now) {
 		if now.Sub(c) > lagLimit {
 			a.floodSign(now, "events read late")
 		}
@@ -57,10 +62,15 @@ func (a *Agent) floodSign(now time.Time, why string) {
 	if a.flood.on {
 		return
 	}
-	a.flood.on, a.flood.since, a.flood.withheld = true, now, a.tracker.Withheld
+	a.flood.on, a.flood.since, a.flood.withheld = true, now, a.withheldTotal()
 	a.metrics.FloodMode.Set(1)
 	a.log.Warn("flood mode: connect deadlines judge only connections whose events all arrived",
 		"cause", why, "pending_connects", a.tracker.Pending())
+}
+
+// withheldTotal counts connect timeouts withheld for any reason.
+func (a *Agent) withheldTotal() uint64 {
+	return a.tracker.Withheld + a.tracker.WithheldOld + a.withheldWide
 }
 
 // floodCheck ends flood mode after floodQuiet without a sign (and looks
@@ -72,6 +82,6 @@ func (a *Agent) floodCheck(now time.Time) {
 		a.flood.on = false
 		a.metrics.FloodMode.Set(0)
 		a.log.Info("flood mode ended", "lasted", now.Sub(a.flood.since).Round(time.Millisecond).String(),
-			"timeouts_withheld", a.tracker.Withheld-a.flood.withheld)
+			"timeouts_withheld", a.withheldTotal()-a.flood.withheld)
 	}
 }

@@ -282,6 +282,7 @@ func (h *fakeHooks) Attached() []string    { return slices.Sorted(maps.Keys(h.at
 type fakeEvents struct {
 	bad    uint64
 	caught *time.Time
+	clk    interface{ Now() time.Time }
 }
 
 func (e *fakeEvents) CaughtUp() time.Time {
@@ -291,5 +292,9 @@ func (e *fakeEvents) CaughtUp() time.Time {
 	return time.Unix(1<<40, 0)
 }
 
-func (e *fakeEvents) Offset() int64       { return outcomes.MonoOffset() }
+// Offset puts the events' clock on the test's (a millisecond early, so the
+// agent's start is before the first event a test sends).
+func (e *fakeEvents) Offset() int64 {
+	return e.clk.Now().Add(-time.Millisecond).UnixNano() - outcomes.MonoNow()
+}
 func (e *fakeEvents) Undecodable() uint64 { return e.bad }

@@ -106,7 +106,7 @@ func (e *env) start(st desired.State) {
 	if err := e.a.PrefiltersWritten(); err != nil {
 		e.t.Fatal(err)
 	}
-	e.ev = &fakeEvents{}
+	e.ev = &fakeEvents{clk: e.clk}
 	e.a.Begin(e.ev)
 	if err := e.a.Ready(); err != nil {
 		e.t.Fatalf("not ready after start: %v", err)

@@ -64,8 +64,16 @@ func (a *Agent) nextDeadline() time.Time {
 	if t, tok := a.tracker.NextDeadline(); tok {
 		// A deadline the reader has not caught up with yet is looked at
 		// again shortly, not in a busy loop.
-		if now := a.clk.Now(); !t.After(now) && a.events != nil && a.events.CaughtUp().Before(t) {
-			t = now.Add(outcomes.Poll)
+		if now := a.clk.Now(); !t.After(now) && a.events != nil {
+			if c := a.events.CaughtUp(); c.Before(t) {
+				// Soon while the reader keeps up; once a second while it
+				// lags or has stopped (Ready says so), not in a busy loop.
+				if now.Sub(c) < lagLimit {
+					t = now.Add(outcomes.Poll)
+				} else {
+					t = now.Add(lagLimit)
+				}
+			}
 		}
 		if !ok || t.Before(next) {
 			next, ok = t, true

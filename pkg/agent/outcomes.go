@@ -52,6 +52,10 @@ func (a *Agent) syncCounters() {
 		a.metrics.Withheld.WithLabelValues("events_lost").Add(float64(d))
 		a.withheldSeen = a.tracker.Withheld
 	}
+	if d := a.tracker.WithheldOld - a.withheldOldSeen; d > 0 {
+		a.metrics.Withheld.WithLabelValues("before_start").Add(float64(d))
+		a.withheldOldSeen = a.tracker.WithheldOld
+	}
 	if a.events == nil {
 		return
 	}
@@ -87,6 +91,9 @@ func (a *Agent) handleTransitions(trs []accrual.Transition) {
 		if t.To == accrual.Probation && t.From != accrual.Probation {
 			a.probeSeen[t.Endpoint] = a.clk.Now() // granted now
 		}
+		if t.To != accrual.Ready {
+			a.forgetTimeouts(t.Service, t.Endpoint)
+		}
 		if t.Reason == accrual.ReasonProbeInconclusive {
 			if err := a.rec.Regrant(t.Endpoint); err != nil {
 				a.log.Error("grant a new probe", "endpoint", a.endpointName(t.Endpoint), "err", err)
@@ -112,7 +119,7 @@ func (a *Agent) handleTransitions(trs []accrual.Transition) {
 		// Only a failure seen now has a reaction time: a restored ejection's
 		// failure happened before the restart.
 		if t.To == accrual.Ejected && t.From != accrual.Ejected && !t.FailureAt.IsZero() &&
-			t.Reason != accrual.ReasonRestored {
+			t.Reason != accrual.ReasonRestored && !t.FailureAt.Before(a.begun) {
 			reaction = time.Duration(now - (t.FailureAt.UnixNano() - a.monoOffset))
 			a.metrics.Reaction.Observe(reaction.Seconds())
 		}

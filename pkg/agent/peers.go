@@ -4,38 +4,42 @@ import (
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 // When every endpoint degrades together, the service is sick, not an
 // endpoint: a node dropping packets under a SYN flood, a network
 // partition, a shared dependency down. Timeouts then say nothing about
 // which endpoint to take out, and ejecting them one by one only churns
-// the tables and cuts long flows. So a timeout of an endpoint while at
-// least half of its service's other active endpoints also timed out
-// within the last connect timeout is withheld (counted, logged once per
-// episode), not judged. Refusals and resets are the endpoint's own answer
-// and always count; so does a probe's timeout (one flow, one endpoint).
+// the tables and cuts long flows. So a timeout of an endpoint is withheld
+// (counted, logged once per episode), not judged, while at least three
+// quarters of its service's other active endpoints are timing out about
+// as much: each with at least half as many timeouts as it, and at least
+// two, over the last one to two connect timeouts (two windows of one).
+// Refusals and resets are the endpoint's own answer and always count; so
+// does a probe's timeout (one flow, one endpoint), which is not recorded.
 
-// svcTimeouts are the endpoints of one service whose connects timed out in
-// the current and the previous window (a connect timeout long each).
+// svcTimeouts are the timeouts of one service's active endpoints in the
+// current and the previous window (a connect timeout long each).
 type svcTimeouts struct {
 	start     time.Time
-	cur, prev map[uint32]bool
-	union     int // len(cur ∪ prev)
+	cur, prev map[uint32]int
 	// wideSince: when the current service-wide episode began (zero: none);
 	// wideLast its last withheld timeout, wideCount how many.
 	wideSince, wideLast time.Time
 	wideCount           uint64
 }
 
+func (st *svcTimeouts) count(id uint32) int { return st.cur[id] + st.prev[id] }
+
 // serviceWide records a timeout of o's endpoint and reports whether most
-// of its peers are timing out too. Called with mu held.
+// of its peers are timing out as much. Called with mu held.
 func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
-	if o.Success || o.Kind != accrual.KindTimeout {
+	if o.Success || o.Kind != accrual.KindTimeout || o.Probe {
 		return false
 	}
 	b, ok := a.rec.Backend(o.Endpoint)
-	if !ok {
+	if !ok || b.State != maps.BackendActive {
 		return false
 	}
 	s, ok := a.rec.Service(b.Service)
@@ -44,7 +48,7 @@ func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
 	}
 	st := a.timeouts[s.ID]
 	if st == nil {
-		st = &svcTimeouts{cur: map[uint32]bool{}, prev: map[uint32]bool{}}
+		st = &svcTimeouts{cur: map[uint32]int{}, prev: map[uint32]int{}}
 		a.timeouts[s.ID] = st
 	}
 	w := a.policyOf(o.Endpoint).ConnectTimeout
@@ -52,43 +56,45 @@ func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
 		w = time.Second
 	}
 	if d := now.Sub(st.start); d >= w {
-		st.prev, st.cur = st.cur, map[uint32]bool{}
+		st.prev, st.cur = st.cur, map[uint32]int{}
 		if d >= 2*w {
-			st.prev = map[uint32]bool{}
+			st.prev = map[uint32]int{}
 		}
-		st.union, st.start = len(st.prev), now
+		st.start = now
 	}
-	if !st.cur[o.Endpoint] {
-		st.cur[o.Endpoint] = true
-		if !st.prev[o.Endpoint] {
-			st.union++
-		}
-	}
-	if o.Probe {
-		return false
-	}
-	others, self := len(s.Active), 0
+	st.cur[o.Endpoint]++
+	mine := st.count(o.Endpoint)
+	others, degraded := 0, 0
 	for _, id := range s.Active {
 		if id == o.Endpoint {
-			others--
-			break
+			continue
+		}
+		others++
+		if n := st.count(id); n >= 2 && 2*n >= mine {
+			degraded++
 		}
 	}
-	if st.cur[o.Endpoint] || st.prev[o.Endpoint] {
-		self = 1
-	}
-	peers := st.union - self
-	if others == 0 || 2*peers < others {
+	if others == 0 || 4*degraded < 3*others {
 		return false
 	}
 	if st.wideSince.IsZero() {
 		st.wideSince = now
 		a.log.Warn("connect timeouts on most endpoints of the service at once: the service is degraded, not an endpoint; timeouts withheld",
-			"service", s.Spec.Name, "endpoints_timing_out", st.union, "active_endpoints", len(s.Active))
+			"service", s.Spec.Name, "endpoints_timing_out", degraded+1, "active_endpoints", len(s.Active))
 	}
 	st.wideLast = now
 	st.wideCount++
 	return true
+}
+
+// forgetTimeouts drops an endpoint that left the active set (ejected,
+// removed) from its service's windows: it is nobody's peer any more.
+// Called with mu held.
+func (a *Agent) forgetTimeouts(svc, id uint32) {
+	if st := a.timeouts[svc]; st != nil {
+		delete(st.cur, id)
+		delete(st.prev, id)
+	}
 }
 
 // serviceWideCheck ends the episodes that had no withheld timeout for a
@@ -116,6 +122,7 @@ func (a *Agent) serviceWideCheck(now time.Time) {
 func (a *Agent) observe(o accrual.Outcome) {
 	if !o.Success && o.Kind == accrual.KindTimeout && a.serviceWide(o, a.clk.Now()) {
 		a.metrics.Withheld.WithLabelValues("service_wide").Inc()
+		a.withheldWide++
 		return
 	}
 	a.handleTransitions(a.engine.Observe(o))

@@ -138,15 +138,26 @@ func mountPoint(dir string) string {
 	}
 }
 
+// initialPIDNS is the initial PID namespace, whose inode number the kernel
+// fixes (PROC_PID_INIT_INO).
+const initialPIDNS = "pid:[4026531836]"
+
 // outlivesProcess reports why a mount this process makes would not
 // outlive it. A mount lives as long as its mount namespace, and that as
 // long as a process in it: the agent is fine in the host's namespace (PID
-// 1's), or, where PID 1's cannot be read, in one it shares with other
-// processes. It is refused when it is PID 1 itself (a container's init)
-// or alone in its namespace (`ip netns exec`, a container).
+// 1's, in the initial PID namespace), or, where PID 1's cannot be read, in
+// one it shares with other processes. It is refused in a PID namespace of
+// its own (a container) and when alone in its mount namespace (`ip netns
+// exec`).
 func outlivesProcess() error {
 	if os.Getpid() == 1 {
 		return errors.New("the agent is its PID namespace's init, as in a container")
+	}
+	// In a PID namespace of its own (a container), PID 1 is the
+	// container's init, which shares the container's mount namespace: it
+	// says nothing about the host's.
+	if pidns, err := os.Readlink("/proc/self/ns/pid"); err != nil || pidns != initialPIDNS {
+		return fmt.Errorf("the agent runs in a PID namespace of its own (%s), as in a container", pidns)
 	}
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {

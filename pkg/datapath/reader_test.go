@@ -73,3 +73,37 @@ func TestOutcomesReaderDeliversAndCloses(t *testing.T) {
 		t.Errorf("Read = %d, want 5", n)
 	}
 }
+
+// CaughtUp says how far the reader has read, on the events' clock: nothing
+// before it first found the ring empty (a pinned ring may hold a backlog),
+// then a time no earlier than every event it handed over.
+func TestOutcomesReaderCaughtUp(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil)) // a backlog
+	r, err := outcomes.NewReader(f.PbEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := r.CaughtUp(); !c.IsZero() {
+		t.Fatalf("caught up to %v before reading anything", c)
+	}
+	batches := make(chan []outcomes.Event, 64)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(func(b []outcomes.Event) { batches <- slices.Clone(b) }) }()
+	defer func() { r.Close(); <-done }()
+	var last time.Time
+	select {
+	case b := <-batches:
+		last = b[len(b)-1].At
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backlog was not read")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.CaughtUp().Before(last) {
+		if time.Now().After(deadline) {
+			t.Fatalf("caught up to %v, behind the last event read at %v", r.CaughtUp(), last)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -34,15 +34,27 @@ type Reader struct {
 
 	// Read counts events delivered; Bad counts records that did not decode.
 	Read, Bad atomic.Uint64
-	// caught: the Unix time (ns) up to which every event has been read:
-	// when the reader last found the ring empty.
+	// caught: the time up to which every event has been read (when the
+	// reader last found the ring empty), on the events' clock (kernel
+	// monotonic time plus offset), so a step of the wall clock does not
+	// move it. 0 until the ring was first found empty: a pinned ring can
+	// hold a previous agent's backlog.
 	caught atomic.Int64
 }
 
 // CaughtUp is a time up to which every event has been handed to Run's
-// handler: when the reader last found the ring empty. While it lags (the
-// ring is busier than the reader), deadlines after it cannot be judged.
-func (r *Reader) CaughtUp() time.Time { return time.Unix(0, r.caught.Load()) }
+// handler, on the events' clock: when the reader last found the ring
+// empty; the zero time before it first did. While it lags (the ring is
+// busier than the reader), deadlines after it cannot be judged.
+func (r *Reader) CaughtUp() time.Time {
+	if c := r.caught.Load(); c != 0 {
+		return time.Unix(0, c)
+	}
+	return time.Time{}
+}
+
+// now is the current time on the events' clock.
+func (r *Reader) now() int64 { return MonoNow() + r.offset }
 
 // NewReader opens the ring buffer map.
 func NewReader(m *ebpf.Map) (*Reader, error) {
@@ -73,9 +85,7 @@ func NewReader(m *ebpf.Map) (*Reader, error) {
 	}
 	// Reads never wait: the ring is only read when it has data.
 	rb.SetDeadline(time.Unix(1, 0))
-	rd := &Reader{rb: rb, wake: wake, raw: raw, offset: MonoOffset()}
-	rd.caught.Store(time.Now().UnixNano())
-	return rd, nil
+	return &Reader{rb: rb, wake: wake, raw: raw, offset: MonoOffset()}, nil
 }
 
 // Offset is what the reader adds to kernel timestamps to get Unix time.
@@ -125,7 +135,7 @@ func (r *Reader) Run(handle func([]Event)) error {
 	for {
 		// The time is taken before the ring is looked at: an event
 		// stamped before it is in the ring by then.
-		at := time.Now().UnixNano()
+		at := r.now()
 		n, ok := r.available()
 		if !ok {
 			return nil
@@ -164,7 +174,7 @@ func (r *Reader) Run(handle func([]Event)) error {
 			// in the nanoseconds between would be missed by the mark, at
 			// no cost to every other record.)
 			if n, _ := r.available(); n == 0 {
-				emptyAt = time.Now().UnixNano()
+				emptyAt = r.now()
 				break
 			}
 		}

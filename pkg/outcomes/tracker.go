@@ -130,6 +130,11 @@ type Tracker struct {
 	// its SYN-ACK may be among the lost events. Withheld counts those.
 	gen      uint64
 	Withheld uint64
+	// NotBefore: connections that started before it (a previous agent's
+	// backlog in a pinned ring, whose losses this agent cannot know) get
+	// no timeout from their deadline either; WithheldOld counts them.
+	NotBefore   time.Time
+	WithheldOld uint64
 }
 
 // EventsLost tells the tracker that the datapath dropped events (the ring
@@ -244,7 +249,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 // judged while its connection's SYN-ACK is still unread in the ring would
 // turn a late event into a false timeout.
 func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
-	for _, q := range t.queues {
+	for dur, q := range t.queues {
 		for {
 			d, ok := q.peek()
 			if !ok || d.at.After(now) {
@@ -261,6 +266,10 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 			case connecting:
 				if p.gen != t.gen {
 					t.Withheld++
+					continue
+				}
+				if d.at.Add(-dur).Before(t.NotBefore) {
+					t.WithheldOld++
 					continue
 				}
 				o.Kind = accrual.KindTimeout
