@@ -73,9 +73,10 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 
 // Half-open flows cannot cut established ones, even through a conntrack
 // table far too small for the flood (4,096 entries against 120,000 new
-// entries a second, two per SYN): busy flows stay in the LRU, and an idle flow whose
-// entries were evicted is picked up again by its next packet on the same
-// backend, because the tables do not change (no endpoint is ejected).
+// entries a second, two per SYN): busy flows stay in the LRU, and an idle
+// flow whose entries were evicted is picked up again by its next packet on
+// the same backend, because the tables do not change (no endpoint is
+// ejected).
 func TestSYNFloodThroughTinyConntrackCutsNoConnection(t *testing.T) {
 	e := newEnv(t, 3)
 	if err := e.topo.Client.AddAddrs(floodSources...); err != nil {
