@@ -26,6 +26,7 @@ type counters struct {
 	failures           [kindSlots]uint64
 	ignored            uint64
 	stragglers         uint64
+	overtaken          uint64
 	ejections          uint64
 	probeSuccesses     uint64
 	probeFailures      uint64
@@ -47,7 +48,9 @@ type endpoint struct {
 	ejectedAt   time.Time
 	probationAt time.Time
 	lastFailAt  time.Time
-	c           counters
+	// newestOK: when the newest connection that succeeded began.
+	newestOK time.Time
+	c        counters
 }
 
 type service struct {
@@ -241,9 +244,20 @@ func (e *Engine) Observe(o Outcome) []Transition {
 		e.unknown++
 		return nil
 	}
+	if o.Inconclusive {
+		if ep.state == Probation && o.Probe {
+			ep.c.probeInconclusive++
+			e.emit(s, id, ep, Probation, ReasonProbeInconclusive, 0, e.clk.Now(), o.At)
+			return e.result()
+		}
+		return nil
+	}
 	counted := false
 	if o.Success {
 		ep.c.successes++
+		if o.Started.After(ep.newestOK) {
+			ep.newestOK = o.Started
+		}
 	} else {
 		ep.c.failures[kindSlot(o.Kind)]++
 		ep.lastKind, ep.lastFailAt = o.Kind, o.At
@@ -262,6 +276,14 @@ func (e *Engine) Observe(o Outcome) []Transition {
 			return nil
 		}
 		if !counted {
+			return nil
+		}
+		// A connection that began before the newest one that succeeded is
+		// no part of a streak of failures: the endpoint has served since.
+		// (A timeout is decided a connect timeout after its SYN, after the
+		// successes of connections that began later.)
+		if !o.Started.IsZero() && o.Started.Before(ep.newestOK) {
+			ep.c.overtaken++
 			return nil
 		}
 		if ep.consecutive < math.MaxUint32 { // saturate: mode none counts forever

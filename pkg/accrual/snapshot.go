@@ -26,6 +26,9 @@ type Counters struct {
 	// Stragglers are outcomes of non-probe flows while ejected or in
 	// probation that changed nothing.
 	Stragglers uint64 `json:"stragglers"`
+	// Overtaken are counted failures of connections that began before the
+	// newest one that succeeded: no part of a streak.
+	Overtaken uint64 `json:"overtaken"`
 	// Ejections counts entries into ejected: after a streak or a failed probe.
 	Ejections         uint64 `json:"ejections"`
 	ProbeSuccesses    uint64 `json:"probeSuccesses"`
@@ -81,6 +84,7 @@ func (c *counters) export() Counters {
 		},
 		Ignored:             c.ignored,
 		Stragglers:          c.stragglers,
+		Overtaken:           c.overtaken,
 		Ejections:           c.ejections,
 		ProbeSuccesses:      c.probeSuccesses,
 		ProbeFailures:       c.probeFailures,

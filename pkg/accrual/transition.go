@@ -51,6 +51,14 @@ type Outcome struct {
 	Kind     Kind      // failure kind when !Success
 	Probe    bool      // the flow was the probe admitted to an endpoint in probation
 	At       time.Time // when the datapath saw it; zero means "now"
+	// Inconclusive: the connection ended without an answer to judge (the
+	// client reset it before the backend accepted or refused). It counts
+	// as nothing; a probe's makes its endpoint get a new probe.
+	Inconclusive bool
+	// Started is when the connection began (its first SYN); zero: unknown.
+	// Outcomes arrive in the order they are decided, not in the order the
+	// connections began: a timeout is known only a connect timeout later.
+	Started time.Time
 }
 
 // Reason says why a transition happened. The set is closed: the constants

@@ -404,3 +404,30 @@ func TestApplyConfig(t *testing.T) {
 		t.Fatalf("attached %v, redirect %v, config %#x", e.hooks.Attached(), e.f.redirect, e.f.config)
 	}
 }
+
+// A probe whose flow the client resets before the backend answered with a
+// SYN-ACK or a RST (the backend answered its SYN with the bare ACK of an
+// old TIME_WAIT socket on the same ports) is inconclusive at once: a new
+// probe is granted without waiting for the watchdog.
+func TestProbeResetByItsClientIsInconclusive(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.eject(svc, be[0], 3)
+	e.endPenalty(be[0])
+	e.f.backends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0) // spent
+	p := e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], p, outcomes.FlagProbe),
+		e.event(outcomes.FlowEnd, svc, be[0], p, outcomes.FlagClient)})
+	if st, grants := e.kernel(be[0]); st != pbmaps.BackendProbation || grants != 1 {
+		t.Fatalf("kernel entry %s with %d grants, want a fresh probe at once", st, grants)
+	}
+	ep := e.endpoint(be[0])
+	if ep.State != "probation" || ep.Counters.ProbeInconclusive != 1 || ep.Counters.Failures.Refused != 3 {
+		t.Fatalf("%s, %d inconclusive, %d refusals; want probation, 1, 3", ep.State, ep.Counters.ProbeInconclusive, ep.Counters.Failures.Refused)
+	}
+	// The next probe is refused: a failed probe, as always.
+	e.refused(svc, be[0], true)
+	e.wantState(be[0], "ejected")
+}

@@ -12,8 +12,19 @@ import "time"
 //   - lost events: a connection that waited while the datapath dropped
 //     events (pb_stats events_lost grew) gets no timeout from its deadline
 //     (counted in connect_timeouts_withheld_total).
-// While either happens, or connects overflow the tracker, the agent is in
-// flood mode (a gauge, a log line when it starts and ends).
+// While either happens, or more than floodPending connects await a verdict,
+// the agent is in flood mode (a gauge, a log line when it starts and
+// ends), and no timeout counts (except a probe's): a node under a SYN
+// flood drops packets, SYNs and the backends' answers alike, so a connect
+// that went unanswered says nothing about the endpoint; nor does a SYN on a
+// half-open tuple, which a flood walking its source ports sends again and
+// again. Refusals and resets, the endpoint's own answers, still count.
+
+// floodPending is how many connects awaiting a verdict are a sign of
+// flood: a busy node has as many as new flows a second times the time a
+// handshake and its settling take, hundreds; a SYN flood has its rate
+// times the connect timeout.
+const floodPending = 10000
 
 // floodQuiet is how long flood mode outlasts its last sign.
 const floodQuiet = 10 * time.Second

@@ -74,19 +74,36 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 1 {
 		t.Fatal("lost events did not put the agent in flood mode")
 	}
-	// After the loss, a silent backend is still caught.
+	// In flood mode no timeout counts, the deadline's or the kernel's
+	// (a SYN again on a half-open tuple), but a refusal does.
 	for range 3 {
 		e.unanswered(svc, be[1])
 	}
+	for range 3 {
+		p := e.nextPort()
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], p, 0), e.event(outcomes.SynRetrans, svc, be[1], p, 0)})
+	}
 	e.clk.Step(time.Second)
 	e.a.Advance()
-	e.wantState(be[1], "ejected")
+	e.wantState(be[1], "ready")
+	if got := testutil.ToFloat64(e.a.Metrics().Withheld.WithLabelValues("flood")); got != 6 {
+		t.Fatalf("withheld{flood} %v, want 6", got)
+	}
+	e.eject(svc, be[1], 3)
 
-	// Flood mode ends after a quiet spell.
+	// Flood mode ends after a quiet spell; deadlines judge again.
 	e.clk.Step(floodQuiet + time.Second)
 	e.a.Maintain()
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 0 {
 		t.Fatal("flood mode did not end")
+	}
+	for range 3 {
+		e.unanswered(svc, be[0])
+	}
+	e.clk.Step(time.Second)
+	e.a.Advance()
+	if ep := e.endpoint(be[0]); ep.Counters.Failures.Timeout != 3 {
+		t.Fatalf("%d deadline timeouts after flood mode ended, want 3", ep.Counters.Failures.Timeout)
 	}
 }
 
@@ -144,17 +161,21 @@ func TestServiceWideTimeoutsEjectNobody(t *testing.T) {
 }
 
 // A dead endpoint among healthy peers is ejected even when a peer has an
-// occasional timeout of its own: peers count as degraded only when they
-// time out about as much.
+// occasional timeout of its own: a peer counts as degraded only when a
+// real share of its connects time out.
 func TestOccasionalPeerTimeoutsWithholdNothing(t *testing.T) {
 	e := newEnv(t)
 	s := web(80, 2, settings())
 	e.start(state(s))
 	svc, be := e.ids(s)
-	e.unanswered(svc, be[1]) // a healthy endpoint's one slow connect
+	// A healthy endpoint's two slow connects among 60 that went well.
+	e.unanswered(svc, be[1])
+	e.unanswered(svc, be[1])
+	for range 60 {
+		e.served(svc, be[1], false)
+	}
 	for range 3 {
 		e.unanswered(svc, be[0])
-		e.served(svc, be[1], false)
 	}
 	e.clk.Step(time.Second)
 	e.a.Advance()
@@ -229,4 +250,56 @@ func TestBacklogFromBeforeStartIsNoTimeout(t *testing.T) {
 	if got := testutil.ToFloat64(e.a.Metrics().Withheld.WithLabelValues("before_start")); got != 3 {
 		t.Fatalf("withheld{before_start} %v, want 3", got)
 	}
+}
+
+// More connects awaiting a verdict than a busy node ever has put the agent
+// in flood mode before the first of their deadlines passes; the deadlines
+// then judge nothing.
+func TestManyPendingConnectsAreAFlood(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	batch := make([]outcomes.Event, 0, floodPending+1)
+	for range floodPending + 1 {
+		batch = append(batch, e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), 0))
+	}
+	e.a.HandleEvents(batch)
+	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 1 {
+		t.Fatal("not in flood mode")
+	}
+	e.clk.Step(time.Second)
+	e.a.Advance()
+	if ep := e.endpoint(be[0]); ep.State != "ready" || ep.Counters.Failures.Timeout != 0 {
+		t.Fatalf("endpoint %s with %d timeouts judged by deadlines in flood mode", ep.State, ep.Counters.Failures.Timeout)
+	}
+}
+
+// Timeouts are decided a connect timeout after their SYN, after the
+// successes of connections that began later: those failures are no streak
+// (the endpoint has served since they began), however many arrive at once.
+func TestTimeoutsOvertakenBySuccessAreNoStreak(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	for range 5 {
+		e.unanswered(svc, be[0])
+	}
+	e.clk.Step(500 * time.Millisecond)
+	e.served(svc, be[0], false)
+	e.clk.Step(500 * time.Millisecond)
+	e.a.Advance()
+	ep := e.endpoint(be[0])
+	if ep.State != "ready" || ep.ConsecutiveFailures != 0 || ep.Counters.Failures.Timeout != 5 || ep.Counters.Overtaken != 5 {
+		t.Fatalf("%s, %d consecutive, %d timeouts, %d overtaken; want ready, 0, 5, 5",
+			ep.State, ep.ConsecutiveFailures, ep.Counters.Failures.Timeout, ep.Counters.Overtaken)
+	}
+	// Connections that began after the success and failed are a streak.
+	for range 3 {
+		e.unanswered(svc, be[0])
+	}
+	e.clk.Step(time.Second)
+	e.a.Advance()
+	e.wantState(be[0], "ejected")
 }

@@ -43,6 +43,9 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 
 // syncCounters carries counts kept outside Prometheus into it.
 func (a *Agent) syncCounters() {
+	if a.tracker.Pending() > floodPending {
+		a.floodSign(a.clk.Now(), "too many connects awaiting a verdict")
+	}
 	if d := a.tracker.Overflow - a.overflowSeen; d > 0 {
 		a.floodSign(a.clk.Now(), "too many pending connects")
 		a.metrics.PendingOverflow.Add(float64(d))

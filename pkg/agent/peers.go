@@ -13,29 +13,45 @@ import (
 // which endpoint to take out, and ejecting them one by one only churns
 // the tables and cuts long flows. So a timeout of an endpoint is withheld
 // (counted, logged once per episode), not judged, while at least three
-// quarters of its service's other active endpoints are timing out about
-// as much: each with at least half as many timeouts as it, and at least
-// two, over the last one to two connect timeouts (two windows of one).
-// Refusals and resets are the endpoint's own answer and always count; so
-// does a probe's timeout (one flow, one endpoint), which is not recorded.
+// quarters of its service's other active endpoints are degraded too: at
+// least two timeouts and at least degradedShare of their outcomes over the
+// last one to two connect timeouts (two windows of one). A healthy peer's
+// occasional slow connect does not make it degraded, so it shields no dead
+// endpoint. Refusals and resets are the endpoint's own answer and always
+// count; so does a probe (one flow, one endpoint), which is not recorded.
 
-// svcTimeouts are the timeouts of one service's active endpoints in the
+// degradedShare is the share of timeouts among its outcomes that makes an
+// endpoint degraded: well above a healthy endpoint's rare slow connect,
+// well below what a flood that makes the node drop packets causes.
+const degradedShare = 0.05
+
+// window counts one endpoint's outcomes and timeouts in one window.
+type window struct{ outcomes, timeouts int }
+
+// svcTimeouts are the outcomes of one service's active endpoints in the
 // current and the previous window (a connect timeout long each).
 type svcTimeouts struct {
 	start     time.Time
-	cur, prev map[uint32]int
+	cur, prev map[uint32]window
 	// wideSince: when the current service-wide episode began (zero: none);
 	// wideLast its last withheld timeout, wideCount how many.
 	wideSince, wideLast time.Time
 	wideCount           uint64
 }
 
-func (st *svcTimeouts) count(id uint32) int { return st.cur[id] + st.prev[id] }
+// degraded: the endpoint timed out at least twice and at least
+// degradedShare of the time in the two windows.
+func (st *svcTimeouts) degraded(id uint32) bool {
+	c, p := st.cur[id], st.prev[id]
+	t, n := c.timeouts+p.timeouts, c.outcomes+p.outcomes
+	return t >= 2 && float64(t) >= degradedShare*float64(n)
+}
 
-// serviceWide records a timeout of o's endpoint and reports whether most
-// of its peers are timing out as much. Called with mu held.
+// record counts o for its endpoint, if active and not a probe, and
+// reports whether o is a timeout while most of the endpoint's peers are
+// degraded. Called with mu held, for every outcome.
 func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
-	if o.Success || o.Kind != accrual.KindTimeout || o.Probe {
+	if o.Probe {
 		return false
 	}
 	b, ok := a.rec.Backend(o.Endpoint)
@@ -48,7 +64,7 @@ func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
 	}
 	st := a.timeouts[s.ID]
 	if st == nil {
-		st = &svcTimeouts{cur: map[uint32]int{}, prev: map[uint32]int{}}
+		st = &svcTimeouts{cur: map[uint32]window{}, prev: map[uint32]window{}}
 		a.timeouts[s.ID] = st
 	}
 	w := a.policyOf(o.Endpoint).ConnectTimeout
@@ -56,21 +72,29 @@ func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
 		w = time.Second
 	}
 	if d := now.Sub(st.start); d >= w {
-		st.prev, st.cur = st.cur, map[uint32]int{}
+		st.prev, st.cur = st.cur, map[uint32]window{}
 		if d >= 2*w {
-			st.prev = map[uint32]int{}
+			st.prev = map[uint32]window{}
 		}
 		st.start = now
 	}
-	st.cur[o.Endpoint]++
-	mine := st.count(o.Endpoint)
+	timeout := !o.Success && o.Kind == accrual.KindTimeout
+	c := st.cur[o.Endpoint]
+	c.outcomes++
+	if timeout {
+		c.timeouts++
+	}
+	st.cur[o.Endpoint] = c
+	if !timeout {
+		return false
+	}
 	others, degraded := 0, 0
 	for _, id := range s.Active {
 		if id == o.Endpoint {
 			continue
 		}
 		others++
-		if n := st.count(id); n >= 2 && 2*n >= mine {
+		if st.degraded(id) {
 			degraded++
 		}
 	}
@@ -80,7 +104,7 @@ func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
 	if st.wideSince.IsZero() {
 		st.wideSince = now
 		a.log.Warn("connect timeouts on most endpoints of the service at once: the service is degraded, not an endpoint; timeouts withheld",
-			"service", s.Spec.Name, "endpoints_timing_out", degraded+1, "active_endpoints", len(s.Active))
+			"service", s.Spec.Name, "endpoints_degraded", degraded+1, "active_endpoints", len(s.Active))
 	}
 	st.wideLast = now
 	st.wideCount++
@@ -116,11 +140,17 @@ func (a *Agent) serviceWideCheck(now time.Time) {
 	}
 }
 
-// observe hands one outcome to accrual, unless it is a timeout the
-// service's state makes no evidence against the endpoint. Called with mu
-// held.
+// observe hands one outcome to accrual, unless it is a timeout that says
+// nothing against the endpoint: one seen in flood mode (withheld, reason
+// flood), or one while most of its peers time out too (service_wide).
+// Called with mu held.
 func (a *Agent) observe(o accrual.Outcome) {
-	if !o.Success && o.Kind == accrual.KindTimeout && a.serviceWide(o, a.clk.Now()) {
+	if a.flood.on && !o.Success && o.Kind == accrual.KindTimeout && !o.Probe {
+		a.metrics.Withheld.WithLabelValues("flood").Inc()
+		a.withheldWide++
+		return
+	}
+	if a.serviceWide(o, a.clk.Now()) {
 		a.metrics.Withheld.WithLabelValues("service_wide").Inc()
 		a.withheldWide++
 		return

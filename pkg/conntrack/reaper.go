@@ -140,7 +140,11 @@ func (r *Reaper) Sweep() (Result, error) {
 			}
 			r.Maps.DeleteCT(e.Key)
 			if f != nil {
-				r.Maps.DeleteCT(fk)
+				// The forward key too may be a new flow's by now (the
+				// client's port reused towards another backend).
+				if cur, err := r.Maps.CTEntry(fk); err == nil && cur.CreatedNs == f.Value.CreatedNs {
+					r.Maps.DeleteCT(fk)
+				}
 				delete(fwd, fk)
 			}
 			res.Expired++

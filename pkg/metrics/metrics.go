@@ -116,7 +116,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}),
 		Withheld: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "connect_timeouts_withheld_total",
-			Help: "Connect timeouts not counted against their endpoint, by reason: events_lost (events were lost while the connection waited: its SYN-ACK may have been among them), service_wide (most of the service's endpoints were timing out at once: the service, or the node, is degraded, not the endpoint), before_start (the connect started before this agent did: its events may have been lost unseen).",
+			Help: "Connect timeouts not counted against their endpoint, by reason: events_lost (events were lost while the connection waited: its SYN-ACK may have been among them), service_wide (most of the service's endpoints were timing out at once: the service, or the node, is degraded, not the endpoint), before_start (the connect started before this agent did: its events may have been lost unseen), flood (seen in flood mode).",
 		}, []string{"reason"}),
 		FloodMode: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "flood_mode",

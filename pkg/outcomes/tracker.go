@@ -73,7 +73,8 @@ const timedOutMemory = 10
 
 type pending struct {
 	seq    uint64
-	gen    uint64 // Tracker.gen when the connection started waiting
+	gen    uint64    // Tracker.gen when the connection started waiting
+	start  time.Time // the connection's first event (its SYN)
 	phase  phase
 	probe  bool
 	settle Settle
@@ -189,15 +190,19 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		}
 		return o, false
 	}
-	o = accrual.Outcome{Endpoint: ev.Backend, Probe: ev.Flags&FlagProbe != 0 || (known && p.probe), At: ev.At}
+	o = accrual.Outcome{Endpoint: ev.Backend, Probe: ev.Flags&FlagProbe != 0 || (known && p.probe), At: ev.At, Started: ev.At}
+	if known && !p.start.IsZero() {
+		o.Started = p.start
+	}
 
 	switch ev.Type {
 	case NewFlow:
-		t.wait(key, pending{phase: connecting, probe: o.Probe}, ev.At, pol.ConnectTimeout)
+		o.Started = ev.At
+		t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At}, ev.At, pol.ConnectTimeout)
 		return o, false
 	case Established:
 		if pol.Settle != SettleOnSynAck &&
-			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle}, ev.At, pol.ConnectTimeout) {
+			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle, start: o.Started}, ev.At, pol.ConnectTimeout) {
 			return o, false
 		}
 		delete(t.pending, key)
@@ -219,6 +224,15 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 			return o, true
 		}
 		delete(t.pending, key)
+		// Ended before any answer the datapath judges: the client reset
+		// it, as a client does when the backend answers its SYN with a
+		// bare ACK (a TIME_WAIT socket of an earlier connection on the same
+		// ports). Nothing to count, but a probe must not go without a
+		// verdict: it is inconclusive, and accrual grants a new one at once.
+		if known && p.phase == connecting && o.Probe {
+			o.Inconclusive = true
+			return o, true
+		}
 		return o, false
 	case Refused:
 		o.Kind = accrual.KindRefused
@@ -261,7 +275,7 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 			}
 			p := t.pending[d.key]
 			delete(t.pending, d.key)
-			o := accrual.Outcome{Endpoint: d.key.backend, Probe: p.probe, At: d.at}
+			o := accrual.Outcome{Endpoint: d.key.backend, Probe: p.probe, At: d.at, Started: p.start}
 			switch p.phase {
 			case connecting:
 				if p.gen != t.gen {
