@@ -97,11 +97,7 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 0 {
 		t.Fatal("flood mode did not end")
 	}
-	for range 3 {
-		e.unanswered(svc, be[0])
-	}
-	e.clk.Step(time.Second)
-	e.a.Advance()
+	e.timeOut(svc, be[0], 3)
 	if ep := e.endpoint(be[0]); ep.Counters.Failures.Timeout != 3 {
 		t.Fatalf("%d deadline timeouts after flood mode ended, want 3", ep.Counters.Failures.Timeout)
 	}
@@ -115,11 +111,7 @@ func TestOldLossesAreNoNews(t *testing.T) {
 	s := web(80, 2, settings())
 	e.start(state(s))
 	svc, be := e.ids(s)
-	for range 3 {
-		e.unanswered(svc, be[0])
-	}
-	e.clk.Step(time.Second)
-	e.a.Advance()
+	e.timeOut(svc, be[0], 3)
 	e.wantState(be[0], "ejected")
 	if got := testutil.ToFloat64(e.a.Metrics().Withheld.WithLabelValues("events_lost")); got != 0 {
 		t.Fatalf("withheld %v, want 0", got)
@@ -174,11 +166,7 @@ func TestOccasionalPeerTimeoutsWithholdNothing(t *testing.T) {
 	for range 60 {
 		e.served(svc, be[1], false)
 	}
-	for range 3 {
-		e.unanswered(svc, be[0])
-	}
-	e.clk.Step(time.Second)
-	e.a.Advance()
+	e.timeOut(svc, be[0], 3)
 	e.wantState(be[0], "ejected")
 	e.wantState(be[1], "ready")
 }
@@ -190,17 +178,9 @@ func TestEjectedEndpointsAreNoPeers(t *testing.T) {
 	s := web(80, 4, settings())
 	e.start(state(s))
 	svc, be := e.ids(s)
-	for range 3 {
-		e.unanswered(svc, be[0])
-	}
-	e.clk.Step(time.Second)
-	e.a.Advance()
+	e.timeOut(svc, be[0], 3)
 	e.wantState(be[0], "ejected")
-	for range 3 {
-		e.unanswered(svc, be[1])
-	}
-	e.clk.Step(time.Second)
-	e.a.Advance()
+	e.timeOut(svc, be[1], 3)
 	e.wantState(be[1], "ejected")
 }
 
@@ -211,11 +191,7 @@ func TestLoneEndpointTimeoutsCount(t *testing.T) {
 	s := web(80, 1, settings())
 	e.start(state(s))
 	svc, be := e.ids(s)
-	for range 3 {
-		e.unanswered(svc, be[0])
-	}
-	e.clk.Step(time.Second)
-	e.a.Advance()
+	e.timeOut(svc, be[0], 3)
 	if ep := e.endpoint(be[0]); ep.Counters.Failures.Timeout != 3 {
 		t.Fatalf("%d timeouts counted, want 3", ep.Counters.Failures.Timeout)
 	}
@@ -296,10 +272,6 @@ func TestTimeoutsOvertakenBySuccessAreNoStreak(t *testing.T) {
 			ep.State, ep.ConsecutiveFailures, ep.Counters.Failures.Timeout, ep.Counters.Overtaken)
 	}
 	// Connections that began after the success and failed are a streak.
-	for range 3 {
-		e.unanswered(svc, be[0])
-	}
-	e.clk.Step(time.Second)
-	e.a.Advance()
+	e.timeOut(svc, be[0], 3)
 	e.wantState(be[0], "ejected")
 }

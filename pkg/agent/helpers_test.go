@@ -150,6 +150,16 @@ func (e *env) unanswered(svc, be uint32) {
 	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be, e.nextPort(), 0)})
 }
 
+// timeOut: n connections to be that get no answer, judged by their
+// connect deadline (the settings' 1 s).
+func (e *env) timeOut(svc, be uint32, n int) {
+	for range n {
+		e.unanswered(svc, be)
+	}
+	e.clk.Step(time.Second)
+	e.a.Advance()
+}
+
 // refused: one connection to be that the backend refuses.
 func (e *env) refused(svc, be uint32, probe bool) {
 	var fl uint8
