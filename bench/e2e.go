@@ -391,6 +391,19 @@ func haproxyCheck(dir string) (version, said string) {
 // rounds inherit the previous rounds' TIME_WAIT entries (120 s): a client
 // port reused within that time meets its old entry and the SYN takes
 // conntrack's "reopen" path (kill, look up again, or drop).
+// fresh starts a load balancer on a node whose netfilter conntrack is
+// flushed, so no run inherits another's entries.
+func (r *rig) fresh(name string, start func() (lb, error)) (lb, error) {
+	if err := r.flushConntrack(); err != nil {
+		return nil, err
+	}
+	l, err := start()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return l, nil
+}
+
 func (r *rig) flushConntrack() error {
 	return r.topo.Node.Do(func() error {
 		err := netlink.ConntrackTableFlush(netlink.ConntrackTable)
@@ -592,12 +605,9 @@ func runE2E(res *Results, o e2eOpts, agentBin string, logf func(string, ...any))
 	failures, total, firstErrs := map[string]int{}, map[string]int{}, map[string]error{}
 	for round := range o.Rounds {
 		for _, v := range variants {
-			if err := r.flushConntrack(); err != nil {
-				return err
-			}
-			l, err := v.start()
+			l, err := r.fresh(v.name, v.start)
 			if err != nil {
-				return fmt.Errorf("%s: %w", v.name, err)
+				return err
 			}
 			closedLoop(r.topo.Client, v.targets, o.Workers, o.Warmup) // failures in the warm-up do not count
 			pid := l.pid()

@@ -74,12 +74,9 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 	for round := range o.Rounds {
 		for _, sc := range scenarios {
 			for _, v := range variants {
-				if err := r.flushConntrack(); err != nil {
-					return err
-				}
-				l, err := v.start()
+				l, err := r.fresh(v.name, v.start)
 				if err != nil {
-					return fmt.Errorf("%s: %w", v.name, err)
+					return err
 				}
 				if err := bad.SetMode(sc.mode); err != nil {
 					l.stop()

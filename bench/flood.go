@@ -22,13 +22,6 @@ type floodOpts struct {
 	Rates    []int
 }
 
-// floodSources are four more addresses of the client's namespace: the
-// backends' SYN-ACKs to them reach its kernel, which answers with RST.
-var floodSources = []netip.Addr{
-	netip.MustParseAddr("198.18.0.10"), netip.MustParseAddr("198.18.0.11"),
-	netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("198.18.0.13"),
-}
-
 const longConns = 6
 
 // runFlood puts penaltybox and nftables DNAT through the same SYN flood:
@@ -40,7 +33,7 @@ func runFlood(res *Results, o floodOpts, agentBin string, logf func(string, ...a
 		return err
 	}
 	defer r.close()
-	if err := r.topo.Client.AddAddrs(floodSources...); err != nil {
+	if err := r.topo.Client.AddAddrs(testnet.FloodSources...); err != nil {
 		return err
 	}
 	const vPB, vPBR, vNft = "penaltybox", "penaltybox, XDP_REDIRECT", "nftables DNAT"
@@ -59,12 +52,9 @@ func runFlood(res *Results, o floodOpts, agentBin string, logf func(string, ...a
 	for round := range o.Rounds {
 		for _, rate := range o.Rates {
 			for _, v := range variants {
-				if err := r.flushConntrack(); err != nil {
-					return err
-				}
-				l, err := v.start()
+				l, err := r.fresh(v.name, v.start)
 				if err != nil {
-					return fmt.Errorf("%s: %w", v.name, err)
+					return err
 				}
 				out, err := floodRun(r, rate, floodFor, o)
 				ejected := 0.0
@@ -160,7 +150,7 @@ func floodRun(r *rig, rate int, floodFor time.Duration, o floodOpts) (floodOutco
 	})
 	time.Sleep(time.Second)
 	start = time.Now()
-	fr, ferr = r.topo.Client.SYNFlood(ctx, testnet.FloodSpec{Sources: floodSources,
+	fr, ferr = r.topo.Client.SYNFlood(ctx, testnet.FloodSpec{Sources: testnet.FloodSources,
 		Target: netip.MustParseAddrPort(vipTarget), Rate: rate, Duration: floodFor})
 	end := time.Now()
 	wg.Wait()

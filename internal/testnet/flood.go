@@ -12,6 +12,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// FloodSources are four more addresses of the client's /24 for a flood
+// (AddAddrs): the backends' SYN-ACKs to them reach the client's kernel,
+// which answers them with RST.
+var FloodSources = []netip.Addr{
+	netip.MustParseAddr("198.18.0.10"), netip.MustParseAddr("198.18.0.11"),
+	netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("198.18.0.13"),
+}
+
 // FloodSpec is a SYN flood: SYNs from Sources to Target, Rate a second for
 // Duration, every SYN a new flow (each source walks its source port).
 type FloodSpec struct {

@@ -160,7 +160,7 @@ type Agent struct {
 	// lostSeen: pb_stats events_lost at the last look; withheldSeen the
 	// tracker's Withheld carried into the metric.
 	lostSeen, withheldSeen, withheldOldSeen uint64
-	withheldWide                            uint64 // service-wide withholds
+	withheldHere                            uint64 // withheld by observe: flood, service-wide
 	// timeouts: per service, which endpoints timed out lately (peers.go).
 	timeouts map[uint32]*svcTimeouts
 	flood    struct {

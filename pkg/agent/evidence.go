@@ -81,7 +81,7 @@ func (a *Agent) floodSign(now time.Time, why string) {
 
 // withheldTotal counts connect timeouts withheld for any reason.
 func (a *Agent) withheldTotal() uint64 {
-	return a.tracker.Withheld + a.tracker.WithheldOld + a.withheldWide
+	return a.tracker.Withheld + a.tracker.WithheldOld + a.withheldHere
 }
 
 // floodCheck ends flood mode after floodQuiet without a sign (and looks

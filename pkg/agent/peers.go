@@ -147,12 +147,12 @@ func (a *Agent) serviceWideCheck(now time.Time) {
 func (a *Agent) observe(o accrual.Outcome) {
 	if a.flood.on && !o.Success && o.Kind == accrual.KindTimeout && !o.Probe {
 		a.metrics.Withheld.WithLabelValues("flood").Inc()
-		a.withheldWide++
+		a.withheldHere++
 		return
 	}
 	if a.serviceWide(o, a.clk.Now()) {
 		a.metrics.Withheld.WithLabelValues("service_wide").Inc()
-		a.withheldWide++
+		a.withheldHere++
 		return
 	}
 	a.handleTransitions(a.engine.Observe(o))

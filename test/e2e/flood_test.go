@@ -9,13 +9,6 @@ import (
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
-// floodSources are four more addresses of the client's namespace: the
-// backends' SYN-ACKs to them reach its kernel, which answers with RST.
-var floodSources = []netip.Addr{
-	netip.MustParseAddr("198.18.0.10"), netip.MustParseAddr("198.18.0.11"),
-	netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("198.18.0.13"),
-}
-
 // floodRate is about twice the SYN rate nftables DNAT carries on this
 // kind of machine: enough to saturate it (its veths drop packets, legit
 // ones with the flood's, and the backends answer with SYN cookies).
@@ -30,27 +23,9 @@ const floodRate = 120000
 // timeouts (service-wide) instead of ejecting endpoints one by one.
 func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 	e := newEnv(t, 3)
-	if err := e.topo.Client.AddAddrs(floodSources...); err != nil {
-		t.Fatal(err)
-	}
 	a := e.startAgent(config(e.topo, all(3), ""))
 	long, first := e.longLived(6)
-	var fr testnet.FloodResult
-	var floodErr error
-	var floodStart time.Time
-	var wg sync.WaitGroup
-	rs := e.loadAround(100, 12*time.Second, func() {
-		time.Sleep(time.Second)
-		wg.Go(func() {
-			floodStart = time.Now()
-			fr, floodErr = e.topo.Client.SYNFlood(e.ctx, testnet.FloodSpec{Sources: floodSources,
-				Target: netip.MustParseAddrPort(testnet.VIP + ":80"), Rate: floodRate, Duration: 10 * time.Second})
-		})
-	})
-	wg.Wait()
-	if floodErr != nil {
-		t.Fatal(floodErr)
-	}
+	rs, fr, floodStart := e.floodDuringLoad(floodRate)
 	during := rs.Since(floodStart)
 	m := e.metrics()
 	ejections := m.Get("penaltybox_accrual_transitions_total", "service", "web", "reason", "consecutive-failures")
@@ -61,11 +36,7 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 	if ejections != 0 || a.LogContains("endpoint ejected") {
 		t.Errorf("%v healthy endpoints ejected during the flood", ejections)
 	}
-	for i, c := range long {
-		if got, err := c.get(); err != nil || got != first[i] {
-			t.Errorf("long-lived connection %d: %q, %v (was on %s)", i, got, err, first[i])
-		}
-	}
+	e.checkLongLived(long, first)
 	if fr.Rate() < floodRate/2 {
 		t.Fatalf("the flood reached only %.0f SYNs/s: the test did not flood", fr.Rate())
 	}
@@ -79,31 +50,11 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 // ejected).
 func TestSYNFloodThroughTinyConntrackCutsNoConnection(t *testing.T) {
 	e := newEnv(t, 3)
-	if err := e.topo.Client.AddAddrs(floodSources...); err != nil {
-		t.Fatal(err)
-	}
 	a := e.startAgent(config(e.topo, all(3), ""), "--conntrack-size", "4096")
 	long, first := e.longLived(6)
-	var fr testnet.FloodResult
-	var floodErr error
-	var wg sync.WaitGroup
-	rs := e.loadAround(100, 12*time.Second, func() {
-		time.Sleep(time.Second)
-		wg.Go(func() {
-			fr, floodErr = e.topo.Client.SYNFlood(e.ctx, testnet.FloodSpec{Sources: floodSources,
-				Target: netip.MustParseAddrPort(testnet.VIP + ":80"), Rate: 60000, Duration: 10 * time.Second})
-		})
-	})
-	wg.Wait()
-	if floodErr != nil {
-		t.Fatal(floodErr)
-	}
+	rs, fr, _ := e.floodDuringLoad(60000)
 	t.Logf("flood: %.0f SYNs/s; legit %.2f%% ok (%v)", fr.Rate(), 100*rs.SuccessRate(), rs.Counts())
-	for i, c := range long {
-		if got, err := c.get(); err != nil || got != first[i] {
-			t.Errorf("long-lived connection %d: %q, %v (was on %s)", i, got, err, first[i])
-		}
-	}
+	e.checkLongLived(long, first)
 	if a.LogContains("endpoint ejected") {
 		t.Error("an endpoint was ejected during the flood")
 	}
@@ -113,4 +64,31 @@ func TestSYNFloodThroughTinyConntrackCutsNoConnection(t *testing.T) {
 	if rs.SuccessRate() < 0.95 {
 		t.Errorf("legit connections %.2f%% ok, want >= 95%%", 100*rs.SuccessRate())
 	}
+}
+
+// floodDuringLoad runs 100 legit new connections a second for 12 s and,
+// from 1 s in, a SYN flood at rate for 10 s from testnet.FloodSources. It
+// returns the legit results, what the flood sent, and when it began.
+func (e *env) floodDuringLoad(rate int) (testnet.Results, testnet.FloodResult, time.Time) {
+	e.t.Helper()
+	if err := e.topo.Client.AddAddrs(testnet.FloodSources...); err != nil {
+		e.t.Fatal(err)
+	}
+	var fr testnet.FloodResult
+	var err error
+	var start time.Time
+	var wg sync.WaitGroup
+	rs := e.loadAround(100, 12*time.Second, func() {
+		time.Sleep(time.Second)
+		wg.Go(func() {
+			start = time.Now()
+			fr, err = e.topo.Client.SYNFlood(e.ctx, testnet.FloodSpec{Sources: testnet.FloodSources,
+				Target: netip.MustParseAddrPort(testnet.VIP + ":80"), Rate: rate, Duration: 10 * time.Second})
+		})
+	})
+	wg.Wait()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return rs, fr, start
 }
