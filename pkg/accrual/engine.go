@@ -33,6 +33,8 @@ type counters struct {
 	probeInconclusive  uint64
 	suppressed         uint64
 	failOpenRecoveries uint64
+	slow               uint64
+	byReason           [numEjectReasons]uint64
 }
 
 type endpoint struct {
@@ -50,13 +52,17 @@ type endpoint struct {
 	lastFailAt  time.Time
 	// newestOK: when the newest connection that succeeded began.
 	newestOK time.Time
-	c        counters
+	// win: recent connections, for services whose settings judge a window
+	// (nil otherwise, so services that do not pay no memory for it).
+	win *window
+	c   counters
 }
 
 type service struct {
 	id            uint32
 	name          string
 	st            Settings
+	nextOutliers  time.Time // when Advance next judges outliers (Settings.Outliers)
 	members       []uint32 // sorted endpoint ids
 	count         [numStates]int
 	failOpen      bool
@@ -78,7 +84,10 @@ type Engine struct {
 	eps     []endpoint // indexed by endpoint id
 	svcs    map[uint32]*service
 	heap    []uint32 // ejected endpoint ids, min-heap on probationAt
-	out     []Transition
+	// outliers: services whose settings have the outlier rule, judged on
+	// their own schedule by Advance.
+	outliers map[uint32]*service
+	out      []Transition
 	gen     uint64
 	unknown uint64
 }
@@ -93,8 +102,9 @@ func New(clk clock.PassiveClock, rnd func() float64) *Engine {
 	return &Engine{
 		clk:  clk,
 		rnd:  rnd,
-		svcs: make(map[uint32]*service),
-		out:  make([]Transition, 0, 8),
+		svcs:     make(map[uint32]*service),
+		outliers: make(map[uint32]*service),
+		out:      make([]Transition, 0, 8),
 	}
 }
 
@@ -121,6 +131,24 @@ func sanitize(s Settings) Settings {
 		s.JitterRatio = 1
 	}
 	s.MaxEjectionPercent = min(max(s.MaxEjectionPercent, 0), 100)
+	d := Defaults()
+	if s.Window < WindowBuckets*time.Millisecond {
+		s.Window = d.Window
+	}
+	s.WindowCalls = min(max(s.WindowCalls, 0), maxWindowCalls)
+	s.MinCalls = max(s.MinCalls, 1)
+	if !(s.FailureRateThreshold > 0 && s.FailureRateThreshold < 1) {
+		s.FailureRateThreshold = d.FailureRateThreshold
+	}
+	s.SlowConnectThreshold = max(s.SlowConnectThreshold, 0)
+	if !(s.SlowConnectRateThreshold > 0 && s.SlowConnectRateThreshold < 1) {
+		s.SlowConnectRateThreshold = d.SlowConnectRateThreshold
+	}
+	if !(s.OutlierStdevFactor > 0) || math.IsInf(s.OutlierStdevFactor, 0) {
+		s.OutlierStdevFactor = d.OutlierStdevFactor
+	}
+	s.OutlierMinHosts = max(s.OutlierMinHosts, 2)
+	s.OutlierMinCalls = max(s.OutlierMinCalls, 1)
 	return s
 }
 
@@ -206,9 +234,52 @@ func (e *Engine) eject(s *service, id uint32, ep *endpoint, r Reason, kind Kind,
 	ep.probationAt = now.Add(ep.penalty)
 	ep.suppressed = false
 	ep.c.ejections++
+	ep.c.byReason[ejectReasonIndex(r)]++
+	var seen tally
+	if ep.win != nil {
+		seen = ep.win.sum
+		ep.win.clear() // what it held led here; the next judgement starts afresh
+	}
 	e.setState(s, id, ep, Ejected)
 	e.emit(s, id, ep, from, r, kind, now, failAt)
+	e.out[len(e.out)-1].Window = seen.snapshot()
 	e.updateFailOpen(s, id, now)
+}
+
+// trip ejects ep for reason r, unless the max-ejection cap is full: then it
+// stays ready and one ReasonEjectionSuppressed is emitted per streak (or
+// per spell of a window rule being due). threshold is the window rule's
+// limit the endpoint passed (0 for the consecutive rule), for the record.
+func (e *Engine) trip(s *service, id uint32, ep *endpoint, r Reason, kind Kind, now, failAt time.Time, threshold float64) {
+	if failAt.IsZero() {
+		failAt = now
+	}
+	if s.count[Ejected]+s.count[Probation]+1 > EjectionCap(len(s.members), s.st.MaxEjectionPercent) {
+		if !ep.suppressed {
+			ep.suppressed = true
+			ep.c.suppressed++
+			e.emit(s, id, ep, Ready, ReasonEjectionSuppressed, kind, now, failAt)
+			t := &e.out[len(e.out)-1]
+			t.Cause, t.Threshold = r, threshold
+			if ep.win != nil {
+				t.Window = ep.win.sum.snapshot()
+			}
+		}
+		return
+	}
+	e.eject(s, id, ep, r, kind, now, failAt)
+	e.out[len(e.out)-1].Threshold = threshold
+}
+
+// threshold is the limit of window rule r under s.
+func threshold(s *Settings, r Reason) float64 {
+	switch r {
+	case ReasonFailureRate:
+		return s.FailureRateThreshold
+	case ReasonSlowConnects:
+		return s.SlowConnectRateThreshold
+	}
+	return 0
 }
 
 // toReady returns ep to ready with a fresh streak and penalty level.
@@ -219,6 +290,9 @@ func (e *Engine) toReady(s *service, id uint32, ep *endpoint, r Reason, now time
 	ep.penalty = 0
 	ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
 	ep.suppressed = false
+	if ep.win != nil {
+		ep.win.clear() // judged afresh from its return
+	}
 	e.setState(s, id, ep, Ready)
 	e.emit(s, id, ep, from, r, 0, now, time.Time{})
 	e.updateFailOpen(s, id, now)
@@ -252,9 +326,13 @@ func (e *Engine) Observe(o Outcome) []Transition {
 		}
 		return nil
 	}
+	slow := o.Success && s.st.SlowConnectThreshold > 0 && o.Handshake >= s.st.SlowConnectThreshold
 	counted := false
 	if o.Success {
 		ep.c.successes++
+		if slow {
+			ep.c.slow++
+		}
 		if o.Started.After(ep.newestOK) {
 			ep.newestOK = o.Started
 		}
@@ -270,45 +348,52 @@ func (e *Engine) Observe(o Outcome) []Transition {
 
 	switch ep.state {
 	case Ready:
+		if !o.Success && !counted {
+			return nil
+		}
+		streak := false
 		if o.Success {
 			ep.consecutive = 0
-			ep.suppressed = false
-			return nil
-		}
-		if !counted {
-			return nil
-		}
-		// A connection that began before the newest one that succeeded is
-		// no part of a streak of failures: the endpoint has served since.
-		// (A timeout is decided a connect timeout after its SYN, after the
-		// successes of connections that began later.)
-		if !o.Started.IsZero() && o.Started.Before(ep.newestOK) {
+		} else if !o.Started.IsZero() && o.Started.Before(ep.newestOK) {
+			// A connection that began before the newest one that succeeded is
+			// no part of a streak of failures: the endpoint has served since.
+			// (A timeout is decided a connect timeout after its SYN, after the
+			// successes of connections that began later.) It is still one of
+			// the window's failures.
 			ep.c.overtaken++
-			return nil
-		}
-		if ep.consecutive < math.MaxUint32 { // saturate: mode none counts forever
-			ep.consecutive++
-		}
-		if s.st.Mode != ModeConsecutive || ep.consecutive < uint32(s.st.MaxFailures) {
-			return nil
-		}
-		// Due. Everything below runs at most once per failure of an
-		// endpoint whose streak reached MaxFailures, so the clock is read here
-		// and not on the common path.
-		now := e.clk.Now()
-		failAt := o.At
-		if failAt.IsZero() {
-			failAt = now
-		}
-		if s.count[Ejected]+s.count[Probation]+1 > EjectionCap(len(s.members), s.st.MaxEjectionPercent) {
-			if !ep.suppressed {
-				ep.suppressed = true
-				ep.c.suppressed++
-				e.emit(s, id, ep, Ready, ReasonEjectionSuppressed, o.Kind, now, failAt)
+		} else {
+			if ep.consecutive < math.MaxUint32 { // saturate: mode none counts forever
+				ep.consecutive++
 			}
-			return e.result()
+			streak = s.st.Mode.consecutive() && ep.consecutive >= uint32(s.st.MaxFailures)
 		}
-		e.eject(s, id, ep, ReasonConsecutiveFailures, o.Kind, now, failAt)
+		r := Reason("")
+		if ep.win != nil {
+			// The window reads the clock only when the outcome has no time.
+			at := o.At
+			if at.IsZero() {
+				at = e.clk.Now()
+			}
+			ep.win.add(&s.st, at, !o.Success, slow)
+			r = rateDue(&s.st, ep.win)
+		}
+		if streak {
+			r = ReasonConsecutiveFailures
+		}
+		if r == "" {
+			if o.Success {
+				ep.suppressed = false
+			}
+			return nil
+		}
+		// Due. Everything below runs at most once per outcome of an
+		// endpoint that a rule ejects, so the clock is read here and not on
+		// the common path.
+		kind := o.Kind
+		if o.Success {
+			kind = 0
+		}
+		e.trip(s, id, ep, r, kind, e.clk.Now(), o.At, threshold(&s.st, r))
 
 	case Probation:
 		switch {
@@ -370,19 +455,31 @@ func (e *Engine) Advance() []Transition {
 		e.emit(ep.svc, id, ep, Ejected, ReasonPenaltyOver, 0, now, time.Time{})
 		// Probation is not ready: fail-open cannot change here.
 	}
+	for _, s := range e.outliers {
+		if s.nextOutliers.After(now) {
+			continue
+		}
+		e.judgeOutliers(s, now)
+		s.nextOutliers = now.Add(width(&s.st))
+	}
 	return e.result()
 }
 
 // NextDeadline returns the earliest time at which Advance has work: the
-// soonest probation time of an ejected endpoint. ok is false when no
-// endpoint is ejected. The time may be in the past (call Advance now).
+// soonest probation time of an ejected endpoint, or the next judgement of
+// a service's outliers. ok is false when there is neither. The time may be in the past (call Advance now).
 func (e *Engine) NextDeadline() (t time.Time, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.heap) == 0 {
-		return time.Time{}, false
+	if len(e.heap) > 0 {
+		t, ok = e.eps[e.heap[0]].probationAt, true
 	}
-	return e.eps[e.heap[0]].probationAt, true
+	for _, s := range e.outliers {
+		if !ok || s.nextOutliers.Before(t) {
+			t, ok = s.nextOutliers, true
+		}
+	}
+	return t, ok
 }
 
 // UnknownOutcomes counts outcomes for endpoint ids that belong to no

@@ -50,8 +50,8 @@ func TestCounting(t *testing.T) {
 		{"success resets", "rrs", 3, Ready, 0, Counters{Successes: 1, Failures: KindCounts{Refused: 2}}},
 		{"reset then count again", "rrsrr", 3, Ready, 2, Counters{Successes: 1, Failures: KindCounts{Refused: 4}}},
 		{"ignored kind neither counts nor resets", "rrdd", 3, Ready, 2, Counters{Failures: KindCounts{Refused: 2, ResetAfterData: 2}, Ignored: 2}},
-		{"ignored kind between counted", "rdrdr", 3, Ejected, 3, Counters{Failures: KindCounts{Refused: 3, ResetAfterData: 2}, Ignored: 2, Ejections: 1}},
-		{"stragglers after ejection", "rrrsr", 3, Ejected, 3, Counters{Successes: 1, Failures: KindCounts{Refused: 4}, Ejections: 1, Stragglers: 2}},
+		{"ignored kind between counted", "rdrdr", 3, Ejected, 3, Counters{Failures: KindCounts{Refused: 3, ResetAfterData: 2}, Ignored: 2, Ejections: 1, EjectionsBy: EjectionCounts{ConsecutiveFailures: 1}}},
+		{"stragglers after ejection", "rrrsr", 3, Ejected, 3, Counters{Successes: 1, Failures: KindCounts{Refused: 4}, Ejections: 1, EjectionsBy: EjectionCounts{ConsecutiveFailures: 1}, Stragglers: 2}},
 		{"many successes", "sssss", 1, Ready, 0, Counters{Successes: 5}},
 	}
 	for _, tc := range tests {
@@ -1103,7 +1103,7 @@ func TestSnapshot(t *testing.T) {
 	want := EndpointSnapshot{
 		ID: 0, State: Ejected, ConsecutiveFailures: 3, Penalty: time.Second,
 		EjectedAt: at, ProbationAt: at.Add(time.Second), LastFailureKind: KindReset, LastFailureAt: at,
-		Counters: Counters{Failures: KindCounts{Timeout: 2, Reset: 1}, Ejections: 1},
+		Counters: Counters{Failures: KindCounts{Timeout: 2, Reset: 1}, Ejections: 1, EjectionsBy: EjectionCounts{ConsecutiveFailures: 1}},
 	}
 	if ep != want {
 		t.Fatalf("endpoint\n got %+v\nwant %+v", ep, want)

@@ -164,6 +164,23 @@ func checkInvariants(t *testing.T, e *Engine) {
 			if ep.state == Ready && (ep.level != 0 || ep.penalty != 0) {
 				t.Fatalf("ready endpoint %d has level %d penalty %v", id, ep.level, ep.penalty)
 			}
+			if (ep.win != nil) != s.st.windowed() {
+				t.Fatalf("endpoint %d: window %v, settings judge one: %v", id, ep.win != nil, s.st.windowed())
+			}
+			if w := ep.win; w != nil {
+				var sum tally
+				for _, b := range w.b {
+					sum.calls += b.calls
+					sum.failures += b.failures
+					sum.slow += b.slow
+				}
+				if sum != w.sum || sum.failures+sum.slow > sum.calls {
+					t.Fatalf("endpoint %d: window sum %+v, buckets add up to %+v", id, w.sum, sum)
+				}
+				if ep.state != Ready && sum.calls != 0 {
+					t.Fatalf("%v endpoint %d has a window of %d calls", ep.state, id, sum.calls)
+				}
+			}
 		}
 		if count != s.count {
 			t.Fatalf("svc %d: counts %v, recount %v", s.id, s.count, count)

@@ -55,8 +55,37 @@ func (e *Engine) SetService(id uint32, name string, st Settings, endpoints []uin
 	if !isNew && old != st {
 		e.applySettings(s, now)
 	}
+	e.fitWindows(s, old, now)
 	e.updateFailOpen(s, cause, now)
 	return e.result()
+}
+
+// fitWindows gives s's endpoints a window when its settings judge one and
+// takes them away when not; a window of another shape (time- or
+// count-based, length) than old's starts empty, since what it holds was
+// gathered under other rules. It schedules the outlier rule.
+func (e *Engine) fitWindows(s *service, old Settings, now time.Time) {
+	want := s.st.windowed()
+	reshaped := old.Window != s.st.Window || old.WindowCalls != s.st.WindowCalls
+	for _, id := range s.members {
+		ep := &e.eps[id]
+		switch {
+		case !want:
+			ep.win = nil
+		case ep.win == nil:
+			ep.win = &window{}
+		case reshaped:
+			ep.win.clear()
+		}
+	}
+	if want && s.st.Outliers {
+		if _, ok := e.outliers[s.id]; !ok || reshaped {
+			s.nextOutliers = now.Add(width(&s.st))
+		}
+		e.outliers[s.id] = s
+	} else {
+		delete(e.outliers, s.id)
+	}
 }
 
 // drop forgets ep's state; the caller fixes s.members.
@@ -79,7 +108,7 @@ func (e *Engine) detach(s *service, id uint32, now time.Time) {
 // applySettings makes in-flight state agree with changed settings; see the
 // package documentation ("Settings change").
 func (e *Engine) applySettings(s *service, now time.Time) {
-	if s.st.Mode != ModeConsecutive {
+	if s.st.Mode == ModeNone {
 		for _, id := range s.members {
 			ep := &e.eps[id]
 			if ep.state != Ready {
@@ -122,6 +151,7 @@ func (e *Engine) RemoveService(id uint32) []Transition {
 	s.members = nil
 	e.updateFailOpen(s, NoEndpoint, e.clk.Now())
 	delete(e.svcs, id)
+	delete(e.outliers, id)
 	return e.result()
 }
 

@@ -2,6 +2,7 @@ package accrual
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -12,9 +13,26 @@ type Mode string
 const (
 	// ModeConsecutive ejects an endpoint after MaxFailures failures in a row.
 	ModeConsecutive Mode = "consecutive"
+	// ModeFailureRate ejects an endpoint whose failure rate over a window
+	// of recent connections exceeds FailureRateThreshold, once the window
+	// holds MinCalls connections.
+	ModeFailureRate Mode = "failure-rate"
+	// ModeUnified ejects on either rule, whichever trips first: Linkerd's
+	// "unified" breaker.
+	ModeUnified Mode = "unified"
 	// ModeNone never ejects.
 	ModeNone Mode = "none"
 )
+
+// consecutive reports whether m ejects on a streak of failures.
+func (m Mode) consecutive() bool { return m == ModeConsecutive || m == ModeUnified }
+
+// rate reports whether m ejects on the window's failure rate.
+func (m Mode) rate() bool { return m == ModeFailureRate || m == ModeUnified }
+
+// WindowBuckets is how many buckets a window has: it forgets its oldest
+// tenth at a time, as Linkerd's and Resilience4j's windows do.
+const WindowBuckets = 10
 
 // Kind is a kind of L4 failure.
 type Kind uint8
@@ -92,12 +110,45 @@ type Settings struct {
 	ConnectTimeout     time.Duration // no SYN-ACK within this is a timeout failure
 	FailureKinds       Kinds         // which kinds count
 	MaxEjectionPercent int           // at most this share of a service's endpoints ejected at once
+
+	// The window of recent connections that the failure-rate rule, the
+	// slow-connect rule and the outlier rule judge.
+	Window      time.Duration // time-based window: the connections of the last Window
+	WindowCalls int           // > 0: a count-based window of the last WindowCalls connections instead
+	MinCalls    int           // connections the window must hold before any rate is judged
+	// FailureRateThreshold: modes failure-rate and unified eject an endpoint
+	// whose window's share of counted failures exceeds it.
+	FailureRateThreshold float64
+	// SlowConnectThreshold > 0 makes a handshake (SYN to SYN-ACK) at least
+	// this long a slow connect; an endpoint whose window's share of slow
+	// connects exceeds SlowConnectRateThreshold is ejected. A slow connect
+	// is a success for every other rule.
+	SlowConnectThreshold     time.Duration
+	SlowConnectRateThreshold float64
+	// Outliers ejects an endpoint whose window's success rate is below the
+	// mean of its peers' by more than OutlierStdevFactor standard
+	// deviations, judged every tenth of Window among the ready endpoints
+	// whose windows hold OutlierMinCalls connections, when there are at
+	// least OutlierMinHosts of them (Envoy's success-rate outlier rule).
+	Outliers           bool
+	OutlierStdevFactor float64
+	OutlierMinHosts    int
+	OutlierMinCalls    int
+}
+
+// windowed reports whether s needs a window of recent connections.
+func (s *Settings) windowed() bool {
+	return s.Mode != ModeNone && (s.Mode.rate() || s.SlowConnectThreshold > 0 || s.Outliers)
 }
 
 // Defaults follow Linkerd's consecutive failure accrual
 // (balancer.linkerd.io/failure-accrual-consecutive-*): 7 failures, 1s
 // minimum penalty, 1m maximum, jitter 0.5. The connect timeout, failure
-// kinds and ejection cap are ours.
+// kinds and ejection cap are ours. The window follows Linkerd's unified
+// breaker (balancer.alpha.linkerd.io/failure-accrual-success-rate-*): 10s,
+// 5 calls, success rate 0.8 (a failure rate of 0.2); the outlier rule
+// follows Envoy's success-rate outlier detection (factor 1.9, 5 hosts, 100
+// calls).
 func Defaults() Settings {
 	return Settings{
 		Mode:               ModeConsecutive,
@@ -108,8 +159,20 @@ func Defaults() Settings {
 		ConnectTimeout:     time.Second,
 		FailureKinds:       KindsOf(KindRefused, KindTimeout, KindReset),
 		MaxEjectionPercent: 100,
+
+		Window:                   10 * time.Second,
+		MinCalls:                 5,
+		FailureRateThreshold:     0.2,
+		SlowConnectRateThreshold: 0.5,
+		OutlierStdevFactor:       1.9,
+		OutlierMinHosts:          5,
+		OutlierMinCalls:          100,
 	}
 }
+
+// maxWindowCalls bounds a count-based window, so a typo cannot make one
+// endpoint's window remember millions of connections it will never judge.
+const maxWindowCalls = 1_000_000
 
 // FieldError names the setting that is wrong and its value.
 type FieldError struct {
@@ -126,9 +189,9 @@ func (e *FieldError) Error() string {
 // (maxFailures, minPenalty, ...); callers prefix their own path.
 func (s Settings) Validate() error {
 	switch s.Mode {
-	case ModeConsecutive, ModeNone:
+	case ModeConsecutive, ModeFailureRate, ModeUnified, ModeNone:
 	default:
-		return &FieldError{"mode", s.Mode, "unknown mode (want consecutive or none)"}
+		return &FieldError{"mode", s.Mode, "unknown mode (want consecutive, failure-rate, unified or none)"}
 	}
 	if s.MaxFailures < 1 {
 		return &FieldError{"maxFailures", s.MaxFailures, "must be at least 1"}
@@ -153,6 +216,45 @@ func (s Settings) Validate() error {
 	}
 	if s.MaxEjectionPercent < 0 || s.MaxEjectionPercent > 100 {
 		return &FieldError{"maxEjectionPercent", s.MaxEjectionPercent, "must be within [0, 100]"}
+	}
+	return s.validateWindow()
+}
+
+// validateWindow checks the window rules' settings. They are checked
+// whatever the mode, so a setting written for later is already right.
+func (s Settings) validateWindow() error {
+	if s.Window < WindowBuckets*time.Millisecond {
+		return &FieldError{"window", s.Window, "must be at least 10ms (ten buckets of at least 1ms)"}
+	}
+	if s.WindowCalls < 0 || s.WindowCalls > maxWindowCalls {
+		return &FieldError{"windowCalls", s.WindowCalls, fmt.Sprintf("must be within [0, %d] (0: a time-based window)", maxWindowCalls)}
+	}
+	if s.MinCalls < 1 {
+		return &FieldError{"minCalls", s.MinCalls, "must be at least 1"}
+	}
+	if s.WindowCalls > 0 && s.MinCalls > s.WindowCalls {
+		return &FieldError{"minCalls", s.MinCalls, fmt.Sprintf("must not exceed windowCalls (%d): the window could never hold that many", s.WindowCalls)}
+	}
+	if !(s.FailureRateThreshold > 0 && s.FailureRateThreshold < 1) {
+		return &FieldError{"failureRateThreshold", s.FailureRateThreshold, "must be within (0, 1), e.g. 0.2"}
+	}
+	if s.SlowConnectThreshold < 0 {
+		return &FieldError{"slowConnectThreshold", s.SlowConnectThreshold, "must not be negative (0: off)"}
+	}
+	if s.SlowConnectThreshold >= s.ConnectTimeout {
+		return &FieldError{"slowConnectThreshold", s.SlowConnectThreshold, fmt.Sprintf("must be below connectTimeout (%v): a slower handshake is a timeout", s.ConnectTimeout)}
+	}
+	if !(s.SlowConnectRateThreshold > 0 && s.SlowConnectRateThreshold < 1) {
+		return &FieldError{"slowConnectRateThreshold", s.SlowConnectRateThreshold, "must be within (0, 1), e.g. 0.5"}
+	}
+	if !(s.OutlierStdevFactor > 0) || math.IsInf(s.OutlierStdevFactor, 0) {
+		return &FieldError{"outlierStdevFactor", s.OutlierStdevFactor, "must be a positive number, e.g. 1.9"}
+	}
+	if s.OutlierMinHosts < 2 {
+		return &FieldError{"outlierMinHosts", s.OutlierMinHosts, "must be at least 2 (an outlier needs peers)"}
+	}
+	if s.OutlierMinCalls < 1 {
+		return &FieldError{"outlierMinCalls", s.OutlierMinCalls, "must be at least 1"}
 	}
 	return nil
 }

@@ -40,6 +40,23 @@ func TestValidate(t *testing.T) {
 		{"failureKinds", func(s *Settings) { s.FailureKinds = 0 }},
 		{"", func(s *Settings) { s.FailureKinds, s.Mode = 0, ModeNone }},
 		{"maxEjectionPercent", func(s *Settings) { s.MaxEjectionPercent = 101 }},
+		{"", func(s *Settings) { s.Mode = ModeFailureRate }},
+		{"", func(s *Settings) { s.Mode = ModeUnified }},
+		{"window", func(s *Settings) { s.Window = 9 * time.Millisecond }},
+		{"windowCalls", func(s *Settings) { s.WindowCalls = -1 }},
+		{"windowCalls", func(s *Settings) { s.WindowCalls = maxWindowCalls + 1 }},
+		{"minCalls", func(s *Settings) { s.MinCalls = 0 }},
+		{"minCalls", func(s *Settings) { s.WindowCalls, s.MinCalls = 4, 5 }},
+		{"", func(s *Settings) { s.WindowCalls, s.MinCalls = 5, 5 }},
+		{"failureRateThreshold", func(s *Settings) { s.FailureRateThreshold = 0 }},
+		{"failureRateThreshold", func(s *Settings) { s.FailureRateThreshold = 1 }},
+		{"slowConnectThreshold", func(s *Settings) { s.SlowConnectThreshold = -time.Millisecond }},
+		{"slowConnectThreshold", func(s *Settings) { s.SlowConnectThreshold = s.ConnectTimeout }},
+		{"", func(s *Settings) { s.SlowConnectThreshold = s.ConnectTimeout - 1 }},
+		{"slowConnectRateThreshold", func(s *Settings) { s.SlowConnectRateThreshold = 1.5 }},
+		{"outlierStdevFactor", func(s *Settings) { s.OutlierStdevFactor = 0 }},
+		{"outlierMinHosts", func(s *Settings) { s.OutlierMinHosts = 1 }},
+		{"outlierMinCalls", func(s *Settings) { s.OutlierMinCalls = 0 }},
 	}
 	for _, tc := range tests {
 		s := Defaults()

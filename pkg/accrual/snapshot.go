@@ -40,6 +40,36 @@ type Counters struct {
 	// FailOpenRecoveries counts returns to ready by a success during
 	// fail-open.
 	FailOpenRecoveries uint64 `json:"failOpenRecoveries"`
+	// SlowConnects counts successes slower than SlowConnectThreshold.
+	SlowConnects uint64 `json:"slowConnects"`
+	// EjectionsBy splits Ejections by the rule that ejected.
+	EjectionsBy EjectionCounts `json:"ejectionsBy"`
+}
+
+// EjectionCounts counts ejections by reason.
+type EjectionCounts struct {
+	ConsecutiveFailures uint64 `json:"consecutiveFailures"`
+	ProbeFailed         uint64 `json:"probeFailed"`
+	FailureRate         uint64 `json:"failureRate"`
+	SlowConnects        uint64 `json:"slowConnects"`
+	Outlier             uint64 `json:"successRateOutlier"`
+}
+
+// Of returns the count for reason r (0 for a reason that does not eject).
+func (c EjectionCounts) Of(r Reason) uint64 {
+	switch r {
+	case ReasonConsecutiveFailures:
+		return c.ConsecutiveFailures
+	case ReasonProbeFailed:
+		return c.ProbeFailed
+	case ReasonFailureRate:
+		return c.FailureRate
+	case ReasonSlowConnects:
+		return c.SlowConnects
+	case ReasonOutlier:
+		return c.Outlier
+	}
+	return 0
 }
 
 // EndpointSnapshot is one endpoint's state for display.
@@ -53,7 +83,10 @@ type EndpointSnapshot struct {
 	ProbationAt         time.Time     `json:"probationAt,omitzero"`
 	LastFailureKind     Kind          `json:"lastFailureKind,omitempty"`
 	LastFailureAt       time.Time     `json:"lastFailureAt,omitzero"`
-	Counters            Counters      `json:"counters"`
+	// Window is the endpoint's window of recent connections as its rules
+	// judge it now; nil when its service's settings judge none.
+	Window   *WindowSnapshot `json:"window,omitempty"`
+	Counters Counters        `json:"counters"`
 }
 
 // ServiceSnapshot is one service's state for display.
@@ -91,6 +124,19 @@ func (c *counters) export() Counters {
 		ProbeInconclusive:   c.probeInconclusive,
 		SuppressedEjections: c.suppressed,
 		FailOpenRecoveries:  c.failOpenRecoveries,
+		SlowConnects:        c.slow,
+		EjectionsBy:         c.reasons(),
+	}
+}
+
+func (c *counters) reasons() EjectionCounts {
+	at := func(r Reason) uint64 { return c.byReason[ejectReasonIndex(r)] }
+	return EjectionCounts{
+		ConsecutiveFailures: at(ReasonConsecutiveFailures),
+		ProbeFailed:         at(ReasonProbeFailed),
+		FailureRate:         at(ReasonFailureRate),
+		SlowConnects:        at(ReasonSlowConnects),
+		Outlier:             at(ReasonOutlier),
 	}
 }
 
@@ -110,6 +156,7 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []ServiceSnapshot
+	now := e.clk.Now()
 	for _, s := range e.sortedServices() {
 		ss := ServiceSnapshot{
 			ID: s.id, Name: s.name, Settings: s.st,
@@ -122,13 +169,18 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 		}
 		for _, id := range s.members {
 			ep := &e.eps[id]
-			ss.Endpoints = append(ss.Endpoints, EndpointSnapshot{
+			es := EndpointSnapshot{
 				ID: id, State: ep.state, ConsecutiveFailures: ep.consecutive,
 				PenaltyLevel: ep.level, Penalty: ep.penalty,
 				EjectedAt: ep.ejectedAt, ProbationAt: ep.probationAt,
 				LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt,
 				Counters: ep.c.export(),
-			})
+			}
+			if ep.win != nil {
+				ws := ep.win.view(&s.st, now).snapshot()
+				es.Window = &ws
+			}
+			ss.Endpoints = append(ss.Endpoints, es)
 		}
 		out = append(out, ss)
 	}
@@ -221,7 +273,7 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 		ep.c.ejections = r.Ejections
 		ep.suppressed = false
 		to := r.State
-		if s.st.Mode != ModeConsecutive {
+		if s.st.Mode == ModeNone {
 			to = Ready
 		}
 		from := ep.state

@@ -59,6 +59,9 @@ type Outcome struct {
 	// Outcomes arrive in the order they are decided, not in the order the
 	// connections began: a timeout is known only a connect timeout later.
 	Started time.Time
+	// Handshake is a success's time from SYN to SYN-ACK as the datapath
+	// saw them; zero: unknown (never slow).
+	Handshake time.Duration
 }
 
 // Reason says why a transition happened. The set is closed: the constants
@@ -70,6 +73,16 @@ const (
 	// ready → ejected: MaxFailures consecutive counted failures.
 	// Failures and Kind give the streak length and the last failure's kind.
 	ReasonConsecutiveFailures Reason = "consecutive-failures"
+	// ready → ejected: the window's failure rate exceeded
+	// FailureRateThreshold (Window and Threshold say by how much).
+	ReasonFailureRate Reason = "failure-rate"
+	// ready → ejected: the window's share of slow connects exceeded
+	// SlowConnectRateThreshold.
+	ReasonSlowConnects Reason = "slow-connects"
+	// ready → ejected: the window's success rate was below its peers' mean
+	// by more than OutlierStdevFactor standard deviations (Threshold is the
+	// success rate it fell below).
+	ReasonOutlier Reason = "success-rate-outlier"
 	// probation → ejected: the probe failed with a counted kind.
 	ReasonProbeFailed Reason = "probe-failed"
 	// ejected → probation: the penalty ended (Advance).
@@ -117,6 +130,29 @@ type Transition struct {
 	// N-th failure's or the failed probe's own timestamp), so At-FailureAt
 	// is the reaction time.
 	FailureAt time.Time
+	// Window is what the endpoint's window held when a rule ejected it (or
+	// its ejection was suppressed), Threshold the limit it passed (0 for the
+	// consecutive rule), and Cause, for a suppression, the rule that was due.
+	Window    WindowSnapshot
+	Threshold float64
+	Cause     Reason
+}
+
+// The reasons that eject, indexed for per-reason counters.
+var ejectReasons = [...]Reason{ReasonConsecutiveFailures, ReasonProbeFailed, ReasonFailureRate, ReasonSlowConnects, ReasonOutlier}
+
+const numEjectReasons = len(ejectReasons)
+
+// EjectReasons lists the reasons an endpoint can be ejected for.
+func EjectReasons() []Reason { return ejectReasons[:] }
+
+func ejectReasonIndex(r Reason) int {
+	for i, x := range ejectReasons {
+		if x == r {
+			return i
+		}
+	}
+	return 0
 }
 
 // ServiceLevel reports whether t is a fail-open start or end rather than an
@@ -139,10 +175,20 @@ func (t Transition) String() string {
 	switch t.Reason {
 	case ReasonConsecutiveFailures:
 		why = fmt.Sprintf("%d consecutive failures (%v)", t.Failures, t.Kind)
+	case ReasonFailureRate:
+		why = fmt.Sprintf("failure rate %.3f > %g (%d of %d)", t.Window.FailureRate, t.Threshold, t.Window.Failures, t.Window.Calls)
+	case ReasonSlowConnects:
+		why = fmt.Sprintf("slow connects %.3f > %g (%d of %d)", t.Window.SlowRate, t.Threshold, t.Window.Slow, t.Window.Calls)
+	case ReasonOutlier:
+		why = fmt.Sprintf("success rate %.3f < %.3f among peers (%d of %d failed)", 1-t.Window.FailureRate, t.Threshold, t.Window.Failures, t.Window.Calls)
 	case ReasonProbeFailed:
 		why = fmt.Sprintf("probe failed (%v)", t.Kind)
 	case ReasonEjectionSuppressed:
-		why = fmt.Sprintf("ejection suppressed: max-ejection-percent (%d consecutive failures (%v))", t.Failures, t.Kind)
+		if t.Cause != "" && t.Cause != ReasonConsecutiveFailures {
+			why = fmt.Sprintf("ejection suppressed: max-ejection-percent (%s)", t.Cause)
+		} else {
+			why = fmt.Sprintf("ejection suppressed: max-ejection-percent (%d consecutive failures (%v))", t.Failures, t.Kind)
+		}
 	case ReasonProbeInconclusive:
 		why = fmt.Sprintf("probe inconclusive (%v does not count)", t.Kind)
 	default:
