@@ -63,7 +63,7 @@ type service struct {
 	name          string
 	st            Settings
 	nextOutliers  time.Time // when Advance next judges outliers (Settings.Outliers)
-	members       []uint32 // sorted endpoint ids
+	members       []uint32  // sorted endpoint ids
 	count         [numStates]int
 	failOpen      bool
 	failOpenSince time.Time
@@ -78,18 +78,18 @@ const maxEndpointID = 1<<24 - 1
 // Engine is the failure-accrual state of all services. See the package
 // documentation for its semantics and concurrency rules.
 type Engine struct {
-	mu      sync.Mutex
-	clk     clock.PassiveClock
-	rnd     func() float64
-	eps     []endpoint // indexed by endpoint id
-	svcs    map[uint32]*service
-	heap    []uint32 // ejected endpoint ids, min-heap on probationAt
+	mu   sync.Mutex
+	clk  clock.PassiveClock
+	rnd  func() float64
+	eps  []endpoint // indexed by endpoint id
+	svcs map[uint32]*service
+	heap []uint32 // ejected endpoint ids, min-heap on probationAt
 	// outliers: services whose settings have the outlier rule, judged on
 	// their own schedule by Advance.
 	outliers map[uint32]*service
 	out      []Transition
-	gen     uint64
-	unknown uint64
+	gen      uint64
+	unknown  uint64
 }
 
 // New returns an empty Engine. rnd must return values in [0, 1) (for
@@ -100,8 +100,8 @@ func New(clk clock.PassiveClock, rnd func() float64) *Engine {
 		rnd = rand.Float64
 	}
 	return &Engine{
-		clk:  clk,
-		rnd:  rnd,
+		clk:      clk,
+		rnd:      rnd,
 		svcs:     make(map[uint32]*service),
 		outliers: make(map[uint32]*service),
 		out:      make([]Transition, 0, 8),
@@ -290,9 +290,8 @@ func (e *Engine) toReady(s *service, id uint32, ep *endpoint, r Reason, now time
 	ep.penalty = 0
 	ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
 	ep.suppressed = false
-	if ep.win != nil {
-		ep.win.clear() // judged afresh from its return
-	}
+	// The window needs no clearing: it was cleared on ejection and takes
+	// nothing while out, so the endpoint is judged afresh from its return.
 	e.setState(s, id, ep, Ready)
 	e.emit(s, id, ep, from, r, 0, now, time.Time{})
 	e.updateFailOpen(s, id, now)

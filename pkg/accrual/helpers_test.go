@@ -164,8 +164,8 @@ func checkInvariants(t *testing.T, e *Engine) {
 			if ep.state == Ready && (ep.level != 0 || ep.penalty != 0) {
 				t.Fatalf("ready endpoint %d has level %d penalty %v", id, ep.level, ep.penalty)
 			}
-			if (ep.win != nil) != s.st.windowed() {
-				t.Fatalf("endpoint %d: window %v, settings judge one: %v", id, ep.win != nil, s.st.windowed())
+			if (ep.win != nil) != s.st.Windowed() {
+				t.Fatalf("endpoint %d: window %v, settings judge one: %v", id, ep.win != nil, s.st.Windowed())
 			}
 			if w := ep.win; w != nil {
 				var sum tally

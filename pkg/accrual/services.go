@@ -65,7 +65,7 @@ func (e *Engine) SetService(id uint32, name string, st Settings, endpoints []uin
 // count-based, length) than old's starts empty, since what it holds was
 // gathered under other rules. It schedules the outlier rule.
 func (e *Engine) fitWindows(s *service, old Settings, now time.Time) {
-	want := s.st.windowed()
+	want := s.st.Windowed()
 	reshaped := old.Window != s.st.Window || old.WindowCalls != s.st.WindowCalls
 	for _, id := range s.members {
 		ep := &e.eps[id]

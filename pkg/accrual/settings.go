@@ -136,8 +136,8 @@ type Settings struct {
 	OutlierMinCalls    int
 }
 
-// windowed reports whether s needs a window of recent connections.
-func (s *Settings) windowed() bool {
+// Windowed reports whether s needs a window of recent connections.
+func (s *Settings) Windowed() bool {
 	return s.Mode != ModeNone && (s.Mode.rate() || s.SlowConnectThreshold > 0 || s.Outliers)
 }
 

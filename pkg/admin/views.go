@@ -110,15 +110,50 @@ type EndpointsView struct {
 
 // AccrualService is one service's failure accrual.
 type AccrualService struct {
-	Service       string       `json:"service"`
-	ID            uint32       `json:"id"`
-	Mode          accrual.Mode `json:"mode"`
-	Ready         int          `json:"ready"`
-	Ejected       int          `json:"ejected"`
-	Probation     int          `json:"probation"`
-	FailOpen      bool         `json:"failOpen"`
-	FailOpenSince *time.Time   `json:"failOpenSince,omitempty"`
-	Endpoints     []Endpoint   `json:"endpoints"`
+	Service string       `json:"service"`
+	ID      uint32       `json:"id"`
+	Mode    accrual.Mode `json:"mode"`
+	// Thresholds are what the window rules judge each endpoint's window
+	// against; absent when the service's settings judge no window.
+	Thresholds    *Thresholds `json:"thresholds,omitempty"`
+	Ready         int         `json:"ready"`
+	Ejected       int         `json:"ejected"`
+	Probation     int         `json:"probation"`
+	FailOpen      bool        `json:"failOpen"`
+	FailOpenSince *time.Time  `json:"failOpenSince,omitempty"`
+	Endpoints     []Endpoint  `json:"endpoints"`
+}
+
+// Thresholds are a service's window rules, as in force.
+type Thresholds struct {
+	Window             string  `json:"window"` // a Go duration
+	WindowCalls        int     `json:"windowCalls,omitempty"`
+	MinCalls           int     `json:"minCalls"`
+	FailureRate        float64 `json:"failureRate,omitempty"` // modes failure-rate and unified
+	SlowConnect        string  `json:"slowConnect,omitempty"` // a Go duration
+	SlowConnectRate    float64 `json:"slowConnectRate,omitempty"`
+	OutlierStdevFactor float64 `json:"outlierStdevFactor,omitempty"`
+	OutlierMinHosts    int     `json:"outlierMinHosts,omitempty"`
+	OutlierMinCalls    int     `json:"outlierMinCalls,omitempty"`
+}
+
+// ThresholdsOf returns s's window rules, nil when it judges no window.
+func ThresholdsOf(s accrual.Settings) *Thresholds {
+	if !s.Windowed() {
+		return nil
+	}
+	rate := s.Mode == accrual.ModeFailureRate || s.Mode == accrual.ModeUnified
+	t := &Thresholds{Window: s.Window.String(), WindowCalls: s.WindowCalls, MinCalls: s.MinCalls}
+	if rate {
+		t.FailureRate = s.FailureRateThreshold
+	}
+	if s.SlowConnectThreshold > 0 {
+		t.SlowConnect, t.SlowConnectRate = s.SlowConnectThreshold.String(), s.SlowConnectRateThreshold
+	}
+	if s.Outliers {
+		t.OutlierStdevFactor, t.OutlierMinHosts, t.OutlierMinCalls = s.OutlierStdevFactor, s.OutlierMinHosts, s.OutlierMinCalls
+	}
+	return t
 }
 
 // Endpoint is one endpoint's accrual state.
@@ -129,11 +164,15 @@ type Endpoint struct {
 	State               string `json:"state"` // ready, ejected or probation
 	ConsecutiveFailures uint32 `json:"consecutiveFailures"`
 	// Penalty is the current ejection's (a Go duration); empty when ready.
-	Penalty         string           `json:"penalty,omitempty"`
-	ProbationAt     *time.Time       `json:"probationAt,omitempty"`
-	LastFailureKind string           `json:"lastFailureKind,omitempty"`
-	LastFailureAt   *time.Time       `json:"lastFailureAt,omitempty"`
-	Counters        accrual.Counters `json:"counters"`
+	Penalty         string     `json:"penalty,omitempty"`
+	ProbationAt     *time.Time `json:"probationAt,omitempty"`
+	LastFailureKind string     `json:"lastFailureKind,omitempty"`
+	LastFailureAt   *time.Time `json:"lastFailureAt,omitempty"`
+	// Window is the endpoint's window of recent connections, which the
+	// service's window rules judge (see the service's thresholds); absent
+	// when its settings judge none.
+	Window   *accrual.WindowSnapshot `json:"window,omitempty"`
+	Counters accrual.Counters        `json:"counters"`
 }
 
 // CircuitBreakersView is GET /admin/circuit_breakers: limits, live flows

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -171,6 +172,14 @@ func (a *Agent) logTransition(service string, t accrual.Transition, reaction tim
 	if t.Kind != 0 {
 		attrs = append(attrs, "failure_kind", t.Kind.String(), "consecutive_failures", t.Failures)
 	}
+	if t.Cause != "" {
+		attrs = append(attrs, "cause", string(t.Cause))
+	}
+	// A window rule says what the window held and the limit it passed.
+	if w := t.Window; w.Calls > 0 {
+		attrs = append(attrs, "window_calls", w.Calls, "window_failures", w.Failures, "window_slow", w.Slow,
+			"failure_rate", round3(w.FailureRate), "slow_rate", round3(w.SlowRate), "threshold", t.Threshold)
+	}
 	// The penalty: drawn (ejected), served (probation), reset (ready: 0s).
 	attrs = append(attrs, "penalty", t.Penalty.String())
 	if t.To == accrual.Ejected {
@@ -186,3 +195,6 @@ func (a *Agent) logTransition(service string, t accrual.Transition, reaction tim
 	}
 	a.log.Log(context.Background(), level, "endpoint "+t.To.String(), attrs...)
 }
+
+// round3 keeps log lines readable: a rate to three decimals.
+func round3(f float64) float64 { return math.Round(f*1000) / 1000 }

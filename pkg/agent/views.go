@@ -71,12 +71,14 @@ func (a *Agent) EndpointsView() admin.EndpointsView {
 	defer a.mu.RUnlock()
 	out := admin.EndpointsView{Services: []admin.AccrualService{}}
 	for _, s := range snap {
-		sj := admin.AccrualService{Service: s.Name, ID: s.ID, Mode: s.Settings.Mode, Ready: s.Ready, Ejected: s.Ejected,
+		sj := admin.AccrualService{Service: s.Name, ID: s.ID, Mode: s.Settings.Mode, Thresholds: admin.ThresholdsOf(s.Settings),
+			Ready: s.Ready, Ejected: s.Ejected,
 			Probation: s.Probation, FailOpen: s.FailOpen, FailOpenSince: admin.TimeOrNil(s.FailOpenSince),
 			Endpoints: []admin.Endpoint{}}
 		for _, e := range s.Endpoints {
 			ej := admin.Endpoint{ID: e.ID, State: e.State.String(), ConsecutiveFailures: e.ConsecutiveFailures,
-				ProbationAt: admin.TimeOrNil(e.ProbationAt), LastFailureAt: admin.TimeOrNil(e.LastFailureAt), Counters: e.Counters}
+				ProbationAt: admin.TimeOrNil(e.ProbationAt), LastFailureAt: admin.TimeOrNil(e.LastFailureAt),
+				Window: e.Window, Counters: e.Counters}
 			if b, ok := a.rec.Backend(e.ID); ok {
 				ej.Endpoint, ej.Name = b.Addr.String(), b.Name
 			}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -20,6 +21,20 @@ type rawAccrual struct {
 	ConnectTimeout     *duration `json:"connectTimeout"`
 	FailureKinds       *[]string `json:"failureKinds"`
 	MaxEjectionPercent *int      `json:"maxEjectionPercent"`
+
+	Window               *duration `json:"window"`
+	WindowCalls          *int      `json:"windowCalls"`
+	MinCalls             *int      `json:"minCalls"`
+	FailureRateThreshold *float64  `json:"failureRateThreshold"`
+	// SuccessRateThreshold is Linkerd's spelling of the same rule:
+	// failureRateThreshold = 1 − successRateThreshold.
+	SuccessRateThreshold     *float64  `json:"successRateThreshold"`
+	SlowConnectThreshold     *duration `json:"slowConnectThreshold"`
+	SlowConnectRateThreshold *float64  `json:"slowConnectRateThreshold"`
+	Outliers                 *bool     `json:"outliers"`
+	OutlierStdevFactor       *float64  `json:"outlierStdevFactor"`
+	OutlierMinHosts          *int      `json:"outlierMinHosts"`
+	OutlierMinCalls          *int      `json:"outlierMinCalls"`
 }
 
 // partner names, for each field that accrual.Settings.Validate checks
@@ -29,9 +44,11 @@ type rawAccrual struct {
 // minPenalty of 1s is wrong in its maxPenalty line. Mirrors Validate's
 // cross-field rules.
 var partner = map[string]string{
-	"minPenalty":   "maxPenalty",
-	"maxPenalty":   "minPenalty",
-	"failureKinds": "mode",
+	"minPenalty":           "maxPenalty",
+	"maxPenalty":           "minPenalty",
+	"failureKinds":         "mode",
+	"minCalls":             "windowCalls",
+	"slowConnectThreshold": "connectTimeout",
 }
 
 // resolve overlays the fields r sets onto base, field by field, and
@@ -63,6 +80,26 @@ func (r *rawAccrual) resolve(path string, base accrual.Settings, errs *errList) 
 	if r.MaxEjectionPercent != nil {
 		s.MaxEjectionPercent = *r.MaxEjectionPercent
 	}
+	setDuration(&s.Window, r.Window, path+".window", errs)
+	set(&s.WindowCalls, r.WindowCalls)
+	set(&s.MinCalls, r.MinCalls)
+	set(&s.FailureRateThreshold, r.FailureRateThreshold)
+	if r.SuccessRateThreshold != nil {
+		switch v := *r.SuccessRateThreshold; {
+		case r.FailureRateThreshold != nil:
+			errs.add(path+".successRateThreshold", showRaw(reflect.ValueOf(v)), "set either failureRateThreshold or successRateThreshold (1 − the other), not both")
+		case !(v > 0 && v < 1):
+			errs.add(path+".successRateThreshold", showRaw(reflect.ValueOf(v)), "must be within (0, 1), e.g. 0.8")
+		default:
+			s.FailureRateThreshold = math.Round((1-v)*1e12) / 1e12 // 1 − 0.8 is 0.2, not 0.19999999999999996
+		}
+	}
+	setDuration(&s.SlowConnectThreshold, r.SlowConnectThreshold, path+".slowConnectThreshold", errs)
+	set(&s.SlowConnectRateThreshold, r.SlowConnectRateThreshold)
+	set(&s.Outliers, r.Outliers)
+	set(&s.OutlierStdevFactor, r.OutlierStdevFactor)
+	set(&s.OutlierMinHosts, r.OutlierMinHosts)
+	set(&s.OutlierMinCalls, r.OutlierMinCalls)
 	if errs.count() > before {
 		return s, false
 	}
@@ -71,6 +108,13 @@ func (r *rawAccrual) resolve(path string, base accrual.Settings, errs *errList) 
 		return s, false
 	}
 	return s, true
+}
+
+// set overlays a field the block sets.
+func set[T any](dst *T, src *T) {
+	if src != nil {
+		*dst = *src
+	}
 }
 
 func setDuration(dst *time.Duration, src *duration, path string, errs *errList) {

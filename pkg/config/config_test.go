@@ -40,6 +40,11 @@ func TestExample(t *testing.T) {
 		FailureKinds:       accrual.KindsOf(accrual.KindRefused, accrual.KindTimeout, accrual.KindReset),
 		MaxEjectionPercent: 50,
 	}
+	// The window rules' settings are the library's defaults here.
+	lib := accrual.Defaults()
+	defaults.Window, defaults.MinCalls, defaults.FailureRateThreshold = lib.Window, lib.MinCalls, lib.FailureRateThreshold
+	defaults.SlowConnectRateThreshold = lib.SlowConnectRateThreshold
+	defaults.OutlierStdevFactor, defaults.OutlierMinHosts, defaults.OutlierMinCalls = lib.OutlierStdevFactor, lib.OutlierMinHosts, lib.OutlierMinCalls
 	if c.Defaults != defaults {
 		t.Errorf("Defaults = %+v, want %+v", c.Defaults, defaults)
 	}
@@ -274,7 +279,7 @@ func TestErrors(t *testing.T) {
 
 		// defaults.failureAccrual, field by field
 		{"unknown mode", "interfaces: [a]\ndefaults: {failureAccrual: {mode: sometimes}}",
-			"defaults.failureAccrual.mode", `"sometimes"`, "unknown mode (want consecutive or none)"},
+			"defaults.failureAccrual.mode", `"sometimes"`, "unknown mode (want consecutive, failure-rate, unified or none)"},
 		{"uppercase mode", "interfaces: [a]\ndefaults: {failureAccrual: {mode: Consecutive}}",
 			"defaults.failureAccrual.mode", `"Consecutive"`, "unknown mode"},
 		{"zero maxFailures", "interfaces: [a]\ndefaults: {failureAccrual: {maxFailures: 0}}",
@@ -402,6 +407,23 @@ func TestErrors(t *testing.T) {
 		{"unknown service accrual field", "interfaces: [a]\nservices: [{name: a, vip: 198.18.0.1, port: 80}, {name: b, vip: 198.18.0.2, port: 80, failureAccrual: {jitter: 0.1}}]",
 			"services[1].failureAccrual.jitter", "", "unknown field"},
 		{"numeric key", svc(", 1: x"), "services[0].1", "", "unknown field"},
+		// window rules
+		{"both rate spellings", "interfaces: [a]\ndefaults: {failureAccrual: {failureRateThreshold: 0.2, successRateThreshold: 0.8}}",
+			"defaults.failureAccrual.successRateThreshold", "0.8", "not both"},
+		{"success rate above 1", "interfaces: [a]\ndefaults: {failureAccrual: {successRateThreshold: 80}}",
+			"defaults.failureAccrual.successRateThreshold", "80", "must be within (0, 1)"},
+		{"failure rate of 1", "interfaces: [a]\ndefaults: {failureAccrual: {mode: failure-rate, failureRateThreshold: 1}}",
+			"defaults.failureAccrual.failureRateThreshold", "1", "must be within (0, 1)"},
+		{"window too short", "interfaces: [a]\ndefaults: {failureAccrual: {window: 5ms}}",
+			"defaults.failureAccrual.window", `"5ms"`, "at least 10ms"},
+		{"min calls beyond a count window", "interfaces: [a]\ndefaults: {failureAccrual: {windowCalls: 4}}",
+			"defaults.failureAccrual.windowCalls", "4", "conflicts with inherited minCalls"},
+		{"slow connect as slow as a timeout", "interfaces: [a]\ndefaults: {failureAccrual: {slowConnectThreshold: 1s}}",
+			"defaults.failureAccrual.slowConnectThreshold", `"1s"`, "must be below connectTimeout"},
+		{"outliers not a bool", "interfaces: [a]\ndefaults: {failureAccrual: {outliers: 'yes'}}",
+			"defaults.failureAccrual.outliers", `"yes"`, "want"},
+		{"one outlier host", "interfaces: [a]\ndefaults: {failureAccrual: {outlierMinHosts: 1}}",
+			"defaults.failureAccrual.outlierMinHosts", "1", "at least 2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -694,5 +716,40 @@ services:
 	_, err = Parse([]byte(strings.Replace(base, "retryRefused: false", `retryRefused: "no"`, 1)))
 	if err == nil || !strings.Contains(err.Error(), "services[1].retryRefused") {
 		t.Fatalf("a string for a bool: %v", err)
+	}
+}
+
+func TestWindowSettings(t *testing.T) {
+	c, err := Parse([]byte(`interfaces: [a]
+defaults:
+  failureAccrual:
+    mode: unified
+    window: 30s
+    minCalls: 20
+    successRateThreshold: 0.9
+    slowConnectThreshold: 50ms
+    slowConnectRateThreshold: 0.3
+services:
+  - name: web
+    vip: 198.18.100.1
+    port: 80
+    failureAccrual:
+      windowCalls: 100
+      outliers: true
+      outlierStdevFactor: 2.5
+      outlierMinHosts: 3
+      outlierMinCalls: 50
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.Services[0].Accrual
+	want := accrual.Defaults()
+	want.Mode = accrual.ModeUnified
+	want.Window, want.MinCalls, want.FailureRateThreshold = 30*time.Second, 20, 1-0.9
+	want.SlowConnectThreshold, want.SlowConnectRateThreshold = 50*time.Millisecond, 0.3
+	want.WindowCalls, want.Outliers, want.OutlierStdevFactor, want.OutlierMinHosts, want.OutlierMinCalls = 100, true, 2.5, 3, 50
+	if got != want {
+		t.Fatalf("settings\n got %+v\nwant %+v", got, want)
 	}
 }

@@ -3,6 +3,7 @@ package k8s
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +24,23 @@ const (
 	AnnotationConnectTimeout     = "penaltybox.io/failure-accrual-connect-timeout"
 	AnnotationFailureKinds       = "penaltybox.io/failure-accrual-failure-kinds"
 	AnnotationMaxEjectionPercent = "penaltybox.io/failure-accrual-max-ejection-percent"
+
+	// The window rules (modes failure-rate and unified, slow connects,
+	// outliers). The success-rate keys have Linkerd's alpha spellings
+	// (balancer.alpha.linkerd.io/failure-accrual-success-rate-*).
+	AnnotationWindow                   = "penaltybox.io/failure-accrual-window"
+	AnnotationWindowCalls              = "penaltybox.io/failure-accrual-window-calls"
+	AnnotationMinCalls                 = "penaltybox.io/failure-accrual-min-calls"
+	AnnotationFailureRateThreshold     = "penaltybox.io/failure-accrual-failure-rate-threshold"
+	AnnotationSuccessRateThreshold     = "penaltybox.io/failure-accrual-success-rate-threshold"
+	AnnotationSlowConnectThreshold     = "penaltybox.io/failure-accrual-slow-connect-threshold"
+	AnnotationSlowConnectRateThreshold = "penaltybox.io/failure-accrual-slow-connect-rate-threshold"
+	AnnotationOutliers                 = "penaltybox.io/failure-accrual-outliers"
+	AnnotationOutlierStdevFactor       = "penaltybox.io/failure-accrual-outlier-stdev-factor"
+	AnnotationOutlierMinHosts          = "penaltybox.io/failure-accrual-outlier-min-hosts"
+	AnnotationOutlierMinCalls          = "penaltybox.io/failure-accrual-outlier-min-calls"
+
+	linkerdAlpha = "balancer.alpha.linkerd.io/failure-accrual-success-rate-"
 
 	// Circuit breaking: live flows the Service (each of its ports) and each
 	// endpoint may hold; 0 is no limit.
@@ -57,7 +75,8 @@ func DefaultSettings(maxInflight uint32) Settings {
 type annotation struct {
 	key     string
 	field   string
-	linkerd bool // balancer.linkerd.io/ spelling accepted
+	linkerd bool   // balancer.linkerd.io/ spelling accepted
+	alias   string // another spelling accepted (Linkerd's alpha keys)
 	set     func(s *Settings, v string) error
 }
 
@@ -67,15 +86,15 @@ func acc(f func(s *accrual.Settings, v string) error) func(*Settings, string) er
 }
 
 var annotations = []annotation{
-	{AnnotationMode, "mode", true, acc(func(s *accrual.Settings, v string) error {
+	{AnnotationMode, "mode", true, "", acc(func(s *accrual.Settings, v string) error {
 		switch m := accrual.Mode(v); m {
-		case accrual.ModeConsecutive, accrual.ModeNone:
+		case accrual.ModeConsecutive, accrual.ModeFailureRate, accrual.ModeUnified, accrual.ModeNone:
 			s.Mode = m
 			return nil
 		}
-		return errors.New("unknown mode (want consecutive or none)")
+		return errors.New("unknown mode (want consecutive, failure-rate, unified or none)")
 	})},
-	{AnnotationMaxFailures, "maxFailures", true, acc(func(s *accrual.Settings, v string) error {
+	{AnnotationMaxFailures, "maxFailures", true, "", acc(func(s *accrual.Settings, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			return errors.New("want a whole number of failures, e.g. 7")
@@ -83,9 +102,9 @@ var annotations = []annotation{
 		s.MaxFailures = n
 		return nil
 	})},
-	{AnnotationMinPenalty, "minPenalty", true, durationSetter(func(s *accrual.Settings) *time.Duration { return &s.MinPenalty })},
-	{AnnotationMaxPenalty, "maxPenalty", true, durationSetter(func(s *accrual.Settings) *time.Duration { return &s.MaxPenalty })},
-	{AnnotationJitterRatio, "jitterRatio", true, acc(func(s *accrual.Settings, v string) error {
+	{AnnotationMinPenalty, "minPenalty", true, "", durationSetter(func(s *accrual.Settings) *time.Duration { return &s.MinPenalty })},
+	{AnnotationMaxPenalty, "maxPenalty", true, "", durationSetter(func(s *accrual.Settings) *time.Duration { return &s.MaxPenalty })},
+	{AnnotationJitterRatio, "jitterRatio", true, "", acc(func(s *accrual.Settings, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil {
 			return errors.New("want a number within [0, 1], e.g. 0.5")
@@ -93,8 +112,8 @@ var annotations = []annotation{
 		s.JitterRatio = f
 		return nil
 	})},
-	{AnnotationConnectTimeout, "connectTimeout", false, durationSetter(func(s *accrual.Settings) *time.Duration { return &s.ConnectTimeout })},
-	{AnnotationFailureKinds, "failureKinds", false, acc(func(s *accrual.Settings, v string) error {
+	{AnnotationConnectTimeout, "connectTimeout", false, "", durationSetter(func(s *accrual.Settings) *time.Duration { return &s.ConnectTimeout })},
+	{AnnotationFailureKinds, "failureKinds", false, "", acc(func(s *accrual.Settings, v string) error {
 		var set accrual.Kinds
 		for _, name := range strings.Split(v, ",") {
 			k, err := accrual.ParseKind(strings.TrimSpace(name))
@@ -109,7 +128,7 @@ var annotations = []annotation{
 		s.FailureKinds = set
 		return nil
 	})},
-	{AnnotationMaxEjectionPercent, "maxEjectionPercent", false, acc(func(s *accrual.Settings, v string) error {
+	{AnnotationMaxEjectionPercent, "maxEjectionPercent", false, "", acc(func(s *accrual.Settings, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			return errors.New("want a whole percentage within [0, 100], e.g. 50")
@@ -117,9 +136,34 @@ var annotations = []annotation{
 		s.MaxEjectionPercent = n
 		return nil
 	})},
-	{AnnotationMaxInflight, "maxInflight", false, limitSetter(func(s *Settings) *uint32 { return &s.MaxInflight })},
-	{AnnotationMaxInflightPerEndpoint, "maxInflightPerEndpoint", false, limitSetter(func(s *Settings) *uint32 { return &s.MaxInflightPerEndpoint })},
-	{AnnotationRetryRefused, "retryRefused", false, func(s *Settings, v string) error {
+	{AnnotationWindow, "window", false, linkerdAlpha + "window", durationSetter(func(s *accrual.Settings) *time.Duration { return &s.Window })},
+	{AnnotationWindowCalls, "windowCalls", false, "", intSetter("want a whole number of connections, 0 for a time-based window", func(s *accrual.Settings) *int { return &s.WindowCalls })},
+	{AnnotationMinCalls, "minCalls", false, linkerdAlpha + "min-requests", intSetter("want a whole number of connections, e.g. 5", func(s *accrual.Settings) *int { return &s.MinCalls })},
+	{AnnotationFailureRateThreshold, "failureRateThreshold", false, "", ratioSetter(func(s *accrual.Settings) *float64 { return &s.FailureRateThreshold })},
+	{AnnotationSuccessRateThreshold, "successRateThreshold", false, linkerdAlpha + "threshold", acc(func(s *accrual.Settings, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0 && f < 1) {
+			return errors.New("want a number within (0, 1), e.g. 0.8 (the failure-rate threshold is 1 minus it)")
+		}
+		s.FailureRateThreshold = math.Round((1-f)*1e12) / 1e12
+		return nil
+	})},
+	{AnnotationSlowConnectThreshold, "slowConnectThreshold", false, "", durationSetter(func(s *accrual.Settings) *time.Duration { return &s.SlowConnectThreshold })},
+	{AnnotationSlowConnectRateThreshold, "slowConnectRateThreshold", false, "", ratioSetter(func(s *accrual.Settings) *float64 { return &s.SlowConnectRateThreshold })},
+	{AnnotationOutliers, "outliers", false, "", acc(func(s *accrual.Settings, v string) error {
+		switch v {
+		case "true", "false":
+			s.Outliers = v == "true"
+			return nil
+		}
+		return errors.New(`want "true" or "false"`)
+	})},
+	{AnnotationOutlierStdevFactor, "outlierStdevFactor", false, "", ratioSetter(func(s *accrual.Settings) *float64 { return &s.OutlierStdevFactor })},
+	{AnnotationOutlierMinHosts, "outlierMinHosts", false, "", intSetter("want a whole number of endpoints, e.g. 5", func(s *accrual.Settings) *int { return &s.OutlierMinHosts })},
+	{AnnotationOutlierMinCalls, "outlierMinCalls", false, "", intSetter("want a whole number of connections, e.g. 100", func(s *accrual.Settings) *int { return &s.OutlierMinCalls })},
+	{AnnotationMaxInflight, "maxInflight", false, "", limitSetter(func(s *Settings) *uint32 { return &s.MaxInflight })},
+	{AnnotationMaxInflightPerEndpoint, "maxInflightPerEndpoint", false, "", limitSetter(func(s *Settings) *uint32 { return &s.MaxInflightPerEndpoint })},
+	{AnnotationRetryRefused, "retryRefused", false, "", func(s *Settings, v string) error {
 		switch v {
 		case "true", "false":
 			s.RetryRefused = v == "true"
@@ -142,6 +186,30 @@ func durationSetter(field func(*accrual.Settings) *time.Duration) func(*Settings
 	})
 }
 
+// intSetter parses a whole number; range is Validate's business.
+func intSetter(want string, field func(*accrual.Settings) *int) func(*Settings, string) error {
+	return acc(func(s *accrual.Settings, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errors.New(want)
+		}
+		*field(s) = n
+		return nil
+	})
+}
+
+// ratioSetter parses a number; range is Validate's business.
+func ratioSetter(field func(*accrual.Settings) *float64) func(*Settings, string) error {
+	return acc(func(s *accrual.Settings, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return errors.New("want a number, e.g. 0.2")
+		}
+		*field(s) = f
+		return nil
+	})
+}
+
 // limitSetter parses a flow limit: a whole number, 0 for none.
 func limitSetter(field func(*Settings) *uint32) func(*Settings, string) error {
 	return func(s *Settings, v string) error {
@@ -159,9 +227,12 @@ func limitSetter(field func(*Settings) *uint32) func(*Settings, string) error {
 // annotation that was actually set. pkg/config keeps the same table for
 // config files; both mirror Validate's cross-field rules.
 var partner = map[string]string{
-	"minPenalty":   "maxPenalty",
-	"maxPenalty":   "minPenalty",
-	"failureKinds": "mode",
+	"minPenalty":           "maxPenalty",
+	"maxPenalty":           "minPenalty",
+	"failureKinds":         "mode",
+	"minCalls":             "windowCalls",
+	"slowConnectThreshold": "connectTimeout",
+	"failureRateThreshold": "successRateThreshold",
 }
 
 // AnnotationError is one invalid annotation: the key as written on the
@@ -199,6 +270,11 @@ func ParseAnnotations(ann map[string]string, base Settings) (Settings, []*Annota
 		}
 		if err := a.set(&s, strings.TrimSpace(v)); err != nil {
 			errs = append(errs, &AnnotationError{key, v, err.Error()})
+		}
+	}
+	if fk, ok := keys["failureRateThreshold"]; ok {
+		if sk, ok := keys["successRateThreshold"]; ok {
+			errs = append(errs, &AnnotationError{sk, values["successRateThreshold"], "set either " + fk + " or " + sk + " (1 minus the other), not both"})
 		}
 	}
 	if len(errs) > 0 {
@@ -243,6 +319,11 @@ func lookup(ann map[string]string, a annotation) (key, value string, ok bool) {
 		key := linkerdPrefix + strings.TrimPrefix(a.key, ourPrefix)
 		if v, ok := ann[key]; ok {
 			return key, v, true
+		}
+	}
+	if a.alias != "" {
+		if v, ok := ann[a.alias]; ok {
+			return a.alias, v, true
 		}
 	}
 	return "", "", false

@@ -184,6 +184,11 @@ var (
 	dEpEjections  = desc("endpoint_ejections_total", "Times the endpoint was ejected.", "service", "endpoint")
 	dEpProbes     = desc("endpoint_probes_total", "Probation probes by result (success, failure, inconclusive).", "service", "endpoint", "result")
 	dEpSuppressed = desc("endpoint_ejections_suppressed_total", "Ejections the max-ejection-percent cap prevented.", "service", "endpoint")
+	dEpByReason   = desc("endpoint_ejections_by_reason_total", "Times the endpoint was ejected, by the rule that ejected it (consecutive-failures, probe-failed, failure-rate, slow-connects, success-rate-outlier).", "service", "endpoint", "reason")
+	dEpSlow       = desc("endpoint_slow_connects_total", "Successful connects whose handshake took at least the service's slowConnectThreshold.", "service", "endpoint")
+	dEpWinCalls   = desc("endpoint_window_connections", "Connections in the endpoint's accrual window (services with window rules only).", "service", "endpoint")
+	dEpWinRate    = desc("endpoint_window_failure_rate", "Share of counted failures in the endpoint's accrual window, as the failure-rate rule judges it.", "service", "endpoint")
+	dEpWinSlow    = desc("endpoint_window_slow_rate", "Share of slow connects in the endpoint's accrual window.", "service", "endpoint")
 	dCBMax        = desc("circuit_breaker_max_inflight", "Live flows the service may hold (0: no limit).", "service")
 	dInflight     = desc("inflight_connections", "Live flows of the service counted by its circuit breaker (0 while it has no limit).", "service")
 	dFailOpen     = desc("service_fail_open", "1 while the service fails open (no endpoint ready: new flows go to all endpoints).", "service")
@@ -199,7 +204,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcNoBackend, dCBRejected, dBePackets, dBeBytes,
 		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked, dRescued, dRetried,
 		dCTFail, dMalformed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
-		dEpSuppressed, dFailOpen, dFailOpenEps, dCBMax, dInflight} {
+		dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow, dFailOpen, dFailOpenEps, dCBMax, dInflight} {
 		ch <- d
 	}
 }
@@ -296,6 +301,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(ch, dEpProbes, e.Counters.ProbeFailures, name, ep, "failure")
 			counter(ch, dEpProbes, e.Counters.ProbeInconclusive, name, ep, "inconclusive")
 			counter(ch, dEpSuppressed, e.Counters.SuppressedEjections, name, ep)
+			for _, r := range accrual.EjectReasons() {
+				counter(ch, dEpByReason, e.Counters.EjectionsBy.Of(r), name, ep, string(r))
+			}
+			counter(ch, dEpSlow, e.Counters.SlowConnects, name, ep)
+			if w := e.Window; w != nil {
+				gauge(ch, dEpWinCalls, float64(w.Calls), name, ep)
+				gauge(ch, dEpWinRate, w.FailureRate, name, ep)
+				gauge(ch, dEpWinSlow, w.SlowRate, name, ep)
+			}
 		}
 	}
 }

@@ -39,7 +39,7 @@ const (
 
 // PolicyFor derives a Policy from accrual settings.
 func PolicyFor(s accrual.Settings, tcp bool) Policy {
-	p := Policy{Tracked: tcp && s.Mode == accrual.ModeConsecutive, ConnectTimeout: s.ConnectTimeout}
+	p := Policy{Tracked: tcp && s.Mode != accrual.ModeNone, ConnectTimeout: s.ConnectTimeout}
 	switch {
 	case s.FailureKinds.Has(accrual.KindResetAfterData):
 		p.Settle = SettleOnEnd
@@ -72,12 +72,14 @@ const (
 const timedOutMemory = 10
 
 type pending struct {
-	seq    uint64
-	gen    uint64    // Tracker.gen when the connection started waiting
-	start  time.Time // the connection's first event (its SYN)
-	phase  phase
-	probe  bool
-	settle Settle
+	seq   uint64
+	gen   uint64    // Tracker.gen when the connection started waiting
+	start time.Time // the connection's first event (its SYN)
+	// handshake: SYN to SYN-ACK, for a settling connection (0: unknown).
+	handshake time.Duration
+	phase     phase
+	probe     bool
+	settle    Settle
 }
 
 type deadline struct {
@@ -201,8 +203,13 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At}, ev.At, pol.ConnectTimeout)
 		return o, false
 	case Established:
+		// The handshake's length, for the slow-connect rule: both ends
+		// are the datapath's own timestamps of the SYN and the SYN-ACK.
+		if known && p.phase == connecting && ev.At.After(p.start) {
+			o.Handshake = ev.At.Sub(p.start)
+		}
 		if pol.Settle != SettleOnSynAck &&
-			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle, start: o.Started}, ev.At, pol.ConnectTimeout) {
+			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle, start: o.Started, handshake: o.Handshake}, ev.At, pol.ConnectTimeout) {
 			return o, false
 		}
 		delete(t.pending, key)
@@ -211,7 +218,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	case FirstData:
 		if known && p.phase == settling && p.settle == SettleOnData {
 			delete(t.pending, key)
-			o.Success = true
+			o.Success, o.Handshake = true, p.handshake
 			return o, true
 		}
 		return o, false
@@ -220,7 +227,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		// the pending entry; what is left here closed normally.
 		if known && p.phase == settling {
 			delete(t.pending, key)
-			o.Success = true
+			o.Success, o.Handshake = true, p.handshake
 			return o, true
 		}
 		delete(t.pending, key)
@@ -289,7 +296,7 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 				o.Kind = accrual.KindTimeout
 				t.wait(d.key, pending{phase: timedOut}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
 			case settling:
-				o.Success = true
+				o.Success, o.Handshake = true, p.handshake
 				t.wait(d.key, pending{phase: settled}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
 			default:
 				continue

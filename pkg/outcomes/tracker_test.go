@@ -201,3 +201,62 @@ func TestTrackerNextDeadlineSkipsDecided(t *testing.T) {
 		t.Fatalf("%d timeouts at the deadline, want 1", n)
 	}
 }
+
+// A success carries its handshake's length (SYN to SYN-ACK, the
+// datapath's timestamps) whenever the success is decided: at the SYN-ACK,
+// at first data or at the settle deadline.
+func TestTrackerHandshake(t *testing.T) {
+	ms := time.Millisecond
+	client := netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), 40000)
+	for _, tc := range []struct {
+		name  string
+		kinds accrual.Kinds
+		after Type // event that settles; 0: the settle deadline
+	}{
+		{"at the SYN-ACK", accrual.KindsOf(accrual.KindRefused), Established},
+		{"at first data", accrual.KindsOf(accrual.KindRefused, accrual.KindReset), FirstData},
+		{"at a normal close", accrual.KindsOf(accrual.KindRefused, accrual.KindReset), FlowEnd},
+		{"at the settle deadline", accrual.KindsOf(accrual.KindRefused, accrual.KindReset), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := accrual.Defaults()
+			s.FailureKinds = tc.kinds
+			pol := PolicyFor(s, true)
+			tr := NewTracker(func(uint32) Policy { return pol })
+			var got []accrual.Outcome
+			keep := func(o accrual.Outcome, ok bool) {
+				if ok {
+					got = append(got, o)
+				}
+			}
+			keep(tr.Classify(Event{Type: NewFlow, Backend: 1, Client: client, At: t0}))
+			keep(tr.Classify(Event{Type: Established, Backend: 1, Client: client, At: t0.Add(50 * ms)}))
+			if tc.after == 0 {
+				tr.Expire(t0.Add(time.Minute), func(o accrual.Outcome) { got = append(got, o) })
+			} else if tc.after != Established {
+				keep(tr.Classify(Event{Type: tc.after, Backend: 1, Client: client, At: t0.Add(60 * ms)}))
+			}
+			if len(got) != 1 || !got[0].Success || got[0].Handshake != 50*ms {
+				t.Fatalf("outcomes %+v, want one success with a 50ms handshake", got)
+			}
+		})
+	}
+	// A SYN-ACK for a flow whose SYN was not seen has no known length.
+	s := accrual.Defaults()
+	s.FailureKinds = accrual.KindsOf(accrual.KindRefused)
+	tr := NewTracker(func(uint32) Policy { return PolicyFor(s, true) })
+	o, ok := tr.Classify(Event{Type: Established, Backend: 1, Client: client, At: t0})
+	if !ok || o.Handshake != 0 {
+		t.Fatalf("outcome %+v, want a success of unknown handshake", o)
+	}
+}
+
+func TestTrackedModes(t *testing.T) {
+	for _, m := range []accrual.Mode{accrual.ModeConsecutive, accrual.ModeFailureRate, accrual.ModeUnified, accrual.ModeNone} {
+		s := accrual.Defaults()
+		s.Mode = m
+		if got := PolicyFor(s, true).Tracked; got != (m != accrual.ModeNone) {
+			t.Errorf("mode %s: tracked %v", m, got)
+		}
+	}
+}
