@@ -74,6 +74,7 @@ type Backend struct {
 	tcp     map[int]*tcpServer
 	udp     map[int]*udpServer
 	nftOn   bool
+	share   bool // the refuse-share table is installed
 	closed  bool
 	stopped chan struct{} // closed by Close
 
@@ -393,6 +394,44 @@ func (b *Backend) removeNft() error {
 	return nil
 }
 
+const shareTable = "pbtest_share"
+
+// RefuseShare makes the backend refuse a share p of new TCP connections at
+// random, whatever its mode: an nftables rule in its namespace (table inet
+// pbtest_share) answers that share of SYNs with a RST, as a closed port
+// would, so clients see ECONNREFUSED. The way pods usually degrade: some
+// connections fail, most do not. p = 0 removes the rule.
+func (b *Backend) RefuseShare(p float64) error {
+	if !(p >= 0 && p <= 1) {
+		return fmt.Errorf("testnet: refuse share %v not within [0, 1]", p)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errClosed
+	}
+	return b.setShare(p)
+}
+
+// setShare installs or removes the refuse-share table (mu held).
+func (b *Backend) setShare(p float64) error {
+	script := fmt.Sprintf("table inet %s\ndelete table inet %s\n", shareTable, shareTable)
+	if p == 0 && !b.share {
+		return nil
+	}
+	if ports := sortedKeys(b.tcp); p > 0 && len(ports) > 0 {
+		// numgen draws per packet; only SYNs reach the rule.
+		script += fmt.Sprintf("table inet %s {\n\tchain input {\n\t\ttype filter hook input priority -1; policy accept;\n"+
+			"\t\ttcp dport { %s } tcp flags & (syn | ack) == syn numgen random mod 10000 < %d reject with tcp reset\n\t}\n}\n",
+			shareTable, joinInts(ports), int(p*10000+0.5))
+	}
+	if _, err := runCmd(b.Command("nft", "-f", "-"), []byte(script)); err != nil {
+		return fmt.Errorf("testnet: %s refuse share: %w", b.Name, err)
+	}
+	b.share = p > 0
+	return nil
+}
+
 func joinInts(xs []int) string {
 	s := make([]string, len(xs))
 	for i, x := range xs {
@@ -459,7 +498,7 @@ func (b *Backend) Close() error {
 		s.feed.Close()
 		s.srv.Close()
 	}
-	err := b.removeNft()
+	err := errors.Join(b.removeNft(), b.setShare(0))
 	b.mu.Unlock()
 	b.heldMu.Lock()
 	held := b.held

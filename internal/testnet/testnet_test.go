@@ -373,6 +373,26 @@ func TestTopology(t *testing.T) {
 		if ct+ns != 50 || ct < 4 || ns < 25 {
 			t.Errorf("blackhole with cap 4: %v", rs3)
 		}
+
+		// A share refused at random: 30% of 400 is 120, ±40 is over four
+		// standard deviations of the binomial draw.
+		if err := topo.Backend(2).RefuseShare(0.3); err != nil {
+			t.Fatal(err)
+		}
+		rs5, _ := Load(ctx, topo.Client, LoadSpec{Target: "198.18.2.2:80", Rate: 400, Count: 400, ConnectOnly: true})
+		if n := rs5.Count(Refused); n < 80 || n > 160 || rs5.Count(OK)+n != 400 {
+			t.Errorf("refuse share 0.3: %v", rs5)
+		}
+		if err := topo.Backend(2).RefuseShare(0); err != nil {
+			t.Fatal(err)
+		}
+		if out, _ := topo.Backend(2).Run("nft", "list", "tables"); strings.Contains(out, shareTable) {
+			t.Errorf("nft table left after refuse share 0: %q", out)
+		}
+		rs6, _ := Load(ctx, topo.Client, LoadSpec{Target: "198.18.2.2:80", Rate: 400, Count: 100, ConnectOnly: true})
+		if rs6.Count(OK) != 100 {
+			t.Errorf("refuse share 0: %v", rs6)
+		}
 	})
 
 	t.Run("Close", func(t *testing.T) {

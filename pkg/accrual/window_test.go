@@ -225,14 +225,27 @@ func TestWindowAndProbation(t *testing.T) {
 	if ej := ejections(h.play(1, "rssss", time.Millisecond)); len(ej) != 0 {
 		t.Fatalf("ejected again at once: %v", ej)
 	}
-	// A failed probe re-ejects with the doubled penalty, as for streaks.
-	h.play(1, "r", time.Millisecond) // 2 of 6
-	h.wantState(1, Ejected)
+	// Ejected again within a window of its return: a relapse, the penalty
+	// doubles although its probe succeeded.
+	ts := ejections(h.play(1, "r", time.Millisecond)) // 2 of 6
+	if len(ts) != 1 || ts[0].Penalty != 2*time.Second {
+		t.Fatalf("relapse %v, want one ejection with a 2s penalty", ts)
+	}
+	// A failed probe doubles it again, as for streaks.
 	h.toProbation(1)
 	tr := h.obs(probeFail(1, KindRefused))
 	wantReasons(t, tr, ReasonProbeFailed)
-	if tr[0].Penalty != 2*time.Second {
-		t.Fatalf("penalty after a failed probe %v, want 2s", tr[0].Penalty)
+	if tr[0].Penalty != 4*time.Second {
+		t.Fatalf("penalty after a failed probe %v, want 4s", tr[0].Penalty)
+	}
+	// Ready for longer than a window after its return: forgiven, the next
+	// ejection starts from minPenalty.
+	h.toProbation(1)
+	h.obs(probeOK(1))
+	h.step(11 * time.Second)
+	ts = ejections(h.play(1, "rrrrr", time.Millisecond))
+	if len(ts) != 1 || ts[0].Penalty != time.Second {
+		t.Fatalf("ejection after a window of health %v, want a 1s penalty", ts)
 	}
 }
 
