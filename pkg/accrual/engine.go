@@ -62,7 +62,7 @@ type endpoint struct {
 	// so without this it would be back every minPenalty.
 	returnedAt time.Time
 	relapse    uint8
-	c   counters
+	c          counters
 }
 
 type service struct {
