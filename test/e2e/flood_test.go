@@ -43,7 +43,7 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 }
 
 // Half-open flows cannot cut established ones, even through a conntrack
-// table far too small for the flood (4,096 entries against 120,000 new
+// table far too small for the flood (4,096 entries against 60,000 new
 // entries a second, two per SYN): busy flows stay in the LRU, and an idle
 // flow whose entries were evicted is picked up again by its next packet on
 // the same backend, because the tables do not change (no endpoint is
@@ -52,15 +52,17 @@ func TestSYNFloodThroughTinyConntrackCutsNoConnection(t *testing.T) {
 	e := newEnv(t, 3)
 	a := e.startAgent(config(e.topo, all(3), ""), "--conntrack-size", "4096")
 	long, first := e.longLived(6)
-	rs, fr, _ := e.floodDuringLoad(60000)
+	rs, fr, _ := e.floodDuringLoad(30000)
 	t.Logf("flood: %.0f SYNs/s; legit %.2f%% ok (%v)", fr.Rate(), 100*rs.SuccessRate(), rs.Counts())
 	e.checkLongLived(long, first)
 	if a.LogContains("endpoint ejected") {
 		t.Error("an endpoint was ejected during the flood")
 	}
-	// 60,000 SYNs/s is about what this machine carries: legit
-	// connections lose little (99-100% measured; the margin is the noise
-	// of a shared 2-core machine).
+	// 30,000 SYNs/s is well within what this machine carries, so what
+	// legit connections lose is the conntrack's doing, not the veths'
+	// (at 60,000 a CI run measured 92.75%: SYNs dropped before XDP, the
+	// flood part of make bench measures that). The margin is the noise of
+	// a shared 2-core machine.
 	if rs.SuccessRate() < 0.95 {
 		t.Errorf("legit connections %.2f%% ok, want >= 95%%", 100*rs.SuccessRate())
 	}

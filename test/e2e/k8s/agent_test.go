@@ -95,9 +95,11 @@ func TestKubernetesMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	annotations := map[string]string{
-		pbk8s.AnnotationMode:           "consecutive",
-		pbk8s.AnnotationMinPenalty:     "20s",
-		pbk8s.AnnotationMaxPenalty:     "1m",
+		pbk8s.AnnotationMode:       "consecutive",
+		pbk8s.AnnotationMinPenalty: "20s",
+		pbk8s.AnnotationMaxPenalty: "1m",
+		// No jitter: the ejection must outlast the checks that follow it.
+		pbk8s.AnnotationJitterRatio:    "0",
 		pbk8s.AnnotationConnectTimeout: "300ms",
 	}
 	annotations["balancer.linkerd.io/failure-accrual-consecutive-max-failures"] = "5" // Linkerd's spelling
@@ -168,7 +170,9 @@ func TestKubernetesMode(t *testing.T) {
 		i := int(first[1] - '0') // "b2" → 2
 		rest := slices.DeleteFunc([]int{1, 2, 3}, func(x int) bool { return x == i })
 		took := w.updateSlice(rest...)
-		w.eventually(time.Second, fmt.Sprintf("b%d leaves %s", i, httpSvc), func() bool {
+		// The delay is logged (typically a few hundred ms); the wait leaves
+		// room for the API server's and etcd's pauses on 2 busy cores.
+		w.eventually(3*time.Second, fmt.Sprintf("b%d leaves %s", i, httpSvc), func() bool {
 			return len(w.services().service(httpSvc)) == 2
 		})
 		t.Logf("endpoint removal programmed %v after the API write", time.Since(took).Round(time.Millisecond))
@@ -176,7 +180,7 @@ func TestKubernetesMode(t *testing.T) {
 			t.Fatalf("the established connection to %s now answers %q", first, got)
 		}
 		took = w.updateSlice(1, 2, 3)
-		w.eventually(time.Second, "the endpoint is back", func() bool { return len(w.services().service(httpSvc)) == 3 })
+		w.eventually(3*time.Second, "the endpoint is back", func() bool { return len(w.services().service(httpSvc)) == 3 })
 		t.Logf("endpoint addition programmed %v after the API write", time.Since(took).Round(time.Millisecond))
 		if got := conn.get(); got != first {
 			t.Fatalf("the established connection to %s now answers %q", first, got)
