@@ -40,6 +40,7 @@ deps:
 generate: deps
 	cd bpf && $(GO) generate ./...
 	cd bench/xdpbase && $(GO) generate ./...
+	cd internal/testnet/synackdelay && $(GO) generate ./...
 
 # check-generated fails when the committed BPF objects or bindings differ
 # from what the C sources compile to. The objects are byte for byte what
@@ -54,9 +55,9 @@ check-generated: deps
 	if [ "$$have" != "$(BPF_CLANG_MAJOR)" ]; then \
 	  echo "check-generated: skipped: clang $$have here, the committed objects are clang $(BPF_CLANG_MAJOR)'s"; exit 0; fi; \
 	$(MAKE) --no-print-directory generate >/dev/null || exit 1; \
-	if ! git diff --quiet -- bpf bench/xdpbase; then \
+	if ! git diff --quiet -- bpf bench/xdpbase internal/testnet/synackdelay; then \
 	  echo "the committed BPF objects or bindings differ from what the C sources compile to."; \
-	  echo "Commit the regenerated files ('make generate'):"; git --no-pager diff --stat -- bpf bench/xdpbase; exit 1; fi
+	  echo "Commit the regenerated files ('make generate'):"; git --no-pager diff --stat -- bpf bench/xdpbase internal/testnet/synackdelay; exit 1; fi
 
 vet:
 	$(GO) vet ./...

@@ -147,6 +147,9 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 			}
 		}
 	}
+	if err := runPartial(r, res, o, logf); err != nil {
+		return err
+	}
 	sortFailing(res)
 
 	res.note("failing", "Same topology as part 2; backend b3 refuses (its listener closed: the kernel answers SYN with RST) or drops SYNs (nftables in its namespace), for the whole run. Open loop: %.0f new connections per second for %v (one HTTP request each, scheduled by the clock whatever earlier attempts do), client connect timeout 3 s (room for one SYN retransmission) and 3 s for the response. A fresh load balancer per run; scenarios and variants interleaved in every round.", o.Rate, o.Duration)
@@ -179,10 +182,11 @@ func sortFailing(res *Results) {
 		}
 	}
 	// Group by scenario then metric, keeping variant order.
-	order := []string{"success rate, all connections", fmt.Sprintf("success rate after the first %d failures", maxFailures), "failed connections", "time until the last failure",
+	order := []string{"success rate, all connections", fmt.Sprintf("success rate after the first %d failures", maxFailures),
+		"success rate after the first 1s", "failed connections", "time until the last failure", "time to the first ejection",
 		fmt.Sprintf("successful connections slower than %v", delayedAfter), "slowest successful connection"}
 	var out []*Figure
-	for _, sc := range []string{"refusing", "dropping SYNs"} {
+	for _, sc := range []string{"refusing:", "dropping SYNs:", sPartial + ":"} {
 		for _, m := range order {
 			for _, f := range fl {
 				if len(f.Name) > len(sc) && f.Name[:len(sc)] == sc && hasSuffix(f.Name, m) {

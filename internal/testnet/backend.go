@@ -74,7 +74,8 @@ type Backend struct {
 	tcp     map[int]*tcpServer
 	udp     map[int]*udpServer
 	nftOn   bool
-	share   bool // the refuse-share table is installed
+	share   bool              // the refuse-share table is installed
+	delay   *handshakeDelayer // DelayHandshakes, when on
 	closed  bool
 	stopped chan struct{} // closed by Close
 
@@ -497,6 +498,10 @@ func (b *Backend) Close() error {
 	for _, s := range b.tcp {
 		s.feed.Close()
 		s.srv.Close()
+	}
+	if b.delay != nil {
+		b.delay.close()
+		b.delay = nil
 	}
 	err := errors.Join(b.removeNft(), b.setShare(0))
 	b.mu.Unlock()

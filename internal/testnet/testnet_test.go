@@ -393,6 +393,25 @@ func TestTopology(t *testing.T) {
 		if rs6.Count(OK) != 100 {
 			t.Errorf("refuse share 0: %v", rs6)
 		}
+
+		// Held SYN-ACKs: every connect takes at least the delay (a lower
+		// bound, which no noise can break), and works.
+		if err := topo.Backend(2).DelayHandshakes(60 * time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		rs7, _ := Load(ctx, topo.Client, LoadSpec{Target: "198.18.2.2:80", Rate: 100, Count: 20, ConnectOnly: true, ConnectTimeout: 3 * time.Second})
+		for _, r := range rs7 {
+			if r.Class != OK || r.Latency < 60*time.Millisecond {
+				t.Errorf("delayed handshake: %v after %v", r.Class, r.Latency)
+			}
+		}
+		if err := topo.Backend(2).DelayHandshakes(0); err != nil {
+			t.Fatal(err)
+		}
+		rs8, _ := Load(ctx, topo.Client, LoadSpec{Target: "198.18.2.2:80", Rate: 100, Count: 20, ConnectOnly: true})
+		if rs8.Count(OK) != 20 {
+			t.Errorf("after the delay: %v", rs8)
+		}
 	})
 
 	t.Run("Close", func(t *testing.T) {

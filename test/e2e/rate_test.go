@@ -66,3 +66,42 @@ func TestPartlyRefusingEndpoint(t *testing.T) {
 		})
 	}
 }
+
+// An endpoint whose handshakes take 50 ms among peers answering in about
+// a millisecond is ejected by the slow-connect rule, and by nothing else:
+// none of its connections fails, and its peers stay in.
+func TestSlowHandshakesAreEjected(t *testing.T) {
+	e := newEnv(t, 3)
+	if err := e.topo.Backend(3).DelayHandshakes(50 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	e.startAgent(config(e.topo, all(3), `    failureAccrual:
+      slowConnectThreshold: 25ms
+`))
+	rs := e.load(100, 4*time.Second, time.Second)
+	m := e.metrics()
+	slow := m.Get("penaltybox_endpoint_ejections_by_reason_total", "endpoint", b3, "reason", "slow-connects")
+	t.Logf("%v; b3: %v ejections for slow connects, %v slow connects", rs, slow,
+		m.Get("penaltybox_endpoint_slow_connects_total", "endpoint", b3))
+	if slow < 1 {
+		t.Fatalf("b3 not ejected for its slow handshakes")
+	}
+	if f := rs.Failures(); f != 0 {
+		t.Errorf("%d connections failed: a slow endpoint is slow, not failing", f)
+	}
+	for _, ep := range []string{"198.18.1.2:8080", "198.18.2.2:8080", b3} {
+		for _, r := range []string{"consecutive-failures", "probe-failed", "failure-rate", "success-rate-outlier"} {
+			if n := m.Get("penaltybox_endpoint_ejections_by_reason_total", "endpoint", ep, "reason", r); n != 0 {
+				t.Errorf("%s ejected %v times for %s", ep, n, r)
+			}
+		}
+		if ep != b3 {
+			if n := m.Get("penaltybox_endpoint_ejections_total", "endpoint", ep); n != 0 {
+				t.Errorf("%s (fast) ejected %v times", ep, n)
+			}
+		}
+	}
+	if !e.agent.LogContains(`"msg":"endpoint ejected"`, b3, `"reason":"slow-connects"`, "slow_rate") {
+		t.Errorf("no log line naming the rule:\n%s", e.agent.LogTail(10))
+	}
+}

@@ -1,0 +1,157 @@
+package testnet
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/internal/testnet/synackdelay"
+)
+
+// resendMark is delay.c's resend_mark: the copies sent again carry it, so
+// the program lets them pass.
+const resendMark = 0x5ac4
+
+// handshakeDelayer holds a backend's SYN-ACKs (synackdelay's tc egress
+// program copies each to a ring buffer and drops it) and sends each again
+// after a delay through a packet socket on the same interface.
+type handshakeDelayer struct {
+	objs synackdelay.DelayObjects
+	tcx  link.Link
+	rd   *ringbuf.Reader
+	fd   int
+	wg   sync.WaitGroup
+}
+
+// DelayHandshakes makes the backend's handshakes take d longer: every
+// SYN-ACK it sends is held d before it leaves its eth0 (the kernel here has
+// no sch_netem, so a tc program and the test process do what netem's delay
+// would, for SYN-ACKs only; data is not delayed). d = 0 stops it.
+func (b *Backend) DelayHandshakes(d time.Duration) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errClosed
+	}
+	if b.delay != nil {
+		b.delay.close()
+		b.delay = nil
+	}
+	if d <= 0 {
+		return nil
+	}
+	hd, err := b.startDelay(d)
+	if err != nil {
+		return fmt.Errorf("testnet: %s: delay handshakes: %w", b.Name, err)
+	}
+	b.delay = hd
+	return nil
+}
+
+func (b *Backend) startDelay(d time.Duration) (*handshakeDelayer, error) {
+	hd := &handshakeDelayer{fd: -1}
+	if err := synackdelay.LoadDelayObjects(&hd.objs, nil); err != nil {
+		return nil, err
+	}
+	ifindex := b.Link.PeerIndex
+	err := b.Do(func() error {
+		var err error
+		// Both the attachment's ifindex and the socket belong to the
+		// backend's namespace.
+		if hd.tcx, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: hd.objs.HoldSynack, Attach: ebpf.AttachTCXEgress}); err != nil {
+			return err
+		}
+		if hd.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return unix.SetsockoptInt(hd.fd, unix.SOL_SOCKET, unix.SO_MARK, resendMark)
+	})
+	if err == nil {
+		hd.rd, err = ringbuf.NewReader(hd.objs.Held)
+	}
+	if err != nil {
+		hd.close()
+		return nil, err
+	}
+	to := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(unix.ETH_P_IP)}
+	hd.wg.Add(1)
+	go func() {
+		defer hd.wg.Done()
+		for {
+			rec, err := hd.rd.Read()
+			if err != nil {
+				return // closed
+			}
+			frame, ok := heldFrame(rec.RawSample)
+			if !ok {
+				continue
+			}
+			hd.wg.Add(1)
+			time.AfterFunc(d, func() {
+				defer hd.wg.Done()
+				unix.Sendto(hd.fd, frame, 0, to) // a lost SYN-ACK is retransmitted by the backend
+			})
+		}
+	}()
+	return hd, nil
+}
+
+func (hd *handshakeDelayer) close() {
+	if hd.rd != nil {
+		hd.rd.Close()
+	}
+	if hd.tcx != nil {
+		hd.tcx.Close()
+	}
+	hd.wg.Wait() // the held frames go out first
+	if hd.fd >= 0 {
+		unix.Close(hd.fd)
+	}
+	hd.objs.Close()
+}
+
+// heldFrame decodes one ring record (struct frame: len, then the bytes)
+// and completes the TCP checksum: the stack may leave it to the device
+// (CHECKSUM_PARTIAL), and a frame sent on a packet socket is final.
+func heldFrame(rec []byte) ([]byte, bool) {
+	if len(rec) < 4 {
+		return nil, false
+	}
+	n := int(binary.LittleEndian.Uint32(rec))
+	const eth, ip, tcp = 14, 20, 20
+	if n < eth+ip+tcp || n > len(rec)-4 {
+		return nil, false
+	}
+	f := append([]byte(nil), rec[4:4+n]...)
+	seg := f[eth+ip:]
+	tot := int(binary.BigEndian.Uint16(f[eth+2:]))
+	if tot < ip+tcp || eth+tot > n {
+		return nil, false
+	}
+	seg = seg[:tot-ip]
+	seg[16], seg[17] = 0, 0
+	sum := uint32(0)
+	for i := 0; i < 8; i += 2 { // source and destination addresses
+		sum += uint32(binary.BigEndian.Uint16(f[eth+12+i:]))
+	}
+	sum += unix.IPPROTO_TCP + uint32(len(seg))
+	for i := 0; i+1 < len(seg); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(seg[i:]))
+	}
+	if len(seg)%2 == 1 {
+		sum += uint32(seg[len(seg)-1]) << 8
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(seg[16:], ^uint16(sum))
+	return f, true
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
