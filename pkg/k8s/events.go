@@ -107,6 +107,11 @@ func describe(t Transition, node string) (typ, reason, msg string, ok bool) {
 		return corev1.EventTypeNormal, ReasonFailOpenEnded, fmt.Sprintf(
 			"Port %s no longer fails open on node %s", port, node), true
 	case t.Reason == accrual.ReasonEjectionSuppressed:
+		if t.Cause != "" && t.Cause != accrual.ReasonConsecutiveFailures {
+			return corev1.EventTypeWarning, ReasonEjectionSuppressed, fmt.Sprintf(
+				"Endpoint %s of port %s was due to be ejected on node %s (%s) but was not: max-ejection-percent reached",
+				who, port, node, windowWhy(t.Transition)), true
+		}
 		return corev1.EventTypeWarning, ReasonEjectionSuppressed, fmt.Sprintf(
 			"Endpoint %s of port %s failed %d times in a row (%v) on node %s but was not ejected: max-ejection-percent reached",
 			who, port, t.Failures, t.Kind, node), true
@@ -114,8 +119,11 @@ func describe(t Transition, node string) (typ, reason, msg string, ok bool) {
 		return "", "", "", false
 	case t.To == accrual.Ejected && t.From != accrual.Ejected:
 		why := fmt.Sprintf("after %d consecutive failures (last: %v)", t.Failures, t.Kind)
-		if t.Reason == accrual.ReasonProbeFailed {
+		switch t.Reason {
+		case accrual.ReasonProbeFailed:
 			why = fmt.Sprintf("again: its probe connection failed (%v)", t.Kind)
+		case accrual.ReasonFailureRate, accrual.ReasonSlowConnects, accrual.ReasonOutlier:
+			why = windowWhy(t.Transition)
 		}
 		return corev1.EventTypeWarning, ReasonEndpointEjected, fmt.Sprintf(
 			"Endpoint %s ejected from port %s on node %s %s; new connections avoid it until a probe connection succeeds",
@@ -134,4 +142,25 @@ func describe(t Transition, node string) (typ, reason, msg string, ok bool) {
 			"Endpoint %s restored to port %s on node %s: %s", who, port, node, why), true
 	}
 	return "", "", "", false
+}
+
+// windowWhy says what a window rule saw, in an Event's words.
+func windowWhy(t accrual.Transition) string {
+	w := t.Window
+	r := t.Reason
+	if r == accrual.ReasonEjectionSuppressed {
+		r = t.Cause
+	}
+	switch r {
+	case accrual.ReasonFailureRate:
+		return fmt.Sprintf("for its failure rate: %d of its last %d connections failed (%.1f%%, above %g%%)",
+			w.Failures, w.Calls, 100*w.FailureRate, 100*t.Threshold)
+	case accrual.ReasonSlowConnects:
+		return fmt.Sprintf("for slow connects: %d of its last %d handshakes were slow (%.1f%%, above %g%%)",
+			w.Slow, w.Calls, 100*w.SlowRate, 100*t.Threshold)
+	case accrual.ReasonOutlier:
+		return fmt.Sprintf("as an outlier: %.1f%% of its last %d connections succeeded, below the %.1f%% its peers set (their mean less outlierStdevFactor deviations)",
+			100*(1-w.FailureRate), w.Calls, 100*t.Threshold)
+	}
+	return string(r)
 }

@@ -14,6 +14,14 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 )
 
+// window gives t what a window rule saw: 3 failures and 6 slow of 10,
+// against 0.2.
+func window(t Transition, cause accrual.Reason) Transition {
+	t.Window = accrual.WindowSnapshot{Calls: 10, Failures: 3, Slow: 6, FailureRate: 0.3, SlowRate: 0.6}
+	t.Threshold, t.Cause = 0.2, cause
+	return t
+}
+
 func TestDescribe(t *testing.T) {
 	addr := netip.MustParseAddrPort("198.18.3.2:8080")
 	tr := func(from, to accrual.State, r accrual.Reason) Transition {
@@ -31,6 +39,14 @@ func TestDescribe(t *testing.T) {
 			msg: []string{"pod shop/web-c (198.18.3.2:8080)", "port http", "node n1", "5 consecutive failures (last: timeout)"}, notInMessage: "1.234s"},
 		{t: tr(accrual.Probation, accrual.Ejected, accrual.ReasonProbeFailed), typ: "Warning", reason: ReasonEndpointEjected,
 			msg: []string{"again: its probe connection failed (timeout)"}},
+		{t: window(tr(accrual.Ready, accrual.Ejected, accrual.ReasonFailureRate), ""), typ: "Warning", reason: ReasonEndpointEjected,
+			msg: []string{"failure rate: 3 of its last 10 connections failed (30.0%, above 20%)"}},
+		{t: window(tr(accrual.Ready, accrual.Ejected, accrual.ReasonSlowConnects), ""), typ: "Warning", reason: ReasonEndpointEjected,
+			msg: []string{"slow connects: 6 of its last 10 handshakes were slow (60.0%, above 20%)"}},
+		{t: window(tr(accrual.Ready, accrual.Ejected, accrual.ReasonOutlier), ""), typ: "Warning", reason: ReasonEndpointEjected,
+			msg: []string{"outlier: 70.0% of its last 10 connections succeeded, below the 20.0% its peers set"}},
+		{t: window(tr(accrual.Ready, accrual.Ready, accrual.ReasonEjectionSuppressed), accrual.ReasonFailureRate), typ: "Warning", reason: ReasonEjectionSuppressed,
+			msg: []string{"due to be ejected", "failure rate: 3 of its last 10", "max-ejection-percent"}},
 		{t: tr(accrual.Probation, accrual.Ready, accrual.ReasonProbeSucceeded), typ: "Normal", reason: ReasonEndpointRestored,
 			msg: []string{"pod shop/web-c", "probe connection succeeded"}},
 		{t: tr(accrual.Ejected, accrual.Ready, accrual.ReasonFailOpenSuccess), typ: "Normal", reason: ReasonEndpointRestored,

@@ -164,8 +164,8 @@ func TestCircuitBreakerSoakHasNoDrift(t *testing.T) {
 	if v := e.breakers(); v.DefaultMaxInflight != 500 || v.Services[0].MaxInflight != 500 {
 		t.Fatalf("defaults.maxInflight 500: admin shows default %d, service limit %d", v.DefaultMaxInflight, v.Services[0].MaxInflight)
 	}
-	rs := e.load(400, 6*time.Second, time.Second)
-	if rs.Failures() != 0 || len(rs) < 2000 {
+	rs := e.load(400, 6*time.Second, 3*time.Second) // 3 s: survives one lost SYN
+	if started := len(rs) - rs.Count(testnet.NotStarted); rs.Failures() != 0 || started < 2000 {
 		t.Fatalf("soak: %v", rs)
 	}
 	var last string

@@ -22,9 +22,12 @@ func TestConnectionsThroughVIPSpreadEvenly(t *testing.T) {
 	e := newEnv(t, 3)
 	e.startAgent(config(e.topo, all(3), ""))
 
-	rs := e.load(250, 4*time.Second, time.Second)
-	if len(rs) < 1000 {
-		t.Fatalf("only %d attempts scheduled", len(rs))
+	// A 3 s connect timeout survives one lost SYN (retransmitted at 1 s):
+	// on a busy 2-core machine a veth can drop one, which is no fault of
+	// the load balancer's, and the claim is that it loses nothing.
+	rs := e.load(250, 4*time.Second, 3*time.Second)
+	if started := len(rs) - rs.Count(testnet.NotStarted); started < 1000 {
+		t.Fatalf("only %d attempts started: the load did not happen", started)
 	}
 	if f := rs.Failures(); f != 0 {
 		t.Fatalf("%d of %d connections failed: %v", f, len(rs), rs.Counts())

@@ -36,6 +36,10 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 	if ejections != 0 || a.LogContains("endpoint ejected") {
 		t.Errorf("%v healthy endpoints ejected during the flood", ejections)
 	}
+	// Legit connects that timed out were judged and withheld, not missed.
+	if during.Count(testnet.ConnectTimeout) > 0 && withheld == 0 {
+		t.Errorf("%d legit connects timed out and no timeout was withheld", during.Count(testnet.ConnectTimeout))
+	}
 	e.checkLongLived(long, first)
 	if fr.Rate() < floodRate/2 {
 		t.Fatalf("the flood reached only %.0f SYNs/s: the test did not flood", fr.Rate())
