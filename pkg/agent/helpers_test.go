@@ -26,7 +26,7 @@ var (
 )
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	clk   *testingclock.FakeClock
 	f     *fakeMaps
 	hooks *fakeHooks
@@ -39,7 +39,7 @@ type env struct {
 	port  uint16 // the client's next source port
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, clk: testingclock.NewFakeClock(time.Now()), f: newFakeMaps(),
 		hooks: &fakeHooks{attached: map[string]bool{}}, sweep: &fakeSweeper{},
