@@ -79,7 +79,6 @@ func (b *Backend) startDelay(d time.Duration) (*handshakeDelayer, error) {
 		hd.close()
 		return nil, err
 	}
-	to := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(unix.ETH_P_IP)}
 	hd.wg.Add(1)
 	go func() {
 		defer hd.wg.Done()
@@ -95,6 +94,8 @@ func (b *Backend) startDelay(d time.Duration) (*handshakeDelayer, error) {
 			hd.wg.Add(1)
 			time.AfterFunc(d, func() {
 				defer hd.wg.Done()
+				// A sockaddr of its own: Sendto writes into it.
+				to := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(unix.ETH_P_IP)}
 				unix.Sendto(hd.fd, frame, 0, to) // a lost SYN-ACK is retransmitted by the backend
 			})
 		}

@@ -9,7 +9,9 @@
 // driven by the classified L4 outcome of every new connection that the
 // datapath reports, and tells the agent what each service's Maglev table
 // must hold (Engine.Admitted). Settings and defaults follow Linkerd's
-// consecutive failure accrual so operators can carry theirs over.
+// consecutive failure accrual so operators can carry theirs over; the
+// window rules (below) follow Linkerd's unified breaker and Envoy's
+// success-rate outlier detection.
 //
 // # Decisions
 //
@@ -47,6 +49,34 @@
 // ejected or in probation come from flows opened before the ejection (the
 // conntrack entry keeps them on their backend). They never change the state
 // but are counted (Counters.Stragglers) — except during fail-open, below.
+//
+// Window rules. Modes failure-rate and unified, a SlowConnectThreshold
+// and Outliers judge a window of each ready endpoint's recent outcomes
+// (ten buckets: a tenth of Window each, or of WindowCalls connections;
+// the oldest bucket is dropped as time or the count passes it, so the
+// window holds nine tenths to all of its span). A window counts successes
+// and counted failures (overtaken ones included: the overtaken rule is
+// about streaks), and slow successes among the successes; it reads the
+// outcome's own time and the clock only when that is zero. No rule judges
+// a window of fewer than MinCalls. Failure rate: modes failure-rate and
+// unified eject when failures exceed FailureRateThreshold of the calls
+// (unified also on the streak, whichever comes first). Slow connects: any
+// mode but none ejects when slow successes exceed SlowConnectRateThreshold;
+// a slow success is a success for every other rule. Outliers: Advance
+// judges each such service every tenth of Window (NextDeadline includes
+// it): among its ready endpoints whose windows hold OutlierMinCalls, if
+// there are OutlierMinHosts, those whose success rate is below the mean
+// by more than OutlierStdevFactor population standard deviations are
+// ejected. All three eject through the same path as the streak (cap,
+// suppression once per spell of being due, fail-open, penalty). The window
+// is emptied on ejection and takes nothing while the endpoint is out; a
+// probe is judged alone. Relapse: a window rule that ejects an endpoint
+// within Window of the probe success that returned it continues the
+// penalty level it had then, one doubling further (the streak rule's
+// ejections start from the minimum as before); a Window of readiness
+// forgets it. Windows are allocated only for services whose settings need
+// one (Settings.Windowed), and are not persisted: a restored endpoint
+// starts with an empty window.
 //
 // Max ejection percent. See [EjectionCap]: at most floor(n·pct/100) of a
 // service's n endpoints may be ejected or in probation at once, with no
