@@ -420,7 +420,11 @@ func (b *Backend) setShare(p float64) error {
 	if p == 0 && !b.share {
 		return nil
 	}
-	if ports := sortedKeys(b.tcp); p > 0 && len(ports) > 0 {
+	ports := sortedKeys(b.tcp)
+	if p > 0 && len(ports) == 0 {
+		return fmt.Errorf("testnet: %s refuse share: no TCP port served yet (start its servers first)", b.Name)
+	}
+	if p > 0 {
 		// numgen draws per packet; only SYNs reach the rule.
 		script += fmt.Sprintf("table inet %s {\n\tchain input {\n\t\ttype filter hook input priority -1; policy accept;\n"+
 			"\t\ttcp dport { %s } tcp flags & (syn | ack) == syn numgen random mod 10000 < %d reject with tcp reset\n\t}\n}\n",

@@ -2,6 +2,7 @@ package testnet
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -84,8 +85,12 @@ func (b *Backend) startDelay(d time.Duration) (*handshakeDelayer, error) {
 		defer hd.wg.Done()
 		for {
 			rec, err := hd.rd.Read()
+			if errors.Is(err, ringbuf.ErrClosed) {
+				return
+			}
 			if err != nil {
-				return // closed
+				// The program keeps dropping SYN-ACKs: keep sending them.
+				continue
 			}
 			frame, ok := heldFrame(rec.RawSample)
 			if !ok {

@@ -18,9 +18,10 @@
 // Outcomes. Only failure kinds in Settings.FailureKinds count; other kinds
 // are ignored: they neither extend nor reset the streak (they are still
 // counted in the endpoint's statistics). A success resets the streak of a
-// ready endpoint. The engine never reads the clock on that common path;
-// Outcome.At is the event's own time and only feeds "last failure" and the
-// reaction-time field Transition.FailureAt.
+// ready endpoint. The engine does not read the clock on that common path
+// (a window reads it only for an outcome without a time); Outcome.At is
+// the event's own time and feeds "last failure", the time-based window and
+// the reaction-time field Transition.FailureAt.
 //
 // Ejection at exactly N. The N-th consecutive counted failure ejects; the
 // ejection is decided when that outcome is observed and the penalty starts
@@ -52,9 +53,9 @@
 //
 // Window rules. Modes failure-rate and unified, a SlowConnectThreshold
 // and Outliers judge a window of each ready endpoint's recent outcomes
-// (ten buckets: a tenth of Window each, or of WindowCalls connections;
-// the oldest bucket is dropped as time or the count passes it, so the
-// window holds nine tenths to all of its span). A window counts successes
+// (time-based: ten buckets of a tenth of Window each, the oldest dropped
+// as time passes it, so the window holds nine tenths to all of its span;
+// count-based: exactly the last WindowCalls outcomes). A window counts successes
 // and counted failures (overtaken ones included: the overtaken rule is
 // about streaks), and slow successes among the successes; it reads the
 // outcome's own time and the clock only when that is zero. No rule judges
@@ -76,7 +77,8 @@
 // ejections start from the minimum as before); a Window of readiness
 // forgets it. Windows are allocated only for services whose settings need
 // one (Settings.Windowed), and are not persisted: a restored endpoint
-// starts with an empty window.
+// starts with an empty window, and its per-rule ejection counts start from
+// zero (the total, Counters.Ejections, is carried over).
 //
 // Max ejection percent. See [EjectionCap]: at most floor(n·pct/100) of a
 // service's n endpoints may be ejected or in probation at once, with no
@@ -89,7 +91,10 @@
 // as the cap has room; a success ends the streak. That makes the
 // suppressed counter mean "ejections that were due and did not happen"
 // rather than "failures seen while capped", and it does not flood the agent
-// with one event per failure of a dead endpoint.
+// with one event per failure of a dead endpoint. The window rules do the
+// same, each on its own: one suppression per spell of the rule being due,
+// which ends when its share falls back to the threshold (for outliers:
+// when a judgement finds the endpoint no outlier).
 //
 // Fail-open. A service with endpoints of which none is ready fails open:
 // Admitted lists every endpoint as active (no probation entries), because

@@ -45,7 +45,9 @@ type endpoint struct {
 	state       State
 	level       uint8 // failed probes since last ready: penalty doublings
 	lastKind    Kind
-	suppressed  bool // this streak's ejection was suppressed (and counted)
+	// suppressed: rules (bits by ejectReasonIndex) whose due ejection the
+	// cap suppressed (and counted) in their current spell of being due.
+	suppressed  uint8
 	penalty     time.Duration
 	ejectedAt   time.Time
 	probationAt time.Time
@@ -155,7 +157,8 @@ func sanitize(s Settings) Settings {
 		s.OutlierStdevFactor = d.OutlierStdevFactor
 	}
 	s.OutlierMinHosts = max(s.OutlierMinHosts, 2)
-	s.OutlierMinCalls = max(s.OutlierMinCalls, 1)
+	s.MinCalls = min(s.MinCalls, maxWindowCalls)
+	s.OutlierMinCalls = min(max(s.OutlierMinCalls, 1), maxWindowCalls)
 	return s
 }
 
@@ -239,7 +242,8 @@ func (e *Engine) eject(s *service, id uint32, ep *endpoint, r Reason, kind Kind,
 	ep.penalty = e.drawPenalty(basePenalty(&s.st, ep.level), s.st.JitterRatio)
 	ep.ejectedAt = now
 	ep.probationAt = now.Add(ep.penalty)
-	ep.suppressed = false
+	ep.suppressed = 0
+	ep.returnedAt, ep.relapse = time.Time{}, 0 // trip has used them
 	ep.c.ejections++
 	ep.c.byReason[ejectReasonIndex(r)]++
 	var seen tally
@@ -262,8 +266,8 @@ func (e *Engine) trip(s *service, id uint32, ep *endpoint, r Reason, kind Kind, 
 		failAt = now
 	}
 	if s.count[Ejected]+s.count[Probation]+1 > EjectionCap(len(s.members), s.st.MaxEjectionPercent) {
-		if !ep.suppressed {
-			ep.suppressed = true
+		if bit := ruleBit(r); ep.suppressed&bit == 0 {
+			ep.suppressed |= bit
 			ep.c.suppressed++
 			e.emit(s, id, ep, Ready, ReasonEjectionSuppressed, kind, now, failAt)
 			t := &e.out[len(e.out)-1]
@@ -274,18 +278,19 @@ func (e *Engine) trip(s *service, id uint32, ep *endpoint, r Reason, kind Kind, 
 		}
 		return
 	}
-	if r != ReasonConsecutiveFailures {
-		if !ep.returnedAt.IsZero() && now.Sub(ep.returnedAt) < s.st.Window {
-			ep.level = ep.relapse
-			if basePenalty(&s.st, ep.level) < s.st.MaxPenalty {
-				ep.level++
-			}
+	if r != ReasonConsecutiveFailures && !ep.returnedAt.IsZero() && now.Sub(ep.returnedAt) < s.st.Window {
+		ep.level = clampLevel(&s.st, ep.relapse)
+		if basePenalty(&s.st, ep.level) < s.st.MaxPenalty {
+			ep.level++
 		}
-		ep.returnedAt, ep.relapse = time.Time{}, 0
 	}
+	i := len(e.out) // eject may append a fail-open start after it
 	e.eject(s, id, ep, r, kind, now, failAt)
-	e.out[len(e.out)-1].Threshold = threshold
+	e.out[i].Threshold = threshold
 }
+
+// ruleBit is rule r's bit in endpoint.suppressed.
+func ruleBit(r Reason) uint8 { return 1 << ejectReasonIndex(r) }
 
 // threshold is the limit of window rule r under s.
 func threshold(s *Settings, r Reason) float64 {
@@ -305,7 +310,8 @@ func (e *Engine) toReady(s *service, id uint32, ep *endpoint, r Reason, now time
 	ep.level = 0
 	ep.penalty = 0
 	ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
-	ep.suppressed = false
+	ep.suppressed = 0
+	ep.returnedAt, ep.relapse = time.Time{}, 0 // a probe's success sets them after this
 	// The window needs no clearing: it was cleared on ejection and takes
 	// nothing while out, so the endpoint is judged afresh from its return.
 	e.setState(s, id, ep, Ready)
@@ -382,7 +388,7 @@ func (e *Engine) Observe(o Outcome) []Transition {
 			}
 			streak = s.st.Mode.consecutive() && ep.consecutive >= uint32(s.st.MaxFailures)
 		}
-		r := Reason("")
+		rateOver, slowOver := false, false
 		if ep.win != nil {
 			// The window reads the clock only when the outcome has no time.
 			at := o.At
@@ -390,15 +396,29 @@ func (e *Engine) Observe(o Outcome) []Transition {
 				at = e.clk.Now()
 			}
 			ep.win.add(&s.st, at, !o.Success, slow)
-			r = rateDue(&s.st, ep.win)
+			rateOver, slowOver = windowDue(&s.st, ep.win)
 		}
-		if streak {
+		// A rule's spell of being due, and so its one suppression, ends
+		// when it is no longer due: a streak at a success, a window rule
+		// when its share falls back.
+		if o.Success {
+			ep.suppressed &^= ruleBit(ReasonConsecutiveFailures)
+		}
+		if !rateOver {
+			ep.suppressed &^= ruleBit(ReasonFailureRate)
+		}
+		if !slowOver {
+			ep.suppressed &^= ruleBit(ReasonSlowConnects)
+		}
+		var r Reason
+		switch {
+		case streak:
 			r = ReasonConsecutiveFailures
-		}
-		if r == "" {
-			if o.Success {
-				ep.suppressed = false
-			}
+		case rateOver:
+			r = ReasonFailureRate
+		case slowOver:
+			r = ReasonSlowConnects
+		default:
 			return nil
 		}
 		// Due. Everything below runs at most once per outcome of an
@@ -459,7 +479,8 @@ func (e *Engine) Observe(o Outcome) []Transition {
 }
 
 // Advance moves every ejected endpoint whose penalty has ended by the
-// clock's now to probation. The result is valid until the next mutating call.
+// clock's now to probation, and judges the outliers of the services whose
+// turn it is. The result is valid until the next mutating call.
 func (e *Engine) Advance() []Transition {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -1,6 +1,7 @@
 package accrual
 
 import (
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -173,6 +174,13 @@ func checkInvariants(t *testing.T, e *Engine) {
 					sum.calls += b.calls
 					sum.failures += b.failures
 					sum.slow += b.slow
+				}
+				if s.st.WindowCalls > 0 {
+					sum = tally{calls: w.held}
+					for i := range w.failed {
+						sum.failures += uint32(bits.OnesCount64(w.failed[i]))
+						sum.slow += uint32(bits.OnesCount64(w.slowed[i]))
+					}
 				}
 				if sum != w.sum || sum.failures+sum.slow > sum.calls {
 					t.Fatalf("endpoint %d: window sum %+v, buckets add up to %+v", id, w.sum, sum)

@@ -170,9 +170,10 @@ func Defaults() Settings {
 	}
 }
 
-// maxWindowCalls bounds a count-based window, so a typo cannot make one
-// endpoint's window remember millions of connections it will never judge.
-const maxWindowCalls = 1_000_000
+// maxWindowCalls bounds a count-based window (a bit per connection and
+// rule: 25 kB at most per endpoint) and the call minimums, so a typo cannot
+// make a window remember connections it will never judge, or wrap.
+const maxWindowCalls = 100_000
 
 // FieldError names the setting that is wrong and its value.
 type FieldError struct {
@@ -229,8 +230,8 @@ func (s Settings) validateWindow() error {
 	if s.WindowCalls < 0 || s.WindowCalls > maxWindowCalls {
 		return &FieldError{"windowCalls", s.WindowCalls, fmt.Sprintf("must be within [0, %d] (0: a time-based window)", maxWindowCalls)}
 	}
-	if s.MinCalls < 1 {
-		return &FieldError{"minCalls", s.MinCalls, "must be at least 1"}
+	if s.MinCalls < 1 || s.MinCalls > maxWindowCalls {
+		return &FieldError{"minCalls", s.MinCalls, fmt.Sprintf("must be within [1, %d]", maxWindowCalls)}
 	}
 	if s.WindowCalls > 0 && s.MinCalls > s.WindowCalls {
 		return &FieldError{"minCalls", s.MinCalls, fmt.Sprintf("must not exceed windowCalls (%d): the window could never hold that many", s.WindowCalls)}
@@ -253,8 +254,8 @@ func (s Settings) validateWindow() error {
 	if s.OutlierMinHosts < 2 {
 		return &FieldError{"outlierMinHosts", s.OutlierMinHosts, "must be at least 2 (an outlier needs peers)"}
 	}
-	if s.OutlierMinCalls < 1 {
-		return &FieldError{"outlierMinCalls", s.OutlierMinCalls, "must be at least 1"}
+	if s.OutlierMinCalls < 1 || s.OutlierMinCalls > maxWindowCalls {
+		return &FieldError{"outlierMinCalls", s.OutlierMinCalls, fmt.Sprintf("must be within [1, %d]", maxWindowCalls)}
 	}
 	return nil
 }

@@ -29,20 +29,22 @@ type Counters struct {
 	// Overtaken are counted failures of connections that began before the
 	// newest one that succeeded: no part of a streak.
 	Overtaken uint64 `json:"overtaken"`
-	// Ejections counts entries into ejected: after a streak or a failed probe.
+	// Ejections counts entries into ejected, by any rule (EjectionsBy
+	// splits it); Restore carries it over.
 	Ejections         uint64 `json:"ejections"`
 	ProbeSuccesses    uint64 `json:"probeSuccesses"`
 	ProbeFailures     uint64 `json:"probeFailures"`
 	ProbeInconclusive uint64 `json:"probeInconclusive"`
-	// SuppressedEjections counts streaks whose due ejection the
-	// max-ejection-percent cap prevented (once per streak).
+	// SuppressedEjections counts due ejections the max-ejection-percent
+	// cap prevented: once per streak, or per spell of a window rule being due.
 	SuppressedEjections uint64 `json:"suppressedEjections"`
 	// FailOpenRecoveries counts returns to ready by a success during
 	// fail-open.
 	FailOpenRecoveries uint64 `json:"failOpenRecoveries"`
 	// SlowConnects counts successes slower than SlowConnectThreshold.
 	SlowConnects uint64 `json:"slowConnects"`
-	// EjectionsBy splits Ejections by the rule that ejected.
+	// EjectionsBy splits Ejections by the rule that ejected, since the
+	// agent started (Restore does not carry it over).
 	EjectionsBy EjectionCounts `json:"ejectionsBy"`
 }
 
@@ -271,7 +273,7 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 		ep.consecutive = r.ConsecutiveFailures
 		ep.lastKind, ep.lastFailAt = r.LastFailureKind, r.LastFailureAt
 		ep.c.ejections = r.Ejections
-		ep.suppressed = false
+		ep.suppressed = 0
 		to := r.State
 		if s.st.Mode == ModeNone {
 			to = Ready

@@ -17,20 +17,28 @@ func (t *tally) sub(o tally) {
 	t.slow -= o.slow
 }
 
-// window holds an endpoint's recent connections in WindowBuckets buckets.
-// Time-based, each bucket covers a tenth of Settings.Window and the oldest
-// is dropped as time passes it; count-based, each holds a tenth of
-// Settings.WindowCalls (rounded up) and the oldest is dropped when the
-// newest is full. Either way the window forgets a tenth at a time, so it
-// holds between nine tenths and all of its span.
+// window holds an endpoint's recent connections. Time-based, in
+// WindowBuckets buckets of a tenth of Settings.Window each, the oldest
+// dropped as time passes it: the window holds between nine tenths and all
+// of its span. Count-based, exactly the last Settings.WindowCalls
+// connections, one bit each in two rings (failed, slow).
 type window struct {
 	b     [WindowBuckets]tally
 	sum   tally
 	cur   uint8
 	start time.Time // time-based: when bucket cur began
+	// Count-based: the rings, the next position and how many are held.
+	failed, slowed []uint64
+	next, held     uint32
 }
 
-func (w *window) clear() { *w = window{} }
+// clear empties w, keeping a count window's rings for reuse.
+func (w *window) clear() {
+	f, sl := w.failed, w.slowed
+	clear(f)
+	clear(sl)
+	*w = window{failed: f, slowed: sl}
+}
 
 // width is a time-based window's bucket length.
 func width(s *Settings) time.Duration { return s.Window / WindowBuckets }
@@ -68,15 +76,10 @@ func (w *window) roll(s *Settings, now time.Time) {
 // add counts one connection decided at now.
 func (w *window) add(s *Settings, now time.Time, failed, slow bool) {
 	if s.WindowCalls > 0 {
-		per := uint32((s.WindowCalls + WindowBuckets - 1) / WindowBuckets)
-		if w.b[w.cur].calls >= per {
-			w.cur = (w.cur + 1) % WindowBuckets
-			w.sum.sub(w.b[w.cur])
-			w.b[w.cur] = tally{}
-		}
-	} else {
-		w.roll(s, now)
+		w.addCounted(uint32(s.WindowCalls), failed, slow)
+		return
 	}
+	w.roll(s, now)
 	t := tally{calls: 1}
 	if failed {
 		t.failures = 1
@@ -95,25 +98,56 @@ func (w *window) add(s *Settings, now time.Time, failed, slow bool) {
 	w.sum.slow += t.slow
 }
 
+// addCounted puts one connection into a count window of n, pushing out
+// the oldest when it holds n.
+func (w *window) addCounted(n uint32, failed, slow bool) {
+	words := int(n+63) / 64
+	if len(w.failed) != words {
+		w.failed, w.slowed = make([]uint64, words), make([]uint64, words)
+		w.next, w.held, w.sum = 0, 0, tally{}
+	}
+	i, bit := w.next/64, uint64(1)<<(w.next%64)
+	if w.held == n {
+		w.sum.calls--
+		if w.failed[i]&bit != 0 {
+			w.sum.failures--
+		}
+		if w.slowed[i]&bit != 0 {
+			w.sum.slow--
+		}
+	} else {
+		w.held++
+	}
+	w.failed[i] &^= bit
+	w.slowed[i] &^= bit
+	w.sum.calls++
+	if failed {
+		w.failed[i] |= bit
+		w.sum.failures++
+	} else if slow {
+		w.slowed[i] |= bit
+		w.sum.slow++
+	}
+	if w.next++; w.next == n {
+		w.next = 0
+	}
+}
+
 // over reports whether n of calls is a share above threshold. The
 // comparison is in counts, so 1 failure in 5 is not above 0.2.
 func over(n, calls uint32, threshold float64) bool {
 	return float64(n) > threshold*float64(calls)*(1+1e-12)
 }
 
-// rateDue returns the window rule that ejects ep now, if any: the failure
-// rate first (modes failure-rate and unified), then slow connects.
-func rateDue(s *Settings, w *window) Reason {
+// windowDue reports which window rules w passes now: the failure rate
+// (modes failure-rate and unified) and slow connects.
+func windowDue(s *Settings, w *window) (rate, slow bool) {
 	if w == nil || w.sum.calls < uint32(s.MinCalls) {
-		return ""
+		return false, false
 	}
-	if s.Mode.rate() && over(w.sum.failures, w.sum.calls, s.FailureRateThreshold) {
-		return ReasonFailureRate
-	}
-	if s.SlowConnectThreshold > 0 && over(w.sum.slow, w.sum.calls, s.SlowConnectRateThreshold) {
-		return ReasonSlowConnects
-	}
-	return ""
+	rate = s.Mode.rate() && over(w.sum.failures, w.sum.calls, s.FailureRateThreshold)
+	slow = s.SlowConnectThreshold > 0 && over(w.sum.slow, w.sum.calls, s.SlowConnectRateThreshold)
+	return rate, slow
 }
 
 // WindowSnapshot is what an endpoint's window holds, as its rules judge it.
@@ -191,9 +225,11 @@ func (e *Engine) judgeOutliers(s *service, now time.Time) {
 	}
 	limit := mean - s.st.OutlierStdevFactor*math.Sqrt(sq/float64(len(hosts)))
 	for _, h := range hosts {
+		ep := &e.eps[h.id]
 		if h.rate < limit {
-			ep := &e.eps[h.id]
 			e.trip(s, h.id, ep, ReasonOutlier, ep.lastKind, now, ep.lastFailAt, limit)
+		} else {
+			ep.suppressed &^= ruleBit(ReasonOutlier) // its spell of being an outlier is over
 		}
 	}
 }

@@ -142,23 +142,30 @@ func TestTimeWindowForgets(t *testing.T) {
 func TestCountWindow(t *testing.T) {
 	h := newHarness(t, nil)
 	h.set(1, rateSettings(func(s *Settings) { s.WindowCalls = 20; s.FailureRateThreshold = 0.3 }), 1, 2)
-	// Buckets of 2 calls. 3 failures among 20 calls, never above 0.3 on
-	// the way. Time does not age a count window.
+	// Exactly the last 20 connections. 3 failures among 20, never above
+	// 0.3 on the way; time does not age a count window.
 	h.play(1, "rsssssrsssssrsssssss", time.Second)
 	h.step(time.Hour)
 	if w := h.snap(1).Window; w.Calls != 20 || w.Failures != 3 {
 		t.Fatalf("window %+v, want 20 calls, 3 failures", w)
 	}
-	// The next call pushes out the oldest bucket ("rs").
+	// The next call pushes out the oldest, a failure.
 	h.play(1, "s", 0)
-	if w := h.snap(1).Window; w.Calls != 19 || w.Failures != 2 {
-		t.Fatalf("window %+v, want the oldest bucket gone", w)
+	if w := h.snap(1).Window; w.Calls != 20 || w.Failures != 2 {
+		t.Fatalf("window %+v, want the oldest connection gone", w)
 	}
-	// Failures: 3 of 20, 4 of 19, 5 of 20, then 6 of 19 = 0.316 > 0.3.
-	ts := h.play(1, "rrrr", 0)
-	ej := ejections(ts)
-	if len(ej) != 1 || ej[0].Reason != ReasonFailureRate || ej[0].Window.Calls != 19 || ej[0].Window.Failures != 6 {
+	// Each failure now pushes out a success: 3, 4, 5, 6 of 20 (0.3 is not
+	// above 0.3), then 7 of 20.
+	ej := ejections(h.play(1, "rrrrr", 0))
+	if len(ej) != 1 || ej[0].Reason != ReasonFailureRate || ej[0].Window.Calls != 20 || ej[0].Window.Failures != 7 {
 		t.Fatalf("ejections %v", ej)
+	}
+	// A window smaller than its buckets' count is exact too: the last 5.
+	h2 := newHarness(t, nil)
+	h2.set(1, rateSettings(func(s *Settings) { s.WindowCalls, s.MinCalls = 5, 5 }), 1, 2)
+	ej = ejections(h2.play(1, "ssssssssrr", 0)) // the last 5 hold 2 failures: 0.4
+	if len(ej) != 1 || ej[0].Window.Calls != 5 || ej[0].Window.Failures != 2 {
+		t.Fatalf("ejections %v, want one on 2 of the last 5", ej)
 	}
 }
 
@@ -425,4 +432,54 @@ func (h *harness) snap(ep uint32) EndpointSnapshot {
 	}
 	h.t.Fatalf("no endpoint %d", ep)
 	return EndpointSnapshot{}
+}
+
+// Review findings, each a scenario that once went wrong.
+func TestWindowEdges(t *testing.T) {
+	t.Run("the threshold stays on an ejection that starts fail-open", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.set(1, rateSettings(), 1)
+		ts := h.play(1, "rsrsr", time.Millisecond)
+		wantReasons(t, ts, ReasonFailureRate, ReasonFailOpenStart)
+		if ts[0].Threshold != 0.2 || ts[1].Threshold != 0 {
+			t.Fatalf("thresholds %v and %v, want 0.2 on the ejection only", ts[0].Threshold, ts[1].Threshold)
+		}
+	})
+	t.Run("an outlier's suppression is reported once per spell", func(t *testing.T) {
+		h := newHarness(t, nil)
+		st := outlierSettings()
+		st.MaxEjectionPercent = 10 // 6 hosts: none may go
+		h.set(1, st, 1, 2, 3, 4, 5, 6)
+		share := map[uint32]float64{1: 0.5, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0}
+		var all []Transition
+		for range 5 {
+			h.feed(20, share) // successes among them, as real traffic has
+			h.step(time.Second)
+			all = append(all, h.advance()...)
+		}
+		h.feed(100, share)
+		h.step(time.Second)
+		all = append(all, h.advance()...)
+		wantReasons(t, all, ReasonEjectionSuppressed)
+		if all[0].Cause != ReasonOutlier || h.counters(1).SuppressedEjections != 1 {
+			t.Fatalf("suppression %+v, counters %+v", all[0], h.counters(1))
+		}
+	})
+	t.Run("a return through fail-open is no relapse of an older probe", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.set(1, rateSettings(func(s *Settings) { s.Mode = ModeUnified }), 1)
+		h.play(1, "rrr", time.Millisecond) // the streak ejects; fail-open
+		h.toProbation(1)
+		h.obs(probeFail(1, KindRefused)) // level 1
+		h.toProbation(1)
+		h.obs(probeOK(1)) // returned at level 1
+		h.play(1, "rrr", time.Millisecond)
+		h.wantState(1, Ejected)
+		h.obs(succ(1)) // back through fail-open, level 0
+		h.wantState(1, Ready)
+		ej := ejections(h.play(1, "rsrsr", time.Millisecond))
+		if len(ej) != 1 || ej[0].Reason != ReasonFailureRate || ej[0].Penalty != time.Second {
+			t.Fatalf("ejections %v, want a failure-rate ejection with the 1s minimum", ej)
+		}
+	})
 }

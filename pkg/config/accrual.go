@@ -49,6 +49,7 @@ var partner = map[string]string{
 	"failureKinds":         "mode",
 	"minCalls":             "windowCalls",
 	"slowConnectThreshold": "connectTimeout",
+	"failureRateThreshold": "successRateThreshold",
 }
 
 // resolve overlays the fields r sets onto base, field by field, and
@@ -88,10 +89,10 @@ func (r *rawAccrual) resolve(path string, base accrual.Settings, errs *errList) 
 		switch v := *r.SuccessRateThreshold; {
 		case r.FailureRateThreshold != nil:
 			errs.add(path+".successRateThreshold", showRaw(reflect.ValueOf(v)), "set either failureRateThreshold or successRateThreshold (1 − the other), not both")
-		case !(v > 0 && v < 1):
+		case !(v > 0 && v < 1) || !(rateOf(v) > 0 && rateOf(v) < 1):
 			errs.add(path+".successRateThreshold", showRaw(reflect.ValueOf(v)), "must be within (0, 1), e.g. 0.8")
 		default:
-			s.FailureRateThreshold = math.Round((1-v)*1e12) / 1e12 // 1 − 0.8 is 0.2, not 0.19999999999999996
+			s.FailureRateThreshold = rateOf(v)
 		}
 	}
 	setDuration(&s.SlowConnectThreshold, r.SlowConnectThreshold, path+".slowConnectThreshold", errs)
@@ -109,6 +110,10 @@ func (r *rawAccrual) resolve(path string, base accrual.Settings, errs *errList) 
 	}
 	return s, true
 }
+
+// rateOf turns a success-rate threshold into the failure-rate one, to
+// twelve places: 1 − 0.8 is 0.2, not 0.19999999999999996.
+func rateOf(success float64) float64 { return math.Round((1-success)*1e12) / 1e12 }
 
 // set overlays a field the block sets.
 func set[T any](dst *T, src *T) {

@@ -410,6 +410,8 @@ func TestErrors(t *testing.T) {
 		// window rules
 		{"both rate spellings", "interfaces: [a]\ndefaults: {failureAccrual: {failureRateThreshold: 0.2, successRateThreshold: 0.8}}",
 			"defaults.failureAccrual.successRateThreshold", "0.8", "not both"},
+		{"success rate of nearly 1", "interfaces: [a]\ndefaults: {failureAccrual: {successRateThreshold: 0.9999999999999}}",
+			"defaults.failureAccrual.successRateThreshold", "0.9999999999999", "must be within (0, 1)"},
 		{"success rate above 1", "interfaces: [a]\ndefaults: {failureAccrual: {successRateThreshold: 80}}",
 			"defaults.failureAccrual.successRateThreshold", "80", "must be within (0, 1)"},
 		{"failure rate of 1", "interfaces: [a]\ndefaults: {failureAccrual: {mode: failure-rate, failureRateThreshold: 1}}",

@@ -142,10 +142,11 @@ var annotations = []annotation{
 	{AnnotationFailureRateThreshold, "failureRateThreshold", false, "", ratioSetter(func(s *accrual.Settings) *float64 { return &s.FailureRateThreshold })},
 	{AnnotationSuccessRateThreshold, "successRateThreshold", false, linkerdAlpha + "threshold", acc(func(s *accrual.Settings, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || !(f > 0 && f < 1) {
+		rate := math.Round((1-f)*1e12) / 1e12 // 1 − 0.8 is 0.2, not 0.19999999999999996
+		if err != nil || !(f > 0 && f < 1) || !(rate > 0 && rate < 1) {
 			return errors.New("want a number within (0, 1), e.g. 0.8 (the failure-rate threshold is 1 minus it)")
 		}
-		s.FailureRateThreshold = math.Round((1-f)*1e12) / 1e12
+		s.FailureRateThreshold = rate
 		return nil
 	})},
 	{AnnotationSlowConnectThreshold, "slowConnectThreshold", false, "", durationSetter(func(s *accrual.Settings) *time.Duration { return &s.SlowConnectThreshold })},

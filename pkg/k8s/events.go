@@ -3,7 +3,9 @@ package k8s
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -144,23 +146,27 @@ func describe(t Transition, node string) (typ, reason, msg string, ok bool) {
 	return "", "", "", false
 }
 
-// windowWhy says what a window rule saw, in an Event's words.
+// windowWhy names the window rule and its limit, in an Event's words.
+// The window's counts vary from one ejection to the next and would split
+// one Event into many; the agent's log line and /admin/endpoints have them.
 func windowWhy(t accrual.Transition) string {
-	w := t.Window
 	r := t.Reason
 	if r == accrual.ReasonEjectionSuppressed {
 		r = t.Cause
 	}
 	switch r {
 	case accrual.ReasonFailureRate:
-		return fmt.Sprintf("for its failure rate: %d of its last %d connections failed (%.1f%%, above %g%%)",
-			w.Failures, w.Calls, 100*w.FailureRate, 100*t.Threshold)
+		return "for its failure rate: more than " + percent(t.Threshold) + " of its recent connections failed"
 	case accrual.ReasonSlowConnects:
-		return fmt.Sprintf("for slow connects: %d of its last %d handshakes were slow (%.1f%%, above %g%%)",
-			w.Slow, w.Calls, 100*w.SlowRate, 100*t.Threshold)
+		return "for slow connects: more than " + percent(t.Threshold) + " of its recent handshakes were slow"
 	case accrual.ReasonOutlier:
-		return fmt.Sprintf("as an outlier: %.1f%% of its last %d connections succeeded, below the %.1f%% its peers set (their mean less outlierStdevFactor deviations)",
-			100*(1-w.FailureRate), w.Calls, 100*t.Threshold)
+		return "as an outlier: its recent success rate was far below its peers'"
 	}
 	return string(r)
+}
+
+// percent renders a share as a percentage without float noise (0.07 is
+// "7%", not "7.000000000000001%").
+func percent(share float64) string {
+	return strconv.FormatFloat(math.Round(100*share*1e6)/1e6, 'f', -1, 64) + "%"
 }

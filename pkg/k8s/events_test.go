@@ -22,6 +22,18 @@ func window(t Transition, cause accrual.Reason) Transition {
 	return t
 }
 
+func TestPercent(t *testing.T) {
+	sr := 0.93 // at run time, 1 − 0.93 is 0.06999999999999995
+	for _, c := range []struct {
+		in   float64
+		want string
+	}{{0.07, "7%"}, {0.29, "29%"}, {0.2, "20%"}, {1 - sr, "7%"}, {0.125, "12.5%"}} {
+		if got, in, want := percent(c.in), c.in, c.want; got != want {
+			t.Errorf("percent(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestDescribe(t *testing.T) {
 	addr := netip.MustParseAddrPort("198.18.3.2:8080")
 	tr := func(from, to accrual.State, r accrual.Reason) Transition {
@@ -40,13 +52,13 @@ func TestDescribe(t *testing.T) {
 		{t: tr(accrual.Probation, accrual.Ejected, accrual.ReasonProbeFailed), typ: "Warning", reason: ReasonEndpointEjected,
 			msg: []string{"again: its probe connection failed (timeout)"}},
 		{t: window(tr(accrual.Ready, accrual.Ejected, accrual.ReasonFailureRate), ""), typ: "Warning", reason: ReasonEndpointEjected,
-			msg: []string{"failure rate: 3 of its last 10 connections failed (30.0%, above 20%)"}},
+			msg: []string{"failure rate: more than 20% of its recent connections failed"}, notInMessage: "3 of"},
 		{t: window(tr(accrual.Ready, accrual.Ejected, accrual.ReasonSlowConnects), ""), typ: "Warning", reason: ReasonEndpointEjected,
-			msg: []string{"slow connects: 6 of its last 10 handshakes were slow (60.0%, above 20%)"}},
+			msg: []string{"slow connects: more than 20% of its recent handshakes were slow"}, notInMessage: "60"},
 		{t: window(tr(accrual.Ready, accrual.Ejected, accrual.ReasonOutlier), ""), typ: "Warning", reason: ReasonEndpointEjected,
-			msg: []string{"outlier: 70.0% of its last 10 connections succeeded, below the 20.0% its peers set"}},
+			msg: []string{"outlier: its recent success rate was far below its peers'"}},
 		{t: window(tr(accrual.Ready, accrual.Ready, accrual.ReasonEjectionSuppressed), accrual.ReasonFailureRate), typ: "Warning", reason: ReasonEjectionSuppressed,
-			msg: []string{"due to be ejected", "failure rate: 3 of its last 10", "max-ejection-percent"}},
+			msg: []string{"due to be ejected", "failure rate: more than 20%", "max-ejection-percent"}},
 		{t: tr(accrual.Probation, accrual.Ready, accrual.ReasonProbeSucceeded), typ: "Normal", reason: ReasonEndpointRestored,
 			msg: []string{"pod shop/web-c", "probe connection succeeded"}},
 		{t: tr(accrual.Ejected, accrual.Ready, accrual.ReasonFailOpenSuccess), typ: "Normal", reason: ReasonEndpointRestored,

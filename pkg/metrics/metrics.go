@@ -184,7 +184,7 @@ var (
 	dEpEjections  = desc("endpoint_ejections_total", "Times the endpoint was ejected.", "service", "endpoint")
 	dEpProbes     = desc("endpoint_probes_total", "Probation probes by result (success, failure, inconclusive).", "service", "endpoint", "result")
 	dEpSuppressed = desc("endpoint_ejections_suppressed_total", "Ejections the max-ejection-percent cap prevented.", "service", "endpoint")
-	dEpByReason   = desc("endpoint_ejections_by_reason_total", "Times the endpoint was ejected, by the rule that ejected it (consecutive-failures, probe-failed, failure-rate, slow-connects, success-rate-outlier).", "service", "endpoint", "reason")
+	dEpByReason   = desc("endpoint_ejections_by_reason_total", "Times the endpoint was ejected since the agent started, by the rule that ejected it (consecutive-failures, probe-failed, failure-rate, slow-connects, success-rate-outlier).", "service", "endpoint", "reason")
 	dEpSlow       = desc("endpoint_slow_connects_total", "Successful connects whose handshake took at least the service's slowConnectThreshold.", "service", "endpoint")
 	dEpWinCalls   = desc("endpoint_window_connections", "Connections in the endpoint's accrual window (services with window rules only).", "service", "endpoint")
 	dEpWinRate    = desc("endpoint_window_failure_rate", "Share of counted failures in the endpoint's accrual window, as the failure-rate rule judges it.", "service", "endpoint")

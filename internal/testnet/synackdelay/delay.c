@@ -49,8 +49,13 @@ int hold_synack(struct __sk_buff *skb)
 	if ((void *)(th + 1) > end || !th->syn || !th->ack)
 		return TC_ACT_OK;
 	__u32 len = skb->len;
-	if (len < sizeof(*eth) + sizeof(*ip) + sizeof(*th) || len > FRAME_MAX)
+	if (len > FRAME_MAX)
 		return TC_ACT_OK; /* never for a SYN-ACK; pass rather than lose it */
+	/* Two checks on the register the helper gets: clang would otherwise
+	 * merge them into one on a copy, which only some verifiers follow. */
+	asm volatile("" : "+r"(len));
+	if (len < sizeof(*eth) + sizeof(*ip) + sizeof(*th))
+		return TC_ACT_OK;
 	struct frame *f = bpf_ringbuf_reserve(&held, sizeof(*f), 0);
 	if (!f)
 		return TC_ACT_OK;
