@@ -34,6 +34,7 @@ const struct event *unused_event __attribute__((unused));
 const enum pb_backend_state *unused_backend_state __attribute__((unused));
 const enum pb_event_type *unused_event_type __attribute__((unused));
 const enum pb_event_flag *unused_event_flag __attribute__((unused));
+const enum pb_svc_flag *unused_svc_flag __attribute__((unused));
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -574,6 +575,10 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 		flags |= PB_CT_PROBE;
 	if (svc->flags & PB_SVC_F_RETRY_REFUSED)
 		flags |= PB_CT_RETRYABLE;
+	if (svc->flags & PB_SVC_F_QUIET_DATA)
+		flags |= PB_CT_QUIET_DATA;
+	if (svc->flags & PB_SVC_F_QUIET_END)
+		flags |= PB_CT_QUIET_END;
 	if (midstream)
 		flags |= PB_CT_MIDSTREAM | PB_CT_ESTABLISHED;
 
@@ -624,6 +629,11 @@ static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
 		return;
 	if (old & PB_CT_COUNTED)
 		release(fk);
+	/* A flow the agent has judged already needs no end: success came with
+	 * the SYN-ACK, or with the first data when the service waits for it. */
+	if ((old & PB_CT_QUIET_END) && (old & PB_CT_ESTABLISHED) &&
+	    (old & (PB_CT_QUIET_DATA | PB_CT_BACKEND_DATA)))
+		return;
 	emit(PB_EV_FLOW_END, ev_flags, rv->svc_id, rv->backend_id, fk->src.v4, fk->sport, gs);
 }
 
@@ -941,8 +951,8 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 					emit(PB_EV_RESET, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
 				}
-				emit(PB_EV_FLOW_END, 0, rv->svc_id, rv->backend_id, fk.src.v4,
-				     fk.sport, gs);
+				/* No FLOW_END: the REFUSED or RESET just sent is the
+				 * verdict, and a flow picked up midstream has none. */
 				/* Established meanwhile: a reset, nothing to rescue. */
 				if ((set & PB_CT_RESCUED) && !rescue)
 					__sync_fetch_and_and(&rv->flags, ~PB_CT_RESCUED);
@@ -969,7 +979,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			 * after it is no longer a failure to connect. */
 			if (p->payload && !(rv->flags & PB_CT_BACKEND_DATA)) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_BACKEND_DATA);
-				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED | PB_CT_MIDSTREAM)))
+				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED | PB_CT_MIDSTREAM | PB_CT_QUIET_DATA)))
 					emit(PB_EV_FIRST_DATA, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0,
 					     rv->svc_id, rv->backend_id, fk.src.v4, fk.sport, gs);
 			}

@@ -169,6 +169,14 @@ const (
 	LbPbEventTypePB_EV_FIRST_DATA  LbPbEventType = 8
 )
 
+type LbPbSvcFlag uint32
+
+const (
+	LbPbSvcFlagPB_SVC_F_RETRY_REFUSED LbPbSvcFlag = 1
+	LbPbSvcFlagPB_SVC_F_QUIET_DATA    LbPbSvcFlag = 2
+	LbPbSvcFlagPB_SVC_F_QUIET_END     LbPbSvcFlag = 4
+)
+
 type LbSvcBackendKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -235,6 +243,7 @@ const (
 	LbVarUnusedEvent        = "unused_event"
 	LbVarUnusedEventFlag    = "unused_event_flag"
 	LbVarUnusedEventType    = "unused_event_type"
+	LbVarUnusedSvcFlag      = "unused_svc_flag"
 )
 
 // LoadLb returns the embedded CollectionSpec for Lb.
@@ -315,6 +324,7 @@ type LbVariableSpecs struct {
 	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlag    *ebpf.VariableSpec `ebpf:"unused_event_flag"`
 	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedSvcFlag      *ebpf.VariableSpec `ebpf:"unused_svc_flag"`
 }
 
 // LbObjects contains all objects after they have been loaded into the kernel.
@@ -390,6 +400,7 @@ type LbVariables struct {
 	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlag    *ebpf.Variable `ebpf:"unused_event_flag"`
 	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedSvcFlag      *ebpf.Variable `ebpf:"unused_svc_flag"`
 }
 
 // LbPrograms contains all programs after they have been loaded into the kernel.

@@ -47,6 +47,8 @@
 #define PB_CT_RESCUED 0x0400       /* the backend refused it; the RST was kept from the client */
 #define PB_CT_RETRY 0x0800         /* a rescued flow's second try: not rescued again */
 #define PB_CT_RETRYABLE 0x1000     /* its service had retryRefused when the flow began */
+#define PB_CT_QUIET_DATA 0x2000    /* its service had PB_SVC_F_QUIET_DATA when the flow began */
+#define PB_CT_QUIET_END 0x4000     /* its service had PB_SVC_F_QUIET_END when the flow began */
 
 /* Backend admission state, written by the agent. */
 enum pb_backend_state {
@@ -63,14 +65,21 @@ enum pb_event_type {
 	PB_EV_REFUSED = 3,     /* RST from the backend before SYN-ACK */
 	PB_EV_RESET = 4,       /* RST from the backend after SYN-ACK */
 	PB_EV_SYN_RETRANS = 5, /* client retransmitted SYN, no SYN-ACK yet */
-	PB_EV_FLOW_END = 6,    /* FIN both ways or RST either way */
+	PB_EV_FLOW_END = 6,    /* FIN both ways or a client's RST, unless the flow's verdict is known (PB_SVC_F_QUIET_END) */
 	/* 7 is reserved: circuit-breaker rejections are counted, not reported
 	 * one by one (they come in floods, exactly when the ring is busiest). */
 	PB_EV_FIRST_DATA = 8,  /* first payload byte from the backend */
 };
 
-/* pb_services flags */
-#define PB_SVC_F_RETRY_REFUSED 0x1 /* a refused new flow gets one more try elsewhere */
+/* pb_services flags. An enum so bpf2go generates them for the agent. The
+ * QUIET flags say which events the agent's verdict on a flow of the
+ * service does not need: each one costs it a ring buffer record to read. */
+enum pb_svc_flag {
+	PB_SVC_F_RETRY_REFUSED = 0x1, /* a refused new flow gets one more try elsewhere */
+	PB_SVC_F_QUIET_DATA = 0x2,    /* no FIRST_DATA: a success is not decided by data */
+	PB_SVC_F_QUIET_END = 0x4,     /* no FLOW_END once the flow is decided (SYN-ACK seen, and
+				       * first data too unless QUIET_DATA) */
+};
 
 /* struct event.flags bits. An enum, not #defines, so bpf2go generates them
  * for the agent (the constants compile the same). */

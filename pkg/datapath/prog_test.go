@@ -45,6 +45,7 @@ const (
 	evfProbe       = 0x01
 	evfBackendData = 0x02
 	evfRepick      = 0x04
+	evfClient      = uint8(bpf.LbPbEventFlagPB_EVF_CLIENT)
 )
 
 type fixture struct {
@@ -275,10 +276,11 @@ func TestOutcomeEvents(t *testing.T) {
 	f := newFixture(t)
 	f.table(id1)
 
-	// Refused: RST answering the SYN; the flow ends with it.
+	// Refused: RST answering the SYN; the flow ends with it, and the
+	// refusal is the whole story (no FLOW_END after a backend's RST).
 	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
 	f.run(bpftest.TCP(be1, client, bpftest.RST, nil))
-	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evRefused, 0, id1, client), ev(evFlowEnd, 0, id1, client))
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evRefused, 0, id1, client))
 
 	// The client reuses the tuple: a new flow. Reset after the handshake,
 	// before any payload from the backend.
@@ -286,7 +288,7 @@ func TestOutcomeEvents(t *testing.T) {
 	f.run(bpftest.TCP(be1, client, bpftest.SYNACK, nil))
 	f.run(bpftest.TCP(be1, client, bpftest.RST, nil))
 	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evEstablished, 0, id1, client),
-		ev(evReset, 0, id1, client), ev(evFlowEnd, 0, id1, client))
+		ev(evReset, 0, id1, client))
 
 	// Reset after the backend sent data carries the flag.
 	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
@@ -295,7 +297,56 @@ func TestOutcomeEvents(t *testing.T) {
 	f.run(bpftest.TCP(be1, client2, bpftest.RST, nil))
 	f.run(bpftest.TCP(be1, client2, bpftest.RST, nil)) // a second RST reports nothing
 	f.wantEvents(ev(evNewFlow, 0, id1, client2), ev(evEstablished, 0, id1, client2),
-		ev(evFirstData, 0, id1, client2), ev(evReset, evfBackendData, id1, client2), ev(evFlowEnd, 0, id1, client2))
+		ev(evFirstData, 0, id1, client2), ev(evReset, evfBackendData, id1, client2))
+}
+
+// The quiet flags spare the agent the events its verdict does not wait
+// for. A healthy flow ends with FIN both ways; what it reports depends on
+// the service's flags when it began.
+func TestQuietFlags(t *testing.T) {
+	healthy := func(f *fixture, c netip.AddrPort) {
+		f.run(bpftest.TCP(c, vip, bpftest.SYN, nil))
+		f.run(bpftest.TCP(be1, c, bpftest.SYNACK, nil))
+		f.run(bpftest.TCP(be1, c, bpftest.ACK, []byte("hello")))
+		f.run(bpftest.TCP(c, vip, bpftest.FIN, nil))
+		f.run(bpftest.TCP(be1, c, bpftest.FIN, nil))
+	}
+	for _, tc := range []struct {
+		name  string
+		flags uint32
+		want  []uint8
+	}{
+		{"none: everything", 0, []uint8{evNewFlow, evEstablished, evFirstData, evFlowEnd}},
+		{"verdict at first data", maps.ServiceQuietEnd, []uint8{evNewFlow, evEstablished, evFirstData}},
+		{"verdict at the SYN-ACK", maps.ServiceQuietData | maps.ServiceQuietEnd, []uint8{evNewFlow, evEstablished}},
+		{"verdict at the end", maps.ServiceQuietData, []uint8{evNewFlow, evEstablished, evFlowEnd}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.svc.Flags = tc.flags
+			f.table(id1)
+			healthy(f, client)
+			var want []event
+			for _, typ := range tc.want {
+				want = append(want, ev(typ, 0, id1, client))
+			}
+			f.wantEvents(want...)
+		})
+	}
+	// An undecided flow still reports its end, whatever the flags: the
+	// client gave up before an answer (an inconclusive probe, for one),
+	// or the backend closed before sending data.
+	f := newFixture(t)
+	f.svc.Flags = maps.ServiceQuietEnd
+	f.table(id1)
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(client, vip, bpftest.RST, nil))
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evFlowEnd, evfClient, id1, client))
+	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, client2, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(be1, client2, bpftest.FIN, nil))
+	f.run(bpftest.TCP(client2, vip, bpftest.FIN, nil))
+	f.wantEvents(ev(evNewFlow, 0, id1, client2), ev(evEstablished, 0, id1, client2), ev(evFlowEnd, evfClient, id1, client2))
 }
 
 func TestSynRetransmitIsReportedOnce(t *testing.T) {
@@ -586,7 +637,7 @@ func TestRefusedProbeIsRescued(t *testing.T) {
 	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.RST, nil)); ret != bpftest.XDPDrop {
 		t.Fatalf("the refused probe's RST was not kept from the client: verdict %d", ret)
 	}
-	f.wantEvents(ev(evNewFlow, evfProbe, id1, client), ev(evRefused, evfProbe, id1, client), ev(evFlowEnd, 0, id1, client))
+	f.wantEvents(ev(evNewFlow, evfProbe, id1, client), ev(evRefused, evfProbe, id1, client))
 
 	// The agent ejects it again; the client retransmits its SYN.
 	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendEjected, 0)))
@@ -661,7 +712,7 @@ func TestRetryRefusedSendsTheRetransmissionElsewhere(t *testing.T) {
 	if p.Dst != be2 {
 		t.Fatalf("retransmitted SYN went to %v, want the other backend %v", p.Dst, be2)
 	}
-	f.wantEvents(ev(evRefused, 0, id1, client), ev(evFlowEnd, 0, id1, client), ev(evNewFlow, evfRepick, id2, client))
+	f.wantEvents(ev(evRefused, 0, id1, client), ev(evNewFlow, evfRepick, id2, client))
 	// Refused again: once per connection, so this time the client hears it.
 	if ret, out := bpftest.Run(t, f.PbXdp, bpftest.TCP(be2, client, bpftest.RST, nil)); ret != bpftest.XDPPass || len(out) == 0 {
 		t.Fatalf("the second refusal was kept from the client too: verdict %d", ret)

@@ -42,9 +42,18 @@ func (s BackendState) String() string {
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
 
-// ServiceRetryRefused is PB_SVC_F_RETRY_REFUSED in pb_services flags: a
-// refused new flow of the service gets one more try on another backend.
-const ServiceRetryRefused uint32 = 0x1
+// pb_services flags.
+const (
+	// ServiceRetryRefused: a refused new flow of the service gets one more
+	// try on another backend.
+	ServiceRetryRefused = uint32(bpf.LbPbSvcFlagPB_SVC_F_RETRY_REFUSED)
+	// ServiceQuietData: the datapath reports no FIRST_DATA for the
+	// service's flows (the agent's verdict does not wait for data).
+	ServiceQuietData = uint32(bpf.LbPbSvcFlagPB_SVC_F_QUIET_DATA)
+	// ServiceQuietEnd: no FLOW_END for a flow whose verdict is known (its
+	// SYN-ACK seen, and its first data unless ServiceQuietData).
+	ServiceQuietEnd = uint32(bpf.LbPbSvcFlagPB_SVC_F_QUIET_END)
+)
 
 // Values of pb_ports bits, PB_AF_*, pb_config flags and event types.
 const (

@@ -148,7 +148,7 @@ func TestApplyNewServices(t *testing.T) {
 		}
 		inOrder(t, ops, "fill, then the first entry", fill(s.ID, 0), flip(s.ID, 0, testTableSize))
 		want2 := bpf.LbSvcValue{Id: s.ID, Table: 0, TableSize: testTableSize, MaxInflight: spec.MaxInflight,
-			MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.Backends))}
+			MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.Backends)), Flags: quietFlags(&spec)}
 		if got := e.f.services[keyOf(spec.Key)]; got != want2 {
 			t.Errorf("pb_services[%s] = %+v, want %+v", spec.Key, got, want2)
 		}

@@ -326,7 +326,7 @@ func TestFirstServiceEntry(t *testing.T) {
 				if c := count(ops, kindIs(opUpsertService)); c != 1 || ops[len(ops)-1].Kind != opUpsertService {
 					t.Errorf("first ProgramService: %d pb_services writes, want exactly one, last: %s", c, opsString(ops))
 				}
-				want := bpf.LbSvcValue{Id: s.ID, MaxInflight: 200, MaxInflightPerBackend: 20}
+				want := bpf.LbSvcValue{Id: s.ID, MaxInflight: 200, MaxInflightPerBackend: 20, Flags: quietFlags(&web)}
 				if admit == "all" {
 					want.TableSize, want.BackendCount = testTableSize, 3
 					inOrder(t, ops, "fill, then the entry", fill(s.ID, 0), flip(s.ID, 0, testTableSize))
@@ -362,7 +362,7 @@ func TestFirstServiceEntry(t *testing.T) {
 		e.apply(empty)
 		ops := e.f.takeOps()
 		s := e.service(empty.Key)
-		want := bpf.LbSvcValue{Id: s.ID, Table: 0, TableSize: 0, MaxInflight: 5}
+		want := bpf.LbSvcValue{Id: s.ID, Table: 0, TableSize: 0, MaxInflight: 5, Flags: quietFlags(&empty)}
 		if got, ok := e.f.services[keyOf(empty.Key)]; !ok || got != want {
 			t.Errorf("pb_services = %+v (present %v), want %+v", got, ok, want)
 		}

@@ -6,8 +6,10 @@ import (
 	"slices"
 
 	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/maglev"
 	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
 // ProgramService writes a service's admission into the kernel: backend
@@ -146,6 +148,7 @@ func (r *Reconciler) writeService(s *Service, n, tableSize uint32) error {
 	if spec.RetryRefused {
 		v.Flags |= maps.ServiceRetryRefused
 	}
+	v.Flags |= quietFlags(spec)
 	if v == s.value {
 		return nil
 	}
@@ -201,4 +204,22 @@ func (r *Reconciler) build(ids []uint32, size uint32) ([]uint32, error) {
 		out[i] = ids[idx]
 	}
 	return out, nil
+}
+
+// quietFlags spares the agent the events its verdicts on s's flows do not
+// need: each is a ring buffer record to read and classify, and a healthy
+// connection otherwise costs four. What the verdict waits for is the
+// tracker's Settle, from the same settings.
+func quietFlags(s *desired.Service) uint32 {
+	pol := outcomes.PolicyFor(s.Accrual, s.Key.Protocol == desired.TCP)
+	if !pol.Tracked {
+		return maps.ServiceQuietData | maps.ServiceQuietEnd // no verdicts at all
+	}
+	switch pol.Settle {
+	case outcomes.SettleOnSynAck:
+		return maps.ServiceQuietData | maps.ServiceQuietEnd
+	case outcomes.SettleOnData:
+		return maps.ServiceQuietEnd
+	}
+	return 0 // SettleOnEnd: a normal close is the success
 }

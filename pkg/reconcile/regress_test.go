@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -212,7 +213,7 @@ func TestRetryRefusedFlagFollowsTheService(t *testing.T) {
 	e.prepare() // the spare table, so that only the flag change is left to write
 	s := e.service(web.Key)
 	key := pbmaps.ServiceKey(web.Key.VIP, web.Key.Port, uint8(web.Key.Protocol))
-	if got := e.f.services[key].Flags; got != pbmaps.ServiceRetryRefused {
+	if got := e.f.services[key].Flags; got&pbmaps.ServiceRetryRefused == 0 {
 		t.Fatalf("pb_services flags %#x, want retry-refused", got)
 	}
 	e.f.takeOps()
@@ -222,12 +223,42 @@ func TestRetryRefusedFlagFollowsTheService(t *testing.T) {
 	if len(ops) != 1 || count(ops, kindIs(opUpsertService)) != 1 {
 		t.Fatalf("turning retryRefused off wrote %s, want one service entry", opsString(ops))
 	}
-	if got := e.f.services[key]; got.Flags != 0 || got != s.value {
-		t.Fatalf("pb_services value %+v after turning it off, want flags 0 and the rest as before", got)
+	if got := e.f.services[key]; got.Flags&pbmaps.ServiceRetryRefused != 0 || got != s.value {
+		t.Fatalf("pb_services value %+v after turning it off, want no retry-refused and the rest as before", got)
 	}
 	// Applying the same again writes nothing.
 	e.apply(web)
 	if ops := e.f.takeOps(); len(ops) != 0 {
 		t.Fatalf("second apply wrote %s", opsString(ops))
+	}
+}
+
+// The quiet flags follow what the service's verdicts wait for: data when
+// resets before data count, the end when resets after data count, the
+// SYN-ACK otherwise; untracked services need no events at all.
+func TestQuietFlagsFollowTheSettings(t *testing.T) {
+	both := pbmaps.ServiceQuietData | pbmaps.ServiceQuietEnd
+	for _, tc := range []struct {
+		name  string
+		kinds accrual.Kinds
+		mode  accrual.Mode
+		udp   bool
+		want  uint32
+	}{
+		{"resets count: verdict at first data", accrual.KindsOf(accrual.KindRefused, accrual.KindReset), accrual.ModeConsecutive, false, pbmaps.ServiceQuietEnd},
+		{"resets after data count: verdict at the end", accrual.KindsOf(accrual.KindReset, accrual.KindResetAfterData), accrual.ModeFailureRate, false, 0},
+		{"no resets: verdict at the SYN-ACK", accrual.KindsOf(accrual.KindRefused, accrual.KindTimeout), accrual.ModeUnified, false, both},
+		{"accrual off", accrual.KindsOf(accrual.KindReset), accrual.ModeNone, false, both},
+		{"UDP", accrual.KindsOf(accrual.KindReset), accrual.ModeConsecutive, true, both},
+	} {
+		s := svc("web", vip1, 80)
+		s.Accrual = accrual.Defaults()
+		s.Accrual.Mode, s.Accrual.FailureKinds = tc.mode, tc.kinds
+		if tc.udp {
+			s.Key.Protocol = desired.UDP
+		}
+		if got := quietFlags(&s); got != tc.want {
+			t.Errorf("%s: flags %#x, want %#x", tc.name, got, tc.want)
+		}
 	}
 }
