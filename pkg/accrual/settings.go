@@ -221,6 +221,28 @@ func (s Settings) Validate() error {
 	return s.validateWindow()
 }
 
+// partners names, for each field that Validate checks against another,
+// that other field (config-file names). It mirrors Validate's cross-field
+// rules, so that the config and annotation layers can put an error on the
+// field that was actually set.
+var partners = map[string]string{
+	"minPenalty":           "maxPenalty",
+	"maxPenalty":           "minPenalty",
+	"failureKinds":         "mode",
+	"minCalls":             "windowCalls",
+	"slowConnectThreshold": "connectTimeout",
+	// Not a field of Settings: config files and annotations may write
+	// failureRateThreshold as its complement, successRateThreshold.
+	"failureRateThreshold": "successRateThreshold",
+}
+
+// Partner returns the field Validate checks field against, if any: an
+// error on field may be the doing of a setting of the partner.
+func Partner(field string) (string, bool) {
+	p, ok := partners[field]
+	return p, ok
+}
+
 // validateWindow checks the window rules' settings. They are checked
 // whatever the mode, so a setting written for later is already right.
 func (s Settings) validateWindow() error {

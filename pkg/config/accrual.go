@@ -37,21 +37,6 @@ type rawAccrual struct {
 	OutlierMinCalls          *int      `json:"outlierMinCalls"`
 }
 
-// partner names, for each field that accrual.Settings.Validate checks
-// against another, that other field. When a block inherits the field
-// Validate complains about but sets its partner, the error goes to the
-// partner: a service that sets only maxPenalty: 500ms against an inherited
-// minPenalty of 1s is wrong in its maxPenalty line. Mirrors Validate's
-// cross-field rules.
-var partner = map[string]string{
-	"minPenalty":           "maxPenalty",
-	"maxPenalty":           "minPenalty",
-	"failureKinds":         "mode",
-	"minCalls":             "windowCalls",
-	"slowConnectThreshold": "connectTimeout",
-	"failureRateThreshold": "successRateThreshold",
-}
-
 // resolve overlays the fields r sets onto base, field by field, and
 // validates the result. base must be valid: then any error is r's doing and
 // is reported at a path inside r (path is r's own, e.g.
@@ -168,7 +153,7 @@ func (r *rawAccrual) report(path string, err error, errs *errList) {
 		errs.add(path+"."+fe.Field, v, fe.Msg)
 		return
 	}
-	if p, ok := partner[fe.Field]; ok {
+	if p, ok := accrual.Partner(fe.Field); ok {
 		if v, ok := r.lookup(p); ok {
 			errs.add(path+"."+p, v, "conflicts with inherited "+fe.Error())
 			return

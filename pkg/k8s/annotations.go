@@ -223,19 +223,6 @@ func limitSetter(field func(*Settings) *uint32) func(*Settings, string) error {
 	}
 }
 
-// partner names, for each field that accrual.Settings.Validate checks
-// against another, that other field, so a cross-field error lands on the
-// annotation that was actually set. pkg/config keeps the same table for
-// config files; both mirror Validate's cross-field rules.
-var partner = map[string]string{
-	"minPenalty":           "maxPenalty",
-	"maxPenalty":           "minPenalty",
-	"failureKinds":         "mode",
-	"minCalls":             "windowCalls",
-	"slowConnectThreshold": "connectTimeout",
-	"failureRateThreshold": "successRateThreshold",
-}
-
 // AnnotationError is one invalid annotation: the key as written on the
 // Service (ours or Linkerd's spelling), its value and what is wrong.
 type AnnotationError struct {
@@ -290,7 +277,7 @@ func ParseAnnotations(ann map[string]string, base Settings) (Settings, []*Annota
 		if key, ok := keys[field]; ok {
 			return base, []*AnnotationError{{key, values[field], fe.Msg}}
 		}
-		if p, ok := partner[field]; ok {
+		if p, ok := accrual.Partner(field); ok {
 			if key, ok := keys[p]; ok {
 				return base, []*AnnotationError{{key, values[p], "conflicts with the default of " + keyOf(field) + " (" + fe.Error() + ")"}}
 			}
