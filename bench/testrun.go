@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/internal/csum"
 )
 
 // progRunAttr is the BPF_PROG_TEST_RUN member of union bpf_attr. cilium/ebpf
@@ -121,29 +122,8 @@ func (p frame) setSrc(a netip.AddrPort) {
 func (p frame) fixChecksums() {
 	ip := p[14:34]
 	binary.BigEndian.PutUint16(ip[10:], 0)
-	binary.BigEndian.PutUint16(ip[10:], ^fold(sum16(ip, 0)))
-	totLen := int(binary.BigEndian.Uint16(ip[2:]))
-	l4 := p[34 : 14+totLen]
-	binary.BigEndian.PutUint16(p[offTCPCsum:], 0)
-	ps := sum16(ip[12:20], 0) + uint32(ip[9]) + uint32(len(l4))
-	binary.BigEndian.PutUint16(p[offTCPCsum:], ^fold(sum16(l4, ps)))
-}
-
-func sum16(b []byte, s uint32) uint32 {
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	return s
-}
-
-func fold(s uint32) uint16 {
-	for s > 0xffff {
-		s = (s & 0xffff) + (s >> 16)
-	}
-	return uint16(s)
+	binary.BigEndian.PutUint16(ip[10:], ^csum.Fold(csum.Sum(ip, 0)))
+	csum.SetTCP4(p)
 }
 
 func dstOf(p []byte) netip.AddrPort {

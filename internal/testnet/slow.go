@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/penaltybox/penaltybox/internal/csum"
 	"github.com/penaltybox/penaltybox/internal/testnet/synackdelay"
 )
 
@@ -135,28 +136,10 @@ func heldFrame(rec []byte) ([]byte, bool) {
 		return nil, false
 	}
 	f := append([]byte(nil), rec[4:4+n]...)
-	seg := f[eth+ip:]
-	tot := int(binary.BigEndian.Uint16(f[eth+2:]))
-	if tot < ip+tcp || eth+tot > n {
+	if tot := int(binary.BigEndian.Uint16(f[eth+2:])); tot < ip+tcp || eth+tot > n {
 		return nil, false
 	}
-	seg = seg[:tot-ip]
-	seg[16], seg[17] = 0, 0
-	sum := uint32(0)
-	for i := 0; i < 8; i += 2 { // source and destination addresses
-		sum += uint32(binary.BigEndian.Uint16(f[eth+12+i:]))
-	}
-	sum += unix.IPPROTO_TCP + uint32(len(seg))
-	for i := 0; i+1 < len(seg); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(seg[i:]))
-	}
-	if len(seg)%2 == 1 {
-		sum += uint32(seg[len(seg)-1]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(seg[16:], ^uint16(sum))
+	csum.SetTCP4(f)
 	return f, true
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/internal/csum"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -572,17 +573,7 @@ func finish(pkt []byte, csumOff int) {
 	ip := pkt[14:]
 	ihl := int(ip[0]&0xf) * 4
 	seg := ip[ihl:binary.BigEndian.Uint16(ip[2:])]
-	s := uint32(0)
-	for i := 0; i+1 < len(seg); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(seg[i:]))
-	}
-	if len(seg)%2 == 1 {
-		s += uint32(seg[len(seg)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s&0xffff + s>>16
-	}
-	binary.BigEndian.PutUint16(pkt[csumOff:], ^uint16(s))
+	binary.BigEndian.PutUint16(pkt[csumOff:], ^csum.Fold(csum.Sum(seg, 0)))
 }
 
 func TestPartialChecksumFromLocalSenders(t *testing.T) {
