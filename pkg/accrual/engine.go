@@ -145,7 +145,7 @@ func sanitize(s Settings) Settings {
 		s.Window = d.Window
 	}
 	s.WindowCalls = min(max(s.WindowCalls, 0), maxWindowCalls)
-	s.MinCalls = max(s.MinCalls, 1)
+	s.MinCalls = min(max(s.MinCalls, 1), maxWindowCalls)
 	if !(s.FailureRateThreshold > 0 && s.FailureRateThreshold < 1) {
 		s.FailureRateThreshold = d.FailureRateThreshold
 	}
@@ -157,7 +157,6 @@ func sanitize(s Settings) Settings {
 		s.OutlierStdevFactor = d.OutlierStdevFactor
 	}
 	s.OutlierMinHosts = max(s.OutlierMinHosts, 2)
-	s.MinCalls = min(s.MinCalls, maxWindowCalls)
 	s.OutlierMinCalls = min(max(s.OutlierMinCalls, 1), maxWindowCalls)
 	return s
 }

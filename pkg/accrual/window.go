@@ -11,6 +11,12 @@ type tally struct {
 	calls, failures, slow uint32
 }
 
+func (t *tally) add(o tally) {
+	t.calls += o.calls
+	t.failures += o.failures
+	t.slow += o.slow
+}
+
 func (t *tally) sub(o tally) {
 	t.calls -= o.calls
 	t.failures -= o.failures
@@ -86,16 +92,11 @@ func (w *window) add(s *Settings, now time.Time, failed, slow bool) {
 	} else if slow {
 		t.slow = 1
 	}
-	b := &w.b[w.cur]
-	if b.calls == math.MaxUint32 {
+	if w.b[w.cur].calls == math.MaxUint32 {
 		return // saturated: a bucket cannot overflow into nonsense
 	}
-	b.calls += t.calls
-	b.failures += t.failures
-	b.slow += t.slow
-	w.sum.calls += t.calls
-	w.sum.failures += t.failures
-	w.sum.slow += t.slow
+	w.b[w.cur].add(t)
+	w.sum.add(t)
 }
 
 // addCounted puts one connection into a count window of n, pushing out
@@ -170,21 +171,10 @@ func (t tally) snapshot() WindowSnapshot {
 
 // view is w's tally as of now, without changing w: what roll would leave.
 func (w *window) view(s *Settings, now time.Time) tally {
-	if s.WindowCalls > 0 || w.start.IsZero() {
-		return w.sum
-	}
-	gone := now.Sub(w.start) / width(s)
-	if gone <= 0 {
-		return w.sum
-	}
-	if gone >= WindowBuckets {
-		return tally{}
-	}
-	t := w.sum
-	for i := 1; i <= int(gone); i++ {
-		t.sub(w.b[(int(w.cur)+i)%WindowBuckets])
-	}
-	return t
+	c := *w
+	c.failed, c.slowed = nil, nil // roll never reads them; the copy must not clear w's
+	c.roll(s, now)
+	return c.sum
 }
 
 // judgeOutliers applies the outlier rule to service s at now: among its
@@ -196,7 +186,6 @@ func (e *Engine) judgeOutliers(s *service, now time.Time) {
 	type host struct {
 		id   uint32
 		rate float64
-		t    tally
 	}
 	var hosts []host
 	for _, id := range s.members {
@@ -209,7 +198,7 @@ func (e *Engine) judgeOutliers(s *service, now time.Time) {
 		if t.calls < uint32(s.st.OutlierMinCalls) {
 			continue
 		}
-		hosts = append(hosts, host{id, float64(t.calls-t.failures) / float64(t.calls), t})
+		hosts = append(hosts, host{id, float64(t.calls-t.failures) / float64(t.calls)})
 	}
 	if len(hosts) < s.st.OutlierMinHosts {
 		return
