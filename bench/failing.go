@@ -51,10 +51,7 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 		sRef  = "refusing"
 		sDrop = "dropping SYNs"
 	)
-	variants := []struct {
-		name  string
-		start func() (lb, error)
-	}{
+	variants := []lbVariant{
 		{vNft, r.nftables},
 		{vHAP, func() (lb, error) { return r.haproxy(hapOpts{passive: true, errorLimit: maxFailures}) }},
 		{vPB, func() (lb, error) { return r.penaltybox(false, pbAccrual) }},
@@ -74,28 +71,10 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 	for round := range o.Rounds {
 		for _, sc := range scenarios {
 			for _, v := range variants {
-				l, err := r.fresh(v.name, v.start)
+				rs, err := r.badRun(v, func() error { return bad.SetMode(sc.mode) }, func() error { return bad.SetMode(testnet.Serve) },
+					o.Rate, o.Duration, nil)
 				if err != nil {
-					return err
-				}
-				if err := bad.SetMode(sc.mode); err != nil {
-					l.stop()
-					return err
-				}
-				rs, err := testnet.Load(context.Background(), r.topo.Client, testnet.LoadSpec{
-					Target: vipTarget, Rate: o.Rate, Duration: o.Duration,
-					// Long enough for one SYN retransmission (1 s).
-					ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second,
-				})
-				serr := bad.SetMode(testnet.Serve)
-				if lerr := l.stop(); lerr != nil && serr == nil {
-					serr = lerr
-				}
-				if err != nil {
-					return fmt.Errorf("%s/%s: load: %w", sc.name, v.name, err)
-				}
-				if serr != nil {
-					return serr
+					return fmt.Errorf("%s/%s: %w", sc.name, v.name, err)
 				}
 				all := rs.SuccessRate()
 				after, ok := rs.AfterFailures(maxFailures)
@@ -170,6 +149,42 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 		res.target("failing", sc.name+fmt.Sprintf(": penaltybox success rate after the first %d failures ≥ 99.9%%", maxFailures), pbAfter, 99.9, false, "%.3f%%")
 	}
 	return nil
+}
+
+// lbVariant is a load balancer a failing-part run starts afresh.
+type lbVariant struct {
+	name  string
+	start func() (lb, error)
+}
+
+// badRun is one failing-part run: a fresh v, backend b3 spoiled by spoil
+// and healed by heal around an open-loop load of rate for d (connect and
+// response timeouts of 3 s: room for one SYN retransmission). inspect, if
+// set, sees the results while v still runs.
+func (r *rig) badRun(v lbVariant, spoil, heal func() error, rate float64, d time.Duration, inspect func(lb, testnet.Results)) (testnet.Results, error) {
+	l, err := r.fresh(v.name, v.start)
+	if err != nil {
+		return nil, err
+	}
+	if err := spoil(); err != nil {
+		l.stop()
+		return nil, err
+	}
+	rs, err := testnet.Load(context.Background(), r.topo.Client, testnet.LoadSpec{
+		Target: vipTarget, Rate: rate, Duration: d,
+		ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second,
+	})
+	if err == nil && inspect != nil {
+		inspect(l, rs)
+	}
+	herr := heal()
+	if lerr := l.stop(); lerr != nil && herr == nil {
+		herr = lerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load: %w", err)
+	}
+	return rs, herr
 }
 
 func sortFailing(res *Results) {

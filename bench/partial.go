@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -30,10 +29,7 @@ func runPartial(r *rig, res *Results, o failingOpts, logf func(string, ...any)) 
 		vRate = "penaltybox, failure-rate"
 		vRR   = "penaltybox, failure-rate + retryRefused"
 	)
-	variants := []struct {
-		name  string
-		start func() (lb, error)
-	}{
+	variants := []lbVariant{
 		{vNft, r.nftables},
 		{vHAP, func() (lb, error) { return r.haproxy(hapOpts{passive: true, errorLimit: maxFailures}) }},
 		{vCons, func() (lb, error) { return r.penaltybox(false, pbAccrual) }},
@@ -50,33 +46,19 @@ func runPartial(r *rig, res *Results, o failingOpts, logf func(string, ...any)) 
 	bad := r.topo.Backend(3)
 	for round := range o.Rounds {
 		for _, v := range variants {
-			l, err := r.fresh(v.name, v.start)
+			eject, ours := -1.0, false
+			rs, err := r.badRun(v, func() error { return bad.RefuseShare(partialShare) }, func() error { return bad.RefuseShare(0) },
+				o.Rate, d, func(l lb, rs testnet.Results) {
+					pb, ok := l.(*pbLB)
+					ours = ok
+					if ok && len(rs) > 0 {
+						if at, ok := firstEjection(pb.a.LogPath()); ok {
+							eject = at.Sub(rs[0].Scheduled).Seconds()
+						}
+					}
+				})
 			if err != nil {
-				return err
-			}
-			if err := bad.RefuseShare(partialShare); err != nil {
-				l.stop()
-				return err
-			}
-			rs, err := testnet.Load(context.Background(), r.topo.Client, testnet.LoadSpec{
-				Target: vipTarget, Rate: o.Rate, Duration: d,
-				ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second,
-			})
-			eject := -1.0
-			if pb, ok := l.(*pbLB); ok && err == nil && len(rs) > 0 {
-				if at, ok := firstEjection(pb.a.LogPath()); ok {
-					eject = at.Sub(rs[0].Scheduled).Seconds()
-				}
-			}
-			serr := bad.RefuseShare(0)
-			if lerr := l.stop(); lerr != nil && serr == nil {
-				serr = lerr
-			}
-			if err != nil {
-				return fmt.Errorf("%s/%s: load: %w", sPartial, v.name, err)
-			}
-			if serr != nil {
-				return serr
+				return fmt.Errorf("%s/%s: %w", sPartial, v.name, err)
 			}
 			add := func(what, unit string, x float64, digits int) {
 				f := res.figure("failing", sPartial+": "+v.name+": "+what, unit)
@@ -87,7 +69,7 @@ func runPartial(r *rig, res *Results, o failingOpts, logf func(string, ...any)) 
 			add("success rate, all connections", "%", 100*rs.SuccessRate(), 2)
 			add(fmt.Sprintf("success rate after the first %v", settle), "%", 100*after.SuccessRate(), 3)
 			add("failed connections", "count", float64(rs.Failures()), 0)
-			if _, ok := l.(*pbLB); ok {
+			if ours {
 				if eject < 0 {
 					eject = d.Seconds() // never ejected within the run
 				}
