@@ -27,8 +27,8 @@ const (
 // consecutive reports whether m ejects on a streak of failures.
 func (m Mode) consecutive() bool { return m == ModeConsecutive || m == ModeUnified }
 
-// rate reports whether m ejects on the window's failure rate.
-func (m Mode) rate() bool { return m == ModeFailureRate || m == ModeUnified }
+// RatesFailures reports whether m ejects on the window's failure rate.
+func (m Mode) RatesFailures() bool { return m == ModeFailureRate || m == ModeUnified }
 
 // WindowBuckets is how many buckets a window has: it forgets its oldest
 // tenth at a time, as Linkerd's and Resilience4j's windows do.
@@ -138,7 +138,7 @@ type Settings struct {
 
 // Windowed reports whether s needs a window of recent connections.
 func (s *Settings) Windowed() bool {
-	return s.Mode != ModeNone && (s.Mode.rate() || s.SlowConnectThreshold > 0 || s.Outliers)
+	return s.Mode != ModeNone && (s.Mode.RatesFailures() || s.SlowConnectThreshold > 0 || s.Outliers)
 }
 
 // Defaults follow Linkerd's consecutive failure accrual

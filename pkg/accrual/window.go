@@ -146,7 +146,7 @@ func windowDue(s *Settings, w *window) (rate, slow bool) {
 	if w == nil || w.sum.calls < uint32(s.MinCalls) {
 		return false, false
 	}
-	rate = s.Mode.rate() && over(w.sum.failures, w.sum.calls, s.FailureRateThreshold)
+	rate = s.Mode.RatesFailures() && over(w.sum.failures, w.sum.calls, s.FailureRateThreshold)
 	slow = s.SlowConnectThreshold > 0 && over(w.sum.slow, w.sum.calls, s.SlowConnectRateThreshold)
 	return rate, slow
 }

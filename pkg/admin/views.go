@@ -142,7 +142,7 @@ func ThresholdsOf(s accrual.Settings) *Thresholds {
 	if !s.Windowed() {
 		return nil
 	}
-	rate := s.Mode == accrual.ModeFailureRate || s.Mode == accrual.ModeUnified
+	rate := s.Mode.RatesFailures()
 	t := &Thresholds{Window: s.Window.String(), WindowCalls: s.WindowCalls, MinCalls: s.MinCalls}
 	if rate {
 		t.FailureRate = s.FailureRateThreshold
