@@ -236,6 +236,15 @@ var partners = map[string]string{
 	"failureRateThreshold": "successRateThreshold",
 }
 
+// FailureRateFor turns a success-rate threshold (Linkerd's spelling of the
+// failure-rate rule) into FailureRateThreshold, to twelve places: 1 − 0.8
+// is 0.2, not 0.19999999999999996. ok is false unless both are within
+// (0, 1).
+func FailureRateFor(success float64) (rate float64, ok bool) {
+	rate = math.Round((1-success)*1e12) / 1e12
+	return rate, success > 0 && success < 1 && rate > 0 && rate < 1
+}
+
 // Partner returns the field Validate checks field against, if any: an
 // error on field may be the doing of a setting of the partner.
 func Partner(field string) (string, bool) {

@@ -2,7 +2,6 @@ package config
 
 import (
 	"errors"
-	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -74,10 +73,13 @@ func (r *rawAccrual) resolve(path string, base accrual.Settings, errs *errList) 
 		switch v := *r.SuccessRateThreshold; {
 		case r.FailureRateThreshold != nil:
 			errs.add(path+".successRateThreshold", showRaw(reflect.ValueOf(v)), "set either failureRateThreshold or successRateThreshold (1 − the other), not both")
-		case !(v > 0 && v < 1) || !(rateOf(v) > 0 && rateOf(v) < 1):
-			errs.add(path+".successRateThreshold", showRaw(reflect.ValueOf(v)), "must be within (0, 1), e.g. 0.8")
 		default:
-			s.FailureRateThreshold = rateOf(v)
+			rate, ok := accrual.FailureRateFor(v)
+			if !ok {
+				errs.add(path+".successRateThreshold", showRaw(reflect.ValueOf(v)), "must be within (0, 1), e.g. 0.8")
+				break
+			}
+			s.FailureRateThreshold = rate
 		}
 	}
 	setDuration(&s.SlowConnectThreshold, r.SlowConnectThreshold, path+".slowConnectThreshold", errs)
@@ -95,10 +97,6 @@ func (r *rawAccrual) resolve(path string, base accrual.Settings, errs *errList) 
 	}
 	return s, true
 }
-
-// rateOf turns a success-rate threshold into the failure-rate one, to
-// twelve places: 1 − 0.8 is 0.2, not 0.19999999999999996.
-func rateOf(success float64) float64 { return math.Round((1-success)*1e12) / 1e12 }
 
 // set overlays a field the block sets.
 func set[T any](dst *T, src *T) {

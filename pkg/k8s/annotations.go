@@ -3,7 +3,6 @@ package k8s
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -142,8 +141,8 @@ var annotations = []annotation{
 	{AnnotationFailureRateThreshold, "failureRateThreshold", false, "", ratioSetter(func(s *accrual.Settings) *float64 { return &s.FailureRateThreshold })},
 	{AnnotationSuccessRateThreshold, "successRateThreshold", false, linkerdAlpha + "threshold", acc(func(s *accrual.Settings, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
-		rate := math.Round((1-f)*1e12) / 1e12 // 1 − 0.8 is 0.2, not 0.19999999999999996
-		if err != nil || !(f > 0 && f < 1) || !(rate > 0 && rate < 1) {
+		rate, ok := accrual.FailureRateFor(f)
+		if err != nil || !ok {
 			return errors.New("want a number within (0, 1), e.g. 0.8 (the failure-rate threshold is 1 minus it)")
 		}
 		s.FailureRateThreshold = rate
