@@ -22,7 +22,7 @@ import (
 func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	// client-go logs through klog: keep the agent's log one JSON stream.
 	klog.SetSlogLogger(log)
-	client, err := k8s.NewClient(o.kubeconfig, o.nodeName)
+	clients, err := k8s.NewClients(o.kubeconfig, o.nodeName)
 	if err != nil {
 		return err
 	}
@@ -56,12 +56,25 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	// 2. Desired state: the controller's first snapshot is complete (all
 	// caches synced), so a restarted agent never drops a service it had;
 	// applying it adopts the accrual state from before a restart.
-	ctrl := k8s.New(client, k8s.Options{
+	// BackendPolicies, when their CRD is installed; checked once, at start.
+	kopts := k8s.Options{
 		NodeName:        o.nodeName,
 		MaxInflight:     o.maxInflightDefault,
 		InvalidSettings: n.Metrics().InvalidSettings,
 		Logger:          log.With("component", "kubernetes"),
-	})
+	}
+	switch served, err := k8s.PoliciesServed(clients.Core.Discovery()); {
+	case err != nil:
+		return err
+	case !served:
+		log.Warn("BackendPolicy CRD not installed: Services are configured by annotations only; " +
+			"apply deploy/backendpolicy-crd.yaml and restart the agents to use policies")
+	default:
+		kopts.Policies = clients.Dynamic
+		kopts.Status = &k8s.StatusOptions{Client: clients.Core, Namespace: o.leaseNamespace, Identity: o.nodeName,
+			Leader: n.Metrics().PolicyStatusLeader, Writes: n.Metrics().PolicyStatusWrites}
+	}
+	ctrl := k8s.New(clients.Core, kopts)
 	ctrl.SetLocalAddrs(firstLinks.Addrs)
 	n.SetNotify(func(t agent.Transition) { ctrl.Notify(k8s.Transition(t)) })
 	states := make(chan desired.State)

@@ -17,6 +17,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -43,6 +44,9 @@ type options struct {
 	nodeIfaces     []string
 	nodeIfacesAuto bool
 	podIfaces      []string
+	// leaseNamespace holds the Lease that picks the one agent writing the
+	// BackendPolicies' status.
+	leaseNamespace string
 
 	metricsAddr string
 	bpffsRoot   string
@@ -91,6 +95,8 @@ func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.StringVar(&o.configPath, "config", "", "standalone mode: the YAML file with interfaces and services (SIGHUP reloads it)")
 	fs.StringVar(&o.nodeName, "node-name", "", "Kubernetes mode: this node's name (from the downward API); Services and EndpointSlices come from the API server")
+	fs.StringVar(&o.leaseNamespace, "lease-namespace", cmp.Or(os.Getenv("POD_NAMESPACE"), "penaltybox-system"),
+		"Kubernetes mode: namespace of the Lease that picks the one agent writing BackendPolicy status (default $POD_NAMESPACE, else penaltybox-system)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: the pod's service account)")
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")

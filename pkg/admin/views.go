@@ -179,11 +179,28 @@ type Endpoint struct {
 // and rejections. A rejection here is the node refusing a flow over the
 // limit; a backend's own refusal shows as a refused failure in
 // /admin/endpoints instead.
+//
+// The backend* and rejectedBackend* fields repeat the per-service figures
+// in the words and shapes of the gateway whose circuit breaker this one
+// follows (a "backend" there is a Service port here), maps keyed by
+// service name, so scripts written for its admin snapshot keep working.
 type CircuitBreakersView struct {
-	DefaultMaxInflight uint32           `json:"defaultMaxInflight"`
-	RejectedTotal      uint64           `json:"rejectedTotal"`
-	UntrackedTotal     uint64           `json:"untrackedTotal"`
-	Services           []CircuitBreaker `json:"services"`
+	DefaultMaxInflight uint32 `json:"defaultMaxInflight"`
+	// RejectedTotal counts every flow the node refused over a limit since
+	// the datapath was loaded, services since removed included.
+	RejectedTotal  uint64           `json:"rejectedTotal"`
+	UntrackedTotal uint64           `json:"untrackedTotal"`
+	Services       []CircuitBreaker `json:"services"`
+
+	// BackendMaxInflightRequests: each service's limit in force (0: none).
+	BackendMaxInflightRequests map[string]uint32 `json:"backendMaxInflightRequests"`
+	// BackendInflightCurrent: each service's live counted flows.
+	BackendInflightCurrent map[string]int64 `json:"backendInflightCurrent"`
+	// RejectedBackendByName: each service's flows refused over its
+	// limits (its own or its endpoints').
+	RejectedBackendByName map[string]uint64 `json:"rejectedBackendByName"`
+	// RejectedBackendTotal is the sum of RejectedBackendByName.
+	RejectedBackendTotal uint64 `json:"rejectedBackendTotal"`
 }
 
 // CircuitBreaker is one service's limits and live flows.

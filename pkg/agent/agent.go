@@ -227,6 +227,7 @@ func New(c Config) (*Agent, error) {
 	}
 	a.tracker = outcomes.NewTracker(a.policyOf)
 	a.metrics = metrics.New(a, a.log)
+	a.metrics.MaxInflightDefault.Set(float64(a.maxInflightDefault))
 	for _, t := range []outcomes.Type{outcomes.NewFlow, outcomes.Established, outcomes.Refused,
 		outcomes.Reset, outcomes.SynRetrans, outcomes.FlowEnd, outcomes.FirstData} {
 		a.eventTypes[t] = a.metrics.Events.WithLabelValues(t.String())

@@ -134,6 +134,7 @@ func (a *Agent) applyConfig(cfg *config.Config) error {
 	if cfg.MaxInflight != nil {
 		a.maxInflightDefault = *cfg.MaxInflight
 	}
+	a.metrics.MaxInflightDefault.Set(float64(a.maxInflightDefault))
 	a.apply(cfg.Desired())
 	a.mu.Unlock()
 	if err := a.PrefiltersWritten(); err != nil {

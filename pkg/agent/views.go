@@ -99,7 +99,9 @@ func (a *Agent) EndpointsView() admin.EndpointsView {
 func (a *Agent) CircuitBreakersView() admin.CircuitBreakersView {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	out := admin.CircuitBreakersView{DefaultMaxInflight: a.maxInflightDefault, Services: []admin.CircuitBreaker{}}
+	out := admin.CircuitBreakersView{DefaultMaxInflight: a.maxInflightDefault, Services: []admin.CircuitBreaker{},
+		BackendMaxInflightRequests: map[string]uint32{}, BackendInflightCurrent: map[string]int64{},
+		RejectedBackendByName: map[string]uint64{}}
 	if gs, err := a.stats.GlobalStats(); err == nil {
 		out.RejectedTotal = gs.InflightRejected
 		out.UntrackedTotal = gs.InflightUntracked
@@ -116,6 +118,10 @@ func (a *Agent) CircuitBreakersView() admin.CircuitBreakersView {
 			cb.Endpoints = append(cb.Endpoints, admin.EndpointFlows{Endpoint: b.Addr.String(), ID: id, Inflight: a.inflight.Backend(id)})
 		}
 		out.Services = append(out.Services, cb)
+		out.BackendMaxInflightRequests[cb.Service] = cb.MaxInflight
+		out.BackendInflightCurrent[cb.Service] = cb.Inflight
+		out.RejectedBackendByName[cb.Service] = cb.Rejected
+		out.RejectedBackendTotal += cb.Rejected
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,17 +97,23 @@ func decode(data []byte) (*rawConfig, error) {
 	default:
 		return nil, fmt.Errorf("top level: %s: want a mapping", show(tree))
 	}
+	return decodeShaped[rawConfig]("", j, tree)
+}
+
+// decodeShaped decodes JSON j, whose tree (decoded with UseNumber) is
+// given, into a T once checkShape has found nothing wrong at path.
+func decodeShaped[T any](path string, j []byte, tree any) (*T, error) {
 	var errs errList
-	checkShape("", tree, reflect.TypeFor[rawConfig](), &errs)
+	checkShape(path, tree, reflect.TypeFor[T](), &errs)
 	if err := errs.err(); err != nil {
 		return nil, err
 	}
-	var raw rawConfig
-	d = json.NewDecoder(bytes.NewReader(j))
+	var raw T
+	d := json.NewDecoder(bytes.NewReader(j))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&raw); err != nil {
 		// checkShape should have caught anything that gets here.
-		return nil, fmt.Errorf("internal error decoding config: %w", err)
+		return nil, fmt.Errorf("internal error decoding %s: %w", cmp.Or(path, "config"), err)
 	}
 	return &raw, nil
 }

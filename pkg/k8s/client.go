@@ -3,14 +3,27 @@ package k8s
 import (
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// NewClient connects with the kubeconfig file at path, or, when path is
+// Clients are the agent's connections to the API server.
+type Clients struct {
+	// Core reads and writes the built-in types (Services, EndpointSlices,
+	// Events, Leases) in protobuf.
+	Core kubernetes.Interface
+	// Dynamic reads BackendPolicies and writes their status, in JSON (a
+	// custom resource has no protobuf).
+	Dynamic dynamic.Interface
+}
+
+// NewClients connects with the kubeconfig file at path, or, when path is
 // empty, with the pod's service account (in-cluster config).
-func NewClient(path, nodeName string) (kubernetes.Interface, error) {
+func NewClients(path, nodeName string) (Clients, error) {
 	var cfg *rest.Config
 	var err error
 	if path != "" {
@@ -19,16 +32,39 @@ func NewClient(path, nodeName string) (kubernetes.Interface, error) {
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client config: %w", err)
+		return Clients{}, fmt.Errorf("kubernetes client config: %w", err)
 	}
 	cfg.UserAgent = "penaltybox-agent/" + nodeName
-	// Protobuf is cheaper than JSON for the API server and for us; every
-	// type the agent reads or writes is a built-in one that has it.
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	client, err := kubernetes.NewForConfig(cfg)
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		return Clients{}, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return client, nil
+	// Protobuf is cheaper than JSON for the API server and for us; every
+	// built-in type the agent reads or writes has it.
+	pb := rest.CopyConfig(cfg)
+	pb.ContentType = "application/vnd.kubernetes.protobuf"
+	pb.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	core, err := kubernetes.NewForConfig(pb)
+	if err != nil {
+		return Clients{}, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return Clients{Core: core, Dynamic: dyn}, nil
+}
+
+// PoliciesServed reports whether the API server serves BackendPolicies
+// (deploy/backendpolicy-crd.yaml is installed).
+func PoliciesServed(d discovery.DiscoveryInterface) (bool, error) {
+	rl, err := d.ServerResourcesForGroupVersion(PolicyGroup + "/" + PolicyVersion)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("discovery of %s/%s: %w", PolicyGroup, PolicyVersion, err)
+	}
+	for _, r := range rl.APIResources {
+		if r.Name == PolicyResource {
+			return true, nil
+		}
+	}
+	return false, nil
 }

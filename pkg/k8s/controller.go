@@ -22,6 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -63,9 +65,16 @@ type Options struct {
 	// MaxInflight is the circuit-breaker limit of Services without a
 	// penaltybox.io/max-inflight annotation (the --max-inflight-default).
 	MaxInflight uint32
-	// InvalidSettings counts rejected annotations by service and key
+	// InvalidSettings counts rejected annotations by service and key, and
+	// rejected policies by service and "BackendPolicy namespace/name"
 	// (penaltybox_invalid_settings_total); may be nil.
 	InvalidSettings *prometheus.CounterVec
+	// Policies reads BackendPolicies when set (nil: the CRD is not
+	// installed, and Services are configured by annotations alone).
+	Policies dynamic.Interface
+	// Status, when set, has the policies' status written by whichever
+	// agent holds a Lease (see StatusOptions).
+	Status *StatusOptions
 	// Recorder writes Events; nil means one writing to the API server with
 	// client-go's spam filter and aggregation (see NewRecorder).
 	Recorder record.EventRecorder
@@ -88,12 +97,20 @@ type Controller struct {
 	recorder record.EventRecorder
 	stopRec  func()
 	notes    chan Transition
+	// policyStore holds the BackendPolicies as the API server has them
+	// (nil without Options.Policies); statusQueue has the keys of those
+	// whose status may need a write.
+	policyStore cache.Store
+	dynFactory  dynamicinformer.DynamicSharedInformerFactory
+	statusQueue workqueue.TypedRateLimitingInterface[string]
 
 	mu      sync.Mutex
 	local   map[netip.Addr]bool // the node's own addresses (SetLocalAddrs)
 	entries map[string]*entry   // by Service key "namespace/name"
 	owner   map[string]string   // desired service name → Service key
-	dirty   chan struct{}       // capacity 1: something changed since the last snapshot
+	// policies are the decoded BackendPolicies, by key.
+	policies map[string]*BackendPolicy
+	dirty    chan struct{} // capacity 1: something changed since the last snapshot
 }
 
 // entry is what the controller knows of one Service.
@@ -107,6 +124,12 @@ type entry struct {
 	// reported are the invalid "key=value"s already announced by Event and
 	// metric, so each is announced once, not on every recomputation.
 	reported map[string]bool
+	// inForce are the settings programmed: lastGood with the winning
+	// policy over them. An invalid policy leaves them as they were.
+	inForce Settings
+	// badPolicy is the "namespace/name@resourceVersion" of the invalid
+	// policy last announced, so it is announced once.
+	badPolicy string
 }
 
 // New builds a controller on client. Nothing runs until Run.
@@ -140,6 +163,7 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 		notes:    make(chan Transition, 1024),
 		entries:  map[string]*entry{},
 		owner:    map[string]string{},
+		policies: map[string]*BackendPolicy{},
 		dirty:    make(chan struct{}, 1),
 	}
 	if c.recorder == nil {
@@ -163,6 +187,9 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 		DeleteFunc: c.enqueueSlice,
 	})
 	c.synced = []cache.InformerSynced{svcInformer.HasSynced, sliceInformer.HasSynced}
+	if opts.Policies != nil {
+		c.watchPolicies(opts.Policies)
+	}
 	return c
 }
 
@@ -173,6 +200,9 @@ func (c *Controller) enqueueService(obj any) {
 		return
 	}
 	c.queue.Add(key)
+	// A Service appearing, going or changing its annotations can change
+	// the verdicts of the policies that target it.
+	c.policyStatusFor(key)
 }
 
 // enqueueSlice queues the Service a slice belongs to.
@@ -202,7 +232,11 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	go c.eventLoop(ctx)
 	c.factory.Start(ctx.Done())
 	defer c.factory.Shutdown()
-	c.log.Info("waiting for the Service and EndpointSlice caches")
+	if c.dynFactory != nil {
+		c.dynFactory.Start(ctx.Done())
+		defer c.dynFactory.Shutdown()
+	}
+	c.log.Info("waiting for the Service, EndpointSlice and BackendPolicy caches", "policies", c.dynFactory != nil)
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return nil // ctx ended
 	}
@@ -235,6 +269,10 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 		for c.processNext() {
 		}
 	}()
+	if c.statusQueue != nil && c.opts.Status != nil {
+		defer c.statusQueue.ShutDown()
+		go c.leadPolicyStatus(ctx)
+	}
 	c.publish(ctx, out, first)
 	return nil
 }
@@ -321,10 +359,10 @@ func (c *Controller) sync(key string) error {
 		if e != nil {
 			c.forget(key, e)
 		}
-		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight)}
+		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight), inForce: DefaultSettings(c.opts.MaxInflight)}
 		c.entries[key] = e
 	}
-	settings := c.settings(svc, key, e)
+	settings := c.withPolicy(key, c.settings(svc, key, e), e)
 	services, hostLocal := Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Addrs: c.local})
 	if !slices.Equal(hostLocal, e.hostLocal) {
 		if len(hostLocal) > 0 {
@@ -389,6 +427,33 @@ func (c *Controller) forget(key string, e *entry) {
 	if c.opts.InvalidSettings != nil {
 		c.opts.InvalidSettings.DeletePartialMatch(prometheus.Labels{"service": key})
 	}
+}
+
+// withPolicy returns the settings in force on a Service: the winning
+// BackendPolicy's fields over annotated (the settings from its
+// annotations), or annotated when no policy targets it. An invalid policy
+// keeps the settings that were in force, and is announced once, by a log
+// line and the invalid-settings metric; its status says why (written by
+// the status leader). Called with mu held.
+func (c *Controller) withPolicy(key string, annotated Settings, e *entry) Settings {
+	p := Winner(c.targetingLocked(key))
+	if p == nil {
+		e.inForce, e.badPolicy = annotated, ""
+		return annotated
+	}
+	s, err := ApplyPolicy(p, annotated)
+	if err == nil {
+		e.inForce, e.badPolicy = s, ""
+		return s
+	}
+	if id := p.Key() + "@" + p.ResourceVersion; e.badPolicy != id {
+		e.badPolicy = id
+		c.log.Warn("invalid BackendPolicy; the settings in force stay", "service", key, "policy", p.Key(), "err", err)
+		if c.opts.InvalidSettings != nil {
+			c.opts.InvalidSettings.WithLabelValues(key, PolicyKind+" "+p.Key()).Inc()
+		}
+	}
+	return e.inForce
 }
 
 func (c *Controller) markDirty() {

@@ -43,6 +43,13 @@ func newHarness(t *testing.T, objs ...any) *harness {
 
 func newHarnessDebounce(t *testing.T, debounce time.Duration, objs ...any) *harness {
 	t.Helper()
+	return newHarnessWith(t, debounce, nil, objs...)
+}
+
+// newHarnessWith lets a test add to the controller's options; the fake
+// clientset is built before tweak is called.
+func newHarnessWith(t *testing.T, debounce time.Duration, tweak func(*harness, *Options), objs ...any) *harness {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{
 		t: t, ctx: ctx,
@@ -55,10 +62,14 @@ func newHarnessDebounce(t *testing.T, debounce time.Duration, objs ...any) *harn
 	for _, o := range objs {
 		h.create(o)
 	}
-	h.ctrl = New(h.client, Options{
+	opts := Options{
 		NodeName: "n1", Debounce: debounce, InvalidSettings: h.invalid,
 		Recorder: h.rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if tweak != nil {
+		tweak(h, &opts)
+	}
+	h.ctrl = New(h.client, opts)
 	go func() { h.done <- h.ctrl.Run(ctx, h.states) }()
 	t.Cleanup(func() {
 		cancel()

@@ -49,22 +49,25 @@ type Source interface {
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Events            *prometheus.CounterVec
-	EventsUndecodable prometheus.Counter
-	ConfigReloads     *prometheus.CounterVec
-	ConfigLastSuccess prometheus.Gauge
-	ConfigLastOK      prometheus.Gauge
-	ProgramErrors     prometheus.Counter
-	Reaction          prometheus.Histogram
-	Transitions       *prometheus.CounterVec
-	PendingConnects   prometheus.Gauge
-	PendingOverflow   prometheus.Counter
-	Withheld          *prometheus.CounterVec
-	FloodMode         prometheus.Gauge
-	ProbeRegrants     *prometheus.CounterVec
-	InvalidSettings   *prometheus.CounterVec
-	ConntrackEntries  prometheus.Gauge
-	ConntrackExpired  prometheus.Counter
+	Events             *prometheus.CounterVec
+	EventsUndecodable  prometheus.Counter
+	ConfigReloads      *prometheus.CounterVec
+	ConfigLastSuccess  prometheus.Gauge
+	ConfigLastOK       prometheus.Gauge
+	ProgramErrors      prometheus.Counter
+	Reaction           prometheus.Histogram
+	Transitions        *prometheus.CounterVec
+	PendingConnects    prometheus.Gauge
+	PendingOverflow    prometheus.Counter
+	Withheld           *prometheus.CounterVec
+	FloodMode          prometheus.Gauge
+	ProbeRegrants      *prometheus.CounterVec
+	InvalidSettings    *prometheus.CounterVec
+	ConntrackEntries   prometheus.Gauge
+	ConntrackExpired   prometheus.Counter
+	MaxInflightDefault prometheus.Gauge
+	PolicyStatusLeader prometheus.Gauge
+	PolicyStatusWrites *prometheus.CounterVec
 }
 
 // New registers every metric. src may be nil in tests that only need the
@@ -128,7 +131,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}, []string{"service", "reason"}),
 		InvalidSettings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "invalid_settings_total",
-			Help: "Invalid per-service settings (config fields or annotations) rejected; the last good setting stays in force.",
+			Help: "Invalid per-service settings rejected (config fields, annotations by key, BackendPolicies as \"BackendPolicy namespace/name\"); the last good setting stays in force.",
 		}, []string{"service", "key"}),
 		ConntrackEntries: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "conntrack_entries",
@@ -138,11 +141,24 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "conntrack_expired_flows_total",
 			Help: "Idle flows the agent expired (their circuit-breaker slots released).",
 		}),
+		MaxInflightDefault: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "max_inflight_default",
+			Help: "The circuit-breaker limit of services that set none (--max-inflight-default, or the config file's defaults.maxInflight); 0 is no limit.",
+		}),
+		PolicyStatusLeader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "policy_status_leader",
+			Help: "1 while this agent holds the Lease and writes the BackendPolicies' status (one agent in the cluster), else 0.",
+		}),
+		PolicyStatusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "policy_status_writes_total",
+			Help: "BackendPolicy status updates sent by this agent while it leads, by result (ok, error); a status that would not change is not written.",
+		}, []string{"result"}),
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
 		m.Withheld, m.FloodMode, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
+		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})

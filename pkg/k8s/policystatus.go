@@ -1,0 +1,239 @@
+package k8s
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// StatusOptions configure who writes the policies' status. Every agent
+// judges every policy the same way (Judge is a function of the cluster's
+// objects alone), so one writer is enough: the agent holding the Lease
+// writes, and only when a status would change. A fleet of N nodes costs
+// one write per change, not N.
+type StatusOptions struct {
+	Client    kubernetes.Interface // for the Lease
+	Namespace string               // the Lease's namespace (the agents')
+	Identity  string               // this agent's name in the Lease (the node name)
+	// LeaseName defaults to "penaltybox-policy-status".
+	LeaseName string
+	// Leader is 1 while this agent writes the status; Writes counts status
+	// writes by result ("ok", "error"). Either may be nil.
+	Leader prometheus.Gauge
+	Writes *prometheus.CounterVec
+}
+
+// Lease timings: client-go's usual ones. A leader that dies leaves the
+// status unwritten for at most LeaseDuration; nothing else waits on it.
+const (
+	leaseDuration = 15 * time.Second
+	renewDeadline = 10 * time.Second
+	retryPeriod   = 2 * time.Second
+)
+
+// leadPolicyStatus competes for the Lease until ctx ends, writing the
+// policies' status while it holds it.
+func (c *Controller) leadPolicyStatus(ctx context.Context) {
+	so := c.opts.Status
+	name := so.LeaseName
+	if name == "" {
+		name = "penaltybox-policy-status"
+	}
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: name, Namespace: so.Namespace},
+		Client:     so.Client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: so.Identity},
+	}
+	log := c.log.With("lease", so.Namespace+"/"+name)
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            lock,
+			Name:            "policy-status",
+			LeaseDuration:   leaseDuration,
+			RenewDeadline:   renewDeadline,
+			RetryPeriod:     retryPeriod,
+			ReleaseOnCancel: true,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(ctx context.Context) {
+					log.Info("writing BackendPolicy status: this agent holds the lease")
+					setGauge(so.Leader, 1)
+					c.writeStatuses(ctx)
+				},
+				OnStoppedLeading: func() {
+					setGauge(so.Leader, 0)
+					log.Info("no longer writing BackendPolicy status")
+				},
+				OnNewLeader: func(id string) {
+					if id != so.Identity {
+						log.Info("BackendPolicy status is written by another agent", "leader", id)
+					}
+				},
+			},
+		})
+		if err != nil {
+			log.Error("BackendPolicy status will not be written", "err", err)
+			return
+		}
+		le.Run(ctx)
+	}
+}
+
+func setGauge(g prometheus.Gauge, v float64) {
+	if g != nil {
+		g.Set(v)
+	}
+}
+
+// writeStatuses checks every policy, then each one queued, until ctx ends
+// (leadership lost or the agent stopping).
+func (c *Controller) writeStatuses(ctx context.Context) {
+	for _, k := range c.policyStore.ListKeys() {
+		c.statusQueue.Add(k)
+	}
+	for {
+		key, shutdown := c.statusQueue.Get()
+		if shutdown {
+			return
+		}
+		if ctx.Err() != nil {
+			// Not ours to write any more: leave it for the next leader.
+			c.statusQueue.Done(key)
+			c.statusQueue.Add(key)
+			return
+		}
+		err := c.writeStatus(ctx, key)
+		if c.opts.Status.Writes != nil && err != errUnchanged {
+			c.opts.Status.Writes.WithLabelValues(map[bool]string{true: "ok", false: "error"}[err == nil]).Inc()
+		}
+		switch {
+		case err == nil || err == errUnchanged:
+			c.statusQueue.Forget(key)
+		default:
+			c.log.Warn("BackendPolicy status write failed, retrying", "policy", key, "err", err)
+			c.statusQueue.AddRateLimited(key)
+		}
+		c.statusQueue.Done(key)
+	}
+}
+
+type unchanged struct{}
+
+func (unchanged) Error() string { return "status unchanged" }
+
+var errUnchanged error = unchanged{}
+
+// writeStatus writes one policy's status if it differs from what the API
+// server has. Other controllers' entries are kept as they are.
+func (c *Controller) writeStatus(ctx context.Context, key string) error {
+	obj, ok, err := c.policyStore.GetByKey(key)
+	if err != nil || !ok {
+		return errUnchanged // deleted: nothing to write
+	}
+	u := obj.(*unstructured.Unstructured).DeepCopy()
+	p, err := DecodePolicy(u)
+	if err != nil {
+		return errUnchanged
+	}
+	verdicts := Judge(p, c.serviceExists, c.targeting, c.annotated)
+	next := ancestorStatus(p.Status.Ancestors, verdicts, p.Generation, metav1.Now())
+	was, _ := json.Marshal(p.Status.Ancestors)
+	now, _ := json.Marshal(next)
+	if bytes.Equal(was, now) {
+		return errUnchanged
+	}
+	// Through JSON, so the object holds the plain types the dynamic
+	// client expects.
+	var ancestors []any
+	if err := json.Unmarshal(now, &ancestors); err != nil {
+		return err
+	}
+	if err := unstructured.SetNestedField(u.Object, map[string]any{"ancestors": ancestors}, "status"); err != nil {
+		return err
+	}
+	_, err = c.opts.Policies.Resource(PolicyGVR).Namespace(p.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: "penaltybox-agent"})
+	if apierrors.IsNotFound(err) {
+		return errUnchanged
+	}
+	if err == nil {
+		for _, v := range verdicts {
+			c.log.Info("BackendPolicy status", "policy", key, "service", v.Target, "accepted", v.Accepted, "reason", v.Reason)
+		}
+	}
+	return err
+}
+
+// ancestorStatus is the status.ancestors to write: other controllers'
+// entries unchanged, then one of ours per target in targetRefs order. A
+// condition keeps its lastTransitionTime while its status stays.
+func ancestorStatus(old []PolicyAncestorStatus, verdicts []Verdict, generation int64, now metav1.Time) []PolicyAncestorStatus {
+	var out []PolicyAncestorStatus
+	for _, a := range old {
+		if a.ControllerName != ControllerName {
+			out = append(out, a)
+		}
+	}
+	for _, v := range verdicts {
+		ns, name, _ := strings.Cut(v.Target, "/")
+		ref := AncestorRef{Group: "", Kind: "Service", Namespace: ns, Name: name}
+		var conds []metav1.Condition
+		for _, a := range old {
+			if a.ControllerName == ControllerName && a.AncestorRef == ref {
+				conds = append(conds, a.Conditions...)
+			}
+		}
+		status := metav1.ConditionFalse
+		if v.Accepted {
+			status = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&conds, metav1.Condition{Type: ConditionAccepted, Status: status, Reason: v.Reason,
+			Message: v.Message, ObservedGeneration: generation, LastTransitionTime: now})
+		out = append(out, PolicyAncestorStatus{AncestorRef: ref, ControllerName: ControllerName, Conditions: conds})
+	}
+	return out
+}
+
+// The Judge inputs, from the controller's caches.
+
+func (c *Controller) serviceExists(key string) bool {
+	ns, name, _ := strings.Cut(key, "/")
+	_, err := c.services.Services(ns).Get(name)
+	return err == nil
+}
+
+func (c *Controller) targeting(key string) []*BackendPolicy {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.targetingLocked(key)
+}
+
+// annotated is a Service's settings from its annotations, or the last good
+// ones while they are invalid, as sync uses them.
+func (c *Controller) annotated(key string) Settings {
+	ns, name, _ := strings.Cut(key, "/")
+	base := DefaultSettings(c.opts.MaxInflight)
+	var ann map[string]string
+	if svc, err := c.services.Services(ns).Get(name); err == nil {
+		ann = svc.Annotations
+	}
+	s, errs := ParseAnnotations(ann, base)
+	if len(errs) == 0 {
+		return s
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.entries[key]; e != nil {
+		return e.lastGood
+	}
+	return base
+}

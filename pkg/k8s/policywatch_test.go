@@ -1,0 +1,187 @@
+package k8s
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+)
+
+// policyHarness is a harness whose controller reads BackendPolicies from a
+// fake dynamic client and, holding the Lease, writes their status.
+type policyHarness struct {
+	*harness
+	dyn    *dynamicfake.FakeDynamicClient
+	leader prometheus.Gauge
+	writes *prometheus.CounterVec
+}
+
+func newPolicyHarness(t *testing.T, policies []*BackendPolicy, objs ...any) *policyHarness {
+	ph := &policyHarness{
+		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+			map[schema.GroupVersionResource]string{PolicyGVR: "BackendPolicyList"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leader"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "writes"}, []string{"result"}),
+	}
+	for _, p := range policies {
+		ph.createPolicy(t, p)
+	}
+	ph.harness = newHarnessWith(t, debounce, func(h *harness, o *Options) {
+		o.Policies = ph.dyn
+		o.Status = &StatusOptions{Client: h.client, Namespace: "penaltybox-system", Identity: "n1",
+			Leader: ph.leader, Writes: ph.writes}
+	}, objs...)
+	return ph
+}
+
+func toUnstructured(t *testing.T, p *BackendPolicy) *unstructured.Unstructured {
+	t.Helper()
+	j, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(j, &obj); err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion(PolicyGroup + "/" + PolicyVersion)
+	u.SetKind(PolicyKind)
+	unstructured.RemoveNestedField(u.Object, "metadata", "resourceVersion")
+	return u
+}
+
+func (ph *policyHarness) createPolicy(t *testing.T, p *BackendPolicy) {
+	t.Helper()
+	if _, err := ph.dyn.Resource(PolicyGVR).Namespace(p.Namespace).Create(t.Context(), toUnstructured(t, p), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (ph *policyHarness) deletePolicy(t *testing.T, name string) {
+	t.Helper()
+	if err := ph.dyn.Resource(PolicyGVR).Namespace("shop").Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// status polls a policy's status until cond holds (5s at most).
+func (ph *policyHarness) status(t *testing.T, name string, cond func(PolicyStatus) bool) PolicyStatus {
+	t.Helper()
+	var st PolicyStatus
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		u, err := ph.dyn.Resource(PolicyGVR).Namespace("shop").Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := DecodePolicy(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st = p.Status; cond(st) {
+			return st
+		}
+	}
+	t.Fatalf("status of %s: %+v", name, st)
+	return st
+}
+
+func accepted(reason string) func(PolicyStatus) bool {
+	return func(st PolicyStatus) bool {
+		return len(st.Ancestors) == 1 && len(st.Ancestors[0].Conditions) == 1 && st.Ancestors[0].Conditions[0].Reason == reason
+	}
+}
+
+func TestControllerPolicyOverAnnotationOverDefault(t *testing.T) {
+	svc := service()
+	svc.Annotations = map[string]string{AnnotationMaxInflight: "50", AnnotationMaxFailures: "3"}
+	p := policy("limits", 0, `{"minPenalty":"10s"}`, "web")
+	p.Spec.CircuitBreaker = &PolicyCircuitBreaker{MaxInflightRequests: new(int64(20))}
+	ph := newPolicyHarness(t, []*BackendPolicy{p}, svc, slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")))
+
+	// The first state already has the policy: a restarted agent never
+	// programs the annotation's limit for a moment.
+	s := byName(ph.next())["shop/web:http"]
+	if s.MaxInflight != 20 || s.Accrual.MinPenalty != 10*time.Second || s.Accrual.MaxFailures != 3 {
+		t.Fatalf("with the policy: maxInflight %d, minPenalty %v, maxFailures %d; want 20 (policy), 10s (policy), 3 (annotation)",
+			s.MaxInflight, s.Accrual.MinPenalty, s.Accrual.MaxFailures)
+	}
+	ph.status(t, "limits", accepted(ReasonAccepted))
+
+	// Without the policy, the annotation; without that, the default.
+	ph.deletePolicy(t, "limits")
+	if s := byName(ph.next())["shop/web:http"]; s.MaxInflight != 50 || s.Accrual.MinPenalty != time.Second {
+		t.Fatalf("policy deleted: maxInflight %d, minPenalty %v; want the annotation's 50 and the default 1s", s.MaxInflight, s.Accrual.MinPenalty)
+	}
+	svc.Annotations = nil
+	ph.updateService(svc)
+	if s := byName(ph.next())["shop/web:http"]; s.MaxInflight != 0 || s.Accrual.MaxFailures != 7 {
+		t.Fatalf("annotations removed: maxInflight %d, maxFailures %d; want the defaults", s.MaxInflight, s.Accrual.MaxFailures)
+	}
+}
+
+func TestControllerInvalidPolicyKeepsSettingsInForce(t *testing.T) {
+	svc := service()
+	svc.Annotations = map[string]string{AnnotationMaxPenalty: "30s"}
+	good := policy("good", 0, `{"minPenalty":"10s"}`, "web")
+	ph := newPolicyHarness(t, []*BackendPolicy{good}, svc, slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")))
+	if s := byName(ph.next())["shop/web:http"]; s.Accrual.MinPenalty != 10*time.Second {
+		t.Fatalf("minPenalty %v", s.Accrual.MinPenalty)
+	}
+	// Valid alone, invalid over the Service's maxPenalty annotation.
+	bad := toUnstructured(t, policy("good", 0, `{"minPenalty":"1m"}`, "web"))
+	bad.SetResourceVersion("")
+	if _, err := ph.dyn.Resource(PolicyGVR).Namespace("shop").Update(t.Context(), bad, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st := ph.status(t, "good", accepted(ReasonInvalid))
+	if m := st.Ancestors[0].Conditions[0].Message; !strings.Contains(m, "spec.failureAccrual.minPenalty") || !strings.Contains(m, `"1m"`) {
+		t.Errorf("Invalid message %q does not name the field and value", m)
+	}
+	ph.quiet() // the 10s minimum penalty stays in force
+	if got := testutil.ToFloat64(ph.invalid.WithLabelValues("shop/web", "BackendPolicy shop/good")); got != 1 {
+		t.Errorf("invalid-settings metric = %v, want 1", got)
+	}
+}
+
+func TestControllerConflictingPolicies(t *testing.T) {
+	older := policy("older", 0, `{"maxFailures":4}`, "web")
+	newer := policy("newer", time.Hour, `{"maxFailures":9}`, "web")
+	// Listed newest first: the order of events must not matter.
+	ph := newPolicyHarness(t, []*BackendPolicy{newer, older}, service(), slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")))
+	if s := byName(ph.next())["shop/web:http"]; s.Accrual.MaxFailures != 4 {
+		t.Fatalf("maxFailures %d, want the older policy's 4", s.Accrual.MaxFailures)
+	}
+	ph.status(t, "older", accepted(ReasonAccepted))
+	st := ph.status(t, "newer", accepted(ReasonConflicted))
+	if c := st.Ancestors[0].Conditions[0]; c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "shop/older") {
+		t.Errorf("newer: %+v", c)
+	}
+	if got := testutil.ToFloat64(ph.leader); got != 1 {
+		t.Errorf("leader gauge %v, want 1", got)
+	}
+	// The older one goes: the newer one is in force and says so.
+	ph.deletePolicy(t, "older")
+	if s := byName(ph.next())["shop/web:http"]; s.Accrual.MaxFailures != 9 {
+		t.Fatalf("maxFailures %d, want the newer policy's 9", s.Accrual.MaxFailures)
+	}
+	ph.status(t, "newer", accepted(ReasonAccepted))
+	// A target that does not exist.
+	ph.createPolicy(t, policy("stray", 0, "", "nope"))
+	ph.status(t, "stray", accepted(ReasonTargetNotFound))
+	// Writes happen only on change: the count settles.
+	before := testutil.ToFloat64(ph.writes.WithLabelValues("ok"))
+	ph.ctrl.policyStatusFor("shop/web")
+	time.Sleep(100 * time.Millisecond)
+	if after := testutil.ToFloat64(ph.writes.WithLabelValues("ok")); after != before {
+		t.Errorf("status writes went from %v to %v with nothing changed", before, after)
+	}
+}
