@@ -127,8 +127,8 @@ type entry struct {
 	// inForce are the settings programmed: lastGood with the winning
 	// policy over them. An invalid policy leaves them as they were.
 	inForce Settings
-	// badPolicy is the "namespace/name@resourceVersion" of the invalid
-	// policy last announced, so it is announced once.
+	// badPolicy is the "namespace/name@generation" of the invalid policy
+	// last announced, so it is announced once.
 	badPolicy string
 }
 
@@ -446,7 +446,9 @@ func (c *Controller) withPolicy(key string, annotated Settings, e *entry) Settin
 		e.inForce, e.badPolicy = s, ""
 		return s
 	}
-	if id := p.Key() + "@" + p.ResourceVersion; e.badPolicy != id {
+	// By generation: a status write changes the resourceVersion, not the
+	// spec.
+	if id := fmt.Sprintf("%s@%d", p.Key(), p.Generation); e.badPolicy != id {
 		e.badPolicy = id
 		c.log.Warn("invalid BackendPolicy; the settings in force stay", "service", key, "policy", p.Key(), "err", err)
 		if c.opts.InvalidSettings != nil {
