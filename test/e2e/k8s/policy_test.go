@@ -120,6 +120,7 @@ func TestBackendPolicy(t *testing.T) {
 				t.Errorf("accepted:\n%s", c.spec)
 				continue
 			}
+			t.Logf("refused: %s", strings.TrimSpace(out))
 			if !strings.Contains(out, c.want) {
 				t.Errorf("refusal of\n%sdoes not name %s:\n%s", c.spec, c.want, out)
 			}
