@@ -124,9 +124,10 @@ type entry struct {
 	// reported are the invalid "key=value"s already announced by Event and
 	// metric, so each is announced once, not on every recomputation.
 	reported map[string]bool
-	// inForce are the settings programmed: lastGood with the winning
-	// policy over them. An invalid policy leaves them as they were.
-	inForce Settings
+	// goodPolicy is the last version of the winning policy that applied
+	// cleanly; while the winner is invalid, it stays in force over the
+	// Service's current annotations.
+	goodPolicy *BackendPolicy
 	// badPolicy is the "namespace/name@generation" of the invalid policy
 	// last announced, so it is announced once.
 	badPolicy string
@@ -270,8 +271,13 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 		}
 	}()
 	if c.statusQueue != nil && c.opts.Status != nil {
+		// On the way out: the worker stops, then the election gives the
+		// Lease back (ReleaseOnCancel) before Run returns, so the next
+		// leader need not wait for it to expire.
+		var wg sync.WaitGroup
+		defer wg.Wait()
 		defer c.statusQueue.ShutDown()
-		go c.leadPolicyStatus(ctx)
+		wg.Go(func() { c.leadPolicyStatus(ctx) })
 	}
 	c.publish(ctx, out, first)
 	return nil
@@ -359,7 +365,7 @@ func (c *Controller) sync(key string) error {
 		if e != nil {
 			c.forget(key, e)
 		}
-		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight), inForce: DefaultSettings(c.opts.MaxInflight)}
+		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight)}
 		c.entries[key] = e
 	}
 	settings := c.withPolicy(key, c.settings(svc, key, e), e)
@@ -431,31 +437,39 @@ func (c *Controller) forget(key string, e *entry) {
 
 // withPolicy returns the settings in force on a Service: the winning
 // BackendPolicy's fields over annotated (the settings from its
-// annotations), or annotated when no policy targets it. An invalid policy
-// keeps the settings that were in force, and is announced once, by a log
-// line and the invalid-settings metric; its status says why (written by
-// the status leader). Called with mu held.
+// annotations), or annotated when no policy targets it. While the winner is
+// invalid, its last version that applied cleanly stays in force over the
+// current annotations (none after a restart: then the annotations alone),
+// and the invalid one is announced once, by a log line and the
+// invalid-settings metric; its status says why (written by the status
+// leader). Called with mu held.
 func (c *Controller) withPolicy(key string, annotated Settings, e *entry) Settings {
 	p := Winner(c.targetingLocked(key))
 	if p == nil {
-		e.inForce, e.badPolicy = annotated, ""
+		e.goodPolicy, e.badPolicy = nil, ""
 		return annotated
 	}
 	s, err := ApplyPolicy(p, annotated)
 	if err == nil {
-		e.inForce, e.badPolicy = s, ""
+		e.goodPolicy, e.badPolicy = p, ""
 		return s
 	}
 	// By generation: a status write changes the resourceVersion, not the
 	// spec.
 	if id := fmt.Sprintf("%s@%d", p.Key(), p.Generation); e.badPolicy != id {
 		e.badPolicy = id
-		c.log.Warn("invalid BackendPolicy; the settings in force stay", "service", key, "policy", p.Key(), "err", err)
+		c.log.Warn("invalid BackendPolicy; its last valid version, or the annotations, stay in force",
+			"service", key, "policy", p.Key(), "err", err)
 		if c.opts.InvalidSettings != nil {
 			c.opts.InvalidSettings.WithLabelValues(key, PolicyKind+" "+p.Key()).Inc()
 		}
 	}
-	return e.inForce
+	if e.goodPolicy != nil && e.goodPolicy.Key() == p.Key() {
+		if s, err := ApplyPolicy(e.goodPolicy, annotated); err == nil {
+			return s
+		}
+	}
+	return annotated
 }
 
 func (c *Controller) markDirty() {

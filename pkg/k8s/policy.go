@@ -207,7 +207,7 @@ func Judge(p *BackendPolicy, exists func(svc string) bool, targeting func(svc st
 		v := Verdict{Target: t, Reason: ReasonAccepted}
 		switch w := Winner(targeting(t)); {
 		case !exists(t):
-			v.Reason, v.Message = ReasonTargetNotFound, "Service "+t+" not found"
+			v.Reason, v.Message = ReasonTargetNotFound, "Service "+t+" not found, or not one penaltybox balances (headless, or labelled for another proxy)"
 		case w != nil && w.Key() != p.Key():
 			v.Reason = ReasonConflicted
 			v.Message = fmt.Sprintf("Service %s is already targeted by BackendPolicy %s, created earlier (%s); that one is in force",

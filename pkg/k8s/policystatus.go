@@ -34,13 +34,20 @@ type StatusOptions struct {
 	Writes *prometheus.CounterVec
 }
 
-// Lease timings: client-go's usual ones. A leader that dies leaves the
-// status unwritten for at most LeaseDuration; nothing else waits on it.
+// Lease timings. Every agent that does not hold the Lease reads it once a
+// retryPeriod (client-go jitters it): N nodes cost about N/30 reads a
+// second, not the N/2 of client-go's usual 2s. Status is not urgent: a
+// leader that dies leaves it unwritten for at most leaseDuration plus a
+// retry, and nothing else waits on it.
 const (
-	leaseDuration = 15 * time.Second
-	renewDeadline = 10 * time.Second
-	retryPeriod   = 2 * time.Second
+	leaseDuration = 90 * time.Second
+	renewDeadline = 60 * time.Second
+	retryPeriod   = 30 * time.Second
 )
+
+// maxAncestors is the CRD's maxItems for status.ancestors (the Gateway
+// API's limit).
+const maxAncestors = 16
 
 // leadPolicyStatus competes for the Lease until ctx ends, writing the
 // policies' status while it holds it.
@@ -68,6 +75,11 @@ func (c *Controller) leadPolicyStatus(ctx context.Context) {
 				OnStartedLeading: func(ctx context.Context) {
 					log.Info("writing BackendPolicy status: this agent holds the lease")
 					setGauge(so.Leader, 1)
+					// Get blocks: a key unblocks it when leadership ends,
+					// so the worker stops at once (after a write in
+					// flight) and never outlives the term that started it.
+					stop := context.AfterFunc(ctx, func() { c.statusQueue.Add(stopKey) })
+					defer stop()
 					c.writeStatuses(ctx)
 				},
 				OnStoppedLeading: func() {
@@ -95,6 +107,9 @@ func setGauge(g prometheus.Gauge, v float64) {
 	}
 }
 
+// stopKey is no policy's key ("namespace/name" always has a slash).
+const stopKey = "stop"
+
 // writeStatuses checks every policy, then each one queued, until ctx ends
 // (leadership lost or the agent stopping).
 func (c *Controller) writeStatuses(ctx context.Context) {
@@ -106,22 +121,44 @@ func (c *Controller) writeStatuses(ctx context.Context) {
 		if shutdown {
 			return
 		}
-		if ctx.Err() != nil {
-			// Not ours to write any more: leave it for the next leader.
+		if key == stopKey || ctx.Err() != nil {
+			c.statusQueue.Forget(key)
 			c.statusQueue.Done(key)
-			c.statusQueue.Add(key)
-			return
+			if key != stopKey {
+				c.statusQueue.Add(key) // for the next term
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			continue
 		}
 		err := c.writeStatus(ctx, key)
-		if c.opts.Status.Writes != nil && err != errUnchanged {
-			c.opts.Status.Writes.WithLabelValues(map[bool]string{true: "ok", false: "error"}[err == nil]).Inc()
-		}
+		result := "ok"
 		switch {
-		case err == nil || err == errUnchanged:
+		case err == errUnchanged:
+			result = ""
+			c.statusQueue.Forget(key)
+		case err == nil:
+			c.statusQueue.Forget(key)
+		case apierrors.IsConflict(err):
+			// Our copy was older than the API server's (another policy's
+			// event queued this one before its own update arrived): the
+			// update's event queues it again with the current copy.
+			result = "conflict"
+			c.statusQueue.Forget(key)
+		case apierrors.IsInvalid(err):
+			// Retrying the same status cannot help; the next change of the
+			// policy or its targets tries again.
+			result = "error"
+			c.log.Warn("BackendPolicy status refused by the API server", "policy", key, "err", err)
 			c.statusQueue.Forget(key)
 		default:
+			result = "error"
 			c.log.Warn("BackendPolicy status write failed, retrying", "policy", key, "err", err)
 			c.statusQueue.AddRateLimited(key)
+		}
+		if c.opts.Status.Writes != nil && result != "" {
+			c.opts.Status.Writes.WithLabelValues(result).Inc()
 		}
 		c.statusQueue.Done(key)
 	}
@@ -174,8 +211,9 @@ func (c *Controller) writeStatus(ctx context.Context, key string) error {
 }
 
 // ancestorStatus is the status.ancestors to write: other controllers'
-// entries unchanged, then one of ours per target in targetRefs order. A
-// condition keeps its lastTransitionTime while its status stays.
+// entries unchanged, then one of ours per target in targetRefs order, as
+// many as fit under maxAncestors. A condition keeps its
+// lastTransitionTime while its status stays.
 func ancestorStatus(old []PolicyAncestorStatus, verdicts []Verdict, generation int64, now metav1.Time) []PolicyAncestorStatus {
 	var out []PolicyAncestorStatus
 	for _, a := range old {
@@ -184,6 +222,9 @@ func ancestorStatus(old []PolicyAncestorStatus, verdicts []Verdict, generation i
 		}
 	}
 	for _, v := range verdicts {
+		if len(out) >= maxAncestors {
+			break
+		}
 		ns, name, _ := strings.Cut(v.Target, "/")
 		ref := AncestorRef{Group: "", Kind: "Service", Namespace: ns, Name: name}
 		var conds []metav1.Condition
@@ -217,8 +258,10 @@ func (c *Controller) targeting(key string) []*BackendPolicy {
 	return c.targetingLocked(key)
 }
 
-// annotated is a Service's settings from its annotations, or the last good
-// ones while they are invalid, as sync uses them.
+// annotated is what a policy on a Service is judged against: the settings
+// from its annotations, or the defaults while they are invalid. It depends
+// on the cluster's objects alone (not on what this agent saw before), so
+// whichever agent holds the Lease writes the same verdict.
 func (c *Controller) annotated(key string) Settings {
 	ns, name, _ := strings.Cut(key, "/")
 	base := DefaultSettings(c.opts.MaxInflight)
@@ -227,13 +270,8 @@ func (c *Controller) annotated(key string) Settings {
 		ann = svc.Annotations
 	}
 	s, errs := ParseAnnotations(ann, base)
-	if len(errs) == 0 {
-		return s
+	if len(errs) > 0 {
+		return base
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e := c.entries[key]; e != nil {
-		return e.lastGood
-	}
-	return base
+	return s
 }

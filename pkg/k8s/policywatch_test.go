@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -183,5 +184,41 @@ func TestControllerConflictingPolicies(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if after := testutil.ToFloat64(ph.writes.WithLabelValues("ok")); after != before {
 		t.Errorf("status writes went from %v to %v with nothing changed", before, after)
+	}
+}
+
+// A fresh entry (a restarted agent, a recreated Service) whose winning
+// policy is invalid gets the Service's annotations, not the defaults: every
+// agent then programs the same, whatever it saw before.
+func TestControllerInvalidPolicyAtStartKeepsAnnotations(t *testing.T) {
+	svc := service()
+	svc.Annotations = map[string]string{AnnotationMaxPenalty: "30s", AnnotationMaxInflight: "50"}
+	bad := policy("bad", 0, `{"minPenalty":"1m"}`, "web")
+	ph := newPolicyHarness(t, []*BackendPolicy{bad}, svc, slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")))
+	s := byName(ph.next())["shop/web:http"]
+	if s.MaxInflight != 50 || s.Accrual.MaxPenalty != 30*time.Second {
+		t.Fatalf("maxInflight %d, maxPenalty %v; want the annotations' 50 and 30s", s.MaxInflight, s.Accrual.MaxPenalty)
+	}
+	ph.status(t, "bad", accepted(ReasonInvalid))
+	// An annotation edit still applies while the policy is invalid.
+	svc.Annotations[AnnotationMaxInflight] = "60"
+	ph.updateService(svc)
+	if s := byName(ph.next())["shop/web:http"]; s.MaxInflight != 60 {
+		t.Fatalf("maxInflight %d after the annotation edit, want 60", s.MaxInflight)
+	}
+}
+
+func TestAncestorStatusFitsTheLimit(t *testing.T) {
+	var others []PolicyAncestorStatus
+	for i := range 3 {
+		others = append(others, PolicyAncestorStatus{ControllerName: "example.com/other",
+			AncestorRef: AncestorRef{Kind: "Service", Name: fmt.Sprint("s", i)}})
+	}
+	var verdicts []Verdict
+	for i := range maxAncestors {
+		verdicts = append(verdicts, Verdict{Target: fmt.Sprint("shop/t", i), Accepted: true, Reason: ReasonAccepted})
+	}
+	if got := ancestorStatus(others, verdicts, 1, metav1.NewTime(t0)); len(got) != maxAncestors {
+		t.Errorf("%d ancestors, want the CRD's limit %d", len(got), maxAncestors)
 	}
 }
