@@ -35,6 +35,7 @@ const enum pb_backend_state *unused_backend_state __attribute__((unused));
 const enum pb_event_type *unused_event_type __attribute__((unused));
 const enum pb_event_flag *unused_event_flag __attribute__((unused));
 const enum pb_svc_flag *unused_svc_flag __attribute__((unused));
+const enum pb_trip_kind *unused_trip_kind __attribute__((unused));
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -619,6 +620,49 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	return 0;
 }
 
+/* A kernel trip: the datapath ejects a backend itself at its service's
+ * max_failures-th consecutive counted failure, so the next new flow that
+ * would pick it is steered elsewhere without waiting for the agent. The
+ * agent adopts the trip (penalty, probation, metrics) or undoes it. Only
+ * an active backend trips (a probe's failure is the agent's to judge),
+ * and only while the budget the agent leaves under maxEjectionPercent
+ * lasts. Returns PB_EVF_TRIPPED when this failure tripped. */
+static __always_inline __u8 kernel_trip(__u32 svc_id, __u32 bid, __u32 kind)
+{
+	struct svc_trip *st = bpf_map_lookup_elem(&pb_svc_trip, &svc_id);
+	if (!st || !st->max_failures || !(st->kinds & kind))
+		return 0;
+	struct be_trip *bt = bpf_map_lookup_elem(&pb_be_trip, &bid);
+	if (!bt)
+		return 0;
+	__u32 n = __sync_fetch_and_add(&bt->failures, 1) + 1;
+	if (n < st->max_failures)
+		return 0;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &bid);
+	if (!be || be->state != PB_BE_ACTIVE)
+		return 0;
+	if (__sync_fetch_and_add(&st->budget, -1) <= 0) {
+		__sync_fetch_and_add(&st->budget, 1);
+		__sync_fetch_and_add(&st->suppressed, 1);
+		return 0;
+	}
+	/* Two failures racing on two CPUs may both get here: the state write
+	 * is idempotent, the second budget unit is the agent's to give back. */
+	be->state = PB_BE_EJECTED;
+	bt->tripped_ns = bpf_ktime_get_ns();
+	__sync_fetch_and_add(&st->trips, 1);
+	return PB_EVF_TRIPPED;
+}
+
+/* streak_over ends a backend's streak of failures at a success, as the
+ * agent's tracker decides one. */
+static __always_inline void streak_over(__u32 bid)
+{
+	struct be_trip *bt = bpf_map_lookup_elem(&pb_be_trip, &bid);
+	if (bt && bt->failures)
+		bt->failures = 0;
+}
+
 /* close_flow marks the flow closed once, gives back its circuit-breaker
  * slot and reports its end. fk is the flow's full forward key. */
 static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
@@ -629,6 +673,10 @@ static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
 		return;
 	if (old & PB_CT_COUNTED)
 		release(fk);
+	/* A clean end of an established flow is a success for every settle
+	 * rule (a client's RST is the client's doing, not the backend's). */
+	if ((old & PB_CT_ESTABLISHED) && !(old & PB_CT_MIDSTREAM))
+		streak_over(rv->backend_id);
 	/* A flow the agent has judged already needs no end: success came with
 	 * the SYN-ACK, or with the first data when the service waits for it. */
 	if ((old & PB_CT_QUIET_END) && (old & PB_CT_ESTABLISHED) &&
@@ -941,6 +989,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				if (old & PB_CT_MIDSTREAM) {
 					/* picked up without its handshake: not an outcome */
 				} else if (!(old & PB_CT_ESTABLISHED)) {
+					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED);
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
 					if (set & PB_CT_RESCUED)
@@ -948,6 +997,9 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				} else {
 					if (old & PB_CT_BACKEND_DATA)
 						evf |= PB_EVF_BACKEND_DATA;
+					evf |= kernel_trip(rv->svc_id, rv->backend_id,
+							   (old & PB_CT_BACKEND_DATA) ? PB_TRIP_RESET_AFTER_DATA
+										      : PB_TRIP_RESET);
 					emit(PB_EV_RESET, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
 				}
@@ -970,18 +1022,27 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			if ((f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
 			    !(rv->flags & PB_CT_ESTABLISHED)) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
-				if (!(old & (PB_CT_ESTABLISHED | PB_CT_CLOSED)))
+				if (!(old & (PB_CT_ESTABLISHED | PB_CT_CLOSED))) {
+					/* QUIET_DATA: the SYN-ACK is the success. */
+					if (old & PB_CT_QUIET_DATA)
+						streak_over(rv->backend_id);
 					emit(PB_EV_ESTABLISHED,
 					     (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
 					     rv->backend_id, fk.src.v4, fk.sport, gs);
+				}
 			}
 			/* The first payload byte settles a connection as working: a reset
 			 * after it is no longer a failure to connect. */
 			if (p->payload && !(rv->flags & PB_CT_BACKEND_DATA)) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_BACKEND_DATA);
-				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED | PB_CT_MIDSTREAM | PB_CT_QUIET_DATA)))
+				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED | PB_CT_MIDSTREAM | PB_CT_QUIET_DATA))) {
+					/* QUIET_END without QUIET_DATA: the first data is
+					 * the success (a reset before it is a failure). */
+					if (old & PB_CT_QUIET_END)
+						streak_over(rv->backend_id);
 					emit(PB_EV_FIRST_DATA, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0,
 					     rv->svc_id, rv->backend_id, fk.src.v4, fk.sport, gs);
+				}
 			}
 			if (f & TCP_FIN) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_REV);

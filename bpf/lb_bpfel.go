@@ -36,6 +36,13 @@ type LbBeStats struct {
 	ReplyBytes   uint64
 }
 
+type LbBeTrip struct {
+	_         structs.HostLayout
+	Failures  uint32
+	Pad       uint32
+	TrippedNs uint64
+}
+
 type LbConfig struct {
 	_     structs.HostLayout
 	Flags uint32
@@ -155,6 +162,7 @@ const (
 	LbPbEventFlagPB_EVF_BACKEND_DATA LbPbEventFlag = 2
 	LbPbEventFlagPB_EVF_REPICK       LbPbEventFlag = 4
 	LbPbEventFlagPB_EVF_CLIENT       LbPbEventFlag = 8
+	LbPbEventFlagPB_EVF_TRIPPED      LbPbEventFlag = 16
 )
 
 type LbPbEventType uint32
@@ -175,6 +183,14 @@ const (
 	LbPbSvcFlagPB_SVC_F_RETRY_REFUSED LbPbSvcFlag = 1
 	LbPbSvcFlagPB_SVC_F_QUIET_DATA    LbPbSvcFlag = 2
 	LbPbSvcFlagPB_SVC_F_QUIET_END     LbPbSvcFlag = 4
+)
+
+type LbPbTripKind uint32
+
+const (
+	LbPbTripKindPB_TRIP_REFUSED          LbPbTripKind = 1
+	LbPbTripKindPB_TRIP_RESET            LbPbTripKind = 2
+	LbPbTripKindPB_TRIP_RESET_AFTER_DATA LbPbTripKind = 4
 )
 
 type LbSvcBackendKey struct {
@@ -203,6 +219,15 @@ type LbSvcStats struct {
 	OverLimit uint64
 }
 
+type LbSvcTrip struct {
+	_           structs.HostLayout
+	MaxFailures uint32
+	Kinds       uint32
+	Budget      int64
+	Trips       uint64
+	Suppressed  uint64
+}
+
 type LbSvcValue struct {
 	_                     structs.HostLayout
 	Id                    uint32
@@ -222,6 +247,7 @@ const (
 	LbMapPbBackends         = "pb_backends"
 	LbMapPbBeInflight       = "pb_be_inflight"
 	LbMapPbBeStats          = "pb_be_stats"
+	LbMapPbBeTrip           = "pb_be_trip"
 	LbMapPbConfig           = "pb_config"
 	LbMapPbCt               = "pb_ct"
 	LbMapPbEvents           = "pb_events"
@@ -237,6 +263,7 @@ const (
 	LbMapPbSvcBackends      = "pb_svc_backends"
 	LbMapPbSvcInflight      = "pb_svc_inflight"
 	LbMapPbSvcStats         = "pb_svc_stats"
+	LbMapPbSvcTrip          = "pb_svc_trip"
 	LbMapPbVipSlots         = "pb_vip_slots"
 	LbProgPbXdp             = "pb_xdp"
 	LbVarUnusedBackendState = "unused_backend_state"
@@ -244,6 +271,7 @@ const (
 	LbVarUnusedEventFlag    = "unused_event_flag"
 	LbVarUnusedEventType    = "unused_event_type"
 	LbVarUnusedSvcFlag      = "unused_svc_flag"
+	LbVarUnusedTripKind     = "unused_trip_kind"
 )
 
 // LoadLb returns the embedded CollectionSpec for Lb.
@@ -298,6 +326,7 @@ type LbMapSpecs struct {
 	PbBackends      *ebpf.MapSpec `ebpf:"pb_backends"`
 	PbBeInflight    *ebpf.MapSpec `ebpf:"pb_be_inflight"`
 	PbBeStats       *ebpf.MapSpec `ebpf:"pb_be_stats"`
+	PbBeTrip        *ebpf.MapSpec `ebpf:"pb_be_trip"`
 	PbConfig        *ebpf.MapSpec `ebpf:"pb_config"`
 	PbCt            *ebpf.MapSpec `ebpf:"pb_ct"`
 	PbEvents        *ebpf.MapSpec `ebpf:"pb_events"`
@@ -313,6 +342,7 @@ type LbMapSpecs struct {
 	PbSvcBackends   *ebpf.MapSpec `ebpf:"pb_svc_backends"`
 	PbSvcInflight   *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.MapSpec `ebpf:"pb_svc_stats"`
+	PbSvcTrip       *ebpf.MapSpec `ebpf:"pb_svc_trip"`
 	PbVipSlots      *ebpf.MapSpec `ebpf:"pb_vip_slots"`
 }
 
@@ -325,6 +355,7 @@ type LbVariableSpecs struct {
 	UnusedEventFlag    *ebpf.VariableSpec `ebpf:"unused_event_flag"`
 	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedSvcFlag      *ebpf.VariableSpec `ebpf:"unused_svc_flag"`
+	UnusedTripKind     *ebpf.VariableSpec `ebpf:"unused_trip_kind"`
 }
 
 // LbObjects contains all objects after they have been loaded into the kernel.
@@ -350,6 +381,7 @@ type LbMaps struct {
 	PbBackends      *ebpf.Map `ebpf:"pb_backends"`
 	PbBeInflight    *ebpf.Map `ebpf:"pb_be_inflight"`
 	PbBeStats       *ebpf.Map `ebpf:"pb_be_stats"`
+	PbBeTrip        *ebpf.Map `ebpf:"pb_be_trip"`
 	PbConfig        *ebpf.Map `ebpf:"pb_config"`
 	PbCt            *ebpf.Map `ebpf:"pb_ct"`
 	PbEvents        *ebpf.Map `ebpf:"pb_events"`
@@ -365,6 +397,7 @@ type LbMaps struct {
 	PbSvcBackends   *ebpf.Map `ebpf:"pb_svc_backends"`
 	PbSvcInflight   *ebpf.Map `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.Map `ebpf:"pb_svc_stats"`
+	PbSvcTrip       *ebpf.Map `ebpf:"pb_svc_trip"`
 	PbVipSlots      *ebpf.Map `ebpf:"pb_vip_slots"`
 }
 
@@ -373,6 +406,7 @@ func (m *LbMaps) Close() error {
 		m.PbBackends,
 		m.PbBeInflight,
 		m.PbBeStats,
+		m.PbBeTrip,
 		m.PbConfig,
 		m.PbCt,
 		m.PbEvents,
@@ -388,6 +422,7 @@ func (m *LbMaps) Close() error {
 		m.PbSvcBackends,
 		m.PbSvcInflight,
 		m.PbSvcStats,
+		m.PbSvcTrip,
 		m.PbVipSlots,
 	)
 }
@@ -401,6 +436,7 @@ type LbVariables struct {
 	UnusedEventFlag    *ebpf.Variable `ebpf:"unused_event_flag"`
 	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedSvcFlag      *ebpf.Variable `ebpf:"unused_svc_flag"`
+	UnusedTripKind     *ebpf.Variable `ebpf:"unused_trip_kind"`
 }
 
 // LbPrograms contains all programs after they have been loaded into the kernel.

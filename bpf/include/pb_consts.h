@@ -88,6 +88,14 @@ enum pb_event_flag {
 	PB_EVF_BACKEND_DATA = 0x02, /* RESET: the backend had sent payload */
 	PB_EVF_REPICK = 0x04,       /* NEW_FLOW: moved on a retransmitted SYN (ejected or refusing backend) */
 	PB_EVF_CLIENT = 0x08,       /* FLOW_END: the client ended it */
+	PB_EVF_TRIPPED = 0x10,      /* REFUSED, RESET: this failure made the datapath eject the backend (pb_be_trip) */
+};
+
+/* pb_svc_trip.kinds: the failures the datapath counts towards a trip. */
+enum pb_trip_kind {
+	PB_TRIP_REFUSED = 0x1,          /* RST before the SYN-ACK */
+	PB_TRIP_RESET = 0x2,            /* RST after the SYN-ACK, before backend data */
+	PB_TRIP_RESET_AFTER_DATA = 0x4, /* RST after backend data */
 };
 
 /* Circuit breaker: how many of a service's backends a new flow scans for

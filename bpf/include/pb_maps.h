@@ -202,6 +202,28 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_be_inflight SEC(".maps");
 
+/* service id -> kernel-trip settings and budget. Written by the agent
+ * (settings, budget) and the datapath (budget taken, counters). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct svc_trip);
+	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_svc_trip SEC(".maps");
+
+/* backend id -> the datapath's streak of failures. Written by the
+ * datapath; the agent zeroes an entry when its backend starts afresh. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct be_trip);
+	__uint(max_entries, PB_MAX_BACKENDS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_be_trip SEC(".maps");
+
 /* backend id -> failure-accrual state. Written by the agent only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

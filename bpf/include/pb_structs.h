@@ -96,6 +96,23 @@ struct flow_value {
 	__u64 created_ns;
 };
 
+/* pb_svc_trip[svc_id]: when the datapath ejects a backend of the service
+ * itself (a kernel trip), without waiting for the agent. */
+struct svc_trip {
+	__u32 max_failures; /* consecutive counted failures that trip; 0: never (agent) */
+	__u32 kinds;        /* enum pb_trip_kind bits counted (agent) */
+	__s64 budget;       /* trips still allowed by maxEjectionPercent (agent writes, datapath takes, atomic) */
+	__u64 trips;        /* trips done (datapath, atomic) */
+	__u64 suppressed;   /* trips the budget held back (datapath, atomic) */
+};
+
+/* pb_be_trip[backend_id]: the datapath's own streak of a backend. */
+struct be_trip {
+	__u32 failures;   /* consecutive counted failures (datapath, atomic; the agent zeroes it) */
+	__u32 pad;
+	__u64 tripped_ns; /* bpf_ktime_get_ns of its last trip */
+};
+
 /* pb_svc_inflight[svc_id], pb_be_inflight[backend_id]: live counted flows.
  * Memory-mapped by the agent, which releases expired flows with atomic
  * adds on the same words the datapath uses. */

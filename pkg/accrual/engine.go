@@ -385,7 +385,7 @@ func (e *Engine) Observe(o Outcome) []Transition {
 			if ep.consecutive < math.MaxUint32 { // saturate: mode none counts forever
 				ep.consecutive++
 			}
-			streak = s.st.Mode.consecutive() && ep.consecutive >= uint32(s.st.MaxFailures)
+			streak = s.st.Mode.Consecutive() && ep.consecutive >= uint32(s.st.MaxFailures)
 		}
 		rateOver, slowOver := false, false
 		if ep.win != nil {

@@ -205,3 +205,50 @@ func EjectionCap(n, pct int) int {
 	}
 	return n * pct / 100
 }
+
+// KernelTripRoom is how many more of a service's endpoints the datapath may
+// eject on its own (kernel trips) before the agent has seen them: what the
+// max-ejection cap leaves now; 0 while the service fails open or when its
+// mode has no consecutive rule.
+func (e *Engine) KernelTripRoom(service uint32) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.svcs[service]
+	if s == nil || s.failOpen || !s.st.Mode.Consecutive() {
+		return 0
+	}
+	room := EjectionCap(len(s.members), s.st.MaxEjectionPercent) - s.count[Ejected] - s.count[Probation]
+	return int64(max(room, 0))
+}
+
+// KernelTripped adopts an ejection the datapath made on its own at a
+// failure of kind seen at at: an endpoint still ready is ejected for its
+// consecutive failures (the datapath counted MaxFailures of them), under
+// the same max-ejection cap and with the same penalty as one decided here.
+// Nothing happens when the endpoint is already out; the caller reads the
+// endpoint's state after this to know whether the trip stands.
+func (e *Engine) KernelTripped(id uint32, kind Kind, at time.Time) []Transition {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.out = e.out[:0]
+	if int(id) >= len(e.eps) {
+		return nil
+	}
+	ep := &e.eps[id]
+	s := ep.svc
+	if s == nil || ep.state != Ready || !s.st.Mode.Consecutive() {
+		return nil
+	}
+	e.trip(s, id, ep, ReasonConsecutiveFailures, kind, e.clk.Now(), at, 0)
+	return e.result()
+}
+
+// StateOf is an endpoint's accrual state (Ready for an unknown one).
+func (e *Engine) StateOf(id uint32) State {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if int(id) >= len(e.eps) || e.eps[id].svc == nil {
+		return Ready
+	}
+	return e.eps[id].state
+}

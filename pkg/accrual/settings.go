@@ -24,8 +24,8 @@ const (
 	ModeNone Mode = "none"
 )
 
-// consecutive reports whether m ejects on a streak of failures.
-func (m Mode) consecutive() bool { return m == ModeConsecutive || m == ModeUnified }
+// Consecutive reports whether m ejects on a streak of failures.
+func (m Mode) Consecutive() bool { return m == ModeConsecutive || m == ModeUnified }
 
 // RatesFailures reports whether m ejects on the window's failure rate.
 func (m Mode) RatesFailures() bool { return m == ModeFailureRate || m == ModeUnified }

@@ -141,6 +141,9 @@ type Agent struct {
 	events     Events
 	monoOffset int64
 	eventTypes [16]interface{ Inc() }
+	// tripNow is the backend whose kernel trip is being handled (noTrip:
+	// none), so its ejection's log line says so.
+	tripNow uint32
 	// deadlines tells Run that handled events brought a deadline earlier
 	// than the one its timer is armed for (armed).
 	deadlines chan struct{}

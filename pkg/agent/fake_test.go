@@ -36,6 +36,8 @@ type fakeMaps struct {
 	// stateWrites every state written to a backend's entry.
 	tableWrites map[uint32][][]uint32
 	stateWrites map[uint32][]pbmaps.BackendState
+	// trips are the pb_svc_trip settings written, by service.
+	trips map[uint32]bpf.LbSvcTrip
 }
 
 func newFakeMaps() *fakeMaps {
@@ -298,3 +300,14 @@ func (e *fakeEvents) Offset() int64 {
 	return e.clk.Now().Add(-time.Millisecond).UnixNano() - outcomes.MonoNow()
 }
 func (e *fakeEvents) Undecodable() uint64 { return e.bad }
+
+func (f *fakeMaps) SetServiceTrip(id, maxFailures, kinds uint32, budget int64) {
+	if f.trips == nil {
+		f.trips = map[uint32]bpf.LbSvcTrip{}
+	}
+	f.trips[id] = bpf.LbSvcTrip{MaxFailures: maxFailures, Kinds: kinds, Budget: budget}
+}
+
+func (f *fakeMaps) ResetServiceTrip(id uint32) { delete(f.trips, id) }
+
+func (f *fakeMaps) ResetBackendTrip(id uint32) {}

@@ -25,8 +25,16 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 		if ev.Type == outcomes.NewFlow && ev.Flags&outcomes.FlagProbe != 0 {
 			a.probeSeen[ev.Backend] = a.clk.Now()
 		}
+		tripped := ev.Flags&outcomes.FlagTripped != 0 && (ev.Type == outcomes.Refused || ev.Type == outcomes.Reset)
+		if tripped {
+			a.tripNow = ev.Backend
+		}
 		if o, ok := a.tracker.Classify(*ev); ok {
 			a.observe(o)
+		}
+		if tripped {
+			a.adoptTrip(ev)
+			a.tripNow = noTrip
 		}
 	}
 	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
@@ -40,6 +48,43 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 		default:
 		}
 	}
+}
+
+// noTrip is no backend id (ids start at 1).
+const noTrip = 0
+
+// adoptTrip makes a kernel trip, the datapath's own ejection of ev's
+// backend at the failure ev reports, accrual's decision: the failure has
+// been observed already, and if that did not eject the endpoint (its
+// events were lost, or the tracker had judged the flow before), accrual
+// ejects it now for its consecutive failures. If accrual keeps it in (the
+// max-ejection cap, fail-open, or it is not ready here), the trip is
+// undone: the backend's kernel entry gets the state accrual says.
+func (a *Agent) adoptTrip(ev *outcomes.Event) {
+	kind := accrual.KindRefused
+	if ev.Type == outcomes.Reset {
+		kind = accrual.KindReset
+		if ev.Flags&outcomes.FlagBackendData != 0 {
+			kind = accrual.KindResetAfterData
+		}
+	}
+	a.handleTransitions(a.engine.KernelTripped(ev.Backend, kind, ev.At))
+	name := fmt.Sprint(ev.Service)
+	if s, ok := a.rec.Service(ev.Service); ok {
+		name = s.Spec.Name
+	}
+	if a.engine.StateOf(ev.Backend) != accrual.Ready {
+		a.metrics.KernelTrips.WithLabelValues(name, "adopted").Inc()
+		return
+	}
+	a.metrics.KernelTrips.WithLabelValues(name, "undone").Inc()
+	a.log.Info("kernel trip undone: accrual keeps the endpoint in", "service", name,
+		"endpoint", a.endpointName(ev.Backend))
+	if err := a.rec.UndoTrip(ev.Backend); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("undo a kernel trip", "endpoint", a.endpointName(ev.Backend), "err", err)
+	}
+	a.program(ev.Service) // the budget unit it took comes back
 }
 
 // syncCounters carries counts kept outside Prometheus into it.
@@ -149,7 +194,7 @@ func (a *Agent) program(id uint32) {
 		return
 	}
 	active, probation, failOpen := a.engine.Admitted(id)
-	if err := a.rec.ProgramService(id, active, probation, failOpen); err != nil {
+	if err := a.rec.ProgramService(id, active, probation, failOpen, a.engine.KernelTripRoom(id)); err != nil {
 		a.metrics.ProgramErrors.Inc()
 		a.log.Error("programming table; retrying", "err", err)
 		a.retry[id] = true
@@ -188,6 +233,11 @@ func (a *Agent) logTransition(service string, t accrual.Transition, reaction tim
 	if reaction > 0 {
 		// Kernel's timestamp of the deciding failure -> maps written.
 		attrs = append(attrs, "reaction_us", reaction.Microseconds())
+	}
+	if t.To == accrual.Ejected && t.Endpoint == a.tripNow {
+		// The datapath took it out at that failure already (a kernel
+		// trip): no new flow waited for the reaction above.
+		attrs = append(attrs, "kernel_trip", true)
 	}
 	level := slog.LevelInfo
 	if t.To == accrual.Ejected || t.Reason == accrual.ReasonEjectionSuppressed {

@@ -91,10 +91,12 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		bpf.LbMapPbMaglevFb:    opts.MaxServices,
 		bpf.LbMapPbSvcStats:    opts.MaxServices,
 		bpf.LbMapPbSvcInflight: opts.MaxServices,
+		bpf.LbMapPbSvcTrip:     opts.MaxServices,
 		bpf.LbMapPbBackends:    opts.MaxBackends,
 		bpf.LbMapPbBeStats:     opts.MaxBackends,
 		bpf.LbMapPbBeInflight:  opts.MaxBackends,
 		bpf.LbMapPbHealth:      opts.MaxBackends,
+		bpf.LbMapPbBeTrip:      opts.MaxBackends,
 		bpf.LbMapPbSvcBackends: opts.MaxBackends,
 		bpf.LbMapPbCt:          opts.ConntrackSize,
 		bpf.LbMapPbFlows:       max(opts.ConntrackSize/2, 1), // a flow takes two conntrack entries

@@ -90,7 +90,8 @@ type Maps struct {
 	inner *ebpf.MapSpec
 	ncpu  int
 
-	t tables
+	t  tables
+	tr *Trips
 }
 
 // New wraps loaded maps. inner is the Maglev inner map template
@@ -101,13 +102,37 @@ func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
 		return nil, fmt.Errorf("maps: %w", err)
 	}
 	mm := &Maps{m: m, inner: inner.Copy(), ncpu: n}
+	if mm.tr, err = mm.OpenTrips(); err != nil {
+		return nil, fmt.Errorf("maps: %w", err)
+	}
 	mm.t.init()
 	return mm, nil
 }
 
 // Close releases the tables' handles and mappings (the tables stay: the
 // outer maps hold them).
-func (m *Maps) Close() { m.t.close() }
+func (m *Maps) Close() {
+	m.t.close()
+	m.tr.Close()
+}
+
+// SetServiceTrip writes a service's kernel-trip settings and budget (see
+// Trips.SetService).
+func (m *Maps) SetServiceTrip(id, maxFailures, kinds uint32, budget int64) {
+	m.tr.SetService(id, maxFailures, kinds, budget)
+}
+
+// ResetServiceTrip zeroes a fresh or recycled service id's trip entry.
+func (m *Maps) ResetServiceTrip(id uint32) { m.tr.ResetService(id) }
+
+// ServiceTrip reads a service's kernel-trip entry.
+func (m *Maps) ServiceTrip(id uint32) bpf.LbSvcTrip { return m.tr.Service(id) }
+
+// ResetBackendTrip starts a backend's kernel streak afresh.
+func (m *Maps) ResetBackendTrip(id uint32) { m.tr.ResetBackend(id) }
+
+// BackendTrip reads a backend's kernel streak.
+func (m *Maps) BackendTrip(id uint32) bpf.LbBeTrip { return m.tr.Backend(id) }
 
 // Raw exposes the underlying maps for tests and tools.
 func (m *Maps) Raw() *bpf.LbMaps { return m.m }

@@ -66,6 +66,7 @@ type Metrics struct {
 	ConntrackEntries   prometheus.Gauge
 	ConntrackExpired   prometheus.Counter
 	MaxInflightDefault prometheus.Gauge
+	KernelTrips        *prometheus.CounterVec
 	PolicyStatusLeader prometheus.Gauge
 	PolicyStatusWrites *prometheus.CounterVec
 }
@@ -141,6 +142,10 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "conntrack_expired_flows_total",
 			Help: "Idle flows the agent expired (their circuit-breaker slots released).",
 		}),
+		KernelTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "kernel_trips_total",
+			Help: "Endpoints the datapath ejected on its own at their maxFailures-th consecutive failure (kernel trips), by what the agent did: adopted (its ejection, with penalty and probation) or undone (accrual kept the endpoint in: max-ejection cap, fail-open).",
+		}, []string{"service", "result"}),
 		MaxInflightDefault: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "max_inflight_default",
 			Help: "The circuit-breaker limit of services that set none (--max-inflight-default, or the config file's defaults.maxInflight); 0 is no limit.",
@@ -158,7 +163,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
 		m.Withheld, m.FloodMode, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
-		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites,
+		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.KernelTrips,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})

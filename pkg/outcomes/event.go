@@ -65,6 +65,8 @@ const (
 	FlagBackendData = uint8(bpf.LbPbEventFlagPB_EVF_BACKEND_DATA)
 	FlagRepick      = uint8(bpf.LbPbEventFlagPB_EVF_REPICK)
 	FlagClient      = uint8(bpf.LbPbEventFlagPB_EVF_CLIENT)
+	// FlagTripped: this failure made the datapath eject its backend (a kernel trip).
+	FlagTripped = uint8(bpf.LbPbEventFlagPB_EVF_TRIPPED)
 )
 
 // Event is one decoded struct event.

@@ -49,6 +49,7 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 			}
 			delete(r.retiredSvc, id)
 			r.w.ResetServiceStats(id)
+			r.w.ResetServiceTrip(id)
 			s = &Service{ID: id}
 			r.services[spec.Key] = s
 			r.byID[id] = s
@@ -199,6 +200,9 @@ func (r *Reconciler) flushBackends() error {
 	var errs []error
 	if err := r.w.ResetBackendStats(ids); err != nil {
 		errs = append(errs, err)
+	}
+	for _, id := range ids {
+		r.w.ResetBackendTrip(id)
 	}
 	if r.w.SetBackends(ids, vals) == nil {
 		return errors.Join(errs...)

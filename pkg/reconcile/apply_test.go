@@ -577,7 +577,7 @@ func TestRemoveService(t *testing.T) {
 	if _, ok := e.r.ServiceByKey(web.Key); ok {
 		t.Error("ServiceByKey still finds the removed service")
 	}
-	if err := e.r.ProgramService(id, bes, nil, false); err == nil {
+	if err := e.r.ProgramService(id, bes, nil, false, 0); err == nil {
 		t.Error("ProgramService of a removed service: no error")
 	}
 	// Both ports stay while the service's flows may live on: the VIP port

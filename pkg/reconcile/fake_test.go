@@ -99,6 +99,10 @@ type fakeWriter struct {
 	partial   []uint32 // pb_partial_ifaces
 	redirect  []uint32 // pb_redirect
 	config    uint32   // pb_config flags
+	// trips are the pb_svc_trip settings written; tripResets counts the
+	// pb_be_trip streaks started afresh, by backend.
+	trips      map[uint32]tripSetting
+	tripResets map[uint32]int
 
 	ops []op
 	// calls counts the calls of each Writer method by kind, failed ones
@@ -709,4 +713,26 @@ func (f *fakeWriter) SetConfig(flags uint32) error {
 	}
 	f.config = flags
 	return nil
+}
+
+// tripSetting is a pb_svc_trip entry as the agent writes it.
+type tripSetting struct {
+	maxFailures, kinds uint32
+	budget             int64
+}
+
+func (f *fakeWriter) SetServiceTrip(id, maxFailures, kinds uint32, budget int64) {
+	if f.trips == nil {
+		f.trips = map[uint32]tripSetting{}
+	}
+	f.trips[id] = tripSetting{maxFailures, kinds, budget}
+}
+
+func (f *fakeWriter) ResetServiceTrip(id uint32) { delete(f.trips, id) }
+
+func (f *fakeWriter) ResetBackendTrip(id uint32) {
+	if f.tripResets == nil {
+		f.tripResets = map[uint32]int{}
+	}
+	f.tripResets[id]++
 }

@@ -134,7 +134,7 @@ func (e *env) bids(k desired.Key, addrs ...string) []uint32 {
 
 func (e *env) program(id uint32, active, probation []uint32, failOpen bool) {
 	e.t.Helper()
-	if err := e.r.ProgramService(id, active, probation, failOpen); err != nil {
+	if err := e.r.ProgramService(id, active, probation, failOpen, 0); err != nil {
 		e.t.Fatalf("ProgramService(%d, %v, %v, %v): %v", id, active, probation, failOpen, err)
 	}
 }

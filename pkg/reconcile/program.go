@@ -3,9 +3,11 @@ package reconcile
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/maglev"
 	"github.com/penaltybox/penaltybox/pkg/maps"
@@ -21,11 +23,15 @@ import (
 // endpoints leaving are marked ejected first (the kernel steers around
 // them at once), the fallback table exists before any endpoint enters
 // probation, and the new table goes in last.
-func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failOpen bool) error {
+func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failOpen bool, tripBudget int64) error {
 	s, ok := r.byID[id]
 	if !ok {
 		return fmt.Errorf("program service %d: unknown", id)
 	}
+	// Every time, even when nothing else changed: the datapath takes from
+	// the budget, and an undone trip gives a unit back.
+	maxFailures, kinds := tripSettings(&s.Spec)
+	r.w.SetServiceTrip(id, maxFailures, kinds, tripBudget)
 	if failOpen {
 		active, probation = s.Backends, nil
 	}
@@ -135,8 +141,62 @@ func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
 	if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, st, grants)); err != nil {
 		return fmt.Errorf("backend %s: %w", b.Addr, err)
 	}
+	// Back in: its kernel streak starts afresh, as accrual's does.
+	if st == maps.BackendActive {
+		r.w.ResetBackendTrip(id)
+	}
 	b.State = st
 	return nil
+}
+
+// UndoTrip puts back a backend the datapath ejected on its own (a kernel
+// trip) that accrual keeps in: its entry is rewritten with the state the
+// reconciler last wrote, whatever the kernel holds now, and its kernel
+// streak starts afresh.
+func (r *Reconciler) UndoTrip(id uint32) error {
+	b, ok := r.backends[id]
+	if !ok {
+		return nil
+	}
+	grants := int32(0)
+	if b.State == maps.BackendProbation {
+		grants = ProbeGrants
+	}
+	if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, b.State, grants)); err != nil {
+		return fmt.Errorf("backend %s: %w", b.Addr, err)
+	}
+	r.w.ResetBackendTrip(id)
+	return nil
+}
+
+// tripKinds are the failure kinds the datapath counts, with their bits.
+var tripKinds = []struct {
+	kind accrual.Kind
+	bit  uint32
+}{
+	{accrual.KindRefused, maps.TripRefused},
+	{accrual.KindReset, maps.TripReset},
+	{accrual.KindResetAfterData, maps.TripResetAfterData},
+}
+
+// tripSettings are a service's kernel-trip settings: its consecutive rule
+// (modes consecutive and unified, TCP) and the failure kinds the datapath
+// can tell apart; a connect timeout is the agent's own deadline, so it
+// never trips in the kernel. maxFailures 0: no kernel trips.
+func tripSettings(s *desired.Service) (maxFailures, kinds uint32) {
+	a := &s.Accrual
+	if s.Key.Protocol != desired.TCP || !a.Mode.Consecutive() || a.MaxFailures < 1 {
+		return 0, 0
+	}
+	for _, k := range tripKinds {
+		if a.FailureKinds.Has(k.kind) {
+			kinds |= k.bit
+		}
+	}
+	if kinds == 0 {
+		return 0, 0
+	}
+	return uint32(min(a.MaxFailures, math.MaxUint32)), kinds
 }
 
 // writeService writes s's pb_services entry when it changed: table n of

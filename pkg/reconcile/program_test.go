@@ -617,10 +617,10 @@ func TestProgramServiceNoEndpoints(t *testing.T) {
 
 func TestProgramServiceUnknown(t *testing.T) {
 	e, _, id := webEnv(t)
-	if err := e.r.ProgramService(id+1, nil, nil, false); err == nil {
+	if err := e.r.ProgramService(id+1, nil, nil, false, 0); err == nil {
 		t.Error("no error for an unknown service")
 	}
-	if err := e.r.ProgramService(0, nil, nil, false); err == nil {
+	if err := e.r.ProgramService(0, nil, nil, false, 0); err == nil {
 		t.Error("no error for service 0")
 	}
 	if ops := e.f.takeOps(); len(ops) != 0 {
@@ -645,7 +645,7 @@ func TestProgramServiceRetriesAfterFailure(t *testing.T) {
 			e.f.takeOps()
 
 			e.f.fail[kind] = errInjected
-			if err := e.r.ProgramService(id, []uint32{a}, []uint32{c}, false); err == nil {
+			if err := e.r.ProgramService(id, []uint32{a}, []uint32{c}, false, 0); err == nil {
 				t.Fatal("no error")
 			}
 			ops := e.f.takeOps()

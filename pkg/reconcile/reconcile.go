@@ -50,6 +50,11 @@ type Writer interface {
 	ServiceBackends(svcID uint32, n uint32) ([]uint32, error)
 	Backend(uint32) (bpf.LbBackend, error)
 
+	// Kernel trips (program.go): the datapath's own ejections.
+	SetServiceTrip(id, maxFailures, kinds uint32, budget int64)
+	ResetServiceTrip(id uint32)
+	ResetBackendTrip(id uint32)
+
 	// Accrual state kept across restarts (health.go).
 	PutHealth(uint32, bpf.LbEndpointHealth) error
 	DeleteHealth(uint32) error

@@ -84,7 +84,7 @@ func TestKnownBugFailedFallbackStillEntersProbation(t *testing.T) {
 	e.f.takeOps()
 
 	e.f.fail[opSetFallback] = errInjected
-	if err := e.r.ProgramService(id, []uint32{a, b}, []uint32{c}, false); err == nil {
+	if err := e.r.ProgramService(id, []uint32{a, b}, []uint32{c}, false, 0); err == nil {
 		t.Error("no error")
 	}
 	// The fake's invariant check fails at c's probation state; and:
@@ -197,7 +197,7 @@ func TestKnownBugAdoptedTableIndexOutOfRange(t *testing.T) {
 	if _, err := r.Apply(state(svc("web", vip1, 80, ep(beA)))); err != nil {
 		t.Error(err)
 	}
-	if err := r.ProgramService(5, []uint32{7}, nil, false); err != nil {
+	if err := r.ProgramService(5, []uint32{7}, nil, false, 0); err != nil {
 		t.Error(err)
 	}
 }

@@ -1,0 +1,82 @@
+package agent
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
+)
+
+// kernelTrip: the datapath ejected be at a refusal on its own, as it does
+// at its maxFailures-th one (the fake maps only record writes, so the test
+// writes the kernel's mark itself).
+func (e *env) kernelTrip(svc, be uint32) {
+	b := e.f.backends[be]
+	b.State = uint8(pbmaps.BackendEjected)
+	e.f.backends[be] = b
+	p := e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be, p, 0),
+		e.event(outcomes.Refused, svc, be, p, outcomes.FlagTripped)})
+}
+
+// The agent writes each service's trip settings and budget: its
+// consecutive rule and the kinds the datapath can see, the room the
+// max-ejection cap leaves.
+func TestKernelTripSettings(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 4, settings(func(s *accrual.Settings) { s.MaxEjectionPercent = 50 }))
+	e.start(state(s))
+	svc, bes := e.ids(s)
+	tr := e.f.trips[svc]
+	if tr.MaxFailures != 3 || tr.Kinds != pbmaps.TripRefused|pbmaps.TripReset || tr.Budget != 2 {
+		t.Fatalf("pb_svc_trip %+v: want maxFailures 3, refused|reset, budget 2 (50%% of 4)", tr)
+	}
+	e.eject(svc, bes[0], 3)
+	if tr := e.f.trips[svc]; tr.Budget != 1 {
+		t.Errorf("budget %d after one ejection, want 1", tr.Budget)
+	}
+	// A mode without a consecutive rule: no kernel trips.
+	s.Accrual.Mode = accrual.ModeFailureRate
+	e.a.Apply(state(s))
+	if tr := e.f.trips[svc]; tr.MaxFailures != 0 || tr.Budget != 0 {
+		t.Errorf("failure-rate mode: pb_svc_trip %+v, want trips off", tr)
+	}
+}
+
+// A kernel trip is adopted as the ejection even when accrual had counted
+// fewer failures (events lost): penalty, probation, the metric; one the
+// max-ejection cap does not allow is undone, the backend put back.
+func TestKernelTripAdoptedOrUndone(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 3, settings(func(s *accrual.Settings) { s.MaxEjectionPercent = 34 })) // one of three
+	e.start(state(s))
+	svc, bes := e.ids(s)
+
+	e.refused(svc, bes[0], false) // accrual saw one refusal of the kernel's three
+	e.kernelTrip(svc, bes[0])
+	e.wantState(bes[0], "ejected")
+	if st, _ := e.kernel(bes[0]); st != pbmaps.BackendEjected {
+		t.Fatalf("kernel state %v, want the trip kept", st)
+	}
+	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "adopted")); got != 1 {
+		t.Errorf("kernel_trips_total{adopted} = %v", got)
+	}
+	e.endPenalty(bes[0])
+	e.wantState(bes[0], "probation")
+
+	// The cap is full (one in probation): a second trip is undone.
+	e.kernelTrip(svc, bes[1])
+	e.wantState(bes[1], "ready")
+	if st, _ := e.kernel(bes[1]); st != pbmaps.BackendActive {
+		t.Fatalf("kernel state %v, want the trip undone (active)", st)
+	}
+	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "undone")); got != 1 {
+		t.Errorf("kernel_trips_total{undone} = %v", got)
+	}
+	if tr := e.f.trips[svc]; tr.Budget != 0 {
+		t.Errorf("budget %d with the cap full, want 0", tr.Budget)
+	}
+}

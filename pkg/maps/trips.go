@@ -1,0 +1,107 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/bpf"
+)
+
+// Kernel-trip failure kinds (pb_svc_trip.kinds, enum pb_trip_kind).
+const (
+	TripRefused        = uint32(bpf.LbPbTripKindPB_TRIP_REFUSED)
+	TripReset          = uint32(bpf.LbPbTripKindPB_TRIP_RESET)
+	TripResetAfterData = uint32(bpf.LbPbTripKindPB_TRIP_RESET_AFTER_DATA)
+)
+
+// Trips gives the agent the kernel-trip arrays, pb_svc_trip and
+// pb_be_trip, memory-mapped: the datapath takes budget, counts trips and
+// streaks with atomic adds, and the agent's stores land on the same words,
+// so neither side's update is lost to the other's read-modify-write.
+type Trips struct {
+	svc, be []byte
+}
+
+// OpenTrips maps both arrays.
+func (m *Maps) OpenTrips() (*Trips, error) {
+	svc, err := mmapArray(m.m.PbSvcTrip)
+	if err != nil {
+		return nil, fmt.Errorf("pb_svc_trip: %w", err)
+	}
+	be, err := mmapArray(m.m.PbBeTrip)
+	if err != nil {
+		unix.Munmap(svc)
+		return nil, fmt.Errorf("pb_be_trip: %w", err)
+	}
+	return &Trips{svc: svc, be: be}, nil
+}
+
+// Close unmaps the arrays.
+func (t *Trips) Close() error {
+	return errors.Join(unix.Munmap(t.svc), unix.Munmap(t.be))
+}
+
+// element returns the id-th value of an array of T, or nil out of range.
+func element[T any](b []byte, id uint32) *T {
+	size := (int(unsafe.Sizeof(*new(T))) + 7) &^ 7
+	off := int(id) * size
+	if off+size > len(b) {
+		return nil
+	}
+	return (*T)(unsafe.Pointer(&b[off]))
+}
+
+// SetService writes a service's trip settings and budget: maxFailures 0
+// turns its kernel trips off; budget is how many more of its backends the
+// datapath may eject (the agent's maxEjectionPercent room).
+func (t *Trips) SetService(id, maxFailures, kinds uint32, budget int64) {
+	v := element[bpf.LbSvcTrip](t.svc, id)
+	if v == nil {
+		return
+	}
+	atomic.StoreUint32(&v.MaxFailures, maxFailures)
+	atomic.StoreUint32(&v.Kinds, kinds)
+	atomic.StoreInt64(&v.Budget, budget)
+}
+
+// ResetService zeroes a service's entry, counters included: only for a
+// fresh or recycled id.
+func (t *Trips) ResetService(id uint32) {
+	if v := element[bpf.LbSvcTrip](t.svc, id); v != nil {
+		atomic.StoreUint32(&v.MaxFailures, 0)
+		atomic.StoreUint32(&v.Kinds, 0)
+		atomic.StoreInt64(&v.Budget, 0)
+		atomic.StoreUint64(&v.Trips, 0)
+		atomic.StoreUint64(&v.Suppressed, 0)
+	}
+}
+
+// Service reads a service's entry.
+func (t *Trips) Service(id uint32) bpf.LbSvcTrip {
+	v := element[bpf.LbSvcTrip](t.svc, id)
+	if v == nil {
+		return bpf.LbSvcTrip{}
+	}
+	return bpf.LbSvcTrip{MaxFailures: atomic.LoadUint32(&v.MaxFailures), Kinds: atomic.LoadUint32(&v.Kinds),
+		Budget: atomic.LoadInt64(&v.Budget), Trips: atomic.LoadUint64(&v.Trips), Suppressed: atomic.LoadUint64(&v.Suppressed)}
+}
+
+// ResetBackend starts a backend's kernel streak afresh.
+func (t *Trips) ResetBackend(id uint32) {
+	if v := element[bpf.LbBeTrip](t.be, id); v != nil {
+		atomic.StoreUint32(&v.Failures, 0)
+	}
+}
+
+// Backend reads a backend's streak and its last trip's kernel time.
+func (t *Trips) Backend(id uint32) bpf.LbBeTrip {
+	v := element[bpf.LbBeTrip](t.be, id)
+	if v == nil {
+		return bpf.LbBeTrip{}
+	}
+	return bpf.LbBeTrip{Failures: atomic.LoadUint32(&v.Failures), TrippedNs: atomic.LoadUint64(&v.TrippedNs)}
+}

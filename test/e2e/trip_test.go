@@ -1,0 +1,76 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/penaltybox/penaltybox/internal/testnet"
+)
+
+// A kernel trip needs no agent: with the agent frozen (SIGSTOP), a backend
+// that refuses every connection gets exactly maxFailures connections, the
+// datapath ejects it at the last, and every later connection goes to the
+// other backends. Thawed, the agent adopts the ejection: state, penalty,
+// the metric, the log line. Without kernel trips a third of the
+// connections would be refused for as long as the agent is frozen.
+func TestKernelTripWithoutTheAgent(t *testing.T) {
+	e := newEnv(t, 3)
+	if err := e.topo.Backend(3).SetMode(testnet.Refuse); err != nil {
+		t.Fatal(err)
+	}
+	e.startAgent(config(e.topo, all(3), accrualYAML))
+	if err := e.agent.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			if err := e.agent.Signal(syscall.SIGCONT); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(thaw)
+
+	// One connection at a time, so no connection can be on its way to the
+	// backend while the deciding refusal is: the count is exact.
+	rs, err := testnet.Load(e.ctx, e.topo.Client, testnet.LoadSpec{Target: testnet.VIP + ":80",
+		Rate: 100, Count: 150, Concurrency: 1, ConnectOnly: true, ConnectTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	thaw()
+	started := len(rs) - rs.Count(testnet.NotStarted)
+	t.Logf("agent frozen: %v", rs)
+	if refused := rs.Count(testnet.Refused); refused != maxFailures || rs.Count(testnet.OK) != started-maxFailures || started < 100 {
+		t.Fatalf("%d started, %d refused, %d OK: want exactly %d refused and the rest OK", started, refused, rs.Count(testnet.OK), maxFailures)
+	}
+
+	// The agent, thawed, reads the trip and makes it its ejection.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if st, _ := e.state(b3); st == "ejected" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the thawed agent did not adopt the kernel trip")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m := e.metrics()
+	if got := m.Get("penaltybox_kernel_trips_total", "service", "web", "result", "adopted"); got != 1 {
+		t.Errorf("penaltybox_kernel_trips_total{adopted} = %v, want 1", got)
+	}
+	if got := m.Get("penaltybox_endpoint_ejections_total", "endpoint", b3); got != 1 {
+		t.Errorf("ejections of b3 = %v, want 1", got)
+	}
+	if !e.agent.LogContains("endpoint ejected", b3, `"kernel_trip":true`) {
+		t.Errorf("no ejection log line with kernel_trip:\n%s", e.agent.LogTail(20))
+	}
+	if tail := e.agent.LogTail(40); strings.Contains(tail, "kernel trip undone") {
+		t.Errorf("the trip was undone:\n%s", tail)
+	}
+}
