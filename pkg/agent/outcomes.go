@@ -28,6 +28,7 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 		tripped := ev.Flags&outcomes.FlagTripped != 0 && (ev.Type == outcomes.Refused || ev.Type == outcomes.Reset)
 		if tripped {
 			a.tripNow = ev.Backend
+			a.rec.NoteKernelTrip(ev.Backend)
 		}
 		if o, ok := a.tracker.Classify(*ev); ok {
 			a.observe(o)

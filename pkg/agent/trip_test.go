@@ -80,3 +80,21 @@ func TestKernelTripAdoptedOrUndone(t *testing.T) {
 		t.Errorf("budget %d with the cap full, want 0", tr.Budget)
 	}
 }
+
+// Every endpoint tripped in the kernel: accrual fails open, and the
+// kernel's entries say so too (each trip is written over, even where the
+// reconciler had last written "active").
+func TestKernelTripsIntoFailOpen(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, bes := e.ids(s)
+	e.kernelTrip(svc, bes[0])
+	e.kernelTrip(svc, bes[1])
+	for _, be := range bes {
+		if st, _ := e.kernel(be); st != pbmaps.BackendActive {
+			t.Errorf("backend %d is %v in the kernel while failing open, want active", be, st)
+		}
+	}
+	e.wantReachable(s, bes...)
+}

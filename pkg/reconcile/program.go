@@ -35,7 +35,8 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 	if failOpen {
 		active, probation = s.Backends, nil
 	}
-	if s.FailOpen == failOpen && slices.Equal(s.Active, active) && slices.Equal(s.Probation, probation) && s.Active != nil {
+	if s.FailOpen == failOpen && slices.Equal(s.Active, active) && slices.Equal(s.Probation, probation) && s.Active != nil &&
+		!slices.ContainsFunc(s.Backends, func(id uint32) bool { b := r.backends[id]; return b != nil && b.Tripped }) {
 		return nil
 	}
 	in := map[uint32]maps.BackendState{}
@@ -131,7 +132,7 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 // new, so a probe the kernel already admitted is not repeated.
 func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
 	b := r.backends[id]
-	if b.State == st {
+	if b.State == st && !b.Tripped {
 		return nil
 	}
 	grants := int32(0)
@@ -145,8 +146,17 @@ func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
 	if st == maps.BackendActive {
 		r.w.ResetBackendTrip(id)
 	}
-	b.State = st
+	b.State, b.Tripped = st, false
 	return nil
+}
+
+// NoteKernelTrip records that the datapath ejected backend id on its own:
+// whatever is decided next about it is written, even a state the
+// reconciler believes the kernel holds already.
+func (r *Reconciler) NoteKernelTrip(id uint32) {
+	if b, ok := r.backends[id]; ok {
+		b.Tripped = true
+	}
 }
 
 // UndoTrip puts back a backend the datapath ejected on its own (a kernel
@@ -165,6 +175,7 @@ func (r *Reconciler) UndoTrip(id uint32) error {
 	if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, b.State, grants)); err != nil {
 		return fmt.Errorf("backend %s: %w", b.Addr, err)
 	}
+	b.Tripped = false
 	r.w.ResetBackendTrip(id)
 	return nil
 }

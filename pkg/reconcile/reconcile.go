@@ -94,6 +94,10 @@ type Backend struct {
 	Name      string
 	State     maps.BackendState
 	RemovedAt time.Time // when it left the desired state
+	// Tripped: the datapath ejected it on its own (a kernel trip) since
+	// its entry was last written here, so the kernel holds "ejected"
+	// whatever State says; the next write of its state is not skipped.
+	Tripped bool
 }
 
 // Reconciler programs maps. Not safe for concurrent use: the agent's loop
