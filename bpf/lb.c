@@ -899,6 +899,45 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 	return to_backend(ctx, p, ct->nat_addr.v4, ct->nat_port, ct->svc_id, ct->backend_id, gs);
 }
 
+static __always_inline __u32 syn_slot(__be32 client, __be16 port)
+{
+	return ((bpf_ntohl(client) * PB_VIP_SLOT_MUL) ^ ((__u32)bpf_ntohs(port) * PB_SYN_PORT_MUL)) >>
+	       (32 - PB_SYN_SLOT_BITS);
+}
+
+/* keep_syn copies a client's SYN into pb_syns, untouched (before NAT), so
+ * that the agent can replay it to another backend the moment this one
+ * refuses it: the client's connect then succeeds in one more round trip
+ * instead of waiting for its own retransmission. */
+static __always_inline void keep_syn(struct xdp_md *ctx, struct pkt *p)
+{
+	struct iphdr *ip = p->ip;
+	struct tcphdr *tcp = (void *)p->ports;
+	void *data_end = (void *)(long)ctx->data_end;
+	if ((void *)(tcp + 1) > data_end)
+		return;
+	__u32 k = syn_slot(ip->saddr, p->ports[0]);
+	struct syn_copy *c = bpf_map_lookup_elem(&pb_syns, &k);
+	if (!c)
+		return;
+	__u32 opt_len = tcp->doff * 4 - sizeof(*tcp);
+	if (opt_len > PB_SYN_MAX_OPTS)
+		return;
+	__u32 off = (void *)(tcp + 1) - (void *)(long)ctx->data;
+	if (opt_len && bpf_xdp_load_bytes(ctx, off, c->opts, opt_len))
+		return;
+	c->client = ip->saddr;
+	c->vip = ip->daddr;
+	c->client_port = p->ports[0];
+	c->vip_port = p->ports[1];
+	c->ifindex = p->ifindex;
+	__builtin_memcpy(c->eth, p->eth, sizeof(c->eth));
+	c->seq = tcp->seq;
+	c->window = tcp->window;
+	c->ttl = ip->ttl;
+	c->opt_len = opt_len;
+}
+
 /* handle_forward handles a client packet to a service that is not the
  * plain established case: a new flow, or SYN, FIN or RST on a known one
  * (ct, when not NULL). */
@@ -908,6 +947,9 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 {
 	struct ct_value fv;
 	int rc;
+	if ((svc->flags & PB_SVC_F_RETRY_REFUSED) && p->proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN)) == TCP_SYN)
+		keep_syn(ctx, p);
 	if (ct) {
 		fv = *ct;
 		rc = client_control(p, svc, fk, &fv, gs);
@@ -990,10 +1032,12 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 					/* picked up without its handshake: not an outcome */
 				} else if (!(old & PB_CT_ESTABLISHED)) {
 					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED);
+					if (set & PB_CT_RESCUED) {
+						rescue = (old & PB_CT_PROBE) ? 1 : 2;
+						evf |= PB_EVF_RESCUED;
+					}
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
-					if (set & PB_CT_RESCUED)
-						rescue = (old & PB_CT_PROBE) ? 1 : 2;
 				} else {
 					if (old & PB_CT_BACKEND_DATA)
 						evf |= PB_EVF_BACKEND_DATA;

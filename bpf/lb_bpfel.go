@@ -163,6 +163,7 @@ const (
 	LbPbEventFlagPB_EVF_REPICK       LbPbEventFlag = 4
 	LbPbEventFlagPB_EVF_CLIENT       LbPbEventFlag = 8
 	LbPbEventFlagPB_EVF_TRIPPED      LbPbEventFlag = 16
+	LbPbEventFlagPB_EVF_RESCUED      LbPbEventFlag = 32
 )
 
 type LbPbEventType uint32
@@ -240,6 +241,21 @@ type LbSvcValue struct {
 	Pad                   uint32
 }
 
+type LbSynCopy struct {
+	_          structs.HostLayout
+	Client     uint32
+	Vip        uint32
+	ClientPort uint16
+	VipPort    uint16
+	Ifindex    uint32
+	Eth        [12]uint8
+	Seq        uint32
+	Window     uint16
+	Ttl        uint8
+	OptLen     uint8
+	Opts       [40]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -264,6 +280,7 @@ const (
 	LbMapPbSvcInflight      = "pb_svc_inflight"
 	LbMapPbSvcStats         = "pb_svc_stats"
 	LbMapPbSvcTrip          = "pb_svc_trip"
+	LbMapPbSyns             = "pb_syns"
 	LbMapPbVipSlots         = "pb_vip_slots"
 	LbProgPbXdp             = "pb_xdp"
 	LbVarUnusedBackendState = "unused_backend_state"
@@ -343,6 +360,7 @@ type LbMapSpecs struct {
 	PbSvcInflight   *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.MapSpec `ebpf:"pb_svc_stats"`
 	PbSvcTrip       *ebpf.MapSpec `ebpf:"pb_svc_trip"`
+	PbSyns          *ebpf.MapSpec `ebpf:"pb_syns"`
 	PbVipSlots      *ebpf.MapSpec `ebpf:"pb_vip_slots"`
 }
 
@@ -398,6 +416,7 @@ type LbMaps struct {
 	PbSvcInflight   *ebpf.Map `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.Map `ebpf:"pb_svc_stats"`
 	PbSvcTrip       *ebpf.Map `ebpf:"pb_svc_trip"`
+	PbSyns          *ebpf.Map `ebpf:"pb_syns"`
 	PbVipSlots      *ebpf.Map `ebpf:"pb_vip_slots"`
 }
 
@@ -423,6 +442,7 @@ func (m *LbMaps) Close() error {
 		m.PbSvcInflight,
 		m.PbSvcStats,
 		m.PbSvcTrip,
+		m.PbSyns,
 		m.PbVipSlots,
 	)
 }

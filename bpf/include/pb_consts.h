@@ -89,6 +89,7 @@ enum pb_event_flag {
 	PB_EVF_REPICK = 0x04,       /* NEW_FLOW: moved on a retransmitted SYN (ejected or refusing backend) */
 	PB_EVF_CLIENT = 0x08,       /* FLOW_END: the client ended it */
 	PB_EVF_TRIPPED = 0x10,      /* REFUSED, RESET: this failure made the datapath eject the backend (pb_be_trip) */
+	PB_EVF_RESCUED = 0x20,      /* REFUSED: the RST was kept from the client; its SYN may be replayed (pb_syns) */
 };
 
 /* pb_svc_trip.kinds: the failures the datapath counts towards a trip. */
@@ -101,6 +102,14 @@ enum pb_trip_kind {
 /* Circuit breaker: how many of a service's backends a new flow scans for
  * room when its own is at the per-endpoint limit. */
 #define PB_MAX_SCAN 4096
+
+/* pb_syns: slot = the top PB_SYN_SLOT_BITS bits of (host-order client
+ * address * PB_VIP_SLOT_MUL) ^ (host-order client port * PB_SYN_PORT_MUL)
+ * (pkg/maps.SynSlot computes the same). */
+#define PB_SYN_SLOT_BITS 16
+#define PB_SYN_SLOTS (1 << PB_SYN_SLOT_BITS)
+#define PB_SYN_PORT_MUL 0x85ebca6bu
+#define PB_SYN_MAX_OPTS 40
 
 /* pb_config.flags */
 #define PB_CFG_REDIRECT 0x1 /* try bpf_fib_lookup + redirect after NAT */

@@ -96,6 +96,25 @@ struct flow_value {
 	__u64 created_ns;
 };
 
+/* pb_syns[slot]: a copy of the last SYN seen of a flow to a service with
+ * retryRefused, as the client sent it, so that the agent can replay it at
+ * once when the backend refuses (the datapath keeps that RST from the
+ * client). Written by the datapath; read by the agent. A slot holds one
+ * flow (the tag says which): a newer SYN hashing there replaces it. */
+struct syn_copy {
+	__be32 client;      /* tag: client address and port, VIP and port */
+	__be32 vip;
+	__be16 client_port;
+	__be16 vip_port;
+	__u32 ifindex;      /* the interface it came in on */
+	__u8 eth[12];       /* its destination and source MAC */
+	__be32 seq;         /* the client's initial sequence number */
+	__be16 window;
+	__u8 ttl;
+	__u8 opt_len;       /* bytes of TCP options in opts (0..40) */
+	__u8 opts[PB_SYN_MAX_OPTS];
+};
+
 /* pb_svc_trip[svc_id]: when the datapath ejects a backend of the service
  * itself (a kernel trip), without waiting for the agent. */
 struct svc_trip {

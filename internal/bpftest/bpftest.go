@@ -124,6 +124,23 @@ func TCP(src, dst netip.AddrPort, f TCPFlags, payload []byte) []byte {
 	return serialize(ip, tcp, payload)
 }
 
+// LinuxSYN crafts the SYN a Linux client sends: DF, TTL 64, and the
+// options MSS 1460, SACK permitted, timestamps, window scale 7.
+func LinuxSYN(src, dst netip.AddrPort, seq uint32) []byte {
+	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolTCP, Flags: layers.IPv4DontFragment,
+		SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice(), Id: 1}
+	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()),
+		SYN: true, Seq: seq, Window: 64240, Options: []layers.TCPOption{
+			{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}},
+			{OptionType: layers.TCPOptionKindSACKPermitted, OptionLength: 2},
+			{OptionType: layers.TCPOptionKindTimestamps, OptionLength: 10, OptionData: []byte{0, 0, 0x30, 0x39, 0, 0, 0, 0}},
+			{OptionType: layers.TCPOptionKindNop},
+			{OptionType: layers.TCPOptionKindWindowScale, OptionLength: 3, OptionData: []byte{7}},
+		}}
+	tcp.SetNetworkLayerForChecksum(ip)
+	return serialize(ip, tcp, nil)
+}
+
 // UDP crafts an Ethernet/IPv4/UDP packet with a valid checksum.
 func UDP(src, dst netip.AddrPort, payload []byte) []byte {
 	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolUDP,

@@ -1,5 +1,6 @@
 // Package csum computes the internet checksum (RFC 1071) of packets that
-// tests and benchmarks craft or capture.
+// tests and benchmarks craft or capture, and of the SYNs pkg/replay
+// rebuilds.
 package csum
 
 import "encoding/binary"

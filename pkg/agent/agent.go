@@ -103,10 +103,18 @@ type Config struct {
 	// MaxInflightDefault is the circuit-breaker limit of services that set
 	// none (a config file's defaults.maxInflight replaces it).
 	MaxInflightDefault uint32
+	// Replayer sends a refused flow's SYN again at once (nil: the client's
+	// own retransmission does, about a second later).
+	Replayer Replayer
 	// ProbeCheck is how often Run looks for stalled probation and retries
 	// failed writes (default 2s); SweepEvery how often it sweeps conntrack
 	// (default 10s).
 	ProbeCheck, SweepEvery time.Duration
+}
+
+// Replayer replays the SYN client sent to vip (pkg/replay).
+type Replayer interface {
+	Replay(client, vip netip.AddrPort) error
 }
 
 // Agent owns the reconciler, the accrual engine and the outcome tracker.
@@ -141,6 +149,10 @@ type Agent struct {
 	events     Events
 	monoOffset int64
 	eventTypes [16]interface{ Inc() }
+	replayer   Replayer
+	// replayErr: a replay failure has been logged (the metric counts the
+	// rest).
+	replayErr bool
 	// tripNow is the backend whose kernel trip is being handled (noTrip:
 	// none), so its ejection's log line says so.
 	tripNow uint32
@@ -222,6 +234,7 @@ func New(c Config) (*Agent, error) {
 		retry:              map[uint32]bool{},
 		timeouts:           map[uint32]*svcTimeouts{},
 		maxInflightDefault: c.MaxInflightDefault,
+		replayer:           c.Replayer,
 		monoOffset:         outcomes.MonoOffset(),
 	}
 	a.every.probes, a.every.sweep = c.ProbeCheck, c.SweepEvery

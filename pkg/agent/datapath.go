@@ -9,6 +9,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
+	"github.com/penaltybox/penaltybox/pkg/replay"
 )
 
 // Node is an agent over a loaded datapath: the production wiring of
@@ -56,6 +57,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		Writer: n.maps, Stats: n.maps, Inflight: n.inflight, Sweeper: reaper, Hooks: n.Datapath,
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
 		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault,
+		Replayer: replay.New(n.Datapath.PbXdp, n.Datapath.PbSyns),
 	})
 	if err != nil {
 		return nil, err

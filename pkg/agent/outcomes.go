@@ -2,13 +2,16 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"net/netip"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
+	"github.com/penaltybox/penaltybox/pkg/replay"
 )
 
 // HandleEvents feeds one batch of kernel events through classification
@@ -24,6 +27,11 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 		}
 		if ev.Type == outcomes.NewFlow && ev.Flags&outcomes.FlagProbe != 0 {
 			a.probeSeen[ev.Backend] = a.clk.Now()
+		}
+		// First, before accrual may spend time on a table: the client
+		// waits for this.
+		if ev.Type == outcomes.Refused && ev.Flags&outcomes.FlagRescued != 0 {
+			a.replay(ev)
 		}
 		tripped := ev.Flags&outcomes.FlagTripped != 0 && (ev.Type == outcomes.Refused || ev.Type == outcomes.Reset)
 		if tripped {
@@ -86,6 +94,33 @@ func (a *Agent) adoptTrip(ev *outcomes.Event) {
 		a.log.Error("undo a kernel trip", "endpoint", a.endpointName(ev.Backend), "err", err)
 	}
 	a.program(ev.Service) // the budget unit it took comes back
+}
+
+// replay sends a refused flow's SYN again, so that the datapath moves it
+// to another backend now rather than on the client's retransmission.
+func (a *Agent) replay(ev *outcomes.Event) {
+	if a.replayer == nil {
+		return
+	}
+	s, ok := a.rec.Service(ev.Service)
+	if !ok {
+		return
+	}
+	vip := netip.AddrPortFrom(s.Spec.Key.VIP, s.Spec.Key.Port)
+	err := a.replayer.Replay(ev.Client, vip)
+	switch {
+	case err == nil:
+		a.metrics.Replays.WithLabelValues("sent").Inc()
+	case errors.Is(err, replay.ErrNoCopy):
+		a.metrics.Replays.WithLabelValues("no_copy").Inc()
+	default:
+		a.metrics.Replays.WithLabelValues("error").Inc()
+		if !a.replayErr {
+			a.replayErr = true
+			a.log.Error("replaying a refused SYN failed; clients wait for their own retransmission (further failures are only counted)",
+				"service", s.Spec.Name, "client", ev.Client.String(), "err", err)
+		}
+	}
 }
 
 // syncCounters carries counts kept outside Prometheus into it.

@@ -62,7 +62,8 @@ type Config struct {
 	// (the agent's --max-inflight-default applies then), 0 for no limit.
 	MaxInflight            *uint32
 	MaxInflightPerEndpoint *uint32
-	// RetryRefused is defaults.retryRefused (false when unset).
+	// RetryRefused is defaults.retryRefused (true when unset: a refused
+	// SYN is replayed to another backend at once).
 	RetryRefused bool
 }
 
@@ -112,6 +113,7 @@ func Parse(data []byte) (*Config, error) {
 		MaglevTableSize:    parseMaglev(raw.Maglev, &errs),
 	}
 
+	c.RetryRefused = true
 	var rd *rawAccrual
 	if raw.Defaults != nil {
 		rd = raw.Defaults.FailureAccrual

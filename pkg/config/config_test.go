@@ -89,6 +89,9 @@ func TestExample(t *testing.T) {
 			Accrual:   defaults,
 		},
 	}}
+	for i := range want.Services {
+		want.Services[i].RetryRefused = true // the default
+	}
 	got := c.Desired()
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Desired() =\n%+v\nwant\n%+v", got, want)

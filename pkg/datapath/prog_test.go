@@ -47,6 +47,7 @@ const (
 	evfBackendData = 0x02
 	evfRepick      = 0x04
 	evfClient      = uint8(bpf.LbPbEventFlagPB_EVF_CLIENT)
+	evfRescued     = uint8(bpf.LbPbEventFlagPB_EVF_RESCUED)
 )
 
 type fixture struct {
@@ -628,7 +629,7 @@ func TestRefusedProbeIsRescued(t *testing.T) {
 	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.RST, nil)); ret != bpftest.XDPDrop {
 		t.Fatalf("the refused probe's RST was not kept from the client: verdict %d", ret)
 	}
-	f.wantEvents(ev(evNewFlow, evfProbe, id1, client), ev(evRefused, evfProbe, id1, client))
+	f.wantEvents(ev(evNewFlow, evfProbe, id1, client), ev(evRefused, evfProbe|evfRescued, id1, client))
 
 	// The agent ejects it again; the client retransmits its SYN.
 	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendEjected, 0)))
@@ -703,7 +704,7 @@ func TestRetryRefusedSendsTheRetransmissionElsewhere(t *testing.T) {
 	if p.Dst != be2 {
 		t.Fatalf("retransmitted SYN went to %v, want the other backend %v", p.Dst, be2)
 	}
-	f.wantEvents(ev(evRefused, 0, id1, client), ev(evNewFlow, evfRepick, id2, client))
+	f.wantEvents(ev(evRefused, evfRescued, id1, client), ev(evNewFlow, evfRepick, id2, client))
 	// Refused again: once per connection, so this time the client hears it.
 	if ret, out := bpftest.Run(t, f.PbXdp, bpftest.TCP(be2, client, bpftest.RST, nil)); ret != bpftest.XDPPass || len(out) == 0 {
 		t.Fatalf("the second refusal was kept from the client too: verdict %d", ret)

@@ -63,9 +63,10 @@ type Settings struct {
 }
 
 // DefaultSettings are the settings of a Service without annotations:
-// accrual.Defaults() and the given circuit-breaker limit.
+// accrual.Defaults(), the given circuit-breaker limit, and refused SYNs
+// replayed to another endpoint (retryRefused).
 func DefaultSettings(maxInflight uint32) Settings {
-	return Settings{Accrual: accrual.Defaults(), MaxInflight: maxInflight}
+	return Settings{Accrual: accrual.Defaults(), MaxInflight: maxInflight, RetryRefused: true}
 }
 
 // annotation is one settable field: its key, the field it sets (by the

@@ -52,7 +52,7 @@ func TestParseAnnotations(t *testing.T) {
 				Window:             30 * time.Second, WindowCalls: 200, MinCalls: 20, FailureRateThreshold: 0.3,
 				SlowConnectThreshold: 50 * time.Millisecond, SlowConnectRateThreshold: 0.4,
 				Outliers: true, OutlierStdevFactor: 2.5, OutlierMinHosts: 3, OutlierMinCalls: 50},
-			MaxInflight: 1000, MaxInflightPerEndpoint: 100,
+			MaxInflight: 1000, MaxInflightPerEndpoint: 100, RetryRefused: true,
 		}},
 		{"Linkerd's unified breaker", map[string]string{
 			"balancer.linkerd.io/failure-accrual":                                 "unified",
@@ -83,7 +83,7 @@ func TestParseAnnotations(t *testing.T) {
 		}, with(func(s *Settings) { s.Accrual.MaxFailures = 4 })},
 		{"surrounding spaces trimmed", map[string]string{AnnotationMinPenalty: " 3s\n"}, with(func(s *Settings) { s.Accrual.MinPenalty = 3 * time.Second })},
 		{"max-inflight 0 means no limit", map[string]string{AnnotationMaxInflight: "0"}, def},
-		{"retry-refused", map[string]string{AnnotationRetryRefused: "true"}, with(func(s *Settings) { s.RetryRefused = true })},
+		{"retry-refused off", map[string]string{AnnotationRetryRefused: "false"}, with(func(s *Settings) { s.RetryRefused = false })},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

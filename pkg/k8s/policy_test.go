@@ -57,7 +57,7 @@ func TestApplyPolicyPrecedence(t *testing.T) {
 		{"maxFailures (annotation, the policy leaves it out)", s.Accrual.MaxFailures, 3},
 		{"maxPenalty (default, set by neither)", s.Accrual.MaxPenalty, accrual.Defaults().MaxPenalty},
 		{"maxInflightPerEndpoint (default)", s.MaxInflightPerEndpoint, uint32(0)},
-		{"retryRefused (default)", s.RetryRefused, false},
+		{"retryRefused (default)", s.RetryRefused, true},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
@@ -65,9 +65,9 @@ func TestApplyPolicyPrecedence(t *testing.T) {
 	}
 	// 0 is "no limit", not "absent".
 	p.Spec.CircuitBreaker.MaxInflightRequests = ptr.To[int64](0)
-	p.Spec.RetryRefused = ptr.To(true)
-	if s, _ := ApplyPolicy(p, annotated); s.MaxInflight != 0 || !s.RetryRefused {
-		t.Errorf("maxInflightRequests 0, retryRefused true: got %d, %v", s.MaxInflight, s.RetryRefused)
+	p.Spec.RetryRefused = ptr.To(false)
+	if s, _ := ApplyPolicy(p, annotated); s.MaxInflight != 0 || s.RetryRefused {
+		t.Errorf("maxInflightRequests 0, retryRefused false: got %d, %v", s.MaxInflight, s.RetryRefused)
 	}
 	// No policy fields at all: the annotated settings unchanged.
 	if s, err := ApplyPolicy(policy("empty", 0, "", "web"), annotated); err != nil || s != annotated {

@@ -97,6 +97,8 @@ func dsvc(name string, port uint16, proto desired.Protocol, eps ...desired.Endpo
 		Key:       desired.Key{VIP: netip.MustParseAddr(vip), Port: port, Protocol: proto},
 		Endpoints: eps,
 		Accrual:   accrual.Defaults(),
+		// Refused SYNs are replayed unless a Service says otherwise.
+		RetryRefused: true,
 	}
 }
 

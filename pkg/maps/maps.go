@@ -116,6 +116,12 @@ func (m *Maps) Close() {
 	m.tr.Close()
 }
 
+// SynSlot is the pb_syns slot of a client's SYN (PB_SYN_SLOT_BITS).
+func SynSlot(client netip.Addr, port uint16) uint32 {
+	a := binary.BigEndian.Uint32(client.AsSlice())
+	return (a*0x9e3779b1 ^ uint32(port)*0x85ebca6b) >> (32 - 16)
+}
+
 // SetServiceTrip writes a service's kernel-trip settings and budget (see
 // Trips.SetService).
 func (m *Maps) SetServiceTrip(id, maxFailures, kinds uint32, budget int64) {

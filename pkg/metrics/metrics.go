@@ -67,6 +67,7 @@ type Metrics struct {
 	ConntrackExpired   prometheus.Counter
 	MaxInflightDefault prometheus.Gauge
 	KernelTrips        *prometheus.CounterVec
+	Replays            *prometheus.CounterVec
 	PolicyStatusLeader prometheus.Gauge
 	PolicyStatusWrites *prometheus.CounterVec
 }
@@ -146,6 +147,10 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "kernel_trips_total",
 			Help: "Endpoints the datapath ejected on its own at their maxFailures-th consecutive failure (kernel trips), by what the agent did: adopted (its ejection, with penalty and probation) or undone (accrual kept the endpoint in: max-ejection cap, fail-open).",
 		}, []string{"service", "result"}),
+		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "syn_replays_total",
+			Help: "Refused SYNs (retryRefused) sent again at once for the datapath to move to another backend, by result: sent, no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead), error.",
+		}, []string{"result"}),
 		MaxInflightDefault: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "max_inflight_default",
 			Help: "The circuit-breaker limit of services that set none (--max-inflight-default, or the config file's defaults.maxInflight); 0 is no limit.",
@@ -163,7 +168,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
 		m.Withheld, m.FloodMode, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
-		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.KernelTrips,
+		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.KernelTrips, m.Replays,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})

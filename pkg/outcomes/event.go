@@ -67,6 +67,8 @@ const (
 	FlagClient      = uint8(bpf.LbPbEventFlagPB_EVF_CLIENT)
 	// FlagTripped: this failure made the datapath eject its backend (a kernel trip).
 	FlagTripped = uint8(bpf.LbPbEventFlagPB_EVF_TRIPPED)
+	// FlagRescued: a refusal kept from the client; its SYN may be replayed.
+	FlagRescued = uint8(bpf.LbPbEventFlagPB_EVF_RESCUED)
 )
 
 // Event is one decoded struct event.

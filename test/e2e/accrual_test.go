@@ -303,9 +303,11 @@ func TestRestartKeepsPenalty(t *testing.T) {
 	}
 }
 
-// With retryRefused, a refusing backend costs its clients a delay, not a
-// failure: each refused connection's retransmitted SYN is sent to another
-// backend, and the backend is ejected as usual.
+// With retryRefused, a refusing backend costs its clients neither a
+// failure nor a wait: the datapath keeps each refusal from its client and
+// the agent replays the client's SYN at once, which the datapath sends to
+// another backend. No connection waits for its own SYN retransmission (1s
+// on Linux), and the backend is ejected as usual.
 func TestRetryRefusedHidesRefusals(t *testing.T) {
 	e := newEnv(t, 3)
 	e.topo.Backend(3).SetMode(testnet.Refuse)
@@ -317,10 +319,27 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 	if f := rs.Failures(); f != 0 {
 		t.Fatalf("%d connections failed: %v", f, rs.Counts())
 	}
+	// A replayed connection takes a round trip more; one left to the
+	// client's retransmission takes a second more. Half a second tells
+	// them apart on any machine.
+	var waited int
+	for _, r := range rs {
+		if r.Latency >= 500*time.Millisecond {
+			waited++
+		}
+	}
 	if st, _ := e.state(b3); st != "ejected" && st != "probation" {
 		t.Fatalf("b3 is %s, want ejected", st)
 	}
 	m := e.metrics()
+	replayed := m.Get("penaltybox_syn_replays_total", "result", "sent")
+	t.Logf("%v SYNs replayed, %d connections waited >= 500ms", replayed, waited)
+	if waited != 0 {
+		t.Errorf("%d connections waited for their own SYN retransmission", waited)
+	}
+	if replayed < maxFailures {
+		t.Errorf("replayed SYNs = %v, want >= %d", replayed, maxFailures)
+	}
 	if got := m.Get("penaltybox_datapath_refused_retried_total", "result", "retried"); got < maxFailures {
 		t.Errorf("retried flows = %v, want >= %d", got, maxFailures)
 	}

@@ -26,7 +26,10 @@ func TestPartlyRefusingEndpoint(t *testing.T) {
 			if err := e.topo.Backend(3).RefuseShare(0.3); err != nil {
 				t.Fatal(err)
 			}
-			e.startAgent(config(e.topo, all(3), fmt.Sprintf(`    failureAccrual:
+			// Refusals reach the clients (no replay): the test is about
+			// what accrual alone protects.
+			e.startAgent(config(e.topo, all(3), fmt.Sprintf(`    retryRefused: false
+    failureAccrual:
       mode: %s
       minPenalty: 1s
       maxPenalty: 1m

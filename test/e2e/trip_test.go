@@ -15,12 +15,15 @@ import (
 // other backends. Thawed, the agent adopts the ejection: state, penalty,
 // the metric, the log line. Without kernel trips a third of the
 // connections would be refused for as long as the agent is frozen.
+// (retryRefused is off so that refusals reach the clients and are counted.)
 func TestKernelTripWithoutTheAgent(t *testing.T) {
 	e := newEnv(t, 3)
 	if err := e.topo.Backend(3).SetMode(testnet.Refuse); err != nil {
 		t.Fatal(err)
 	}
-	e.startAgent(config(e.topo, all(3), accrualYAML))
+	// Refusals reach the clients: a frozen agent replays nothing, and the
+	// count is what the kernel lets through.
+	e.startAgent(config(e.topo, all(3), accrualYAML+"    retryRefused: false\n"))
 	if err := e.agent.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

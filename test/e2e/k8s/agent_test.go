@@ -223,6 +223,15 @@ func TestKubernetesMode(t *testing.T) {
 		if got := m.Get("penaltybox_endpoint_ejections_total", "service", httpSvc, "endpoint", "198.18.3.2:8080"); got < 1 {
 			t.Errorf("penaltybox_endpoint_ejections_total of b3 = %v", got)
 		}
+		// Refused SYNs are replayed by default, through BPF_PROG_RUN in
+		// live-frame mode: the DaemonSet's capabilities allow it, and no
+		// client saw a refusal.
+		if got := m.Get("penaltybox_syn_replays_total", "result", "sent"); got < 5 {
+			t.Errorf("penaltybox_syn_replays_total{sent} = %v, want >= 5 (maxFailures)", got)
+		}
+		if f := rs.Failures(); f != 0 {
+			t.Errorf("%d connections failed with refused SYNs replayed: %v", f, rs)
+		}
 	})
 
 	step("an annotation change takes effect", func(t *testing.T) {

@@ -1,0 +1,112 @@
+// Package replay sends a refused connection's SYN again, at once, so that
+// the datapath moves it to another backend: the client's connect succeeds
+// one round trip later instead of failing (or, with the client's own
+// retransmission, a second later).
+//
+// When a backend answers a new flow's SYN with RST and the service has
+// retryRefused, the datapath keeps the RST from the client (the flow is
+// "rescued") and has a copy of the SYN in pb_syns. Replay rebuilds that
+// SYN exactly (the client's addresses, ports, sequence number, window and
+// options, the Ethernet addresses it arrived with) and runs the XDP
+// program on it with BPF_PROG_RUN in live-frame mode, as if it had just
+// arrived on the client's interface again: the datapath treats it as the
+// client's retransmission (a rescued flow's SYN goes to another backend,
+// once) and the kernel then forwards it as it forwards any client packet.
+// The client never knows: it sees the new backend's SYN-ACK for its SYN.
+package replay
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/internal/csum"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// ErrNoCopy: pb_syns holds no copy of this flow's SYN (another flow's SYN
+// took the slot). The client's own retransmission still gets the replay.
+var ErrNoCopy = errors.New("replay: no copy of the SYN")
+
+// Replayer replays refused SYNs through the datapath program.
+type Replayer struct {
+	prog *ebpf.Program
+	syns *ebpf.Map
+	ipID atomic.Uint32
+}
+
+// New replays through prog (the datapath's XDP program), reading copies
+// from syns (pb_syns).
+func New(prog *ebpf.Program, syns *ebpf.Map) *Replayer {
+	return &Replayer{prog: prog, syns: syns}
+}
+
+// Replay sends again the SYN that client sent to vip.
+func (r *Replayer) Replay(client, vip netip.AddrPort) error {
+	var c bpf.LbSynCopy
+	slot := maps.SynSlot(client.Addr(), client.Port())
+	if err := r.syns.Lookup(slot, &c); err != nil {
+		return fmt.Errorf("replay: pb_syns[%d]: %w", slot, err)
+	}
+	if maps.AddrFromV4(c.Client) != client.Addr() || maps.Port(c.ClientPort) != client.Port() ||
+		maps.AddrFromV4(c.Vip) != vip.Addr() || maps.Port(c.VipPort) != vip.Port() {
+		return ErrNoCopy
+	}
+	frame, err := Frame(&c, uint16(r.ipID.Add(1)))
+	if err != nil {
+		return err
+	}
+	ctx := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: c.Ifindex}
+	_, err = r.prog.Run(&ebpf.RunOptions{Data: frame, Context: ctx, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
+	if err != nil {
+		return fmt.Errorf("replay: run the datapath on the SYN (ifindex %d): %w", c.Ifindex, err)
+	}
+	return nil
+}
+
+// xdpMD is struct xdp_md, the context BPF_PROG_RUN takes for XDP: the
+// kernel wants data_end to be the frame's length and the rest but the
+// ingress interface zero.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// Frame builds the SYN that c describes: Ethernet, IPv4 (no options, DF)
+// and TCP with c's options, checksums complete.
+func Frame(c *bpf.LbSynCopy, ipID uint16) ([]byte, error) {
+	n := int(c.OptLen)
+	if n > len(c.Opts) || n%4 != 0 {
+		return nil, fmt.Errorf("replay: SYN copy with %d bytes of options", n)
+	}
+	tcpLen := 20 + n
+	f := make([]byte, 14+20+tcpLen)
+	copy(f[0:12], c.Eth[:])
+	binary.BigEndian.PutUint16(f[12:], unix.ETH_P_IP)
+	ip := f[14:34]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+tcpLen))
+	binary.BigEndian.PutUint16(ip[4:], ipID)
+	binary.BigEndian.PutUint16(ip[6:], 0x4000) // DF, as Linux sends a SYN
+	ip[8] = c.Ttl
+	ip[9] = unix.IPPROTO_TCP
+	// The copy's addresses and ports are in network order already.
+	binary.NativeEndian.PutUint32(ip[12:], c.Client)
+	binary.NativeEndian.PutUint32(ip[16:], c.Vip)
+	binary.BigEndian.PutUint16(ip[10:], ^csum.Fold(csum.Sum(ip, 0)))
+	tcp := f[34:]
+	binary.NativeEndian.PutUint16(tcp[0:], c.ClientPort)
+	binary.NativeEndian.PutUint16(tcp[2:], c.VipPort)
+	binary.NativeEndian.PutUint32(tcp[4:], c.Seq)
+	tcp[12] = byte(tcpLen/4) << 4
+	tcp[13] = 0x02 // SYN
+	binary.NativeEndian.PutUint16(tcp[14:], c.Window)
+	copy(tcp[20:], c.Opts[:n])
+	csum.SetTCP4(f)
+	return f, nil
+}
