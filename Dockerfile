@@ -13,6 +13,7 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY bpf/ bpf/
 COPY cmd/ cmd/
 COPY pkg/ pkg/
+COPY internal/ internal/
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     go build -trimpath -ldflags="-s -w" -o /out/agent ./cmd/agent
 

@@ -32,8 +32,10 @@ func runPartial(r *rig, res *Results, o failingOpts, logf func(string, ...any)) 
 	variants := []lbVariant{
 		{vNft, r.nftables},
 		{vHAP, func() (lb, error) { return r.haproxy(hapOpts{passive: true, errorLimit: maxFailures}) }},
-		{vCons, func() (lb, error) { return r.penaltybox(false, pbAccrual) }},
-		{vRate, func() (lb, error) { return r.penaltybox(false, pbAccrual+"      mode: failure-rate\n") }},
+		{vCons, func() (lb, error) { return r.penaltybox(false, pbAccrual+"    retryRefused: false\n") }},
+		{vRate, func() (lb, error) {
+			return r.penaltybox(false, pbAccrual+"      mode: failure-rate\n    retryRefused: false\n")
+		}},
 		// HAProxy retries a refused connect (retries 3), which hides most
 		// of b3's refusals before it is marked down; retryRefused is
 		// penaltybox's way to the same.
@@ -83,7 +85,7 @@ func runPartial(r *rig, res *Results, o failingOpts, logf func(string, ...any)) 
 			f.Baseline = sPartial + ": " + vCons + ": failed connections"
 		}
 	}
-	res.note("failing", "%s: b3 refuses %.0f%% of new connections at random (an nftables `numgen random` rule in its namespace answers that share of SYNs with a RST) for %v per run, the rest as above. penaltybox, consecutive: the accrual above (%d in a row). penaltybox, failure-rate: the same with `mode: failure-rate` (a window of 10 s, 5 connections at least, failure rate above 0.2 ejects); + retryRefused: a refused new connection's RST is kept from the client and its retransmitted SYN goes to another backend, the counterpart of HAProxy's `retries 3`, which retries a refused connect (on the same server, where 70%% of retries succeed) until the server is marked down. Time to the first ejection: the agent log's first ejection after the load began; the run's length when there was none.", sPartial, 100*partialShare, d, maxFailures)
+	res.note("failing", "%s: b3 refuses %.0f%% of new connections at random (an nftables `numgen random` rule in its namespace answers that share of SYNs with a RST) for %v per run, the rest as above. penaltybox, consecutive: the accrual above (%d in a row). penaltybox, failure-rate: the same with `mode: failure-rate` (a window of 10 s, 5 connections at least, failure rate above 0.2 ejects); + retryRefused (the default; the other two set it off): a refused new connection's RST is kept from the client and its SYN replayed at once to another backend, the counterpart of HAProxy's `retries 3`, which retries a refused connect (on the same server, where 70%% of retries succeed) until the server is marked down. Time to the first ejection: the agent log's first ejection after the load began; the run's length when there was none.", sPartial, 100*partialShare, d, maxFailures)
 	rate := res.median("failing", sPartial+": "+vRate+fmt.Sprintf(": success rate after the first %v", settle))
 	cons := res.median("failing", sPartial+": "+vCons+": success rate, all connections")
 	hap := res.median("failing", sPartial+": "+vHAP+": success rate, all connections")
