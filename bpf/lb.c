@@ -627,10 +627,29 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
  * an active backend trips (a probe's failure is the agent's to judge),
  * and only while the budget the agent leaves under maxEjectionPercent
  * lasts. Returns PB_EVF_TRIPPED when this failure tripped. */
-static __always_inline __u8 kernel_trip(__u32 svc_id, __u32 bid, __u32 kind)
+static __always_inline int take_budget(struct svc_trip *st)
+{
+	/* Never below zero, even for a moment: a unit is taken only while one
+	 * is there (the agent's stores of the budget race with this). */
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__s64 b = READ_ONCE(st->budget);
+		if (b <= 0)
+			return -1;
+		if (__sync_val_compare_and_swap(&st->budget, b, b - 1) == b)
+			return 0;
+	}
+	return -1;
+}
+
+static __always_inline __u8 kernel_trip(__u32 svc_id, __u32 bid, __u32 kind, __u64 created_ns)
 {
 	struct svc_trip *st = bpf_map_lookup_elem(&pb_svc_trip, &svc_id);
 	if (!st || !st->max_failures || !(st->kinds & kind))
+		return 0;
+	/* A reset of a flow the agent has judged a success already (it
+	 * outlived the connect timeout) is no failure to it: nor to us. */
+	if (kind != PB_TRIP_REFUSED && bpf_ktime_get_ns() - created_ns > st->settle_ns)
 		return 0;
 	struct be_trip *bt = bpf_map_lookup_elem(&pb_be_trip, &bid);
 	if (!bt)
@@ -641,13 +660,12 @@ static __always_inline __u8 kernel_trip(__u32 svc_id, __u32 bid, __u32 kind)
 	struct backend *be = bpf_map_lookup_elem(&pb_backends, &bid);
 	if (!be || be->state != PB_BE_ACTIVE)
 		return 0;
-	if (__sync_fetch_and_add(&st->budget, -1) <= 0) {
-		__sync_fetch_and_add(&st->budget, 1);
+	if (take_budget(st)) {
 		__sync_fetch_and_add(&st->suppressed, 1);
 		return 0;
 	}
 	/* Two failures racing on two CPUs may both get here: the state write
-	 * is idempotent, the second budget unit is the agent's to give back. */
+	 * is idempotent, both count as trips (the agent adopts one). */
 	be->state = PB_BE_EJECTED;
 	bt->tripped_ns = bpf_ktime_get_ns();
 	__sync_fetch_and_add(&st->trips, 1);
@@ -920,12 +938,21 @@ static __always_inline void keep_syn(struct xdp_md *ctx, struct pkt *p)
 	struct syn_copy *c = bpf_map_lookup_elem(&pb_syns, &k);
 	if (!c)
 		return;
-	__u32 opt_len = tcp->doff * 4 - sizeof(*tcp);
+	__u32 opt_len = tcp->doff * 4 - sizeof(*tcp); /* parse: doff >= 5 */
 	if (opt_len > PB_SYN_MAX_OPTS)
 		return;
 	__u32 off = (void *)(tcp + 1) - (void *)(long)ctx->data;
-	if (opt_len && bpf_xdp_load_bytes(ctx, off, c->opts, opt_len))
-		return;
+	if (opt_len) {
+		/* Bounded on both sides in the register the helper gets: older
+		 * verifiers learn nothing from "!= 0", and a zero length is
+		 * refused. */
+		__u32 n = opt_len;
+		barrier_var(n);
+		if (n < 1 || n > PB_SYN_MAX_OPTS)
+			return;
+		if (bpf_xdp_load_bytes(ctx, off, c->opts, n))
+			return;
+	}
 	c->client = ip->saddr;
 	c->vip = ip->daddr;
 	c->client_port = p->ports[0];
@@ -936,6 +963,20 @@ static __always_inline void keep_syn(struct xdp_md *ctx, struct pkt *p)
 	c->window = tcp->window;
 	c->ttl = ip->ttl;
 	c->opt_len = opt_len;
+}
+
+/* syn_kept says whether pb_syns holds the very SYN that the RST in p
+ * answers (its flow's, with the sequence number the RST acknowledges):
+ * only then may the agent replay it. */
+static __always_inline int syn_kept(struct pkt *p, const struct ct_key *fk)
+{
+	struct tcphdr *tcp = (void *)p->ports;
+	if (!(p->tcp_flags & TCP_ACK))
+		return 0;
+	__u32 k = syn_slot(fk->src.v4, fk->sport);
+	struct syn_copy *c = bpf_map_lookup_elem(&pb_syns, &k);
+	return c && c->client == fk->src.v4 && c->client_port == fk->sport && c->vip == fk->dst.v4 &&
+	       c->vip_port == fk->dport && bpf_ntohl(c->seq) + 1 == bpf_ntohl(tcp->ack_seq);
 }
 
 /* handle_forward handles a client packet to a service that is not the
@@ -1031,10 +1072,12 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				if (old & PB_CT_MIDSTREAM) {
 					/* picked up without its handshake: not an outcome */
 				} else if (!(old & PB_CT_ESTABLISHED)) {
-					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED);
+					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED,
+							   rv->created_ns);
 					if (set & PB_CT_RESCUED) {
 						rescue = (old & PB_CT_PROBE) ? 1 : 2;
-						evf |= PB_EVF_RESCUED;
+						if (syn_kept(p, &fk))
+							evf |= PB_EVF_RESCUED;
 					}
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
@@ -1043,7 +1086,8 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 						evf |= PB_EVF_BACKEND_DATA;
 					evf |= kernel_trip(rv->svc_id, rv->backend_id,
 							   (old & PB_CT_BACKEND_DATA) ? PB_TRIP_RESET_AFTER_DATA
-										      : PB_TRIP_RESET);
+										      : PB_TRIP_RESET,
+							   rv->created_ns);
 					emit(PB_EV_RESET, evf, rv->svc_id, rv->backend_id,
 					     fk.src.v4, fk.sport, gs);
 				}

@@ -224,6 +224,7 @@ type LbSvcTrip struct {
 	_           structs.HostLayout
 	MaxFailures uint32
 	Kinds       uint32
+	SettleNs    uint64
 	Budget      int64
 	Trips       uint64
 	Suppressed  uint64

@@ -89,7 +89,7 @@ enum pb_event_flag {
 	PB_EVF_REPICK = 0x04,       /* NEW_FLOW: moved on a retransmitted SYN (ejected or refusing backend) */
 	PB_EVF_CLIENT = 0x08,       /* FLOW_END: the client ended it */
 	PB_EVF_TRIPPED = 0x10,      /* REFUSED, RESET: this failure made the datapath eject the backend (pb_be_trip) */
-	PB_EVF_RESCUED = 0x20,      /* REFUSED: the RST was kept from the client; its SYN may be replayed (pb_syns) */
+	PB_EVF_RESCUED = 0x20,      /* REFUSED: the RST was kept from the client and pb_syns holds the SYN it answered: replay it */
 };
 
 /* pb_svc_trip.kinds: the failures the datapath counts towards a trip. */

@@ -12,6 +12,11 @@
 #ifndef unlikely
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #endif
+/* One load, not cached in a register across a loop: for words another CPU
+ * or the agent changes under us. */
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile __typeof__(x) *)&(x))
+#endif
 
 static __always_inline __u16 csum_fold32(__u32 s)
 {

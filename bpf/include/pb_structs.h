@@ -120,6 +120,7 @@ struct syn_copy {
 struct svc_trip {
 	__u32 max_failures; /* consecutive counted failures that trip; 0: never (agent) */
 	__u32 kinds;        /* enum pb_trip_kind bits counted (agent) */
+	__u64 settle_ns;    /* a reset counts only this soon after the flow's SYN: later the agent has judged it (agent) */
 	__s64 budget;       /* trips still allowed by maxEjectionPercent (agent writes, datapath takes, atomic) */
 	__u64 trips;        /* trips done (datapath, atomic) */
 	__u64 suppressed;   /* trips the budget held back (datapath, atomic) */

@@ -141,6 +141,18 @@ func LinuxSYN(src, dst netip.AddrPort, seq uint32) []byte {
 	return serialize(ip, tcp, nil)
 }
 
+// Refusal is the RST a listener-less host answers a SYN with: RST|ACK
+// acknowledging the SYN's sequence number plus one (TCP sends its SYNs with
+// Seq 1000).
+func Refusal(src, dst netip.AddrPort, synSeq uint32) []byte {
+	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolTCP,
+		SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice(), Id: 1}
+	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()),
+		RST: true, ACK: true, Ack: synSeq + 1}
+	tcp.SetNetworkLayerForChecksum(ip)
+	return serialize(ip, tcp, nil)
+}
+
 // UDP crafts an Ethernet/IPv4/UDP packet with a valid checksum.
 func UDP(src, dst netip.AddrPort, payload []byte) []byte {
 	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolUDP,

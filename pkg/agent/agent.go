@@ -112,9 +112,10 @@ type Config struct {
 	ProbeCheck, SweepEvery time.Duration
 }
 
-// Replayer replays the SYN client sent to vip (pkg/replay).
+// Replayer replays the SYN client sent to vip, which backend refused
+// (pkg/replay).
 type Replayer interface {
-	Replay(client, vip netip.AddrPort) error
+	Replay(client, vip, backend netip.AddrPort) error
 }
 
 // Agent owns the reconciler, the accrual engine and the outcome tracker.
@@ -156,6 +157,10 @@ type Agent struct {
 	// tripNow is the backend whose kernel trip is being handled (noTrip:
 	// none), so its ejection's log line says so.
 	tripNow uint32
+	// tripsHandled counts, per service, the kernel trips the agent has
+	// dealt with, against pb_svc_trip.trips: the difference is trips whose
+	// events are unread (or lost).
+	tripsHandled map[uint32]uint64
 	// deadlines tells Run that handled events brought a deadline earlier
 	// than the one its timer is armed for (armed).
 	deadlines chan struct{}
@@ -235,6 +240,7 @@ func New(c Config) (*Agent, error) {
 		timeouts:           map[uint32]*svcTimeouts{},
 		maxInflightDefault: c.MaxInflightDefault,
 		replayer:           c.Replayer,
+		tripsHandled:       map[uint32]uint64{},
 		monoOffset:         outcomes.MonoOffset(),
 	}
 	a.every.probes, a.every.sweep = c.ProbeCheck, c.SweepEvery

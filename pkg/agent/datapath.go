@@ -57,7 +57,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		Writer: n.maps, Stats: n.maps, Inflight: n.inflight, Sweeper: reaper, Hooks: n.Datapath,
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
 		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault,
-		Replayer: replay.New(n.Datapath.PbXdp, n.Datapath.PbSyns),
+		Replayer: replay.New(n.Datapath.PbXdp, n.maps),
 	})
 	if err != nil {
 		return nil, err

@@ -301,12 +301,18 @@ func (e *fakeEvents) Offset() int64 {
 }
 func (e *fakeEvents) Undecodable() uint64 { return e.bad }
 
-func (f *fakeMaps) SetServiceTrip(id, maxFailures, kinds uint32, budget int64) {
+func (f *fakeMaps) SetServiceTrip(id uint32, s pbmaps.TripSettings, budget int64) {
 	if f.trips == nil {
 		f.trips = map[uint32]bpf.LbSvcTrip{}
 	}
-	f.trips[id] = bpf.LbSvcTrip{MaxFailures: maxFailures, Kinds: kinds, Budget: budget}
+	t := f.trips[id]
+	t.MaxFailures, t.Kinds, t.SettleNs, t.Budget = s.MaxFailures, s.Kinds, uint64(s.Settle), budget
+	f.trips[id] = t
 }
+
+// ServiceTrip is what the datapath would hold: the settings, and the trips
+// the tests count in (kernelTrip).
+func (f *fakeMaps) ServiceTrip(id uint32) bpf.LbSvcTrip { return f.trips[id] }
 
 func (f *fakeMaps) ResetServiceTrip(id uint32) { delete(f.trips, id) }
 

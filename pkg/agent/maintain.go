@@ -16,6 +16,7 @@ func (a *Agent) Maintain() {
 	a.floodCheck(a.clk.Now())
 	a.serviceWideCheck(a.clk.Now())
 	a.watchProbes()
+	a.findLostTrips()
 	for id := range a.retry {
 		a.program(id)
 	}

@@ -42,7 +42,7 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 			a.observe(o)
 		}
 		if tripped {
-			a.adoptTrip(ev)
+			a.adoptTrip(ev.Service, ev.Backend, tripKind(ev), ev.At)
 			a.tripNow = noTrip
 		}
 	}
@@ -62,39 +62,98 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 // noTrip is no backend id (ids start at 1).
 const noTrip = 0
 
-// adoptTrip makes a kernel trip, the datapath's own ejection of ev's
-// backend at the failure ev reports, accrual's decision: the failure has
-// been observed already, and if that did not eject the endpoint (its
-// events were lost, or the tracker had judged the flow before), accrual
-// ejects it now for its consecutive failures. If accrual keeps it in (the
-// max-ejection cap, fail-open, or it is not ready here), the trip is
-// undone: the backend's kernel entry gets the state accrual says.
-func (a *Agent) adoptTrip(ev *outcomes.Event) {
-	kind := accrual.KindRefused
-	if ev.Type == outcomes.Reset {
-		kind = accrual.KindReset
-		if ev.Flags&outcomes.FlagBackendData != 0 {
-			kind = accrual.KindResetAfterData
-		}
+// observeSettled observes what the tracker's deadlines decided. A success
+// decided by time (an established connection that outlived the connect
+// timeout without a reset) is one the datapath never sees: its streak of
+// failures ends here too, as accrual's does.
+func (a *Agent) observeSettled(o accrual.Outcome) {
+	if o.Success {
+		a.rec.ResetBackendTrip(o.Endpoint)
 	}
-	a.handleTransitions(a.engine.KernelTripped(ev.Backend, kind, ev.At))
-	name := fmt.Sprint(ev.Service)
-	if s, ok := a.rec.Service(ev.Service); ok {
+	a.observe(o)
+}
+
+// tripKind is the failure kind of a tripping event.
+func tripKind(ev *outcomes.Event) accrual.Kind {
+	switch {
+	case ev.Type != outcomes.Reset:
+		return accrual.KindRefused
+	case ev.Flags&outcomes.FlagBackendData != 0:
+		return accrual.KindResetAfterData
+	}
+	return accrual.KindReset
+}
+
+// adoptTrip makes a kernel trip, the datapath's own ejection of backend
+// bid at a failure of kind seen at at, accrual's decision: the failure has
+// been observed already (when its event arrived), and if that did not
+// eject the endpoint (its events were lost, or the tracker had judged the
+// flow before), accrual ejects it now for its consecutive failures. If
+// accrual keeps it in (the max-ejection cap, fail-open, or it is not ready
+// here), the trip is undone: the backend's kernel entry gets the state
+// accrual says. Called with mu held.
+func (a *Agent) adoptTrip(svc, bid uint32, kind accrual.Kind, at time.Time) {
+	a.tripsHandled[svc]++
+	a.handleTransitions(a.engine.KernelTripped(bid, kind, at))
+	name := fmt.Sprint(svc)
+	if s, ok := a.rec.Service(svc); ok {
 		name = s.Spec.Name
 	}
-	if a.engine.StateOf(ev.Backend) != accrual.Ready {
+	if a.engine.StateOf(bid) != accrual.Ready {
 		a.metrics.KernelTrips.WithLabelValues(name, "adopted").Inc()
+		a.program(svc) // the budget, with this trip read
 		return
 	}
 	a.metrics.KernelTrips.WithLabelValues(name, "undone").Inc()
 	a.log.Info("kernel trip undone: accrual keeps the endpoint in", "service", name,
-		"endpoint", a.endpointName(ev.Backend))
-	if err := a.rec.UndoTrip(ev.Backend); err != nil {
+		"endpoint", a.endpointName(bid))
+	if err := a.rec.UndoTrip(bid); err != nil {
 		a.metrics.ProgramErrors.Inc()
-		a.log.Error("undo a kernel trip", "endpoint", a.endpointName(ev.Backend), "err", err)
+		a.log.Error("undo a kernel trip", "endpoint", a.endpointName(bid), "err", err)
 	}
-	a.program(ev.Service) // the budget unit it took comes back
+	a.program(svc) // the budget unit it took comes back
 }
+
+// tripBudget is how many more trips the datapath may make in service id:
+// the room accrual's max-ejection cap leaves, less the trips the datapath
+// made that the agent has not read yet (their endpoints are out already).
+// Called with mu held.
+func (a *Agent) tripBudget(id uint32) int64 {
+	room := a.engine.KernelTripRoom(id)
+	if room == 0 {
+		return 0
+	}
+	made := a.rec.ServiceTrip(id).Trips
+	handled := a.tripsHandled[id]
+	if made < handled { // a recycled id: its counter started again
+		a.tripsHandled[id], handled = made, made
+	}
+	return max(room-int64(made-handled), 0)
+}
+
+// findLostTrips looks for kernel trips whose events were lost: the
+// datapath counted more trips than the agent read, so some backend the
+// agent believes active is ejected in the kernel. Each is adopted (or
+// undone) as if its event had come. Called with mu held.
+func (a *Agent) findLostTrips() {
+	for _, s := range a.rec.Services() {
+		made := a.rec.ServiceTrip(s.ID).Trips
+		if made <= a.tripsHandled[s.ID] {
+			continue
+		}
+		for _, bid := range a.rec.KernelEjected(s.ID) {
+			a.log.Warn("kernel trip found without its event (events lost)", "service", s.Spec.Name,
+				"endpoint", a.endpointName(bid))
+			a.rec.NoteKernelTrip(bid)
+			a.adoptTrip(s.ID, bid, accrual.KindRefused, time.Time{})
+		}
+		a.tripsHandled[s.ID] = made
+	}
+}
+
+// maxReplayAge: a refusal older than this is not replayed. Linux clients
+// retransmit a SYN after 1 s, after which the flow has moved on its own.
+const maxReplayAge = 200 * time.Millisecond
 
 // replay sends a refused flow's SYN again, so that the datapath moves it
 // to another backend now rather than on the client's retransmission.
@@ -103,14 +162,28 @@ func (a *Agent) replay(ev *outcomes.Event) {
 		return
 	}
 	s, ok := a.rec.Service(ev.Service)
-	if !ok {
+	b, bok := a.rec.Backend(ev.Backend)
+	if !ok || !bok {
+		return
+	}
+	// An old refusal (a backlog after a restart, a reader far behind) has
+	// had the client's own retransmission by now; and in a flood, a replay
+	// per refused SYN would be the flood's work done twice.
+	if a.clk.Now().Sub(ev.At) > maxReplayAge {
+		a.metrics.Replays.WithLabelValues("stale").Inc()
+		return
+	}
+	if a.flood.on {
+		a.metrics.Replays.WithLabelValues("flood").Inc()
 		return
 	}
 	vip := netip.AddrPortFrom(s.Spec.Key.VIP, s.Spec.Key.Port)
-	err := a.replayer.Replay(ev.Client, vip)
+	err := a.replayer.Replay(ev.Client, vip, b.Addr)
 	switch {
 	case err == nil:
 		a.metrics.Replays.WithLabelValues("sent").Inc()
+	case errors.Is(err, replay.ErrStale):
+		a.metrics.Replays.WithLabelValues("stale").Inc()
 	case errors.Is(err, replay.ErrNoCopy):
 		a.metrics.Replays.WithLabelValues("no_copy").Inc()
 	default:
@@ -160,7 +233,7 @@ func (a *Agent) Advance() {
 	if a.tracker.Due(upTo) {
 		a.checkLoss(now)
 	}
-	a.tracker.Expire(upTo, a.observe)
+	a.tracker.Expire(upTo, a.observeSettled)
 	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
 	a.syncCounters()
 }
@@ -230,7 +303,7 @@ func (a *Agent) program(id uint32) {
 		return
 	}
 	active, probation, failOpen := a.engine.Admitted(id)
-	if err := a.rec.ProgramService(id, active, probation, failOpen, a.engine.KernelTripRoom(id)); err != nil {
+	if err := a.rec.ProgramService(id, active, probation, failOpen, a.tripBudget(id)); err != nil {
 		a.metrics.ProgramErrors.Inc()
 		a.log.Error("programming table; retrying", "err", err)
 		a.retry[id] = true

@@ -14,12 +14,24 @@ import (
 // at its maxFailures-th one (the fake maps only record writes, so the test
 // writes the kernel's mark itself).
 func (e *env) kernelTrip(svc, be uint32) {
-	b := e.f.backends[be]
-	b.State = uint8(pbmaps.BackendEjected)
-	e.f.backends[be] = b
+	e.kernelTripLost(svc, be)
 	p := e.nextPort()
 	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be, p, 0),
 		e.event(outcomes.Refused, svc, be, p, outcomes.FlagTripped)})
+}
+
+// kernelTripLost: the datapath ejected be on its own, and the event that
+// says so was lost.
+func (e *env) kernelTripLost(svc, be uint32) {
+	b := e.f.backends[be]
+	b.State = uint8(pbmaps.BackendEjected)
+	e.f.backends[be] = b
+	t := e.f.trips[svc]
+	t.Trips++
+	if t.Budget > 0 {
+		t.Budget--
+	}
+	e.f.trips[svc] = t
 }
 
 // The agent writes each service's trip settings and budget: its
@@ -97,4 +109,34 @@ func TestKernelTripsIntoFailOpen(t *testing.T) {
 		}
 	}
 	e.wantReachable(s, bes...)
+}
+
+// A trip whose event was lost is found by Maintain (the datapath counted
+// more trips than the agent read) and adopted like any other; until then,
+// the budget counts it as spent.
+func TestKernelTripWithoutItsEvent(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 4, settings(func(s *accrual.Settings) { s.MaxEjectionPercent = 50 }))
+	e.start(state(s))
+	svc, bes := e.ids(s)
+	e.kernelTripLost(svc, bes[2])
+	// Something else reprograms the service first: the unread trip is
+	// not handed back as budget.
+	e.eject(svc, bes[0], 3)
+	if tr := e.f.trips[svc]; tr.Budget != 0 {
+		t.Fatalf("budget %d with one ejection read and one trip unread (cap 2), want 0", tr.Budget)
+	}
+	e.a.Maintain()
+	e.wantState(bes[2], "ejected")
+	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "adopted")); got != 1 {
+		t.Errorf("kernel_trips_total{adopted} = %v, want 1", got)
+	}
+	if st, _ := e.kernel(bes[2]); st != pbmaps.BackendEjected {
+		t.Errorf("kernel state %v", st)
+	}
+	// Found once: Maintain again finds nothing more.
+	e.a.Maintain()
+	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "adopted")); got != 1 {
+		t.Errorf("kernel_trips_total{adopted} = %v after a second Maintain, want 1", got)
+	}
 }

@@ -629,7 +629,9 @@ func TestRefusedProbeIsRescued(t *testing.T) {
 	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.RST, nil)); ret != bpftest.XDPDrop {
 		t.Fatalf("the refused probe's RST was not kept from the client: verdict %d", ret)
 	}
-	f.wantEvents(ev(evNewFlow, evfProbe, id1, client), ev(evRefused, evfProbe|evfRescued, id1, client))
+	// No copy of the SYN (no retryRefused): nothing for the agent to
+	// replay; the client's retransmission is moved.
+	f.wantEvents(ev(evNewFlow, evfProbe, id1, client), ev(evRefused, evfProbe, id1, client))
 
 	// The agent ejects it again; the client retransmits its SYN.
 	f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendEjected, 0)))
@@ -696,7 +698,7 @@ func TestRetryRefusedSendsTheRetransmissionElsewhere(t *testing.T) {
 	}
 	f.events()
 	for i := range 2 { // the refusal, and the backend's answer to an early retransmission
-		if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.RST, nil)); ret != bpftest.XDPDrop {
+		if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, client, 1000)); ret != bpftest.XDPDrop {
 			t.Fatalf("refusal %d reached the client: verdict %d", i+1, ret)
 		}
 	}

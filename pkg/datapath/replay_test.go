@@ -31,7 +31,7 @@ func TestSynCopyRebuildsTheClientSYN(t *testing.T) {
 	}
 	// The backend refuses it: the RST is kept from the client and the
 	// event says the SYN may be replayed.
-	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.RST, nil)); ret != bpftest.XDPDrop {
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, client, 0x12345678)); ret != bpftest.XDPDrop {
 		t.Fatalf("refusal verdict %d, want it kept from the client", ret)
 	}
 	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evRefused, evfRescued, id1, client))
@@ -42,6 +42,20 @@ func TestSynCopyRebuildsTheClientSYN(t *testing.T) {
 	if p.Dst != be2 {
 		t.Fatalf("replayed SYN went to %v, want %v", p.Dst, be2)
 	}
+}
+
+// A refusal that does not acknowledge the kept SYN (the slot holds another
+// connection's, or the RST answers something else) is not replayable: the
+// client's own retransmission is moved instead.
+func TestRefusalOfAnotherSYNIsNotReplayable(t *testing.T) {
+	f := newFixture(t)
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.table(id1)
+	f.run(bpftest.LinuxSYN(client, vip, 5000))
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, client, 7000)); ret != bpftest.XDPDrop {
+		t.Fatalf("refusal verdict %d, want it kept from the client", ret)
+	}
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evRefused, 0, id1, client))
 }
 
 // Without retryRefused nothing is copied: the new-flow path pays nothing.

@@ -3,6 +3,7 @@ package datapath_test
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
@@ -24,7 +25,7 @@ func tripFixture(t *testing.T, maxFailures uint32, kinds uint32, budget int64) *
 	f.must(f.Maps.SetServiceBackends(svcID, nil, []uint32{id1, id2}))
 	f.svc.BackendCount = 2
 	f.table(id1)
-	f.Maps.SetServiceTrip(svcID, maxFailures, kinds, budget)
+	f.Maps.SetServiceTrip(svcID, maps.TripSettings{MaxFailures: maxFailures, Kinds: kinds, Settle: time.Second}, budget)
 	return f
 }
 
@@ -215,4 +216,23 @@ func TestKernelTripBudgetIsExact(t *testing.T) {
 		t.Errorf("pb_svc_trip %+v", st)
 	}
 
+}
+
+// A reset counts only while the agent could still call it a failure:
+// within the connect timeout (settle) of the flow's SYN. A reset of an
+// older flow, which the agent has judged a success, does not.
+func TestKernelTripIgnoresResetsOfSettledFlows(t *testing.T) {
+	f := tripFixture(t, 1, maps.TripReset, 5)
+	f.Maps.SetServiceTrip(svcID, maps.TripSettings{MaxFailures: 1, Kinds: maps.TripReset, Settle: time.Nanosecond}, 5)
+	c := clientN(1)
+	f.run(bpftest.TCP(c, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, c, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(be1, c, bpftest.RST, nil))
+	evs := f.events()
+	if len(evs) != 3 || evs[2].Type != evReset || evs[2].Flags&evfTripped != 0 {
+		t.Fatalf("events %+v: want a RESET that does not trip", evs)
+	}
+	if bt := f.Maps.BackendTrip(id1); bt.Failures != 0 || f.state(id1) != maps.BackendActive {
+		t.Errorf("streak %d, state %v: a settled flow's reset was counted", bt.Failures, f.state(id1))
+	}
 }

@@ -76,7 +76,22 @@ const (
 	CTProbe       uint32 = 0x0040
 	CTMidstream   uint32 = 0x0080
 	CTClientAcked uint32 = 0x0100 // forward entry: the client finished the handshake
+	CTRescued     uint32 = 0x0400 // refused, and the RST kept from the client
+	CTRetry       uint32 = 0x0800 // a rescued flow's second try
 )
+
+// ReplyKey is the pb_ct key of a TCP flow's reverse entry: as the backend's
+// replies to the client carry it.
+func ReplyKey(backend, client netip.AddrPort) bpf.LbCtKey {
+	var k bpf.LbCtKey
+	k.Src.Bytes = Addr16(backend.Addr())
+	k.Dst.Bytes = Addr16(client.Addr())
+	k.Sport, k.Dport = Port(backend.Port()), Port(client.Port())
+	k.Proto = 6 // TCP
+	k.Dir = DirRev
+	k.Family = FamilyIPv4
+	return k
+}
 
 // Conntrack directions.
 const (
@@ -124,8 +139,8 @@ func SynSlot(client netip.Addr, port uint16) uint32 {
 
 // SetServiceTrip writes a service's kernel-trip settings and budget (see
 // Trips.SetService).
-func (m *Maps) SetServiceTrip(id, maxFailures, kinds uint32, budget int64) {
-	m.tr.SetService(id, maxFailures, kinds, budget)
+func (m *Maps) SetServiceTrip(id uint32, s TripSettings, budget int64) {
+	m.tr.SetService(id, s, budget)
 }
 
 // ResetServiceTrip zeroes a fresh or recycled service id's trip entry.

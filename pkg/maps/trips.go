@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -49,22 +50,34 @@ func (t *Trips) Close() error {
 func element[T any](b []byte, id uint32) *T {
 	size := (int(unsafe.Sizeof(*new(T))) + 7) &^ 7
 	off := int(id) * size
-	if off+size > len(b) {
+	if off+size > len(b) { // (the mapping is page-rounded: callers pass ids below max_entries)
 		return nil
 	}
 	return (*T)(unsafe.Pointer(&b[off]))
 }
 
-// SetService writes a service's trip settings and budget: maxFailures 0
-// turns its kernel trips off; budget is how many more of its backends the
-// datapath may eject (the agent's maxEjectionPercent room).
-func (t *Trips) SetService(id, maxFailures, kinds uint32, budget int64) {
+// TripSettings are a service's kernel-trip settings.
+type TripSettings struct {
+	// MaxFailures consecutive counted failures trip a backend; 0: never.
+	MaxFailures uint32
+	// Kinds are the Trip* bits counted.
+	Kinds uint32
+	// Settle: a reset counts only this soon after its flow's SYN (the
+	// agent's connect timeout, after which it has judged the flow).
+	Settle time.Duration
+}
+
+// SetService writes a service's trip settings and budget: budget is how
+// many more of its backends the datapath may eject (the agent's
+// maxEjectionPercent room, less the trips it has not read yet).
+func (t *Trips) SetService(id uint32, s TripSettings, budget int64) {
 	v := element[bpf.LbSvcTrip](t.svc, id)
 	if v == nil {
 		return
 	}
-	atomic.StoreUint32(&v.MaxFailures, maxFailures)
-	atomic.StoreUint32(&v.Kinds, kinds)
+	atomic.StoreUint32(&v.MaxFailures, s.MaxFailures)
+	atomic.StoreUint32(&v.Kinds, s.Kinds)
+	atomic.StoreUint64(&v.SettleNs, uint64(max(s.Settle, 0)))
 	atomic.StoreInt64(&v.Budget, budget)
 }
 
@@ -74,6 +87,7 @@ func (t *Trips) ResetService(id uint32) {
 	if v := element[bpf.LbSvcTrip](t.svc, id); v != nil {
 		atomic.StoreUint32(&v.MaxFailures, 0)
 		atomic.StoreUint32(&v.Kinds, 0)
+		atomic.StoreUint64(&v.SettleNs, 0)
 		atomic.StoreInt64(&v.Budget, 0)
 		atomic.StoreUint64(&v.Trips, 0)
 		atomic.StoreUint64(&v.Suppressed, 0)
@@ -86,7 +100,7 @@ func (t *Trips) Service(id uint32) bpf.LbSvcTrip {
 	if v == nil {
 		return bpf.LbSvcTrip{}
 	}
-	return bpf.LbSvcTrip{MaxFailures: atomic.LoadUint32(&v.MaxFailures), Kinds: atomic.LoadUint32(&v.Kinds),
+	return bpf.LbSvcTrip{MaxFailures: atomic.LoadUint32(&v.MaxFailures), Kinds: atomic.LoadUint32(&v.Kinds), SettleNs: atomic.LoadUint64(&v.SettleNs),
 		Budget: atomic.LoadInt64(&v.Budget), Trips: atomic.LoadUint64(&v.Trips), Suppressed: atomic.LoadUint64(&v.Suppressed)}
 }
 

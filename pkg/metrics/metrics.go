@@ -149,7 +149,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}, []string{"service", "result"}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "syn_replays_total",
-			Help: "Refused SYNs (retryRefused) sent again at once for the datapath to move to another backend, by result: sent, no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead), error.",
+			Help: "Refused SYNs (retryRefused) sent again at once for the datapath to move to another backend, by result: sent; no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead); stale (the refusal was read too late, or the flow had moved on); flood (not replayed in flood mode); error.",
 		}, []string{"result"}),
 		MaxInflightDefault: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "max_inflight_default",

@@ -717,16 +717,18 @@ func (f *fakeWriter) SetConfig(flags uint32) error {
 
 // tripSetting is a pb_svc_trip entry as the agent writes it.
 type tripSetting struct {
-	maxFailures, kinds uint32
-	budget             int64
+	pbmaps.TripSettings
+	budget int64
 }
 
-func (f *fakeWriter) SetServiceTrip(id, maxFailures, kinds uint32, budget int64) {
+func (f *fakeWriter) SetServiceTrip(id uint32, s pbmaps.TripSettings, budget int64) {
 	if f.trips == nil {
 		f.trips = map[uint32]tripSetting{}
 	}
-	f.trips[id] = tripSetting{maxFailures, kinds, budget}
+	f.trips[id] = tripSetting{s, budget}
 }
+
+func (f *fakeWriter) ServiceTrip(id uint32) bpf.LbSvcTrip { return bpf.LbSvcTrip{} }
 
 func (f *fakeWriter) ResetServiceTrip(id uint32) { delete(f.trips, id) }
 

@@ -30,8 +30,7 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 	}
 	// Every time, even when nothing else changed: the datapath takes from
 	// the budget, and an undone trip gives a unit back.
-	maxFailures, kinds := tripSettings(&s.Spec)
-	r.w.SetServiceTrip(id, maxFailures, kinds, tripBudget)
+	r.w.SetServiceTrip(id, tripSettings(&s.Spec), tripBudget)
 	if failOpen {
 		active, probation = s.Backends, nil
 	}
@@ -193,21 +192,50 @@ var tripKinds = []struct {
 // tripSettings are a service's kernel-trip settings: its consecutive rule
 // (modes consecutive and unified, TCP) and the failure kinds the datapath
 // can tell apart; a connect timeout is the agent's own deadline, so it
-// never trips in the kernel. maxFailures 0: no kernel trips.
-func tripSettings(s *desired.Service) (maxFailures, kinds uint32) {
+// never trips in the kernel; nor does a reset once the agent has judged its
+// flow (connectTimeout after the SYN). MaxFailures 0: no kernel trips.
+func tripSettings(s *desired.Service) maps.TripSettings {
 	a := &s.Accrual
 	if s.Key.Protocol != desired.TCP || !a.Mode.Consecutive() || a.MaxFailures < 1 {
-		return 0, 0
+		return maps.TripSettings{}
 	}
+	var kinds uint32
 	for _, k := range tripKinds {
 		if a.FailureKinds.Has(k.kind) {
 			kinds |= k.bit
 		}
 	}
 	if kinds == 0 {
-		return 0, 0
+		return maps.TripSettings{}
 	}
-	return uint32(min(a.MaxFailures, math.MaxUint32)), kinds
+	return maps.TripSettings{MaxFailures: uint32(min(a.MaxFailures, math.MaxUint32)), Kinds: kinds, Settle: a.ConnectTimeout}
+}
+
+// ResetBackendTrip starts a backend's kernel streak afresh.
+func (r *Reconciler) ResetBackendTrip(id uint32) { r.w.ResetBackendTrip(id) }
+
+// ServiceTrip reads a service's kernel-trip entry (its trips counted).
+func (r *Reconciler) ServiceTrip(id uint32) bpf.LbSvcTrip { return r.w.ServiceTrip(id) }
+
+// KernelEjected lists the backends of service id that the kernel holds
+// ejected while the reconciler last wrote them active: kernel trips whose
+// events never arrived.
+func (r *Reconciler) KernelEjected(id uint32) []uint32 {
+	s, ok := r.byID[id]
+	if !ok {
+		return nil
+	}
+	var out []uint32
+	for _, bid := range s.Backends {
+		b := r.backends[bid]
+		if b == nil || b.State != maps.BackendActive {
+			continue
+		}
+		if kb, err := r.w.Backend(bid); err == nil && maps.BackendState(kb.State) == maps.BackendEjected {
+			out = append(out, bid)
+		}
+	}
+	return out
 }
 
 // writeService writes s's pb_services entry when it changed: table n of

@@ -51,7 +51,8 @@ type Writer interface {
 	Backend(uint32) (bpf.LbBackend, error)
 
 	// Kernel trips (program.go): the datapath's own ejections.
-	SetServiceTrip(id, maxFailures, kinds uint32, budget int64)
+	SetServiceTrip(id uint32, s maps.TripSettings, budget int64)
+	ServiceTrip(id uint32) bpf.LbSvcTrip
 	ResetServiceTrip(id uint32)
 	ResetBackendTrip(id uint32)
 

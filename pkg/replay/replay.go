@@ -34,24 +34,41 @@ import (
 // took the slot). The client's own retransmission still gets the replay.
 var ErrNoCopy = errors.New("replay: no copy of the SYN")
 
+// ErrStale: the flow is no longer the refused one waiting for its second
+// try (the client's own retransmission moved it already, or it ended).
+// A replay now would be a second SYN on whatever the flow has become.
+var ErrStale = errors.New("replay: the flow has moved on")
+
 // Replayer replays refused SYNs through the datapath program.
 type Replayer struct {
 	prog *ebpf.Program
-	syns *ebpf.Map
+	m    *maps.Maps
 	ipID atomic.Uint32
 }
 
-// New replays through prog (the datapath's XDP program), reading copies
-// from syns (pb_syns).
-func New(prog *ebpf.Program, syns *ebpf.Map) *Replayer {
-	return &Replayer{prog: prog, syns: syns}
+// New replays through prog (the datapath's XDP program), reading SYN
+// copies (pb_syns) and flow state (pb_ct) from m.
+func New(prog *ebpf.Program, m *maps.Maps) *Replayer {
+	return &Replayer{prog: prog, m: m}
 }
 
-// Replay sends again the SYN that client sent to vip.
-func (r *Replayer) Replay(client, vip netip.AddrPort) error {
+// Replay sends again the SYN that client sent to vip, which backend
+// refused: only while the flow is that refusal, kept from the client and
+// not yet retried.
+func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
+	ct, err := r.m.CTEntry(maps.ReplyKey(backend, client))
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return ErrStale
+	}
+	if err != nil {
+		return fmt.Errorf("replay: pb_ct: %w", err)
+	}
+	if ct.Flags&(maps.CTClosed|maps.CTRescued|maps.CTRetry) != maps.CTClosed|maps.CTRescued {
+		return ErrStale
+	}
 	var c bpf.LbSynCopy
 	slot := maps.SynSlot(client.Addr(), client.Port())
-	if err := r.syns.Lookup(slot, &c); err != nil {
+	if err := r.m.Raw().PbSyns.Lookup(slot, &c); err != nil {
 		return fmt.Errorf("replay: pb_syns[%d]: %w", slot, err)
 	}
 	if maps.AddrFromV4(c.Client) != client.Addr() || maps.Port(c.ClientPort) != client.Port() ||
