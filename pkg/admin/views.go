@@ -28,7 +28,24 @@ type Service struct {
 	// RetryRefused: refused new connections get a second try (pb_services flags).
 	RetryRefused bool             `json:"retryRefused"`
 	Counters     *ServiceCounters `json:"counters,omitempty"`
-	Backends     []Backend        `json:"backends"`
+	// KernelTrips is pb_svc_trip: the datapath's own ejections; absent
+	// when the service has none (maxFailures 0).
+	KernelTrips *KernelTrips `json:"kernelTrips,omitempty"`
+	Backends    []Backend    `json:"backends"`
+}
+
+// KernelTrips: when the datapath ejects a backend of the service itself,
+// how many more it may (budget), how many it did and held back.
+type KernelTrips struct {
+	MaxFailures uint32 `json:"maxFailures"`
+	// Kinds are the failures counted: refused, reset, reset-after-data.
+	Kinds []string `json:"kinds"`
+	// Settle: a reset counts only this soon after its flow's SYN (a Go
+	// duration).
+	Settle     string `json:"settle"`
+	Budget     int64  `json:"budget"`
+	Trips      uint64 `json:"trips"`
+	Suppressed uint64 `json:"suppressed"`
 }
 
 // Backend is one endpoint's kernel entry.
@@ -38,8 +55,11 @@ type Backend struct {
 	Name     string `json:"name,omitempty"`
 	// DatapathState is the entry's state in pb_backends: active,
 	// probation, ejected or removed.
-	DatapathState string           `json:"datapathState"`
-	Counters      *BackendCounters `json:"counters,omitempty"`
+	DatapathState string `json:"datapathState"`
+	// KernelStreak is the datapath's count of the backend's consecutive
+	// counted failures (pb_be_trip), which trips it at maxFailures.
+	KernelStreak uint32           `json:"kernelStreak"`
+	Counters     *BackendCounters `json:"counters,omitempty"`
 }
 
 // ServiceCounters are a service's pb_svc_stats, summed over CPUs.

@@ -314,6 +314,8 @@ func (f *fakeMaps) SetServiceTrip(id uint32, s pbmaps.TripSettings, budget int64
 // the tests count in (kernelTrip).
 func (f *fakeMaps) ServiceTrip(id uint32) bpf.LbSvcTrip { return f.trips[id] }
 
+func (f *fakeMaps) BackendTrip(id uint32) bpf.LbBeTrip { return bpf.LbBeTrip{} }
+
 func (f *fakeMaps) ResetServiceTrip(id uint32) { delete(f.trips, id) }
 
 func (f *fakeMaps) ResetBackendTrip(id uint32) {}

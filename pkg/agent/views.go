@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"time"
+
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/admin"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
@@ -51,9 +54,14 @@ func (a *Agent) ServicesView() admin.ServicesView {
 		if st, err := a.stats.ServiceStats(s.ID); err == nil {
 			sj.Counters = admin.NewServiceCounters(st)
 		}
+		if t := a.rec.ServiceTrip(s.ID); t.MaxFailures > 0 {
+			sj.KernelTrips = &admin.KernelTrips{MaxFailures: t.MaxFailures, Kinds: maps.TripKindNames(t.Kinds),
+				Settle: time.Duration(t.SettleNs).String(), Budget: t.Budget, Trips: t.Trips, Suppressed: t.Suppressed}
+		}
 		for _, id := range s.Backends {
 			b, _ := a.rec.Backend(id)
-			bj := admin.Backend{ID: id, Endpoint: b.Addr.String(), Name: b.Name, DatapathState: b.State.String()}
+			bj := admin.Backend{ID: id, Endpoint: b.Addr.String(), Name: b.Name, DatapathState: b.State.String(),
+				KernelStreak: a.rec.BackendTrip(id).Failures}
 			if st, err := a.stats.BackendStats(id); err == nil {
 				bj.Counters = admin.NewBackendCounters(st)
 			}

@@ -19,6 +19,20 @@ const (
 	TripResetAfterData = uint32(bpf.LbPbTripKindPB_TRIP_RESET_AFTER_DATA)
 )
 
+// TripKindNames names the Trip* bits of kinds, as accrual names the kinds.
+func TripKindNames(kinds uint32) []string {
+	out := []string{}
+	for _, k := range []struct {
+		bit  uint32
+		name string
+	}{{TripRefused, "refused"}, {TripReset, "reset"}, {TripResetAfterData, "reset-after-data"}} {
+		if kinds&k.bit != 0 {
+			out = append(out, k.name)
+		}
+	}
+	return out
+}
+
 // Trips gives the agent the kernel-trip arrays, pb_svc_trip and
 // pb_be_trip, memory-mapped: the datapath takes budget, counts trips and
 // streaks with atomic adds, and the agent's stores land on the same words,

@@ -730,6 +730,8 @@ func (f *fakeWriter) SetServiceTrip(id uint32, s pbmaps.TripSettings, budget int
 
 func (f *fakeWriter) ServiceTrip(id uint32) bpf.LbSvcTrip { return bpf.LbSvcTrip{} }
 
+func (f *fakeWriter) BackendTrip(id uint32) bpf.LbBeTrip { return bpf.LbBeTrip{} }
+
 func (f *fakeWriter) ResetServiceTrip(id uint32) { delete(f.trips, id) }
 
 func (f *fakeWriter) ResetBackendTrip(id uint32) {

@@ -211,6 +211,9 @@ func tripSettings(s *desired.Service) maps.TripSettings {
 	return maps.TripSettings{MaxFailures: uint32(min(a.MaxFailures, math.MaxUint32)), Kinds: kinds, Settle: a.ConnectTimeout}
 }
 
+// BackendTrip reads a backend's kernel streak.
+func (r *Reconciler) BackendTrip(id uint32) bpf.LbBeTrip { return r.w.BackendTrip(id) }
+
 // ResetBackendTrip starts a backend's kernel streak afresh.
 func (r *Reconciler) ResetBackendTrip(id uint32) { r.w.ResetBackendTrip(id) }
 

@@ -53,6 +53,7 @@ type Writer interface {
 	// Kernel trips (program.go): the datapath's own ejections.
 	SetServiceTrip(id uint32, s maps.TripSettings, budget int64)
 	ServiceTrip(id uint32) bpf.LbSvcTrip
+	BackendTrip(id uint32) bpf.LbBeTrip
 	ResetServiceTrip(id uint32)
 	ResetBackendTrip(id uint32)
 

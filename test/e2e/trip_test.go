@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/penaltybox/penaltybox/internal/testnet"
+	"github.com/penaltybox/penaltybox/pkg/admin"
 )
 
 // A kernel trip needs no agent: with the agent frozen (SIGSTOP), a backend
@@ -72,6 +73,19 @@ func TestKernelTripWithoutTheAgent(t *testing.T) {
 	}
 	if !e.agent.LogContains("endpoint ejected", b3, `"kernel_trip":true`) {
 		t.Errorf("no ejection log line with kernel_trip:\n%s", e.agent.LogTail(20))
+	}
+	var v admin.ServicesView
+	if err := e.agent.JSON(e.ctx, "/admin/services", &v); err != nil {
+		t.Fatal(err)
+	}
+	kt := v.Services[0].KernelTrips
+	if kt == nil || kt.Trips != 1 || kt.MaxFailures != maxFailures {
+		t.Errorf("/admin/services kernelTrips %+v, want 1 trip at maxFailures %d", kt, maxFailures)
+	}
+	for _, b := range v.Services[0].Backends {
+		if b.Endpoint == b3 && b.KernelStreak < maxFailures {
+			t.Errorf("b3's kernelStreak %d, want >= %d", b.KernelStreak, maxFailures)
+		}
 	}
 	if tail := e.agent.LogTail(40); strings.Contains(tail, "kernel trip undone") {
 		t.Errorf("the trip was undone:\n%s", tail)
