@@ -133,18 +133,7 @@ func TestKubernetesMode(t *testing.T) {
 		return len(v.service(httpSvc)) == 3 && len(v.service(dnsSvc)) == 3
 	})
 
-	// Each step builds on the one before: a failed step ends the test.
-	// The world's helpers report to the running step's t.
-	step := func(name string, f func(t *testing.T)) {
-		ok := t.Run(name, func(st *testing.T) {
-			w.t = st
-			defer func() { w.t = t }()
-			f(st)
-		})
-		if !ok {
-			t.FailNow()
-		}
-	}
+	step := w.steps(t)
 
 	step("ClusterIP reaches every backend, TCP and UDP", func(t *testing.T) {
 		rs, err := testnet.Load(ctx, w.topo.Client, testnet.LoadSpec{
@@ -361,6 +350,22 @@ func TestKubernetesMode(t *testing.T) {
 		})
 		w.checkMapsWithout(vip, ids, backends)
 	})
+}
+
+// steps returns the runner of t's steps. Each step builds on the one
+// before (a failed step ends the test), and the world's helpers report to
+// the running step's t.
+func (w *world) steps(t *testing.T) func(name string, f func(t *testing.T)) {
+	return func(name string, f func(t *testing.T)) {
+		ok := t.Run(name, func(st *testing.T) {
+			w.t = st
+			defer func() { w.t = t }()
+			f(st)
+		})
+		if !ok {
+			t.FailNow()
+		}
+	}
 }
 
 // startAgent runs the agent in Kubernetes mode in the node namespace, with

@@ -69,18 +69,7 @@ func TestBackendPolicy(t *testing.T) {
 		return w.c.kubectl("apply", "-f", f)
 	}
 
-	// Each step builds on the one before (a failed step ends the test)
-	// and reports to its own t through the world's helpers.
-	step := func(name string, f func(t *testing.T)) {
-		ok := t.Run(name, func(st *testing.T) {
-			w.t = st
-			defer func() { w.t = t }()
-			f(st)
-		})
-		if !ok {
-			t.FailNow()
-		}
-	}
+	step := w.steps(t)
 
 	step("kubectl explain documents the fields", func(t *testing.T) {
 		// The API server publishes a new CRD's schema a moment after it
