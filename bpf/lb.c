@@ -706,7 +706,7 @@ static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
 /* client_control handles SYN, FIN and RST from the client on a known flow.
  * Returns 0 to forward with *fv, or new_flow's refusal. */
 static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
-					  struct ct_key *fk, struct ct_value *fv,
+					  struct ct_key *fk, struct ct_value *fv, __u32 move_off,
 					  struct global_stats *gs)
 {
 	struct ct_key rk = {};
@@ -755,6 +755,21 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	}
 	if (cur & PB_CT_ESTABLISHED)
 		return 0;
+
+	/* The agent's replay of a SYN its backend has left unanswered past
+	 * the service's replay deadline: move the flow now (once), without
+	 * waiting for the client's retransmission. Not a retransmission seen
+	 * by the kernel, so no SYN_RETRANS: the agent's connect deadline
+	 * judges the silent backend. A late SYN-ACK from it finds no flow and
+	 * passes to the client, whose stack answers it with a RST. */
+	if (move_off && move_off == fv->backend_id && !(cur & PB_CT_RETRY)) {
+		if (gs)
+			gs->repicked++;
+		evf = PB_EVF_REPICK;
+		avoid = move_off;
+		ct_flags = PB_CT_RETRY;
+		goto again;
+	}
 
 	/* ...otherwise the client is retransmitting its SYN: the backend has not
 	 * answered within the client's retransmission timeout. Report it once. */
@@ -984,7 +999,7 @@ static __always_inline int syn_kept(struct pkt *p, const struct ct_key *fk)
  * (ct, when not NULL). */
 static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 					  struct svc_value *svc, struct ct_key *fk,
-					  struct ct_value *ct, struct global_stats *gs)
+					  struct ct_value *ct, __u32 move_off, struct global_stats *gs)
 {
 	struct ct_value fv;
 	int rc;
@@ -993,7 +1008,7 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 		keep_syn(ctx, p);
 	if (ct) {
 		fv = *ct;
-		rc = client_control(p, svc, fk, &fv, gs);
+		rc = client_control(p, svc, fk, &fv, move_off, gs);
 	} else {
 		int syn = p->proto == IPPROTO_UDP ||
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
@@ -1169,6 +1184,17 @@ static __always_inline int vip_slot_marked(__be32 addr)
 	return marked && *marked;
 }
 
+/* replay_move_off reads the agent's replay metadata (struct replay_meta):
+ * the backend to move the flow off, or 0. */
+static __always_inline __u32 replay_move_off(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	struct replay_meta *m = (void *)(long)ctx->data_meta;
+	if ((void *)(m + 1) > data || m->magic != PB_REPLAY_MAGIC)
+		return 0;
+	return m->backend_id;
+}
+
 SEC("xdp")
 int pb_xdp(struct xdp_md *ctx)
 {
@@ -1220,7 +1246,7 @@ int pb_xdp(struct xdp_md *ctx)
 		if (svcp) {
 			/* A copy: the agent flips tables by rewriting this value. */
 			struct svc_value svc = *svcp;
-			return handle_forward(ctx, &p, &svc, &fk, ct, gstats());
+			return handle_forward(ctx, &p, &svc, &fk, ct, replay_move_off(ctx), gstats());
 		}
 		if (ct)
 			return established(ctx, &p, &fk, ct, gstats()); /* service gone, flow lives on */

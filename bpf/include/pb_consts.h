@@ -111,6 +111,10 @@ enum pb_trip_kind {
 #define PB_SYN_PORT_MUL 0x85ebca6bu
 #define PB_SYN_MAX_OPTS 40
 
+/* XDP metadata the agent puts before a SYN it replays (BPF_PROG_RUN live
+ * frames; no packet from a wire carries metadata). */
+#define PB_REPLAY_MAGIC 0x70627270u /* "pbrp" */
+
 /* pb_config.flags */
 #define PB_CFG_REDIRECT 0x1 /* try bpf_fib_lookup + redirect after NAT */
 

@@ -115,6 +115,14 @@ struct syn_copy {
 	__u8 opts[PB_SYN_MAX_OPTS];
 };
 
+/* The metadata of a SYN the agent replays because its backend left it
+ * unanswered past the service's replay deadline: move the flow off
+ * backend_id. */
+struct replay_meta {
+	__u32 magic; /* PB_REPLAY_MAGIC */
+	__u32 backend_id;
+};
+
 /* pb_svc_trip[svc_id]: when the datapath ejects a backend of the service
  * itself (a kernel trip), without waiting for the agent. */
 struct svc_trip {

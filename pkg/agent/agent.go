@@ -161,6 +161,8 @@ type Agent struct {
 	// dealt with, against pb_svc_trip.trips: the difference is trips whose
 	// events are unread (or lost).
 	tripsHandled map[uint32]uint64
+	// handshakes: per service, recent handshake times (unanswered.go).
+	handshakes map[uint32]*handshakes
 	// deadlines tells Run that handled events brought a deadline earlier
 	// than the one its timer is armed for (armed).
 	deadlines chan struct{}
@@ -241,6 +243,7 @@ func New(c Config) (*Agent, error) {
 		maxInflightDefault: c.MaxInflightDefault,
 		replayer:           c.Replayer,
 		tripsHandled:       map[uint32]uint64{},
+		handshakes:         map[uint32]*handshakes{},
 		monoOffset:         outcomes.MonoOffset(),
 	}
 	a.every.probes, a.every.sweep = c.ProbeCheck, c.SweepEvery

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
-	"github.com/penaltybox/penaltybox/pkg/replay"
 )
 
 // HandleEvents feeds one batch of kernel events through classification
@@ -170,30 +168,15 @@ func (a *Agent) replay(ev *outcomes.Event) {
 	// had the client's own retransmission by now; and in a flood, a replay
 	// per refused SYN would be the flood's work done twice.
 	if a.clk.Now().Sub(ev.At) > maxReplayAge {
-		a.metrics.Replays.WithLabelValues("stale").Inc()
+		a.metrics.Replays.WithLabelValues("refused", "stale").Inc()
 		return
 	}
 	if a.flood.on {
-		a.metrics.Replays.WithLabelValues("flood").Inc()
+		a.metrics.Replays.WithLabelValues("refused", "flood").Inc()
 		return
 	}
 	vip := netip.AddrPortFrom(s.Spec.Key.VIP, s.Spec.Key.Port)
-	err := a.replayer.Replay(ev.Client, vip, b.Addr)
-	switch {
-	case err == nil:
-		a.metrics.Replays.WithLabelValues("sent").Inc()
-	case errors.Is(err, replay.ErrStale):
-		a.metrics.Replays.WithLabelValues("stale").Inc()
-	case errors.Is(err, replay.ErrNoCopy):
-		a.metrics.Replays.WithLabelValues("no_copy").Inc()
-	default:
-		a.metrics.Replays.WithLabelValues("error").Inc()
-		if !a.replayErr {
-			a.replayErr = true
-			a.log.Error("replaying a refused SYN failed; clients wait for their own retransmission (further failures are only counted)",
-				"service", s.Spec.Name, "client", ev.Client.String(), "err", err)
-		}
-	}
+	a.countReplay("refused", s.Spec.Name, ev.Client, a.replayer.Replay(ev.Client, vip, b.Addr))
 }
 
 // syncCounters carries counts kept outside Prometheus into it.
@@ -234,6 +217,9 @@ func (a *Agent) Advance() {
 		a.checkLoss(now)
 	}
 	a.tracker.Expire(upTo, a.observeSettled)
+	if a.replayer != nil {
+		a.tracker.DueReplays(upTo, a.replayUnanswered)
+	}
 	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
 	a.syncCounters()
 }

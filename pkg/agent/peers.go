@@ -145,6 +145,9 @@ func (a *Agent) serviceWideCheck(now time.Time) {
 // flood), or one while most of its peers time out too (service_wide).
 // Called with mu held.
 func (a *Agent) observe(o accrual.Outcome) {
+	if o.Success {
+		a.noteHandshake(o)
+	}
 	if a.flood.on && !o.Success && o.Kind == accrual.KindTimeout && !o.Probe {
 		a.metrics.Withheld.WithLabelValues("flood").Inc()
 		a.withheldHere++

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"time"
+
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -138,5 +140,34 @@ func TestKernelTripWithoutItsEvent(t *testing.T) {
 	e.a.Maintain()
 	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "adopted")); got != 1 {
 		t.Errorf("kernel_trips_total{adopted} = %v after a second Maintain, want 1", got)
+	}
+}
+
+// The replay deadline: cautious (half the connect timeout) until the
+// service's handshakes are known, then four times their 99th percentile,
+// at least 16ms, a power of two of milliseconds; none without retryRefused.
+func TestReplayAfter(t *testing.T) {
+	s := web(80, 3, settings())
+	s.RetryRefused = true
+	if d := replayAfter(&s, nil); d != 500*time.Millisecond {
+		t.Errorf("no handshakes yet: %v, want 500ms (half of the 1s connect timeout)", d)
+	}
+	h := &handshakes{}
+	for i := range replaySamples {
+		h.ring[i] = time.Duration(100+i) * time.Microsecond
+	}
+	h.n = replaySamples
+	if d := replayAfter(&s, h); d != replayFloor {
+		t.Errorf("LAN handshakes (p99 ~230µs): %v, want the floor %v", d, replayFloor)
+	}
+	for i := range replaySamples {
+		h.ring[i] = 20 * time.Millisecond
+	}
+	if d := replayAfter(&s, h); d != 128*time.Millisecond {
+		t.Errorf("20ms handshakes: %v, want 128ms (80ms rounded up to a power of two)", d)
+	}
+	s.RetryRefused = false
+	if d := replayAfter(&s, h); d != 0 {
+		t.Errorf("retryRefused off: %v, want no replays", d)
 	}
 }

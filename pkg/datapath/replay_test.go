@@ -2,7 +2,11 @@ package datapath_test
 
 import (
 	"bytes"
+	"encoding/binary"
+	"net/netip"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
@@ -67,5 +71,47 @@ func TestNoSynCopyWithoutRetryRefused(t *testing.T) {
 	f.must(f.LbMaps.PbSyns.Lookup(maps.SynSlot(client.Addr(), client.Port()), &c))
 	if c.Client != 0 || c.OptLen != 0 {
 		t.Errorf("copied a SYN for a service without retryRefused: %+v", c)
+	}
+}
+
+// The agent's replay of an unanswered SYN carries metadata naming the
+// backend to move off: the datapath moves the flow (once), without the
+// backend being ejected.
+func TestUnansweredReplayMovesTheFlow(t *testing.T) {
+	f := newFixture(t)
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.table(id1)
+	syn := bpftest.LinuxSYN(client, vip, 42)
+	f.run(syn)
+	f.table(id2) // where a re-pick lands; backend 1 stays active
+	meta := make([]byte, 8)
+	binary.NativeEndian.PutUint32(meta[0:], 0x70627270)
+	binary.NativeEndian.PutUint32(meta[4:], id1)
+	run := func(meta []byte) netip.AddrPort {
+		t.Helper()
+		data := append(append([]byte{}, meta...), syn...)
+		out := make([]byte, len(data)+256)
+		_, err := f.PbXdp.Run(&ebpf.RunOptions{Data: data, DataOut: out, Repeat: 1,
+			Context: [6]uint32{uint32(len(meta)), uint32(len(data)), 0, 1, 0, 0}})
+		f.must(err)
+		p, err := bpftest.Parse(out[len(meta):]) // the output starts at the metadata
+		f.must(err)
+		return p.Dst
+	}
+	// Without metadata it is the client's retransmission: it stays (the
+	// backend is active).
+	if dst := run(nil); dst != be1 {
+		t.Fatalf("retransmitted SYN went to %v, want it kept on %v", dst, be1)
+	}
+	if dst := run(meta); dst != be2 {
+		t.Fatalf("replayed SYN went to %v, want it moved to %v", dst, be2)
+	}
+	evs := f.events()
+	if n := len(evs); n < 2 || evs[n-1] != ev(evNewFlow, evfRepick, id2, client) {
+		t.Fatalf("events %+v: want the move reported as a re-picked NEW_FLOW", evs)
+	}
+	// Once per flow: a second replay does not move it again.
+	if dst := run(append([]byte{}, meta[:4]...)); dst != be2 {
+		t.Errorf("short metadata: %v", dst)
 	}
 }

@@ -149,8 +149,8 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}, []string{"service", "result"}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "syn_replays_total",
-			Help: "Refused SYNs (retryRefused) sent again at once for the datapath to move to another backend, by result: sent; no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead); stale (the refusal was read too late, or the flow had moved on); flood (not replayed in flood mode); error.",
-		}, []string{"result"}),
+			Help: "Client SYNs the agent sent again for the datapath to move to another backend (retryRefused), by reason (refused: the backend refused it; unanswered: the backend left it unanswered past the service's replay deadline) and result: sent; no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead); stale (read too late, or the flow had moved on); flood (not replayed in flood mode); error.",
+		}, []string{"reason", "result"}),
 		MaxInflightDefault: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "max_inflight_default",
 			Help: "The circuit-breaker limit of services that set none (--max-inflight-default, or the config file's defaults.maxInflight); 0 is no limit.",

@@ -17,6 +17,10 @@ type Policy struct {
 	// how long a connection must survive after its SYN-ACK, without a
 	// reset and without backend data, to count as a success (see Settle).
 	ConnectTimeout time.Duration
+	// Replay > 0: a new connection whose SYN is still unanswered this long
+	// after it was sent is due a replay to another backend (DueReplays),
+	// long before its ConnectTimeout judges the backend.
+	Replay time.Duration
 	// Settle is when an established connection counts as a success. A
 	// backend that accepts and then resets every connection must not
 	// alternate success and failure, or it would never be ejected.
@@ -123,6 +127,9 @@ type Tracker struct {
 	policy  PolicyFunc
 	pending map[flowKey]pending
 	queues  map[time.Duration]*fifo
+	// replays: the replay deadlines of connecting flows (Policy.Replay),
+	// queued by length like the connect deadlines.
+	replays map[time.Duration]*fifo
 	seq     uint64
 	// MaxPending bounds memory under a SYN flood; beyond it new flows get
 	// only the kernel's retransmission signal. Overflow counts them.
@@ -152,6 +159,7 @@ func NewTracker(policy PolicyFunc) *Tracker {
 		policy:     policy,
 		pending:    map[flowKey]pending{},
 		queues:     map[time.Duration]*fifo{},
+		replays:    map[time.Duration]*fifo{},
 		MaxPending: 1 << 20,
 	}
 }
@@ -200,7 +208,19 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	switch ev.Type {
 	case NewFlow:
 		o.Started = ev.At
-		t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At}, ev.At, pol.ConnectTimeout)
+		// A flow moved to another backend is already a replay (or the
+		// client's own retry): it gets none of its own. A probe gets one:
+		// its client need not wait for our experiment (its verdict is
+		// still the connect deadline's).
+		if t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At}, ev.At, pol.ConnectTimeout) &&
+			pol.Replay > 0 && pol.Replay < pol.ConnectTimeout && ev.Flags&FlagRepick == 0 {
+			q := t.replays[pol.Replay]
+			if q == nil {
+				q = &fifo{}
+				t.replays[pol.Replay] = q
+			}
+			q.push(deadline{key: key, seq: t.seq, at: ev.At.Add(pol.Replay)})
+		}
 		return o, false
 	case Established:
 		// The handshake's length, for the slow-connect rule: both ends
@@ -306,6 +326,25 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 	}
 }
 
+// DueReplays hands emit each connection whose replay deadline passed by
+// now while it still waits for its backend's first answer. now must be a
+// time up to which every event has been read, as for Expire.
+func (t *Tracker) DueReplays(now time.Time, emit func(backend uint32, client netip.AddrPort)) {
+	for _, q := range t.replays {
+		for {
+			d, ok := q.peek()
+			if !ok || d.at.After(now) {
+				break
+			}
+			q.pop()
+			if t.decided(d) || t.pending[d.key].phase != connecting {
+				continue
+			}
+			emit(d.key.backend, d.key.client)
+		}
+	}
+}
+
 // decided reports whether d's connection was decided already, or
 // superseded by a newer flow on the tuple: its deadline is void.
 func (t *Tracker) decided(d deadline) bool {
@@ -321,20 +360,22 @@ func (t *Tracker) decided(d deadline) bool {
 func (t *Tracker) NextDeadline() (time.Time, bool) {
 	var best time.Time
 	found := false
-	for _, q := range t.queues {
-		for {
-			d, ok := q.peek()
-			if !ok {
+	for _, qs := range []map[time.Duration]*fifo{t.queues, t.replays} {
+		for _, q := range qs {
+			for {
+				d, ok := q.peek()
+				if !ok {
+					break
+				}
+				if t.decided(d) {
+					q.pop()
+					continue
+				}
+				if !found || d.at.Before(best) {
+					best, found = d.at, true
+				}
 				break
 			}
-			if t.decided(d) {
-				q.pop()
-				continue
-			}
-			if !found || d.at.Before(best) {
-				best, found = d.at, true
-			}
-			break
 		}
 	}
 	return best, found

@@ -3,6 +3,7 @@ package outcomes
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -258,5 +259,55 @@ func TestTrackedModes(t *testing.T) {
 		if got := PolicyFor(s, true).Tracked; got != (m != accrual.ModeNone) {
 			t.Errorf("mode %s: tracked %v", m, got)
 		}
+	}
+}
+
+// A connection still waiting for its backend's first answer at the replay
+// deadline is due a replay (a probe too); one answered, refused or moved
+// already is not.
+func TestTrackerDueReplays(t *testing.T) {
+	pol := PolicyFor(accrual.Defaults(), true)
+	pol.Replay = 20 * time.Millisecond
+	tr := NewTracker(func(uint32) Policy { return pol })
+	c := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), port) }
+	ev := func(typ Type, port uint16, flags uint8, at time.Duration) {
+		tr.Classify(Event{Type: typ, Backend: 7, Client: c(port), Flags: flags, At: t0.Add(at)})
+	}
+	ev(NewFlow, 1, 0, 0) // silent: due
+	ev(NewFlow, 2, 0, 0) // answered in time
+	ev(Established, 2, 0, 5*time.Millisecond)
+	ev(NewFlow, 3, 0, 0) // refused
+	ev(Refused, 3, 0, time.Millisecond)
+	ev(NewFlow, 4, FlagRepick, 0) // already moved once
+	ev(NewFlow, 5, FlagProbe, 0)  // a probe: its client need not wait
+	if next, ok := tr.NextDeadline(); !ok || !next.Equal(t0.Add(20*time.Millisecond)) {
+		t.Fatalf("next deadline %v, %v: want the replay deadline at 20ms", next, ok)
+	}
+	var due []uint16
+	tr.DueReplays(t0.Add(19*time.Millisecond), func(_ uint32, cl netip.AddrPort) { due = append(due, cl.Port()) })
+	if len(due) != 0 {
+		t.Fatalf("due before the deadline: %v", due)
+	}
+	tr.DueReplays(t0.Add(20*time.Millisecond), func(b uint32, cl netip.AddrPort) {
+		if b != 7 {
+			t.Errorf("backend %d", b)
+		}
+		due = append(due, cl.Port())
+	})
+	slices.Sort(due)
+	if fmt.Sprint(due) != "[1 5]" {
+		t.Fatalf("due replays %v, want the silent connection and the probe [1 5]", due)
+	}
+	// Its connect deadline still judges the backend.
+	var got []accrual.Outcome
+	tr.Expire(t0.Add(2*time.Second), func(o accrual.Outcome) { got = append(got, o) })
+	timeouts := 0
+	for _, o := range got {
+		if !o.Success && o.Kind == accrual.KindTimeout {
+			timeouts++
+		}
+	}
+	if timeouts != 3 { // ports 1, 4 and 5 never heard back
+		t.Errorf("%d timeouts at the connect deadline, want 3: %+v", timeouts, got)
 	}
 }

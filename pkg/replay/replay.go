@@ -66,6 +66,37 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 	if ct.Flags&(maps.CTClosed|maps.CTRescued|maps.CTRetry) != maps.CTClosed|maps.CTRescued {
 		return ErrStale
 	}
+	return r.send(client, vip, nil)
+}
+
+// ReplayUnanswered sends again the SYN that client sent to vip, which
+// backend (id backendID) has not answered, marked for the datapath to move
+// the flow off that backend: only while the flow still waits for it (no
+// SYN-ACK, not closed, not moved before).
+func (r *Replayer) ReplayUnanswered(client, vip, backend netip.AddrPort, backendID uint32) error {
+	ct, err := r.m.CTEntry(maps.ReplyKey(backend, client))
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return ErrStale
+	}
+	if err != nil {
+		return fmt.Errorf("replay: pb_ct: %w", err)
+	}
+	if ct.Flags&(maps.CTEstablished|maps.CTClosed|maps.CTRetry) != 0 {
+		return ErrStale
+	}
+	var meta [8]byte
+	binary.NativeEndian.PutUint32(meta[0:], replayMagic)
+	binary.NativeEndian.PutUint32(meta[4:], backendID)
+	return r.send(client, vip, meta[:])
+}
+
+// replayMagic is PB_REPLAY_MAGIC ("pbrp").
+const replayMagic = 0x70627270
+
+// send rebuilds the SYN client sent to vip from its pb_syns copy and runs
+// the datapath on it, as arriving on the client's interface, with meta as
+// the frame's XDP metadata.
+func (r *Replayer) send(client, vip netip.AddrPort, meta []byte) error {
 	var c bpf.LbSynCopy
 	slot := maps.SynSlot(client.Addr(), client.Port())
 	if err := r.m.Raw().PbSyns.Lookup(slot, &c); err != nil {
@@ -79,8 +110,10 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 	if err != nil {
 		return err
 	}
-	ctx := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: c.Ifindex}
-	_, err = r.prog.Run(&ebpf.RunOptions{Data: frame, Context: ctx, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
+	// The kernel takes the first ctx.Data bytes of the data as metadata.
+	data := append(append(make([]byte, 0, len(meta)+len(frame)), meta...), frame...)
+	ctx := xdpMD{Data: uint32(len(meta)), DataEnd: uint32(len(data)), IngressIfindex: c.Ifindex}
+	_, err = r.prog.Run(&ebpf.RunOptions{Data: data, Context: ctx, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
 	if err != nil {
 		return fmt.Errorf("replay: run the datapath on the SYN (ifindex %d): %w", c.Ifindex, err)
 	}

@@ -332,7 +332,7 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 		t.Fatalf("b3 is %s, want ejected", st)
 	}
 	m := e.metrics()
-	replayed := m.Get("penaltybox_syn_replays_total", "result", "sent")
+	replayed := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent")
 	t.Logf("%v SYNs replayed, %d connections waited >= 500ms", replayed, waited)
 	if waited != 0 {
 		t.Errorf("%d connections waited for their own SYN retransmission", waited)
@@ -345,5 +345,42 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 	}
 	if got := m.Get("penaltybox_endpoint_failures_total", "endpoint", b3, "kind", "refused"); got < maxFailures {
 		t.Errorf("refusals counted against b3 = %v, want >= %d", got, maxFailures)
+	}
+}
+
+// A backend that drops SYNs costs its clients neither a failure nor their
+// own SYN retransmission (1 s): a SYN it leaves unanswered past the
+// service's replay deadline (four times the recent p99 handshake, at
+// least 16 ms, at most half the connect timeout) is replayed by the agent
+// and moved by the datapath to another backend; the connect deadline
+// still ejects the silent backend.
+func TestUnansweredSYNsAreReplayed(t *testing.T) {
+	e := newEnv(t, 3)
+	e.topo.Backend(3).SetMode(testnet.Blackhole)
+	e.startAgent(config(e.topo, all(3), accrualYAML))
+
+	rs := e.load(200, 5*time.Second, 3*time.Second)
+	var waited int
+	var slowest time.Duration
+	for _, r := range rs {
+		slowest = max(slowest, r.Latency)
+		if r.Latency >= 500*time.Millisecond {
+			waited++
+		}
+	}
+	m := e.metrics()
+	replayed := m.Get("penaltybox_syn_replays_total", "reason", "unanswered", "result", "sent")
+	t.Logf("%v; %v unanswered SYNs replayed, slowest connection %v, %d waited >= 500ms", rs, replayed, slowest, waited)
+	if f := rs.Failures(); f != 0 {
+		t.Fatalf("%d connections failed: %v", f, rs.Counts())
+	}
+	if waited != 0 {
+		t.Errorf("%d connections waited for their own SYN retransmission", waited)
+	}
+	if replayed < 1 {
+		t.Errorf("no unanswered SYN replayed")
+	}
+	if st, _ := e.state(b3); st != "ejected" && st != "probation" {
+		t.Errorf("b3 is %s, want ejected by its connect timeouts", st)
 	}
 }

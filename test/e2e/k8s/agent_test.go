@@ -215,7 +215,7 @@ func TestKubernetesMode(t *testing.T) {
 		// Refused SYNs are replayed by default, through BPF_PROG_RUN in
 		// live-frame mode: the DaemonSet's capabilities allow it, and no
 		// client saw a refusal.
-		if got := m.Get("penaltybox_syn_replays_total", "result", "sent"); got < 5 {
+		if got := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent"); got < 5 {
 			t.Errorf("penaltybox_syn_replays_total{sent} = %v, want >= 5 (maxFailures)", got)
 		}
 		if f := rs.Failures(); f != 0 {

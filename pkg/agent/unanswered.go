@@ -1,0 +1,148 @@
+package agent
+
+import (
+	"errors"
+	"math/bits"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
+	"github.com/penaltybox/penaltybox/pkg/replay"
+)
+
+// A SYN a backend leaves unanswered is replayed to another backend after
+// the service's replay deadline: four times the recent 99th percentile of
+// its handshakes (SYN to SYN-ACK, as the datapath timed them), at least
+// replayFloor, at most half the connect timeout, rounded up to a power of
+// two milliseconds (a few deadline queues, not one per value). On a LAN a
+// silent backend then costs its clients tens of milliseconds, not their
+// own SYN retransmission (1 s on Linux); on a slow link, in proportion.
+// The connect timeout still judges the backend (a timeout failure, at its
+// own deadline), so replays change what clients see, not accrual.
+const (
+	replayFloor   = 16 * time.Millisecond
+	replayFactor  = 4
+	replaySamples = 128 // handshakes kept per service
+	replayEvery   = 32  // the deadline is recomputed every this many
+)
+
+// handshakes are a service's recent handshake times.
+type handshakes struct {
+	ring  [replaySamples]time.Duration
+	n     int // samples taken, all time
+	after time.Duration
+}
+
+// replayAfter is the replay deadline of a service with these settings and
+// recent handshakes (nil: none seen yet); 0: no replays.
+func replayAfter(spec *desired.Service, h *handshakes) time.Duration {
+	if !spec.RetryRefused || spec.Key.Protocol != desired.TCP || spec.Accrual.Mode == accrual.ModeNone {
+		return 0
+	}
+	limit := spec.Accrual.ConnectTimeout / 2
+	if limit < replayFloor {
+		return 0 // a connect timeout this short judges before a replay could help
+	}
+	if h == nil || h.n < replayEvery {
+		return limit // nothing known yet: the cautious end
+	}
+	n := min(h.n, replaySamples)
+	s := slices.Clone(h.ring[:n])
+	slices.Sort(s)
+	p99 := s[(n*99)/100]
+	d := max(replayFactor*p99, replayFloor)
+	ms := uint64((d + time.Millisecond - 1) / time.Millisecond)
+	d = time.Duration(uint64(1)<<bits.Len64(ms-1)) * time.Millisecond
+	return min(d, limit)
+}
+
+// noteHandshake records a success's handshake time for its service's
+// replay deadline, and moves the deadline when it changes. Called with mu
+// held.
+func (a *Agent) noteHandshake(o accrual.Outcome) {
+	if o.Handshake <= 0 {
+		return
+	}
+	b, ok := a.rec.Backend(o.Endpoint)
+	if !ok {
+		return
+	}
+	s, ok := a.rec.Service(b.Service)
+	if !ok || !s.Spec.RetryRefused {
+		return
+	}
+	h := a.handshakes[s.ID]
+	if h == nil {
+		h = &handshakes{}
+		a.handshakes[s.ID] = h
+	}
+	h.ring[h.n%replaySamples] = o.Handshake
+	h.n++
+	if h.n%replayEvery == 0 {
+		a.setReplay(s)
+	}
+}
+
+// setReplay writes a service's replay deadline into its backends' policy.
+func (a *Agent) setReplay(s *reconcile.Service) {
+	d := replayAfter(&s.Spec, a.handshakes[s.ID])
+	if h := a.handshakes[s.ID]; h != nil {
+		if d != h.after && h.after != 0 {
+			a.log.Debug("replay deadline moved", "service", s.Spec.Name, "from", h.after.String(), "to", d.String())
+		}
+		h.after = d
+	}
+	for _, id := range s.Backends {
+		if int(id) < len(a.policy) {
+			a.policy[id].Replay = d
+		}
+	}
+}
+
+// replayUnanswered replays a SYN that backend has left unanswered past its
+// service's replay deadline, for the datapath to move it to another
+// backend. Called with mu held.
+func (a *Agent) replayUnanswered(backend uint32, client netip.AddrPort) {
+	r, ok := a.replayer.(unansweredReplayer)
+	if !ok {
+		return
+	}
+	b, bok := a.rec.Backend(backend)
+	s, sok := a.rec.Service(b.Service)
+	if !bok || !sok {
+		return
+	}
+	if a.flood.on {
+		a.metrics.Replays.WithLabelValues("unanswered", "flood").Inc()
+		return
+	}
+	vip := netip.AddrPortFrom(s.Spec.Key.VIP, s.Spec.Key.Port)
+	a.countReplay("unanswered", s.Spec.Name, client, r.ReplayUnanswered(client, vip, b.Addr, backend))
+}
+
+// unansweredReplayer is a Replayer that can also move an unanswered SYN.
+type unansweredReplayer interface {
+	ReplayUnanswered(client, vip, backend netip.AddrPort, backendID uint32) error
+}
+
+// countReplay counts a replay's result, and logs the first failure.
+func (a *Agent) countReplay(reason, service string, client netip.AddrPort, err error) {
+	switch {
+	case err == nil:
+		a.metrics.Replays.WithLabelValues(reason, "sent").Inc()
+	case errors.Is(err, replay.ErrStale):
+		a.metrics.Replays.WithLabelValues(reason, "stale").Inc()
+	case errors.Is(err, replay.ErrNoCopy):
+		a.metrics.Replays.WithLabelValues(reason, "no_copy").Inc()
+	default:
+		a.metrics.Replays.WithLabelValues(reason, "error").Inc()
+		if !a.replayErr {
+			a.replayErr = true
+			a.log.Error("replaying a SYN failed; clients wait for their own retransmission (further failures are only counted)",
+				"service", service, "client", client.String(), "err", err)
+		}
+	}
+}
