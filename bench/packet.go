@@ -45,6 +45,7 @@ var (
 	pkVIPProb  = netip.MustParseAddrPort("198.18.100.11:80") // every slot on a backend in probation
 	pkVIPLim   = netip.MustParseAddrPort("198.18.100.12:80") // maxInflight set
 	pkVIPLimBe = netip.MustParseAddrPort("198.18.100.13:80") // maxInflight and maxInflightPerBackend set
+	pkVIPRep   = netip.MustParseAddrPort("198.18.100.14:80") // retryRefused: each SYN copied for a replay
 
 	pkNode = netip.MustParseAddrPort("198.18.0.1:22")
 	// No VIP's: the pass-through packet to a VIP port goes here.
@@ -136,6 +137,7 @@ type svcDef struct {
 	backends []uint32 // ids, slots filled by Maglev over these
 	limit    uint32
 	perBE    uint32
+	flags    uint32
 }
 
 func (r *packetRig) program() error {
@@ -149,7 +151,8 @@ func (r *packetRig) program() error {
 		errs = append(errs,
 			be(1+id, a, 1, maps.BackendActive),
 			be(7+id, a, 3, maps.BackendActive),
-			be(10+id, a, 4, maps.BackendActive))
+			be(10+id, a, 4, maps.BackendActive),
+			be(30+id, a, 5, maps.BackendActive))
 	}
 	errs = append(errs,
 		be(4, "198.18.3.2:8080", 2, maps.BackendProbation),
@@ -167,6 +170,7 @@ func (r *packetRig) program() error {
 		{id: 2, vip: pkVIPProb, backends: []uint32{4}},
 		{id: 3, vip: pkVIPLim, backends: []uint32{7, 8, 9}, limit: lim},
 		{id: 4, vip: pkVIPLimBe, backends: []uint32{10, 11, 12}, limit: lim, perBE: lim},
+		{id: 5, vip: pkVIPRep, backends: []uint32{30, 31, 32}, flags: maps.ServiceRetryRefused},
 		{id: 10, vip: pkA, backends: []uint32{20}},
 		{id: 11, vip: pkB, backends: []uint32{21}},
 		{id: 12, vip: pkA2, backends: []uint32{22}, limit: lim},
@@ -255,7 +259,7 @@ func (r *packetRig) service(s svcDef) error {
 	if err := r.m.FillTable(s.id, 0, tbl); err != nil {
 		return err
 	}
-	v := bpf.LbSvcValue{Id: s.id, Table: 0, TableSize: uint32(len(tbl)), MaxInflight: s.limit, MaxInflightPerBackend: s.perBE}
+	v := bpf.LbSvcValue{Id: s.id, Table: 0, TableSize: uint32(len(tbl)), MaxInflight: s.limit, MaxInflightPerBackend: s.perBE, Flags: s.flags}
 	if s.perBE != 0 {
 		if err := r.m.SetServiceBackends(s.id, nil, s.backends); err != nil {
 			return err
@@ -453,6 +457,7 @@ const (
 	nfLimit                      // maxInflight configured
 	nfLimitBE                    // maxInflight and maxInflightPerBackend configured
 	nfFullCT                     // as nfPlain, into a full conntrack LRU (every insert evicts)
+	nfReplay                     // as nfPlain, with retryRefused: the SYN is copied to pb_syns
 	nfXDPPass                    // baseline: XDP_PASS only, same method
 	nfMinDNAT                    // baseline: minimal DNAT (a match), same method
 )
@@ -494,6 +499,8 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 		vip, svc = pkVIPLim, 3
 	case nfLimitBE:
 		vip, svc = pkVIPLimBe, 4
+	case nfReplay:
+		vip, svc = pkVIPRep, 5
 	case nfXDPPass:
 		prog, vip = r.base.XdpPass, pkA
 	case nfMinDNAT:
@@ -762,6 +769,7 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		{"packet", fSteer, fDNAT1, func() (float64, error) { return r.newFlows(nfSteered, o.NewFlows) }},
 		{"packet", fProbe, fDNAT1, func() (float64, error) { return r.newFlows(nfProbe, o.NewFlows) }},
 		{"packet", fFull, fDNAT1, func() (float64, error) { return r.newFlows(nfFullCT, o.NewFlows) }},
+		{"packet", "new flow SYN, retryRefused (the SYN copied for a replay)", fNew, func() (float64, error) { return r.newFlows(nfReplay, o.NewFlows) }},
 		{"breaker", "new flow, limit: maxInflight", "new flow, no limit (check off)", func() (float64, error) { return r.newFlows(nfLimit, o.NewFlows) }},
 		{"breaker", "new flow, limit: maxInflight + maxInflightPerBackend", "new flow, no limit (check off)", func() (float64, error) { return r.newFlows(nfLimitBE, o.NewFlows) }},
 		{"breaker", "established flow, limit: maxInflight", "established flow, no limit (check off)", func() (float64, error) { return r.established(pkA2, pkB2, 12, 13, rep) }},

@@ -519,8 +519,9 @@ static __always_inline void count_refused(struct svc_value *svc, int over_limit)
  * the backend the flow leaves, avoid a backend not to pick again, ct_flags
  * flags the flow starts with. Returns 0, PB_NO_BACKEND or PB_OVER_LIMIT. */
 static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct ct_key *fk,
-				    int midstream, __u8 ev_flags, struct ct_key *old_rev, __u32 avoid,
-				    __u32 ct_flags, struct ct_value *fv, struct global_stats *gs)
+				    int midstream, __u8 ev_flags, struct ct_key *old_rev, int keep_old,
+				    __u32 avoid, __u32 ct_flags, struct ct_value *fv,
+				    struct global_stats *gs)
 {
 	/* A flow moving off its backend gives its slot back first. */
 	if (old_rev)
@@ -598,8 +599,19 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	rv.nat_addr = fk->dst;
 	rv.nat_port = fk->dport;
 
-	if (old_rev)
+	if (old_rev && keep_old) {
+		/* The backend left it unanswered, may still answer: its entry
+		 * stays, marked, so a late SYN-ACK is reported (it answered, late:
+		 * no timeout) and kept from the client. The slot went with the
+		 * flow. */
+		struct ct_value *o = bpf_map_lookup_elem(&pb_ct, old_rev);
+		if (o) {
+			__sync_fetch_and_and(&o->flags, ~PB_CT_COUNTED);
+			__sync_fetch_and_or(&o->flags, PB_CT_MOVED);
+		}
+	} else if (old_rev) {
 		bpf_map_delete_elem(&pb_ct, old_rev);
+	}
 	if (bpf_map_update_elem(&pb_ct, fk, fv, BPF_ANY) ||
 	    bpf_map_update_elem(&pb_ct, &rk, &rv, BPF_ANY)) {
 		if (gs)
@@ -737,7 +749,7 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	 * and the program size). */
 	__u8 evf = 0;
 	__u32 avoid = 0, ct_flags = 0;
-	int retry = 0;
+	int retry = 0, moved = 0;
 	if (!rv)
 		goto again; /* reverse entry lost: a new flow */
 	__u32 cur = rv->flags;
@@ -760,14 +772,19 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	 * the service's replay deadline: move the flow now (once), without
 	 * waiting for the client's retransmission. Not a retransmission seen
 	 * by the kernel, so no SYN_RETRANS: the agent's connect deadline
-	 * judges the silent backend. A late SYN-ACK from it finds no flow and
-	 * passes to the client, whose stack answers it with a RST. */
-	if (move_off && move_off == fv->backend_id && !(cur & PB_CT_RETRY)) {
+	 * judges the silent backend (a late SYN-ACK from it still counts as
+	 * its answer: see PB_CT_MOVED). Only where another backend can take
+	 * it; otherwise the replay is dropped and the flow waits on. */
+	if (move_off) {
+		if (move_off != fv->backend_id || (cur & PB_CT_RETRY) || svc->backend_count < 2 ||
+		    svc->max_inflight || svc->max_inflight_per_backend)
+			return PB_REPLAY_STAYS;
 		if (gs)
 			gs->repicked++;
 		evf = PB_EVF_REPICK;
 		avoid = move_off;
 		ct_flags = PB_CT_RETRY;
+		moved = 1;
 		goto again;
 	}
 
@@ -791,9 +808,11 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	avoid = bid;
 	ct_flags = cur & PB_CT_RETRY;
 again:;
-	int rc = new_flow(p, svc, fk, 0, evf, rv ? &rk : 0, avoid, ct_flags, fv, gs);
+	int rc = new_flow(p, svc, fk, 0, evf, rv ? &rk : 0, moved, avoid, ct_flags, fv, gs);
 	if (rc == 0 && retry && gs)
 		gs->retried++;
+	if (moved && (rc < 0 || fv->backend_id == move_off))
+		return PB_REPLAY_STAYS; /* nowhere else after all: the replay goes nowhere */
 	return rc;
 }
 
@@ -1014,8 +1033,10 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
-		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, &fv, gs);
+		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, 0, &fv, gs);
 	}
+	if (rc == PB_REPLAY_STAYS)
+		return XDP_DROP;
 	if (rc == PB_OVER_LIMIT)
 		return reject(ctx, p, gs);
 	if (rc < 0)
@@ -1041,6 +1062,17 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &rk);
 	if (!rv)
 		return -1;
+	if (rv->flags & PB_CT_MOVED) {
+		/* The backend the flow was moved off answers after all: that is
+		 * its answer to the agent (late, not a timeout); the client has
+		 * its connection with another backend, so nothing goes on. */
+		if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK)) {
+			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
+			if (!(old & PB_CT_ESTABLISHED))
+				emit(PB_EV_ESTABLISHED, 0, rv->svc_id, rv->backend_id, rk.dst.v4, rk.dport, gs);
+		}
+		return XDP_DROP;
+	}
 
 	if (p->proto == IPPROTO_TCP) {
 		__u8 f = p->tcp_flags;

@@ -49,6 +49,11 @@
 #define PB_CT_RETRYABLE 0x1000     /* its service had retryRefused when the flow began */
 #define PB_CT_QUIET_DATA 0x2000    /* its service had PB_SVC_F_QUIET_DATA when the flow began */
 #define PB_CT_QUIET_END 0x4000     /* its service had PB_SVC_F_QUIET_END when the flow began */
+#define PB_CT_MOVED 0x8000         /* REV entry of the backend an unanswered flow was moved off: its late answer is reported, then dropped */
+
+/* client_control: the agent's replay could not be moved; drop it, the
+ * flow stays as it was. */
+#define PB_REPLAY_STAYS -3
 
 /* Backend admission state, written by the agent. */
 enum pb_backend_state {

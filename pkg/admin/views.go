@@ -31,7 +31,11 @@ type Service struct {
 	// KernelTrips is pb_svc_trip: the datapath's own ejections; absent
 	// when the service has none (maxFailures 0).
 	KernelTrips *KernelTrips `json:"kernelTrips,omitempty"`
-	Backends    []Backend    `json:"backends"`
+	// ReplayAfter is the replay deadline of a SYN its backend leaves
+	// unanswered (a Go duration), from the service's recent handshakes;
+	// absent when the service replays nothing.
+	ReplayAfter string    `json:"replayAfter,omitempty"`
+	Backends    []Backend `json:"backends"`
 }
 
 // KernelTrips: when the datapath ejects a backend of the service itself,

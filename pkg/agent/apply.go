@@ -37,6 +37,9 @@ func (a *Agent) apply(st desired.State) {
 		}
 		if c.Removed {
 			a.handleTransitions(a.engine.RemoveService(c.Service.ID))
+			// Its id may be handed to another service: nothing carries over.
+			delete(a.handshakes, c.Service.ID)
+			delete(a.tripsHandled, c.Service.ID)
 		}
 	}
 	a.tracker.Forget(gone)
@@ -70,7 +73,9 @@ func (a *Agent) apply(st desired.State) {
 // setPolicy makes s's settings judge its backends' outcomes.
 func (a *Agent) setPolicy(s *reconcile.Service) {
 	pol := outcomes.PolicyFor(s.Spec.Accrual, s.Spec.Key.Protocol == desired.TCP)
-	pol.Replay = replayAfter(&s.Spec, a.handshakes[s.ID])
+	if a.replaysUnanswered() {
+		pol.Replay = replayAfter(&s.Spec, a.handshakes[s.ID])
+	}
 	for _, id := range s.Backends {
 		a.policy[id] = pol
 	}

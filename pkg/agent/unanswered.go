@@ -20,8 +20,10 @@ import (
 // two milliseconds (a few deadline queues, not one per value). On a LAN a
 // silent backend then costs its clients tens of milliseconds, not their
 // own SYN retransmission (1 s on Linux); on a slow link, in proportion.
-// The connect timeout still judges the backend (a timeout failure, at its
-// own deadline), so replays change what clients see, not accrual.
+// The connect timeout still judges the backend: a timeout failure at its
+// own deadline if it never answers; its late SYN-ACK, which the datapath
+// reports and keeps from the client (PB_CT_MOVED), is an answer. Replays
+// change what clients see, not accrual.
 const (
 	replayFloor   = 16 * time.Millisecond
 	replayFactor  = 4
@@ -86,8 +88,19 @@ func (a *Agent) noteHandshake(o accrual.Outcome) {
 	}
 }
 
+// replaysUnanswered: the agent can replay unanswered SYNs (without a
+// replayer no deadline is set, or the tracker would hold due replays no
+// one takes).
+func (a *Agent) replaysUnanswered() bool {
+	_, ok := a.replayer.(unansweredReplayer)
+	return ok
+}
+
 // setReplay writes a service's replay deadline into its backends' policy.
 func (a *Agent) setReplay(s *reconcile.Service) {
+	if !a.replaysUnanswered() {
+		return
+	}
 	d := replayAfter(&s.Spec, a.handshakes[s.ID])
 	if h := a.handshakes[s.ID]; h != nil {
 		if d != h.after && h.after != 0 {
@@ -110,9 +123,12 @@ func (a *Agent) replayUnanswered(backend uint32, client netip.AddrPort) {
 	if !ok {
 		return
 	}
-	b, bok := a.rec.Backend(backend)
-	s, sok := a.rec.Service(b.Service)
-	if !bok || !sok {
+	b, ok := a.rec.Backend(backend)
+	if !ok {
+		return
+	}
+	s, ok := a.rec.Service(b.Service)
+	if !ok {
 		return
 	}
 	if a.flood.on {

@@ -54,6 +54,9 @@ func (a *Agent) ServicesView() admin.ServicesView {
 		if st, err := a.stats.ServiceStats(s.ID); err == nil {
 			sj.Counters = admin.NewServiceCounters(st)
 		}
+		if d := replayAfter(&s.Spec, a.handshakes[s.ID]); d > 0 {
+			sj.ReplayAfter = d.String()
+		}
 		if t := a.rec.ServiceTrip(s.ID); t.MaxFailures > 0 {
 			sj.KernelTrips = &admin.KernelTrips{MaxFailures: t.MaxFailures, Kinds: maps.TripKindNames(t.Kinds),
 				Settle: time.Duration(t.SettleNs).String(), Budget: t.Budget, Trips: t.Trips, Suppressed: t.Suppressed}

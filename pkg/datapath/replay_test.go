@@ -83,6 +83,9 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	f.table(id1)
 	syn := bpftest.LinuxSYN(client, vip, 42)
 	f.run(syn)
+	// A single listed backend: nowhere to move the flow, the replay is
+	// dropped and the flow stays.
+	f.svc.BackendCount = 1
 	f.table(id2) // where a re-pick lands; backend 1 stays active
 	meta := make([]byte, 8)
 	binary.NativeEndian.PutUint32(meta[0:], 0x70627270)
@@ -103,6 +106,12 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	if dst := run(nil); dst != be1 {
 		t.Fatalf("retransmitted SYN went to %v, want it kept on %v", dst, be1)
 	}
+	if dst := run(meta); dst != vip {
+		t.Fatalf("replay with one backend listed went to %v, want it dropped (unchanged)", dst)
+	}
+	f.must(f.Maps.SetServiceBackends(svcID, nil, []uint32{id1, id2}))
+	f.svc.BackendCount = 2
+	f.writeService()
 	if dst := run(meta); dst != be2 {
 		t.Fatalf("replayed SYN went to %v, want it moved to %v", dst, be2)
 	}
@@ -110,8 +119,21 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	if n := len(evs); n < 2 || evs[n-1] != ev(evNewFlow, evfRepick, id2, client) {
 		t.Fatalf("events %+v: want the move reported as a re-picked NEW_FLOW", evs)
 	}
-	// Once per flow: a second replay does not move it again.
+	// Short metadata is no replay: the client's retransmission, which
+	// stays with the flow's new backend.
 	if dst := run(append([]byte{}, meta[:4]...)); dst != be2 {
 		t.Errorf("short metadata: %v", dst)
+	}
+	f.events()
+	// The first backend answers late: its answer is reported (no timeout
+	// for it) and kept from the client, which has its connection already.
+	ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+	if ret != bpftest.XDPDrop {
+		t.Fatalf("late SYN-ACK verdict %d, want it dropped", ret)
+	}
+	f.wantEvents(ev(evEstablished, 0, id1, client))
+	// The new backend's answer goes through.
+	if _, p, _ := f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil)); p.Src != vip {
+		t.Fatalf("new backend's SYN-ACK: %v", p.Src)
 	}
 }

@@ -383,4 +383,12 @@ func TestUnansweredSYNsAreReplayed(t *testing.T) {
 	if st, _ := e.state(b3); st != "ejected" && st != "probation" {
 		t.Errorf("b3 is %s, want ejected by its connect timeouts", st)
 	}
+	// Learnt from the healthy backends' handshakes: the floor, on veths.
+	var v servicesView
+	if err := e.agent.JSON(e.ctx, "/admin/services", &v); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.Services[0].ReplayAfter; got != "16ms" {
+		t.Errorf("/admin/services replayAfter %q, want 16ms (the floor: handshakes here take well under 4ms)", got)
+	}
 }
