@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/penaltybox/penaltybox/internal/testnet"
@@ -83,6 +84,7 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 					after = rs // fewer client-visible failures than N
 				}
 				last, slowest, delayed := 0.0, 0.0, 0
+				var lat []float64
 				t0 := rs[0].Scheduled
 				for _, x := range rs {
 					if x.Class.Failed() {
@@ -90,10 +92,16 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 					}
 					if x.Class == testnet.OK {
 						slowest = math.Max(slowest, x.Latency.Seconds())
+						lat = append(lat, x.Latency.Seconds())
 						if x.Latency > delayedAfter {
 							delayed++
 						}
 					}
+				}
+				slices.Sort(lat)
+				p99 := math.NaN()
+				if len(lat) > 0 {
+					p99 = lat[len(lat)*99/100]
 				}
 				add := func(what, unit string, v float64, digits int) {
 					f := res.figure("failing", sc.name+": "+what, unit)
@@ -106,6 +114,7 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 				add(v.name+": failed connections", "count", float64(rs.Failures()), 0)
 				add(v.name+fmt.Sprintf(": successful connections slower than %v", delayedAfter), "count", float64(delayed), 0)
 				add(v.name+": slowest successful connection", "s", slowest, 2)
+				add(v.name+": p99 latency of successful connections", "ms", 1000*p99, 1)
 				logf("failing: round %d/%d: %-14s %-28s %v; last failure at %.2fs", round+1, o.Rounds, sc.name, v.name, rs, last)
 			}
 		}
@@ -148,6 +157,15 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 		pbRAll := res.median("failing", sc.name+": "+vPBR+": success rate, all connections")
 		res.Targets = append(res.Targets, aboveHAProxy(sc.name, "penaltybox with retryRefused", "HAProxy passive checks'", pbRAll-hapAll))
 		res.target("failing", sc.name+fmt.Sprintf(": penaltybox success rate after the first %d failures ≥ 99.9%%", maxFailures), pbAfter, 99.9, false, "%.3f%%")
+		// Issue 14's latency targets, for the default (retryRefused on):
+		// refused SYNs replayed at once, unanswered ones after the
+		// adaptive deadline.
+		p99 := res.median("failing", sc.name+": "+vPBR+": p99 latency of successful connections")
+		if sc.name == sRef {
+			res.target("failing", sc.name+": penaltybox (default: SYNs replayed) p99 latency < 10 ms", p99, 10, true, "%.1f ms")
+		} else {
+			res.target("failing", sc.name+": penaltybox (default: SYNs replayed) p99 latency < 100 ms", p99, 100, true, "%.1f ms")
+		}
 	}
 	return nil
 }
@@ -200,7 +218,8 @@ func sortFailing(res *Results) {
 	// Group by scenario then metric, keeping variant order.
 	order := []string{"success rate, all connections", fmt.Sprintf("success rate after the first %d failures", maxFailures),
 		"success rate after the first 1s", "failed connections", "time until the last failure", "time to the first ejection",
-		fmt.Sprintf("successful connections slower than %v", delayedAfter), "slowest successful connection"}
+		fmt.Sprintf("successful connections slower than %v", delayedAfter), "slowest successful connection",
+		"p99 latency of successful connections"}
 	var out []*Figure
 	for _, sc := range []string{"refusing:", "dropping SYNs:", sPartial + ":"} {
 		for _, m := range order {
