@@ -23,16 +23,25 @@ type Inflight struct {
 
 // OpenInflight maps both counter arrays.
 func (m *Maps) OpenInflight() (*Inflight, error) {
-	svc, err := mmapArray(m.m.PbSvcInflight)
+	svc, be, err := mmapPair(m.m.PbSvcInflight, "pb_svc_inflight", m.m.PbBeInflight, "pb_be_inflight")
 	if err != nil {
-		return nil, fmt.Errorf("pb_svc_inflight: %w", err)
-	}
-	be, err := mmapArray(m.m.PbBeInflight)
-	if err != nil {
-		unix.Munmap(svc)
-		return nil, fmt.Errorf("pb_be_inflight: %w", err)
+		return nil, err
 	}
 	return &Inflight{svc: svc, be: be}, nil
+}
+
+// mmapPair maps two arrays, both or neither.
+func mmapPair(a *ebpf.Map, aName string, b *ebpf.Map, bName string) ([]byte, []byte, error) {
+	am, err := mmapArray(a)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", aName, err)
+	}
+	bm, err := mmapArray(b)
+	if err != nil {
+		unix.Munmap(am)
+		return nil, nil, fmt.Errorf("%s: %w", bName, err)
+	}
+	return am, bm, nil
 }
 
 func mmapArray(m *ebpf.Map) ([]byte, error) {

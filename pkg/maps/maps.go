@@ -131,11 +131,18 @@ func (m *Maps) Close() {
 	m.tr.Close()
 }
 
-// SynSlot is the pb_syns slot of a client's SYN (PB_SYN_SLOT_BITS).
+// SynSlot is the pb_syns slot of a client's SYN: syn_slot in bpf/lb.c
+// (PB_SYN_SLOT_BITS, PB_SYN_PORT_MUL, and the VIP slots' multiplier).
 func SynSlot(client netip.Addr, port uint16) uint32 {
-	a := binary.BigEndian.Uint32(client.AsSlice())
-	return (a*0x9e3779b1 ^ uint32(port)*0x85ebca6b) >> (32 - 16)
+	v4 := client.As4()
+	a := binary.BigEndian.Uint32(v4[:])
+	return (a*vipSlotMul ^ uint32(port)*synPortMul) >> (32 - synSlotBits)
 }
+
+const (
+	synSlotBits = 16
+	synPortMul  = 0x85ebca6b
+)
 
 // SetServiceTrip writes a service's kernel-trip settings and budget (see
 // Trips.SetService).

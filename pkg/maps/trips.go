@@ -2,7 +2,6 @@ package maps
 
 import (
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -43,14 +42,9 @@ type Trips struct {
 
 // OpenTrips maps both arrays.
 func (m *Maps) OpenTrips() (*Trips, error) {
-	svc, err := mmapArray(m.m.PbSvcTrip)
+	svc, be, err := mmapPair(m.m.PbSvcTrip, "pb_svc_trip", m.m.PbBeTrip, "pb_be_trip")
 	if err != nil {
-		return nil, fmt.Errorf("pb_svc_trip: %w", err)
-	}
-	be, err := mmapArray(m.m.PbBeTrip)
-	if err != nil {
-		unix.Munmap(svc)
-		return nil, fmt.Errorf("pb_be_trip: %w", err)
+		return nil, err
 	}
 	return &Trips{svc: svc, be: be}, nil
 }

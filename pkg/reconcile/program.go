@@ -167,15 +167,11 @@ func (r *Reconciler) UndoTrip(id uint32) error {
 	if !ok {
 		return nil
 	}
-	grants := int32(0)
-	if b.State == maps.BackendProbation {
-		grants = ProbeGrants
+	b.Tripped = true // written whatever the reconciler believes the kernel holds
+	if err := r.setState(id, b.State); err != nil {
+		return err
 	}
-	if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, b.State, grants)); err != nil {
-		return fmt.Errorf("backend %s: %w", b.Addr, err)
-	}
-	b.Tripped = false
-	r.w.ResetBackendTrip(id)
+	r.w.ResetBackendTrip(id) // setState resets it only for an active backend
 	return nil
 }
 

@@ -56,17 +56,27 @@ func New(prog *ebpf.Program, m *maps.Maps) *Replayer {
 // refused: only while the flow is that refusal, kept from the client and
 // not yet retried.
 func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
-	ct, err := r.m.CTEntry(maps.ReplyKey(backend, client))
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return ErrStale
-	}
+	flags, err := r.flowFlags(client, backend)
 	if err != nil {
-		return fmt.Errorf("replay: pb_ct: %w", err)
+		return err
 	}
-	if ct.Flags&(maps.CTClosed|maps.CTRescued|maps.CTRetry) != maps.CTClosed|maps.CTRescued {
+	if flags&(maps.CTClosed|maps.CTRescued|maps.CTRetry) != maps.CTClosed|maps.CTRescued {
 		return ErrStale
 	}
 	return r.send(client, vip, nil)
+}
+
+// flowFlags are the flags of client's flow with backend (its reverse
+// conntrack entry); ErrStale when the entry is gone.
+func (r *Replayer) flowFlags(client, backend netip.AddrPort) (uint32, error) {
+	ct, err := r.m.CTEntry(maps.ReplyKey(backend, client))
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return 0, ErrStale
+	}
+	if err != nil {
+		return 0, fmt.Errorf("replay: pb_ct: %w", err)
+	}
+	return ct.Flags, nil
 }
 
 // ReplayUnanswered sends again the SYN that client sent to vip, which
@@ -74,14 +84,11 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 // the flow off that backend: only while the flow still waits for it (no
 // SYN-ACK, not closed, not moved before).
 func (r *Replayer) ReplayUnanswered(client, vip, backend netip.AddrPort, backendID uint32) error {
-	ct, err := r.m.CTEntry(maps.ReplyKey(backend, client))
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return ErrStale
-	}
+	flags, err := r.flowFlags(client, backend)
 	if err != nil {
-		return fmt.Errorf("replay: pb_ct: %w", err)
+		return err
 	}
-	if ct.Flags&(maps.CTEstablished|maps.CTClosed|maps.CTRetry) != 0 {
+	if flags&(maps.CTEstablished|maps.CTClosed|maps.CTRetry) != 0 {
 		return ErrStale
 	}
 	var meta [8]byte
