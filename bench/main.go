@@ -143,21 +143,21 @@ type sizes struct {
 func sizesFor(rounds int, quick bool) sizes {
 	if quick {
 		return sizes{
-			packet:   packetOpts{Rounds: rounds, Repeat: 1001, NewFlows: 200},
+			packet:   packetOpts{Rounds: rounds, Repeat: 1001, NewFlows: 200, Trips: 50},
 			e2e:      e2eOpts{Rounds: rounds, Duration: 300 * time.Millisecond, Warmup: 100 * time.Millisecond, Workers: 4},
 			failing:  failingOpts{Rounds: rounds, Duration: time.Second, Rate: 200},
 			flood:    floodOpts{Rounds: rounds, Duration: 2 * time.Second, Legit: 50, Rates: []int{5000}},
-			reaction: reactionOpts{Ejections: 20, Services: 4, Rate: 400, Timeout: 20 * time.Second, Rounds: rounds},
+			reaction: reactionOpts{Ejections: 20, Services: 4, Rate: 400, Timeout: 20 * time.Second, Rounds: rounds, Admitted: time.Second, AdmittedRate: 2000},
 			control:  controlOpts{Rounds: rounds, Services: 50, PerService: 10, RingDuration: 200 * time.Millisecond, GoBenchTime: "10x"},
 		}
 	}
 	return sizes{
-		packet:  packetOpts{Rounds: rounds, Repeat: 1_000_001, NewFlows: 20000},
+		packet:  packetOpts{Rounds: rounds, Repeat: 1_000_001, NewFlows: 20000, Trips: 2000},
 		e2e:     e2eOpts{Rounds: rounds, Duration: 4 * time.Second, Warmup: 500 * time.Millisecond, Workers: 32},
 		failing: failingOpts{Rounds: rounds, Duration: 6 * time.Second, Rate: 250},
 		// Two rounds: each run saturates the machine for 10 s.
 		flood:    floodOpts{Rounds: min(rounds, 2), Duration: 12 * time.Second, Legit: 100, Rates: []int{60000, 120000, 400000}},
-		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds},
+		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds, Admitted: 5 * time.Second, AdmittedRate: 2000},
 		control:  controlOpts{Rounds: rounds, Services: 10000, PerService: 10, RingDuration: 2 * time.Second, GoBenchTime: "300ms"},
 	}
 }

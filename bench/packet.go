@@ -26,6 +26,7 @@ type packetOpts struct {
 	Rounds   int
 	Repeat   uint32 // runs per BPF_PROG_TEST_RUN for the repeat paths (odd)
 	NewFlows int    // repeat=1 calls per new-flow figure per round
+	Trips    int    // refused flows per kernel-trip figure per round
 }
 
 // Addresses of part 1 (all in 198.18.0.0/15; nothing is sent anywhere:
@@ -162,6 +163,7 @@ func (r *packetRig) program() error {
 		be(21, pkA.String(), 11, maps.BackendActive),
 		be(22, pkB2.String(), 12, maps.BackendActive),
 		be(23, pkA2.String(), 13, maps.BackendActive),
+		be(pkTripBEID, pkTripBE.String(), pkTripSvc, maps.BackendActive),
 		m.SetPorts(nil, map[uint16]uint8{80: maps.PortVIP | maps.PortBackend, 8080: maps.PortBackend}),
 	)
 	const lim = 1 << 30 // a limit that is configured but never reached
@@ -171,6 +173,7 @@ func (r *packetRig) program() error {
 		{id: 3, vip: pkVIPLim, backends: []uint32{7, 8, 9}, limit: lim},
 		{id: 4, vip: pkVIPLimBe, backends: []uint32{10, 11, 12}, limit: lim, perBE: lim},
 		{id: 5, vip: pkVIPRep, backends: []uint32{30, 31, 32}, flags: maps.ServiceRetryRefused},
+		{id: pkTripSvc, vip: pkVIPTrip, backends: []uint32{pkTripBEID}},
 		{id: 10, vip: pkA, backends: []uint32{20}},
 		{id: 11, vip: pkB, backends: []uint32{21}},
 		{id: 12, vip: pkA2, backends: []uint32{22}, limit: lim},
@@ -782,8 +785,12 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 			}
 			fig(s.part, s.name, s.base).Samples = append(fig(s.part, s.name, s.base).Samples, v)
 		}
-		logf("packet: round %d/%d: established %.1f ns, new flow %.1f ns, minimal DNAT %.1f ns", round+1, o.Rounds,
-			last(res.find("packet", fEst)), last(res.find("packet", fNew)), last(res.find("packet", fDNAT)))
+		if err := tripFigures(r, res, o.Trips); err != nil {
+			return err
+		}
+		logf("packet: round %d/%d: established %.1f ns, new flow %.1f ns, minimal DNAT %.1f ns, tripping RST p99 %.0f ns", round+1, o.Rounds,
+			last(res.find("packet", fEst)), last(res.find("packet", fNew)), last(res.find("packet", fDNAT)),
+			last(res.find("trip", fTrip+", p99")))
 	}
 	// The breaker's baselines are the packet part's figures, under names
 	// that say what they are here.
@@ -803,6 +810,7 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 	res.note("packet", "New flows: %d SYNs of distinct flows per figure per round, one call with repeat=1 each, median of the per-call kernel times; the baselines are measured the same way (repeat=1 rows), so the ratio is like for like (a repeat=1 time includes one ktime_get_ns pair that a repeat=%d average spreads thin). Each output is checked (backend, port; every 512th fully parsed), and after each batch pb_svc_stats.flows, events read by an outcomes.Reader draining the ring buffer as the agent does, events_lost = 0, ct_create_failed = 0, steered/probe_admitted must match. Conntrack is the agent's default size (%d entries) and is emptied of the batch's entries after each batch, so every round inserts into the same occupancy without LRU eviction.", o.NewFlows, rep, datapath.DefaultConntrackSize)
 	res.note("packet", "Maglev tables have %d slots (the default). The minimal DNAT (bench/xdpbase/base.c) is built with the datapath's compiler flags; its match maps A↔B exactly like the datapath's established pair. XDP_PASS after NAT is the datapath's path here (no redirect configured): the same for both.", pkTableSize)
 	res.note("packet", "For scale, the issue's reference figures on this kind of machine (not measured in this run): XDP_PASS ≈ 28 ns, minimal DNAT ≈ 66 ns (no match 52 ns), Katran ≈ 187 ns known flow, 399 ns new flow with LRU insert, 91 ns pass-through.")
+	res.note("trip", "Kernel trips (issue 14): %d refused flows per figure per round, one BPF_PROG_TEST_RUN (repeat=1) for each flow's SYN and one for its backend's RST (`bpftest.Refusal`: RST|ACK acknowledging the SYN), of which the RST's kernel-measured duration is the figure; the rows are the round's p50, p99 and max over those runs. Tripping: the service's max_failures is 1 and its backend is made active again before each flow, so every RST is its backend's deciding failure and the XDP run that parses it also marks the backend ejected: the run's duration bounds the time from the deciding failure reaching the datapath to the backend being excluded, the issue's reaction measured in the kernel (checked per run: the backend ejected, pb_svc_trip.trips up by one, pb_be_trip.tripped_ns inside that very call). Baseline: the same RST with max_failures 2^30 (counted in the streak, never deciding). Without kernel trips the exclusion waits for the agent: its reaction time (part 4) is the figure to compare, about a millisecond.", o.Trips)
 	res.note("breaker", "A limit is configured by setting maxInflight (and maxInflightPerBackend, with the service's backend list in pb_svc_backends) to 2^30, so every flow is counted and none is refused (inflight_rejected and inflight_untracked must stay 0). Services without a limit skip the check entirely, so \"no limit\" is the check disabled. Established packets never touch the counters (only SYN/FIN/RST do): their ratio should be 1.")
 
 	// Targets.
@@ -817,6 +825,7 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 	res.target("packet", "new flow under Katran's new flow (399 ns)", res.median("packet", fNew), 399, true, "%.1f ns")
 	res.target("packet", "pass-through under Katran's (91 ns)", res.median("packet", fPT), 91, true, "%.1f ns")
 	res.target("packet", "pass-through to a VIP port, non-VIP address under Katran's (91 ns)", res.median("packet", fPTVIP), 91, true, "%.1f ns")
+	res.target("trip", "reaction (deciding failure → endpoint excluded), kernel-measured p99 < 50 µs", res.median("trip", fTrip+", p99")/1000, 50, true, "%.2f µs")
 	return nil
 }
 

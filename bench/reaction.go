@@ -18,11 +18,15 @@ import (
 )
 
 type reactionOpts struct {
-	Ejections int           // at least this many
-	Services  int           // services, each with one healthy and one refusing backend
-	Rate      float64       // new connections per second over all services
-	Timeout   time.Duration // give up after
-	Rounds    int           // the ejections are split into this many consecutive rounds
+	// Admitted is each run's length in the new-flows-after-the-deciding-
+	// failure rows (one run per variant per round).
+	Admitted     time.Duration
+	AdmittedRate float64       // new connections per second in those runs
+	Ejections    int           // at least this many
+	Services     int           // services, each with one healthy and one refusing backend
+	Rate         float64       // new connections per second over all services
+	Timeout      time.Duration // give up after
+	Rounds       int           // the ejections are split into this many consecutive rounds
 }
 
 // ejections parses the agent's "endpoint ejected" log lines and returns
@@ -95,20 +99,15 @@ func percentile(xs []float64, p float64) float64 {
 	return s[max(0, min(i, len(s)-1))]
 }
 
-func runReaction(res *Results, o reactionOpts, agentBin string, logf func(string, ...any)) error {
-	r, err := newRig(agentBin, 3)
-	if err != nil {
-		return err
-	}
-	defer r.close()
-	if err := r.topo.Backend(3).SetMode(testnet.Refuse); err != nil {
-		return err
-	}
-	ifs := strings.Join(r.topo.NodeIfaces(), ", ")
+// reactionConfig is the reaction part's config: services svc0..svc(n-1),
+// each with one healthy backend (b1) and b3, ejected at every refusal
+// (maxFailures 1, 5-20 ms penalties); retryRefused is off, so no replay is
+// on the agent's path. It returns the services' targets too.
+func reactionConfig(r *rig, n int) (string, []string) {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "interfaces: [%s]\nmaglev:\n  tableSize: 1021\nservices:\n", ifs)
+	fmt.Fprintf(&sb, "interfaces: [%s]\nmaglev:\n  tableSize: 1021\nservices:\n", strings.Join(r.topo.NodeIfaces(), ", "))
 	var targets []string
-	for i := range o.Services {
+	for i := range n {
 		vip := fmt.Sprintf("198.18.100.%d", 10+i)
 		targets = append(targets, fmt.Sprintf("%s:%d", vip, vipPort))
 		fmt.Fprintf(&sb, `  - name: svc%d
@@ -124,7 +123,45 @@ func runReaction(res *Results, o reactionOpts, agentBin string, logf func(string
       connectTimeout: 1s
 `, i, vip, vipPort, backendPrt, backendPrt)
 	}
-	a, err := r.startAgent(sb.String())
+	return sb.String(), targets
+}
+
+// loadAll opens rate new connections per second for d, spread over
+// targets (connect and close); it returns how many it started.
+func loadAll(r *rig, targets []string, rate float64, d time.Duration) (int, error) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	attempts := 0
+	for _, t := range targets {
+		wg.Go(func() {
+			rs, err := testnet.Load(context.Background(), r.topo.Client, testnet.LoadSpec{
+				Target: t, Rate: rate / float64(len(targets)), Duration: d,
+				ConnectOnly: true, ConnectTimeout: time.Second,
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			attempts += len(rs)
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+		})
+	}
+	wg.Wait()
+	return attempts, firstErr
+}
+
+func runReaction(res *Results, o reactionOpts, agentBin string, logf func(string, ...any)) error {
+	r, err := newRig(agentBin, 3)
+	if err != nil {
+		return err
+	}
+	defer r.close()
+	if err := r.topo.Backend(3).SetMode(testnet.Refuse); err != nil {
+		return err
+	}
+	cfg, targets := reactionConfig(r, o.Services)
+	a, err := r.startAgent(cfg)
 	if err != nil {
 		return err
 	}
@@ -151,26 +188,10 @@ func runReaction(res *Results, o reactionOpts, agentBin string, logf func(string
 	var got []float64
 	attempts := 0
 	for len(got) < o.Ejections && time.Now().Before(deadline) {
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var firstErr error
-		for _, t := range targets {
-			wg.Go(func() {
-				rs, err := testnet.Load(context.Background(), r.topo.Client, testnet.LoadSpec{
-					Target: t, Rate: o.Rate / float64(len(targets)), Duration: time.Second,
-					ConnectOnly: true, ConnectTimeout: time.Second,
-				})
-				mu.Lock()
-				defer mu.Unlock()
-				attempts += len(rs)
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-			})
-		}
-		wg.Wait()
-		if firstErr != nil {
-			return firstErr
+		n, err := loadAll(r, targets, o.Rate, time.Second)
+		attempts += n
+		if err != nil {
+			return err
 		}
 		if got, err = ejections(a.LogPath()); err != nil {
 			return err
@@ -217,5 +238,87 @@ func runReaction(res *Results, o reactionOpts, agentBin string, logf func(string
 		len(wake), percentile(wake, 50), percentile(wake, 99), percentile(wake, 100))
 	res.note("reaction", "%d services, each with one healthy backend (b1) and one refusing backend (b3), failure accrual maxFailures 1, minPenalty 5ms, maxPenalty 20ms, jitterRatio 0: every refused connection to b3 (the first one, and every probe after a penalty) is an ejection, and retryRefused is off (no replay in the agent's path). The datapath's kernel trip already excludes b3 in the XDP run that sees the deciding RST; this figure is the agent's part after it: adopting the ejection and rewriting the service's table. Load: %.0f new TCP connections per second spread over the services (connect and close). The figure is the agent's own `reaction_us` from its \"endpoint ejected\" log line: kernel timestamp (bpf_ktime_get_ns) of the RST that decided it → the service's maps rewritten (CLOCK_MONOTONIC in the agent). It includes the ring buffer wake-up, the agent's loop, the Maglev rebuild and the map writes; the machine is busy with the load generator, the servers and the agent on its 2 cores meanwhile. Ejections are handled one at a time by the agent's loop, so one that arrives while the loop programs another waits: the load is kept low enough (a few dozen ejections per second) that this queueing is the exception. The diagnostic rows time, from this process, one update of a private map-in-map with a fresh 1021-slot inner map every 10 ms under the same load: the kernel follows every such update with synchronize_rcu (maybe_wait_bpf_programs). An ejection does not pay it when the service's two tables are already installed (the agent fills the idle table and flips the pb_services entry); installing a table does. The baseline rows are the floor under the reaction time on this machine at that moment: a process of its own (this benchmark re-executed, idle between events like the agent) waits in pkg/outcomes.Reader, exactly as the agent does, on a private ring buffer into which bench/xdpbase's emit_event submits one event every %v (one BPF_PROG_TEST_RUN, from that process's other thread), during the same load; the figure is the event's kernel timestamp → the reader's handler running. It is the ring buffer's wake-up (irq_work, a wake-up of a sleeping thread, the Go netpoller) and the scheduler: nothing of penaltybox but the reader. The reaction's ratio to it is what the agent adds.", o.Services, o.Rate, wakeFloorEvery)
 	res.target("reaction", "reaction p99 < 1 ms (all ejections)", percentile(got, 99), 1000, true, "%.0f µs")
+	if err := a.Close(); err != nil {
+		return err
+	}
+	return runAdmitted(r, res, o, logf)
+}
+
+// runAdmitted counts the new flows that reach an endpoint after the
+// failure that decided its ejection: the agent's
+// penaltybox_new_flows_to_ejected_total, with kernel trips and with the
+// agent alone (--kernel-trips=false), one run of each per round. b3
+// refuses half of its connections at random, so its probes pass half the
+// time and most ejections are of an active endpoint, the case where new
+// flows keep coming until the endpoint is out.
+func runAdmitted(r *rig, res *Results, o reactionOpts, logf func(string, ...any)) error {
+	b3 := r.topo.Backend(3)
+	if err := b3.SetMode(testnet.Serve); err != nil {
+		return err
+	}
+	if err := b3.RefuseShare(0.5); err != nil {
+		return err
+	}
+	defer b3.RefuseShare(0)
+	cfg, targets := reactionConfig(r, o.Services)
+	const (
+		vTrips = "kernel trips (default)"
+		vAgent = "agent alone (--kernel-trips=false)"
+	)
+	for round := range max(1, o.Rounds) {
+		for _, v := range []struct {
+			name string
+			args []string
+		}{{vAgent, []string{"--kernel-trips=false"}}, {vTrips, nil}} {
+			if err := r.flushConntrack(); err != nil {
+				return err
+			}
+			a, err := r.startAgent(cfg, v.args...)
+			if err != nil {
+				return err
+			}
+			attempts, err := loadAll(r, targets, o.AdmittedRate, o.Admitted)
+			if err != nil {
+				a.Close()
+				return err
+			}
+			// The last events read: the agent reads them within
+			// milliseconds of the load's end.
+			time.Sleep(200 * time.Millisecond)
+			m, err := a.Metrics(context.Background())
+			if err != nil {
+				a.Close()
+				return err
+			}
+			var leaked, ejections, trips float64
+			for i := range o.Services {
+				svc := fmt.Sprintf("svc%d", i)
+				leaked += m.Get("penaltybox_new_flows_to_ejected_total", "service", svc)
+				trips += m.Get("penaltybox_kernel_trips_total", "service", svc, "result", "adopted")
+				ejections += m.Get("penaltybox_accrual_transitions_total", "service", svc, "reason", "consecutive-failures")
+			}
+			if err := a.Close(); err != nil {
+				return err
+			}
+			if ejections == 0 {
+				return fmt.Errorf("admitted: %s: no ejection in %d connections", v.name, attempts)
+			}
+			add := func(what string, val float64, base bool) {
+				f := res.figure("reaction", v.name+": "+what, "count")
+				f.Samples = append(f.Samples, val)
+				if !base && v.name == vTrips {
+					f.Baseline = vAgent + ": " + what
+				}
+			}
+			add("ejections of an active endpoint per run", ejections, true)
+			add("kernel trips adopted per run", trips, true)
+			add("new flows admitted to an endpoint after its deciding failure, per run", leaked, false)
+			add("the same, per 100 ejections", 100*leaked/ejections, false)
+			logf("reaction: admitted: round %d/%d: %-36s %d connections, %.0f ejections (%.0f kernel trips), %.0f new flows after the deciding failure",
+				round+1, o.Rounds, v.name, attempts, ejections, trips, leaked)
+		}
+	}
+	res.note("reaction", "New flows admitted after the deciding failure: the same services at %.0f new connections per second (the more flows, the more of them reach an endpoint during the agent's reaction), b3 refusing half of its connections at random (nftables in its namespace), so that half of the probes pass and most ejections are of an active endpoint, for %v per run, a fresh agent per run, the two variants alternating in every round. The count is the agent's `penaltybox_new_flows_to_ejected_total`: NEW_FLOW events (probes aside) of an endpoint the agent holds ejected, read in the datapath's order after the event of the failure that ejected it, so each is a flow the datapath gave the endpoint after that failure. Ejections: of an active endpoint only (`penaltybox_accrual_transitions_total{reason=\"consecutive-failures\"}`; a probe's failure re-ejects an endpoint in probation, which takes no flow but its probe anyway). With kernel trips the endpoint is out within the XDP run of the deciding RST (part 1c); without them it stays in until the agent has rewritten the service's table, and new flows keep reaching it meanwhile.", o.AdmittedRate, o.Admitted)
+	res.target("reaction", "new flows admitted to an endpoint after its deciding failure: 0 (kernel trips)", res.median("reaction", vTrips+": new flows admitted to an endpoint after its deciding failure, per run"), 0, true, "%.0f")
 	return nil
 }

@@ -214,13 +214,14 @@ func machine() Machine {
 var partTitles = map[string]string{
 	"packet":   "1. Per-packet cost of the XDP program (BPF_PROG_TEST_RUN)",
 	"breaker":  "1b. Circuit breaker: added per-packet cost of counting",
+	"trip":     "1c. Kernel trip: the XDP run of the deciding failure (deciding failure → endpoint excluded, in the kernel)",
 	"e2e":      "2. End to end through network namespaces",
 	"failing":  "3. Failing backend",
 	"reaction": "4. Reaction time (kernel timestamp of the deciding failure → maps written)",
 	"control":  "5. Control plane",
 }
 
-var partOrder = []string{"packet", "breaker", "e2e", "failing", "reaction", "control"}
+var partOrder = []string{"packet", "breaker", "trip", "e2e", "failing", "reaction", "control"}
 
 // table writes the figures of one part as a markdown table.
 func (r *Results) table(w io.Writer, part string) {

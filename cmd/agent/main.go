@@ -55,6 +55,9 @@ type options struct {
 	// maxInflightDefault is the circuit-breaker limit of services that set
 	// none (a config file's defaults.maxInflight overrides it); 0: none.
 	maxInflightDefault uint32
+	// kernelTrips: the datapath ejects a backend at its deciding failure
+	// (the agent adopts it); off, the agent's accrual alone does.
+	kernelTrips bool
 }
 
 func main() {
@@ -102,6 +105,7 @@ func parseFlags(args []string) (options, error) {
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz, /readyz and /admin/*")
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
+	fs.BoolVar(&o.kernelTrips, "kernel-trips", true, "the datapath ejects an endpoint itself at the failure that decides it, before the agent reacts; false: the agent alone ejects (about a millisecond later, new flows still reach the endpoint meanwhile)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	max := func(p *uint32, name string, def uint32, help string) {
 		fs.Func(name, fmt.Sprintf("%s (default %d)", help, def), func(s string) error {

@@ -243,6 +243,17 @@ func (e *Engine) KernelTripped(id uint32, kind Kind, at time.Time) []Transition 
 	return e.result()
 }
 
+// Excluded tells whether accrual keeps new flows from endpoint id now: it
+// is ejected and its service is not failing open.
+func (e *Engine) Excluded(id uint32) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if int(id) >= len(e.eps) || e.eps[id].svc == nil {
+		return false
+	}
+	return e.eps[id].state == Ejected && !e.eps[id].svc.failOpen
+}
+
 // StateOf is an endpoint's accrual state (Ready for an unknown one).
 func (e *Engine) StateOf(id uint32) State {
 	e.mu.Lock()

@@ -106,6 +106,9 @@ type Config struct {
 	// Replayer sends a refused flow's SYN again at once (nil: the client's
 	// own retransmission does, about a second later).
 	Replayer Replayer
+	// NoKernelTrips: the datapath never ejects a backend itself (see
+	// reconcile.Options).
+	NoKernelTrips bool
 	// ProbeCheck is how often Run looks for stalled probation and retries
 	// failed writes (default 2s); SweepEvery how often it sweeps conntrack
 	// (default 10s).
@@ -219,7 +222,7 @@ func New(c Config) (*Agent, error) {
 	}
 	rec, err := reconcile.New(c.Writer, reconcile.Options{
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, TableSize: c.TableSize,
-		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse,
+		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse, NoKernelTrips: c.NoKernelTrips,
 	})
 	if err != nil {
 		return nil, err

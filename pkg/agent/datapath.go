@@ -29,6 +29,8 @@ type NodeOptions struct {
 	Log      *slog.Logger
 	// TableSize and MaxInflightDefault: see Config.
 	TableSize, MaxInflightDefault uint32
+	// NoKernelTrips: see Config.
+	NoKernelTrips bool
 }
 
 // Open loads (or adopts) the datapath and builds the agent over it.
@@ -56,7 +58,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		Log: o.Log, Clock: clock.RealClock{},
 		Writer: n.maps, Stats: n.maps, Inflight: n.inflight, Sweeper: reaper, Hooks: n.Datapath,
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
-		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault,
+		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault, NoKernelTrips: o.NoKernelTrips,
 		Replayer: replay.New(n.Datapath.PbXdp, n.maps),
 	})
 	if err != nil {

@@ -37,6 +37,8 @@ type env struct {
 	a     *Agent
 	ev    *fakeEvents
 	port  uint16 // the client's next source port
+	// noTrips: the agents built run with --kernel-trips=false.
+	noTrips bool
 }
 
 func newEnv(t testing.TB) *env {
@@ -63,7 +65,7 @@ func (e *env) restart() {
 			}
 			return idx, e.veths[name], nil
 		},
-		MaxServices: 64, MaxBackends: 256, TableSize: 31,
+		MaxServices: 64, MaxBackends: 256, TableSize: 31, NoKernelTrips: e.noTrips,
 	})
 	if err != nil {
 		e.t.Fatalf("New: %v", err)

@@ -23,8 +23,14 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 		if int(ev.Type) < len(a.eventTypes) && a.eventTypes[ev.Type] != nil {
 			a.eventTypes[ev.Type].Inc()
 		}
-		if ev.Type == outcomes.NewFlow && ev.Flags&outcomes.FlagProbe != 0 {
-			a.probeSeen[ev.Backend] = a.clk.Now()
+		if ev.Type == outcomes.NewFlow {
+			if ev.Flags&outcomes.FlagProbe != 0 {
+				a.probeSeen[ev.Backend] = a.clk.Now()
+			} else if a.engine.Excluded(ev.Backend) {
+				// Events come in the datapath's order: this flow was
+				// admitted after the failure that ejected its endpoint.
+				a.metrics.FlowsToEjected.WithLabelValues(a.serviceName(ev.Service)).Inc()
+			}
 		}
 		// First, before accrual may spend time on a table: the client
 		// waits for this.
@@ -55,6 +61,15 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 		default:
 		}
 	}
+}
+
+// serviceName names service id in metrics and logs (its id once it is
+// gone). Called with mu held.
+func (a *Agent) serviceName(id uint32) string {
+	if s, ok := a.rec.Service(id); ok {
+		return s.Spec.Name
+	}
+	return fmt.Sprint(id)
 }
 
 // noTrip is no backend id (ids start at 1).
@@ -93,10 +108,7 @@ func tripKind(ev *outcomes.Event) accrual.Kind {
 func (a *Agent) adoptTrip(svc, bid uint32, kind accrual.Kind, at time.Time) {
 	a.tripsHandled[svc]++
 	a.handleTransitions(a.engine.KernelTripped(bid, kind, at))
-	name := fmt.Sprint(svc)
-	if s, ok := a.rec.Service(svc); ok {
-		name = s.Spec.Name
-	}
+	name := a.serviceName(svc)
 	if a.engine.StateOf(bid) != accrual.Ready {
 		a.metrics.KernelTrips.WithLabelValues(name, "adopted").Inc()
 		a.program(svc) // the budget, with this trip read
@@ -253,11 +265,8 @@ func (a *Agent) handleTransitions(trs []accrual.Transition) {
 	// The maps are written: an ejection's reaction time ends here.
 	now := outcomes.MonoNow()
 	for _, t := range trs {
-		s, ok := a.rec.Service(t.Service)
-		name := fmt.Sprint(t.Service)
-		if ok {
-			name = s.Spec.Name
-		}
+		_, ok := a.rec.Service(t.Service)
+		name := a.serviceName(t.Service)
 		a.metrics.Transitions.WithLabelValues(name, string(t.Reason)).Inc()
 		var reaction time.Duration
 		// Only a failure seen now has a reaction time: a restored ejection's

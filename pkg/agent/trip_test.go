@@ -171,3 +171,66 @@ func TestReplayAfter(t *testing.T) {
 		t.Errorf("retryRefused off: %v, want no replays", d)
 	}
 }
+
+// --kernel-trips=false: the datapath gets no trip settings, so the
+// agent's accrual alone ejects.
+func TestKernelTripsOff(t *testing.T) {
+	e := newEnv(t)
+	e.noTrips = true
+	e.restart()
+	s := web(80, 3, settings())
+	e.start(state(s))
+	svc, bes := e.ids(s)
+	if tr := e.f.trips[svc]; tr.MaxFailures != 0 || tr.Kinds != 0 {
+		t.Fatalf("pb_svc_trip %+v with kernel trips off, want no max_failures, no kinds", tr)
+	}
+	e.eject(svc, bes[0], 3)
+	if tr := e.f.trips[svc]; tr.MaxFailures != 0 {
+		t.Errorf("pb_svc_trip %+v after an ejection, want trips still off", tr)
+	}
+}
+
+// A new flow the datapath admits to an endpoint the agent has ejected
+// (it got in before the maps changed) is counted; probes, flows of ready
+// endpoints and flows of a service failing open are not.
+func TestNewFlowsToEjectedCounted(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, bes := e.ids(s)
+	leaked := func() float64 { return testutil.ToFloat64(e.a.metrics.FlowsToEjected.WithLabelValues("web")) }
+	newFlow := func(be uint32, flags uint8) {
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be, e.nextPort(), flags)})
+	}
+
+	newFlow(bes[0], 0) // ready: no leak
+	e.eject(svc, bes[0], 3)
+	if got := leaked(); got != 0 {
+		t.Fatalf("%v flows counted before any reached an ejected endpoint", got)
+	}
+	newFlow(bes[0], 0)
+	newFlow(bes[1], 0)
+	if got := leaked(); got != 1 {
+		t.Errorf("new_flows_to_ejected_total = %v after one flow to the ejected endpoint, want 1", got)
+	}
+	e.endPenalty(bes[0])
+	e.wantState(bes[0], "probation")
+	newFlow(bes[0], outcomes.FlagProbe)
+	if got := leaked(); got != 1 {
+		t.Errorf("new_flows_to_ejected_total = %v after a probe, want 1", got)
+	}
+
+	// Both out: the service fails open and every endpoint takes flows.
+	e2 := newEnv(t)
+	s2 := web(80, 2, settings())
+	e2.start(state(s2))
+	svc2, bes2 := e2.ids(s2)
+	e2.eject(svc2, bes2[0], 3)
+	for range 3 {
+		e2.refused(svc2, bes2[1], false)
+	}
+	e2.a.HandleEvents([]outcomes.Event{e2.event(outcomes.NewFlow, svc2, bes2[0], e2.nextPort(), 0)})
+	if got := testutil.ToFloat64(e2.a.metrics.FlowsToEjected.WithLabelValues("web")); got != 0 {
+		t.Errorf("new_flows_to_ejected_total = %v while failing open, want 0", got)
+	}
+}

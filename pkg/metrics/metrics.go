@@ -67,6 +67,7 @@ type Metrics struct {
 	ConntrackExpired   prometheus.Counter
 	MaxInflightDefault prometheus.Gauge
 	KernelTrips        *prometheus.CounterVec
+	FlowsToEjected     *prometheus.CounterVec
 	Replays            *prometheus.CounterVec
 	PolicyStatusLeader prometheus.Gauge
 	PolicyStatusWrites *prometheus.CounterVec
@@ -147,6 +148,10 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "kernel_trips_total",
 			Help: "Endpoints the datapath ejected on its own at their maxFailures-th consecutive failure (kernel trips), by what the agent did: adopted (its ejection, with penalty and probation) or undone (accrual kept the endpoint in: max-ejection cap, fail-open).",
 		}, []string{"service", "result"}),
+		FlowsToEjected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "new_flows_to_ejected_total",
+			Help: "New flows the datapath gave an endpoint the agent holds ejected (probes aside): flows admitted after the failure that decided the ejection, before the maps took it in. Kernel trips keep it at 0 for refusals and resets; a connect timeout (the agent's own deadline) or --kernel-trips=false leaves the agent's reaction time, during which new flows still reach the endpoint.",
+		}, []string{"service"}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "syn_replays_total",
 			Help: "Client SYNs the agent sent again for the datapath to move to another backend (retryRefused), by reason (refused: the backend refused it; unanswered: the backend left it unanswered past the service's replay deadline) and result: sent; no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead); stale (read too late, or the flow had moved on); flood (not replayed in flood mode); error.",
@@ -168,7 +173,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
 		m.Withheld, m.FloodMode, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
-		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.KernelTrips, m.Replays,
+		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.KernelTrips, m.FlowsToEjected, m.Replays,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})

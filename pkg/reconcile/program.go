@@ -30,7 +30,11 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 	}
 	// Every time, even when nothing else changed: the datapath takes from
 	// the budget, and an undone trip gives a unit back.
-	r.w.SetServiceTrip(id, tripSettings(&s.Spec), tripBudget)
+	trips := tripSettings(&s.Spec)
+	if r.noTrips {
+		trips = maps.TripSettings{}
+	}
+	r.w.SetServiceTrip(id, trips, tripBudget)
 	if failOpen {
 		active, probation = s.Backends, nil
 	}

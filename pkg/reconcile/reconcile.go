@@ -109,6 +109,7 @@ type Reconciler struct {
 	log      *slog.Logger
 	clk      clock.PassiveClock
 	cooldown time.Duration
+	noTrips  bool
 
 	maxTableSize uint32
 	builders     map[uint32]*maglev.Builder
@@ -162,9 +163,13 @@ type Options struct {
 	// InUse are ids live flows refer to at start. Service ids among them
 	// that no pinned service holds (removed before a restart) stay out of
 	// reuse like retired ones.
-	InUse  InUse
-	Clock  clock.PassiveClock
-	Logger *slog.Logger
+	InUse InUse
+	// NoKernelTrips keeps the datapath from ejecting backends itself: the
+	// agent's accrual alone decides (an operator's switch, and the
+	// baseline kernel trips are measured against).
+	NoKernelTrips bool
+	Clock         clock.PassiveClock
+	Logger        *slog.Logger
 }
 
 // New adopts what the maps hold and returns a reconciler ready for Apply.
@@ -186,6 +191,7 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		log:          opts.Logger,
 		clk:          opts.Clock,
 		cooldown:     opts.Cooldown,
+		noTrips:      opts.NoKernelTrips,
 		maxTableSize: opts.TableSize,
 		builders:     map[uint32]*maglev.Builder{},
 		slots:        map[uint32][]int32{},
