@@ -15,9 +15,9 @@ export GOFLAGS ?= -buildvcs=false
 # that proves each is installed.
 DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         nginx:nginx haproxy:haproxy ethtool:ethtool /usr/include/bpf/bpf_helpers.h:libbpf-dev \
-        /usr/include/x86_64-linux-gnu/asm/types.h:linux-libc-dev
+        /usr/include/x86_64-linux-gnu/asm/types.h:linux-libc-dev promtool:prometheus
 
-.PHONY: all build deps generate check-generated vet test k8s-tools demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules test k8s-tools demo bench teardown clean
 
 all: build
 
@@ -63,10 +63,15 @@ vet:
 	$(GO) vet ./...
 	@out=$$(gofmt -l cmd pkg internal bpf test bench examples 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 
+# The shipped alert rules: valid, and their promtool unit tests pass.
+check-rules: deps
+	promtool check rules deploy/monitoring/penaltybox.rules.yaml
+	promtool test rules deploy/monitoring/penaltybox.rules.test.yaml
+
 # Every test, under the race detector. BPF and network tests need root
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server.
-test: deps check-generated vet build k8s-tools
+test: deps check-generated vet check-rules build k8s-tools
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
 	@# The network tests one package at a time: on two cores, two of them
 	@# side by side would measure each other.

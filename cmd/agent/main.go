@@ -61,8 +61,13 @@ type options struct {
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "teardown" {
-		os.Exit(teardown(os.Args[2:]))
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "teardown":
+			os.Exit(teardown(os.Args[2:]))
+		case "inspect":
+			os.Exit(inspectCmd(os.Args[2:], os.Stdout, os.Stderr))
+		}
 	}
 	opts, err := parseFlags(os.Args[1:])
 	if err != nil {

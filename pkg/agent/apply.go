@@ -62,6 +62,8 @@ func (a *Agent) apply(st desired.State) {
 		a.setPolicy(s)
 		a.handleTransitions(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
 		a.program(s.ID)
+		// At 0 from the start, so that a rate over it is 0, not absent.
+		a.metrics.FlowsToEjected.WithLabelValues(s.Spec.Name)
 	}
 	// Spare tables for the changes to come, in one batch.
 	if err := a.rec.PrepareTables(); err != nil {

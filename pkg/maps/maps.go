@@ -124,11 +124,27 @@ func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
 	return mm, nil
 }
 
+// OpenReadOnly wraps maps opened read-only (datapath.OpenPinned) for
+// reading: nothing is memory-mapped, the kernel-trip and circuit-breaker
+// arrays are read by lookups, the trip writers do nothing, and every other
+// writer fails with the kernel's EPERM.
+func OpenReadOnly(m *bpf.LbMaps) (*Maps, error) {
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("maps: %w", err)
+	}
+	mm := &Maps{m: m, ncpu: n}
+	mm.t.init()
+	return mm, nil
+}
+
 // Close releases the tables' handles and mappings (the tables stay: the
 // outer maps hold them).
 func (m *Maps) Close() {
 	m.t.close()
-	m.tr.Close()
+	if m.tr != nil {
+		m.tr.Close()
+	}
 }
 
 // SynSlot is the pb_syns slot of a client's SYN: syn_slot in bpf/lb.c
@@ -147,20 +163,57 @@ const (
 // SetServiceTrip writes a service's kernel-trip settings and budget (see
 // Trips.SetService).
 func (m *Maps) SetServiceTrip(id uint32, s TripSettings, budget int64) {
-	m.tr.SetService(id, s, budget)
+	if m.tr != nil {
+		m.tr.SetService(id, s, budget)
+	}
 }
 
 // ResetServiceTrip zeroes a fresh or recycled service id's trip entry.
-func (m *Maps) ResetServiceTrip(id uint32) { m.tr.ResetService(id) }
+func (m *Maps) ResetServiceTrip(id uint32) {
+	if m.tr != nil {
+		m.tr.ResetService(id)
+	}
+}
 
 // ServiceTrip reads a service's kernel-trip entry.
-func (m *Maps) ServiceTrip(id uint32) bpf.LbSvcTrip { return m.tr.Service(id) }
+func (m *Maps) ServiceTrip(id uint32) bpf.LbSvcTrip {
+	if m.tr == nil {
+		var v bpf.LbSvcTrip
+		_ = m.m.PbSvcTrip.Lookup(id, &v)
+		return v
+	}
+	return m.tr.Service(id)
+}
 
 // ResetBackendTrip starts a backend's kernel streak afresh.
-func (m *Maps) ResetBackendTrip(id uint32) { m.tr.ResetBackend(id) }
+func (m *Maps) ResetBackendTrip(id uint32) {
+	if m.tr != nil {
+		m.tr.ResetBackend(id)
+	}
+}
 
 // BackendTrip reads a backend's kernel streak.
-func (m *Maps) BackendTrip(id uint32) bpf.LbBeTrip { return m.tr.Backend(id) }
+func (m *Maps) BackendTrip(id uint32) bpf.LbBeTrip {
+	if m.tr == nil {
+		var v bpf.LbBeTrip
+		_ = m.m.PbBeTrip.Lookup(id, &v)
+		return v
+	}
+	return m.tr.Backend(id)
+}
+
+// InflightCounts reads a service's and a backend's circuit-breaker counts
+// by lookups (the agent's own reads go through the mapping, OpenInflight).
+func (m *Maps) InflightCounts(svcID, backendID uint32) (svc, be int64, err error) {
+	var s, b bpf.LbInflight
+	if err := m.m.PbSvcInflight.Lookup(svcID, &s); err != nil {
+		return 0, 0, fmt.Errorf("pb_svc_inflight[%d]: %w", svcID, err)
+	}
+	if err := m.m.PbBeInflight.Lookup(backendID, &b); err != nil {
+		return 0, 0, fmt.Errorf("pb_be_inflight[%d]: %w", backendID, err)
+	}
+	return s.Count, b.Count, nil
+}
 
 // Raw exposes the underlying maps for tests and tools.
 func (m *Maps) Raw() *bpf.LbMaps { return m.m }

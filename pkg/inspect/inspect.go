@@ -1,0 +1,333 @@
+// Package inspect reads a node's pinned datapath state and says it in
+// human terms: services with their VIPs, endpoints with their datapath and
+// accrual states, penalty left, probe grants, in-flight counts and
+// counters (`agent inspect`). It reads only, from the pinned maps, so it
+// works with the agent stopped or gone; what only the agent holds in
+// memory (pod names, pending connects, the accrual windows) is not there.
+package inspect
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// Reader is what inspect reads: pkg/maps over the pinned maps.
+type Reader interface {
+	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
+	Backends() (map[uint32]bpf.LbBackend, error)
+	Health() (map[uint32]bpf.LbEndpointHealth, error)
+	Table(svcID, n uint32) ([]uint32, error)
+	GlobalStats() (bpf.LbGlobalStats, error)
+	ServiceStats(id uint32) (bpf.LbSvcStats, error)
+	BackendStats(id uint32) (bpf.LbBeStats, error)
+	ServiceTrip(id uint32) bpf.LbSvcTrip
+	BackendTrip(id uint32) bpf.LbBeTrip
+	InflightCounts(svcID, backendID uint32) (svc, be int64, err error)
+}
+
+// Report is a node's datapath state at one moment.
+type Report struct {
+	At       time.Time      `json:"at"`
+	Datapath GlobalCounters `json:"datapath"`
+	Services []Service      `json:"services"`
+}
+
+// GlobalCounters are pb_stats, summed over CPUs.
+type GlobalCounters struct {
+	EventsLost        uint64 `json:"eventsLost"`
+	NoBackend         uint64 `json:"noBackendFlows"`
+	ProbesAdmitted    uint64 `json:"probesAdmitted"`
+	Steered           uint64 `json:"steeredFlows"`
+	SteerFailed       uint64 `json:"steerFailed"`
+	Repicked          uint64 `json:"repickedFlows"`
+	RefusedRescued    uint64 `json:"refusedRescued"`
+	Retried           uint64 `json:"refusedRetried"`
+	ProbesRescued     uint64 `json:"probesRescued"`
+	ConntrackFailed   uint64 `json:"conntrackInsertFailures"`
+	Malformed         uint64 `json:"malformedPackets"`
+	BreakerRejected   uint64 `json:"breakerRejected"`
+	BreakerUntracked  uint64 `json:"breakerUntracked"`
+	PassedAfterNAT    uint64 `json:"passedAfterNat"`
+	RedirectedPackets uint64 `json:"redirectedPackets"`
+}
+
+// Service is one pb_services entry.
+type Service struct {
+	ID       uint32 `json:"id"`
+	VIP      string `json:"vip"`
+	Protocol string `json:"protocol"`
+	// Table is the live Maglev table (of the service's two) and its size.
+	Table     uint32 `json:"table"`
+	TableSize uint32 `json:"tableSize"`
+	// TableUnread says why the table's slots could not be read (reading a
+	// table takes CAP_SYS_ADMIN, which the DaemonSet does not grant): the
+	// endpoints' Slots are then -1.
+	TableUnread            string      `json:"tableUnread,omitempty"`
+	MaxInflight            uint32      `json:"maxInflight"`
+	MaxInflightPerEndpoint uint32      `json:"maxInflightPerEndpoint"`
+	Inflight               int64       `json:"inflight"`
+	RetryRefused           bool        `json:"retryRefused"`
+	Counters               SvcCounters `json:"counters"`
+	KernelTrips            *Trips      `json:"kernelTrips,omitempty"`
+	Endpoints              []Endpoint  `json:"endpoints"`
+}
+
+// SvcCounters are pb_svc_stats, summed over CPUs.
+type SvcCounters struct {
+	Packets         uint64 `json:"packets"`
+	Bytes           uint64 `json:"bytes"`
+	Flows           uint64 `json:"flows"`
+	NoBackend       uint64 `json:"noBackendFlows"`
+	BreakerRejected uint64 `json:"breakerRejected"`
+}
+
+// Trips is pb_svc_trip: the datapath's own ejections (nil: off).
+type Trips struct {
+	MaxFailures uint32   `json:"maxFailures"`
+	Kinds       []string `json:"kinds"`
+	Budget      int64    `json:"budget"`
+	Trips       uint64   `json:"trips"`
+	Suppressed  uint64   `json:"suppressed"`
+}
+
+// Endpoint is one backend of a service.
+type Endpoint struct {
+	ID   uint32 `json:"id"`
+	Addr string `json:"addr"`
+	// Datapath is the state the XDP program acts on: active, probation
+	// (takes ProbeGrants more probe flows), ejected.
+	Datapath    string `json:"datapath"`
+	ProbeGrants int32  `json:"probeGrants"`
+	// Slots the endpoint holds in the live Maglev table (-1: unknown, see
+	// Service.TableUnread).
+	Slots int `json:"slots"`
+	// Accrual is the agent's persisted judgement (pb_health).
+	Accrual      Accrual    `json:"accrual"`
+	Inflight     int64      `json:"inflight"`
+	KernelStreak uint32     `json:"kernelStreak"`
+	Counters     EpCounters `json:"counters"`
+}
+
+// EpCounters are pb_be_stats, summed over CPUs.
+type EpCounters struct {
+	Packets      uint64 `json:"packets"`
+	Bytes        uint64 `json:"bytes"`
+	Flows        uint64 `json:"flows"`
+	ReplyPackets uint64 `json:"replyPackets"`
+	ReplyBytes   uint64 `json:"replyBytes"`
+}
+
+// Accrual is an endpoint's pb_health record. An endpoint the agent never
+// judged has none (Recorded false): it is ready.
+type Accrual struct {
+	Recorded            bool       `json:"recorded"`
+	State               string     `json:"state"`
+	ConsecutiveFailures uint32     `json:"consecutiveFailures"`
+	Ejections           uint64     `json:"ejections"`
+	PenaltyLevel        uint8      `json:"penaltyLevel"`
+	Penalty             string     `json:"penalty,omitempty"`
+	EjectedAt           *time.Time `json:"ejectedAt,omitempty"`
+	ProbationAt         *time.Time `json:"probationAt,omitempty"`
+	// PenaltyLeft is until ProbationAt, while ejected.
+	PenaltyLeft     string     `json:"penaltyLeft,omitempty"`
+	LastFailureKind string     `json:"lastFailureKind,omitempty"`
+	LastFailureAt   *time.Time `json:"lastFailureAt,omitempty"`
+}
+
+// Read gathers the report at now.
+func Read(r Reader, now time.Time) (*Report, error) {
+	svcs, err := r.Services()
+	if err != nil {
+		return nil, fmt.Errorf("pb_services: %w", err)
+	}
+	bes, err := r.Backends()
+	if err != nil {
+		return nil, fmt.Errorf("pb_backends: %w", err)
+	}
+	health, err := r.Health()
+	if err != nil {
+		return nil, fmt.Errorf("pb_health: %w", err)
+	}
+	g, err := r.GlobalStats()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{At: now, Datapath: GlobalCounters{
+		EventsLost: g.EventsLost, NoBackend: g.NoBackend, ProbesAdmitted: g.ProbeAdmitted, Steered: g.Steered,
+		SteerFailed: g.SteerFailed, Repicked: g.Repicked, RefusedRescued: g.RefusedRescued, Retried: g.Retried,
+		ProbesRescued: g.ProbeRescued, ConntrackFailed: g.CtCreateFailed, Malformed: g.Malformed,
+		BreakerRejected: g.InflightRejected, BreakerUntracked: g.InflightUntracked,
+		PassedAfterNAT: g.PassedAfterNat, RedirectedPackets: g.Redirected,
+	}, Services: []Service{}}
+
+	bySvc := map[uint32][]uint32{}
+	for id, b := range bes {
+		if b.SvcId != 0 && maps.BackendState(b.State) != maps.BackendRemoved {
+			bySvc[b.SvcId] = append(bySvc[b.SvcId], id)
+		}
+	}
+	for k, v := range svcs {
+		s := Service{ID: v.Id, VIP: addrPort(k.Vip.Bytes, k.Family, k.Port).String(), Protocol: protocol(k.Proto),
+			Table: v.Table, TableSize: v.TableSize, MaxInflight: v.MaxInflight, MaxInflightPerEndpoint: v.MaxInflightPerBackend,
+			RetryRefused: v.Flags&maps.ServiceRetryRefused != 0, Endpoints: []Endpoint{}}
+		if st, err := r.ServiceStats(v.Id); err == nil {
+			s.Counters = SvcCounters{st.Packets, st.Bytes, st.Flows, st.NoBackend, st.OverLimit}
+		}
+		if t := r.ServiceTrip(v.Id); t.MaxFailures > 0 {
+			s.KernelTrips = &Trips{MaxFailures: t.MaxFailures, Kinds: maps.TripKindNames(t.Kinds), Budget: t.Budget,
+				Trips: t.Trips, Suppressed: t.Suppressed}
+		}
+		slots := map[uint32]int{}
+		if v.TableSize > 0 {
+			tbl, err := r.Table(v.Id, v.Table)
+			switch {
+			case errors.Is(err, unix.EPERM):
+				// A table is found by its id, and opening a map by id
+				// takes CAP_SYS_ADMIN: the rest reads without it.
+				s.TableUnread = "reading a Maglev table takes CAP_SYS_ADMIN"
+				slots = nil
+			case err != nil:
+				return nil, fmt.Errorf("service %d's table: %w", v.Id, err)
+			}
+			for _, id := range tbl {
+				slots[id]++
+			}
+		}
+		ids := bySvc[v.Id]
+		slices.Sort(ids)
+		for _, id := range ids {
+			b := bes[id]
+			ep := Endpoint{ID: id, Addr: addrPort(b.Addr.Bytes, b.Family, b.Port).String(),
+				Datapath: maps.BackendState(b.State).String(), ProbeGrants: b.ProbeGrants, Slots: slots[id],
+				KernelStreak: r.BackendTrip(id).Failures}
+			if slots == nil {
+				ep.Slots = -1
+			}
+			if maps.BackendState(b.State) != maps.BackendProbation {
+				ep.ProbeGrants = 0
+			}
+			svcIn, beIn, err := r.InflightCounts(v.Id, id)
+			if err == nil {
+				s.Inflight, ep.Inflight = svcIn, beIn
+			}
+			if st, err := r.BackendStats(id); err == nil {
+				ep.Counters = EpCounters{st.Packets, st.Bytes, st.Flows, st.ReplyPackets, st.ReplyBytes}
+			}
+			ep.Accrual = accrualOf(health, id, v.Id, now)
+			s.Endpoints = append(s.Endpoints, ep)
+		}
+		rep.Services = append(rep.Services, s)
+	}
+	slices.SortFunc(rep.Services, func(a, b Service) int { return cmp.Compare(a.ID, b.ID) })
+	return rep, nil
+}
+
+func accrualOf(health map[uint32]bpf.LbEndpointHealth, id, svc uint32, now time.Time) Accrual {
+	h, ok := health[id]
+	if !ok || h.SvcId != svc {
+		return Accrual{State: accrual.Ready.String()}
+	}
+	a := Accrual{Recorded: true, State: accrual.State(h.State).String(), ConsecutiveFailures: h.ConsecutiveFailures,
+		Ejections: h.Ejections, PenaltyLevel: h.PenaltyLevel, EjectedAt: unixTime(h.EjectedAtNs),
+		ProbationAt: unixTime(h.ProbationAtNs), LastFailureAt: unixTime(h.LastFailureNs)}
+	if h.PenaltyNs > 0 {
+		a.Penalty = time.Duration(h.PenaltyNs).String()
+	}
+	if h.LastFailureNs != 0 {
+		a.LastFailureKind = accrual.Kind(h.LastFailureKind).String()
+	}
+	if accrual.State(h.State) == accrual.Ejected && a.ProbationAt != nil {
+		a.PenaltyLeft = max(a.ProbationAt.Sub(now), 0).Round(time.Millisecond).String()
+	}
+	return a
+}
+
+func unixTime(ns int64) *time.Time {
+	if ns == 0 {
+		return nil
+	}
+	t := time.Unix(0, ns).UTC()
+	return &t
+}
+
+func addrPort(b [16]uint8, family uint8, port uint16) netip.AddrPort {
+	a := netip.AddrFrom16(b)
+	if family == maps.FamilyIPv4 {
+		a = maps.AddrFrom16(b)
+	}
+	return netip.AddrPortFrom(a, maps.Port(port))
+}
+
+func protocol(p uint8) string {
+	switch p {
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	}
+	return fmt.Sprintf("proto-%d", p)
+}
+
+// Text writes the report for a person: one block per service, a table of
+// its endpoints.
+func (rep *Report) Text(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	g := rep.Datapath
+	fmt.Fprintf(tw, "datapath at %s, services: %d; events lost %d, no-backend flows %d, steered %d (failed %d), re-picked %d, refusals kept from clients %d (retried %d), breaker rejections %d, malformed %d\n",
+		rep.At.Format(time.RFC3339), len(rep.Services), g.EventsLost, g.NoBackend, g.Steered, g.SteerFailed, g.Repicked,
+		g.RefusedRescued, g.Retried, g.BreakerRejected, g.Malformed)
+	for _, s := range rep.Services {
+		fmt.Fprintf(tw, "\nservice %d  %s/%s  table %d (%d slots)  in flight %d", s.ID, s.VIP, s.Protocol, s.Table, s.TableSize, s.Inflight)
+		if s.MaxInflight > 0 {
+			fmt.Fprintf(tw, " of %d", s.MaxInflight)
+		}
+		if s.MaxInflightPerEndpoint > 0 {
+			fmt.Fprintf(tw, " (%d per endpoint)", s.MaxInflightPerEndpoint)
+		}
+		if s.RetryRefused {
+			fmt.Fprint(tw, "  retryRefused")
+		}
+		if s.TableUnread != "" {
+			fmt.Fprintf(tw, "  (slots unknown: %s)", s.TableUnread)
+		}
+		c := s.Counters
+		fmt.Fprintf(tw, "\n  flows %d  packets %d  bytes %d  no-backend %d  breaker-rejected %d\n", c.Flows, c.Packets, c.Bytes, c.NoBackend, c.BreakerRejected)
+		if t := s.KernelTrips; t != nil {
+			fmt.Fprintf(tw, "  kernel trips at %d failures (%s): %d trips, %d suppressed, budget %d\n",
+				t.MaxFailures, strings.Join(t.Kinds, ", "), t.Trips, t.Suppressed, t.Budget)
+		}
+		fmt.Fprintln(tw, "  ENDPOINT\tDATAPATH\tACCRUAL\tSLOTS\tPENALTY LEFT\tFAILURES\tEJECTIONS\tLAST FAILURE\tIN FLIGHT\tFLOWS\tREPLIES")
+		for _, e := range s.Endpoints {
+			dp := e.Datapath
+			if e.Datapath == maps.BackendProbation.String() {
+				dp = fmt.Sprintf("%s (%d grant)", dp, e.ProbeGrants)
+			}
+			a := e.Accrual
+			left := cmp.Or(a.PenaltyLeft, "-")
+			last := "-"
+			if a.LastFailureAt != nil {
+				last = fmt.Sprintf("%s %s ago", a.LastFailureKind, rep.At.Sub(*a.LastFailureAt).Round(time.Second))
+			}
+			slots := fmt.Sprint(e.Slots)
+			if e.Slots < 0 {
+				slots = "?"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\n", e.Addr, dp, a.State, slots, left,
+				a.ConsecutiveFailures, a.Ejections, last, e.Inflight, e.Counters.Flows, e.Counters.ReplyPackets)
+		}
+	}
+	return tw.Flush()
+}

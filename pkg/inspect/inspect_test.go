@@ -1,0 +1,157 @@
+package inspect
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+type fakeReader struct {
+	tableErr error
+	svcs     map[bpf.LbSvcKey]bpf.LbSvcValue
+	bes      map[uint32]bpf.LbBackend
+	health   map[uint32]bpf.LbEndpointHealth
+	tables   map[[2]uint32][]uint32
+	trips    map[uint32]bpf.LbSvcTrip
+	in       map[uint32]int64
+}
+
+func (f *fakeReader) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) { return f.svcs, nil }
+func (f *fakeReader) Backends() (map[uint32]bpf.LbBackend, error)        { return f.bes, nil }
+func (f *fakeReader) Health() (map[uint32]bpf.LbEndpointHealth, error)   { return f.health, nil }
+func (f *fakeReader) Table(svc, n uint32) ([]uint32, error) {
+	if f.tableErr != nil {
+		return nil, f.tableErr
+	}
+	return f.tables[[2]uint32{svc, n}], nil
+}
+func (f *fakeReader) GlobalStats() (bpf.LbGlobalStats, error) {
+	return bpf.LbGlobalStats{EventsLost: 7}, nil
+}
+func (f *fakeReader) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
+	return bpf.LbSvcStats{Flows: 10 * uint64(id)}, nil
+}
+func (f *fakeReader) BackendStats(id uint32) (bpf.LbBeStats, error) {
+	return bpf.LbBeStats{Flows: uint64(id)}, nil
+}
+func (f *fakeReader) ServiceTrip(id uint32) bpf.LbSvcTrip { return f.trips[id] }
+func (f *fakeReader) BackendTrip(id uint32) bpf.LbBeTrip  { return bpf.LbBeTrip{Failures: id % 2} }
+func (f *fakeReader) InflightCounts(svc, be uint32) (int64, int64, error) {
+	return f.in[svc], f.in[100+be], nil
+}
+
+func backend(addr string, svc uint32, st maps.BackendState, grants int32) bpf.LbBackend {
+	return maps.NewBackend(netip.MustParseAddrPort(addr), svc, st, grants)
+}
+
+// Read turns the maps into the operator's terms: addresses and ports in
+// the usual notation, each endpoint's table share, datapath and accrual
+// states, the penalty left; removed backends and other services' left out.
+func TestReadDescribesServicesAndEndpoints(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	f := &fakeReader{
+		svcs: map[bpf.LbSvcKey]bpf.LbSvcValue{
+			maps.ServiceKey(netip.MustParseAddr("198.18.100.2"), 443, 6): {Id: 2, Table: 1, TableSize: 5, Flags: maps.ServiceRetryRefused},
+			maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 17): {Id: 1, Table: 0, TableSize: 3, MaxInflight: 9},
+		},
+		bes: map[uint32]bpf.LbBackend{
+			1: backend("198.18.1.2:8080", 2, maps.BackendActive, 0),
+			2: backend("198.18.2.2:8080", 2, maps.BackendEjected, 0),
+			3: backend("198.18.3.2:8080", 2, maps.BackendProbation, 1),
+			4: backend("198.18.4.2:8080", 2, maps.BackendRemoved, 0),
+			5: backend("198.18.5.2:53", 1, maps.BackendActive, 0),
+		},
+		health: map[uint32]bpf.LbEndpointHealth{
+			2: {SvcId: 2, State: uint8(accrual.Ejected), ConsecutiveFailures: 5, Ejections: 2, PenaltyNs: uint64(4 * time.Second),
+				ProbationAtNs: now.Add(1500 * time.Millisecond).UnixNano(), LastFailureKind: uint8(accrual.KindRefused),
+				LastFailureNs: now.Add(-2 * time.Second).UnixNano()},
+			3: {SvcId: 2, State: uint8(accrual.Probation)},
+			5: {SvcId: 9, State: uint8(accrual.Ejected)}, // a record of another service: stale
+		},
+		tables: map[[2]uint32][]uint32{{2, 1}: {1, 1, 3, 1, 1}, {1, 0}: {5, 5, 5}},
+		trips:  map[uint32]bpf.LbSvcTrip{2: {MaxFailures: 5, Kinds: maps.TripRefused, Budget: 1, Trips: 3}},
+		in:     map[uint32]int64{2: 4, 101: 3, 103: 1},
+	}
+	r, err := Read(f, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Services) != 2 || r.Services[0].ID != 1 || r.Datapath.EventsLost != 7 {
+		t.Fatalf("services %+v, datapath %+v: want both, by id", r.Services, r.Datapath)
+	}
+	udp, web := r.Services[0], r.Services[1]
+	if udp.VIP != "198.18.100.1:80" || udp.Protocol != "udp" || udp.MaxInflight != 9 || udp.KernelTrips != nil || udp.RetryRefused {
+		t.Errorf("service 1: %+v", udp)
+	}
+	if e := udp.Endpoints; len(e) != 1 || e[0].Accrual.State != "ready" || e[0].Accrual.Recorded || e[0].Slots != 3 {
+		t.Errorf("service 1's endpoints %+v: want one, ready (its record is another service's), all 3 slots", e)
+	}
+	if web.VIP != "198.18.100.2:443" || !web.RetryRefused || web.Inflight != 4 || web.Counters.Flows != 20 ||
+		web.KernelTrips == nil || web.KernelTrips.Trips != 3 || web.KernelTrips.Kinds[0] != "refused" {
+		t.Errorf("service 2: %+v", web)
+	}
+	if len(web.Endpoints) != 3 {
+		t.Fatalf("service 2's endpoints %+v: want 3 (the removed one left out)", web.Endpoints)
+	}
+	a, ej, pr := web.Endpoints[0], web.Endpoints[1], web.Endpoints[2]
+	if a.Addr != "198.18.1.2:8080" || a.Datapath != "active" || a.Slots != 4 || a.Inflight != 3 || a.Accrual.State != "ready" || a.KernelStreak != 1 {
+		t.Errorf("active endpoint %+v", a)
+	}
+	if ej.Datapath != "ejected" || ej.Slots != 0 || ej.Accrual.State != "ejected" || ej.Accrual.PenaltyLeft != "1.5s" ||
+		ej.Accrual.Penalty != "4s" || ej.Accrual.LastFailureKind != "refused" || ej.Accrual.Ejections != 2 {
+		t.Errorf("ejected endpoint %+v", ej)
+	}
+	if pr.Datapath != "probation" || pr.ProbeGrants != 1 || pr.Slots != 1 || pr.Accrual.State != "probation" || pr.Accrual.PenaltyLeft != "" {
+		t.Errorf("probation endpoint %+v", pr)
+	}
+
+	var out bytes.Buffer
+	if err := r.Text(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"service 2  198.18.100.2:443/tcp", "retryRefused", "kernel trips at 5 failures (refused): 3 trips",
+		"198.18.2.2:8080", "refused 2s ago", "probation (1 grant)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// Without CAP_SYS_ADMIN (the DaemonSet's capabilities) the tables cannot
+// be opened: everything else is still read, slots are unknown.
+func TestReadWithoutTables(t *testing.T) {
+	f := &fakeReader{
+		tableErr: fmt.Errorf("open map: %w", unix.EPERM),
+		svcs: map[bpf.LbSvcKey]bpf.LbSvcValue{
+			maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 6): {Id: 1, TableSize: 3},
+		},
+		bes: map[uint32]bpf.LbBackend{1: backend("198.18.1.2:8080", 1, maps.BackendEjected, 0)},
+	}
+	r, err := Read(f, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := r.Services[0]
+	if s.TableUnread == "" || s.Endpoints[0].Slots != -1 || s.Endpoints[0].Datapath != "ejected" {
+		t.Errorf("service %+v: want the table unread, slots unknown, the rest read", s)
+	}
+	var out bytes.Buffer
+	r.Text(&out)
+	if !strings.Contains(out.String(), "slots unknown") {
+		t.Errorf("text output:\n%s", out.String())
+	}
+	f.tableErr = errors.New("boom")
+	if _, err := Read(f, time.Now()); err == nil {
+		t.Error("another table error was not reported")
+	}
+}
