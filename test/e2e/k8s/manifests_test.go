@@ -107,6 +107,24 @@ func TestManifestsDryRun(t *testing.T) {
 		t.Errorf("a PodMonitor with a misspelt field passed the dry run (err %v):\n%s", err, out)
 	}
 
+	// The PrometheusRule, the same way.
+	apply("-f", filepath.Join("testdata", "prometheusrule-crd.yaml"))
+	if _, err := c.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/prometheusrules.monitoring.coreos.com"); err != nil {
+		t.Fatal(err)
+	}
+	dryRun("prometheusrule.yaml")
+	b, err = os.ReadFile(f("prometheusrule.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken = filepath.Join(t.TempDir(), "prometheusrule-broken.yaml")
+	if err := os.WriteFile(broken, []byte(strings.Replace(string(b), "annotations:", "anotations:", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.kubectl("apply", "--dry-run=server", "-f", broken); err == nil || !strings.Contains(out, "anotations") {
+		t.Errorf("a PrometheusRule with a misspelt field passed the dry run (err %v):\n%s", err, out)
+	}
+
 	// Every manifest was checked.
 	files, _ := filepath.Glob(filepath.Join(deploy, "*.yaml"))
 	for _, p := range files {
