@@ -71,8 +71,9 @@ static __always_inline struct global_stats *gstats(void)
 }
 
 /* parse validates everything the rest of the program relies on. Returns 0
- * for a well-formed IPv4 TCP/UDP packet, 1 for traffic that is simply not
- * ours, -1 for a packet too short or inconsistent to touch. */
+ * for a well-formed IPv4 TCP/UDP packet, 2 for an IPv4 ICMP packet (see
+ * icmp_error), 1 for other traffic that is simply not ours, -1 for a packet
+ * too short or inconsistent to touch. */
 static __always_inline int parse(struct xdp_md *ctx, struct pkt *p)
 {
 	void *data = (void *)(long)ctx->data;
@@ -90,7 +91,7 @@ static __always_inline int parse(struct xdp_md *ctx, struct pkt *p)
 	if (ip->version != 4 || ip->ihl < 5)
 		return 1;
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-		return 1;
+		return ip->protocol == IPPROTO_ICMP ? 2 : 1;
 	/* Fragments carry no ports (or only the first does): not ours. */
 	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 		return 1;
@@ -1187,6 +1188,16 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		}
 	}
 
+	if (p->proto == IPPROTO_UDP && !(rv->flags & PB_CT_ESTABLISHED)) {
+		/* A UDP flow's first reply is its success: UDP's only answer. */
+		__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
+		if (!(old & (PB_CT_ESTABLISHED | PB_CT_CLOSED))) {
+			streak_over(rv->backend_id);
+			emit(PB_EV_ESTABLISHED, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
+			     rv->backend_id, rk.dst.v4, rk.dport, gs);
+		}
+	}
+
 	__u64 now = bpf_ktime_get_coarse_ns();
 	if (now - rv->last_seen_ns > 1000000000ULL)
 		rv->last_seen_ns = now;
@@ -1227,12 +1238,208 @@ static __always_inline __u32 replay_move_off(struct xdp_md *ctx)
 	return m->backend_id;
 }
 
+/* An ICMP error (destination unreachable, time exceeded) quotes the packet
+ * it is about: its IP header and at least 8 bytes of its L4 header. For a
+ * NATed flow that packet carries the backend's address, which the client
+ * never used (or the VIP, which the backend never saw), so untranslated the
+ * error is dropped by the receiver's stack: path MTU discovery through the
+ * NAT black-holes, and a UDP backend's port unreachable is lost. Both
+ * directions are translated, the quoted header and every checksum with it:
+ * - from the backend's side, quoting client -> backend: the quote becomes
+ *   client -> VIP, and the outer source the VIP when the backend itself
+ *   sent it; on to the client;
+ * - from the client's side, quoting VIP -> client (a reply): the quote
+ *   becomes backend -> client and the outer destination the backend.
+ * A UDP port unreachable from the backend itself is its flow's refusal
+ * (once per flow), as a RST is for TCP. */
+/* The ICMP header (linux/icmp.h would pull libc's socket headers in). */
+struct pb_icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be32 rest; /* unused, or the next-hop MTU */
+};
+
+#define PB_ICMP_DEST_UNREACH 3
+#define PB_ICMP_PORT_UNREACH 3 /* code */
+#define PB_ICMP_TIME_EXCEEDED 11
+
+struct icmp_quote {
+	struct iphdr *ip;   /* outer */
+	struct pb_icmphdr *icmp;
+	struct iphdr *in;   /* the quoted IP header */
+	__be16 *ports;      /* the quoted L4 ports */
+	__sum16 *l4csum;    /* the quoted L4 checksum, 0 when not quoted */
+};
+
+static __always_inline int parse_icmp(struct xdp_md *ctx, struct icmp_quote *q)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	if ((void *)(ip + 1) > data_end || (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+		return -1;
+	struct pb_icmphdr *icmp = (void *)ip + ip->ihl * 4;
+	if ((void *)(icmp + 1) > data_end)
+		return -1;
+	if (icmp->type != PB_ICMP_DEST_UNREACH && icmp->type != PB_ICMP_TIME_EXCEEDED)
+		return -1;
+	struct iphdr *in = (void *)(icmp + 1);
+	if ((void *)(in + 1) > data_end || in->version != 4 || in->ihl < 5)
+		return -1;
+	if (in->protocol != IPPROTO_TCP && in->protocol != IPPROTO_UDP)
+		return -1;
+	if (in->frag_off & bpf_htons(IP_OFFSET))
+		return -1; /* a later fragment quotes no ports */
+	__u32 ihl = in->ihl * 4;
+	if (ihl > 60)
+		return -1;
+	__be16 *ports = (void *)in + ihl;
+	if ((void *)(ports + 4) > data_end) /* the 8 bytes RFC 792 promises */
+		return -1;
+	q->ip = ip;
+	q->icmp = icmp;
+	q->in = in;
+	q->ports = ports;
+	q->l4csum = 0;
+	if (in->protocol == IPPROTO_UDP) {
+		q->l4csum = (__sum16 *)(ports + 3);
+	} else {
+		struct tcphdr *tcp = (void *)ports;
+		if ((void *)&tcp->check + sizeof(tcp->check) <= data_end)
+			q->l4csum = &tcp->check;
+	}
+	return 0;
+}
+
+/* quote_rewrite changes the quoted packet's source (dst 0) or destination
+ * address and port to addr:port, keeping the quoted IP checksum, the quoted
+ * L4 checksum (when quoted and, for UDP, in use) and the ICMP checksum
+ * right. Every changed word is 16-bit aligned within the ICMP message. */
+static __always_inline void quote_rewrite(struct icmp_quote *q, int dst, __be32 addr, __be16 port)
+{
+	struct iphdr *in = q->in;
+	__sum16 *ic = &q->icmp->checksum;
+	__be32 *a = dst ? &in->daddr : &in->saddr;
+	__be16 *pp = dst ? &q->ports[1] : &q->ports[0];
+	__be32 old_a = *a;
+	__be16 old_p = *pp;
+
+	__sum16 old_ipc = in->check;
+	csum_replace4(&in->check, old_a, addr);
+	csum_replace2(ic, old_ipc, in->check);
+	if (q->l4csum && !(in->protocol == IPPROTO_UDP && *q->l4csum == 0)) {
+		__sum16 old_l4c = *q->l4csum;
+		csum_replace4(q->l4csum, old_a, addr);
+		csum_replace2(q->l4csum, old_p, port);
+		if (in->protocol == IPPROTO_UDP && *q->l4csum == 0)
+			*q->l4csum = 0xffff;
+		csum_replace2(ic, old_l4c, *q->l4csum);
+	}
+	csum_replace4(ic, old_a, addr);
+	csum_replace2(ic, old_p, port);
+	*a = addr;
+	*pp = port;
+}
+
+static __always_inline void outer_rewrite(struct iphdr *ip, int dst, __be32 addr)
+{
+	__be32 *a = dst ? &ip->daddr : &ip->saddr;
+	csum_replace4(&ip->check, *a, addr);
+	*a = addr;
+}
+
+static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *gs)
+{
+	struct icmp_quote q;
+	if (parse_icmp(ctx, &q))
+		return XDP_PASS;
+	struct iphdr *in = q.in;
+
+	/* From the client's side: the quote is a reply we sent as the VIP. */
+	if ((port_role(q.ports[0]) & PB_PORT_VIP) && vip_slot_marked(in->saddr) && q.ip->daddr == in->saddr) {
+		struct ct_key fk = {};
+		fk.src.v4 = in->daddr;
+		fk.dst.v4 = in->saddr;
+		fk.sport = q.ports[1];
+		fk.dport = q.ports[0];
+		fk.proto = in->protocol;
+		fk.dir = PB_DIR_FWD;
+		fk.family = PB_AF_INET;
+		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
+		if (ct) {
+			__be32 be = ct->nat_addr.v4;
+			quote_rewrite(&q, 0, be, ct->nat_port);
+			outer_rewrite(q.ip, 1, be);
+			if (gs)
+				gs->icmp_translated++;
+			return XDP_PASS;
+		}
+	}
+
+	/* From the backend's side: the quote is a packet we sent it. */
+	if (!(port_role(q.ports[1]) & PB_PORT_BACKEND))
+		return XDP_PASS;
+	struct ct_key rk = {};
+	rk.src.v4 = in->daddr;
+	rk.dst.v4 = in->saddr;
+	rk.sport = q.ports[1];
+	rk.dport = q.ports[0];
+	rk.proto = in->protocol;
+	rk.dir = PB_DIR_REV;
+	rk.family = PB_AF_INET;
+	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &rk);
+	if (!rv || (rv->flags & PB_CT_MOVED))
+		return XDP_PASS;
+	__be32 vip = rv->nat_addr.v4;
+	__be16 vport = rv->nat_port;
+	int from_backend = q.ip->saddr == in->daddr;
+	if (from_backend && in->protocol == IPPROTO_UDP && q.icmp->type == PB_ICMP_DEST_UNREACH &&
+	    q.icmp->code == PB_ICMP_PORT_UNREACH) {
+		__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
+		if (!(old & PB_CT_CLOSED)) {
+			/* Unanswered until now: the flow's verdict. */
+			if (!(old & PB_CT_ESTABLISHED)) {
+				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
+				if (!(old & PB_CT_PROBE))
+					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED,
+							   rv->created_ns);
+				emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, in->saddr, q.ports[0], gs);
+			}
+			/* The flow ends, as a refused TCP connection does: the
+			 * client's next datagram on the same ports is a new flow,
+			 * picked afresh (not sent to the closed port until the
+			 * entry idles out). */
+			struct ct_key fk = {};
+			fk.src.v4 = in->saddr;
+			fk.dst.v4 = vip;
+			fk.sport = q.ports[0];
+			fk.dport = vport;
+			fk.proto = IPPROTO_UDP;
+			fk.dir = PB_DIR_FWD;
+			fk.family = PB_AF_INET;
+			if (old & PB_CT_COUNTED)
+				release(&fk);
+			bpf_map_delete_elem(&pb_ct, &fk);
+			bpf_map_delete_elem(&pb_ct, &rk);
+		}
+	}
+	quote_rewrite(&q, 1, vip, vport);
+	if (from_backend)
+		outer_rewrite(q.ip, 0, vip);
+	if (gs)
+		gs->icmp_translated++;
+	return XDP_PASS;
+}
+
 SEC("xdp")
 int pb_xdp(struct xdp_md *ctx)
 {
 	struct pkt p = {};
 	p.ifindex = ctx->ingress_ifindex;
 	int rc = parse(ctx, &p);
+	if (rc == 2)
+		return icmp_error(ctx, gstats());
 	if (rc > 0)
 		return XDP_PASS;
 

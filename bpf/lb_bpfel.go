@@ -139,6 +139,7 @@ type LbGlobalStats struct {
 	ProbeRescued      uint64
 	RefusedRescued    uint64
 	Retried           uint64
+	IcmpTranslated    uint64
 }
 
 type LbInflight struct {

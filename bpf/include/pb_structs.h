@@ -173,6 +173,7 @@ struct global_stats {
 	__u64 probe_rescued;       /* refused probe's RST kept from its client */
 	__u64 refused_rescued;     /* other refused flows' RST kept (retryRefused) */
 	__u64 retried;             /* rescued non-probe flows re-picked on their retransmitted SYN */
+	__u64 icmp_translated;     /* ICMP errors about a NATed flow, translated */
 };
 
 /* pb_svc_stats[svc_id], per CPU. */

@@ -4,6 +4,7 @@
 package bpftest
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -245,4 +246,113 @@ func Parse(pkt []byte) (Parsed, error) {
 		return out, fmt.Errorf("%v checksum %#04x, want %#04x", ip.Protocol, want, got)
 	}
 	return out, nil
+}
+
+// ICMPv4 error types and codes for ICMPError.
+const (
+	ICMPDestUnreach  = 3
+	ICMPPortUnreach  = 3 // code
+	ICMPFragNeeded   = 4 // code
+	ICMPTimeExceeded = 11
+)
+
+// ICMPError crafts an Ethernet/IPv4 ICMP error from src to dst that quotes
+// the first quoteLen bytes of the IP packet in the frame quoted (all of it
+// when quoteLen is 0 or larger), with rest in the header's last four bytes
+// (the next-hop MTU, for fragmentation needed).
+func ICMPError(src, dst netip.Addr, typ, code uint8, rest uint32, quoted []byte, quoteLen int) []byte {
+	q := quoted[14:]
+	if tot := int(binary.BigEndian.Uint16(q[2:])); tot < len(q) {
+		q = q[:tot] // a test run's output buffer has room after the packet
+	}
+	if quoteLen > 0 && quoteLen < len(q) {
+		q = q[:quoteLen]
+	}
+	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolICMPv4,
+		SrcIP: src.AsSlice(), DstIP: dst.AsSlice(), Id: 1}
+	icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, code), Id: uint16(rest >> 16), Seq: uint16(rest)}
+	return serialize(ip, icmp, q)
+}
+
+// ParsedICMP is what an independent parser sees in an ICMP error.
+type ParsedICMP struct {
+	Src, Dst             netip.Addr // outer
+	Type, Code           uint8
+	Rest                 uint32
+	QuotedSrc, QuotedDst netip.AddrPort
+	// QuotedL4Checked: the quote held the whole L4 segment, whose checksum
+	// was verified.
+	QuotedL4Checked bool
+}
+
+// ParseICMP decodes an ICMP error and verifies the outer IPv4, the ICMP,
+// the quoted IPv4 and, when the quote holds the whole segment, the quoted
+// L4 checksum, each recomputed from scratch.
+func ParseICMP(pkt []byte) (ParsedICMP, error) {
+	var out ParsedICMP
+	if len(pkt) < 14+20+8+20+8 {
+		return out, fmt.Errorf("%d bytes: too short for a quoting ICMP error", len(pkt))
+	}
+	ip := pkt[14:]
+	ihl := int(ip[0]&0xf) * 4
+	if ip[0]>>4 != 4 || ip[9] != 1 || ihl < 20 || len(ip) < ihl+8 {
+		return out, fmt.Errorf("not IPv4 ICMP")
+	}
+	tot := int(binary.BigEndian.Uint16(ip[2:]))
+	if tot > len(ip) {
+		return out, fmt.Errorf("IPv4 total length %d beyond the frame", tot)
+	}
+	ip = ip[:tot]
+	if s := onesSum(ip[:ihl]); s != 0xffff {
+		return out, fmt.Errorf("outer IPv4 checksum wrong")
+	}
+	out.Src, out.Dst = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	icmp := ip[ihl:]
+	if s := onesSum(icmp); s != 0xffff {
+		return out, fmt.Errorf("ICMP checksum wrong")
+	}
+	out.Type, out.Code, out.Rest = icmp[0], icmp[1], binary.BigEndian.Uint32(icmp[4:])
+	in := icmp[8:]
+	qihl := int(in[0]&0xf) * 4
+	if in[0]>>4 != 4 || qihl < 20 || len(in) < qihl+8 {
+		return out, fmt.Errorf("quote is not IPv4 with 8 L4 bytes")
+	}
+	if s := onesSum(in[:qihl]); s != 0xffff {
+		return out, fmt.Errorf("quoted IPv4 checksum wrong")
+	}
+	qs, qd := netip.AddrFrom4([4]byte(in[12:16])), netip.AddrFrom4([4]byte(in[16:20]))
+	l4 := in[qihl:]
+	out.QuotedSrc = netip.AddrPortFrom(qs, binary.BigEndian.Uint16(l4[0:]))
+	out.QuotedDst = netip.AddrPortFrom(qd, binary.BigEndian.Uint16(l4[2:]))
+	if qtot := int(binary.BigEndian.Uint16(in[2:])); qtot == len(in) {
+		proto := in[9]
+		if proto == 17 && binary.BigEndian.Uint16(l4[6:]) == 0 {
+			return out, nil // no UDP checksum
+		}
+		pseudo := make([]byte, 12, 12+len(l4))
+		copy(pseudo, in[12:20])
+		pseudo[9] = proto
+		binary.BigEndian.PutUint16(pseudo[10:], uint16(len(l4)))
+		if s := onesSum(append(pseudo, l4...)); s != 0xffff {
+			return out, fmt.Errorf("quoted L4 checksum wrong")
+		}
+		out.QuotedL4Checked = true
+	}
+	return out, nil
+}
+
+// onesSum is the ones' complement sum of b (0xffff over a region whose
+// checksum field is right).
+func onesSum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return uint16(s)
 }

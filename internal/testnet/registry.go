@@ -25,7 +25,7 @@ import (
 // RegistryDir holds one JSON file per live topology.
 const RegistryDir = "/run/penaltybox-testnet"
 
-var nsNameRE = regexp.MustCompile(`^pbt([0-9a-z]+)_([0-9a-z]+)-(node|cl|b[0-9]+)$`)
+var nsNameRE = regexp.MustCompile(`^pbt([0-9a-z]+)_([0-9a-z]+)-(node|cl|b[0-9]+|[a-z]+)$`)
 
 type registryEntry struct {
 	PID        int      `json:"pid"`

@@ -97,6 +97,7 @@ type Topology struct {
 	Options  Options
 
 	created   []string // namespaces actually created, deleted by Close
+	extra     []*NS    // namespaces added by AddNS
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -129,7 +130,24 @@ func (t *Topology) namespaces() []*NS {
 	for _, b := range t.Backends {
 		out = append(out, b.NS)
 	}
-	return out
+	return append(out, t.extra...)
+}
+
+// AddNS creates one more namespace of the topology, "pbt<ID>-<role>", with
+// only its loopback, for a test that wires its own links (a router, a host
+// behind it). Close deletes it with the others.
+func (t *Topology) AddNS(role string) (*NS, error) {
+	name := nsName(t.ID, role)
+	if err := createNetns(name); err != nil {
+		return nil, err
+	}
+	t.created = append(t.created, name)
+	ns, err := openNS(name, role)
+	if err != nil {
+		return nil, err
+	}
+	t.extra = append(t.extra, ns)
+	return ns, nil
 }
 
 var topoSeq atomic.Uint64

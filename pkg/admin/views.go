@@ -103,6 +103,7 @@ type DatapathCounters struct {
 	ProbeRescued      uint64 `json:"probeRescued"`
 	RefusedRescued    uint64 `json:"refusedRescued"`
 	Retried           uint64 `json:"retried"`
+	ICMPTranslated    uint64 `json:"icmpTranslated"`
 }
 
 // NewServiceCounters renames a pb_svc_stats value.
@@ -123,7 +124,7 @@ func NewDatapathCounters(s bpf.LbGlobalStats) *DatapathCounters {
 		SteerFailed: s.SteerFailed, Repicked: s.Repicked, CTCreateFailed: s.CtCreateFailed,
 		Malformed: s.Malformed, InflightRejected: s.InflightRejected, InflightUntracked: s.InflightUntracked,
 		RejectRSTTx: s.RejectRstTx, RejectRSTPass: s.RejectRstPass, ProbeRescued: s.ProbeRescued,
-		RefusedRescued: s.RefusedRescued, Retried: s.Retried,
+		RefusedRescued: s.RefusedRescued, Retried: s.Retried, ICMPTranslated: s.IcmpTranslated,
 	}
 }
 

@@ -254,6 +254,7 @@ func New(c Config) (*Agent, error) {
 		a.log.Info("expired stale flows", "flows", swept.Expired, "released", swept.Released)
 	}
 	a.tracker = outcomes.NewTracker(a.policyOf)
+	a.tracker.OnUnanswered = a.unansweredDatagram
 	a.metrics = metrics.New(a, a.log)
 	a.metrics.MaxInflightDefault.Set(float64(a.maxInflightDefault))
 	for _, t := range []outcomes.Type{outcomes.NewFlow, outcomes.Established, outcomes.Refused,

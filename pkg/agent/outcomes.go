@@ -72,6 +72,16 @@ func (a *Agent) serviceName(id uint32) string {
 	return fmt.Sprint(id)
 }
 
+// unansweredDatagram counts a UDP flow its backend never answered (no
+// verdict: many UDP protocols do not answer). Called with mu held.
+func (a *Agent) unansweredDatagram(bid uint32) {
+	svc := uint32(0)
+	if b, ok := a.rec.Backend(bid); ok {
+		svc = b.Service
+	}
+	a.metrics.UnansweredUDP.WithLabelValues(a.serviceName(svc)).Inc()
+}
+
 // noTrip is no backend id (ids start at 1).
 const noTrip = 0
 

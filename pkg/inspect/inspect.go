@@ -21,6 +21,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/admin"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -40,28 +41,9 @@ type Reader interface {
 
 // Report is a node's datapath state at one moment.
 type Report struct {
-	At       time.Time      `json:"at"`
-	Datapath GlobalCounters `json:"datapath"`
-	Services []Service      `json:"services"`
-}
-
-// GlobalCounters are pb_stats, summed over CPUs.
-type GlobalCounters struct {
-	EventsLost        uint64 `json:"eventsLost"`
-	NoBackend         uint64 `json:"noBackendFlows"`
-	ProbesAdmitted    uint64 `json:"probesAdmitted"`
-	Steered           uint64 `json:"steeredFlows"`
-	SteerFailed       uint64 `json:"steerFailed"`
-	Repicked          uint64 `json:"repickedFlows"`
-	RefusedRescued    uint64 `json:"refusedRescued"`
-	Retried           uint64 `json:"refusedRetried"`
-	ProbesRescued     uint64 `json:"probesRescued"`
-	ConntrackFailed   uint64 `json:"conntrackInsertFailures"`
-	Malformed         uint64 `json:"malformedPackets"`
-	BreakerRejected   uint64 `json:"breakerRejected"`
-	BreakerUntracked  uint64 `json:"breakerUntracked"`
-	PassedAfterNAT    uint64 `json:"passedAfterNat"`
-	RedirectedPackets uint64 `json:"redirectedPackets"`
+	At       time.Time              `json:"at"`
+	Datapath admin.DatapathCounters `json:"datapath"`
+	Services []Service              `json:"services"`
 }
 
 // Service is one pb_services entry.
@@ -75,23 +57,14 @@ type Service struct {
 	// TableUnread says why the table's slots could not be read (reading a
 	// table takes CAP_SYS_ADMIN, which the DaemonSet does not grant): the
 	// endpoints' Slots are then -1.
-	TableUnread            string      `json:"tableUnread,omitempty"`
-	MaxInflight            uint32      `json:"maxInflight"`
-	MaxInflightPerEndpoint uint32      `json:"maxInflightPerEndpoint"`
-	Inflight               int64       `json:"inflight"`
-	RetryRefused           bool        `json:"retryRefused"`
-	Counters               SvcCounters `json:"counters"`
-	KernelTrips            *Trips      `json:"kernelTrips,omitempty"`
-	Endpoints              []Endpoint  `json:"endpoints"`
-}
-
-// SvcCounters are pb_svc_stats, summed over CPUs.
-type SvcCounters struct {
-	Packets         uint64 `json:"packets"`
-	Bytes           uint64 `json:"bytes"`
-	Flows           uint64 `json:"flows"`
-	NoBackend       uint64 `json:"noBackendFlows"`
-	BreakerRejected uint64 `json:"breakerRejected"`
+	TableUnread            string                `json:"tableUnread,omitempty"`
+	MaxInflight            uint32                `json:"maxInflight"`
+	MaxInflightPerEndpoint uint32                `json:"maxInflightPerEndpoint"`
+	Inflight               int64                 `json:"inflight"`
+	RetryRefused           bool                  `json:"retryRefused"`
+	Counters               admin.ServiceCounters `json:"counters"`
+	KernelTrips            *Trips                `json:"kernelTrips,omitempty"`
+	Endpoints              []Endpoint            `json:"endpoints"`
 }
 
 // Trips is pb_svc_trip: the datapath's own ejections (nil: off).
@@ -115,19 +88,10 @@ type Endpoint struct {
 	// Service.TableUnread).
 	Slots int `json:"slots"`
 	// Accrual is the agent's persisted judgement (pb_health).
-	Accrual      Accrual    `json:"accrual"`
-	Inflight     int64      `json:"inflight"`
-	KernelStreak uint32     `json:"kernelStreak"`
-	Counters     EpCounters `json:"counters"`
-}
-
-// EpCounters are pb_be_stats, summed over CPUs.
-type EpCounters struct {
-	Packets      uint64 `json:"packets"`
-	Bytes        uint64 `json:"bytes"`
-	Flows        uint64 `json:"flows"`
-	ReplyPackets uint64 `json:"replyPackets"`
-	ReplyBytes   uint64 `json:"replyBytes"`
+	Accrual      Accrual               `json:"accrual"`
+	Inflight     int64                 `json:"inflight"`
+	KernelStreak uint32                `json:"kernelStreak"`
+	Counters     admin.BackendCounters `json:"counters"`
 }
 
 // Accrual is an endpoint's pb_health record. An endpoint the agent never
@@ -165,13 +129,7 @@ func Read(r Reader, now time.Time) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{At: now, Datapath: GlobalCounters{
-		EventsLost: g.EventsLost, NoBackend: g.NoBackend, ProbesAdmitted: g.ProbeAdmitted, Steered: g.Steered,
-		SteerFailed: g.SteerFailed, Repicked: g.Repicked, RefusedRescued: g.RefusedRescued, Retried: g.Retried,
-		ProbesRescued: g.ProbeRescued, ConntrackFailed: g.CtCreateFailed, Malformed: g.Malformed,
-		BreakerRejected: g.InflightRejected, BreakerUntracked: g.InflightUntracked,
-		PassedAfterNAT: g.PassedAfterNat, RedirectedPackets: g.Redirected,
-	}, Services: []Service{}}
+	rep := &Report{At: now, Datapath: *admin.NewDatapathCounters(g), Services: []Service{}}
 
 	bySvc := map[uint32][]uint32{}
 	for id, b := range bes {
@@ -184,7 +142,7 @@ func Read(r Reader, now time.Time) (*Report, error) {
 			Table: v.Table, TableSize: v.TableSize, MaxInflight: v.MaxInflight, MaxInflightPerEndpoint: v.MaxInflightPerBackend,
 			RetryRefused: v.Flags&maps.ServiceRetryRefused != 0, Endpoints: []Endpoint{}}
 		if st, err := r.ServiceStats(v.Id); err == nil {
-			s.Counters = SvcCounters{st.Packets, st.Bytes, st.Flows, st.NoBackend, st.OverLimit}
+			s.Counters = *admin.NewServiceCounters(st)
 		}
 		if t := r.ServiceTrip(v.Id); t.MaxFailures > 0 {
 			s.KernelTrips = &Trips{MaxFailures: t.MaxFailures, Kinds: maps.TripKindNames(t.Kinds), Budget: t.Budget,
@@ -224,7 +182,7 @@ func Read(r Reader, now time.Time) (*Report, error) {
 				s.Inflight, ep.Inflight = svcIn, beIn
 			}
 			if st, err := r.BackendStats(id); err == nil {
-				ep.Counters = EpCounters{st.Packets, st.Bytes, st.Flows, st.ReplyPackets, st.ReplyBytes}
+				ep.Counters = *admin.NewBackendCounters(st)
 			}
 			ep.Accrual = accrualOf(health, id, v.Id, now)
 			s.Endpoints = append(s.Endpoints, ep)
@@ -288,7 +246,7 @@ func (rep *Report) Text(w io.Writer) error {
 	g := rep.Datapath
 	fmt.Fprintf(tw, "datapath at %s, services: %d; events lost %d, no-backend flows %d, steered %d (failed %d), re-picked %d, refusals kept from clients %d (retried %d), breaker rejections %d, malformed %d\n",
 		rep.At.Format(time.RFC3339), len(rep.Services), g.EventsLost, g.NoBackend, g.Steered, g.SteerFailed, g.Repicked,
-		g.RefusedRescued, g.Retried, g.BreakerRejected, g.Malformed)
+		g.RefusedRescued, g.Retried, g.InflightRejected, g.Malformed)
 	for _, s := range rep.Services {
 		fmt.Fprintf(tw, "\nservice %d  %s/%s  table %d (%d slots)  in flight %d", s.ID, s.VIP, s.Protocol, s.Table, s.TableSize, s.Inflight)
 		if s.MaxInflight > 0 {
@@ -304,7 +262,7 @@ func (rep *Report) Text(w io.Writer) error {
 			fmt.Fprintf(tw, "  (slots unknown: %s)", s.TableUnread)
 		}
 		c := s.Counters
-		fmt.Fprintf(tw, "\n  flows %d  packets %d  bytes %d  no-backend %d  breaker-rejected %d\n", c.Flows, c.Packets, c.Bytes, c.NoBackend, c.BreakerRejected)
+		fmt.Fprintf(tw, "\n  flows %d  packets %d  bytes %d  no-backend %d  breaker-rejected %d\n", c.Flows, c.Packets, c.Bytes, c.NoBackend, c.OverLimit)
 		if t := s.KernelTrips; t != nil {
 			fmt.Fprintf(tw, "  kernel trips at %d failures (%s): %d trips, %d suppressed, budget %d\n",
 				t.MaxFailures, strings.Join(t.Kinds, ", "), t.Trips, t.Suppressed, t.Budget)

@@ -34,6 +34,7 @@ func (m *Maps) GlobalStats() (bpf.LbGlobalStats, error) {
 		s.ProbeRescued += c.ProbeRescued
 		s.RefusedRescued += c.RefusedRescued
 		s.Retried += c.Retried
+		s.IcmpTranslated += c.IcmpTranslated
 	}
 	return s, nil
 }

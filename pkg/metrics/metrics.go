@@ -68,6 +68,7 @@ type Metrics struct {
 	MaxInflightDefault prometheus.Gauge
 	KernelTrips        *prometheus.CounterVec
 	FlowsToEjected     *prometheus.CounterVec
+	UnansweredUDP      *prometheus.CounterVec
 	Replays            *prometheus.CounterVec
 	PolicyStatusLeader prometheus.Gauge
 	PolicyStatusWrites *prometheus.CounterVec
@@ -152,6 +153,10 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "new_flows_to_ejected_total",
 			Help: "New flows the datapath gave an endpoint the agent holds ejected (probes aside): flows admitted after the failure that decided the ejection, before the maps took it in. Kernel trips keep it at 0 for refusals and resets; a connect timeout (the agent's own deadline) or --kernel-trips=false leaves the agent's reaction time, during which new flows still reach the endpoint.",
 		}, []string{"service"}),
+		UnansweredUDP: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "udp_unanswered_flows_total",
+			Help: "UDP flows their endpoint had not answered by connectTimeout. Not failures (many UDP protocols never answer): a rise against the service's flows is a silent endpoint, which only a port unreachable or an answer lets accrual judge.",
+		}, []string{"service"}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "syn_replays_total",
 			Help: "Client SYNs the agent sent again for the datapath to move to another backend (retryRefused), by reason (refused: the backend refused it; unanswered: the backend left it unanswered past the service's replay deadline) and result: sent; no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead); stale (read too late, or the flow had moved on); flood (not replayed in flood mode); error.",
@@ -173,7 +178,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
 		m.Withheld, m.FloodMode, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
-		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.KernelTrips, m.FlowsToEjected, m.Replays,
+		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})
@@ -207,6 +212,7 @@ var (
 	dRetried      = desc("datapath_refused_retried_total", "Refused new flows of services with retryRefused: the RST kept from the client (result=rescued), and their retransmitted SYNs re-picked avoiding the refusing backend (result=retried).", "result")
 	dRepicked     = desc("datapath_repicked_flows_total", "Unanswered flows moved to another backend on the client's SYN retransmission because theirs was ejected.")
 	dCTFail       = desc("datapath_conntrack_insert_failures_total", "Conntrack inserts that failed.")
+	dICMP         = desc("datapath_icmp_translated_total", "ICMP errors about a NATed flow (fragmentation needed, port unreachable, time exceeded) translated so that their receiver matches them: quoting the VIP to the client, the backend to the backend.")
 	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")
 	dEndpoints    = desc("endpoints", "Endpoints by failure-accrual state.", "service", "state")
 	dEpState      = desc("endpoint_state", "1 for the endpoint's current failure-accrual state.", "service", "endpoint", "state")
@@ -234,7 +240,7 @@ type collector struct {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcNoBackend, dCBRejected, dBePackets, dBeBytes,
 		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked, dRescued, dRetried,
-		dCTFail, dMalformed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
+		dCTFail, dMalformed, dICMP, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
 		dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow, dFailOpen, dFailOpenEps, dCBMax, dInflight} {
 		ch <- d
 	}
@@ -263,6 +269,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dRetried, gs.Retried, "retried")
 		counter(ch, dCTFail, gs.CtCreateFailed)
 		counter(ch, dMalformed, gs.Malformed)
+		counter(ch, dICMP, gs.IcmpTranslated)
 	} else {
 		c.log.Warn("metrics: read pb_stats", "err", err)
 	}

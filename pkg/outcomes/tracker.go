@@ -10,9 +10,14 @@ import (
 // Policy is how a backend's outcomes are judged, from its service's
 // failure-accrual settings.
 type Policy struct {
-	// Tracked is false for backends whose outcomes do not matter (UDP
-	// services, accrual off): their events produce no outcomes.
+	// Tracked is false for backends whose outcomes do not matter (accrual
+	// off): their events produce no outcomes.
 	Tracked bool
+	// Datagram: a UDP service's flow. Its first reply is its success, a
+	// port unreachable from the backend its refusal; one still unanswered
+	// at ConnectTimeout gets no verdict (many UDP protocols never answer),
+	// it is only reported (OnUnanswered), and a probe is inconclusive.
+	Datagram bool
 	// ConnectTimeout: no SYN-ACK within it is a timeout failure. It is also
 	// how long a connection must survive after its SYN-ACK, without a
 	// reset and without backend data, to count as a success (see Settle).
@@ -43,8 +48,10 @@ const (
 
 // PolicyFor derives a Policy from accrual settings.
 func PolicyFor(s accrual.Settings, tcp bool) Policy {
-	p := Policy{Tracked: tcp && s.Mode != accrual.ModeNone, ConnectTimeout: s.ConnectTimeout}
+	p := Policy{Tracked: s.Mode != accrual.ModeNone, Datagram: !tcp, ConnectTimeout: s.ConnectTimeout}
 	switch {
+	case !tcp:
+		// No resets in UDP: the reply is the success.
 	case s.FailureKinds.Has(accrual.KindResetAfterData):
 		p.Settle = SettleOnEnd
 	case s.FailureKinds.Has(accrual.KindReset):
@@ -145,6 +152,9 @@ type Tracker struct {
 	// no timeout from their deadline either; WithheldOld counts them.
 	NotBefore   time.Time
 	WithheldOld uint64
+	// OnUnanswered, if set, hears of each datagram flow (Policy.Datagram)
+	// still unanswered at its deadline.
+	OnUnanswered func(backend uint32)
 }
 
 // EventsLost tells the tracker that the datapath dropped events (the ring
@@ -305,6 +315,17 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 			o := accrual.Outcome{Endpoint: d.key.backend, Probe: p.probe, At: d.at, Started: p.start}
 			switch p.phase {
 			case connecting:
+				if t.policy(d.key.backend).Datagram {
+					if t.OnUnanswered != nil {
+						t.OnUnanswered(d.key.backend)
+					}
+					if !p.probe {
+						continue
+					}
+					// A probe needs a verdict: none, so a new one.
+					o.Inconclusive = true
+					break
+				}
 				if p.gen != t.gen {
 					t.Withheld++
 					continue

@@ -117,15 +117,53 @@ func TestTrackerVerdicts(t *testing.T) {
 }
 
 func TestTrackerUntracked(t *testing.T) {
-	tr := NewTracker(func(uint32) Policy { return PolicyFor(accrual.Defaults(), false) })
+	off := accrual.Defaults()
+	off.Mode = accrual.ModeNone
+	tr := NewTracker(func(uint32) Policy { return PolicyFor(off, true) })
 	ev := Event{Type: NewFlow, Backend: 1, At: t0}
 	tr.Classify(ev)
 	ev.Type = Refused
 	if _, ok := tr.Classify(ev); ok {
-		t.Fatal("UDP backend produced an outcome")
+		t.Fatal("a backend with accrual off produced an outcome")
 	}
 	if tr.Pending() != 0 {
 		t.Fatal("untracked flow is pending")
+	}
+}
+
+// A UDP flow: its first reply is the success, a port unreachable (the
+// datapath's REFUSED) the refusal; unanswered at the deadline it gets no
+// verdict and is reported, unless it is a probe, which is inconclusive.
+func TestTrackerDatagrams(t *testing.T) {
+	pol := PolicyFor(accrual.Defaults(), false)
+	if !pol.Tracked || !pol.Datagram || pol.Settle != SettleOnSynAck {
+		t.Fatalf("UDP policy %+v", pol)
+	}
+	var unanswered []uint32
+	tr := NewTracker(func(uint32) Policy { return pol })
+	tr.OnUnanswered = func(b uint32) { unanswered = append(unanswered, b) }
+	c := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), port) }
+
+	tr.Classify(Event{Type: NewFlow, Backend: 1, Client: c(1), At: t0})
+	if o, ok := tr.Classify(Event{Type: Established, Backend: 1, Client: c(1), At: t0.Add(time.Millisecond)}); !ok || !o.Success {
+		t.Errorf("reply: %+v %v, want a success", o, ok)
+	}
+	tr.Classify(Event{Type: NewFlow, Backend: 1, Client: c(2), At: t0})
+	if o, ok := tr.Classify(Event{Type: Refused, Backend: 1, Client: c(2), At: t0.Add(time.Millisecond)}); !ok || o.Kind != accrual.KindRefused {
+		t.Errorf("port unreachable: %+v %v, want refused", o, ok)
+	}
+	tr.Classify(Event{Type: NewFlow, Backend: 2, Client: c(3), At: t0})
+	tr.Classify(Event{Type: NewFlow, Backend: 3, Client: c(4), At: t0, Flags: FlagProbe})
+	var got []accrual.Outcome
+	tr.Expire(t0.Add(pol.ConnectTimeout), func(o accrual.Outcome) { got = append(got, o) })
+	if len(got) != 1 || got[0].Endpoint != 3 || !got[0].Inconclusive || !got[0].Probe {
+		t.Errorf("at the deadline: %+v, want only the probe, inconclusive", got)
+	}
+	if !slices.Equal(unanswered, []uint32{2, 3}) && !slices.Equal(unanswered, []uint32{3, 2}) {
+		t.Errorf("unanswered %v, want backends 2 and 3", unanswered)
+	}
+	if tr.Pending() != 0 {
+		t.Errorf("%d pending after the deadline", tr.Pending())
 	}
 }
 

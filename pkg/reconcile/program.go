@@ -190,13 +190,14 @@ var tripKinds = []struct {
 }
 
 // tripSettings are a service's kernel-trip settings: its consecutive rule
-// (modes consecutive and unified, TCP) and the failure kinds the datapath
-// can tell apart; a connect timeout is the agent's own deadline, so it
-// never trips in the kernel; nor does a reset once the agent has judged its
-// flow (connectTimeout after the SYN). MaxFailures 0: no kernel trips.
+// (modes consecutive and unified) and the failure kinds the datapath can
+// tell apart (UDP: refusals, its port unreachables); a connect timeout is
+// the agent's own deadline, so it never trips in the kernel; nor does a
+// reset once the agent has judged its flow (connectTimeout after the SYN).
+// MaxFailures 0: no kernel trips.
 func tripSettings(s *desired.Service) maps.TripSettings {
 	a := &s.Accrual
-	if s.Key.Protocol != desired.TCP || !a.Mode.Consecutive() || a.MaxFailures < 1 {
+	if !a.Mode.Consecutive() || a.MaxFailures < 1 {
 		return maps.TripSettings{}
 	}
 	var kinds uint32
@@ -204,6 +205,9 @@ func tripSettings(s *desired.Service) maps.TripSettings {
 		if a.FailureKinds.Has(k.kind) {
 			kinds |= k.bit
 		}
+	}
+	if s.Key.Protocol != desired.TCP {
+		kinds &= maps.TripRefused
 	}
 	if kinds == 0 {
 		return maps.TripSettings{}
