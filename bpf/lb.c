@@ -49,20 +49,60 @@ const enum pb_trip_kind *unused_trip_kind __attribute__((unused));
 #define AF_INET 2
 #endif
 
-/* A parsed IPv4 TCP/UDP packet. Pointers are into the packet and were
- * bounds-checked by parse(). */
+/* The IPv6 header (linux/ipv6.h would pull libc's headers in), with its
+ * addresses as the maps' union addr. */
+struct pb_ipv6hdr {
+	__u8 vtc;       /* version, traffic class */
+	__u8 flow[3];
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	union addr saddr;
+	union addr daddr;
+};
+
+#define ETH_P_IPV6_BE bpf_htons(0x86DD)
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+
+/* A parsed IPv4 or IPv6 TCP/UDP packet. Pointers are into the packet and
+ * were bounds-checked by parse(); ip is set for IPv4, ip6 for IPv6. */
 struct pkt {
 	struct ethhdr *eth;
 	struct iphdr *ip;
+	struct pb_ipv6hdr *ip6;
 	__be16 *ports;    /* [0] source, [1] destination */
+	void *end;        /* the packet's end, for reads beyond what every path checked */
 	__sum16 *l4csum;  /* TCP or UDP checksum field */
 	__u32 payload;    /* L4 payload bytes */
-	__u32 len;        /* IP total length */
-	__u8 proto;
+	__u32 len;        /* IP total length (IPv6: header + payload) */
+	__u32 l4len;      /* L4 header and payload */
+	/* The family (PB_AF_INET or PB_AF_INET6) and protocol each in a word
+	 * of its own: the verifier tracks a whole-word store exactly, so where
+	 * they are read back from the stack it knows, path by path, which of
+	 * ip and ip6 is set and how much of the L4 header parse checked (a
+	 * byte stored beside others it would not). */
+	__u64 family;
+	__u64 proto;
 	__u8 tcp_flags;
 	__u8 partial;     /* L4 checksum left to the device (see l4csum_replace) */
 	__u32 ifindex;    /* ingress interface */
 };
+
+/* The packet's source and destination as map addresses. */
+static __always_inline void pkt_addrs(const struct pkt *p, union addr *src, union addr *dst)
+{
+	if (p->family == PB_AF_INET6) {
+		*src = p->ip6->saddr;
+		*dst = p->ip6->daddr;
+		return;
+	}
+	__builtin_memset(src, 0, sizeof(*src));
+	__builtin_memset(dst, 0, sizeof(*dst));
+	src->v4 = p->ip->saddr;
+	dst->v4 = p->ip->daddr;
+}
 
 static __always_inline struct global_stats *gstats(void)
 {
@@ -70,11 +110,128 @@ static __always_inline struct global_stats *gstats(void)
 	return bpf_map_lookup_elem(&pb_stats, &k);
 }
 
+/* scratch is this CPU's room for the largest temporaries. XDP runs to the
+ * end on its CPU without another XDP program interleaving (softirq, or
+ * BPF_PROG_RUN's live frames with bottom halves off), so one per CPU is
+ * enough. */
+static __always_inline struct scratch *scratch(void)
+{
+	__u32 k = 0;
+	return bpf_map_lookup_elem(&pb_scratch, &k);
+}
+
+/* parse_l4 checks the TCP or UDP header at l4, whose segment is l4len
+ * bytes long, and fills p's L4 fields. */
+static __always_inline int parse_l4(struct pkt *p, void *l4, __u32 l4len, void *data_end)
+{
+	p->l4len = l4len;
+	p->end = data_end;
+	/* Constants stored on each branch: the protocol read back later is
+	 * exact on every path (see struct pkt). */
+	if (p->proto == IPPROTO_TCP) {
+		p->proto = IPPROTO_TCP;
+		struct tcphdr *tcp = l4;
+		if ((void *)(tcp + 1) > data_end)
+			return -1;
+		__u32 doff = tcp->doff * 4;
+		if (doff < sizeof(*tcp) || doff > l4len)
+			return -1;
+		p->ports = (__be16 *)tcp;
+		p->l4csum = &tcp->check;
+		p->payload = l4len - doff;
+		p->tcp_flags = ((__u8 *)tcp)[13];
+	} else {
+		p->proto = IPPROTO_UDP;
+		struct udphdr *udp = l4;
+		if ((void *)(udp + 1) > data_end)
+			return -1;
+		__u32 ulen = bpf_ntohs(udp->len);
+		if (ulen < sizeof(*udp) || ulen > l4len)
+			return -1;
+		p->ports = (__be16 *)udp;
+		p->l4csum = &udp->check;
+		p->payload = ulen - sizeof(*udp);
+	}
+	return 0;
+}
+
+/* IPv6 extension headers skipped on the way to TCP or UDP (RFC 8200 4.1
+ * order); a fragment (44) passes, as IPv4 fragments do, and so does
+ * anything else (ESP, AH, mobility, no next header). */
+#define IPV6_HOPOPTS 0
+#define IPV6_ROUTING 43
+#define IPV6_FRAGMENT 44
+#define IPV6_DSTOPTS 60
+#define PB_IPV6_MAX_EXT 4
+#define PB_IPV6_MAX_EXT_BYTES 512 /* the headers skipped, in all */
+
+/* pb_ipv6_l4 walks an IPv6 packet's extension headers (at most
+ * PB_IPV6_MAX_EXT) and returns the L4 protocol and offset from the end of
+ * the IPv6 header as (proto << 16 | offset), or -1 for a packet that is not
+ * ours (a fragment, more headers than we skip, not TCP or UDP). A global
+ * function, so the verifier checks it once on its own and its callers see
+ * one unknown offset: inlined, every number of headers skipped would be a
+ * path of its own through the whole program after it. */
+__noinline int pb_ipv6_l4(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct pb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	if ((void *)(ip6 + 1) > data_end)
+		return -1;
+	__u8 nh = ip6->nexthdr;
+	__u32 off = 0;
+#pragma unroll
+	for (int i = 0; i < PB_IPV6_MAX_EXT; i++) {
+		if (nh != IPV6_HOPOPTS && nh != IPV6_ROUTING && nh != IPV6_DSTOPTS)
+			break;
+		__u8 *h = (void *)(ip6 + 1) + off;
+		if ((void *)(h + 2) > data_end)
+			return -1;
+		nh = h[0];
+		off += ((__u32)h[1] + 1) * 8;
+		if (off > PB_IPV6_MAX_EXT_BYTES)
+			return -1;
+	}
+	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
+		return -1;
+	return (int)((__u32)nh << 16 | off);
+}
+
+/* parse6 is parse for IPv6: 0 for a well-formed TCP/UDP packet, 1 for
+ * traffic that is not ours, -1 for one too short or inconsistent to
+ * touch. */
+static __always_inline int parse6(struct xdp_md *ctx, struct pkt *p, struct ethhdr *eth, void *data_end)
+{
+	struct pb_ipv6hdr *ip6 = (void *)(eth + 1);
+	if ((void *)(ip6 + 1) > data_end)
+		return 1;
+	if ((ip6->vtc >> 4) != 6)
+		return 1;
+	int r = pb_ipv6_l4(ctx);
+	if (r < 0)
+		return 1;
+	__u32 ext = r & 0xffff;
+	if (ext > PB_IPV6_MAX_EXT_BYTES)
+		return 1;
+	__u32 plen = bpf_ntohs(ip6->payload_len);
+	p->family = PB_AF_INET6;
+	/* A jumbogram (payload length 0) or a length past the frame: not ours
+	 * to touch. */
+	if (plen <= ext || (void *)(ip6 + 1) + plen > data_end)
+		return -1;
+	p->eth = eth;
+	p->ip6 = ip6;
+	p->len = sizeof(*ip6) + plen;
+	p->proto = r >> 16;
+	return parse_l4(p, (void *)(ip6 + 1) + ext, plen - ext, data_end);
+}
+
 /* parse validates everything the rest of the program relies on. Returns 0
  * for a well-formed IPv4 TCP/UDP packet, 2 for an IPv4 ICMP packet (see
  * icmp_error), 1 for other traffic that is simply not ours, -1 for a packet
  * too short or inconsistent to touch. */
-static __always_inline int parse(struct xdp_md *ctx, struct pkt *p)
+static __always_inline int parse(struct xdp_md *ctx, struct pkt *p, const __u64 family)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -82,6 +239,8 @@ static __always_inline int parse(struct xdp_md *ctx, struct pkt *p)
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > data_end)
 		return 1;
+	if (family == PB_AF_INET6)
+		return parse6(ctx, p, eth, data_end);
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return 1;
 
@@ -98,39 +257,17 @@ static __always_inline int parse(struct xdp_md *ctx, struct pkt *p)
 
 	__u32 ihl = ip->ihl * 4;
 	__u32 len = bpf_ntohs(ip->tot_len);
+	p->family = PB_AF_INET;
 	if (len < ihl || (void *)ip + len > data_end)
 		return -1;
 
-	void *l4 = (void *)ip + ihl;
 	p->eth = eth;
 	p->ip = ip;
 	p->len = len;
 	p->proto = ip->protocol;
-
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *tcp = l4;
-		if ((void *)(tcp + 1) > data_end)
-			return -1;
-		__u32 doff = tcp->doff * 4;
-		if (doff < sizeof(*tcp) || ihl + doff > len)
-			return -1;
-		p->ports = (__be16 *)tcp;
-		p->l4csum = &tcp->check;
-		p->payload = len - ihl - doff;
-		p->tcp_flags = ((__u8 *)tcp)[13];
-	} else {
-		struct udphdr *udp = l4;
-		if ((void *)(udp + 1) > data_end)
-			return -1;
-		__u32 ulen = bpf_ntohs(udp->len);
-		if (ulen < sizeof(*udp) || ihl + ulen > len)
-			return -1;
-		p->ports = (__be16 *)udp;
-		p->l4csum = &udp->check;
-		p->payload = ulen - sizeof(*udp);
-	}
-	return 0;
+	return parse_l4(p, (void *)ip + ihl, len - ihl, data_end);
 }
+
 
 /* The pseudo-header sum, folded but not inverted: what a sender that
  * leaves the checksum to the device (CHECKSUM_PARTIAL, the default for
@@ -142,7 +279,46 @@ static __always_inline __u16 pseudo_sum(__be32 saddr, __be32 daddr, __u8 proto, 
 	return csum_fold32(s);
 }
 
-/* l4csum_replace updates the TCP/UDP checksum for a new address and port.
+/* pseudo_sum6 is pseudo_sum for IPv6 (RFC 8200 8.1). */
+static __always_inline __u16 pseudo_sum6(const union addr *saddr, const union addr *daddr, __u8 proto,
+					 __u32 l4len)
+{
+	__u32 s = 0;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		s += (saddr->v6[i] & 0xffff) + (saddr->v6[i] >> 16);
+		s += (daddr->v6[i] & 0xffff) + (daddr->v6[i] >> 16);
+	}
+	s += bpf_htons((__u16)l4len) + bpf_htons(proto);
+	return csum_fold32(s);
+}
+
+/* The pseudo-header sum of p with its source (dst 0) or destination
+ * replaced by addr, or as it is when addr is NULL. */
+static __always_inline __u16 pkt_pseudo(const struct pkt *p, int dst, const union addr *addr)
+{
+	if (p->family == PB_AF_INET6) {
+		const union addr *sa = &p->ip6->saddr, *da = &p->ip6->daddr;
+		if (addr) {
+			if (dst)
+				da = addr;
+			else
+				sa = addr;
+		}
+		return pseudo_sum6(sa, da, p->proto, p->l4len);
+	}
+	__be32 sa = p->ip->saddr, da = p->ip->daddr;
+	if (addr) {
+		if (dst)
+			da = addr->v4;
+		else
+			sa = addr->v4;
+	}
+	return pseudo_sum(sa, da, p->proto, p->l4len);
+}
+
+/* l4csum_replace updates the TCP/UDP checksum for a new source (dst 0) or
+ * destination address and port.
  * A packet from a local sender on a veth usually carries only the
  * pseudo-header sum (the checksum is finished by the device later); XDP
  * cannot see skb->ip_summed, so such a field is recognised by its value and
@@ -150,44 +326,58 @@ static __always_inline __u16 pseudo_sum(__be32 saddr, __be32 daddr, __u8 proto, 
  * sums them when it finishes). A complete checksum matches that value by
  * chance once in 65536 packets and is then corrupted; TCP's retransmission
  * differs (timestamps, ack) and gets through. */
-static __always_inline void l4csum_replace(struct pkt *p, __be32 saddr, __be32 daddr, int dst,
-					   __be32 new_addr, __be16 old_port, __be16 new_port)
+static __always_inline void l4csum_replace(struct pkt *p, int dst, const union addr *new_addr,
+					   __be16 old_port, __be16 new_port)
 {
-	/* A zero UDP checksum means "none"; keep it that way. */
+	/* A zero UDP checksum means "none" (IPv4); keep it that way. */
 	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
 		return;
-	__u32 l4len = p->len - p->ip->ihl * 4;
-	if (*p->l4csum == pseudo_sum(saddr, daddr, p->proto, l4len) &&
-	    bpf_map_lookup_elem(&pb_partial_ifaces, &p->ifindex)) {
+	if (*p->l4csum == pkt_pseudo(p, dst, 0) && bpf_map_lookup_elem(&pb_partial_ifaces, &p->ifindex)) {
 		p->partial = 1;
-		*p->l4csum = dst ? pseudo_sum(saddr, new_addr, p->proto, l4len)
-				 : pseudo_sum(new_addr, daddr, p->proto, l4len);
+		*p->l4csum = pkt_pseudo(p, dst, new_addr);
 		return;
 	}
-	csum_replace4(p->l4csum, dst ? daddr : saddr, new_addr);
+	if (p->family == PB_AF_INET6) {
+		const union addr *old = dst ? &p->ip6->daddr : &p->ip6->saddr;
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			csum_replace4(p->l4csum, old->v6[i], new_addr->v6[i]);
+	} else {
+		csum_replace4(p->l4csum, dst ? p->ip->daddr : p->ip->saddr, new_addr->v4);
+	}
 	csum_replace2(p->l4csum, old_port, new_port);
 	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
 		*p->l4csum = 0xffff;
 }
 
-/* DNAT: destination becomes the backend. */
-static __always_inline void rewrite_dst(struct pkt *p, __be32 addr, __be16 port)
+/* rewrite sets the source (dst 0) or destination address and port. */
+static __always_inline void rewrite(struct pkt *p, int dst, const union addr *addr, __be16 port)
 {
-	struct iphdr *ip = p->ip;
-	l4csum_replace(p, ip->saddr, ip->daddr, 1, addr, p->ports[1], port);
-	csum_replace4(&ip->check, ip->daddr, addr);
-	ip->daddr = addr;
-	p->ports[1] = port;
+	l4csum_replace(p, dst, addr, p->ports[dst ? 1 : 0], port);
+	if (p->family == PB_AF_INET6) {
+		if (dst)
+			p->ip6->daddr = *addr;
+		else
+			p->ip6->saddr = *addr;
+	} else {
+		struct iphdr *ip = p->ip;
+		__be32 *a = dst ? &ip->daddr : &ip->saddr;
+		csum_replace4(&ip->check, *a, addr->v4);
+		*a = addr->v4;
+	}
+	p->ports[dst ? 1 : 0] = port;
+}
+
+/* DNAT: destination becomes the backend. */
+static __always_inline void rewrite_dst(struct pkt *p, const union addr *addr, __be16 port)
+{
+	rewrite(p, 1, addr, port);
 }
 
 /* Reverse NAT: the reply's source becomes the VIP again. */
-static __always_inline void rewrite_src(struct pkt *p, __be32 addr, __be16 port)
+static __always_inline void rewrite_src(struct pkt *p, const union addr *addr, __be16 port)
 {
-	struct iphdr *ip = p->ip;
-	l4csum_replace(p, ip->saddr, ip->daddr, 0, addr, p->ports[0], port);
-	csum_replace4(&ip->check, ip->saddr, addr);
-	ip->saddr = addr;
-	p->ports[0] = port;
+	rewrite(p, 0, addr, port);
 }
 
 /* forward sends a rewritten packet on. With redirect enabled and a FIB
@@ -201,15 +391,20 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, struct glo
 	if (!cfg || !(cfg->flags & PB_CFG_REDIRECT))
 		goto pass;
 
-	struct iphdr *ip = p->ip;
 	struct bpf_fib_lookup fib = {};
-	fib.family = AF_INET;
-	fib.tos = ip->tos;
-	fib.l4_protocol = ip->protocol;
+	fib.l4_protocol = p->proto;
 	fib.tot_len = p->len;
-	fib.ipv4_src = ip->saddr;
-	fib.ipv4_dst = ip->daddr;
-	fib.ifindex = ctx->ingress_ifindex;
+	fib.ifindex = p->ifindex;
+	if (p->family == PB_AF_INET6) {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, &p->ip6->saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, &p->ip6->daddr, 16);
+	} else {
+		fib.family = AF_INET;
+		fib.tos = p->ip->tos;
+		fib.ipv4_src = p->ip->saddr;
+		fib.ipv4_dst = p->ip->daddr;
+	}
 
 	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
 		goto pass;
@@ -219,12 +414,18 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, struct glo
 	 * be finished; only the stack can carry a partial checksum on. */
 	if (p->partial)
 		goto pass;
-	if (ip->ttl <= 1)
-		goto pass; /* the stack sends the ICMP time-exceeded */
-
-	__be16 old = *(__be16 *)&ip->ttl;
-	ip->ttl--;
-	csum_replace2(&ip->check, old, *(__be16 *)&ip->ttl);
+	if (p->family == PB_AF_INET6) {
+		if (p->ip6->hop_limit <= 1)
+			goto pass; /* the stack sends the ICMPv6 time exceeded */
+		p->ip6->hop_limit--;
+	} else {
+		struct iphdr *ip = p->ip;
+		if (ip->ttl <= 1)
+			goto pass; /* the stack sends the ICMP time-exceeded */
+		__be16 old = *(__be16 *)&ip->ttl;
+		ip->ttl--;
+		csum_replace2(&ip->check, old, *(__be16 *)&ip->ttl);
+	}
 	__builtin_memcpy(p->eth->h_dest, fib.dmac, ETH_ALEN);
 	__builtin_memcpy(p->eth->h_source, fib.smac, ETH_ALEN);
 	if (gs)
@@ -237,7 +438,8 @@ pass:
 }
 
 static __always_inline void emit(__u8 type, __u8 flags, __u32 svc_id, __u32 backend_id,
-				 __be32 client, __be16 client_port, struct global_stats *gs)
+				 const union addr *client, __u8 family, __be16 client_port,
+				 struct global_stats *gs)
 {
 	struct event *e = bpf_ringbuf_reserve(&pb_events, sizeof(*e), 0);
 	if (!e) {
@@ -250,7 +452,8 @@ static __always_inline void emit(__u8 type, __u8 flags, __u32 svc_id, __u32 back
 	e->ts_ns = bpf_ktime_get_ns();
 	e->svc_id = svc_id;
 	e->backend_id = backend_id;
-	e->client.v4 = client;
+	e->client = *client;
+	e->family = family;
 	e->client_port = client_port;
 	e->type = type;
 	e->flags = flags;
@@ -428,6 +631,14 @@ steered:
 	return 0;
 }
 
+/* addr_fold is an address in one word: IPv4's own, IPv6's four XORed. */
+static __always_inline __u32 addr_fold(const union addr *a, __u8 family)
+{
+	if (family == PB_AF_INET6)
+		return a->v6[0] ^ a->v6[1] ^ a->v6[2] ^ a->v6[3];
+	return a->v4;
+}
+
 static __always_inline void rev_key(struct ct_key *rk, const struct ct_key *fk,
 				    const struct ct_value *fv)
 {
@@ -538,7 +749,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 		return PB_OVER_LIMIT;
 	}
 
-	__u32 hash = jhash_3words(fk->src.v4, fk->dst.v4,
+	__u32 hash = jhash_3words(addr_fold(&fk->src, fk->family), addr_fold(&fk->dst, fk->family),
 				  ((__u32)fk->sport << 16) | fk->dport, PB_HASH_SEED ^ fk->proto);
 	struct pick pk = {};
 	/* A retried client has been refused once: it is not our experiment. */
@@ -594,11 +805,17 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	fv->created_ns = now;
 	fv->last_seen_ns = bpf_ktime_get_coarse_ns();
 
-	struct ct_key rk = {};
-	rev_key(&rk, fk, fv);
-	struct ct_value rv = *fv;
-	rv.nat_addr = fk->dst;
-	rv.nat_port = fk->dport;
+	/* The reverse entry is built in the per-CPU scratch: the stack
+	 * (512 bytes for the whole inlined program) has no room for it. */
+	struct scratch *sc = scratch();
+	if (!sc)
+		return PB_NO_BACKEND;
+	struct ct_key *rk = &sc->rk;
+	struct ct_value *rv = &sc->rv;
+	rev_key(rk, fk, fv);
+	*rv = *fv;
+	rv->nat_addr = fk->dst;
+	rv->nat_port = fk->dport;
 
 	if (old_rev && keep_old) {
 		/* The backend left it unanswered, may still answer: its entry
@@ -614,7 +831,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 		bpf_map_delete_elem(&pb_ct, old_rev);
 	}
 	if (bpf_map_update_elem(&pb_ct, fk, fv, BPF_ANY) ||
-	    bpf_map_update_elem(&pb_ct, &rk, &rv, BPF_ANY)) {
+	    bpf_map_update_elem(&pb_ct, rk, rv, BPF_ANY)) {
 		if (gs)
 			gs->ct_create_failed++;
 	}
@@ -622,7 +839,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	if (!midstream) {
 		if (pk.probe)
 			ev_flags |= PB_EVF_PROBE;
-		emit(PB_EV_NEW_FLOW, ev_flags, svc->id, pk.id, fk->src.v4, fk->sport, gs);
+		emit(PB_EV_NEW_FLOW, ev_flags, svc->id, pk.id, &fk->src, fk->family, fk->sport, gs);
 		struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
 		if (ss)
 			ss->flows++;
@@ -713,7 +930,7 @@ static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
 	if ((old & PB_CT_QUIET_END) && (old & PB_CT_ESTABLISHED) &&
 	    (old & (PB_CT_QUIET_DATA | PB_CT_BACKEND_DATA)))
 		return;
-	emit(PB_EV_FLOW_END, ev_flags, rv->svc_id, rv->backend_id, fk->src.v4, fk->sport, gs);
+	emit(PB_EV_FLOW_END, ev_flags, rv->svc_id, rv->backend_id, &fk->src, fk->family, fk->sport, gs);
 }
 
 /* client_control handles SYN, FIN and RST from the client on a known flow.
@@ -794,7 +1011,7 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_TIMEOUT_SEEN);
 	if (!(old & PB_CT_TIMEOUT_SEEN))
 		emit(PB_EV_SYN_RETRANS, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, fv->svc_id,
-		     fv->backend_id, fk->src.v4, fk->sport, gs);
+		     fv->backend_id, &fk->src, fk->family, fk->sport, gs);
 
 	/* The backend never answered, so moving the flow is safe. Do it when the
 	 * agent has taken the backend out: the client's retry then succeeds
@@ -834,15 +1051,22 @@ static __always_inline __u16 sum16(const __u16 *w, int n, __u32 s)
  * (XDP_PASS). */
 static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct global_stats *gs)
 {
-	if (p->proto != IPPROTO_TCP || p->ip->ihl != 5 || !(p->tcp_flags & TCP_SYN))
+	if (p->proto != IPPROTO_TCP || !(p->tcp_flags & TCP_SYN))
+		return XDP_DROP;
+	int v6 = p->family == PB_AF_INET6;
+	/* Rebuilt in place only without IP options or extension headers. */
+	if (v6 ? (void *)p->ports != (void *)(p->ip6 + 1) : p->ip->ihl != 5)
 		return XDP_DROP;
 	struct tcphdr *tcp = (void *)p->ports;
+	if ((void *)(tcp + 1) > p->end)
+		return XDP_DROP;
 	/* SEG.SEQ + SEG.LEN: the SYN, the payload, and a FIN if any. */
 	__u32 ack = bpf_ntohl(tcp->seq) + 1 + p->payload + !!(p->tcp_flags & TCP_FIN);
 
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	int want = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr);
+	int want = sizeof(struct ethhdr) + (v6 ? sizeof(struct pb_ipv6hdr) : sizeof(struct iphdr)) +
+		   sizeof(struct tcphdr);
 	int delta = want - (int)(data_end - data);
 	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
 		return XDP_DROP;
@@ -850,21 +1074,43 @@ static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct glob
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct iphdr *ip = (void *)(eth + 1);
-	tcp = (void *)(ip + 1);
-	if ((void *)(tcp + 1) > data_end)
-		return XDP_DROP;
-
-	__be32 a = ip->saddr;
-	ip->saddr = ip->daddr;
-	ip->daddr = a;
-	ip->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
-	ip->id = 0;
-	ip->frag_off = 0;
-	ip->ttl = 64;
-	ip->tos = 0;
-	ip->check = 0;
-	ip->check = ~sum16((__u16 *)ip, sizeof(*ip) / 2, 0);
+	__u32 ps;
+	if (v6) {
+		struct pb_ipv6hdr *ip6 = (void *)(eth + 1);
+		tcp = (void *)(ip6 + 1);
+		if ((void *)(tcp + 1) > data_end)
+			return XDP_DROP;
+		ps = bpf_htons(IPPROTO_TCP) + bpf_htons(sizeof(*tcp));
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			__be32 w = ip6->saddr.v6[i];
+			ip6->saddr.v6[i] = ip6->daddr.v6[i];
+			ip6->daddr.v6[i] = w;
+			ps += (w & 0xffff) + (w >> 16) + (ip6->saddr.v6[i] & 0xffff) + (ip6->saddr.v6[i] >> 16);
+		}
+		ip6->vtc = 0x60;
+		ip6->flow[0] = ip6->flow[1] = ip6->flow[2] = 0;
+		ip6->payload_len = bpf_htons(sizeof(struct tcphdr));
+		ip6->nexthdr = IPPROTO_TCP;
+		ip6->hop_limit = 64;
+	} else {
+		struct iphdr *ip = (void *)(eth + 1);
+		tcp = (void *)(ip + 1);
+		if ((void *)(tcp + 1) > data_end)
+			return XDP_DROP;
+		__be32 a = ip->saddr;
+		ip->saddr = ip->daddr;
+		ip->daddr = a;
+		ip->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
+		ip->id = 0;
+		ip->frag_off = 0;
+		ip->ttl = 64;
+		ip->tos = 0;
+		ip->check = 0;
+		ip->check = ~sum16((__u16 *)ip, sizeof(*ip) / 2, 0);
+		ps = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) + (ip->daddr >> 16) +
+		     bpf_htons(IPPROTO_TCP) + bpf_htons(sizeof(*tcp));
+	}
 
 	__be16 port = tcp->source;
 	tcp->source = tcp->dest;
@@ -876,11 +1122,9 @@ static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct glob
 	tcp->window = 0;
 	tcp->urg_ptr = 0;
 	tcp->check = 0;
-	__u32 ps = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
-		   (ip->daddr >> 16) + bpf_htons(IPPROTO_TCP) + bpf_htons(sizeof(*tcp));
 	tcp->check = ~sum16((__u16 *)tcp, sizeof(*tcp) / 2, ps);
 
-	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 ifindex = p->ifindex;
 	if (bpf_map_lookup_elem(&pb_redirect, &ifindex)) {
 		unsigned char mac[ETH_ALEN];
 		__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
@@ -903,8 +1147,8 @@ static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct glob
 
 /* to_backend DNATs a client packet to its flow's backend, counts it and
  * sends it on. */
-static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, __be32 addr, __be16 port,
-				      __u32 svc_id, __u32 backend_id, struct global_stats *gs)
+static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, const union addr *addr,
+				      __be16 port, __u32 svc_id, __u32 backend_id, struct global_stats *gs)
 {
 	rewrite_dst(p, addr, port);
 	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc_id);
@@ -949,7 +1193,7 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 			bpf_map_update_elem(&pb_ct, &rk, &rv, BPF_NOEXIST);
 		}
 	}
-	return to_backend(ctx, p, ct->nat_addr.v4, ct->nat_port, ct->svc_id, ct->backend_id, gs);
+	return to_backend(ctx, p, &ct->nat_addr, ct->nat_port, ct->svc_id, ct->backend_id, gs);
 }
 
 static __always_inline __u32 syn_slot(__be32 client, __be16 port)
@@ -964,6 +1208,10 @@ static __always_inline __u32 syn_slot(__be32 client, __be16 port)
  * instead of waiting for its own retransmission. */
 static __always_inline void keep_syn(struct xdp_md *ctx, struct pkt *p)
 {
+	/* IPv4 only (pb_syns holds IPv4 addresses): an IPv6 client's refused
+	 * SYN waits for its own retransmission, which is moved elsewhere. */
+	if (p->family != PB_AF_INET)
+		return;
 	struct iphdr *ip = p->ip;
 	struct tcphdr *tcp = (void *)p->ports;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -1006,7 +1254,7 @@ static __always_inline void keep_syn(struct xdp_md *ctx, struct pkt *p)
 static __always_inline int syn_kept(struct pkt *p, const struct ct_key *fk)
 {
 	struct tcphdr *tcp = (void *)p->ports;
-	if (!(p->tcp_flags & TCP_ACK))
+	if (!(p->tcp_flags & TCP_ACK) || fk->family != PB_AF_INET || (void *)(tcp + 1) > p->end)
 		return 0;
 	__u32 k = syn_slot(fk->src.v4, fk->sport);
 	struct syn_copy *c = bpf_map_lookup_elem(&pb_syns, &k);
@@ -1014,27 +1262,45 @@ static __always_inline int syn_kept(struct pkt *p, const struct ct_key *fk)
 	       c->vip_port == fk->dport && bpf_ntohl(c->seq) + 1 == bpf_ntohl(tcp->ack_seq);
 }
 
+/* replay_move_off reads the agent's replay metadata (struct replay_meta):
+ * the backend to move the flow off, or 0. */
+static __always_inline __u32 replay_move_off(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	struct replay_meta *m = (void *)(long)ctx->data_meta;
+	if ((void *)(m + 1) > data || m->magic != PB_REPLAY_MAGIC)
+		return 0;
+	return m->backend_id;
+}
+
 /* handle_forward handles a client packet to a service that is not the
  * plain established case: a new flow, or SYN, FIN or RST on a known one
  * (ct, when not NULL). */
-static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
-					  struct svc_value *svc, struct ct_key *fk,
-					  struct ct_value *ct, __u32 move_off, struct global_stats *gs)
+static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, struct svc_value *svcp,
+				     struct ct_key *fk, struct ct_value *ct)
 {
-	struct ct_value fv;
+	/* A copy: the agent flips tables by rewriting this value. */
+	struct svc_value copy = *svcp;
+	struct svc_value *svc = &copy;
+	struct global_stats *gs = gstats();
+	__u32 move_off = replay_move_off(ctx);
+	struct scratch *sc = scratch();
+	if (!sc)
+		return XDP_PASS;
+	struct ct_value *fv = &sc->fv;
 	int rc;
 	if ((svc->flags & PB_SVC_F_RETRY_REFUSED) && p->proto == IPPROTO_TCP &&
 	    (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN)) == TCP_SYN)
 		keep_syn(ctx, p);
 	if (ct) {
-		fv = *ct;
-		rc = client_control(p, svc, fk, &fv, move_off, gs);
+		*fv = *ct;
+		rc = client_control(p, svc, fk, fv, move_off, gs);
 	} else {
 		int syn = p->proto == IPPROTO_UDP ||
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
-		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, 0, &fv, gs);
+		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, 0, fv, gs);
 	}
 	if (rc == PB_REPLAY_STAYS)
 		return XDP_DROP;
@@ -1042,7 +1308,7 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 		return reject(ctx, p, gs);
 	if (rc < 0)
 		return XDP_DROP; /* no backend: a VIP has nowhere else to go */
-	return to_backend(ctx, p, fv.nat_addr.v4, fv.nat_port, fv.svc_id, fv.backend_id, gs);
+	return to_backend(ctx, p, &fv->nat_addr, fv->nat_port, fv->svc_id, fv->backend_id, gs);
 }
 
 /* handle_reply reverse-NATs a backend's reply and turns its TCP flags into
@@ -1050,15 +1316,13 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p,
 static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 					struct global_stats *gs)
 {
-	struct iphdr *ip = p->ip;
 	struct ct_key rk = {};
-	rk.src.v4 = ip->saddr;
-	rk.dst.v4 = ip->daddr;
+	pkt_addrs(p, &rk.src, &rk.dst);
 	rk.sport = p->ports[0];
 	rk.dport = p->ports[1];
 	rk.proto = p->proto;
 	rk.dir = PB_DIR_REV;
-	rk.family = PB_AF_INET;
+	rk.family = p->family;
 
 	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &rk);
 	if (!rv)
@@ -1070,7 +1334,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK)) {
 			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
 			if (!(old & PB_CT_ESTABLISHED))
-				emit(PB_EV_ESTABLISHED, 0, rv->svc_id, rv->backend_id, rk.dst.v4, rk.dport, gs);
+				emit(PB_EV_ESTABLISHED, 0, rv->svc_id, rv->backend_id, &rk.dst, rk.family, rk.dport, gs);
 		}
 		return XDP_DROP;
 	}
@@ -1128,7 +1392,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 							evf |= PB_EVF_RESCUED;
 					}
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
-					     fk.src.v4, fk.sport, gs);
+					     &fk.src, fk.family, fk.sport, gs);
 				} else {
 					if (old & PB_CT_BACKEND_DATA)
 						evf |= PB_EVF_BACKEND_DATA;
@@ -1137,7 +1401,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 										      : PB_TRIP_RESET,
 							   rv->created_ns);
 					emit(PB_EV_RESET, evf, rv->svc_id, rv->backend_id,
-					     fk.src.v4, fk.sport, gs);
+					     &fk.src, fk.family, fk.sport, gs);
 				}
 				/* No FLOW_END: the REFUSED or RESET just sent is the
 				 * verdict, and a flow picked up midstream has none. */
@@ -1164,7 +1428,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 						streak_over(rv->backend_id);
 					emit(PB_EV_ESTABLISHED,
 					     (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
-					     rv->backend_id, fk.src.v4, fk.sport, gs);
+					     rv->backend_id, &fk.src, fk.family, fk.sport, gs);
 				}
 			}
 			/* The first payload byte settles a connection as working: a reset
@@ -1177,7 +1441,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 					if (old & PB_CT_QUIET_END)
 						streak_over(rv->backend_id);
 					emit(PB_EV_FIRST_DATA, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0,
-					     rv->svc_id, rv->backend_id, fk.src.v4, fk.sport, gs);
+					     rv->svc_id, rv->backend_id, &fk.src, fk.family, fk.sport, gs);
 				}
 			}
 			if (f & TCP_FIN) {
@@ -1194,7 +1458,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		if (!(old & (PB_CT_ESTABLISHED | PB_CT_CLOSED))) {
 			streak_over(rv->backend_id);
 			emit(PB_EV_ESTABLISHED, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
-			     rv->backend_id, rk.dst.v4, rk.dport, gs);
+			     rv->backend_id, &rk.dst, rk.family, rk.dport, gs);
 		}
 	}
 
@@ -1203,7 +1467,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		rv->last_seen_ns = now;
 
 	__u32 bid = rv->backend_id;
-	rewrite_src(p, rv->nat_addr.v4, rv->nat_port);
+	rewrite_src(p, &rv->nat_addr, rv->nat_port);
 
 	struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &bid);
 	if (bs) {
@@ -1220,23 +1484,13 @@ static __always_inline __u8 port_role(__be16 port)
 	return role ? *role : 0;
 }
 
-static __always_inline int vip_slot_marked(__be32 addr)
+static __always_inline int vip_slot_marked(const union addr *a, __u8 family)
 {
-	__u32 k = (bpf_ntohl(addr) * PB_VIP_SLOT_MUL) >> (32 - PB_VIP_SLOT_BITS);
+	__u32 k = (bpf_ntohl(addr_fold(a, family)) * PB_VIP_SLOT_MUL) >> (32 - PB_VIP_SLOT_BITS);
 	__u8 *marked = bpf_map_lookup_elem(&pb_vip_slots, &k);
 	return marked && *marked;
 }
 
-/* replay_move_off reads the agent's replay metadata (struct replay_meta):
- * the backend to move the flow off, or 0. */
-static __always_inline __u32 replay_move_off(struct xdp_md *ctx)
-{
-	void *data = (void *)(long)ctx->data;
-	struct replay_meta *m = (void *)(long)ctx->data_meta;
-	if ((void *)(m + 1) > data || m->magic != PB_REPLAY_MAGIC)
-		return 0;
-	return m->backend_id;
-}
 
 /* An ICMP error (destination unreachable, time exceeded) quotes the packet
  * it is about: its IP header and at least 8 bytes of its L4 header. For a
@@ -1357,7 +1611,8 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 	struct iphdr *in = q.in;
 
 	/* From the client's side: the quote is a reply we sent as the VIP. */
-	if ((port_role(q.ports[0]) & PB_PORT_VIP) && vip_slot_marked(in->saddr) && q.ip->daddr == in->saddr) {
+	union addr qsrc = {.v4 = in->saddr};
+	if ((port_role(q.ports[0]) & PB_PORT_VIP) && vip_slot_marked(&qsrc, PB_AF_INET) && q.ip->daddr == in->saddr) {
 		struct ct_key fk = {};
 		fk.src.v4 = in->daddr;
 		fk.dst.v4 = in->saddr;
@@ -1404,7 +1659,8 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 				if (!(old & PB_CT_PROBE))
 					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED,
 							   rv->created_ns);
-				emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, in->saddr, q.ports[0], gs);
+				union addr c = {.v4 = in->saddr};
+				emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, &c, PB_AF_INET, q.ports[0], gs);
 			}
 			/* The flow ends, as a refused TCP connection does: the
 			 * client's next datagram on the same ports is a new flow,
@@ -1432,12 +1688,17 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 	return XDP_PASS;
 }
 
-SEC("xdp")
-int pb_xdp(struct xdp_md *ctx)
+/* pb_run is the whole program for one address family. family is a
+ * constant in each of pb_xdp's two calls, so the compiler specialises each
+ * copy and the verifier walks an IPv4 and an IPv6 program, each with no
+ * branch on the family left (one copy with the family branches everywhere
+ * cost the verifier several times both). */
+static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64 family)
 {
 	struct pkt p = {};
-	p.ifindex = ctx->ingress_ifindex;
-	int rc = parse(ctx, &p);
+	p.ifindex = ifindex;
+	p.family = family;
+	int rc = parse(ctx, &p, family);
 	if (rc == 2)
 		return icmp_error(ctx, gstats());
 	if (rc > 0)
@@ -1447,8 +1708,8 @@ int pb_xdp(struct xdp_md *ctx)
 	 * count it only when it looked like ours, and never touch it. */
 	if (rc < 0) {
 		void *data_end = (void *)(long)ctx->data_end;
-		struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
-		__be16 *ports = (void *)ip + sizeof(*ip);
+		void *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
+		__be16 *ports = ip + (p.family == PB_AF_INET6 ? sizeof(struct pb_ipv6hdr) : sizeof(struct iphdr));
 		if ((void *)(ports + 2) <= data_end && (port_role(ports[1]) & PB_PORT_VIP)) {
 			struct global_stats *gs = gstats();
 			if (gs)
@@ -1459,34 +1720,30 @@ int pb_xdp(struct xdp_md *ctx)
 
 	/* Two array reads decide for most traffic that is not ours: a
 	 * destination port no service uses, or an address no VIP hashes to. */
-	if ((port_role(p.ports[1]) & PB_PORT_VIP) && vip_slot_marked(p.ip->daddr)) {
+	struct ct_key fk = {};
+	if ((port_role(p.ports[1]) & PB_PORT_VIP) && (pkt_addrs(&p, &fk.src, &fk.dst), 1) &&
+	    vip_slot_marked(&fk.dst, p.family)) {
 		/* Conntrack first: most packets to a VIP belong to a known flow,
 		 * which needs no service lookup (and keeps working after its
 		 * service is gone). */
-		struct ct_key fk = {};
-		fk.src.v4 = p.ip->saddr;
-		fk.dst.v4 = p.ip->daddr;
 		fk.sport = p.ports[0];
 		fk.dport = p.ports[1];
 		fk.proto = p.proto;
 		fk.dir = PB_DIR_FWD;
-		fk.family = PB_AF_INET;
+		fk.family = p.family;
 		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
 		int control = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST));
 		if (ct && !control)
 			return established(ctx, &p, &fk, ct, gstats());
 
 		struct svc_key sk = {};
-		sk.vip.v4 = p.ip->daddr;
+		sk.vip = fk.dst;
 		sk.port = p.ports[1];
 		sk.proto = p.proto;
-		sk.family = PB_AF_INET;
+		sk.family = p.family;
 		struct svc_value *svcp = bpf_map_lookup_elem(&pb_services, &sk);
-		if (svcp) {
-			/* A copy: the agent flips tables by rewriting this value. */
-			struct svc_value svc = *svcp;
-			return handle_forward(ctx, &p, &svc, &fk, ct, replay_move_off(ctx), gstats());
-		}
+		if (svcp)
+			return handle_forward(ctx, &p, svcp, &fk, ct);
 		if (ct)
 			return established(ctx, &p, &fk, ct, gstats()); /* service gone, flow lives on */
 	}
@@ -1496,4 +1753,19 @@ int pb_xdp(struct xdp_md *ctx)
 			return rc;
 	}
 	return XDP_PASS;
+}
+
+SEC("xdp")
+int pb_xdp(struct xdp_md *ctx)
+{
+	/* Context fields read here once: each specialised copy using the
+	 * context itself makes the compiler offset the context pointer, which
+	 * the verifier refuses. */
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 ifindex = ctx->ingress_ifindex;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) <= data_end && eth->h_proto == ETH_P_IPV6_BE)
+		return pb_run(ctx, ifindex, PB_AF_INET6);
+	return pb_run(ctx, ifindex, PB_AF_INET);
 }

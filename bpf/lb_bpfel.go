@@ -110,7 +110,8 @@ type LbEvent struct {
 	ClientPort uint16
 	Type       uint8
 	Flags      uint8
-	Pad        uint32
+	Family     uint8
+	Pad        [3]uint8
 }
 
 type LbFlowValue struct {
@@ -195,6 +196,13 @@ const (
 	LbPbTripKindPB_TRIP_RESET_AFTER_DATA LbPbTripKind = 4
 )
 
+type LbScratch struct {
+	_  structs.HostLayout
+	Rk LbCtKey
+	Rv LbCtValue
+	Fv LbCtValue
+}
+
 type LbSvcBackendKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -276,6 +284,7 @@ const (
 	LbMapPbPartialIfaces    = "pb_partial_ifaces"
 	LbMapPbPorts            = "pb_ports"
 	LbMapPbRedirect         = "pb_redirect"
+	LbMapPbScratch          = "pb_scratch"
 	LbMapPbServices         = "pb_services"
 	LbMapPbStats            = "pb_stats"
 	LbMapPbSvcBackends      = "pb_svc_backends"
@@ -356,6 +365,7 @@ type LbMapSpecs struct {
 	PbPartialIfaces *ebpf.MapSpec `ebpf:"pb_partial_ifaces"`
 	PbPorts         *ebpf.MapSpec `ebpf:"pb_ports"`
 	PbRedirect      *ebpf.MapSpec `ebpf:"pb_redirect"`
+	PbScratch       *ebpf.MapSpec `ebpf:"pb_scratch"`
 	PbServices      *ebpf.MapSpec `ebpf:"pb_services"`
 	PbStats         *ebpf.MapSpec `ebpf:"pb_stats"`
 	PbSvcBackends   *ebpf.MapSpec `ebpf:"pb_svc_backends"`
@@ -412,6 +422,7 @@ type LbMaps struct {
 	PbPartialIfaces *ebpf.Map `ebpf:"pb_partial_ifaces"`
 	PbPorts         *ebpf.Map `ebpf:"pb_ports"`
 	PbRedirect      *ebpf.Map `ebpf:"pb_redirect"`
+	PbScratch       *ebpf.Map `ebpf:"pb_scratch"`
 	PbServices      *ebpf.Map `ebpf:"pb_services"`
 	PbStats         *ebpf.Map `ebpf:"pb_stats"`
 	PbSvcBackends   *ebpf.Map `ebpf:"pb_svc_backends"`
@@ -438,6 +449,7 @@ func (m *LbMaps) Close() error {
 		m.PbPartialIfaces,
 		m.PbPorts,
 		m.PbRedirect,
+		m.PbScratch,
 		m.PbServices,
 		m.PbStats,
 		m.PbSvcBackends,

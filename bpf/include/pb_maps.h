@@ -144,6 +144,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_stats SEC(".maps");
 
+/* pb_scratch[0], per CPU: the datapath's room for temporaries too large
+ * for its stack. Not pinned: nothing outside one program run reads it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct scratch);
+	__uint(max_entries, 1);
+} pb_scratch SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);

@@ -21,7 +21,7 @@ struct svc_key {
 	union addr vip;
 	__be16 port;
 	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 family; /* PB_AF_INET */
+	__u8 family; /* PB_AF_INET or PB_AF_INET6 */
 };
 
 struct svc_value {
@@ -75,6 +75,13 @@ struct ct_value {
 	__u64 last_seen_ns;     /* coarse clock, refreshed at most once a second */
 };
 
+/* pb_scratch value: temporaries of one program run (see scratch()). */
+struct scratch {
+	struct ct_key rk;   /* new_flow: the reverse entry's key */
+	struct ct_value rv; /* new_flow: the reverse entry */
+	struct ct_value fv; /* handle_forward: the flow's forward entry */
+};
+
 /* One L4 outcome, sent to the agent on pb_events. */
 struct event {
 	__u64 ts_ns; /* bpf_ktime_get_ns (CLOCK_MONOTONIC) */
@@ -82,9 +89,10 @@ struct event {
 	__u32 backend_id;
 	union addr client;
 	__be16 client_port;
-	__u8 type;  /* enum pb_event_type */
-	__u8 flags; /* PB_EVF_* */
-	__u32 pad;
+	__u8 type;   /* enum pb_event_type */
+	__u8 flags;  /* PB_EVF_* */
+	__u8 family; /* the client's: PB_AF_INET or PB_AF_INET6 (0 from datapaths before IPv6: IPv4) */
+	__u8 pad[3];
 };
 
 /* pb_flows value: one live flow counted against a circuit breaker. Whoever

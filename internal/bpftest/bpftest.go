@@ -112,10 +112,21 @@ var (
 	NodeMAC   = net.HardwareAddr{0x02, 0, 0, 0, 0, 2}
 )
 
-// TCP crafts an Ethernet/IPv4/TCP packet with valid checksums.
+// ipLayer is an IPv4 or IPv6 header (by src's family) for proto.
+func ipLayer(src, dst netip.Addr, proto layers.IPProtocol) interface {
+	gopacket.SerializableLayer
+	gopacket.NetworkLayer
+} {
+	if src.Is6() && !src.Is4In6() {
+		return &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: proto, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+	}
+	return &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: proto, SrcIP: src.AsSlice(), DstIP: dst.AsSlice(), Id: 1}
+}
+
+// TCP crafts an Ethernet/IPv4/TCP packet (Ethernet/IPv6/TCP for IPv6
+// addresses) with valid checksums.
 func TCP(src, dst netip.AddrPort, f TCPFlags, payload []byte) []byte {
-	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolTCP,
-		SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice(), Id: 1}
+	ip := ipLayer(src.Addr(), dst.Addr(), layers.IPProtocolTCP)
 	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()),
 		SYN: f.SYN, ACK: f.ACK, RST: f.RST, FIN: f.FIN, PSH: f.PSH, Seq: 1000, Window: 65535}
 	if f.ACK {
@@ -146,25 +157,27 @@ func LinuxSYN(src, dst netip.AddrPort, seq uint32) []byte {
 // acknowledging the SYN's sequence number plus one (TCP sends its SYNs with
 // Seq 1000).
 func Refusal(src, dst netip.AddrPort, synSeq uint32) []byte {
-	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolTCP,
-		SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice(), Id: 1}
+	ip := ipLayer(src.Addr(), dst.Addr(), layers.IPProtocolTCP)
 	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()),
 		RST: true, ACK: true, Ack: synSeq + 1}
 	tcp.SetNetworkLayerForChecksum(ip)
 	return serialize(ip, tcp, nil)
 }
 
-// UDP crafts an Ethernet/IPv4/UDP packet with a valid checksum.
+// UDP crafts an Ethernet/IPv4/UDP packet (IPv6 for IPv6 addresses) with a
+// valid checksum.
 func UDP(src, dst netip.AddrPort, payload []byte) []byte {
-	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolUDP,
-		SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice(), Id: 1}
+	ip := ipLayer(src.Addr(), dst.Addr(), layers.IPProtocolUDP)
 	udp := &layers.UDP{SrcPort: layers.UDPPort(src.Port()), DstPort: layers.UDPPort(dst.Port())}
 	udp.SetNetworkLayerForChecksum(ip)
 	return serialize(ip, udp, payload)
 }
 
-func serialize(ip *layers.IPv4, l4 gopacket.SerializableLayer, payload []byte) []byte {
+func serialize(ip gopacket.SerializableLayer, l4 gopacket.SerializableLayer, payload []byte) []byte {
 	eth := &layers.Ethernet{SrcMAC: ClientMAC, DstMAC: NodeMAC, EthernetType: layers.EthernetTypeIPv4}
+	if _, ok := ip.(*layers.IPv6); ok {
+		eth.EthernetType = layers.EthernetTypeIPv6
+	}
 	buf := gopacket.NewSerializeBuffer()
 	opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
 	if err := gopacket.SerializeLayers(buf, opts, eth, ip, l4, gopacket.Payload(payload)); err != nil {
@@ -190,6 +203,9 @@ func Parse(pkt []byte) (Parsed, error) {
 		return Parsed{}, fmt.Errorf("decode: %v", el.Error())
 	}
 	eth, _ := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	if ip6, _ := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); eth != nil && ip6 != nil {
+		return parse6(pkt, eth)
+	}
 	ip, _ := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
 	if eth == nil || ip == nil {
 		return Parsed{}, fmt.Errorf("not Ethernet/IPv4")
@@ -355,4 +371,62 @@ func onesSum(b []byte) uint16 {
 		s = s&0xffff + s>>16
 	}
 	return uint16(s)
+}
+
+// parse6 is Parse for IPv6: it walks the extension headers itself and
+// verifies the L4 checksum over the IPv6 pseudo-header (RFC 8200 8.1).
+func parse6(pkt []byte, eth *layers.Ethernet) (Parsed, error) {
+	out := Parsed{SrcMAC: eth.SrcMAC, DstMAC: eth.DstMAC}
+	ip := pkt[14:]
+	if len(ip) < 40 {
+		return out, fmt.Errorf("IPv6 header truncated")
+	}
+	plen := int(binary.BigEndian.Uint16(ip[4:]))
+	if 40+plen > len(ip) {
+		return out, fmt.Errorf("IPv6 payload length %d beyond the frame", plen)
+	}
+	out.TTL = ip[7]
+	src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+	nh, off := ip[6], 40
+	for nh == 0 || nh == 43 || nh == 60 {
+		if off+2 > 40+plen {
+			return out, fmt.Errorf("extension header truncated")
+		}
+		nh, off = ip[off], off+(int(ip[off+1])+1)*8
+	}
+	l4 := ip[off : 40+plen]
+	out.Proto = layers.IPProtocol(nh)
+	if (nh != 6 || len(l4) < 20) && (nh != 17 || len(l4) < 8) {
+		return out, fmt.Errorf("unexpected L4 %d of %d bytes", nh, len(l4))
+	}
+	out.Src = netip.AddrPortFrom(src, binary.BigEndian.Uint16(l4[0:]))
+	out.Dst = netip.AddrPortFrom(dst, binary.BigEndian.Uint16(l4[2:]))
+	pseudo := make([]byte, 40, 40+len(l4))
+	copy(pseudo, ip[8:40])
+	binary.BigEndian.PutUint32(pseudo[32:], uint32(len(l4)))
+	pseudo[39] = nh
+	if s := onesSum(append(pseudo, l4...)); s != 0xffff {
+		return out, fmt.Errorf("%v checksum wrong over the IPv6 pseudo-header", out.Proto)
+	}
+	return out, nil
+}
+
+// WithDestOpts inserts n destination-options extension headers (8 bytes
+// each, padding only) after an Ethernet/IPv6 frame's fixed header. The L4
+// checksum stays valid: the pseudo-header holds the upper-layer length,
+// not the extension headers.
+func WithDestOpts(pkt []byte, n int) []byte {
+	out := append([]byte(nil), pkt[:14+40]...)
+	next := out[14+6]
+	out[14+6] = 60
+	for i := range n {
+		nh := byte(60)
+		if i == n-1 {
+			nh = next
+		}
+		out = append(out, nh, 0, 1, 4, 0, 0, 0, 0) // PadN, 4 bytes
+	}
+	out = append(out, pkt[14+40:]...)
+	binary.BigEndian.PutUint16(out[14+4:], binary.BigEndian.Uint16(pkt[14+4:])+uint16(8*n))
+	return out
 }

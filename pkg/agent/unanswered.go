@@ -39,9 +39,13 @@ type handshakes struct {
 }
 
 // replayAfter is the replay deadline of a service with these settings and
-// recent handshakes (nil: none seen yet); 0: no replays.
+// recent handshakes (nil: none seen yet); 0: no replays. An IPv6 service
+// gets none: the datapath copies no IPv6 SYN (pb_syns is IPv4-only), so
+// there is nothing to replay, and its clients rely on their own SYN
+// retransmission for now (which the datapath re-picks, as for IPv4).
 func replayAfter(spec *desired.Service, h *handshakes) time.Duration {
-	if !spec.RetryRefused || spec.Key.Protocol != desired.TCP || spec.Accrual.Mode == accrual.ModeNone {
+	if !spec.RetryRefused || spec.Key.Protocol != desired.TCP || spec.Accrual.Mode == accrual.ModeNone ||
+		!spec.Key.VIP.Is4() {
 		return 0
 	}
 	limit := spec.Accrual.ConnectTimeout / 2
@@ -121,6 +125,12 @@ func (a *Agent) setReplay(s *reconcile.Service) {
 func (a *Agent) replayUnanswered(backend uint32, client netip.AddrPort) {
 	r, ok := a.replayer.(unansweredReplayer)
 	if !ok {
+		return
+	}
+	if !client.Addr().Is4() {
+		// No IPv6 SYN is copied to replay (replayAfter sets IPv6 services
+		// no deadline; this is the guard): the client's own SYN
+		// retransmission moves the flow for now. Not a replay failure.
 		return
 	}
 	b, ok := a.rec.Backend(backend)

@@ -20,6 +20,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
@@ -69,12 +70,13 @@ type Config struct {
 
 // Service is one validated services entry.
 type Service struct {
-	Name     string
-	VIP      netip.Addr // IPv4
+	Name string
+	// VIP is IPv4 or IPv6 (see checkAddr for what is refused).
+	VIP      netip.Addr
 	Port     uint16
 	Protocol desired.Protocol
-	// Backends are IPv4, unique; possibly none, in which case the service
-	// drops new flows.
+	// Backends are of the VIP's family, unique; possibly none, in which
+	// case the service drops new flows.
 	Backends []netip.AddrPort
 	// Accrual is fully merged: built-in, defaults block, service block.
 	Accrual accrual.Settings
@@ -287,8 +289,8 @@ func (r *rawService) parse(p string, defaults accrual.Settings, defaultsOK bool,
 	if r.VIP == nil {
 		errs.add(p+".vip", "", "required")
 	} else if a, err := netip.ParseAddr(*r.VIP); err != nil {
-		errs.add(p+".vip", strconv.Quote(*r.VIP), "not an IPv4 address")
-	} else if msg := checkIPv4(a); msg != "" {
+		errs.add(p+".vip", strconv.Quote(*r.VIP), explainBadVIP(*r.VIP))
+	} else if msg := checkAddr(a); msg != "" {
 		errs.add(p+".vip", strconv.Quote(*r.VIP), msg)
 	} else {
 		s.VIP = a
@@ -313,7 +315,7 @@ func (r *rawService) parse(p string, defaults accrual.Settings, defaultsOK bool,
 	}
 	keyOK = errs.count() == before
 
-	s.Backends = parseBackends(r.Backends, p+".backends", errs)
+	s.Backends = parseBackends(r.Backends, p+".backends", s.VIP, errs)
 
 	if defaultsOK {
 		s.Accrual, _ = r.FailureAccrual.resolve(p+".failureAccrual", defaults, errs)
@@ -337,18 +339,37 @@ func parseLimit(v *int64, path string, errs *errList) *uint32 {
 	return &n
 }
 
-func parseBackends(raws []string, p string, errs *errList) []netip.AddrPort {
+// parseBackends parses a service's backends. A service is one address
+// family: every backend must be of the VIP's family (of the first valid
+// backend's when the VIP itself is missing or invalid, so that a mixed
+// list is still reported).
+func parseBackends(raws []string, p string, vip netip.Addr, errs *errList) []netip.AddrPort {
 	if len(raws) > maxBackends {
 		errs.add(p, fmt.Sprintf("%d entries", len(raws)), fmt.Sprintf("at most %d backends per service", maxBackends))
 		return nil
 	}
 	out := make([]netip.AddrPort, 0, len(raws))
 	first := map[netip.AddrPort]int{}
+	// ref is the address whose family every backend must have: the VIP's,
+	// or without a valid VIP the first valid backend's (refPath).
+	ref, refPath := vip, ""
 	for i, b := range raws {
 		bp := fmt.Sprintf("%s[%d]", p, i)
 		ap, msg := parseBackend(b)
 		if msg != "" {
 			errs.add(bp, strconv.Quote(b), msg)
+			continue
+		}
+		switch {
+		case !ref.IsValid():
+			ref, refPath = ap.Addr(), fmt.Sprintf("backends[%d]", i)
+		case ap.Addr().Is4() != ref.Is4() && refPath == "":
+			errs.add(bp, strconv.Quote(b), fmt.Sprintf("an %s backend of an %s service (vip %s): a service's vip and backends must be all IPv4 or all IPv6",
+				family(ap.Addr()), family(ref), ref))
+			continue
+		case ap.Addr().Is4() != ref.Is4():
+			errs.add(bp, strconv.Quote(b), fmt.Sprintf("an %s backend, but %s is %s: a service's vip and backends must be all IPv4 or all IPv6",
+				family(ap.Addr()), refPath, family(ref)))
 			continue
 		}
 		if j, dup := first[ap]; dup {
@@ -361,12 +382,24 @@ func parseBackends(raws []string, p string, errs *errList) []netip.AddrPort {
 	return out
 }
 
-// parseBackend parses "IPv4:port" and says what is wrong in terms an
-// operator can act on, rather than netip's "not an ip:port".
+// family names a's address family for messages.
+func family(a netip.Addr) string {
+	if a.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// parseBackend parses "IPv4:port" or "[IPv6]:port" and says what is wrong
+// in terms an operator can act on, rather than netip's "not an ip:port".
 func parseBackend(s string) (netip.AddrPort, string) {
 	if a, err := netip.ParseAddr(s); err == nil {
-		if msg := checkIPv4(a); msg != "" {
+		if msg := checkAddr(a); msg != "" {
 			return netip.AddrPort{}, msg
+		}
+		if a.Is6() {
+			// "2001:db8::1:8080" is an address: the port needs brackets.
+			return netip.AddrPort{}, "missing port (an IPv6 backend is written [address]:port, e.g. [2001:2::1:2]:8080)"
 		}
 		return netip.AddrPort{}, "missing port"
 	}
@@ -374,7 +407,7 @@ func parseBackend(s string) (netip.AddrPort, string) {
 	if err != nil {
 		return netip.AddrPort{}, explainBadBackend(s)
 	}
-	if msg := checkIPv4(ap.Addr()); msg != "" {
+	if msg := checkAddr(ap.Addr()); msg != "" {
 		return netip.AddrPort{}, msg
 	}
 	if ap.Port() == 0 {
@@ -383,36 +416,69 @@ func parseBackend(s string) (netip.AddrPort, string) {
 	return ap, ""
 }
 
-// explainBadBackend words why s is not IPv4:port: the address or the port.
+// explainBadBackend words why s is not IPv4:port or [IPv6]:port: the
+// address, the brackets or the port.
 func explainBadBackend(s string) string {
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
+			if msg := checkAddr(a); msg != "" {
+				return msg
+			}
+			return "missing port"
+		}
+	}
 	host, port, err := net.SplitHostPort(s)
 	if err == nil {
 		if port == "" {
 			return "missing port"
 		}
 		if a, err := netip.ParseAddr(host); err == nil {
-			if msg := checkIPv4(a); msg != "" {
+			if msg := checkAddr(a); msg != "" {
 				return msg
 			}
 			if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
 				return "port must be a number within [1, 65535]"
 			}
+			if a.Is4() && strings.HasPrefix(s, "[") {
+				return "square brackets are for IPv6 addresses: write an IPv4 backend as " + host + ":" + port
+			}
 		}
 	}
-	return "want IPv4:port, e.g. 198.18.1.2:8080"
+	return "want IPv4:port or [IPv6]:port, e.g. 198.18.1.2:8080 or [2001:2::1:2]:8080"
+}
+
+// explainBadVIP words why s is not an address.
+func explainBadVIP(s string) string {
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		if _, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
+			return "write an IPv6 vip without brackets, e.g. 2001:2::10"
+		}
+	}
+	return "not an IPv4 or IPv6 address"
 }
 
 var broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
-// checkIPv4 rejects addresses that cannot be a VIP or a backend: the
-// datapath is IPv4-only for now, and these can never carry a unicast flow
-// to another host.
-func checkIPv4(a netip.Addr) string {
+// checkAddr rejects addresses that cannot be a VIP or a backend, because
+// they can never carry a unicast flow to another host or because the
+// datapath could not tell which flow is whose:
+//
+//   - IPv4-mapped IPv6 addresses (::ffff:198.18.1.2) are rejected, not
+//     normalized: traffic to such an address travels as IPv4, so the
+//     plain IPv4 form is what the datapath matches (and a silent
+//     conversion would let one file spell a service two ways).
+//   - IPv6 zones (fe80::1%eth0): the maps hold no interface.
+//   - IPv6 link-local unicast (fe80::/10): without a zone it names no one
+//     link. (IPv4 link-local, 169.254.0.0/16, stays allowed: node-local
+//     VIPs such as NodeLocal DNSCache's 169.254.20.10 live there.)
+//   - unspecified, loopback, multicast (either family) and the IPv4
+//     broadcast address.
+func checkAddr(a netip.Addr) string {
 	switch {
+	case a.Zone() != "":
+		return "must not have a zone (%" + a.Zone() + "): the datapath does not keep one"
 	case a.Is4In6():
-		return "IPv4-mapped IPv6 address: write it as plain IPv4"
-	case a.Is6():
-		return "IPv6 is not supported yet"
+		return "IPv4-mapped IPv6 address: write it as plain IPv4 (" + a.Unmap().String() + ")"
 	case a.IsUnspecified():
 		return "must not be the unspecified address"
 	case a.IsLoopback():
@@ -421,6 +487,8 @@ func checkIPv4(a netip.Addr) string {
 		return "must not be a multicast address"
 	case a == broadcast:
 		return "must not be the broadcast address"
+	case a.Is6() && a.IsLinkLocalUnicast():
+		return "must not be an IPv6 link-local address (fe80::/10)"
 	}
 	return ""
 }

@@ -241,6 +241,12 @@ func TestMerge(t *testing.T) {
 	}
 }
 
+// v6svc is a config with one service of the given vip and backends (YAML
+// flow scalars, quoted: IPv6 addresses hold colons).
+func v6svc(vip, backends string) string {
+	return "interfaces: [eth0]\nservices:\n- {name: web, vip: " + vip + ", port: 80, backends: [" + backends + "]}\n"
+}
+
 // svc is a valid config with one service whose YAML flow-mapping body is
 // extra appended to a valid service body.
 func svc(extra string) string {
@@ -356,10 +362,21 @@ func TestErrors(t *testing.T) {
 		{"duplicate name", "interfaces: [a]\nservices: [{name: web, vip: 198.18.0.1, port: 80}, {name: web, vip: 198.18.0.2, port: 80}]",
 			"services[1].name", `"web"`, "duplicate of services[0].name"},
 		{"missing vip", "interfaces: [a]\nservices: [{name: web, port: 80}]", "services[0].vip", "", "required"},
-		{"bad vip", "interfaces: [a]\nservices: [{name: web, vip: 198.18.0.256, port: 80}]", "services[0].vip", `"198.18.0.256"`, "not an IPv4 address"},
-		{"vip with prefix", "interfaces: [a]\nservices: [{name: web, vip: 198.18.0.1/32, port: 80}]", "services[0].vip", `"198.18.0.1/32"`, "not an IPv4 address"},
-		{"ipv6 vip", "interfaces: [a]\nservices: [{name: web, vip: '2001:db8::1', port: 80}]", "services[0].vip", `"2001:db8::1"`, "IPv6 is not supported yet"},
-		{"mapped vip", "interfaces: [a]\nservices: [{name: web, vip: '::ffff:198.18.0.1', port: 80}]", "services[0].vip", `"::ffff:198.18.0.1"`, "plain IPv4"},
+		{"bad vip", "interfaces: [a]\nservices: [{name: web, vip: 198.18.0.256, port: 80}]", "services[0].vip", `"198.18.0.256"`, "not an IPv4 or IPv6 address"},
+		{"vip with prefix", "interfaces: [a]\nservices: [{name: web, vip: 198.18.0.1/32, port: 80}]", "services[0].vip", `"198.18.0.1/32"`, "not an IPv4 or IPv6 address"},
+		{"mapped vip", "interfaces: [a]\nservices: [{name: web, vip: '::ffff:198.18.0.1', port: 80}]", "services[0].vip", `"::ffff:198.18.0.1"`, "plain IPv4 (198.18.0.1)"},
+		{"ipv6 vip in brackets", v6svc("'[2001:2::10]'", ""), "services[0].vip", `"[2001:2::10]"`, "without brackets"},
+		{"ipv6 vip with prefix", v6svc("'2001:2::10/128'", ""), "services[0].vip", `"2001:2::10/128"`, "not an IPv4 or IPv6 address"},
+		{"ipv6 unspecified vip", v6svc("'::'", ""), "services[0].vip", `"::"`, "unspecified"},
+		{"ipv6 loopback vip", v6svc("'::1'", ""), "services[0].vip", `"::1"`, "loopback"},
+		{"ipv6 multicast vip", v6svc("'ff02::1'", ""), "services[0].vip", `"ff02::1"`, "multicast"},
+		{"ipv6 site multicast vip", v6svc("'ff05::1:3'", ""), "services[0].vip", `"ff05::1:3"`, "multicast"},
+		{"ipv6 link-local vip", v6svc("'fe80::10'", ""), "services[0].vip", `"fe80::10"`, "link-local"},
+		{"ipv6 vip with zone", v6svc("'fe80::10%eth0'", ""), "services[0].vip", `"fe80::10%eth0"`, "must not have a zone (%eth0)"},
+		{"global ipv6 vip with zone", v6svc("'2001:2::10%eth0'", ""), "services[0].vip", `"2001:2::10%eth0"`, "must not have a zone"},
+		{"duplicate ipv6 key, spelt differently",
+			"interfaces: [a]\nservices: [{name: web, vip: '2001:2::10', port: 80}, {name: api, vip: '2001:2:0:0::0:10', port: 80}]",
+			"services[1]", "[2001:2::10]:80/tcp", `service "api" uses the same VIP, port and protocol as service "web" (services[0])`},
 		{"unspecified vip", "interfaces: [a]\nservices: [{name: web, vip: 0.0.0.0, port: 80}]", "services[0].vip", `"0.0.0.0"`, "unspecified"},
 		{"loopback vip", "interfaces: [a]\nservices: [{name: web, vip: 127.0.0.53, port: 80}]", "services[0].vip", `"127.0.0.53"`, "loopback"},
 		{"multicast vip", "interfaces: [a]\nservices: [{name: web, vip: 224.0.0.1, port: 80}]", "services[0].vip", `"224.0.0.1"`, "multicast"},
@@ -386,10 +403,31 @@ func TestErrors(t *testing.T) {
 		{"backend empty port", svc(", backends: ['198.18.2.2:']"), "services[0].backends[0]", `"198.18.2.2:"`, "missing port"},
 		{"backend zero port", svc(", backends: ['198.18.2.2:0']"), "services[0].backends[0]", `"198.18.2.2:0"`, "port must be a number within [1, 65535]"},
 		{"backend port too big", svc(", backends: ['198.18.2.2:65536']"), "services[0].backends[0]", `"198.18.2.2:65536"`, "port must be a number within [1, 65535]"},
-		{"backend bad address", svc(", backends: ['198.18.2:80']"), "services[0].backends[0]", `"198.18.2:80"`, "want IPv4:port"},
-		{"backend hostname", svc(", backends: ['backend1:80']"), "services[0].backends[0]", `"backend1:80"`, "want IPv4:port"},
-		{"backend ipv6", svc(", backends: ['[2001:db8::1]:80']"), "services[0].backends[0]", `"[2001:db8::1]:80"`, "IPv6 is not supported yet"},
-		{"backend bare ipv6", svc(", backends: ['2001:db8::1']"), "services[0].backends[0]", `"2001:db8::1"`, "IPv6 is not supported yet"},
+		{"backend bad address", svc(", backends: ['198.18.2:80']"), "services[0].backends[0]", `"198.18.2:80"`, "want IPv4:port or [IPv6]:port"},
+		{"backend hostname", svc(", backends: ['backend1:80']"), "services[0].backends[0]", `"backend1:80"`, "want IPv4:port or [IPv6]:port"},
+		{"backend ipv4 in brackets", svc(", backends: ['[198.18.1.2]:80']"), "services[0].backends[0]", `"[198.18.1.2]:80"`, "write an IPv4 backend as 198.18.1.2:80"},
+		{"backend mapped", svc(", backends: ['[::ffff:198.18.1.2]:80']"), "services[0].backends[0]", `"[::ffff:198.18.1.2]:80"`, "plain IPv4 (198.18.1.2)"},
+
+		// IPv6 backends, and the one-family rule
+		{"ipv6 backend of an ipv4 service", svc(", backends: ['198.18.1.2:80', '[2001:2::1:2]:80']"),
+			"services[0].backends[1]", `"[2001:2::1:2]:80"`, "an IPv6 backend of an IPv4 service (vip 198.18.0.1): a service's vip and backends must be all IPv4 or all IPv6"},
+		{"ipv4 backend of an ipv6 service", v6svc("'2001:2::10'", "'[2001:2::1:2]:80', '198.18.1.2:80'"),
+			"services[0].backends[1]", `"198.18.1.2:80"`, "an IPv4 backend of an IPv6 service (vip 2001:2::10)"},
+		{"mixed backends without a valid vip", v6svc("'2001:2::zz'", "'198.18.1.3:80', '198.18.1.2:80', '[2001:2::1:2]:80'"),
+			"services[0].backends[2]", `"[2001:2::1:2]:80"`, "an IPv6 backend, but backends[0] is IPv4: a service's vip and backends must be all IPv4 or all IPv6"},
+		{"ipv6 backend bare", v6svc("'2001:2::10'", "'2001:2::1:2'"), "services[0].backends[0]", `"2001:2::1:2"`, "missing port (an IPv6 backend is written [address]:port"},
+		{"ipv6 backend brackets without port", v6svc("'2001:2::10'", "'[2001:2::1:2]'"), "services[0].backends[0]", `"[2001:2::1:2]"`, "missing port"},
+		{"ipv6 backend empty port", v6svc("'2001:2::10'", "'[2001:2::1:2]:'"), "services[0].backends[0]", `"[2001:2::1:2]:"`, "missing port"},
+		{"ipv6 backend zero port", v6svc("'2001:2::10'", "'[2001:2::1:2]:0'"), "services[0].backends[0]", `"[2001:2::1:2]:0"`, "port must be a number within [1, 65535]"},
+		{"ipv6 backend port too big", v6svc("'2001:2::10'", "'[2001:2::1:2]:65536'"), "services[0].backends[0]", `"[2001:2::1:2]:65536"`, "port must be a number within [1, 65535]"},
+		{"ipv6 backend bad address", v6svc("'2001:2::10'", "'[2001:2::1::2]:80'"), "services[0].backends[0]", `"[2001:2::1::2]:80"`, "want IPv4:port or [IPv6]:port"},
+		{"ipv6 backend loopback", v6svc("'2001:2::10'", "'[::1]:80'"), "services[0].backends[0]", `"[::1]:80"`, "loopback"},
+		{"ipv6 backend unspecified", v6svc("'2001:2::10'", "'[::]:80'"), "services[0].backends[0]", `"[::]:80"`, "unspecified"},
+		{"ipv6 backend multicast", v6svc("'2001:2::10'", "'[ff02::2]:80'"), "services[0].backends[0]", `"[ff02::2]:80"`, "multicast"},
+		{"ipv6 backend link-local", v6svc("'2001:2::10'", "'[fe80::2]:80'"), "services[0].backends[0]", `"[fe80::2]:80"`, "link-local"},
+		{"ipv6 backend with zone", v6svc("'2001:2::10'", "'[fe80::2%b1]:80'"), "services[0].backends[0]", `"[fe80::2%b1]:80"`, "must not have a zone (%b1)"},
+		{"ipv6 backend duplicate, spelt differently", v6svc("'2001:2::10'", "'[2001:2::1:2]:80', '[2001:2:0::1:2]:80'"),
+			"services[0].backends[1]", `"[2001:2:0::1:2]:80"`, "duplicate of backends[0]"},
 		{"backend loopback", svc(", backends: ['127.0.0.1:80']"), "services[0].backends[0]", `"127.0.0.1:80"`, "loopback"},
 		{"backend duplicate", svc(", backends: ['198.18.1.2:80', '198.18.1.3:80', '198.18.1.2:80']"),
 			"services[0].backends[2]", `"198.18.1.2:80"`, "duplicate of backends[0]"},
@@ -756,5 +794,71 @@ services:
 	want.WindowCalls, want.Outliers, want.OutlierStdevFactor, want.OutlierMinHosts, want.OutlierMinCalls = 100, true, 2.5, 3, 50
 	if got != want {
 		t.Fatalf("settings\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// IPv6 services: the VIP bare, backends in brackets, normalized to
+// netip's form; an IPv4 and an IPv6 service may share a port and
+// protocol (their keys differ by VIP).
+func TestIPv6Services(t *testing.T) {
+	doc := `interfaces: [eth0]
+services:
+  - name: web
+    vip: 198.18.100.1
+    port: 80
+    backends: ["198.18.1.2:8080"]
+  - name: web6
+    vip: "2001:2::10"
+    port: 80
+    backends: ["[2001:2::1:2]:8080", "[2001:2:0:0::2:2]:8080", "[2001:DB8::3]:8080"]
+  - name: dns6
+    vip: "fd00:100::53"
+    port: 53
+    protocol: udp
+    backends: ["[fd00:1::53]:53"]
+  - name: empty6
+    vip: "2001:2::11"
+    port: 80
+`
+	c, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type svcWant struct {
+		key string
+		eps []string
+	}
+	want := []svcWant{
+		{"198.18.100.1:80/tcp", []string{"198.18.1.2:8080"}},
+		{"[2001:2::10]:80/tcp", []string{"[2001:2::1:2]:8080", "[2001:2::2:2]:8080", "[2001:db8::3]:8080"}},
+		{"[fd00:100::53]:53/udp", []string{"[fd00:1::53]:53"}},
+		{"[2001:2::11]:80/tcp", []string{}},
+	}
+	got := c.Desired().Services
+	if len(got) != len(want) {
+		t.Fatalf("%d services, want %d", len(got), len(want))
+	}
+	for i, w := range want {
+		s := got[i]
+		if s.Key.String() != w.key {
+			t.Errorf("service %s: key %s, want %s", s.Name, s.Key, w.key)
+		}
+		eps := []string{}
+		for _, e := range s.Endpoints {
+			eps = append(eps, e.Addr.String())
+			if e.Addr.Addr().Is4() != s.Key.VIP.Is4() {
+				t.Errorf("service %s: endpoint %s not of the VIP's family", s.Name, e.Addr)
+			}
+		}
+		if !reflect.DeepEqual(eps, w.eps) {
+			t.Errorf("service %s: endpoints %v, want %v", s.Name, eps, w.eps)
+		}
+	}
+	// IPv4 link-local VIPs (node-local addresses) stay allowed; IPv6
+	// unique-local and global ones are fine.
+	for _, vip := range []string{"169.254.20.10", "'fd00::1'", "'2001:db8::1'", "'64:ff9b::c612:6401'"} {
+		if _, err := Parse([]byte("interfaces: [a]\nservices: [{name: x, vip: " + vip + ", port: 80}]")); err != nil {
+			t.Errorf("vip %s: %v", vip, err)
+		}
 	}
 }

@@ -6,7 +6,8 @@ import (
 )
 
 // FuzzParse checks that no input makes Parse panic, and that whatever it
-// accepts is usable: valid accrual settings, a prime table, IPv4 keys.
+// accepts is usable: valid accrual settings, a prime table, keys of one
+// family each (IPv4, or IPv6 without a zone or a mapped IPv4 address).
 func FuzzParse(f *testing.F) {
 	example, err := os.ReadFile("testdata/example.yaml")
 	if err != nil {
@@ -25,6 +26,8 @@ func FuzzParse(f *testing.F) {
 		"- - - -\n",
 		"{? [a]: b}",
 		"interfaces: !!binary aGVsbG8=",
+		"interfaces: [a]\nservices: [{name: x, vip: '2001:2::10', port: 80, backends: ['[2001:2::1:2]:8080', '198.18.1.2:80']}]",
+		"interfaces: [a]\nservices: [{name: x, vip: 'fe80::1%a', port: 80, backends: ['[::ffff:1.2.3.4]:80']}]",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -49,11 +52,13 @@ func FuzzParse(f *testing.F) {
 			if err := s.Accrual.Validate(); err != nil {
 				t.Fatalf("service %q: accepted invalid accrual: %v", s.Name, err)
 			}
-			if !s.Key.VIP.Is4() || s.Key.Port == 0 {
+			vip := s.Key.VIP
+			if !vip.IsValid() || vip.Is4In6() || vip.Zone() != "" || s.Key.Port == 0 {
 				t.Fatalf("service %q: accepted key %v", s.Name, s.Key)
 			}
 			for _, e := range s.Endpoints {
-				if !e.Addr.Addr().Is4() || e.Addr.Port() == 0 {
+				a := e.Addr.Addr()
+				if a.Is4() != vip.Is4() || a.Is4In6() || a.Zone() != "" || e.Addr.Port() == 0 {
 					t.Fatalf("service %q: accepted endpoint %v", s.Name, e.Addr)
 				}
 			}

@@ -100,7 +100,9 @@ func (r *Reaper) Sweep() (Result, error) {
 	res := Result{InUse: InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{}}}
 	// A live flow's forward key names the VIP it was addressed to.
 	vip := func(fk bpf.LbCtKey) {
-		res.InUse.VIPs[netip.AddrPortFrom(maps.AddrFrom16(fk.Dst.Bytes), maps.Port(fk.Dport))] = true
+		if ap, ok := ForwardVIP(fk); ok {
+			res.InUse.VIPs[ap] = true
+		}
 	}
 	ents, err := r.Maps.Conntrack(0)
 	if err != nil {
@@ -215,8 +217,16 @@ func (r *Reaper) timeout(proto uint8, flags uint32) time.Duration {
 	}
 }
 
+// ForwardVIP is the VIP and port a forward (client -> VIP) key is
+// addressed to, read by the key's family (IPv4 or IPv6); ok is false for
+// a family the agent does not know.
+func ForwardVIP(fk bpf.LbCtKey) (netip.AddrPort, bool) {
+	a := maps.AddrFromFamily(fk.Family, fk.Dst.Bytes)
+	return netip.AddrPortFrom(a, maps.Port(fk.Dport)), a.IsValid()
+}
+
 // ForwardKey derives a flow's forward (client -> VIP) key from its
-// reverse entry.
+// reverse entry; the family carries over (a flow is of one family).
 func ForwardKey(rk bpf.LbCtKey, rv bpf.LbCtValue) bpf.LbCtKey {
 	var fk bpf.LbCtKey
 	fk.Src = rk.Dst

@@ -157,8 +157,11 @@ func (f *fixture) events() []event {
 		if e.TsNs == 0 {
 			f.t.Errorf("event without timestamp: %+v", e)
 		}
-		out = append(out, event{e.Type, e.Flags, e.SvcId, e.BackendId,
-			netip.AddrPortFrom(maps.AddrFrom16(e.Client.Bytes), maps.Port(e.ClientPort))})
+		a := maps.AddrFrom16(e.Client.Bytes)
+		if e.Family == 6 {
+			a = netip.AddrFrom16(e.Client.Bytes)
+		}
+		out = append(out, event{e.Type, e.Flags, e.SvcId, e.BackendId, netip.AddrPortFrom(a, maps.Port(e.ClientPort))})
 	}
 	f.t.Fatal("ring buffer does not drain")
 	return nil

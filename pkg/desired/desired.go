@@ -30,21 +30,24 @@ func (p Protocol) String() string {
 
 // Endpoint is one backend of a service.
 type Endpoint struct {
+	// Addr is of the service's VIP's family.
 	Addr netip.AddrPort
 	// Name identifies the endpoint to people: the pod ("ns/pod") in
 	// Kubernetes, empty in standalone mode.
 	Name string
 }
 
-// Key identifies a service in the datapath.
+// Key identifies a service in the datapath. VIP is IPv4 or IPv6; a
+// service's endpoints are all of its VIP's family.
 type Key struct {
 	VIP      netip.Addr
 	Port     uint16
 	Protocol Protocol
 }
 
+// String reads "198.18.100.1:80/tcp", or "[2001:2::10]:80/tcp" for IPv6.
 func (k Key) String() string {
-	return fmt.Sprintf("%s:%d/%s", k.VIP, k.Port, k.Protocol)
+	return netip.AddrPortFrom(k.VIP, k.Port).String() + "/" + k.Protocol.String()
 }
 
 // Service is one VIP:port:protocol and its endpoints.

@@ -221,10 +221,13 @@ func unixTime(ns int64) *time.Time {
 	return &t
 }
 
+// addrPort reads a union addr by its family: IPv4 the first four bytes,
+// IPv6 all sixteen. An entry of an unknown family still prints, as the
+// sixteen bytes read as IPv6.
 func addrPort(b [16]uint8, family uint8, port uint16) netip.AddrPort {
-	a := netip.AddrFrom16(b)
-	if family == maps.FamilyIPv4 {
-		a = maps.AddrFrom16(b)
+	a := maps.AddrFromFamily(family, b)
+	if !a.IsValid() {
+		a = netip.AddrFrom16(b)
 	}
 	return netip.AddrPortFrom(a, maps.Port(port))
 }

@@ -155,3 +155,45 @@ func TestReadWithoutTables(t *testing.T) {
 		t.Error("another table error was not reported")
 	}
 }
+
+// An IPv6 service and its endpoints print in the usual notation, beside
+// an IPv4 service on the same port.
+func TestReadIPv6(t *testing.T) {
+	f := &fakeReader{
+		svcs: map[bpf.LbSvcKey]bpf.LbSvcValue{
+			maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 6): {Id: 1, TableSize: 3},
+			maps.ServiceKey(netip.MustParseAddr("2001:2::10"), 80, 6):   {Id: 2, TableSize: 3},
+		},
+		bes: map[uint32]bpf.LbBackend{
+			1: backend("198.18.1.2:8080", 1, maps.BackendActive, 0),
+			2: backend("[2001:2::1:2]:8080", 2, maps.BackendActive, 0),
+			3: backend("[2001:2::2:2]:8080", 2, maps.BackendEjected, 0),
+		},
+		tables: map[[2]uint32][]uint32{{1, 0}: {1, 1, 1}, {2, 0}: {2, 2, 2}},
+	}
+	r, err := Read(f, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Services) != 2 {
+		t.Fatalf("services %+v", r.Services)
+	}
+	v4, v6 := r.Services[0], r.Services[1]
+	if v4.VIP != "198.18.100.1:80" || len(v4.Endpoints) != 1 || v4.Endpoints[0].Addr != "198.18.1.2:8080" {
+		t.Errorf("IPv4 service %+v", v4)
+	}
+	if v6.VIP != "[2001:2::10]:80" || len(v6.Endpoints) != 2 ||
+		v6.Endpoints[0].Addr != "[2001:2::1:2]:8080" || v6.Endpoints[0].Slots != 3 ||
+		v6.Endpoints[1].Addr != "[2001:2::2:2]:8080" || v6.Endpoints[1].Datapath != "ejected" {
+		t.Errorf("IPv6 service %+v", v6)
+	}
+	var out bytes.Buffer
+	if err := r.Text(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"service 2  [2001:2::10]:80/tcp", "[2001:2::1:2]:8080", "[2001:2::2:2]:8080"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, out.String())
+		}
+	}
+}

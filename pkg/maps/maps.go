@@ -60,7 +60,8 @@ const (
 	PortVIP     uint8 = 0x1
 	PortBackend uint8 = 0x2
 
-	FamilyIPv4 uint8 = 4
+	FamilyIPv4 uint8 = 4 // PB_AF_INET
+	FamilyIPv6 uint8 = 6 // PB_AF_INET6
 
 	ConfigRedirect uint32 = 0x1
 )
@@ -81,7 +82,8 @@ const (
 )
 
 // ReplyKey is the pb_ct key of a TCP flow's reverse entry: as the backend's
-// replies to the client carry it.
+// replies to the client carry it. Its family is the client's (a flow's
+// addresses are all of one family).
 func ReplyKey(backend, client netip.AddrPort) bpf.LbCtKey {
 	var k bpf.LbCtKey
 	k.Src.Bytes = Addr16(backend.Addr())
@@ -89,7 +91,7 @@ func ReplyKey(backend, client netip.AddrPort) bpf.LbCtKey {
 	k.Sport, k.Dport = Port(backend.Port()), Port(client.Port())
 	k.Proto = 6 // TCP
 	k.Dir = DirRev
-	k.Family = FamilyIPv4
+	k.Family = Family(client.Addr())
 	return k
 }
 
@@ -149,6 +151,8 @@ func (m *Maps) Close() {
 
 // SynSlot is the pb_syns slot of a client's SYN: syn_slot in bpf/lb.c
 // (PB_SYN_SLOT_BITS, PB_SYN_PORT_MUL, and the VIP slots' multiplier).
+// pb_syns holds IPv4 SYNs only (the datapath copies no IPv6 SYN): client
+// must be IPv4, or SynSlot panics; callers check first.
 func SynSlot(client netip.Addr, port uint16) uint32 {
 	v4 := client.As4()
 	a := binary.BigEndian.Uint32(v4[:])
@@ -218,18 +222,55 @@ func (m *Maps) InflightCounts(svcID, backendID uint32) (svc, be int64, err error
 // Raw exposes the underlying maps for tests and tools.
 func (m *Maps) Raw() *bpf.LbMaps { return m.m }
 
-// Addr16 is an IPv4 address as a union addr's bytes: the four address
-// bytes, then zeroes (IPv6 will use all sixteen).
+// Family is a's PB_AF_* value: FamilyIPv4 for an IPv4 address (and an
+// IPv4-mapped IPv6 one, which Addr16 stores as the IPv4 address it maps:
+// on the wire it is an IPv4 packet's), FamilyIPv6 for any other IPv6
+// address, 0 for the zero Addr (no family: the datapath matches nothing
+// with it, and pb_backends counts an entry of family 0 as unused).
+func Family(a netip.Addr) uint8 {
+	switch {
+	case a.Is4() || a.Is4In6():
+		return FamilyIPv4
+	case a.Is6():
+		return FamilyIPv6
+	}
+	return 0
+}
+
+// Addr16 is an address as a union addr's bytes: for IPv4 (Family
+// FamilyIPv4) the four address bytes, then zeroes; for IPv6 the sixteen
+// bytes in network order; zeroes for the zero Addr. An IPv6 zone is not
+// kept (config rejects zones).
 func Addr16(a netip.Addr) [16]uint8 {
 	var b [16]uint8
-	v4 := a.As4()
-	copy(b[:], v4[:])
+	switch Family(a) {
+	case FamilyIPv4:
+		v4 := a.As4()
+		copy(b[:], v4[:])
+	case FamilyIPv6:
+		b = a.As16()
+	}
 	return b
 }
 
-// AddrFrom16 is the inverse of Addr16 for IPv4.
+// AddrFrom16 is the inverse of Addr16 for IPv4: the first four bytes.
+// For a key or value whose family field may be FamilyIPv6, use
+// AddrFromFamily.
 func AddrFrom16(b [16]uint8) netip.Addr {
 	return netip.AddrFrom4([4]byte(b[:4]))
+}
+
+// AddrFromFamily is the inverse of Addr16: the address a union addr holds
+// in a key or value whose family field is family. An unknown family
+// (0: an unused entry) gives the zero Addr, whose IsValid is false.
+func AddrFromFamily(family uint8, b [16]uint8) netip.Addr {
+	switch family {
+	case FamilyIPv4:
+		return AddrFrom16(b)
+	case FamilyIPv6:
+		return netip.AddrFrom16(b)
+	}
+	return netip.Addr{}
 }
 
 // AddrFromV4 reads an IPv4 address from a __be32 field (as in events).
@@ -247,13 +288,13 @@ func Port(p uint16) uint16 {
 	return p
 }
 
-// ServiceKey builds a pb_services key.
+// ServiceKey builds a pb_services key; its family is the VIP's.
 func ServiceKey(vip netip.Addr, port uint16, proto uint8) bpf.LbSvcKey {
 	var k bpf.LbSvcKey
 	k.Vip.Bytes = Addr16(vip)
 	k.Port = Port(port)
 	k.Proto = proto
-	k.Family = FamilyIPv4
+	k.Family = Family(vip)
 	return k
 }
 
@@ -345,12 +386,12 @@ func (m *Maps) Backends() (map[uint32]bpf.LbBackend, error) {
 	}
 }
 
-// NewBackend builds a pb_backends value.
+// NewBackend builds a pb_backends value; its family is the address's.
 func NewBackend(addr netip.AddrPort, svcID uint32, state BackendState, grants int32) bpf.LbBackend {
 	var b bpf.LbBackend
 	b.Addr.Bytes = Addr16(addr.Addr())
 	b.Port = Port(addr.Port())
-	b.Family = FamilyIPv4
+	b.Family = Family(addr.Addr())
 	b.State = uint8(state)
 	b.SvcId = svcID
 	b.ProbeGrants = grants
@@ -408,10 +449,21 @@ func nonZeroBytes(m *ebpf.Map, f func(k uint32, v uint8)) error {
 }
 
 // VIPSlot is addr's pb_vip_slots index: the datapath's vip_slot_marked
-// hash (PB_VIP_SLOT_*), on the address in host byte order.
+// hash (PB_VIP_SLOT_*), on the address in host byte order. An IPv6
+// address is folded first: the XOR of its four 32-bit words, each read
+// big-endian, takes the IPv4 address's place. (The zero Addr gets slot 0.)
 func VIPSlot(addr netip.Addr) uint32 {
-	v4 := addr.As4()
-	return (binary.BigEndian.Uint32(v4[:]) * vipSlotMul) >> (32 - vipSlotBits)
+	var w uint32
+	switch Family(addr) {
+	case FamilyIPv4:
+		v4 := addr.As4()
+		w = binary.BigEndian.Uint32(v4[:])
+	case FamilyIPv6:
+		v6 := addr.As16()
+		w = binary.BigEndian.Uint32(v6[0:]) ^ binary.BigEndian.Uint32(v6[4:]) ^
+			binary.BigEndian.Uint32(v6[8:]) ^ binary.BigEndian.Uint32(v6[12:])
+	}
+	return (w * vipSlotMul) >> (32 - vipSlotBits)
 }
 
 // PB_VIP_SLOT_BITS and PB_VIP_SLOT_MUL; VIPSlots is pb_vip_slots' size.

@@ -94,7 +94,16 @@ const (
 	offClientPort = int(unsafe.Offsetof(bpf.LbEvent{}.ClientPort))
 	offType       = int(unsafe.Offsetof(bpf.LbEvent{}.Type))
 	offFlags      = int(unsafe.Offsetof(bpf.LbEvent{}.Flags))
+	// offFamily: __u8 family follows flags, in what was the trailing pad
+	// (struct event stays 40 bytes). It is read by offset rather than by a
+	// generated field, so that this builds with bpf.LbEvent before and
+	// after bpf2go regenerates it (TestFamilyOffset checks the field once
+	// it exists).
+	offFamily = offFlags + 1
 )
+
+// The family byte lies inside the record.
+var _ [eventSize - offFamily - 1]struct{}
 
 // Decode reads the fields at these widths: this stops compiling if a
 // generated field type changes (TestDecodeMatchesGenerated checks values).
@@ -103,10 +112,22 @@ func _(e bpf.LbEvent) (uint64, uint32, uint32, [16]uint8, uint16, uint8, uint8) 
 }
 
 // Decode parses a raw ring buffer record. offset converts CLOCK_MONOTONIC
-// nanoseconds to Unix nanoseconds (see MonoOffset).
+// nanoseconds to Unix nanoseconds (see MonoOffset). The client address is
+// read by the record's family byte: PB_AF_INET6 the 16 bytes, PB_AF_INET
+// or 0 (a datapath from before IPv6, whose pad was zero) the first four;
+// any other family is an error (the record counts as undecodable).
 func Decode(b []byte, offset int64) (Event, error) {
 	if len(b) < eventSize {
 		return Event{}, fmt.Errorf("event: %d bytes, want %d", len(b), eventSize)
+	}
+	var client netip.Addr
+	switch f := b[offFamily]; f {
+	case 0, maps.FamilyIPv4:
+		client = netip.AddrFrom4([4]byte(b[offClient : offClient+4]))
+	case maps.FamilyIPv6:
+		client = netip.AddrFrom16([16]byte(b[offClient : offClient+16]))
+	default:
+		return Event{}, fmt.Errorf("event: unknown address family %d", f)
 	}
 	ne := binary.NativeEndian
 	ts := int64(ne.Uint64(b[offTs:]))
@@ -115,7 +136,7 @@ func Decode(b []byte, offset int64) (Event, error) {
 		At:      time.Unix(0, ts+offset),
 		Service: ne.Uint32(b[offService:]),
 		Backend: ne.Uint32(b[offBackend:]),
-		Client:  netip.AddrPortFrom(maps.AddrFromV4(ne.Uint32(b[offClient:])), maps.Port(ne.Uint16(b[offClientPort:]))),
+		Client:  netip.AddrPortFrom(client, maps.Port(ne.Uint16(b[offClientPort:]))),
 		Type:    Type(b[offType]),
 		Flags:   b[offFlags],
 	}, nil

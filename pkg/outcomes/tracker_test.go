@@ -349,3 +349,49 @@ func TestTrackerDueReplays(t *testing.T) {
 		t.Errorf("%d timeouts at the connect deadline, want 3: %+v", timeouts, got)
 	}
 }
+
+// IPv6 clients are flows like any other: keyed by address and port, an
+// IPv6 client and an IPv4 one on the same port and backend are two flows.
+func TestTrackerIPv6Clients(t *testing.T) {
+	pol := PolicyFor(accrual.Defaults(), true)
+	tr := NewTracker(func(uint32) Policy { return pol })
+	v4 := netip.MustParseAddrPort("198.18.0.2:40000")
+	v6 := netip.MustParseAddrPort("[2001:1::2]:40000")
+	other6 := netip.MustParseAddrPort("[2001:1::3]:40000")
+	var got []string
+	classify := func(typ Type, c netip.AddrPort, at time.Duration) {
+		if o, ok := tr.Classify(Event{Type: typ, Backend: 7, Client: c, At: t0.Add(at)}); ok {
+			s := "success"
+			if !o.Success {
+				s = o.Kind.String()
+			}
+			got = append(got, fmt.Sprintf("%s@%v", s, o.At.Sub(t0)))
+		}
+	}
+	classify(NewFlow, v4, 0)
+	classify(NewFlow, v6, 0)
+	classify(NewFlow, other6, 0)
+	if tr.Pending() != 3 {
+		t.Fatalf("%d pending, want 3 flows", tr.Pending())
+	}
+	classify(Refused, v6, time.Millisecond)
+	classify(Established, v4, 2*time.Millisecond)
+	classify(FlowEnd, v4, 3*time.Millisecond)
+	tr.Expire(t0.Add(2*time.Second), func(o accrual.Outcome) {
+		got = append(got, fmt.Sprintf("%s@%v", o.Kind, o.At.Sub(t0)))
+	})
+	if want := "[refused@1ms success@3ms timeout@1s]"; fmt.Sprint(got) != want {
+		t.Errorf("verdicts %v, want %s", got, want)
+	}
+
+	// A due replay names the IPv6 client as it is (the agent decides
+	// whether it can replay it).
+	pol.Replay = 20 * time.Millisecond
+	tr = NewTracker(func(uint32) Policy { return pol })
+	tr.Classify(Event{Type: NewFlow, Backend: 7, Client: v6, At: t0})
+	var due []netip.AddrPort
+	tr.DueReplays(t0.Add(20*time.Millisecond), func(_ uint32, c netip.AddrPort) { due = append(due, c) })
+	if len(due) != 1 || due[0] != v6 {
+		t.Errorf("due replays %v, want %v", due, v6)
+	}
+}

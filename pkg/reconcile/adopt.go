@@ -18,7 +18,14 @@ func (r *Reconciler) adopt() error {
 		return fmt.Errorf("adopt services: %w", err)
 	}
 	for k, v := range svcs {
-		key := desired.Key{VIP: maps.AddrFrom16(k.Vip.Bytes), Port: maps.Port(k.Port), Protocol: desired.Protocol(k.Proto)}
+		key := desired.Key{VIP: maps.AddrFromFamily(k.Family, k.Vip.Bytes), Port: maps.Port(k.Port), Protocol: desired.Protocol(k.Proto)}
+		if !key.VIP.IsValid() {
+			// No key of ours: the service could never be matched to the
+			// desired state, nor deleted through a key rebuilt from it.
+			r.log.Warn("pinned service with an unknown address family, dropping it", "family", k.Family, "id", v.Id)
+			r.w.DeleteService(k, v.Id)
+			continue
+		}
 		if !r.svcIDs.take(v.Id) {
 			r.log.Warn("pinned service with an unusable id, dropping it", "service", key, "id", v.Id)
 			r.w.DeleteService(k, v.Id)
@@ -46,11 +53,21 @@ func (r *Reconciler) adopt() error {
 	slices.Sort(ids)
 	for _, id := range ids {
 		v := bes[id]
+		addr := maps.AddrFromFamily(v.Family, v.Addr.Bytes)
+		if !addr.IsValid() {
+			// Not an entry of ours (Backends lists those with a family):
+			// clear it rather than rewrite it as an address it is not.
+			r.log.Warn("pinned backend with an unknown address family, clearing it", "family", v.Family, "id", id)
+			if err := r.w.ClearBackend(id); err != nil {
+				r.log.Error("clear backend", "id", id, "err", err)
+			}
+			continue
+		}
 		if !r.beIDs.take(id) {
 			continue
 		}
 		b := &Backend{ID: id, Service: v.SvcId, State: maps.BackendState(v.State),
-			Addr: netip.AddrPortFrom(maps.AddrFrom16(v.Addr.Bytes), maps.Port(v.Port))}
+			Addr: netip.AddrPortFrom(addr, maps.Port(v.Port))}
 		r.backends[id] = b
 		if s, ok := r.byID[v.SvcId]; ok && b.State != maps.BackendRemoved {
 			s.Backends = append(s.Backends, id)

@@ -603,9 +603,9 @@ func kernelInvariants(f *fakeWriter, after op) {
 	for k, v := range f.services {
 		// A service's packets must get past both prefilters (also one
 		// without endpoints: its new flows are dropped, not passed).
-		if !f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFrom16(k.Vip.Bytes))] || f.ports[pbmaps.Port(k.Port)]&pbmaps.PortVIP == 0 {
+		if !f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFromFamily(k.Family, k.Vip.Bytes))] || f.ports[pbmaps.Port(k.Port)]&pbmaps.PortVIP == 0 {
 			f.t.Errorf("after %s: service %d has an entry but its VIP's slot (%v) or port (%#x) is not marked",
-				after, v.Id, f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFrom16(k.Vip.Bytes))], f.ports[pbmaps.Port(k.Port)])
+				after, v.Id, f.vipSlots[pbmaps.VIPSlot(pbmaps.AddrFromFamily(k.Family, k.Vip.Bytes))], f.ports[pbmaps.Port(k.Port)])
 		}
 		if v.TableSize == 0 {
 			continue

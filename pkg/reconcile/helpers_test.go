@@ -542,7 +542,7 @@ func (f *fakeWriter) rejectAddrs(addrs ...string) {
 		bad[netip.MustParseAddrPort(a)] = true
 	}
 	f.rejectBackend = func(id uint32, b bpf.LbBackend) error {
-		if bad[netip.AddrPortFrom(pbmaps.AddrFrom16(b.Addr.Bytes), pbmaps.Port(b.Port))] {
+		if bad[netip.AddrPortFrom(pbmaps.AddrFromFamily(b.Family, b.Addr.Bytes), pbmaps.Port(b.Port))] {
 			return fmt.Errorf("pb_backends[%d]: %w", id, errInjected)
 		}
 		return nil

@@ -39,6 +39,20 @@ var ErrNoCopy = errors.New("replay: no copy of the SYN")
 // A replay now would be a second SYN on whatever the flow has become.
 var ErrStale = errors.New("replay: the flow has moved on")
 
+// ErrNotIPv4: the client is not IPv4. pb_syns holds copies of IPv4 SYNs
+// only (the datapath copies no IPv6 SYN), and Frame builds IPv4 frames:
+// an IPv6 client relies on its own SYN retransmission. The agent does not
+// ask for these replays; this is the guard if anything ever does.
+var ErrNotIPv4 = errors.New("replay: only IPv4 SYNs are copied for replays; an IPv6 client's own retransmission moves its flow")
+
+// ipv4Only refuses a replay of a flow that is not IPv4.
+func ipv4Only(client, vip netip.AddrPort) error {
+	if !client.Addr().Is4() || !vip.Addr().Is4() {
+		return fmt.Errorf("replay of %s to %s: %w", client, vip, ErrNotIPv4)
+	}
+	return nil
+}
+
 // Replayer replays refused SYNs through the datapath program.
 type Replayer struct {
 	prog *ebpf.Program
@@ -54,8 +68,11 @@ func New(prog *ebpf.Program, m *maps.Maps) *Replayer {
 
 // Replay sends again the SYN that client sent to vip, which backend
 // refused: only while the flow is that refusal, kept from the client and
-// not yet retried.
+// not yet retried. client and vip must be IPv4 (ErrNotIPv4).
 func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
+	if err := ipv4Only(client, vip); err != nil {
+		return err
+	}
 	flags, err := r.flowFlags(client, backend)
 	if err != nil {
 		return err
@@ -82,8 +99,12 @@ func (r *Replayer) flowFlags(client, backend netip.AddrPort) (uint32, error) {
 // ReplayUnanswered sends again the SYN that client sent to vip, which
 // backend (id backendID) has not answered, marked for the datapath to move
 // the flow off that backend: only while the flow still waits for it (no
-// SYN-ACK, not closed, not moved before).
+// SYN-ACK, not closed, not moved before). client and vip must be IPv4
+// (ErrNotIPv4).
 func (r *Replayer) ReplayUnanswered(client, vip, backend netip.AddrPort, backendID uint32) error {
+	if err := ipv4Only(client, vip); err != nil {
+		return err
+	}
 	flags, err := r.flowFlags(client, backend)
 	if err != nil {
 		return err
@@ -104,6 +125,9 @@ const replayMagic = 0x70627270
 // the datapath on it, as arriving on the client's interface, with meta as
 // the frame's XDP metadata.
 func (r *Replayer) send(client, vip netip.AddrPort, meta []byte) error {
+	if err := ipv4Only(client, vip); err != nil {
+		return err // SynSlot is IPv4's
+	}
 	var c bpf.LbSynCopy
 	slot := maps.SynSlot(client.Addr(), client.Port())
 	if err := r.m.Raw().PbSyns.Lookup(slot, &c); err != nil {

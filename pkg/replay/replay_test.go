@@ -2,6 +2,8 @@ package replay
 
 import (
 	"encoding/binary"
+	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/penaltybox/penaltybox/bpf"
@@ -43,5 +45,23 @@ func TestFrameHeaders(t *testing.T) {
 	ps := csum.Sum(ip[12:20], 0) + 6 + uint32(len(tcp))
 	if csum.Fold(csum.Sum(tcp, ps)) != 0xffff {
 		t.Errorf("TCP checksum does not verify")
+	}
+}
+
+// An IPv6 flow is refused before any map is looked at: pb_syns holds no
+// IPv6 SYN, and the frames are IPv4.
+func TestIPv6Refused(t *testing.T) {
+	r := New(nil, nil) // no map is read
+	c6 := netip.MustParseAddrPort("[2001:1::2]:40000")
+	v6 := netip.MustParseAddrPort("[2001:2::10]:80")
+	be6 := netip.MustParseAddrPort("[2001:2::1:2]:8080")
+	if err := r.Replay(c6, v6, be6); !errors.Is(err, ErrNotIPv4) {
+		t.Errorf("Replay of an IPv6 client: %v, want ErrNotIPv4", err)
+	}
+	if err := r.ReplayUnanswered(c6, v6, be6, 3); !errors.Is(err, ErrNotIPv4) {
+		t.Errorf("ReplayUnanswered of an IPv6 client: %v, want ErrNotIPv4", err)
+	}
+	if err := r.send(c6, v6, nil); !errors.Is(err, ErrNotIPv4) {
+		t.Errorf("send of an IPv6 client: %v, want ErrNotIPv4", err)
 	}
 }

@@ -1,0 +1,142 @@
+package agent
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
+)
+
+// fakeReplayer records the replays asked of it.
+type fakeReplayer struct {
+	refused, unanswered []netip.AddrPort // clients
+}
+
+func (r *fakeReplayer) Replay(client, _, _ netip.AddrPort) error {
+	r.refused = append(r.refused, client)
+	return nil
+}
+
+func (r *fakeReplayer) ReplayUnanswered(client, _, _ netip.AddrPort, _ uint32) error {
+	r.unanswered = append(r.unanswered, client)
+	return nil
+}
+
+var (
+	vip6    = netip.MustParseAddr("2001:2::10")
+	client6 = netip.MustParseAddr("2001:1::2")
+)
+
+// web6 is web on the IPv6 VIP, with endpoints [2001:2::n:2]:8080.
+func web6(port uint16, n int) desired.Service {
+	s := desired.Service{Name: "web6", Key: desired.Key{VIP: vip6, Port: port, Protocol: desired.TCP},
+		Accrual: settings(), RetryRefused: true}
+	for i := range n {
+		a := netip.AddrFrom16([16]byte{0x20, 0x01, 0, 0x02, 12: 0, 13: byte(i + 1), 14: 0, 15: 2})
+		s.Endpoints = append(s.Endpoints, desired.Endpoint{Addr: netip.AddrPortFrom(a, 8080)})
+	}
+	return s
+}
+
+// The datapath copies no IPv6 SYN, so the agent replays none: an IPv6
+// service gets no replay deadline, and a rescued refusal of an IPv6
+// client is left to the client's own retransmission, with no replay
+// counted, not even as an error. IPv4 beside it is replayed as before.
+func TestNoReplaysForIPv6(t *testing.T) {
+	e := newEnv(t)
+	rp := &fakeReplayer{}
+	e.a.replayer = rp
+	v4 := web(80, 2, settings())
+	v4.RetryRefused = true
+	v6 := web6(80, 2)
+	e.start(state(v4, v6))
+	s4, be4 := e.ids(v4)
+	s6, be6 := e.ids(v6)
+	for _, id := range be4 {
+		if e.a.policy[id].Replay == 0 {
+			t.Errorf("IPv4 backend %d: no replay deadline", id)
+		}
+	}
+	for _, id := range be6 {
+		if d := e.a.policy[id].Replay; d != 0 {
+			t.Errorf("IPv6 backend %d: replay deadline %v, want none", id, d)
+		}
+	}
+
+	// A rescued refusal of each family.
+	c6 := netip.AddrPortFrom(client6, e.nextPort())
+	ev6 := outcomes.Event{Type: outcomes.Refused, Flags: outcomes.FlagRescued, Service: s6, Backend: be6[0],
+		Client: c6, At: e.clk.Now()}
+	e.a.HandleEvents([]outcomes.Event{ev6})
+	if len(rp.refused) != 0 {
+		t.Errorf("IPv6 refusal replayed: %v", rp.refused)
+	}
+	for _, result := range []string{"sent", "error", "stale", "no_copy", "flood"} {
+		if got := testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("refused", result)); got != 0 {
+			t.Errorf("replays_total{refused,%s} = %v after an IPv6 refusal, want 0", result, got)
+		}
+	}
+	p := e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.Refused, s4, be4[0], p, outcomes.FlagRescued)})
+	if want := netip.AddrPortFrom(client, p); len(rp.refused) != 1 || rp.refused[0] != want {
+		t.Errorf("IPv4 refusal replays %v, want %v", rp.refused, want)
+	}
+
+	// Unanswered SYNs: the IPv4 one is replayed at its deadline, the IPv6
+	// one never (its connect deadline still judges the backend).
+	e.a.HandleEvents([]outcomes.Event{
+		{Type: outcomes.NewFlow, Service: s6, Backend: be6[1], Client: netip.AddrPortFrom(client6, e.nextPort()), At: e.clk.Now()},
+		e.event(outcomes.NewFlow, s4, be4[1], e.nextPort(), 0),
+	})
+	e.clk.Step(600 * time.Millisecond) // past the cautious deadline, half the connect timeout
+	e.a.Advance()
+	if len(rp.unanswered) != 1 || !rp.unanswered[0].Addr().Is4() {
+		t.Errorf("unanswered replays %v, want the IPv4 client's alone", rp.unanswered)
+	}
+	// The guard, should a deadline ever come due for an IPv6 client.
+	e.a.replayUnanswered(be6[1], netip.AddrPortFrom(client6, 1))
+	if len(rp.unanswered) != 1 {
+		t.Errorf("IPv6 unanswered SYN replayed: %v", rp.unanswered)
+	}
+	if got := testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("unanswered", "error")); got != 0 {
+		t.Errorf("replays_total{unanswered,error} = %v, want 0", got)
+	}
+	e.clk.Step(time.Second)
+	e.a.Advance()
+	if f := e.endpoint(be6[1]).ConsecutiveFailures; f != 1 {
+		t.Errorf("IPv6 endpoint: %d consecutive failures after its unanswered SYN, want 1", f)
+	}
+}
+
+// Names print in the usual notation: "[2001:2::1:2]:8080" for an IPv6
+// endpoint, the bare address for a VIP with its port beside it.
+func TestIPv6Names(t *testing.T) {
+	e := newEnv(t)
+	v6 := web6(443, 2)
+	e.start(state(v6))
+	_, bes := e.ids(v6)
+	if got := e.a.endpointName(bes[0]); got != "[2001:2::1:2]:8080" {
+		t.Errorf("endpoint name %q", got)
+	}
+	sv := e.a.ServicesView()
+	if len(sv.Services) != 1 || sv.Services[0].VIP != "2001:2::10" || sv.Services[0].Port != 443 {
+		t.Fatalf("/admin/services: %+v", sv.Services)
+	}
+	if got := e.endpoint(bes[1]).Endpoint; got != "[2001:2::2:2]:8080" {
+		t.Errorf("/admin/endpoints endpoint %q", got)
+	}
+	for _, s := range e.a.Services() {
+		for _, b := range s.Backends {
+			if a, err := netip.ParseAddrPort(b.Endpoint); err != nil || !a.Addr().Is6() {
+				t.Errorf("metrics endpoint label %q", b.Endpoint)
+			}
+		}
+	}
+	if got := v6.Key.String(); got != "[2001:2::10]:443/tcp" {
+		t.Errorf("key %q", got)
+	}
+}
