@@ -49,6 +49,14 @@ var (
 	pkVIPRep   = netip.MustParseAddrPort("198.18.100.14:80") // retryRefused: each SYN copied for a replay
 
 	pkNode = netip.MustParseAddrPort("198.18.0.1:22")
+
+	// IPv6: the established pair (as A and B) and a new-flow VIP with 3
+	// backends, in 2001:2::/48.
+	pkClient6  = netip.MustParseAddrPort("[2001:2::2]:5000")
+	pkA6       = netip.MustParseAddrPort("[2001:2:0:100::20]:80")
+	pkB6       = netip.MustParseAddrPort("[2001:2:0:100::21]:80")
+	pkVIPNew6  = netip.MustParseAddrPort("[2001:2:0:100::10]:80")
+	pkBackend6 = []string{"[2001:2:0:1::2]:8080", "[2001:2:0:2::2]:8080", "[2001:2:0:3::2]:8080"}
 	// No VIP's: the pass-through packet to a VIP port goes here.
 	pkNotVIP = netip.MustParseAddr("198.18.0.1")
 )
@@ -115,7 +123,7 @@ func newPacketRig() (*packetRig, error) {
 		}
 	}()
 	go func() { r.reader.Run(func(b []outcomes.Event) { ch <- b }); close(ch) }()
-	r.waitRead(4) // the established flows' NEW_FLOW events, before any count
+	r.waitRead(6) // the established flows' NEW_FLOW events, before any count
 	return r, nil
 }
 
@@ -164,6 +172,11 @@ func (r *packetRig) program() error {
 		be(22, pkB2.String(), 12, maps.BackendActive),
 		be(23, pkA2.String(), 13, maps.BackendActive),
 		be(pkTripBEID, pkTripBE.String(), pkTripSvc, maps.BackendActive),
+		be(60, pkB6.String(), 20, maps.BackendActive),
+		be(61, pkA6.String(), 21, maps.BackendActive),
+		be(62, pkBackend6[0], 22, maps.BackendActive),
+		be(63, pkBackend6[1], 22, maps.BackendActive),
+		be(64, pkBackend6[2], 22, maps.BackendActive),
 		m.SetPorts(nil, map[uint16]uint8{80: maps.PortVIP | maps.PortBackend, 8080: maps.PortBackend}),
 	)
 	const lim = 1 << 30 // a limit that is configured but never reached
@@ -174,6 +187,9 @@ func (r *packetRig) program() error {
 		{id: 4, vip: pkVIPLimBe, backends: []uint32{10, 11, 12}, limit: lim, perBE: lim},
 		{id: 5, vip: pkVIPRep, backends: []uint32{30, 31, 32}, flags: maps.ServiceRetryRefused},
 		{id: pkTripSvc, vip: pkVIPTrip, backends: []uint32{pkTripBEID}},
+		{id: 20, vip: pkA6, backends: []uint32{60}},
+		{id: 21, vip: pkB6, backends: []uint32{61}},
+		{id: 22, vip: pkVIPNew6, backends: []uint32{62, 63, 64}},
 		{id: 10, vip: pkA, backends: []uint32{20}},
 		{id: 11, vip: pkB, backends: []uint32{21}},
 		{id: 12, vip: pkA2, backends: []uint32{22}, limit: lim},
@@ -216,8 +232,12 @@ func (r *packetRig) program() error {
 	}
 
 	// The established flows: one SYN each through the datapath.
-	for _, vip := range []netip.AddrPort{pkA, pkB, pkA2, pkB2} {
-		ret, _, _, err := testRun(r.dp.PbXdp, tcpFrame(pkClient, vip, bpftest.SYN), r.out, 1)
+	for _, vip := range []netip.AddrPort{pkA, pkB, pkA2, pkB2, pkA6, pkB6} {
+		c := pkClient
+		if vip.Addr().Is6() {
+			c = pkClient6
+		}
+		ret, _, _, err := testRun(r.dp.PbXdp, tcpFrame(c, vip, bpftest.SYN), r.out, 1)
 		if err != nil {
 			return err
 		}
@@ -248,7 +268,7 @@ func (r *packetRig) service(s svcDef) error {
 		if err != nil {
 			return err
 		}
-		keys = append(keys, netip.AddrPortFrom(maps.AddrFrom16(b.Addr.Bytes), maps.Port(b.Port)).String())
+		keys = append(keys, netip.AddrPortFrom(maps.AddrFromFamily(b.Family, b.Addr.Bytes), maps.Port(b.Port)).String())
 	}
 	tbl, err := maglevTable(s.backends, keys)
 	if err != nil {
@@ -652,12 +672,16 @@ func (r *packetRig) resetCT() error {
 		keys = keys[n:]
 	}
 	read0 := r.read.Load()
-	for _, vip := range []netip.AddrPort{pkA, pkB, pkA2, pkB2} {
-		if ret, _, _, err := testRun(r.dp.PbXdp, tcpFrame(pkClient, vip, bpftest.SYN), r.out, 1); err != nil || ret != bpftest.XDPPass {
+	for _, vip := range []netip.AddrPort{pkA, pkB, pkA2, pkB2, pkA6, pkB6} {
+		c := pkClient
+		if vip.Addr().Is6() {
+			c = pkClient6
+		}
+		if ret, _, _, err := testRun(r.dp.PbXdp, tcpFrame(c, vip, bpftest.SYN), r.out, 1); err != nil || ret != bpftest.XDPPass {
 			return fmt.Errorf("SYN to %v: verdict %d, %v", vip, ret, err)
 		}
 	}
-	r.waitRead(read0 + 4)
+	r.waitRead(read0 + 6)
 	return nil
 }
 
@@ -741,6 +765,8 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		fSteer    = "new flow, picked backend in probation (steered)"
 		fProbe    = "new flow, picked backend in probation (probe admitted)"
 		fFull     = "new flow into a full conntrack (every insert evicts)"
+		fEst6     = "established flow, IPv6"
+		fNew6     = "new flow SYN, IPv6"
 	)
 	frames := struct{ dnat, miss, pass, ptVIP frame }{
 		dnat:  tcpFrame(pkClient, pkA, bpftest.ACK),
@@ -762,10 +788,16 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		{"packet", fDNATMiss, "", func() (float64, error) {
 			return r.repeatRun(r.base.MinDnat, frames.miss, rep, unchanged(frames.miss))
 		}},
-		{"packet", fEst, fDNAT, func() (float64, error) { return r.established(pkA, pkB, 10, 11, rep) }},
-		{"packet", fReply, fDNAT, func() (float64, error) { return r.reply(rep) }},
-		{"packet", fPT, fDNATMiss, func() (float64, error) { return r.passThrough(frames.pass, rep) }},
-		{"packet", fPTVIP, fDNATMiss, func() (float64, error) { return r.passThrough(frames.ptVIP, rep) }},
+		{"packet", fEst, fDNAT, func() (float64, error) {
+			return counted(func() (float64, error) { return r.established(pkA, pkB, 10, 11, rep) })
+		}},
+		{"packet", fReply, fDNAT, func() (float64, error) { return counted(func() (float64, error) { return r.reply(rep) }) }},
+		{"packet", fPT, fDNATMiss, func() (float64, error) {
+			return counted(func() (float64, error) { return r.passThrough(frames.pass, rep) })
+		}},
+		{"packet", fPTVIP, fDNATMiss, func() (float64, error) {
+			return counted(func() (float64, error) { return r.passThrough(frames.ptVIP, rep) })
+		}},
 		{"packet", fPass1, "", func() (float64, error) { return r.newFlows(nfXDPPass, o.NewFlows) }},
 		{"packet", fDNAT1, "", func() (float64, error) { return r.newFlows(nfMinDNAT, o.NewFlows) }},
 		{"packet", fNew, fDNAT1, func() (float64, error) { return r.newFlows(nfPlain, o.NewFlows) }},
@@ -773,9 +805,13 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		{"packet", fProbe, fDNAT1, func() (float64, error) { return r.newFlows(nfProbe, o.NewFlows) }},
 		{"packet", fFull, fDNAT1, func() (float64, error) { return r.newFlows(nfFullCT, o.NewFlows) }},
 		{"packet", "new flow SYN, retryRefused (the SYN copied for a replay)", fNew, func() (float64, error) { return r.newFlows(nfReplay, o.NewFlows) }},
+		{"packet", fEst6, fEst, func() (float64, error) { return counted(func() (float64, error) { return r.established6(rep) }) }},
+		{"packet", fNew6, fNew, func() (float64, error) { return r.newFlows6(o.NewFlows) }},
 		{"breaker", "new flow, limit: maxInflight", "new flow, no limit (check off)", func() (float64, error) { return r.newFlows(nfLimit, o.NewFlows) }},
 		{"breaker", "new flow, limit: maxInflight + maxInflightPerBackend", "new flow, no limit (check off)", func() (float64, error) { return r.newFlows(nfLimitBE, o.NewFlows) }},
-		{"breaker", "established flow, limit: maxInflight", "established flow, no limit (check off)", func() (float64, error) { return r.established(pkA2, pkB2, 12, 13, rep) }},
+		{"breaker", "established flow, limit: maxInflight", "established flow, no limit (check off)", func() (float64, error) {
+			return counted(func() (float64, error) { return r.established(pkA2, pkB2, 12, 13, rep) })
+		}},
 	}
 	for round := range o.Rounds {
 		for _, s := range steps {
@@ -802,7 +838,7 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 	reorderBreaker(res)
 
 	for _, f := range res.Figures {
-		if f.Part == "packet" && (f.Name == fEst || f.Name == fReply || f.Name == fPT || f.Name == fPTVIP) {
+		if f.Part == "packet" && (f.Name == fEst || f.Name == fReply || f.Name == fPT || f.Name == fPTVIP || f.Name == fEst6) {
 			f.Note = rs
 		}
 	}
@@ -825,6 +861,8 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 	res.target("packet", "new flow under Katran's new flow (399 ns)", res.median("packet", fNew), 399, true, "%.1f ns")
 	res.target("packet", "pass-through under Katran's (91 ns)", res.median("packet", fPT), 91, true, "%.1f ns")
 	res.target("packet", "pass-through to a VIP port, non-VIP address under Katran's (91 ns)", res.median("packet", fPTVIP), 91, true, "%.1f ns")
+	res.target("packet", "IPv6 established path ≤ 1.2× IPv4's (same build, same run)", res.ratio("packet", fEst6), 1.2, true, "%.2f×")
+	res.target("packet", "IPv6 new-flow path ≤ 1.2× IPv4's (same build, same run)", res.ratio("packet", fNew6), 1.2, true, "%.2f×")
 	res.target("trip", "reaction (deciding failure → endpoint excluded), kernel-measured p99 < 50 µs", res.median("trip", fTrip+", p99")/1000, 50, true, "%.2f µs")
 	return nil
 }
@@ -851,4 +889,98 @@ func reorderBreaker(res *Results) {
 		}
 	}
 	res.Figures = append(other, br...)
+}
+
+// established6 is established for the IPv6 pair (A6, B6: services 20,
+// 21), the final packet checked with an independent parser.
+func (r *packetRig) established6(repeat uint32) (float64, error) {
+	before, err := r.snapshot([]uint32{20, 21}, nil)
+	if err != nil {
+		return 0, err
+	}
+	ns, err := r.repeatRun(r.dp.PbXdp, tcpFrame(pkClient6, pkA6, bpftest.ACK), repeat, func(ret uint32, out []byte) error {
+		if err := wantPass(ret); err != nil {
+			return err
+		}
+		p, err := bpftest.Parse(out)
+		if err != nil {
+			return err
+		}
+		if p.Src != pkClient6 || p.Dst != pkB6 {
+			return fmt.Errorf("final packet %v -> %v, want %v -> %v", p.Src, p.Dst, pkClient6, pkB6)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("established6: %w", err)
+	}
+	after, err := r.snapshot([]uint32{20, 21}, nil)
+	if err != nil {
+		return 0, err
+	}
+	da := after.svc[20].Packets - before.svc[20].Packets
+	db := after.svc[21].Packets - before.svc[21].Packets
+	if da != uint64(repeat+1)/2 || db != uint64(repeat-1)/2 {
+		return 0, fmt.Errorf("established6: %w: packets %d+%d over %d runs", errPath, da, db, repeat)
+	}
+	return ns, nil
+}
+
+// newFlows6 is newFlows(nfPlain) for IPv6: n SYNs of distinct flows to
+// pkVIPNew6, one BPF_PROG_TEST_RUN (repeat=1) each, every output parsed;
+// the median kernel time. Their conntrack entries are removed after.
+func (r *packetRig) newFlows6(n int) (float64, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	backends := map[netip.AddrPort]bool{}
+	for _, b := range pkBackend6 {
+		backends[netip.MustParseAddrPort(b)] = true
+	}
+	before, err := r.snapshot([]uint32{22}, nil)
+	if err != nil {
+		return 0, err
+	}
+	durs := make([]float64, 0, n)
+	var keys []bpf.LbCtKey
+	for i := range n {
+		seq := r.nextClient()
+		a := pkClient6.Addr().As16()
+		a[12], a[13], a[14], a[15] = byte(i>>8), byte(i), byte(seq.Port()>>8), byte(seq.Port())
+		c := netip.AddrPortFrom(netip.AddrFrom16(a), seq.Port())
+		ret, sz, ns, err := testRun(r.dp.PbXdp, frame(bpftest.TCP(c, pkVIPNew6, bpftest.SYN, nil)), r.out, 1)
+		if err != nil {
+			return 0, err
+		}
+		p, perr := bpftest.Parse(r.out[:sz])
+		if ret != bpftest.XDPPass || perr != nil || !backends[p.Dst] {
+			return 0, fmt.Errorf("IPv6 new flow from %v: verdict %d, to %v, %v", c, ret, p.Dst, perr)
+		}
+		durs = append(durs, float64(ns))
+		var f, rv bpf.LbCtKey
+		f.Src.Bytes, f.Dst.Bytes = maps.Addr16(c.Addr()), maps.Addr16(pkVIPNew6.Addr())
+		f.Sport, f.Dport = maps.Port(c.Port()), maps.Port(pkVIPNew6.Port())
+		f.Proto, f.Dir, f.Family = 6, maps.DirFwd, maps.FamilyIPv6
+		rv.Src.Bytes, rv.Dst.Bytes = maps.Addr16(p.Dst.Addr()), f.Src.Bytes
+		rv.Sport, rv.Dport = maps.Port(p.Dst.Port()), f.Sport
+		rv.Proto, rv.Dir, rv.Family = 6, maps.DirRev, maps.FamilyIPv6
+		keys = append(keys, f, rv)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for r.read.Load()-before.events < uint64(n) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	after, err := r.snapshot([]uint32{22}, nil)
+	if err != nil {
+		return 0, err
+	}
+	if flows := after.svc[22].Flows - before.svc[22].Flows; flows != uint64(n) {
+		return 0, fmt.Errorf("IPv6 new flow: %w: %d new flows counted, want %d", errPath, flows, n)
+	}
+	if d := after.g.EventsLost - before.g.EventsLost; d != 0 {
+		return 0, fmt.Errorf("IPv6 new flow: %w: %d events lost", errPath, d)
+	}
+	if got, err := r.dp.PbCt.BatchDelete(keys, nil); err != nil || got != len(keys) {
+		return 0, fmt.Errorf("IPv6 conntrack cleanup: deleted %d of %d: %v", got, len(keys), err)
+	}
+	return median(durs), nil
 }
