@@ -16,7 +16,9 @@ import (
 )
 
 // Mode is a backend's behaviour towards new connections. It can be changed
-// at any time with SetMode; flapping is a sequence of SetMode calls.
+// at any time with SetMode; flapping is a sequence of SetMode calls. Every
+// mode applies alike to IPv4 and IPv6 clients: the servers listen on both
+// families and the nftables tables are of family inet.
 type Mode int32
 
 const (
@@ -24,13 +26,14 @@ const (
 	// every UDP datagram with "b1\n" + the datagram.
 	Serve Mode = iota
 	// Refuse closes the listening sockets: the kernel answers a SYN with
-	// RST (the client sees ECONNREFUSED) and a UDP datagram with ICMP port
-	// unreachable. Connections already established are not touched.
+	// RST (the client sees ECONNREFUSED) and a UDP datagram with ICMP (or
+	// ICMPv6) port unreachable, which a connected UDP socket reports as
+	// ECONNREFUSED. Connections already established are not touched.
 	Refuse
-	// Blackhole drops incoming SYNs (and UDP datagrams) to the served ports
-	// with an nftables rule in the backend namespace (table inet pbtest):
-	// the client's connect times out, retransmitting its SYN meanwhile.
-	// Established connections keep working.
+	// Blackhole drops incoming SYNs (and UDP datagrams) to the served ports,
+	// IPv4 and IPv6, with an nftables rule in the backend namespace (table
+	// inet pbtest): the client's connect times out, retransmitting its SYN
+	// meanwhile. Established connections keep working.
 	Blackhole
 	// ResetAfterHandshake accepts each connection and closes it at once
 	// with SO_LINGER{1,0}, so a RST goes out before any data byte.
@@ -63,10 +66,11 @@ func (m Mode) String() string {
 // The embedded *NS gives it Do, Listen, DialContext, Run, etc.
 type Backend struct {
 	*NS
-	Index int        // i in "b<i>"
-	Name  string     // "b<i>", also the HTTP response body (plus "\n")
-	Addr  netip.Addr // 198.18.<i>.2
-	Link  *Link      // the veth pair to the node
+	Index  int        // i in "b<i>"
+	Name   string     // "b<i>", also the HTTP response body (plus "\n")
+	Addr   netip.Addr // 198.18.<i>.2
+	AddrV6 netip.Addr // 2001:2:0:<i>::2 (see Link for how i is spelled)
+	Link   *Link      // the veth pair to the node
 
 	mode atomic.Int32
 
@@ -148,9 +152,9 @@ type udpServer struct {
 	done chan struct{}
 }
 
-// ServeHTTP starts an HTTP/1.1 server on [::]:port (IPv4 too) in the backend
-// namespace that answers every request with the backend name ("b1\n").
-// Keep-alive works. The server follows the backend's mode.
+// ServeHTTP starts an HTTP/1.1 server on [::]:port (IPv4 and IPv6) in the
+// backend namespace that answers every request with the backend name
+// ("b1\n"). Keep-alive works. The server follows the backend's mode.
 func (b *Backend) ServeHTTP(port int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -183,9 +187,10 @@ func (b *Backend) ServeHTTP(port int) error {
 	return nil
 }
 
-// ServeUDPEcho starts a UDP server on [::]:port (IPv4 too) in the backend namespace
-// that answers each datagram with the backend name, a newline, and the
-// datagram itself ("b1\n" + payload). It follows the backend's mode.
+// ServeUDPEcho starts a UDP server on [::]:port (IPv4 and IPv6) in the
+// backend namespace that answers each datagram with the backend name, a
+// newline, and the datagram itself ("b1\n" + payload). It follows the
+// backend's mode.
 func (b *Backend) ServeUDPEcho(port int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -399,9 +404,10 @@ const shareTable = "pbtest_share"
 
 // RefuseShare makes the backend refuse a share p of new TCP connections at
 // random, whatever its mode: an nftables rule in its namespace (table inet
-// pbtest_share) answers that share of SYNs with a RST, as a closed port
-// would, so clients see ECONNREFUSED. The way pods usually degrade: some
-// connections fail, most do not. p = 0 removes the rule.
+// pbtest_share, so IPv4 and IPv6 SYNs alike) answers that share of SYNs
+// with a RST, as a closed port would, so clients see ECONNREFUSED. The way
+// pods usually degrade: some connections fail, most do not. p = 0 removes
+// the rule.
 func (b *Backend) RefuseShare(p float64) error {
 	if !(p >= 0 && p <= 1) {
 		return fmt.Errorf("testnet: refuse share %v not within [0, 1]", p)

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -159,18 +160,25 @@ func (n *NS) DialContext(ctx context.Context, network, address string) (net.Conn
 	return (&Dialer{NS: n}).DialContext(ctx, network, address)
 }
 
-// DialContext connects to address ("ip:port", literal IPs only) over
-// network "tcp", "tcp4", "tcp6", "udp", "udp4" or "udp6" from inside the
-// namespace. It returns a *net.TCPConn or *net.UDPConn. Errors are
-// *net.OpError{Op: "dial"} like the standard dialer's: errors.Is works for
-// syscall.ECONNREFUSED, and a connect that ran out of time satisfies
-// errors.Is(err, os.ErrDeadlineExceeded) and net.Error.Timeout().
+// DialContext connects to address over network "tcp", "tcp4", "tcp6",
+// "udp", "udp4" or "udp6" from inside the namespace. address is a literal
+// IP and a port: "198.18.1.2:80", or for IPv6, in brackets,
+// "[2001:2:0:1::2]:80" (a zone, "[fe80::1%eth0]:80", names an interface
+// of the namespace). An IPv4-mapped IPv6 address ("[::ffff:198.18.1.2]:80")
+// is dialed as IPv4, as the standard dialer does; "tcp4"/"udp4" with an
+// IPv6 address and "tcp6"/"udp6" with an IPv4 one fail. It returns a
+// *net.TCPConn or *net.UDPConn. Errors are *net.OpError{Op: "dial"} like
+// the standard dialer's: errors.Is works for syscall.ECONNREFUSED, and a
+// connect that ran out of time satisfies errors.Is(err,
+// os.ErrDeadlineExceeded) and net.Error.Timeout().
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("testnet: need a literal ip:port: %w", err)}
+		return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("testnet: need a literal ip:port or [ipv6]:port: %w", err)}
 	}
-	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if a := ap.Addr(); a.Is4In6() {
+		ap = netip.AddrPortFrom(a.Unmap(), ap.Port())
+	}
 	var typ int
 	var raddr net.Addr
 	switch network {
@@ -183,14 +191,25 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	default:
 		return nil, &net.OpError{Op: "dial", Net: network, Err: net.UnknownNetworkError(network)}
 	}
-	domain := unix.AF_INET
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
-	if ap.Addr().Is6() {
-		domain = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
-	}
 	opErr := func(err error) error {
 		return &net.OpError{Op: "dial", Net: network, Addr: raddr, Err: err}
+	}
+	is6 := ap.Addr().Is6()
+	if suffix := network[len(network)-1]; (suffix == '4' && is6) || (suffix == '6' && !is6) {
+		return nil, opErr(&net.AddrError{Err: "address of the wrong family for " + network, Addr: ap.Addr().String()})
+	}
+	var domain int
+	var sa unix.Sockaddr
+	if is6 {
+		zone, err := d.NS.zoneIndex(ap.Addr().Zone())
+		if err != nil {
+			return nil, opErr(err)
+		}
+		domain = unix.AF_INET6
+		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16(), ZoneId: zone}
+	} else {
+		domain = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
 	}
 	if d.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -215,10 +234,10 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		}
 	}
 	if d.LocalAddr.IsValid() {
-		la := d.LocalAddr.Addr().Unmap()
-		var lsa unix.Sockaddr = &unix.SockaddrInet4{Port: int(d.LocalAddr.Port()), Addr: la.As4()}
-		if domain == unix.AF_INET6 {
-			lsa = &unix.SockaddrInet6{Port: int(d.LocalAddr.Port()), Addr: la.As16()}
+		lsa, err := d.localSockaddr(is6)
+		if err != nil {
+			unix.Close(fd)
+			return nil, opErr(err)
 		}
 		if err := unix.Bind(fd, lsa); err != nil {
 			unix.Close(fd)
@@ -240,6 +259,55 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	return c, nil
 }
 
+// localSockaddr is d.LocalAddr for a socket of the given family. An
+// unspecified address (0.0.0.0 or ::) binds only the port, in either
+// family; any other address must be of the socket's family.
+func (d *Dialer) localSockaddr(is6 bool) (unix.Sockaddr, error) {
+	la, port := d.LocalAddr.Addr().Unmap(), int(d.LocalAddr.Port())
+	if la.IsUnspecified() {
+		if is6 {
+			return &unix.SockaddrInet6{Port: port}, nil
+		}
+		return &unix.SockaddrInet4{Port: port}, nil
+	}
+	if la.Is6() != is6 {
+		return nil, &net.AddrError{Err: "local address of the other family than the remote one", Addr: la.String()}
+	}
+	if !is6 {
+		return &unix.SockaddrInet4{Port: port, Addr: la.As4()}, nil
+	}
+	zone, err := d.NS.zoneIndex(la.Zone())
+	if err != nil {
+		return nil, err
+	}
+	return &unix.SockaddrInet6{Port: port, Addr: la.As16(), ZoneId: zone}, nil
+}
+
+// zoneIndex resolves an IPv6 zone, an interface name or index, in the
+// namespace ("" is 0: no zone).
+func (n *NS) zoneIndex(zone string) (uint32, error) {
+	if zone == "" {
+		return 0, nil
+	}
+	if i, err := strconv.ParseUint(zone, 10, 32); err == nil {
+		return uint32(i), nil
+	}
+	var idx int
+	err := n.Do(func() error {
+		// The route netlink socket behind InterfaceByName belongs to this
+		// thread's namespace.
+		ifi, err := net.InterfaceByName(zone)
+		if err == nil {
+			idx = ifi.Index
+		}
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("testnet: zone %q in %s: %w", zone, n.Name, err)
+	}
+	return uint32(idx), nil
+}
+
 func mapCtxErr(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return os.ErrDeadlineExceeded
@@ -250,6 +318,16 @@ func mapCtxErr(err error) error {
 var aLongTimeAgo = time.Unix(1, 0)
 
 // connect performs a non-blocking connect(2), waiting on the runtime poller.
+//
+// An ICMP error (e.g. "network unreachable" from the node for a VIP with
+// no load balancer) that arrives while a system call holds the socket —
+// connect(2) itself, through which the whole veth round trip can run
+// synchronously, or getpeername(2) — is recorded by the kernel only as a
+// soft error (TcpExtLockDroppedIcmps): it does not end the connect or wake
+// the poller, and would surface only with the SYN retransmission a second
+// later. In SYN_SENT the kernel makes every other ICMP error fatal, so
+// before each wait connect reads SO_ERROR (which returns the soft error
+// too) and fails with what it finds.
 func connect(ctx context.Context, f *os.File, sa unix.Sockaddr) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
@@ -265,6 +343,20 @@ func connect(ctx context.Context, f *os.File, sa unix.Sockaddr) error {
 
 	started := false
 	var cerr error
+	// wait reports whether to wait for writability: not if SO_ERROR holds
+	// an error (then cerr is set).
+	wait := func(fd uintptr) bool {
+		v, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		switch e := unix.Errno(v); {
+		case err != nil:
+			cerr = os.NewSyscallError("getsockopt", err)
+		case e == 0, e == unix.EINPROGRESS, e == unix.EALREADY, e == unix.EINTR:
+			return true
+		default:
+			cerr = os.NewSyscallError("connect", e)
+		}
+		return false
+	}
 	werr := rc.Write(func(fd uintptr) bool {
 		if !started {
 			started = true
@@ -272,7 +364,7 @@ func connect(ctx context.Context, f *os.File, sa unix.Sockaddr) error {
 			case nil, unix.EISCONN:
 				return true
 			case unix.EINPROGRESS, unix.EALREADY, unix.EINTR:
-				return false // wait for writability
+				return !wait(fd)
 			default:
 				cerr = os.NewSyscallError("connect", err)
 				return true
@@ -289,11 +381,11 @@ func connect(ctx context.Context, f *os.File, sa unix.Sockaddr) error {
 			// registering the unconnected socket): only a peer name proves
 			// the connection is established.
 			if _, err := unix.Getpeername(int(fd)); err != nil {
-				return false
+				return !wait(fd)
 			}
 			return true
 		case unix.EINPROGRESS, unix.EALREADY, unix.EINTR:
-			return false
+			return !wait(fd)
 		default:
 			cerr = os.NewSyscallError("connect", e)
 			return true

@@ -38,12 +38,17 @@ type FloodResult struct {
 // Rate is the SYNs per second actually sent.
 func (r FloodResult) Rate() float64 { return float64(r.Sent) / r.Elapsed.Seconds() }
 
-// AddAddrs gives the namespace's eth0 more addresses of its /24, so a
-// backend's SYN-ACKs to them come back to this namespace, whose kernel
-// answers them with RST (no socket): a flood from real, reachable sources.
+// AddAddrs gives the namespace's eth0 more addresses of its /24 (IPv4) or
+// /64 (IPv6, added with nodad, so usable at once), so a backend's SYN-ACKs
+// to them come back to this namespace, whose kernel answers them with RST
+// (no socket): a flood from real, reachable sources.
 func (n *NS) AddAddrs(addrs ...netip.Addr) error {
 	for _, a := range addrs {
-		if _, err := n.Run("ip", "addr", "add", a.String()+"/24", "dev", "eth0"); err != nil {
+		args := []string{"ip", "addr", "add", a.String() + "/24", "dev", "eth0"}
+		if a.Is6() {
+			args = []string{"ip", "-6", "addr", "add", a.String() + "/64", "dev", "eth0", "nodad"}
+		}
+		if _, err := n.Run(args...); err != nil {
 			return err
 		}
 	}
@@ -53,7 +58,16 @@ func (n *NS) AddAddrs(addrs ...netip.Addr) error {
 // SYNFlood sends spec's SYNs through a raw socket in the namespace, paced
 // in 1 ms slices, until Duration passes or ctx ends, at most Rate·Duration
 // packets. A sender the machine slows down sends fewer (FloodResult).
+// It is IPv4 only: an IPv6 target or source is an error.
 func (n *NS) SYNFlood(ctx context.Context, spec FloodSpec) (FloodResult, error) {
+	if !spec.Target.Addr().Is4() {
+		return FloodResult{}, fmt.Errorf("testnet: flood target %s: IPv4 only", spec.Target)
+	}
+	for _, s := range spec.Sources {
+		if !s.Is4() {
+			return FloodResult{}, fmt.Errorf("testnet: flood source %s: IPv4 only", s)
+		}
+	}
 	var fd int
 	if err := n.Do(func() (err error) {
 		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)

@@ -19,7 +19,10 @@ import (
 // whose scheduled time comes while Concurrency attempts are in flight is
 // not started and is recorded as NotStarted.
 type LoadSpec struct {
-	Target string // "ip:port", e.g. "198.18.100.1:80"
+	// Target is a literal "ip:port" or "[ipv6]:port", e.g.
+	// "198.18.100.1:80" or "[2001:2:0:100::1]:80" (VIP6); it is also the
+	// requests' Host header.
+	Target string
 	Path   string // request path; default "/"
 
 	Rate     float64       // attempts per second (> 0)
@@ -62,8 +65,9 @@ func Load(ctx context.Context, ns *NS, spec LoadSpec) (Results, error) {
 	if spec.Rate <= 0 {
 		return nil, errors.New("testnet: LoadSpec.Rate must be > 0")
 	}
-	if _, err := netip.ParseAddrPort(spec.Target); err != nil {
-		return nil, fmt.Errorf("testnet: LoadSpec.Target: %w", err)
+	target, err := netip.ParseAddrPort(spec.Target)
+	if err != nil {
+		return nil, fmt.Errorf("testnet: LoadSpec.Target (want ip:port or [ipv6]:port): %w", err)
 	}
 	n := spec.Count
 	if spec.Duration > 0 {
@@ -87,7 +91,8 @@ func Load(ctx context.Context, ns *NS, spec LoadSpec) (Results, error) {
 	if spec.Path == "" {
 		spec.Path = "/"
 	}
-	req := []byte("GET " + spec.Path + " HTTP/1.1\r\nHost: " + spec.Target +
+	// AddrPort.String brackets an IPv6 address, as a Host header needs.
+	req := []byte("GET " + spec.Path + " HTTP/1.1\r\nHost: " + target.String() +
 		"\r\nUser-Agent: penaltybox-testnet\r\nConnection: close\r\n\r\n")
 	d := ns.Dialer(spec.ConnectTimeout)
 

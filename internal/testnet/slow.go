@@ -32,9 +32,10 @@ type handshakeDelayer struct {
 }
 
 // DelayHandshakes makes the backend's handshakes take d longer: every
-// SYN-ACK it sends is held d before it leaves its eth0 (the kernel here has
-// no sch_netem, so a tc program and the test process do what netem's delay
-// would, for SYN-ACKs only; data is not delayed). d = 0 stops it.
+// SYN-ACK it sends, IPv4 or IPv6, is held d before it leaves its eth0 (the
+// kernel here has no sch_netem, so a tc program and the test process do
+// what netem's delay would, for SYN-ACKs only; data is not delayed). d = 0
+// stops it.
 func (b *Backend) DelayHandshakes(d time.Duration) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -93,7 +94,7 @@ func (b *Backend) startDelay(d time.Duration) (*handshakeDelayer, error) {
 				// The program keeps dropping SYN-ACKs: keep sending them.
 				continue
 			}
-			frame, ok := heldFrame(rec.RawSample)
+			frame, proto, ok := heldFrame(rec.RawSample)
 			if !ok {
 				continue
 			}
@@ -101,7 +102,7 @@ func (b *Backend) startDelay(d time.Duration) (*handshakeDelayer, error) {
 			time.AfterFunc(d, func() {
 				defer hd.wg.Done()
 				// A sockaddr of its own: Sendto writes into it.
-				to := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(unix.ETH_P_IP)}
+				to := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(proto)}
 				unix.Sendto(hd.fd, frame, 0, to) // a lost SYN-ACK is retransmitted by the backend
 			})
 		}
@@ -123,24 +124,50 @@ func (hd *handshakeDelayer) close() {
 	hd.objs.Close()
 }
 
-// heldFrame decodes one ring record (struct frame: len, then the bytes)
-// and completes the TCP checksum: the stack may leave it to the device
-// (CHECKSUM_PARTIAL), and a frame sent on a packet socket is final.
-func heldFrame(rec []byte) ([]byte, bool) {
+// heldFrame decodes one ring record (struct frame: len, then the bytes),
+// an IPv4 or IPv6 SYN-ACK, and completes the TCP checksum: the stack may
+// leave it to the device (CHECKSUM_PARTIAL), and a frame sent on a packet
+// socket is final. proto is the frame's EtherType.
+func heldFrame(rec []byte) (frame []byte, proto uint16, ok bool) {
 	if len(rec) < 4 {
-		return nil, false
+		return nil, 0, false
 	}
 	n := int(binary.LittleEndian.Uint32(rec))
-	const eth, ip, tcp = 14, 20, 20
+	const eth, ip, ip6, tcp = 14, 20, 40, 20
 	if n < eth+ip+tcp || n > len(rec)-4 {
-		return nil, false
+		return nil, 0, false
 	}
 	f := append([]byte(nil), rec[4:4+n]...)
-	if tot := int(binary.BigEndian.Uint16(f[eth+2:])); tot < ip+tcp || eth+tot > n {
-		return nil, false
+	switch proto = binary.BigEndian.Uint16(f[12:]); proto {
+	case unix.ETH_P_IP:
+		if tot := int(binary.BigEndian.Uint16(f[eth+2:])); tot < ip+tcp || eth+tot > n {
+			return nil, 0, false
+		}
+		csum.SetTCP4(f)
+	case unix.ETH_P_IPV6:
+		if n < eth+ip6+tcp {
+			return nil, 0, false
+		}
+		if pl := int(binary.BigEndian.Uint16(f[eth+4:])); pl < tcp || eth+ip6+pl > n || f[eth+6] != unix.IPPROTO_TCP {
+			return nil, 0, false
+		}
+		setTCP6(f)
+	default:
+		return nil, 0, false
 	}
-	csum.SetTCP4(f)
-	return f, true
+	return f, proto, true
+}
+
+// setTCP6 is csum.SetTCP4 for an Ethernet frame carrying IPv6 (no extension
+// headers) and TCP: the checksum over the segment the payload length gives
+// and the IPv6 pseudo header (RFC 8200 8.1). The caller checks that the
+// frame holds both headers and the segment.
+func setTCP6(frame []byte) {
+	ip := frame[14:]
+	seg := ip[40 : 40+int(binary.BigEndian.Uint16(ip[4:]))]
+	seg[16], seg[17] = 0, 0
+	ps := csum.Sum(ip[8:40], 0) + uint32(len(seg)) + unix.IPPROTO_TCP
+	binary.BigEndian.PutUint16(seg[16:], ^csum.Fold(csum.Sum(seg, ps)))
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -27,8 +27,22 @@ const (
 	VIPNet = "198.18.100.0/24"
 )
 
+// VIP6 is the default IPv6 virtual IP for tests, VIP's counterpart. IPv6
+// VIPs live in VIP6Net and are not assigned to any interface: the XDP
+// program DNATs them. Without a load balancer the node has no route for
+// them, so a connect to an IPv6 VIP fails fast with "network unreachable"
+// (the node answers with ICMPv6 "no route to destination"). In a URL or a
+// dial address it needs brackets: "[" + VIP6 + "]:80".
+const (
+	VIP6    = "2001:2:0:100::1"
+	VIP6Net = "2001:2:0:100::/64"
+)
+
 // VIPAddr is VIP as a netip.Addr.
 var VIPAddr = netip.MustParseAddr(VIP)
+
+// VIP6Addr is VIP6 as a netip.Addr.
+var VIP6Addr = netip.MustParseAddr(VIP6)
 
 // MaxBackends is the largest Options.Backends accepted.
 const MaxBackends = 99
@@ -53,9 +67,10 @@ type Options struct {
 	// together with GRO for XDP_REDIRECT datapaths; see the package doc.
 	TxChecksumOff bool
 
-	// StaticNeighbors installs permanent ARP entries on both ends of every
-	// link, so bpf_fib_lookup in the node succeeds from the first packet
-	// (no BPF_FIB_LKUP_RET_NO_NEIGH while ARP resolves).
+	// StaticNeighbors installs permanent neighbour entries on both ends of
+	// every link, ARP (IPv4) and NDP (IPv6) alike, so bpf_fib_lookup in the
+	// node succeeds from the first packet of either family (no
+	// BPF_FIB_LKUP_RET_NO_NEIGH while ARP or neighbour discovery resolves).
 	StaticNeighbors bool
 }
 
@@ -66,28 +81,39 @@ func XDPOptions(backends int) Options {
 }
 
 // Link is one veth pair between the node and a client or backend namespace.
+// i is the link's index: 0 for the client's link cl0, i for b<i>. Every link
+// is dual-stack. In its IPv6 addresses the fourth group spells i with the
+// same decimal digits as the IPv4 address does (b12: 198.18.12.2 and
+// 2001:2:0:12::2), as VIP and VIP6 do (198.18.100.1, 2001:2:0:100::1).
 type Link struct {
-	Name  string           // node-side name: "cl0", "b1", ...
-	Index int              // node-side ifindex (in the node namespace)
-	MAC   net.HardwareAddr // node-side MAC
-	Addr  netip.Prefix     // node-side address: 198.18.<i>.1/24
+	Name   string           // node-side name: "cl0", "b1", ...
+	Index  int              // node-side ifindex (in the node namespace)
+	MAC    net.HardwareAddr // node-side MAC
+	Addr   netip.Prefix     // node-side address: 198.18.<i>.1/24
+	AddrV6 netip.Prefix     // node-side IPv6 address: 2001:2:0:<i>::1/64
 
-	Peer      *NS              // the client or backend namespace
-	PeerName  string           // always "eth0"
-	PeerIndex int              // peer ifindex (in Peer)
-	PeerMAC   net.HardwareAddr // peer MAC
-	PeerAddr  netip.Prefix     // peer address: 198.18.<i>.2/24
+	Peer       *NS              // the client or backend namespace
+	PeerName   string           // always "eth0"
+	PeerIndex  int              // peer ifindex (in Peer)
+	PeerMAC    net.HardwareAddr // peer MAC
+	PeerAddr   netip.Prefix     // peer address: 198.18.<i>.2/24
+	PeerAddrV6 netip.Prefix     // peer IPv6 address: 2001:2:0:<i>::2/64
 }
 
-// Topology is a node namespace connected by veth pairs to one client and N
-// backend namespaces:
+// Topology is a node namespace connected by dual-stack veth pairs to one
+// client and N backend namespaces:
 //
-//	client eth0 198.18.0.2 ── cl0 198.18.0.1 ┐
-//	                                         node (ip_forward=1, rp_filter=0)
-//	b<i>   eth0 198.18.i.2 ── b<i> 198.18.i.1┘
+//	client eth0 198.18.0.2    ── cl0  198.18.0.1    ┐
+//	            2001:2:0:0::2         2001:2:0:0::1 │
+//	                                                node (ip_forward=1, rp_filter=0,
+//	                                                │     IPv6 forwarding=1)
+//	b<i>   eth0 198.18.i.2    ── b<i> 198.18.i.1    │
+//	            2001:2:0:i::2         2001:2:0:i::1 ┘
 //
-// Client and backends route everything via the node. Names are unique per
-// instance, so topologies can coexist (tests may run in parallel).
+// Client and backends route everything via the node, IPv4 and IPv6 (a
+// default route of each family via the node's address on their link).
+// Names are unique per instance, so topologies can coexist (tests may run
+// in parallel).
 type Topology struct {
 	ID       string     // unique id, the namespace name prefix is "pbt"+ID
 	Node     *NS        // "pbt<ID>-node": interfaces cl0, b1..bN
@@ -104,6 +130,9 @@ type Topology struct {
 
 // ClientAddr is the client's address, 198.18.0.2.
 func (t *Topology) ClientAddr() netip.Addr { return t.Links[0].PeerAddr.Addr() }
+
+// ClientAddrV6 is the client's IPv6 address, 2001:2:0:0::2 (2001:2::2).
+func (t *Topology) ClientAddrV6() netip.Addr { return t.Links[0].PeerAddrV6.Addr() }
 
 // NodeIfaces returns the node-side interface names: cl0, b1, ..., bN (the
 // interfaces to attach XDP to).
@@ -218,6 +247,19 @@ func mac(i, side int) net.HardwareAddr {
 	return net.HardwareAddr{0x02, 0x00, 0xc6, 0x12, byte(i), byte(side)}
 }
 
+// addr4 is 198.18.<i>.<host>/24, link i's IPv4 address on side host
+// (1 = node, 2 = peer).
+func addr4(i, host int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, byte(i), byte(host)}), 24)
+}
+
+// addr6 is 2001:2:0:<i>::<host>/64, link i's IPv6 address on side host.
+// The fourth group spells i in decimal digits (i = 12 is 2001:2:0:12::),
+// so the IPv4 and IPv6 addresses of a link read alike.
+func addr6(i, host int) netip.Prefix {
+	return netip.PrefixFrom(netip.MustParseAddr(fmt.Sprintf("2001:2:0:%d::%d", i, host)), 64)
+}
+
 func (t *Topology) build(names []string) error {
 	opts := t.Options
 	var created []string
@@ -254,13 +296,15 @@ func (t *Topology) build(names []string) error {
 			name = "b" + strconv.Itoa(i)
 		}
 		t.Links = append(t.Links, &Link{
-			Name:     name,
-			MAC:      mac(i, 1),
-			Addr:     netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, byte(i), 1}), 24),
-			Peer:     p,
-			PeerName: "eth0",
-			PeerMAC:  mac(i, 2),
-			PeerAddr: netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, byte(i), 2}), 24),
+			Name:       name,
+			MAC:        mac(i, 1),
+			Addr:       addr4(i, 1),
+			AddrV6:     addr6(i, 1),
+			Peer:       p,
+			PeerName:   "eth0",
+			PeerMAC:    mac(i, 2),
+			PeerAddr:   addr4(i, 2),
+			PeerAddrV6: addr6(i, 2),
 		})
 	}
 
@@ -278,6 +322,21 @@ func (t *Topology) build(names []string) error {
 			{"net/ipv4/conf/default/accept_local", "1"},
 			{"net/ipv4/conf/all/send_redirects", "0"},
 			{"net/ipv4/conf/default/send_redirects", "0"},
+		} {
+			if err := writeSysctl(kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+		// IPv6: enabled, forwarding (which also makes the node ignore
+		// router advertisements, whatever accept_ra says), and no DAD, so
+		// the link-local addresses are usable at once like the global ones
+		// (added with nodad). all/forwarding also sets default/forwarding.
+		for _, kv := range [][2]string{
+			{"net/ipv6/conf/all/disable_ipv6", "0"},
+			{"net/ipv6/conf/default/disable_ipv6", "0"},
+			{"net/ipv6/conf/all/forwarding", "1"},
+			{"net/ipv6/conf/all/accept_dad", "0"},
+			{"net/ipv6/conf/default/accept_dad", "0"},
 		} {
 			if err := writeSysctl(kv[0], kv[1]); err != nil {
 				return err
@@ -311,11 +370,18 @@ func (t *Topology) build(names []string) error {
 					return err
 				}
 			}
-			if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: prefixToIPNet(l.Addr)}); err != nil {
-				return fmt.Errorf("testnet: add %s to %s: %w", l.Addr, l.Name, err)
+			for _, kv := range [][2]string{
+				{"disable_ipv6", "0"}, {"forwarding", "1"}, {"accept_dad", "0"},
+			} {
+				if err := writeSysctl("net/ipv6/conf/"+l.Name+"/"+kv[0], kv[1]); err != nil {
+					return err
+				}
+			}
+			if err := addAddrs(link, l.Addr, l.AddrV6); err != nil {
+				return err
 			}
 			if opts.StaticNeighbors {
-				if err := addNeigh(link.Attrs().Index, l.PeerAddr.Addr(), l.PeerMAC); err != nil {
+				if err := addNeighs(link.Attrs().Index, l.PeerMAC, l.PeerAddr.Addr(), l.PeerAddrV6.Addr()); err != nil {
 					return err
 				}
 			}
@@ -334,11 +400,27 @@ func (t *Topology) build(names []string) error {
 			if err := linkUp("lo"); err != nil {
 				return err
 			}
+			// IPv6: enabled; neither router advertisements (the node sends
+			// none, and the routes are static) nor autoconfiguration, so the
+			// peer sends no router solicitations either; no DAD (see the
+			// node). eth0 exists already (it was created from the node), so
+			// it is set explicitly, not only through default.
 			for _, kv := range [][2]string{
 				{"net/ipv4/conf/all/rp_filter", "0"},
 				{"net/ipv4/conf/default/rp_filter", "0"},
 				{"net/ipv4/conf/eth0/rp_filter", "0"},
 				{"net/ipv4/tcp_tw_reuse", "1"},
+				{"net/ipv6/conf/all/disable_ipv6", "0"},
+				{"net/ipv6/conf/default/disable_ipv6", "0"},
+				{"net/ipv6/conf/eth0/disable_ipv6", "0"},
+				{"net/ipv6/conf/all/accept_ra", "0"},
+				{"net/ipv6/conf/default/accept_ra", "0"},
+				{"net/ipv6/conf/eth0/accept_ra", "0"},
+				{"net/ipv6/conf/default/autoconf", "0"},
+				{"net/ipv6/conf/eth0/autoconf", "0"},
+				{"net/ipv6/conf/all/accept_dad", "0"},
+				{"net/ipv6/conf/default/accept_dad", "0"},
+				{"net/ipv6/conf/eth0/accept_dad", "0"},
 			} {
 				if err := writeSysctl(kv[0], kv[1]); err != nil {
 					return err
@@ -355,11 +437,11 @@ func (t *Topology) build(names []string) error {
 				return err
 			}
 			l.PeerIndex = link.Attrs().Index
-			if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: prefixToIPNet(l.PeerAddr)}); err != nil {
-				return fmt.Errorf("testnet: add %s to %s: %w", l.PeerAddr, l.PeerName, err)
+			if err := addAddrs(link, l.PeerAddr, l.PeerAddrV6); err != nil {
+				return err
 			}
 			if opts.StaticNeighbors {
-				if err := addNeigh(link.Attrs().Index, l.Addr.Addr(), l.MAC); err != nil {
+				if err := addNeighs(link.Attrs().Index, l.MAC, l.Addr.Addr(), l.AddrV6.Addr()); err != nil {
 					return err
 				}
 			}
@@ -381,9 +463,10 @@ func (t *Topology) build(names []string) error {
 					return err
 				}
 			}
-			gw := l.Addr.Addr().AsSlice()
-			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}); err != nil {
-				return fmt.Errorf("testnet: default route via %s: %w", l.Addr.Addr(), err)
+			for _, gw := range []netip.Addr{l.Addr.Addr(), l.AddrV6.Addr()} {
+				if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+					return fmt.Errorf("testnet: default route via %s: %w", gw, err)
+				}
 			}
 			return nil
 		})
@@ -394,6 +477,7 @@ func (t *Topology) build(names []string) error {
 	for i, b := range t.Backends {
 		b.Link = t.Links[i+1]
 		b.Addr = b.Link.PeerAddr.Addr()
+		b.AddrV6 = b.Link.PeerAddrV6.Addr()
 	}
 	// See waitOperUp and probeLinks: a freshly built topology must not eat
 	// the first packets of the test.
@@ -456,32 +540,36 @@ func (t *Topology) waitOperUp(timeout time.Duration) error {
 	}
 }
 
-// probeLinks proves that every link carries traffic both ways before Build
-// returns: from the node, a TCP connect to each peer's port 9 (nothing
-// listens there in a fresh namespace) must be answered — normally by a RST.
-// It is the end-to-end guarantee behind waitOperUp (which normally makes
-// the first probe succeed). The probe also leaves resolved ARP entries
-// behind on both ends of every link.
+// probeLinks proves that every link carries traffic both ways, over IPv4
+// and over IPv6, before Build returns: from the node, a TCP connect to each
+// peer's port 9 at its IPv4 and at its IPv6 address (nothing listens there
+// in a fresh namespace) must be answered — normally by a RST. It is the
+// end-to-end guarantee behind waitOperUp (which normally makes the first
+// probe succeed). The probes also leave resolved ARP and NDP entries behind
+// on both ends of every link. All probes share one deadline, timeout from
+// now.
 func (t *Topology) probeLinks(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	d := t.Node.Dialer(100 * time.Millisecond)
 	for _, l := range t.Links {
-		target := netip.AddrPortFrom(l.PeerAddr.Addr(), 9).String()
-		for attempt := 1; ; attempt++ {
-			c, err := d.DialContext(context.Background(), "tcp", target)
-			if err == nil {
-				c.Close()
-				break
-			}
-			if errors.Is(err, unix.ECONNREFUSED) {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("testnet: link %s <-> %s/%s carries no traffic after %d probes: %w",
-					l.Name, l.Peer.Name, l.PeerName, attempt, err)
-			}
-			if Classify(err) != ConnectTimeout {
-				time.Sleep(10 * time.Millisecond)
+		for _, peer := range []netip.Addr{l.PeerAddr.Addr(), l.PeerAddrV6.Addr()} {
+			target := netip.AddrPortFrom(peer, 9).String()
+			for attempt := 1; ; attempt++ {
+				c, err := d.DialContext(context.Background(), "tcp", target)
+				if err == nil {
+					c.Close()
+					break
+				}
+				if errors.Is(err, unix.ECONNREFUSED) {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("testnet: link %s <-> %s/%s carries no traffic to %s after %d probes: %w",
+						l.Name, l.Peer.Name, l.PeerName, peer, attempt, err)
+				}
+				if Classify(err) != ConnectTimeout {
+					time.Sleep(10 * time.Millisecond)
+				}
 			}
 		}
 	}
@@ -496,10 +584,41 @@ func linkUp(name string) error {
 	return netlink.LinkSetUp(l)
 }
 
+// addAddrs assigns addresses to link (in the calling thread's namespace).
+// IPv6 addresses are added with nodad: no duplicate address detection, so
+// they are usable at once instead of tentative for a second or more.
+func addAddrs(link netlink.Link, addrs ...netip.Prefix) error {
+	for _, p := range addrs {
+		a := &netlink.Addr{IPNet: prefixToIPNet(p)}
+		if p.Addr().Is6() {
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(link, a); err != nil {
+			return fmt.Errorf("testnet: add %s to %s: %w", p, link.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// addNeighs installs a permanent neighbour entry (ARP for IPv4, NDP for
+// IPv6) for each of ips, all at hw, on ifindex.
+func addNeighs(ifindex int, hw net.HardwareAddr, ips ...netip.Addr) error {
+	for _, ip := range ips {
+		if err := addNeigh(ifindex, ip, hw); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func addNeigh(ifindex int, ip netip.Addr, hw net.HardwareAddr) error {
+	family := unix.AF_INET
+	if ip.Is6() {
+		family = unix.AF_INET6
+	}
 	err := netlink.NeighSet(&netlink.Neigh{
 		LinkIndex:    ifindex,
-		Family:       unix.AF_INET,
+		Family:       family,
 		State:        netlink.NUD_PERMANENT,
 		IP:           ip.AsSlice(),
 		HardwareAddr: hw,

@@ -12,8 +12,8 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 )
 
-// OpenPinned opens the maps a datapath pinned under root, read-only,
-// without loading the program or changing a pin: for tools that read the
+// OpenPinned opens the maps a datapath pinned under root, read-only (the
+// unpinned ones stay nil), without loading the program or changing a pin: for tools that read the
 // state of a node whether its agent runs or not (agent inspect). Every map
 // of this build's layout must be there: a missing one means no datapath,
 // or one of another version, is pinned there.
@@ -21,11 +21,16 @@ func OpenPinned(root string) (*bpf.LbMaps, error) {
 	if _, err := os.Stat(filepath.Join(root, bpf.LbMapPbServices)); err != nil {
 		return nil, fmt.Errorf("no penaltybox datapath pinned under %s (is that the agent's --bpffs-root?): %w", root, err)
 	}
+	spec, err := bpf.LoadLb()
+	if err != nil {
+		return nil, err
+	}
 	var m bpf.LbMaps
 	v := reflect.ValueOf(&m).Elem()
 	for i := range v.NumField() {
 		name := v.Type().Field(i).Tag.Get("ebpf")
-		if name == "" {
+		// Maps that are not pinned (pb_scratch) hold nothing to read.
+		if ms := spec.Maps[name]; name == "" || ms == nil || ms.Pinning != ebpf.PinByName {
 			continue
 		}
 		pm, err := ebpf.LoadPinnedMap(filepath.Join(root, name), &ebpf.LoadPinOptions{ReadOnly: true})

@@ -1,14 +1,16 @@
 //go:build ignore
 
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* A test-only tc egress program that holds a backend's SYN-ACKs: each one
- * is copied to a ring buffer and dropped, and userspace sends the copy
- * again after a delay, marked so that it passes here. It gives a test a
- * backend whose handshakes are slow, on kernels without sch_netem. */
+/* A test-only tc egress program that holds a backend's SYN-ACKs, IPv4 and
+ * IPv6: each one is copied to a ring buffer and dropped, and userspace
+ * sends the copy again after a delay, marked so that it passes here. It
+ * gives a test a backend whose handshakes are slow, on kernels without
+ * sch_netem. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/tcp.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
@@ -40,12 +42,23 @@ int hold_synack(struct __sk_buff *skb)
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(eth + 1) > end)
 		return TC_ACT_OK;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end || ip->protocol != IPPROTO_TCP || ip->ihl != 5)
+	struct tcphdr *th;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->protocol != IPPROTO_TCP || ip->ihl != 5)
+			return TC_ACT_OK;
+		th = (void *)(ip + 1);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		/* The stack puts no extension header on a SYN-ACK. */
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP)
+			return TC_ACT_OK;
+		th = (void *)(ip6 + 1);
+	} else {
 		return TC_ACT_OK;
-	struct tcphdr *th = (void *)(ip + 1);
+	}
 	if ((void *)(th + 1) > end || !th->syn || !th->ack)
 		return TC_ACT_OK;
 	__u32 len = skb->len;
@@ -54,7 +67,7 @@ int hold_synack(struct __sk_buff *skb)
 	/* Two checks on the register the helper gets: clang would otherwise
 	 * merge them into one on a copy, which only some verifiers follow. */
 	asm volatile("" : "+r"(len));
-	if (len < sizeof(*eth) + sizeof(*ip) + sizeof(*th))
+	if (len < sizeof(*eth) + sizeof(struct iphdr) + sizeof(*th))
 		return TC_ACT_OK;
 	struct frame *f = bpf_ringbuf_reserve(&held, sizeof(*f), 0);
 	if (!f)
