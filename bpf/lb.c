@@ -162,13 +162,16 @@ static __always_inline int parse_l4(struct pkt *p, void *l4, __u32 l4len, void *
 #define IPV6_ROUTING 43
 #define IPV6_FRAGMENT 44
 #define IPV6_DSTOPTS 60
+#ifndef IPPROTO_ICMPV6
+#define IPPROTO_ICMPV6 58
+#endif
 #define PB_IPV6_MAX_EXT 4
 #define PB_IPV6_MAX_EXT_BYTES 512 /* the headers skipped, in all */
 
 /* pb_ipv6_l4 walks an IPv6 packet's extension headers (at most
  * PB_IPV6_MAX_EXT) and returns the L4 protocol and offset from the end of
  * the IPv6 header as (proto << 16 | offset), or -1 for a packet that is not
- * ours (a fragment, more headers than we skip, not TCP or UDP). A global
+ * ours (a fragment, more headers than we skip, not TCP, UDP or ICMPv6). A global
  * function, so the verifier checks it once on its own and its callers see
  * one unknown offset: inlined, every number of headers skipped would be a
  * path of its own through the whole program after it. */
@@ -193,7 +196,7 @@ __noinline int pb_ipv6_l4(struct xdp_md *ctx)
 		if (off > PB_IPV6_MAX_EXT_BYTES)
 			return -1;
 	}
-	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
+	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP && nh != IPPROTO_ICMPV6)
 		return -1;
 	return (int)((__u32)nh << 16 | off);
 }
@@ -214,6 +217,8 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *p, struct ethh
 	__u32 ext = r & 0xffff;
 	if (ext > PB_IPV6_MAX_EXT_BYTES)
 		return 1;
+	if ((r >> 16) == IPPROTO_ICMPV6)
+		return 2; /* see icmp6_error */
 	__u32 plen = bpf_ntohs(ip6->payload_len);
 	p->family = PB_AF_INET6;
 	/* A jumbogram (payload length 0) or a length past the frame: not ours
@@ -1688,6 +1693,194 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 	return XDP_PASS;
 }
 
+/* ICMPv6 errors (RFC 4443: destination unreachable, packet too big, time
+ * exceeded) about a balanced flow, translated as icmp_error translates
+ * ICMPv4: from the backend's side the quote becomes client -> VIP (and the
+ * outer source the VIP when the backend itself sent it), from the client's
+ * side backend -> client, the outer destination the backend. The ICMPv6
+ * checksum covers a pseudo-header with the outer addresses, so it follows
+ * those too. A quote with extension headers passes untranslated. A UDP
+ * port unreachable from the backend itself is its flow's refusal. */
+#define PB_ICMP6_DEST_UNREACH 1
+#define PB_ICMP6_PORT_UNREACH 4 /* code */
+#define PB_ICMP6_PKT_TOOBIG 2
+#define PB_ICMP6_TIME_EXCEED 3
+
+static __always_inline int addr6_eq(const union addr *a, const union addr *b)
+{
+	return a->v6[0] == b->v6[0] && a->v6[1] == b->v6[1] && a->v6[2] == b->v6[2] && a->v6[3] == b->v6[3];
+}
+
+struct icmp6_quote {
+	struct pb_ipv6hdr *ip6; /* outer */
+	struct pb_icmphdr *icmp;
+	struct pb_ipv6hdr *in;  /* the quoted IPv6 header */
+	__be16 *ports;
+	__sum16 *l4csum;        /* the quoted L4 checksum, 0 when not quoted */
+};
+
+static __always_inline int parse_icmp6(struct xdp_md *ctx, struct icmp6_quote *q)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct pb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	if ((void *)(ip6 + 1) > data_end)
+		return -1;
+	int r = pb_ipv6_l4(ctx);
+	if (r < 0 || (r >> 16) != IPPROTO_ICMPV6)
+		return -1;
+	__u32 off = r & 0xffff;
+	if (off > PB_IPV6_MAX_EXT_BYTES)
+		return -1;
+	struct pb_icmphdr *icmp = (void *)(ip6 + 1) + off;
+	if ((void *)(icmp + 1) > data_end)
+		return -1;
+	if (icmp->type != PB_ICMP6_DEST_UNREACH && icmp->type != PB_ICMP6_PKT_TOOBIG &&
+	    icmp->type != PB_ICMP6_TIME_EXCEED)
+		return -1;
+	struct pb_ipv6hdr *in = (void *)(icmp + 1);
+	if ((void *)(in + 1) > data_end || (in->vtc >> 4) != 6)
+		return -1;
+	if (in->nexthdr != IPPROTO_TCP && in->nexthdr != IPPROTO_UDP)
+		return -1;
+	__be16 *ports = (void *)(in + 1);
+	if ((void *)(ports + 4) > data_end)
+		return -1;
+	q->ip6 = ip6;
+	q->icmp = icmp;
+	q->in = in;
+	q->ports = ports;
+	q->l4csum = 0;
+	if (in->nexthdr == IPPROTO_UDP) {
+		q->l4csum = (__sum16 *)(ports + 3);
+	} else {
+		struct tcphdr *tcp = (void *)ports;
+		if ((void *)&tcp->check + sizeof(tcp->check) <= data_end)
+			q->l4csum = &tcp->check;
+	}
+	return 0;
+}
+
+/* quote6_rewrite is quote_rewrite for a quoted IPv6 packet (no header
+ * checksum to keep). */
+static __always_inline void quote6_rewrite(struct icmp6_quote *q, int dst, const union addr *addr, __be16 port)
+{
+	struct pb_ipv6hdr *in = q->in;
+	__sum16 *ic = &q->icmp->checksum;
+	union addr *a = dst ? &in->daddr : &in->saddr;
+	__be16 *pp = dst ? &q->ports[1] : &q->ports[0];
+	__be16 old_p = *pp;
+	int l4 = q->l4csum && !(in->nexthdr == IPPROTO_UDP && *q->l4csum == 0);
+	__sum16 old_l4c = l4 ? *q->l4csum : 0;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__be32 w = a->v6[i];
+		if (l4)
+			csum_replace4(q->l4csum, w, addr->v6[i]);
+		csum_replace4(ic, w, addr->v6[i]);
+		a->v6[i] = addr->v6[i];
+	}
+	if (l4) {
+		csum_replace2(q->l4csum, old_p, port);
+		if (in->nexthdr == IPPROTO_UDP && *q->l4csum == 0)
+			*q->l4csum = 0xffff;
+		csum_replace2(ic, old_l4c, *q->l4csum);
+	}
+	csum_replace2(ic, old_p, port);
+	*pp = port;
+}
+
+/* outer6_rewrite changes the outer source (dst 0) or destination, and the
+ * ICMPv6 checksum whose pseudo-header holds it. */
+static __always_inline void outer6_rewrite(struct icmp6_quote *q, int dst, const union addr *addr)
+{
+	union addr *a = dst ? &q->ip6->daddr : &q->ip6->saddr;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		csum_replace4(&q->icmp->checksum, a->v6[i], addr->v6[i]);
+		a->v6[i] = addr->v6[i];
+	}
+}
+
+static __always_inline int icmp6_error(struct xdp_md *ctx, struct global_stats *gs)
+{
+	struct icmp6_quote q;
+	if (parse_icmp6(ctx, &q))
+		return XDP_PASS;
+	struct pb_ipv6hdr *in = q.in;
+	struct ct_key k = {};
+	k.proto = in->nexthdr;
+	k.family = PB_AF_INET6;
+
+	/* From the client's side: the quote is a reply we sent as the VIP. */
+	if ((port_role(q.ports[0]) & PB_PORT_VIP) && vip_slot_marked(&in->saddr, PB_AF_INET6)) {
+		k.src = in->daddr;
+		k.dst = in->saddr;
+		k.sport = q.ports[1];
+		k.dport = q.ports[0];
+		k.dir = PB_DIR_FWD;
+		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &k);
+		if (ct && addr6_eq(&q.ip6->daddr, &in->saddr)) {
+			quote6_rewrite(&q, 0, &ct->nat_addr, ct->nat_port);
+			outer6_rewrite(&q, 1, &ct->nat_addr);
+			if (gs)
+				gs->icmp_translated++;
+			return XDP_PASS;
+		}
+	}
+
+	/* From the backend's side: the quote is a packet we sent it. */
+	if (!(port_role(q.ports[1]) & PB_PORT_BACKEND))
+		return XDP_PASS;
+	k.src = in->daddr;
+	k.dst = in->saddr;
+	k.sport = q.ports[1];
+	k.dport = q.ports[0];
+	k.dir = PB_DIR_REV;
+	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &k);
+	if (!rv || (rv->flags & PB_CT_MOVED))
+		return XDP_PASS;
+	int from_backend = addr6_eq(&q.ip6->saddr, &in->daddr);
+	if (from_backend && in->nexthdr == IPPROTO_UDP && q.icmp->type == PB_ICMP6_DEST_UNREACH &&
+	    q.icmp->code == PB_ICMP6_PORT_UNREACH) {
+		__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
+		if (!(old & PB_CT_CLOSED)) {
+			if (!(old & PB_CT_ESTABLISHED)) {
+				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
+				if (!(old & PB_CT_PROBE))
+					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED,
+							   rv->created_ns);
+				emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, &in->saddr, PB_AF_INET6,
+				     q.ports[0], gs);
+			}
+			/* The flow ends (see icmp_error). */
+			struct ct_key fk = {};
+			fk.src = in->saddr;
+			fk.dst = rv->nat_addr;
+			fk.sport = q.ports[0];
+			fk.dport = rv->nat_port;
+			fk.proto = IPPROTO_UDP;
+			fk.dir = PB_DIR_FWD;
+			fk.family = PB_AF_INET6;
+			if (old & PB_CT_COUNTED)
+				release(&fk);
+			quote6_rewrite(&q, 1, &rv->nat_addr, rv->nat_port);
+			outer6_rewrite(&q, 0, &rv->nat_addr);
+			bpf_map_delete_elem(&pb_ct, &fk);
+			bpf_map_delete_elem(&pb_ct, &k);
+			if (gs)
+				gs->icmp_translated++;
+			return XDP_PASS;
+		}
+	}
+	quote6_rewrite(&q, 1, &rv->nat_addr, rv->nat_port);
+	if (from_backend)
+		outer6_rewrite(&q, 0, &rv->nat_addr);
+	if (gs)
+		gs->icmp_translated++;
+	return XDP_PASS;
+}
+
 /* pb_run is the whole program for one address family. family is a
  * constant in each of pb_xdp's two calls, so the compiler specialises each
  * copy and the verifier walks an IPv4 and an IPv6 program, each with no
@@ -1700,7 +1893,7 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 	p.family = family;
 	int rc = parse(ctx, &p, family);
 	if (rc == 2)
-		return icmp_error(ctx, gstats());
+		return family == PB_AF_INET6 ? icmp6_error(ctx, gstats()) : icmp_error(ctx, gstats());
 	if (rc > 0)
 		return XDP_PASS;
 

@@ -430,3 +430,78 @@ func WithDestOpts(pkt []byte, n int) []byte {
 	binary.BigEndian.PutUint16(out[14+4:], binary.BigEndian.Uint16(pkt[14+4:])+uint16(8*n))
 	return out
 }
+
+// ICMPv6 error types and codes for ICMP6Error.
+const (
+	ICMP6DestUnreach  = 1
+	ICMP6PortUnreach  = 4 // code
+	ICMP6PacketTooBig = 2
+	ICMP6TimeExceeded = 3
+)
+
+// ICMP6Error crafts an Ethernet/IPv6 ICMPv6 error from src to dst quoting
+// the first quoteLen bytes (all when 0) of the IPv6 packet in the frame
+// quoted, with rest in the four bytes after the checksum (the MTU of a
+// packet too big).
+func ICMP6Error(src, dst netip.Addr, typ, code uint8, rest uint32, quoted []byte, quoteLen int) []byte {
+	q := quoted[14:]
+	if tot := 40 + int(binary.BigEndian.Uint16(q[4:])); tot < len(q) {
+		q = q[:tot]
+	}
+	if quoteLen > 0 && quoteLen < len(q) {
+		q = q[:quoteLen]
+	}
+	ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolICMPv6, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+	icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(typ, code)}
+	icmp.SetNetworkLayerForChecksum(ip)
+	body := binary.BigEndian.AppendUint32(nil, rest)
+	return serialize(ip, icmp, append(body, q...))
+}
+
+// ParseICMP6 is ParseICMP for ICMPv6: the ICMPv6 checksum is verified over
+// its pseudo-header (RFC 4443 2.3), and the quoted L4 checksum over the
+// quoted packet's when the quote holds the whole segment.
+func ParseICMP6(pkt []byte) (ParsedICMP, error) {
+	var out ParsedICMP
+	if len(pkt) < 14+40+8+40+8 {
+		return out, fmt.Errorf("%d bytes: too short for a quoting ICMPv6 error", len(pkt))
+	}
+	ip := pkt[14:]
+	if ip[0]>>4 != 6 || ip[6] != 58 {
+		return out, fmt.Errorf("not IPv6 ICMPv6 (next header %d)", ip[6])
+	}
+	plen := int(binary.BigEndian.Uint16(ip[4:]))
+	if 40+plen > len(ip) {
+		return out, fmt.Errorf("payload length %d beyond the frame", plen)
+	}
+	out.Src, out.Dst = netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+	icmp := ip[40 : 40+plen]
+	if s := onesSum(append(pseudo6(ip[8:24], ip[24:40], 58, len(icmp)), icmp...)); s != 0xffff {
+		return out, fmt.Errorf("ICMPv6 checksum wrong")
+	}
+	out.Type, out.Code, out.Rest = icmp[0], icmp[1], binary.BigEndian.Uint32(icmp[4:])
+	in := icmp[8:]
+	if in[0]>>4 != 6 || len(in) < 48 {
+		return out, fmt.Errorf("quote is not IPv6 with 8 L4 bytes")
+	}
+	l4 := in[40:]
+	qs, qd := netip.AddrFrom16([16]byte(in[8:24])), netip.AddrFrom16([16]byte(in[24:40]))
+	out.QuotedSrc = netip.AddrPortFrom(qs, binary.BigEndian.Uint16(l4[0:]))
+	out.QuotedDst = netip.AddrPortFrom(qd, binary.BigEndian.Uint16(l4[2:]))
+	if qlen := int(binary.BigEndian.Uint16(in[4:])); qlen == len(l4) {
+		if s := onesSum(append(pseudo6(in[8:24], in[24:40], in[6], len(l4)), l4...)); s != 0xffff {
+			return out, fmt.Errorf("quoted L4 checksum wrong")
+		}
+		out.QuotedL4Checked = true
+	}
+	return out, nil
+}
+
+func pseudo6(src, dst []byte, nh byte, n int) []byte {
+	p := make([]byte, 40, 40+n)
+	copy(p, src)
+	copy(p[16:], dst)
+	binary.BigEndian.PutUint32(p[32:], uint32(n))
+	p[39] = nh
+	return p
+}

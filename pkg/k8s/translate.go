@@ -30,7 +30,11 @@ func ServiceName(namespace, name string, port corev1.ServicePort) string {
 //     (ClusterIP None) are not load-balanced: DNS answers for them.
 //   - A Service without a selector is load-balanced like any other, from
 //     whatever EndpointSlices carry its kubernetes.io/service-name label.
-//   - Only IPv4 ClusterIPs and IPv4 EndpointSlices: the datapath is IPv4.
+//   - Each ClusterIP (one per family: IPv4, IPv6 or both) is a desired
+//     service per port, over the EndpointSlices of its family (addressType
+//     IPv4 or IPv6). The primary family's (ClusterIPs[0]) are named as
+//     usual; a dual-stack Service's second family's get "/ipv4" or "/ipv6"
+//     after the name, so every desired service's name stays its own.
 //   - Ports: TCP and UDP (SCTP is not load-balanced). A Service port takes
 //     the slice ports of the same name and protocol; the slice port's number
 //     is the pod's (named targetPorts are resolved per pod by the slice).
@@ -56,18 +60,29 @@ func ServiceName(namespace, name string, port corev1.ServicePort) string {
 // or list order. epSlices may include slices of other Services: only those
 // labelled with this Service's name in its namespace are used.
 func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, settings Settings, node Node) (out []desired.Service, hostLocal []string) {
-	vip, ok := clusterIPv4(svc)
-	if !ok {
-		return nil, nil
-	}
+	vips := clusterIPs(svc)
 	local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	for i, vip := range vips {
+		o, h := translateFamily(svc, vip, i > 0, epSlices, settings, node, local)
+		out, hostLocal = append(out, o...), append(hostLocal, h...)
+	}
+	return out, hostLocal
+}
+
+// translateFamily is Translate for one of the Service's ClusterIPs;
+// second is true for a dual-stack Service's second family.
+func translateFamily(svc *corev1.Service, vip netip.Addr, second bool, epSlices []*discoveryv1.EndpointSlice,
+	settings Settings, node Node, local bool) (out []desired.Service, hostLocal []string) {
 	for _, port := range svc.Spec.Ports {
 		proto, ok := protocol(port.Protocol)
 		if !ok {
 			continue
 		}
 		name := ServiceName(svc.Namespace, svc.Name, port)
-		eps := choose(endpointsFor(svc, port, epSlices), local, node.Name)
+		if second {
+			name += "/" + familyName(vip)
+		}
+		eps := choose(endpointsFor(svc, port, epSlices, vip.Is4()), local, node.Name)
 		if slices.ContainsFunc(eps, func(e desired.Endpoint) bool { return node.Addrs[e.Addr.Addr()] }) {
 			hostLocal = append(hostLocal, name)
 			continue
@@ -94,24 +109,38 @@ type Node struct {
 	Addrs map[netip.Addr]bool
 }
 
-// clusterIPv4 returns the Service's IPv4 ClusterIP, if it has one.
-func clusterIPv4(svc *corev1.Service) (netip.Addr, bool) {
+// clusterIPs returns the Service's ClusterIPs, primary family first, at
+// most one per family; none for headless and ExternalName Services.
+func clusterIPs(svc *corev1.Service) []netip.Addr {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return netip.Addr{}, false
+		return nil
 	}
 	ips := svc.Spec.ClusterIPs
 	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
 		ips = []string{svc.Spec.ClusterIP}
 	}
+	var out []netip.Addr
 	for _, s := range ips {
 		if s == corev1.ClusterIPNone {
-			return netip.Addr{}, false
+			return nil
 		}
-		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
-			return a, true
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Is4In6() || a.Zone() != "" {
+			continue
+		}
+		if !slices.ContainsFunc(out, func(b netip.Addr) bool { return b.Is4() == a.Is4() }) {
+			out = append(out, a)
 		}
 	}
-	return netip.Addr{}, false
+	return out
+}
+
+// familyName is "ipv4" or "ipv6".
+func familyName(a netip.Addr) string {
+	if a.Is4() {
+		return "ipv4"
+	}
+	return "ipv6"
 }
 
 func protocol(p corev1.Protocol) (desired.Protocol, bool) {
@@ -132,14 +161,18 @@ type endpoint struct {
 	node                        string
 }
 
-// endpointsFor collects the endpoints of one Service port from the slices,
-// deduplicated by address.
-func endpointsFor(svc *corev1.Service, port corev1.ServicePort, all []*discoveryv1.EndpointSlice) []endpoint {
+// endpointsFor collects the endpoints of one Service port from the slices
+// of one family (v4: addressType IPv4, else IPv6), deduplicated by address.
+func endpointsFor(svc *corev1.Service, port corev1.ServicePort, all []*discoveryv1.EndpointSlice, v4 bool) []endpoint {
 	want, _ := protocol(port.Protocol)
+	addrType := discoveryv1.AddressTypeIPv6
+	if v4 {
+		addrType = discoveryv1.AddressTypeIPv4
+	}
 	ordered := make([]*discoveryv1.EndpointSlice, 0, len(all))
 	for _, sl := range all {
 		if sl.Namespace == svc.Namespace && sl.Labels[discoveryv1.LabelServiceName] == svc.Name &&
-			sl.AddressType == discoveryv1.AddressTypeIPv4 {
+			sl.AddressType == addrType {
 			ordered = append(ordered, sl)
 		}
 	}
@@ -175,7 +208,7 @@ func endpointsFor(svc *corev1.Service, port corev1.ServicePort, all []*discovery
 				continue
 			}
 			addr, err := netip.ParseAddr(e.Addresses[0])
-			if err != nil || !addr.Is4() {
+			if err != nil || addr.Is4() != v4 || addr.Is4In6() || addr.Zone() != "" {
 				continue
 			}
 			ep := endpoint{

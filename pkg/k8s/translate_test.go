@@ -18,7 +18,10 @@ import (
 // Test fixtures: a Service "shop/web" and slices for it. Addresses are in
 // 198.18.0.0/15 like every test address of the project.
 
-const vip = "198.19.0.10"
+const (
+	vip  = "198.19.0.10"
+	vip6 = "2001:2:0:200::10"
+)
 
 type svcOpt func(*corev1.Service)
 
@@ -75,6 +78,13 @@ func slice(name string, sp []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.E
 	return sl
 }
 
+// slice6 is slice with addressType IPv6.
+func slice6(name string, sp []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.EndpointSlice {
+	sl := slice(name, sp, eps...)
+	sl.AddressType = discoveryv1.AddressTypeIPv6
+	return sl
+}
+
 func sport(name string, port int32, proto corev1.Protocol) discoveryv1.EndpointPort {
 	p := discoveryv1.EndpointPort{Port: ptr.To(port), Protocol: ptr.To(proto)}
 	if name != "" {
@@ -92,9 +102,13 @@ func dep(addr, name string) desired.Endpoint {
 }
 
 func dsvc(name string, port uint16, proto desired.Protocol, eps ...desired.Endpoint) desired.Service {
+	return dsvcAt(vip, name, port, proto, eps...)
+}
+
+func dsvcAt(at, name string, port uint16, proto desired.Protocol, eps ...desired.Endpoint) desired.Service {
 	return desired.Service{
 		Name:      name,
-		Key:       desired.Key{VIP: netip.MustParseAddr(vip), Port: port, Protocol: proto},
+		Key:       desired.Key{VIP: netip.MustParseAddr(at), Port: port, Protocol: proto},
 		Endpoints: eps,
 		Accrual:   accrual.Defaults(),
 		// Refused SYNs are replayed unless a Service says otherwise.
@@ -264,24 +278,33 @@ func TestTranslate(t *testing.T) {
 			want:   []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
 		},
 		{
-			name: "dual-stack: the IPv4 ClusterIP and IPv4 slices only",
+			name: "dual-stack: a desired service per family, over its own family's slices; the second family's name says it",
 			svc: service(func(s *corev1.Service) {
-				s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10", vip}
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = vip6, []string{vip6, vip}
 			}),
 			slices: []*discoveryv1.EndpointSlice{
-				func() *discoveryv1.EndpointSlice {
-					sl := slice("web-v6", httpPort, readyEP("fd00::1:2", "web-a"))
-					sl.AddressType = discoveryv1.AddressTypeIPv6
-					return sl
-				}(),
+				slice6("web-v6", httpPort, readyEP("2001:2:0:1::2", "web-a")),
 				slice("web-v4", httpPort, readyEP("198.18.1.2", "web-a")),
 			},
-			want: []desired.Service{dsvc("shop/web:http", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a"))},
+			want: []desired.Service{
+				dsvcAt(vip6, "shop/web:http", 80, desired.TCP, dep("[2001:2:0:1::2]:8080", "shop/web-a")),
+				dsvc("shop/web:http/ipv4", 80, desired.TCP, dep("198.18.1.2:8080", "shop/web-a")),
+			},
 		},
 		{
-			name:   "IPv6-only Service: nothing",
-			svc:    service(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10"} }),
-			slices: []*discoveryv1.EndpointSlice{slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"))},
+			name: "IPv6-only Service: its IPv6 slices, named as usual",
+			svc:  service(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = vip6, []string{vip6} }),
+			slices: []*discoveryv1.EndpointSlice{
+				slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")),
+				slice6("web-2", httpPort, readyEP("2001:2:0:2::2", "web-b"), readyEP("::ffff:198.18.3.2", "web-c")),
+			},
+			want: []desired.Service{dsvcAt(vip6, "shop/web:http", 80, desired.TCP, dep("[2001:2:0:2::2]:8080", "shop/web-b"))},
+		},
+		{
+			name:   "IPv4 Service: IPv6 slices are not its",
+			svc:    service(),
+			slices: []*discoveryv1.EndpointSlice{slice6("web-2", httpPort, readyEP("2001:2:0:2::2", "web-b"))},
+			want:   []desired.Service{dsvc("shop/web:http", 80, desired.TCP)},
 		},
 		{
 			name: "SCTP ports are skipped",

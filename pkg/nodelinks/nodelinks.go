@@ -2,7 +2,7 @@
 // carry Service traffic, as they come and go: the node's external
 // interfaces (by default those of its default routes) and the host side of
 // every pod's veth, recognised by name (Calico's cali*, Cilium's lxc*,
-// bridge CNIs' veth*, ...). It also reports the node's own IPv4
+// bridge CNIs' veth*, ...). It also reports the node's own IPv4 and IPv6
 // addresses. It watches rtnetlink, so a pod's veth is reported as the CNI
 // creates it and dropped as it is deleted.
 package nodelinks
@@ -110,7 +110,8 @@ func matchAny(patterns []string, name string) bool {
 // Update is the node's state as Watch reports it.
 type Update struct {
 	Links []Link
-	// Addrs are the node's own IPv4 addresses (every interface's, sorted).
+	// Addrs are the node's own addresses, IPv4 and IPv6 (every
+	// interface's, sorted).
 	Addrs []netip.Addr
 }
 
@@ -290,15 +291,16 @@ func drained(linkCh <-chan netlink.LinkUpdate, routeCh <-chan netlink.RouteUpdat
 	}
 }
 
-// localAddrs lists the node's own IPv4 addresses.
+// localAddrs lists the node's own addresses, IPv4 and IPv6 (link-local
+// ones aside: no Service endpoint has one).
 func localAddrs() ([]netip.Addr, error) {
-	as, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	as, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return nil, fmt.Errorf("list addresses: %w", err)
 	}
 	var out []netip.Addr
 	for _, a := range as {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.Unmap().IsLinkLocalUnicast() {
 			out = append(out, ip.Unmap())
 		}
 	}

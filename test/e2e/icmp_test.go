@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,24 +16,46 @@ import (
 
 const udpPort = 5353
 
-// udpConfig is a UDP service on VIP:53 over the backends' echo port.
-func udpConfig(topo *testnet.Topology, extra string) string {
+// udpConfig is a UDP service on VIP:53 (VIP6 with v6) over the backends'
+// echo port.
+func udpConfig(topo *testnet.Topology, v6 bool, extra string) string {
+	vip := testnet.VIP
+	var bs []string
+	for _, b := range topo.Backends {
+		a := b.Addr
+		if v6 {
+			a = b.AddrV6
+		}
+		bs = append(bs, fmt.Sprintf("%q", netip.AddrPortFrom(a, udpPort).String()))
+	}
+	if v6 {
+		vip = testnet.VIP6
+	}
 	return fmt.Sprintf(`interfaces: [%s]
 services:
   - name: dns
     vip: %s
     port: 53
     protocol: udp
-    backends: ["198.18.1.2:%d", "198.18.2.2:%d", "198.18.3.2:%d"]
-%s`, strings.Join(topo.NodeIfaces(), ", "), testnet.VIP, udpPort, udpPort, udpPort, extra)
+    backends: [%s]
+%s`, strings.Join(topo.NodeIfaces(), ", "), vip, strings.Join(bs, ", "), extra)
+}
+
+// vipAt is the VIP (VIP6 with v6) and port as a dial target.
+func vipAt(v6 bool, port uint16) string {
+	a := testnet.VIPAddr
+	if v6 {
+		a = testnet.VIP6Addr
+	}
+	return netip.AddrPortFrom(a, port).String()
 }
 
 // query sends one datagram from a fresh socket (a new flow) and reads the
 // answer: "ok", "refused" (ECONNREFUSED: a port unreachable that names the
 // client's own flow to the VIP, so the translation reached it) or
 // "timeout".
-func query(e *env, n int) string {
-	c, err := e.topo.Client.DialContext(e.ctx, "udp", testnet.VIP+":53")
+func query(e *env, v6 bool, n int) string {
+	c, err := e.topo.Client.DialContext(e.ctx, "udp", vipAt(v6, 53))
 	if err != nil {
 		return "dial: " + err.Error()
 	}
@@ -62,6 +85,15 @@ func query(e *env, n int) string {
 // at once): every later query is answered. Healed, its probe is answered
 // and it rejoins.
 func TestUDPEndpointDownIsEjectedOnPortUnreachables(t *testing.T) {
+	for _, fam := range []struct {
+		name string
+		v6   bool
+	}{{"IPv4", false}, {"IPv6", true}} {
+		t.Run(fam.name, func(t *testing.T) { udpEndpointDown(t, fam.v6) })
+	}
+}
+
+func udpEndpointDown(t *testing.T, v6 bool) {
 	e := newEnv(t, 3)
 	for i := 1; i <= 3; i++ {
 		if err := e.topo.Backend(i).ServeUDPEcho(udpPort); err != nil {
@@ -71,17 +103,21 @@ func TestUDPEndpointDownIsEjectedOnPortUnreachables(t *testing.T) {
 	if err := e.topo.Backend(3).SetMode(testnet.Refuse); err != nil {
 		t.Fatal(err)
 	}
-	e.startAgent(udpConfig(e.topo, `    failureAccrual:
+	e.startAgent(udpConfig(e.topo, v6, `    failureAccrual:
       maxFailures: 5
       minPenalty: 1s
       maxPenalty: 2s
       jitterRatio: 0
       connectTimeout: 300ms
 `))
-	const b3udp = "198.18.3.2:5353"
+	b3a := e.topo.Backend(3).Addr
+	if v6 {
+		b3a = e.topo.Backend(3).AddrV6
+	}
+	b3udp := netip.AddrPortFrom(b3a, udpPort).String()
 	counts := map[string]int{}
 	for i := range 150 {
-		counts[query(e, i)]++
+		counts[query(e, v6, i)]++
 	}
 	t.Logf("b3 refusing: %v", counts)
 	// Linux sends a burst of 6 port unreachables to one client before its
@@ -115,7 +151,7 @@ func TestUDPEndpointDownIsEjectedOnPortUnreachables(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("b3 did not rejoin within 10 s of healing")
 		}
-		if r := query(e, n); r != "ok" {
+		if r := query(e, v6, n); r != "ok" {
 			t.Errorf("query after healing: %s", r)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -133,6 +169,15 @@ func TestUDPEndpointDownIsEjectedOnPortUnreachables(t *testing.T) {
 // path MTU (its route cache shows 1280 for the VIP) and the upload of
 // 1 MiB completes.
 func TestPathMTUThroughTheNAT(t *testing.T) {
+	for _, fam := range []struct {
+		name string
+		v6   bool
+	}{{"IPv4", false}, {"IPv6", true}} {
+		t.Run(fam.name, func(t *testing.T) { pathMTU(t, fam.v6) })
+	}
+}
+
+func pathMTU(t *testing.T, v6 bool) {
 	e := newEnv(t, 1)
 	far := addRoutedHost(t, e, 1280)
 	l, err := far.Listen("tcp", ":8080")
@@ -152,15 +197,19 @@ func TestPathMTUThroughTheNAT(t *testing.T) {
 		fmt.Fprintf(c, "%d", n)
 		got <- n
 	}()
+	vip, backend := testnet.VIP, netip.AddrPortFrom(netip.MustParseAddr(farAddr), 8080)
+	if v6 {
+		vip, backend = testnet.VIP6, netip.AddrPortFrom(netip.MustParseAddr(farAddr6), 8080)
+	}
 	e.startAgent(fmt.Sprintf(`interfaces: [%s]
 services:
   - name: web
     vip: %s
     port: 80
-    backends: ["%s:8080"]
-`, strings.Join(e.topo.NodeIfaces(), ", "), testnet.VIP, farAddr))
+    backends: [%q]
+`, strings.Join(e.topo.NodeIfaces(), ", "), vip, backend.String()))
 
-	c, err := e.topo.Client.Dialer(3*time.Second).DialContext(e.ctx, "tcp", testnet.VIP+":80")
+	c, err := e.topo.Client.Dialer(3*time.Second).DialContext(e.ctx, "tcp", vipAt(v6, 80))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +227,7 @@ services:
 	if n := <-got; n != size {
 		t.Fatalf("server received %d bytes", n)
 	}
-	route, err := e.topo.Client.Run("ip", "route", "get", testnet.VIP)
+	route, err := e.topo.Client.Run("ip", "route", "get", vip)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,11 +239,15 @@ services:
 	}
 }
 
-const farAddr = "198.18.101.2"
+const (
+	farAddr  = "198.18.101.2"
+	farAddr6 = "2001:2:0:101::2"
+)
 
 // addRoutedHost turns backend 1's namespace into a router to a new host
-// behind it (198.18.101.2) over a link whose router side has the given
-// MTU, and routes the node to it. The host's namespace goes with the test.
+// behind it (198.18.101.2, 2001:2:0:101::2) over a link whose router side
+// has the given MTU, and routes the node to it, both families. The host's
+// namespace goes with the test.
 func addRoutedHost(t *testing.T, e *env, mtu int) *testnet.NS {
 	t.Helper()
 	rt := e.topo.Backend(1).NS
@@ -205,25 +258,35 @@ func addRoutedHost(t *testing.T, e *env, mtu int) *testnet.NS {
 	for _, args := range [][]string{
 		{"ip", "link", "add", "rt0", "mtu", fmt.Sprint(mtu), "type", "veth", "peer", "name", "eth0", "netns", far.Name},
 		{"ip", "addr", "add", "198.18.101.1/24", "dev", "rt0"},
+		{"ip", "addr", "add", "2001:2:0:101::1/64", "dev", "rt0", "nodad"},
 		{"ip", "link", "set", "rt0", "up"},
 		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
 	} {
 		if out, err := rt.Run(args...); err != nil {
 			t.Fatalf("%v: %v %s", args, err, out)
 		}
 	}
 	for _, args := range [][]string{
+		{"sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"},
 		{"ip", "addr", "add", farAddr + "/24", "dev", "eth0"},
+		{"ip", "addr", "add", farAddr6 + "/64", "dev", "eth0", "nodad"},
 		{"ip", "link", "set", "eth0", "up"},
 		{"ip", "link", "set", "lo", "up"},
 		{"ip", "route", "add", "default", "via", "198.18.101.1"},
+		{"ip", "-6", "route", "add", "default", "via", "2001:2:0:101::1"},
 	} {
 		if out, err := far.Run(args...); err != nil {
 			t.Fatalf("%v: %v %s", args, err, out)
 		}
 	}
-	if out, err := e.topo.Node.Run("ip", "route", "add", "198.18.101.0/24", "via", "198.18.1.2"); err != nil {
-		t.Fatalf("node route: %v %s", err, out)
+	for _, args := range [][]string{
+		{"ip", "route", "add", "198.18.101.0/24", "via", "198.18.1.2"},
+		{"ip", "-6", "route", "add", "2001:2:0:101::/64", "via", e.topo.Backend(1).AddrV6.String()},
+	} {
+		if out, err := e.topo.Node.Run(args...); err != nil {
+			t.Fatalf("node route %v: %v %s", args, err, out)
+		}
 	}
 	return far
 }

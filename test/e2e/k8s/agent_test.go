@@ -153,6 +153,61 @@ func TestKubernetesMode(t *testing.T) {
 		}
 	})
 
+	step("a dual-stack Service is balanced in both families", func(t *testing.T) {
+		policy := corev1.IPFamilyPolicyRequireDualStack
+		ds, err := admin.CoreV1().Services(shop).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web46"},
+			Spec: corev1.ServiceSpec{
+				IPFamilyPolicy: &policy,
+				IPFamilies:     []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+				Selector:       map[string]string{"app": "web"},
+				Ports:          []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds.Spec.ClusterIPs) != 2 {
+			t.Fatalf("ClusterIPs %v, want one per family", ds.Spec.ClusterIPs)
+		}
+		for _, family := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
+			sl := endpointSlice(1, 2, 3)
+			sl.Name, sl.Labels[discoveryv1.LabelServiceName] = "web46-"+strings.ToLower(string(family)), "web46"
+			sl.Ports = sl.Ports[:1]
+			if family == discoveryv1.AddressTypeIPv6 {
+				sl.AddressType = family
+				for i := range sl.Endpoints {
+					sl.Endpoints[i].Addresses = []string{w.topo.Backend(i + 1).AddrV6.String()}
+				}
+			}
+			if _, err := admin.DiscoveryV1().EndpointSlices(shop).Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The second family's desired service is named after it.
+		w.eventually(10*time.Second, "both families programmed with 3 backends", func() bool {
+			v := w.services()
+			return len(v.service("shop/web46:http")) == 3 && len(v.service("shop/web46:http/ipv6")) == 3
+		})
+		for _, ip := range ds.Spec.ClusterIPs {
+			rs, err := testnet.Load(ctx, w.topo.Client, testnet.LoadSpec{
+				Target: netip.AddrPortFrom(netip.MustParseAddr(ip), 80).String(), Rate: 100, Count: 60, ConnectTimeout: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rs.Failures() > 0 || len(rs.ByBackend()) != 3 {
+				t.Errorf("through ClusterIP %s: %v, by backend %v; want all OK from b1, b2 and b3", ip, rs, rs.ByBackend())
+			}
+		}
+		if err := admin.CoreV1().Services(shop).Delete(ctx, "web46", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.eventually(10*time.Second, "both families removed", func() bool {
+			v := w.services()
+			return len(v.service("shop/web46:http")) == 0 && len(v.service("shop/web46:http/ipv6")) == 0
+		})
+	})
+
 	step("endpoint changes apply within a second and keep established flows", func(t *testing.T) {
 		conn, first := w.keepAlive(netip.AddrPortFrom(vip, 80))
 		defer conn.Close()

@@ -104,8 +104,9 @@ func startCluster(t *testing.T, ns *testnet.NS) *cluster {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+filepath.Join(c.dir, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(c.dir, "sa.key"),
-		// ClusterIPs inside the tests' address range, 198.18.0.0/15.
-		"--service-cluster-ip-range=198.19.0.0/16",
+		// ClusterIPs inside the tests' address ranges, 198.18.0.0/15 and
+		// 2001:2::/48: dual-stack.
+		"--service-cluster-ip-range=198.19.0.0/16,2001:2:0:200::/112",
 		// Required with a loopback advertise address.
 		"--endpoint-reconciler-type=none")
 	if err != nil {
