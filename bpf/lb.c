@@ -90,7 +90,8 @@ struct pkt {
 	__u32 ifindex;    /* ingress interface */
 };
 
-/* The packet's source and destination as map addresses. */
+/* The packet's source and destination as map addresses, into a zeroed
+ * src and dst (an IPv4 address fills only their first word). */
 static __always_inline void pkt_addrs(const struct pkt *p, union addr *src, union addr *dst)
 {
 	if (p->family == PB_AF_INET6) {
@@ -98,8 +99,6 @@ static __always_inline void pkt_addrs(const struct pkt *p, union addr *src, unio
 		*dst = p->ip6->daddr;
 		return;
 	}
-	__builtin_memset(src, 0, sizeof(*src));
-	__builtin_memset(dst, 0, sizeof(*dst));
 	src->v4 = p->ip->saddr;
 	dst->v4 = p->ip->daddr;
 }
@@ -1913,9 +1912,13 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 
 	/* Two array reads decide for most traffic that is not ours: a
 	 * destination port no service uses, or an address no VIP hashes to. */
-	struct ct_key fk = {};
-	if ((port_role(p.ports[1]) & PB_PORT_VIP) && (pkt_addrs(&p, &fk.src, &fk.dst), 1) &&
-	    vip_slot_marked(&fk.dst, p.family)) {
+	if (port_role(p.ports[1]) & PB_PORT_VIP) {
+		/* The key is zeroed here, not for every packet: most traffic is
+		 * not to a VIP port. */
+		struct ct_key fk = {};
+		pkt_addrs(&p, &fk.src, &fk.dst);
+		if (!vip_slot_marked(&fk.dst, p.family))
+			goto reply;
 		/* Conntrack first: most packets to a VIP belong to a known flow,
 		 * which needs no service lookup (and keeps working after its
 		 * service is gone). */
@@ -1940,6 +1943,7 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 		if (ct)
 			return established(ctx, &p, &fk, ct, gstats()); /* service gone, flow lives on */
 	}
+reply:
 	if (port_role(p.ports[0]) & PB_PORT_BACKEND) {
 		rc = handle_reply(ctx, &p, gstats());
 		if (rc >= 0)

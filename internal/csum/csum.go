@@ -37,3 +37,14 @@ func SetTCP4(frame []byte) {
 	ps := Sum(ip[12:20], 0) + uint32(ip[9]) + uint32(len(seg))
 	binary.BigEndian.PutUint16(seg[16:], ^Fold(Sum(seg, ps)))
 }
+
+// SetTCP6 is SetTCP4 for an Ethernet frame carrying IPv6 (no extension
+// headers) and TCP: the pseudo-header holds both addresses, the segment's
+// length and the next header (RFC 8200 8.1).
+func SetTCP6(frame []byte) {
+	ip := frame[14:]
+	seg := ip[40 : 40+int(binary.BigEndian.Uint16(ip[4:]))]
+	seg[16], seg[17] = 0, 0
+	ps := Sum(ip[8:40], 0) + uint32(ip[6]) + uint32(len(seg))
+	binary.BigEndian.PutUint16(seg[16:], ^Fold(Sum(seg, ps)))
+}
