@@ -635,6 +635,13 @@ steered:
 	return 0;
 }
 
+/* addr_eq compares two map addresses (all 16 bytes: an IPv4 one's rest is
+ * zero in both). */
+static __always_inline int addr_eq(const union addr *a, const union addr *b)
+{
+	return a->v6[0] == b->v6[0] && a->v6[1] == b->v6[1] && a->v6[2] == b->v6[2] && a->v6[3] == b->v6[3];
+}
+
 /* addr_fold is an address in one word: IPv4's own, IPv6's four XORed. */
 static __always_inline __u32 addr_fold(const union addr *a, __u8 family)
 {
@@ -1200,29 +1207,27 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 	return to_backend(ctx, p, &ct->nat_addr, ct->nat_port, ct->svc_id, ct->backend_id, gs);
 }
 
-static __always_inline __u32 syn_slot(__be32 client, __be16 port)
+static __always_inline __u32 syn_slot(const union addr *client, __u8 family, __be16 port)
 {
-	return ((bpf_ntohl(client) * PB_VIP_SLOT_MUL) ^ ((__u32)bpf_ntohs(port) * PB_SYN_PORT_MUL)) >>
+	return ((bpf_ntohl(addr_fold(client, family)) * PB_VIP_SLOT_MUL) ^
+		((__u32)bpf_ntohs(port) * PB_SYN_PORT_MUL)) >>
 	       (32 - PB_SYN_SLOT_BITS);
 }
 
-/* keep_syn copies a client's SYN into pb_syns, untouched (before NAT), so
+/* keep_syn copies a client's SYN into pb_syns_v2, untouched (before NAT), so
  * that the agent can replay it to another backend the moment this one
  * refuses it: the client's connect then succeeds in one more round trip
  * instead of waiting for its own retransmission. */
 static __always_inline void keep_syn(struct xdp_md *ctx, struct pkt *p)
 {
-	/* IPv4 only (pb_syns holds IPv4 addresses): an IPv6 client's refused
-	 * SYN waits for its own retransmission, which is moved elsewhere. */
-	if (p->family != PB_AF_INET)
-		return;
-	struct iphdr *ip = p->ip;
 	struct tcphdr *tcp = (void *)p->ports;
 	void *data_end = (void *)(long)ctx->data_end;
 	if ((void *)(tcp + 1) > data_end)
 		return;
-	__u32 k = syn_slot(ip->saddr, p->ports[0]);
-	struct syn_copy *c = bpf_map_lookup_elem(&pb_syns, &k);
+	union addr client = {}, vip = {};
+	pkt_addrs(p, &client, &vip);
+	__u32 k = syn_slot(&client, p->family, p->ports[0]);
+	struct syn_copy *c = bpf_map_lookup_elem(&pb_syns_v2, &k);
 	if (!c)
 		return;
 	__u32 opt_len = tcp->doff * 4 - sizeof(*tcp); /* parse: doff >= 5 */
@@ -1240,30 +1245,32 @@ static __always_inline void keep_syn(struct xdp_md *ctx, struct pkt *p)
 		if (bpf_xdp_load_bytes(ctx, off, c->opts, n))
 			return;
 	}
-	c->client = ip->saddr;
-	c->vip = ip->daddr;
+	c->client = client;
+	c->vip = vip;
+	c->family = p->family;
 	c->client_port = p->ports[0];
 	c->vip_port = p->ports[1];
 	c->ifindex = p->ifindex;
 	__builtin_memcpy(c->eth, p->eth, sizeof(c->eth));
 	c->seq = tcp->seq;
 	c->window = tcp->window;
-	c->ttl = ip->ttl;
+	c->ttl = p->family == PB_AF_INET6 ? p->ip6->hop_limit : p->ip->ttl;
 	c->opt_len = opt_len;
 }
 
-/* syn_kept says whether pb_syns holds the very SYN that the RST in p
+/* syn_kept says whether pb_syns_v2 holds the very SYN that the RST in p
  * answers (its flow's, with the sequence number the RST acknowledges):
  * only then may the agent replay it. */
 static __always_inline int syn_kept(struct pkt *p, const struct ct_key *fk)
 {
 	struct tcphdr *tcp = (void *)p->ports;
-	if (!(p->tcp_flags & TCP_ACK) || fk->family != PB_AF_INET || (void *)(tcp + 1) > p->end)
+	if (!(p->tcp_flags & TCP_ACK) || (void *)(tcp + 1) > p->end)
 		return 0;
-	__u32 k = syn_slot(fk->src.v4, fk->sport);
-	struct syn_copy *c = bpf_map_lookup_elem(&pb_syns, &k);
-	return c && c->client == fk->src.v4 && c->client_port == fk->sport && c->vip == fk->dst.v4 &&
-	       c->vip_port == fk->dport && bpf_ntohl(c->seq) + 1 == bpf_ntohl(tcp->ack_seq);
+	__u32 k = syn_slot(&fk->src, fk->family, fk->sport);
+	struct syn_copy *c = bpf_map_lookup_elem(&pb_syns_v2, &k);
+	return c && c->family == fk->family && addr_eq(&c->client, &fk->src) && c->client_port == fk->sport &&
+	       addr_eq(&c->vip, &fk->dst) && c->vip_port == fk->dport &&
+	       bpf_ntohl(c->seq) + 1 == bpf_ntohl(tcp->ack_seq);
 }
 
 /* replay_move_off reads the agent's replay metadata (struct replay_meta):
@@ -1705,11 +1712,6 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 #define PB_ICMP6_PKT_TOOBIG 2
 #define PB_ICMP6_TIME_EXCEED 3
 
-static __always_inline int addr6_eq(const union addr *a, const union addr *b)
-{
-	return a->v6[0] == b->v6[0] && a->v6[1] == b->v6[1] && a->v6[2] == b->v6[2] && a->v6[3] == b->v6[3];
-}
-
 struct icmp6_quote {
 	struct pb_ipv6hdr *ip6; /* outer */
 	struct pb_icmphdr *icmp;
@@ -1819,7 +1821,7 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct global_stats *
 		k.dport = q.ports[0];
 		k.dir = PB_DIR_FWD;
 		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &k);
-		if (ct && addr6_eq(&q.ip6->daddr, &in->saddr)) {
+		if (ct && addr_eq(&q.ip6->daddr, &in->saddr)) {
 			quote6_rewrite(&q, 0, &ct->nat_addr, ct->nat_port);
 			outer6_rewrite(&q, 1, &ct->nat_addr);
 			if (gs)
@@ -1839,7 +1841,7 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct global_stats *
 	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &k);
 	if (!rv || (rv->flags & PB_CT_MOVED))
 		return XDP_PASS;
-	int from_backend = addr6_eq(&q.ip6->saddr, &in->daddr);
+	int from_backend = addr_eq(&q.ip6->saddr, &in->daddr);
 	if (from_backend && in->nexthdr == IPPROTO_UDP && q.icmp->type == PB_ICMP6_DEST_UNREACH &&
 	    q.icmp->code == PB_ICMP6_PORT_UNREACH) {
 		__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);

@@ -252,9 +252,15 @@ type LbSvcValue struct {
 }
 
 type LbSynCopy struct {
-	_          structs.HostLayout
-	Client     uint32
-	Vip        uint32
+	_      structs.HostLayout
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Vip struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	ClientPort uint16
 	VipPort    uint16
 	Ifindex    uint32
@@ -263,6 +269,8 @@ type LbSynCopy struct {
 	Window     uint16
 	Ttl        uint8
 	OptLen     uint8
+	Family     uint8
+	Pad        [3]uint8
 	Opts       [40]uint8
 }
 
@@ -291,7 +299,7 @@ const (
 	LbMapPbSvcInflight      = "pb_svc_inflight"
 	LbMapPbSvcStats         = "pb_svc_stats"
 	LbMapPbSvcTrip          = "pb_svc_trip"
-	LbMapPbSyns             = "pb_syns"
+	LbMapPbSynsV2           = "pb_syns_v2"
 	LbMapPbVipSlots         = "pb_vip_slots"
 	LbProgPbXdp             = "pb_xdp"
 	LbVarUnusedBackendState = "unused_backend_state"
@@ -372,7 +380,7 @@ type LbMapSpecs struct {
 	PbSvcInflight   *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.MapSpec `ebpf:"pb_svc_stats"`
 	PbSvcTrip       *ebpf.MapSpec `ebpf:"pb_svc_trip"`
-	PbSyns          *ebpf.MapSpec `ebpf:"pb_syns"`
+	PbSynsV2        *ebpf.MapSpec `ebpf:"pb_syns_v2"`
 	PbVipSlots      *ebpf.MapSpec `ebpf:"pb_vip_slots"`
 }
 
@@ -429,7 +437,7 @@ type LbMaps struct {
 	PbSvcInflight   *ebpf.Map `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.Map `ebpf:"pb_svc_stats"`
 	PbSvcTrip       *ebpf.Map `ebpf:"pb_svc_trip"`
-	PbSyns          *ebpf.Map `ebpf:"pb_syns"`
+	PbSynsV2        *ebpf.Map `ebpf:"pb_syns_v2"`
 	PbVipSlots      *ebpf.Map `ebpf:"pb_vip_slots"`
 }
 
@@ -456,7 +464,7 @@ func (m *LbMaps) Close() error {
 		m.PbSvcInflight,
 		m.PbSvcStats,
 		m.PbSvcTrip,
-		m.PbSyns,
+		m.PbSynsV2,
 		m.PbVipSlots,
 	)
 }

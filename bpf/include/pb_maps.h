@@ -234,14 +234,15 @@ struct {
 } pb_be_trip SEC(".maps");
 
 /* SYN slot (see PB_SYN_SLOT_BITS) -> the flow's SYN, for the agent's
- * replay of a refused one. Written by the datapath, read by the agent. */
+ * replay of a refused one. Written by the datapath, read by the agent.
+ * _v2: 16-byte addresses and a family (IPv6 SYNs too). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct syn_copy);
 	__uint(max_entries, PB_SYN_SLOTS);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pb_syns SEC(".maps");
+} pb_syns_v2 SEC(".maps");
 
 /* backend id -> failure-accrual state. Written by the agent only. */
 struct {

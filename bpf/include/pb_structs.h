@@ -110,16 +110,18 @@ struct flow_value {
  * client). Written by the datapath; read by the agent. A slot holds one
  * flow (the tag says which): a newer SYN hashing there replaces it. */
 struct syn_copy {
-	__be32 client;      /* tag: client address and port, VIP and port */
-	__be32 vip;
+	union addr client;  /* tag: client address and port, VIP and port */
+	union addr vip;
 	__be16 client_port;
 	__be16 vip_port;
 	__u32 ifindex;      /* the interface it came in on */
 	__u8 eth[12];       /* its destination and source MAC */
 	__be32 seq;         /* the client's initial sequence number */
 	__be16 window;
-	__u8 ttl;
+	__u8 ttl;           /* IPv4 TTL, IPv6 hop limit */
 	__u8 opt_len;       /* bytes of TCP options in opts (0..40) */
+	__u8 family;        /* PB_AF_INET or PB_AF_INET6 */
+	__u8 pad[3];
 	__u8 opts[PB_SYN_MAX_OPTS];
 };
 

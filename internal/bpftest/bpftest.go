@@ -139,8 +139,10 @@ func TCP(src, dst netip.AddrPort, f TCPFlags, payload []byte) []byte {
 // LinuxSYN crafts the SYN a Linux client sends: DF, TTL 64, and the
 // options MSS 1460, SACK permitted, timestamps, window scale 7.
 func LinuxSYN(src, dst netip.AddrPort, seq uint32) []byte {
-	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolTCP, Flags: layers.IPv4DontFragment,
-		SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice(), Id: 1}
+	ip := ipLayer(src.Addr(), dst.Addr(), layers.IPProtocolTCP)
+	if ip4, ok := ip.(*layers.IPv4); ok {
+		ip4.Flags = layers.IPv4DontFragment
+	}
 	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()),
 		SYN: true, Seq: seq, Window: 64240, Options: []layers.TCPOption{
 			{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}},

@@ -42,73 +42,36 @@ func web6(port uint16, n int) desired.Service {
 	return s
 }
 
-// The datapath copies no IPv6 SYN, so the agent replays none: an IPv6
-// service gets no replay deadline, and a rescued refusal of an IPv6
-// client is left to the client's own retransmission, with no replay
-// counted, not even as an error. IPv4 beside it is replayed as before.
-func TestNoReplaysForIPv6(t *testing.T) {
+// IPv6 clients' SYNs are replayed as IPv4 ones are (pb_syns_v2 holds both
+// families): an IPv6 service gets a replay deadline, and both a rescued
+// refusal and an unanswered SYN of an IPv6 client are replayed.
+func TestIPv6IsReplayed(t *testing.T) {
 	e := newEnv(t)
 	rp := &fakeReplayer{}
 	e.a.replayer = rp
-	v4 := web(80, 2, settings())
-	v4.RetryRefused = true
 	v6 := web6(80, 2)
-	e.start(state(v4, v6))
-	s4, be4 := e.ids(v4)
+	e.start(state(v6))
 	s6, be6 := e.ids(v6)
-	for _, id := range be4 {
-		if e.a.policy[id].Replay == 0 {
-			t.Errorf("IPv4 backend %d: no replay deadline", id)
-		}
-	}
 	for _, id := range be6 {
-		if d := e.a.policy[id].Replay; d != 0 {
-			t.Errorf("IPv6 backend %d: replay deadline %v, want none", id, d)
+		if e.a.policy[id].Replay == 0 {
+			t.Errorf("IPv6 backend %d: no replay deadline", id)
 		}
 	}
-
-	// A rescued refusal of each family.
 	c6 := netip.AddrPortFrom(client6, e.nextPort())
-	ev6 := outcomes.Event{Type: outcomes.Refused, Flags: outcomes.FlagRescued, Service: s6, Backend: be6[0],
-		Client: c6, At: e.clk.Now()}
-	e.a.HandleEvents([]outcomes.Event{ev6})
-	if len(rp.refused) != 0 {
-		t.Errorf("IPv6 refusal replayed: %v", rp.refused)
+	e.a.HandleEvents([]outcomes.Event{{Type: outcomes.Refused, Flags: outcomes.FlagRescued, Service: s6, Backend: be6[0],
+		Client: c6, At: e.clk.Now()}})
+	if len(rp.refused) != 1 || rp.refused[0] != c6 {
+		t.Errorf("IPv6 refusal replays %v, want %v", rp.refused, c6)
 	}
-	for _, result := range []string{"sent", "error", "stale", "no_copy", "flood"} {
-		if got := testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("refused", result)); got != 0 {
-			t.Errorf("replays_total{refused,%s} = %v after an IPv6 refusal, want 0", result, got)
-		}
+	if got := testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("refused", "sent")); got != 1 {
+		t.Errorf("replays_total{refused,sent} = %v, want 1", got)
 	}
-	p := e.nextPort()
-	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.Refused, s4, be4[0], p, outcomes.FlagRescued)})
-	if want := netip.AddrPortFrom(client, p); len(rp.refused) != 1 || rp.refused[0] != want {
-		t.Errorf("IPv4 refusal replays %v, want %v", rp.refused, want)
-	}
-
-	// Unanswered SYNs: the IPv4 one is replayed at its deadline, the IPv6
-	// one never (its connect deadline still judges the backend).
-	e.a.HandleEvents([]outcomes.Event{
-		{Type: outcomes.NewFlow, Service: s6, Backend: be6[1], Client: netip.AddrPortFrom(client6, e.nextPort()), At: e.clk.Now()},
-		e.event(outcomes.NewFlow, s4, be4[1], e.nextPort(), 0),
-	})
+	c6b := netip.AddrPortFrom(client6, e.nextPort())
+	e.a.HandleEvents([]outcomes.Event{{Type: outcomes.NewFlow, Service: s6, Backend: be6[1], Client: c6b, At: e.clk.Now()}})
 	e.clk.Step(600 * time.Millisecond) // past the cautious deadline, half the connect timeout
 	e.a.Advance()
-	if len(rp.unanswered) != 1 || !rp.unanswered[0].Addr().Is4() {
-		t.Errorf("unanswered replays %v, want the IPv4 client's alone", rp.unanswered)
-	}
-	// The guard, should a deadline ever come due for an IPv6 client.
-	e.a.replayUnanswered(be6[1], netip.AddrPortFrom(client6, 1))
-	if len(rp.unanswered) != 1 {
-		t.Errorf("IPv6 unanswered SYN replayed: %v", rp.unanswered)
-	}
-	if got := testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("unanswered", "error")); got != 0 {
-		t.Errorf("replays_total{unanswered,error} = %v, want 0", got)
-	}
-	e.clk.Step(time.Second)
-	e.a.Advance()
-	if f := e.endpoint(be6[1]).ConsecutiveFailures; f != 1 {
-		t.Errorf("IPv6 endpoint: %d consecutive failures after its unanswered SYN, want 1", f)
+	if len(rp.unanswered) != 1 || rp.unanswered[0] != c6b {
+		t.Errorf("unanswered replays %v, want %v", rp.unanswered, c6b)
 	}
 }
 

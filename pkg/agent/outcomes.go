@@ -181,13 +181,6 @@ func (a *Agent) replay(ev *outcomes.Event) {
 	if a.replayer == nil {
 		return
 	}
-	if !ev.Client.Addr().Is4() {
-		// pb_syns is IPv4-only: the datapath copies no IPv6 SYN, so there
-		// is nothing to replay. An IPv6 client relies on its own SYN
-		// retransmission for now (about a second later; the datapath moves
-		// the rescued flow then). Skipped, not counted as a failure.
-		return
-	}
 	s, ok := a.rec.Service(ev.Service)
 	b, bok := a.rec.Backend(ev.Backend)
 	if !ok || !bok {

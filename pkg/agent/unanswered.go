@@ -39,13 +39,9 @@ type handshakes struct {
 }
 
 // replayAfter is the replay deadline of a service with these settings and
-// recent handshakes (nil: none seen yet); 0: no replays. An IPv6 service
-// gets none: the datapath copies no IPv6 SYN (pb_syns is IPv4-only), so
-// there is nothing to replay, and its clients rely on their own SYN
-// retransmission for now (which the datapath re-picks, as for IPv4).
+// recent handshakes (nil: none seen yet); 0: no replays.
 func replayAfter(spec *desired.Service, h *handshakes) time.Duration {
-	if !spec.RetryRefused || spec.Key.Protocol != desired.TCP || spec.Accrual.Mode == accrual.ModeNone ||
-		!spec.Key.VIP.Is4() {
+	if !spec.RetryRefused || spec.Key.Protocol != desired.TCP || spec.Accrual.Mode == accrual.ModeNone {
 		return 0
 	}
 	limit := spec.Accrual.ConnectTimeout / 2
@@ -125,12 +121,6 @@ func (a *Agent) setReplay(s *reconcile.Service) {
 func (a *Agent) replayUnanswered(backend uint32, client netip.AddrPort) {
 	r, ok := a.replayer.(unansweredReplayer)
 	if !ok {
-		return
-	}
-	if !client.Addr().Is4() {
-		// No IPv6 SYN is copied to replay (replayAfter sets IPv6 services
-		// no deadline; this is the guard): the client's own SYN
-		// retransmission moves the flow for now. Not a replay failure.
 		return
 	}
 	b, ok := a.rec.Backend(backend)

@@ -24,7 +24,7 @@ func TestSynCopyRebuildsTheClientSYN(t *testing.T) {
 	syn := bpftest.LinuxSYN(client, vip, 0x12345678)
 	f.run(syn)
 	var c bpf.LbSynCopy
-	f.must(f.LbMaps.PbSyns.Lookup(maps.SynSlot(client.Addr(), client.Port()), &c))
+	f.must(f.LbMaps.PbSynsV2.Lookup(maps.SynSlot(client.Addr(), client.Port()), &c))
 	if c.OptLen != 20 || c.Ifindex != 1 {
 		t.Errorf("copy %+v: want 20 bytes of options, ifindex 1 (lo, the test run's)", c)
 	}
@@ -48,6 +48,40 @@ func TestSynCopyRebuildsTheClientSYN(t *testing.T) {
 	}
 }
 
+// The same for an IPv6 client: the copy holds its 16-byte addresses and hop
+// limit, and the replay rebuilds its SYN byte for byte, which the datapath
+// sends to the other backend.
+func TestSynCopyRebuildsTheClientSYNIPv6(t *testing.T) {
+	f := fixture6(t, 6)
+	f.svc6(6, 0, maps.ServiceRetryRefused)
+	syn := bpftest.LinuxSYN(client6, vip6, 0x12345678)
+	f.run(syn)
+	var c bpf.LbSynCopy
+	f.must(f.LbMaps.PbSynsV2.Lookup(maps.SynSlot(client6.Addr(), client6.Port()), &c))
+	if c.Family != 6 || c.OptLen != 20 || c.Ttl != 64 {
+		t.Errorf("copy %+v: want family 6, 20 bytes of options, hop limit 64", c)
+	}
+	got, err := replay.Frame(&c, 1)
+	f.must(err)
+	if !bytes.Equal(got, syn) {
+		t.Fatalf("rebuilt SYN\n%x\nwant\n%x", got, syn)
+	}
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be6a, client6, 0x12345678)); ret != bpftest.XDPDrop {
+		t.Fatalf("refusal verdict %d, want it kept from the client", ret)
+	}
+	f.wantEvents(ev6(evNewFlow, 0, id6a, client6), ev6(evRefused, evfRescued, id6a, client6))
+	// Every slot on the other backend now: the replay goes there.
+	tbl := make([]uint32, size6)
+	for i := range tbl {
+		tbl[i] = id6b
+	}
+	f.must(f.Maps.FillTable(svc6, 0, tbl))
+	_, p, _ := f.run(got)
+	if p.Dst != be6b {
+		t.Fatalf("replayed SYN went to %v, want %v", p.Dst, be6b)
+	}
+}
+
 // A refusal that does not acknowledge the kept SYN (the slot holds another
 // connection's, or the RST answers something else) is not replayable: the
 // client's own retransmission is moved instead.
@@ -68,8 +102,8 @@ func TestNoSynCopyWithoutRetryRefused(t *testing.T) {
 	f.table(id1)
 	f.run(bpftest.LinuxSYN(client, vip, 1))
 	var c bpf.LbSynCopy
-	f.must(f.LbMaps.PbSyns.Lookup(maps.SynSlot(client.Addr(), client.Port()), &c))
-	if c.Client != 0 || c.OptLen != 0 {
+	f.must(f.LbMaps.PbSynsV2.Lookup(maps.SynSlot(client.Addr(), client.Port()), &c))
+	if c.Family != 0 || c.OptLen != 0 {
 		t.Errorf("copied a SYN for a service without retryRefused: %+v", c)
 	}
 }

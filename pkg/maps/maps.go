@@ -154,9 +154,22 @@ func (m *Maps) Close() {
 // pb_syns holds IPv4 SYNs only (the datapath copies no IPv6 SYN): client
 // must be IPv4, or SynSlot panics; callers check first.
 func SynSlot(client netip.Addr, port uint16) uint32 {
-	v4 := client.As4()
-	a := binary.BigEndian.Uint32(v4[:])
-	return (a*vipSlotMul ^ uint32(port)*synPortMul) >> (32 - synSlotBits)
+	return (fold(client)*vipSlotMul ^ uint32(port)*synPortMul) >> (32 - synSlotBits)
+}
+
+// fold is addr_fold in bpf/lb.c, in host order: an IPv4 address's word,
+// an IPv6 address's four words XORed.
+func fold(a netip.Addr) uint32 {
+	switch Family(a) {
+	case FamilyIPv4:
+		v4 := a.As4()
+		return binary.BigEndian.Uint32(v4[:])
+	case FamilyIPv6:
+		v6 := a.As16()
+		return binary.BigEndian.Uint32(v6[0:]) ^ binary.BigEndian.Uint32(v6[4:]) ^
+			binary.BigEndian.Uint32(v6[8:]) ^ binary.BigEndian.Uint32(v6[12:])
+	}
+	return 0
 }
 
 const (
@@ -453,17 +466,7 @@ func nonZeroBytes(m *ebpf.Map, f func(k uint32, v uint8)) error {
 // address is folded first: the XOR of its four 32-bit words, each read
 // big-endian, takes the IPv4 address's place. (The zero Addr gets slot 0.)
 func VIPSlot(addr netip.Addr) uint32 {
-	var w uint32
-	switch Family(addr) {
-	case FamilyIPv4:
-		v4 := addr.As4()
-		w = binary.BigEndian.Uint32(v4[:])
-	case FamilyIPv6:
-		v6 := addr.As16()
-		w = binary.BigEndian.Uint32(v6[0:]) ^ binary.BigEndian.Uint32(v6[4:]) ^
-			binary.BigEndian.Uint32(v6[8:]) ^ binary.BigEndian.Uint32(v6[12:])
-	}
-	return (w * vipSlotMul) >> (32 - vipSlotBits)
+	return (fold(addr) * vipSlotMul) >> (32 - vipSlotBits)
 }
 
 // PB_VIP_SLOT_BITS and PB_VIP_SLOT_MUL; VIPSlots is pb_vip_slots' size.

@@ -5,7 +5,7 @@
 //
 // When a backend answers a new flow's SYN with RST and the service has
 // retryRefused, the datapath keeps the RST from the client (the flow is
-// "rescued") and has a copy of the SYN in pb_syns. Replay rebuilds that
+// "rescued") and has a copy of the SYN in pb_syns_v2. Replay rebuilds that
 // SYN exactly (the client's addresses, ports, sequence number, window and
 // options, the Ethernet addresses it arrived with) and runs the XDP
 // program on it with BPF_PROG_RUN in live-frame mode, as if it had just
@@ -39,20 +39,6 @@ var ErrNoCopy = errors.New("replay: no copy of the SYN")
 // A replay now would be a second SYN on whatever the flow has become.
 var ErrStale = errors.New("replay: the flow has moved on")
 
-// ErrNotIPv4: the client is not IPv4. pb_syns holds copies of IPv4 SYNs
-// only (the datapath copies no IPv6 SYN), and Frame builds IPv4 frames:
-// an IPv6 client relies on its own SYN retransmission. The agent does not
-// ask for these replays; this is the guard if anything ever does.
-var ErrNotIPv4 = errors.New("replay: only IPv4 SYNs are copied for replays; an IPv6 client's own retransmission moves its flow")
-
-// ipv4Only refuses a replay of a flow that is not IPv4.
-func ipv4Only(client, vip netip.AddrPort) error {
-	if !client.Addr().Is4() || !vip.Addr().Is4() {
-		return fmt.Errorf("replay of %s to %s: %w", client, vip, ErrNotIPv4)
-	}
-	return nil
-}
-
 // Replayer replays refused SYNs through the datapath program.
 type Replayer struct {
 	prog *ebpf.Program
@@ -68,11 +54,8 @@ func New(prog *ebpf.Program, m *maps.Maps) *Replayer {
 
 // Replay sends again the SYN that client sent to vip, which backend
 // refused: only while the flow is that refusal, kept from the client and
-// not yet retried. client and vip must be IPv4 (ErrNotIPv4).
+// not yet retried.
 func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
-	if err := ipv4Only(client, vip); err != nil {
-		return err
-	}
 	flags, err := r.flowFlags(client, backend)
 	if err != nil {
 		return err
@@ -99,12 +82,8 @@ func (r *Replayer) flowFlags(client, backend netip.AddrPort) (uint32, error) {
 // ReplayUnanswered sends again the SYN that client sent to vip, which
 // backend (id backendID) has not answered, marked for the datapath to move
 // the flow off that backend: only while the flow still waits for it (no
-// SYN-ACK, not closed, not moved before). client and vip must be IPv4
-// (ErrNotIPv4).
+// SYN-ACK, not closed, not moved before).
 func (r *Replayer) ReplayUnanswered(client, vip, backend netip.AddrPort, backendID uint32) error {
-	if err := ipv4Only(client, vip); err != nil {
-		return err
-	}
 	flags, err := r.flowFlags(client, backend)
 	if err != nil {
 		return err
@@ -125,16 +104,14 @@ const replayMagic = 0x70627270
 // the datapath on it, as arriving on the client's interface, with meta as
 // the frame's XDP metadata.
 func (r *Replayer) send(client, vip netip.AddrPort, meta []byte) error {
-	if err := ipv4Only(client, vip); err != nil {
-		return err // SynSlot is IPv4's
-	}
 	var c bpf.LbSynCopy
 	slot := maps.SynSlot(client.Addr(), client.Port())
-	if err := r.m.Raw().PbSyns.Lookup(slot, &c); err != nil {
-		return fmt.Errorf("replay: pb_syns[%d]: %w", slot, err)
+	if err := r.m.Raw().PbSynsV2.Lookup(slot, &c); err != nil {
+		return fmt.Errorf("replay: pb_syns_v2[%d]: %w", slot, err)
 	}
-	if maps.AddrFromV4(c.Client) != client.Addr() || maps.Port(c.ClientPort) != client.Port() ||
-		maps.AddrFromV4(c.Vip) != vip.Addr() || maps.Port(c.VipPort) != vip.Port() {
+	if c.Family != maps.Family(client.Addr()) ||
+		maps.AddrFromFamily(c.Family, c.Client.Bytes) != client.Addr() || maps.Port(c.ClientPort) != client.Port() ||
+		maps.AddrFromFamily(c.Family, c.Vip.Bytes) != vip.Addr() || maps.Port(c.VipPort) != vip.Port() {
 		return ErrNoCopy
 	}
 	frame, err := Frame(&c, uint16(r.ipID.Add(1)))
@@ -159,28 +136,48 @@ type xdpMD struct {
 }
 
 // Frame builds the SYN that c describes: Ethernet, IPv4 (no options, DF)
-// and TCP with c's options, checksums complete.
+// or IPv6 (no extension headers, flow label 0), and TCP with c's options,
+// checksums complete. ipID is IPv4's identification.
 func Frame(c *bpf.LbSynCopy, ipID uint16) ([]byte, error) {
 	n := int(c.OptLen)
 	if n > len(c.Opts) || n%4 != 0 {
 		return nil, fmt.Errorf("replay: SYN copy with %d bytes of options", n)
 	}
 	tcpLen := 20 + n
-	f := make([]byte, 14+20+tcpLen)
+	l3 := 20
+	switch c.Family {
+	case maps.FamilyIPv4:
+	case maps.FamilyIPv6:
+		l3 = 40
+	default:
+		return nil, fmt.Errorf("replay: SYN copy of family %d", c.Family)
+	}
+	f := make([]byte, 14+l3+tcpLen)
 	copy(f[0:12], c.Eth[:])
-	binary.BigEndian.PutUint16(f[12:], unix.ETH_P_IP)
-	ip := f[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+tcpLen))
-	binary.BigEndian.PutUint16(ip[4:], ipID)
-	binary.BigEndian.PutUint16(ip[6:], 0x4000) // DF, as Linux sends a SYN
-	ip[8] = c.Ttl
-	ip[9] = unix.IPPROTO_TCP
-	// The copy's addresses and ports are in network order already.
-	binary.NativeEndian.PutUint32(ip[12:], c.Client)
-	binary.NativeEndian.PutUint32(ip[16:], c.Vip)
-	binary.BigEndian.PutUint16(ip[10:], ^csum.Fold(csum.Sum(ip, 0)))
-	tcp := f[34:]
+	if l3 == 40 {
+		binary.BigEndian.PutUint16(f[12:], unix.ETH_P_IPV6)
+		ip := f[14:54]
+		ip[0] = 0x60
+		binary.BigEndian.PutUint16(ip[4:], uint16(tcpLen))
+		ip[6] = unix.IPPROTO_TCP
+		ip[7] = c.Ttl
+		copy(ip[8:24], c.Client.Bytes[:])
+		copy(ip[24:40], c.Vip.Bytes[:])
+	} else {
+		binary.BigEndian.PutUint16(f[12:], unix.ETH_P_IP)
+		ip := f[14:34]
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+tcpLen))
+		binary.BigEndian.PutUint16(ip[4:], ipID)
+		binary.BigEndian.PutUint16(ip[6:], 0x4000) // DF, as Linux sends a SYN
+		ip[8] = c.Ttl
+		ip[9] = unix.IPPROTO_TCP
+		copy(ip[12:16], c.Client.Bytes[:4])
+		copy(ip[16:20], c.Vip.Bytes[:4])
+		binary.BigEndian.PutUint16(ip[10:], ^csum.Fold(csum.Sum(ip, 0)))
+	}
+	// The copy's ports and sequence number are in network order already.
+	tcp := f[14+l3:]
 	binary.NativeEndian.PutUint16(tcp[0:], c.ClientPort)
 	binary.NativeEndian.PutUint16(tcp[2:], c.VipPort)
 	binary.NativeEndian.PutUint32(tcp[4:], c.Seq)
@@ -188,6 +185,10 @@ func Frame(c *bpf.LbSynCopy, ipID uint16) ([]byte, error) {
 	tcp[13] = 0x02 // SYN
 	binary.NativeEndian.PutUint16(tcp[14:], c.Window)
 	copy(tcp[20:], c.Opts[:n])
-	csum.SetTCP4(f)
+	if l3 == 40 {
+		csum.SetTCP6(f)
+	} else {
+		csum.SetTCP4(f)
+	}
 	return f, nil
 }

@@ -2,7 +2,6 @@ package replay
 
 import (
 	"encoding/binary"
-	"errors"
 	"net/netip"
 	"testing"
 
@@ -14,7 +13,7 @@ import (
 // of words, or more than the array holds) builds no frame.
 func TestFrameRejectsImpossibleCopies(t *testing.T) {
 	for _, n := range []uint8{3, 41, 44, 255} {
-		if _, err := Frame(&bpf.LbSynCopy{OptLen: n}, 1); err == nil {
+		if _, err := Frame(&bpf.LbSynCopy{OptLen: n, Family: 4}, 1); err == nil {
 			t.Errorf("opt_len %d: built a frame", n)
 		}
 	}
@@ -23,7 +22,7 @@ func TestFrameRejectsImpossibleCopies(t *testing.T) {
 // The frame's headers are consistent: lengths, data offset, SYN alone,
 // checksums that verify.
 func TestFrameHeaders(t *testing.T) {
-	c := bpf.LbSynCopy{OptLen: 4, Ttl: 63}
+	c := bpf.LbSynCopy{OptLen: 4, Ttl: 63, Family: 4}
 	copy(c.Opts[:], []byte{2, 4, 0x05, 0xb4})
 	f, err := Frame(&c, 7)
 	if err != nil {
@@ -48,20 +47,32 @@ func TestFrameHeaders(t *testing.T) {
 	}
 }
 
-// An IPv6 flow is refused before any map is looked at: pb_syns holds no
-// IPv6 SYN, and the frames are IPv4.
-func TestIPv6Refused(t *testing.T) {
-	r := New(nil, nil) // no map is read
-	c6 := netip.MustParseAddrPort("[2001:1::2]:40000")
-	v6 := netip.MustParseAddrPort("[2001:2::10]:80")
-	be6 := netip.MustParseAddrPort("[2001:2::1:2]:8080")
-	if err := r.Replay(c6, v6, be6); !errors.Is(err, ErrNotIPv4) {
-		t.Errorf("Replay of an IPv6 client: %v, want ErrNotIPv4", err)
+// An IPv6 copy builds an IPv6 frame: payload length, next header, hop
+// limit, addresses, and a TCP checksum over the IPv6 pseudo-header. A copy
+// of no known family builds none.
+func TestFrameIPv6(t *testing.T) {
+	c := bpf.LbSynCopy{OptLen: 4, Ttl: 61, Family: 6}
+	copy(c.Opts[:], []byte{2, 4, 0x05, 0xa0})
+	c6 := netip.MustParseAddr("2001:2::2").As16()
+	v6 := netip.MustParseAddr("2001:2:0:100::1").As16()
+	c.Client.Bytes, c.Vip.Bytes = c6, v6
+	f, err := Frame(&c, 7)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := r.ReplayUnanswered(c6, v6, be6, 3); !errors.Is(err, ErrNotIPv4) {
-		t.Errorf("ReplayUnanswered of an IPv6 client: %v, want ErrNotIPv4", err)
+	if len(f) != 14+40+24 || binary.BigEndian.Uint16(f[12:]) != 0x86dd {
+		t.Fatalf("frame of %d bytes, ethertype %#x", len(f), binary.BigEndian.Uint16(f[12:]))
 	}
-	if err := r.send(c6, v6, nil); !errors.Is(err, ErrNotIPv4) {
-		t.Errorf("send of an IPv6 client: %v, want ErrNotIPv4", err)
+	ip, tcp := f[14:54], f[54:]
+	if ip[0] != 0x60 || binary.BigEndian.Uint16(ip[4:]) != 24 || ip[6] != 6 || ip[7] != 61 ||
+		[16]byte(ip[8:24]) != c6 || [16]byte(ip[24:40]) != v6 {
+		t.Errorf("IPv6 header % x", ip)
+	}
+	ps := csum.Sum(ip[8:40], 0) + 6 + uint32(len(tcp))
+	if csum.Fold(csum.Sum(tcp, ps)) != 0xffff || tcp[13] != 0x02 {
+		t.Errorf("TCP checksum or flags wrong: % x", tcp)
+	}
+	if _, err := Frame(&bpf.LbSynCopy{Family: 0}, 1); err == nil {
+		t.Error("a copy of family 0 built a frame")
 	}
 }

@@ -29,8 +29,8 @@ services:
 // IPv6 end to end: 1,000 new connections from an IPv6 client through an
 // IPv6 VIP reach all three real servers; an endpoint that starts refusing
 // is ejected after maxFailures refusals (the client sees none: each refused
-// SYN's RST is kept from it and its retransmission goes elsewhere), and
-// rejoins once healed.
+// SYN's RST is kept from it and the agent replays the SYN to another
+// endpoint at once), and rejoins once healed.
 func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 	e := newEnv(t, 3)
 	e.startAgent(ipv6Config(e.topo, `    failureAccrual:
@@ -71,7 +71,14 @@ func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 	}
 	t.Logf("IPv6, b3 refusing: %v", rs)
 	if rs.Failures() != 0 {
-		t.Errorf("%v: want no client-visible failure (refused SYNs are retried elsewhere)", rs)
+		t.Errorf("%v: want no client-visible failure (refused SYNs are replayed elsewhere)", rs)
+	}
+	// Replayed at once by the agent, not on the client's retransmission
+	// a second later.
+	for _, r := range rs {
+		if r.Latency > 500*time.Millisecond {
+			t.Errorf("connection %d took %v: a refused SYN waited for its retransmission", r.Seq, r.Latency)
+		}
 	}
 	if st, _ := e.state(b3v6); st != "ejected" && st != "probation" {
 		t.Errorf("b3 is %s, want ejected", st)
@@ -82,6 +89,9 @@ func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 	}
 	if got := m.Get("penaltybox_endpoint_ejections_total", "endpoint", b3v6); got < 1 {
 		t.Errorf("ejections of b3 = %v, want >= 1", got)
+	}
+	if got := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent"); got < 1 {
+		t.Errorf("refused SYNs replayed = %v, want >= 1", got)
 	}
 
 	if err := e.topo.Backend(3).SetMode(testnet.Serve); err != nil {
