@@ -1503,6 +1503,38 @@ static __always_inline int vip_slot_marked(const union addr *a, __u8 family)
 }
 
 
+/* udp_refused makes a UDP endpoint's port unreachable its flow's verdict
+ * (once: a refusal, if nothing answered before) and ends the flow, as a
+ * refused TCP connection ends: the client's next datagram on the same
+ * ports is a new flow, picked afresh, not sent to the closed port until
+ * the entry idles out. rv and rk are the flow's reverse entry and key,
+ * client its address (of rk's family), cport its port. */
+static __always_inline void udp_refused(struct ct_value *rv, const struct ct_key *rk, const union addr *client,
+					__be16 cport, struct global_stats *gs)
+{
+	__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
+	if (old & PB_CT_CLOSED)
+		return;
+	if (!(old & PB_CT_ESTABLISHED)) {
+		__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
+		if (!(old & PB_CT_PROBE))
+			evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED, rv->created_ns);
+		emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, client, rk->family, cport, gs);
+	}
+	struct ct_key fk = {};
+	fk.src = *client;
+	fk.dst = rv->nat_addr;
+	fk.sport = cport;
+	fk.dport = rv->nat_port;
+	fk.proto = IPPROTO_UDP;
+	fk.dir = PB_DIR_FWD;
+	fk.family = rk->family;
+	if (old & PB_CT_COUNTED)
+		release(&fk);
+	bpf_map_delete_elem(&pb_ct, &fk);
+	bpf_map_delete_elem(&pb_ct, rk);
+}
+
 /* An ICMP error (destination unreachable, time exceeded) quotes the packet
  * it is about: its IP header and at least 8 bytes of its L4 header. For a
  * NATed flow that packet carries the backend's address, which the client
@@ -1537,6 +1569,18 @@ struct icmp_quote {
 	__sum16 *l4csum;    /* the quoted L4 checksum, 0 when not quoted */
 };
 
+/* quoted_l4csum is the quoted segment's checksum field: UDP's is in the
+ * 8 bytes every error quotes, TCP's only when more is quoted (0: not). */
+static __always_inline __sum16 *quoted_l4csum(__u8 proto, __be16 *ports, void *data_end)
+{
+	if (proto == IPPROTO_UDP)
+		return (__sum16 *)(ports + 3);
+	struct tcphdr *tcp = (void *)ports;
+	if ((void *)&tcp->check + sizeof(tcp->check) <= data_end)
+		return &tcp->check;
+	return 0;
+}
+
 static __always_inline int parse_icmp(struct xdp_md *ctx, struct icmp_quote *q)
 {
 	void *data = (void *)(long)ctx->data;
@@ -1566,14 +1610,7 @@ static __always_inline int parse_icmp(struct xdp_md *ctx, struct icmp_quote *q)
 	q->icmp = icmp;
 	q->in = in;
 	q->ports = ports;
-	q->l4csum = 0;
-	if (in->protocol == IPPROTO_UDP) {
-		q->l4csum = (__sum16 *)(ports + 3);
-	} else {
-		struct tcphdr *tcp = (void *)ports;
-		if ((void *)&tcp->check + sizeof(tcp->check) <= data_end)
-			q->l4csum = &tcp->check;
-	}
+	q->l4csum = quoted_l4csum(in->protocol, ports, data_end);
 	return 0;
 }
 
@@ -1622,7 +1659,8 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 	struct iphdr *in = q.in;
 
 	/* From the client's side: the quote is a reply we sent as the VIP. */
-	union addr qsrc = {.v4 = in->saddr};
+	union addr qsrc = {};
+	qsrc.v4 = in->saddr;
 	if ((port_role(q.ports[0]) & PB_PORT_VIP) && vip_slot_marked(&qsrc, PB_AF_INET) && q.ip->daddr == in->saddr) {
 		struct ct_key fk = {};
 		fk.src.v4 = in->daddr;
@@ -1662,34 +1700,9 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 	int from_backend = q.ip->saddr == in->daddr;
 	if (from_backend && in->protocol == IPPROTO_UDP && q.icmp->type == PB_ICMP_DEST_UNREACH &&
 	    q.icmp->code == PB_ICMP_PORT_UNREACH) {
-		__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
-		if (!(old & PB_CT_CLOSED)) {
-			/* Unanswered until now: the flow's verdict. */
-			if (!(old & PB_CT_ESTABLISHED)) {
-				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
-				if (!(old & PB_CT_PROBE))
-					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED,
-							   rv->created_ns);
-				union addr c = {.v4 = in->saddr};
-				emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, &c, PB_AF_INET, q.ports[0], gs);
-			}
-			/* The flow ends, as a refused TCP connection does: the
-			 * client's next datagram on the same ports is a new flow,
-			 * picked afresh (not sent to the closed port until the
-			 * entry idles out). */
-			struct ct_key fk = {};
-			fk.src.v4 = in->saddr;
-			fk.dst.v4 = vip;
-			fk.sport = q.ports[0];
-			fk.dport = vport;
-			fk.proto = IPPROTO_UDP;
-			fk.dir = PB_DIR_FWD;
-			fk.family = PB_AF_INET;
-			if (old & PB_CT_COUNTED)
-				release(&fk);
-			bpf_map_delete_elem(&pb_ct, &fk);
-			bpf_map_delete_elem(&pb_ct, &rk);
-		}
+		union addr c = {}; /* all 16 bytes: it goes into a key */
+		c.v4 = in->saddr;
+		udp_refused(rv, &rk, &c, q.ports[0], gs);
 	}
 	quote_rewrite(&q, 1, vip, vport);
 	if (from_backend)
@@ -1751,14 +1764,7 @@ static __always_inline int parse_icmp6(struct xdp_md *ctx, struct icmp6_quote *q
 	q->icmp = icmp;
 	q->in = in;
 	q->ports = ports;
-	q->l4csum = 0;
-	if (in->nexthdr == IPPROTO_UDP) {
-		q->l4csum = (__sum16 *)(ports + 3);
-	} else {
-		struct tcphdr *tcp = (void *)ports;
-		if ((void *)&tcp->check + sizeof(tcp->check) <= data_end)
-			q->l4csum = &tcp->check;
-	}
+	q->l4csum = quoted_l4csum(in->nexthdr, ports, data_end);
 	return 0;
 }
 
@@ -1844,35 +1850,16 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct global_stats *
 	int from_backend = addr_eq(&q.ip6->saddr, &in->daddr);
 	if (from_backend && in->nexthdr == IPPROTO_UDP && q.icmp->type == PB_ICMP6_DEST_UNREACH &&
 	    q.icmp->code == PB_ICMP6_PORT_UNREACH) {
-		__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
-		if (!(old & PB_CT_CLOSED)) {
-			if (!(old & PB_CT_ESTABLISHED)) {
-				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
-				if (!(old & PB_CT_PROBE))
-					evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED,
-							   rv->created_ns);
-				emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, &in->saddr, PB_AF_INET6,
-				     q.ports[0], gs);
-			}
-			/* The flow ends (see icmp_error). */
-			struct ct_key fk = {};
-			fk.src = in->saddr;
-			fk.dst = rv->nat_addr;
-			fk.sport = q.ports[0];
-			fk.dport = rv->nat_port;
-			fk.proto = IPPROTO_UDP;
-			fk.dir = PB_DIR_FWD;
-			fk.family = PB_AF_INET6;
-			if (old & PB_CT_COUNTED)
-				release(&fk);
-			quote6_rewrite(&q, 1, &rv->nat_addr, rv->nat_port);
-			outer6_rewrite(&q, 0, &rv->nat_addr);
-			bpf_map_delete_elem(&pb_ct, &fk);
-			bpf_map_delete_elem(&pb_ct, &k);
-			if (gs)
-				gs->icmp_translated++;
-			return XDP_PASS;
-		}
+		/* The translation reads the VIP from the entry udp_refused
+		 * deletes: a copy first. */
+		union addr vip6 = rv->nat_addr;
+		__be16 vport6 = rv->nat_port;
+		udp_refused(rv, &k, &in->saddr, q.ports[0], gs);
+		quote6_rewrite(&q, 1, &vip6, vport6);
+		outer6_rewrite(&q, 0, &vip6);
+		if (gs)
+			gs->icmp_translated++;
+		return XDP_PASS;
 	}
 	quote6_rewrite(&q, 1, &rv->nat_addr, rv->nat_port);
 	if (from_backend)
