@@ -188,7 +188,12 @@ __noinline int pb_ipv6_l4(struct xdp_md *ctx)
 		if (nh != IPV6_HOPOPTS && nh != IPV6_ROUTING && nh != IPV6_DSTOPTS)
 			break;
 		__u8 *h = (void *)(ip6 + 1) + off;
-		if ((void *)(h + 2) > data_end)
+		if ((void *)(h + 4) > data_end)
+			return -1;
+		/* A routing header with segments left: the destination is not
+		 * the final one, and the L4 checksum is over that (RFC 8200
+		 * 8.1): not ours to rewrite. */
+		if (nh == IPV6_ROUTING && h[3] != 0)
 			return -1;
 		nh = h[0];
 		off += ((__u32)h[1] + 1) * 8;
@@ -1529,9 +1534,14 @@ static __always_inline void udp_refused(struct ct_value *rv, const struct ct_key
 	fk.proto = IPPROTO_UDP;
 	fk.dir = PB_DIR_FWD;
 	fk.family = rk->family;
-	if (old & PB_CT_COUNTED)
-		release(&fk);
-	bpf_map_delete_elem(&pb_ct, &fk);
+	/* The forward entry only if it is still this flow's: the LRU may have
+	 * evicted it, and the tuple's next datagram made another flow's. */
+	struct ct_value *fv = bpf_map_lookup_elem(&pb_ct, &fk);
+	if (fv && fv->backend_id == rv->backend_id && fv->created_ns == rv->created_ns) {
+		if (old & PB_CT_COUNTED)
+			release(&fk);
+		bpf_map_delete_elem(&pb_ct, &fk);
+	}
 	bpf_map_delete_elem(&pb_ct, rk);
 }
 
@@ -1571,12 +1581,14 @@ struct icmp_quote {
 
 /* quoted_l4csum is the quoted segment's checksum field: UDP's is in the
  * 8 bytes every error quotes, TCP's only when more is quoted (0: not). */
-static __always_inline __sum16 *quoted_l4csum(__u8 proto, __be16 *ports, void *data_end)
+static __always_inline __sum16 *quoted_l4csum(__u8 proto, __be16 *ports, void *data_end, void *msg_end)
 {
 	if (proto == IPPROTO_UDP)
 		return (__sum16 *)(ports + 3);
 	struct tcphdr *tcp = (void *)ports;
-	if ((void *)&tcp->check + sizeof(tcp->check) <= data_end)
+	/* Within the frame and within the ICMP message (not a trailer). */
+	void *f = (void *)&tcp->check + sizeof(tcp->check);
+	if (f <= data_end && f <= msg_end)
 		return &tcp->check;
 	return 0;
 }
@@ -1610,7 +1622,7 @@ static __always_inline int parse_icmp(struct xdp_md *ctx, struct icmp_quote *q)
 	q->icmp = icmp;
 	q->in = in;
 	q->ports = ports;
-	q->l4csum = quoted_l4csum(in->protocol, ports, data_end);
+	q->l4csum = quoted_l4csum(in->protocol, ports, data_end, (void *)ip + bpf_ntohs(ip->tot_len));
 	return 0;
 }
 
@@ -1764,7 +1776,7 @@ static __always_inline int parse_icmp6(struct xdp_md *ctx, struct icmp6_quote *q
 	q->icmp = icmp;
 	q->in = in;
 	q->ports = ports;
-	q->l4csum = quoted_l4csum(in->nexthdr, ports, data_end);
+	q->l4csum = quoted_l4csum(in->nexthdr, ports, data_end, (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len));
 	return 0;
 }
 

@@ -157,6 +157,16 @@ func Load(opts Options) (*Datapath, error) {
 // load. Layout changes get a new map name (see README), so this only fires
 // when an operator changed a size flag.
 func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
+	// Maps a layout change renamed: an older agent's pins, which nothing
+	// reads any more.
+	for _, name := range retiredPins {
+		path := filepath.Join(d.Opts.Root, name)
+		if err := os.Remove(path); err == nil {
+			d.log.Info("removed the pin of a map this version replaced", "map", name)
+		} else if !errors.Is(err, os.ErrNotExist) {
+			d.log.Warn("remove a retired pin", "map", name, "err", err)
+		}
+	}
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
@@ -178,6 +188,10 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
 		}
 	}
 }
+
+// retiredPins are maps a layout change gave a new name: pb_syns became
+// pb_syns_v2 (16-byte addresses).
+var retiredPins = []string{"pb_syns"}
 
 func lostOnRecreate(name string) string {
 	switch name {

@@ -5,7 +5,9 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 var router = netip.MustParseAddr("198.18.9.1")
@@ -142,4 +144,29 @@ func TestICMPNotOursPassesUnchanged(t *testing.T) {
 	if n := f.icmpTranslated(); n != 0 {
 		t.Errorf("icmp_translated = %d, want 0", n)
 	}
+}
+
+// A late port unreachable for a flow whose forward entry the LRU evicted,
+// after the tuple's next datagram made a new flow to another backend,
+// ends only the old flow: the new one keeps its entry.
+func TestUDPRefusalSparesTheTuplesNewFlow(t *testing.T) {
+	f := newFixture(t)
+	f.service(17, id1)
+	_, _, dnated := f.run(bpftest.UDP(client, vip, []byte("q1")))
+	var fk bpf.LbCtKey
+	fk.Src.Bytes, fk.Dst.Bytes = maps.Addr16(client.Addr()), maps.Addr16(vip.Addr())
+	fk.Sport, fk.Dport = maps.Port(client.Port()), maps.Port(vip.Port())
+	fk.Proto, fk.Dir, fk.Family = 17, maps.DirFwd, maps.FamilyIPv4
+	f.must(f.Maps.DeleteCT(fk)) // evicted
+	f.table(id2)
+	if _, p, _ := f.run(bpftest.UDP(client, vip, []byte("q2"))); p.Dst != be2 {
+		t.Fatalf("the new flow went to %v, want %v", p.Dst, be2)
+	}
+	f.events()
+	f.icmp(bpftest.ICMPError(be1.Addr(), client.Addr(), bpftest.ICMPDestUnreach, bpftest.ICMPPortUnreach, 0, dnated, 0))
+	f.wantEvents(ev(evRefused, 0, id1, client))
+	if _, p, _ := f.run(bpftest.UDP(client, vip, []byte("q3"))); p.Dst != be2 {
+		t.Fatalf("after the old flow's refusal the tuple's datagram went to %v, want %v", p.Dst, be2)
+	}
+	f.wantEvents() // the new flow is still there: no new flow begins
 }

@@ -102,9 +102,15 @@ func TestIPv6ExtensionHeaders(t *testing.T) {
 	}
 	frag := bpftest.TCP(client6, vip6, bpftest.SYN, nil)
 	frag[14+6] = 44 // a fragment header would follow
+	// A routing header (type 4, segment routing) with one segment left:
+	// the destination is not the final one.
+	routed := bpftest.WithDestOpts(syn, 1)
+	routed[14+6] = 43
+	routed[14+40+2], routed[14+40+3] = 4, 1
 	for name, pkt := range map[string][]byte{
 		"5 extension headers": bpftest.WithDestOpts(syn, 5),
 		"fragment":            frag,
+		"segments left":       routed,
 		"truncated TCP":       bpftest.TCP(client6, vip6, bpftest.SYN, nil)[:14+40+12],
 	} {
 		ret, out := bpftest.Run(t, f.PbXdp, pkt)

@@ -149,10 +149,9 @@ func (m *Maps) Close() {
 	}
 }
 
-// SynSlot is the pb_syns slot of a client's SYN: syn_slot in bpf/lb.c
-// (PB_SYN_SLOT_BITS, PB_SYN_PORT_MUL, and the VIP slots' multiplier).
-// pb_syns holds IPv4 SYNs only (the datapath copies no IPv6 SYN): client
-// must be IPv4, or SynSlot panics; callers check first.
+// SynSlot is the pb_syns_v2 slot of a client's SYN: syn_slot in bpf/lb.c
+// (PB_SYN_SLOT_BITS, PB_SYN_PORT_MUL, and the VIP slots' multiplier), for
+// either family.
 func SynSlot(client netip.Addr, port uint16) uint32 {
 	return (fold(client)*vipSlotMul ^ uint32(port)*synPortMul) >> (32 - synSlotBits)
 }

@@ -13,10 +13,11 @@ type Policy struct {
 	// Tracked is false for backends whose outcomes do not matter (accrual
 	// off): their events produce no outcomes.
 	Tracked bool
-	// Datagram: a UDP service's flow. Its first reply is its success, a
-	// port unreachable from the backend its refusal; one still unanswered
-	// at ConnectTimeout gets no verdict (many UDP protocols never answer),
-	// it is only reported (OnUnanswered), and a probe is inconclusive.
+	// Datagram: a UDP service's flow. A port unreachable from the backend
+	// is its refusal; its first reply, or ConnectTimeout passing without a
+	// refusal, its success: many UDP protocols never answer, and a backend
+	// whose port is closed says so at once. The unanswered ones are also
+	// reported (OnUnanswered), so a silent backend shows in a metric.
 	Datagram bool
 	// ConnectTimeout: no SYN-ACK within it is a timeout failure. It is also
 	// how long a connection must survive after its SYN-ACK, without a
@@ -319,11 +320,11 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 					if t.OnUnanswered != nil {
 						t.OnUnanswered(d.key.backend)
 					}
-					if !p.probe {
-						continue
-					}
-					// A probe needs a verdict: none, so a new one.
-					o.Inconclusive = true
+					// No refusal in time: the port is open. (Were silence
+					// no verdict, a backend of a service that never
+					// answers could not pass a probe and come back, nor
+					// end a streak of refusals.)
+					o.Success = true
 					break
 				}
 				if p.gen != t.gen {

@@ -132,8 +132,8 @@ func TestTrackerUntracked(t *testing.T) {
 }
 
 // A UDP flow: its first reply is the success, a port unreachable (the
-// datapath's REFUSED) the refusal; unanswered at the deadline it gets no
-// verdict and is reported, unless it is a probe, which is inconclusive.
+// datapath's REFUSED) the refusal; unanswered at the deadline, it is a
+// success (no refusal came) and is reported, probes too.
 func TestTrackerDatagrams(t *testing.T) {
 	pol := PolicyFor(accrual.Defaults(), false)
 	if !pol.Tracked || !pol.Datagram || pol.Settle != SettleOnSynAck {
@@ -156,8 +156,8 @@ func TestTrackerDatagrams(t *testing.T) {
 	tr.Classify(Event{Type: NewFlow, Backend: 3, Client: c(4), At: t0, Flags: FlagProbe})
 	var got []accrual.Outcome
 	tr.Expire(t0.Add(pol.ConnectTimeout), func(o accrual.Outcome) { got = append(got, o) })
-	if len(got) != 1 || got[0].Endpoint != 3 || !got[0].Inconclusive || !got[0].Probe {
-		t.Errorf("at the deadline: %+v, want only the probe, inconclusive", got)
+	if len(got) != 2 || !got[0].Success || !got[1].Success || got[0].Probe == got[1].Probe {
+		t.Errorf("at the deadline: %+v, want two successes, one of them the probe", got)
 	}
 	if !slices.Equal(unanswered, []uint32{2, 3}) && !slices.Equal(unanswered, []uint32{3, 2}) {
 		t.Errorf("unanswered %v, want backends 2 and 3", unanswered)
