@@ -1,7 +1,14 @@
 package datapath_test
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/penaltybox/penaltybox/internal/bpftest"
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
@@ -34,5 +41,34 @@ func TestMapSizesFollowOptions(t *testing.T) {
 		if got := spec.Maps[name].MaxEntries; got != n {
 			t.Errorf("%s: %d entries, want %d", name, got, n)
 		}
+	}
+}
+
+// A pin of a map a layout change renamed (pb_syns, now pb_syns_v2) is
+// removed when the datapath loads: nothing reads it any more.
+func TestRetiredPinsAreRemoved(t *testing.T) {
+	bpftest.RequireRoot(t)
+	root := bpftest.TempBPFFS(t)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Pin(filepath.Join(root, "pb_syns")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 16, MaxBackends: 16, ConntrackSize: 64, EventsBytes: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := os.Stat(filepath.Join(root, "pb_syns")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pb_syns still pinned after the load: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "pb_syns_v2")); err != nil {
+		t.Errorf("pb_syns_v2 not pinned: %v", err)
 	}
 }
