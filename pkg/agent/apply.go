@@ -62,8 +62,11 @@ func (a *Agent) apply(st desired.State) {
 		a.setPolicy(s)
 		a.handleTransitions(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
 		a.program(s.ID)
-		// At 0 from the start, so that a rate over it is 0, not absent.
+		// At 0 from the start, so that a rate over them is 0, not absent,
+		// and a first increment shows in increase().
 		a.metrics.FlowsToEjected.WithLabelValues(s.Spec.Name)
+		a.metrics.KernelTrips.WithLabelValues(s.Spec.Name, "adopted")
+		a.metrics.KernelTrips.WithLabelValues(s.Spec.Name, "undone")
 	}
 	// Spare tables for the changes to come, in one batch.
 	if err := a.rec.PrepareTables(); err != nil {

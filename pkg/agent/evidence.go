@@ -76,7 +76,7 @@ func (a *Agent) floodSign(now time.Time, why string) {
 	a.flood.on, a.flood.since, a.flood.withheld = true, now, a.withheldTotal()
 	a.metrics.FloodMode.Set(1)
 	a.log.Warn("flood mode: connect deadlines judge only connections whose events all arrived",
-		"cause", why, "pending_connects", a.tracker.Pending())
+		"cause", why, "pending_connects", a.tracker.PendingConnects())
 }
 
 // withheldTotal counts connect timeouts withheld for any reason.

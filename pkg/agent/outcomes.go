@@ -50,7 +50,7 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 			a.tripNow = noTrip
 		}
 	}
-	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
+	a.metrics.PendingConnects.Set(float64(a.tracker.PendingConnects()))
 	a.syncCounters()
 	// Wake the loop only when its timer would now be late: new connects
 	// end after the pending ones, so under load this is rare (a wake-up
@@ -203,7 +203,7 @@ func (a *Agent) replay(ev *outcomes.Event) {
 
 // syncCounters carries counts kept outside Prometheus into it.
 func (a *Agent) syncCounters() {
-	if a.tracker.Pending() > floodPending {
+	if a.tracker.PendingConnects() > floodPending {
 		a.floodSign(a.clk.Now(), "too many connects awaiting a verdict")
 	}
 	if d := a.tracker.Overflow - a.overflowSeen; d > 0 {
@@ -242,7 +242,7 @@ func (a *Agent) Advance() {
 	if a.replayer != nil {
 		a.tracker.DueReplays(upTo, a.replayUnanswered)
 	}
-	a.metrics.PendingConnects.Set(float64(a.tracker.Pending()))
+	a.metrics.PendingConnects.Set(float64(a.tracker.PendingConnects()))
 	a.syncCounters()
 }
 

@@ -164,6 +164,11 @@ func Read(r Reader, now time.Time) (*Report, error) {
 				slots[id]++
 			}
 		}
+		// The service's own count, whether or not it has endpoints left
+		// (scaled to zero, its flows live on).
+		if svcIn, _, err := r.InflightCounts(v.Id, 0); err == nil {
+			s.Inflight = svcIn
+		}
 		ids := bySvc[v.Id]
 		slices.Sort(ids)
 		for _, id := range ids {
@@ -177,9 +182,8 @@ func Read(r Reader, now time.Time) (*Report, error) {
 			if maps.BackendState(b.State) != maps.BackendProbation {
 				ep.ProbeGrants = 0
 			}
-			svcIn, beIn, err := r.InflightCounts(v.Id, id)
-			if err == nil {
-				s.Inflight, ep.Inflight = svcIn, beIn
+			if _, beIn, err := r.InflightCounts(v.Id, id); err == nil {
+				ep.Inflight = beIn
 			}
 			if st, err := r.BackendStats(id); err == nil {
 				ep.Counters = *admin.NewBackendCounters(st)

@@ -151,7 +151,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}, []string{"service", "result"}),
 		FlowsToEjected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "new_flows_to_ejected_total",
-			Help: "New flows the datapath gave an endpoint the agent holds ejected (probes aside): flows admitted after the failure that decided the ejection, before the maps took it in. Kernel trips keep it at 0 for refusals and resets; a connect timeout (the agent's own deadline) or --kernel-trips=false leaves the agent's reaction time, during which new flows still reach the endpoint.",
+			Help: "New flows the datapath gave an endpoint the agent holds ejected (probes aside): flows admitted after the failure that decided the ejection, before the maps took it in. Kernel trips keep it at 0 for refusals and resets; a connect timeout (the agent's own deadline) or --kernel-trips=false leaves the agent's reaction time, during which new flows still reach the endpoint. Also counted: the odd flow another CPU admitted before a kernel trip whose event came first, and flows the fail-open table admitted as the service left fail-open.",
 		}, []string{"service"}),
 		UnansweredUDP: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "udp_unanswered_flows_total",
@@ -182,6 +182,13 @@ func New(src Source, log *slog.Logger) *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})
+	}
+	// Every replay series exists from the start, so that the first replay
+	// of each kind shows in increase().
+	for _, reason := range []string{"refused", "unanswered"} {
+		for _, result := range []string{"sent", "no_copy", "stale", "flood", "error"} {
+			m.Replays.WithLabelValues(reason, result)
+		}
 	}
 	return m
 }

@@ -14,10 +14,12 @@ type Policy struct {
 	// off): their events produce no outcomes.
 	Tracked bool
 	// Datagram: a UDP service's flow. A port unreachable from the backend
-	// is its refusal; its first reply, or ConnectTimeout passing without a
-	// refusal, its success: many UDP protocols never answer, and a backend
-	// whose port is closed says so at once. The unanswered ones are also
-	// reported (OnUnanswered), so a silent backend shows in a metric.
+	// is its refusal, its first reply its success. One still unanswered at
+	// ConnectTimeout is reported (OnUnanswered) and judges nothing, since
+	// many UDP protocols never answer and a closed port's host rate-limits
+	// its ICMP errors (silence after a burst of refusals is no success);
+	// but a probe passes on it, or an endpoint of a service that never
+	// answers could never come back.
 	Datagram bool
 	// ConnectTimeout: no SYN-ACK within it is a timeout failure. It is also
 	// how long a connection must survive after its SYN-ACK, without a
@@ -92,6 +94,7 @@ type pending struct {
 	phase     phase
 	probe     bool
 	settle    Settle
+	datagram  bool // a datagram flow waiting for its reply (see Tracker.datagrams)
 }
 
 type deadline struct {
@@ -153,6 +156,9 @@ type Tracker struct {
 	// no timeout from their deadline either; WithheldOld counts them.
 	NotBefore   time.Time
 	WithheldOld uint64
+	// datagrams counts the pending datagram flows (Pending's share that
+	// is no connect waiting: see PendingConnects).
+	datagrams int
 	// OnUnanswered, if set, hears of each datagram flow (Policy.Datagram)
 	// still unanswered at its deadline.
 	OnUnanswered func(backend uint32)
@@ -175,8 +181,21 @@ func NewTracker(policy PolicyFunc) *Tracker {
 	}
 }
 
+// drop forgets key's pending entry.
+func (t *Tracker) drop(key flowKey) {
+	if p, ok := t.pending[key]; ok && p.datagram {
+		t.datagrams--
+	}
+	delete(t.pending, key)
+}
+
 // Pending is the number of connections without a verdict yet.
 func (t *Tracker) Pending() int { return len(t.pending) }
+
+// PendingConnects is Pending without the datagram flows waiting for a
+// reply: those are no connects (a fire-and-forget UDP service has one per
+// flow), so they tell nothing of a SYN flood.
+func (t *Tracker) PendingConnects() int { return len(t.pending) - t.datagrams }
 
 func (t *Tracker) wait(key flowKey, p pending, at time.Time, d time.Duration) bool {
 	if len(t.pending) >= t.MaxPending {
@@ -186,6 +205,12 @@ func (t *Tracker) wait(key flowKey, p pending, at time.Time, d time.Duration) bo
 	t.seq++
 	p.seq = t.seq
 	p.gen = t.gen
+	if old, ok := t.pending[key]; ok && old.datagram {
+		t.datagrams--
+	}
+	if p.datagram {
+		t.datagrams++
+	}
 	t.pending[key] = p
 	q := t.queues[d]
 	if q == nil {
@@ -207,7 +232,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	p, known := t.pending[key]
 	if known && (p.phase == timedOut || p.phase == settled) && ev.Type != NewFlow {
 		if ev.Type == FlowEnd || ev.Type == Refused || ev.Type == Reset {
-			delete(t.pending, key)
+			t.drop(key)
 		}
 		return o, false
 	}
@@ -223,7 +248,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		// client's own retry): it gets none of its own. A probe gets one:
 		// its client need not wait for our experiment (its verdict is
 		// still the connect deadline's).
-		if t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At}, ev.At, pol.ConnectTimeout) &&
+		if t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At, datagram: pol.Datagram}, ev.At, pol.ConnectTimeout) &&
 			pol.Replay > 0 && pol.Replay < pol.ConnectTimeout && ev.Flags&FlagRepick == 0 {
 			q := t.replays[pol.Replay]
 			if q == nil {
@@ -243,12 +268,12 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle, start: o.Started, handshake: o.Handshake}, ev.At, pol.ConnectTimeout) {
 			return o, false
 		}
-		delete(t.pending, key)
+		t.drop(key)
 		o.Success = true
 		return o, true
 	case FirstData:
 		if known && p.phase == settling && p.settle == SettleOnData {
-			delete(t.pending, key)
+			t.drop(key)
 			o.Success, o.Handshake = true, p.handshake
 			return o, true
 		}
@@ -257,11 +282,11 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		// A reset ends a flow too, but its Reset event came first and took
 		// the pending entry; what is left here closed normally.
 		if known && p.phase == settling {
-			delete(t.pending, key)
+			t.drop(key)
 			o.Success, o.Handshake = true, p.handshake
 			return o, true
 		}
-		delete(t.pending, key)
+		t.drop(key)
 		// Ended before any answer the datapath judges: the client reset
 		// it, as a client does when the backend answers its SYN with a
 		// bare ACK (a TIME_WAIT socket of an earlier connection on the same
@@ -280,7 +305,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		// backend answers later (a RST, a late SYN-ACK) is not a second
 		// verdict on the same connection, as after our own deadline.
 		o.Kind = accrual.KindTimeout
-		delete(t.pending, key)
+		t.drop(key)
 		t.wait(key, pending{phase: timedOut}, ev.At, timedOutMemory*pol.ConnectTimeout)
 		return o, true
 	case Reset:
@@ -291,7 +316,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	default:
 		return o, false
 	}
-	delete(t.pending, key)
+	t.drop(key)
 	return o, true
 }
 
@@ -312,20 +337,18 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 				continue
 			}
 			p := t.pending[d.key]
-			delete(t.pending, d.key)
+			t.drop(d.key)
 			o := accrual.Outcome{Endpoint: d.key.backend, Probe: p.probe, At: d.at, Started: p.start}
 			switch p.phase {
 			case connecting:
-				if t.policy(d.key.backend).Datagram {
+				datagram := t.policy(d.key.backend).Datagram
+				if datagram {
 					if t.OnUnanswered != nil {
 						t.OnUnanswered(d.key.backend)
 					}
-					// No refusal in time: the port is open. (Were silence
-					// no verdict, a backend of a service that never
-					// answers could not pass a probe and come back, nor
-					// end a streak of refusals.)
-					o.Success = true
-					break
+					if !p.probe {
+						continue
+					}
 				}
 				if p.gen != t.gen {
 					t.Withheld++
@@ -334,6 +357,13 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 				if d.at.Add(-dur).Before(t.NotBefore) {
 					t.WithheldOld++
 					continue
+				}
+				if datagram {
+					// A probe no refusal answered: the port is open.
+					// Remembered, so a late refusal is no second verdict.
+					o.Success = true
+					t.wait(d.key, pending{phase: settled}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
+					break
 				}
 				o.Kind = accrual.KindTimeout
 				t.wait(d.key, pending{phase: timedOut}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
@@ -416,7 +446,7 @@ func (t *Tracker) Forget(backends map[uint32]bool) {
 	}
 	for k := range t.pending {
 		if backends[k.backend] {
-			delete(t.pending, k)
+			t.drop(k)
 		}
 	}
 }

@@ -132,8 +132,11 @@ func TestTrackerUntracked(t *testing.T) {
 }
 
 // A UDP flow: its first reply is the success, a port unreachable (the
-// datapath's REFUSED) the refusal; unanswered at the deadline, it is a
-// success (no refusal came) and is reported, probes too.
+// datapath's REFUSED) the refusal. Unanswered at the deadline it is
+// reported and judges nothing (silence after a burst of refusals is the
+// host's ICMP rate limit, no success), except a probe, which passes; a late
+// refusal of that probe's flow is no second verdict. Waiting datagram
+// flows are no pending connects.
 func TestTrackerDatagrams(t *testing.T) {
 	pol := PolicyFor(accrual.Defaults(), false)
 	if !pol.Tracked || !pol.Datagram || pol.Settle != SettleOnSynAck {
@@ -154,16 +157,31 @@ func TestTrackerDatagrams(t *testing.T) {
 	}
 	tr.Classify(Event{Type: NewFlow, Backend: 2, Client: c(3), At: t0})
 	tr.Classify(Event{Type: NewFlow, Backend: 3, Client: c(4), At: t0, Flags: FlagProbe})
+	if tr.Pending() != 2 || tr.PendingConnects() != 0 {
+		t.Errorf("pending %d, connects %d: want 2 datagram flows, no connect", tr.Pending(), tr.PendingConnects())
+	}
 	var got []accrual.Outcome
 	tr.Expire(t0.Add(pol.ConnectTimeout), func(o accrual.Outcome) { got = append(got, o) })
-	if len(got) != 2 || !got[0].Success || !got[1].Success || got[0].Probe == got[1].Probe {
-		t.Errorf("at the deadline: %+v, want two successes, one of them the probe", got)
+	if len(got) != 1 || got[0].Endpoint != 3 || !got[0].Success || !got[0].Probe {
+		t.Errorf("at the deadline: %+v, want only the probe, a success", got)
 	}
 	if !slices.Equal(unanswered, []uint32{2, 3}) && !slices.Equal(unanswered, []uint32{3, 2}) {
 		t.Errorf("unanswered %v, want backends 2 and 3", unanswered)
 	}
-	if tr.Pending() != 0 {
-		t.Errorf("%d pending after the deadline", tr.Pending())
+	if _, ok := tr.Classify(Event{Type: Refused, Backend: 3, Client: c(4), At: t0.Add(2 * pol.ConnectTimeout)}); ok {
+		t.Error("a late refusal of the passed probe's flow was a second verdict")
+	}
+	if tr.PendingConnects() != 0 {
+		t.Errorf("%d pending connects after the deadline", tr.PendingConnects())
+	}
+
+	// Events lost while a probe waited: no verdict from its silence.
+	tr.Classify(Event{Type: NewFlow, Backend: 3, Client: c(5), At: t0, Flags: FlagProbe})
+	tr.EventsLost()
+	got = nil
+	tr.Expire(t0.Add(pol.ConnectTimeout), func(o accrual.Outcome) { got = append(got, o) })
+	if len(got) != 0 {
+		t.Errorf("after lost events: %+v, want no verdict", got)
 	}
 }
 
