@@ -17,7 +17,7 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         nginx:nginx haproxy:haproxy ethtool:ethtool /usr/include/bpf/bpf_helpers.h:libbpf-dev \
         /usr/include/x86_64-linux-gnu/asm/types.h:linux-libc-dev promtool:prometheus
 
-.PHONY: all build deps generate check-generated vet check-rules test k8s-tools demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules prometheus-tools test k8s-tools demo bench teardown clean
 
 all: build
 
@@ -71,11 +71,17 @@ check-rules: deps
 # Every test, under the race detector. BPF and network tests need root
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server.
-test: deps check-generated vet check-rules build k8s-tools
+test: deps check-generated vet check-rules build k8s-tools prometheus-tools
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
 	@# The network tests one package at a time: on two cores, two of them
 	@# side by side would measure each other.
 	$(GO) test -race -count=1 -timeout 12m -p 1 ./test/... ./bench/...
+
+# Prometheus and promtool with Kubernetes service discovery (Debian's lack
+# it) for test/e2e/k8s, built from the Go module proxy and cached outside
+# the clone (scripts/prometheus-tools.sh).
+prometheus-tools:
+	bash scripts/prometheus-tools.sh >/dev/null
 
 # A real kube-apiserver, etcd and kubectl for test/e2e/k8s, built from the
 # Go module proxy and cached by version in /var/cache/penaltybox (the first

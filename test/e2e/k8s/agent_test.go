@@ -153,6 +153,8 @@ func TestKubernetesMode(t *testing.T) {
 		}
 	})
 
+	step("Prometheus finds the agent through Kubernetes service discovery, as the DaemonSet advertises", w.prometheusSD)
+
 	step("a dual-stack Service is balanced in both families", func(t *testing.T) {
 		policy := corev1.IPFamilyPolicyRequireDualStack
 		ds, err := admin.CoreV1().Services(shop).Create(ctx, &corev1.Service{
