@@ -5,6 +5,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 // The JSON documents of the /admin/ views. Every key is camelCase; counters
@@ -104,6 +105,16 @@ type DatapathCounters struct {
 	RefusedRescued    uint64 `json:"refusedRescued"`
 	Retried           uint64 `json:"retried"`
 	ICMPTranslated    uint64 `json:"icmpTranslated"`
+}
+
+// NewKernelTrips renames a pb_svc_trip value; nil when the service has no
+// kernel trips (max_failures 0).
+func NewKernelTrips(t bpf.LbSvcTrip) *KernelTrips {
+	if t.MaxFailures == 0 {
+		return nil
+	}
+	return &KernelTrips{MaxFailures: t.MaxFailures, Kinds: maps.TripKindNames(t.Kinds),
+		Settle: time.Duration(t.SettleNs).String(), Budget: t.Budget, Trips: t.Trips, Suppressed: t.Suppressed}
 }
 
 // NewServiceCounters renames a pb_svc_stats value.

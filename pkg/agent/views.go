@@ -1,12 +1,9 @@
 package agent
 
 import (
-	"time"
-
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/admin"
-	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
@@ -57,10 +54,7 @@ func (a *Agent) ServicesView() admin.ServicesView {
 		if d := replayAfter(&s.Spec, a.handshakes[s.ID]); d > 0 {
 			sj.ReplayAfter = d.String()
 		}
-		if t := a.rec.ServiceTrip(s.ID); t.MaxFailures > 0 {
-			sj.KernelTrips = &admin.KernelTrips{MaxFailures: t.MaxFailures, Kinds: maps.TripKindNames(t.Kinds),
-				Settle: time.Duration(t.SettleNs).String(), Budget: t.Budget, Trips: t.Trips, Suppressed: t.Suppressed}
-		}
+		sj.KernelTrips = admin.NewKernelTrips(a.rec.ServiceTrip(s.ID))
 		for _, id := range s.Backends {
 			b, _ := a.rec.Backend(id)
 			bj := admin.Backend{ID: id, Endpoint: b.Addr.String(), Name: b.Name, DatapathState: b.State.String(),

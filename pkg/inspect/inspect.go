@@ -63,17 +63,8 @@ type Service struct {
 	Inflight               int64                 `json:"inflight"`
 	RetryRefused           bool                  `json:"retryRefused"`
 	Counters               admin.ServiceCounters `json:"counters"`
-	KernelTrips            *Trips                `json:"kernelTrips,omitempty"`
+	KernelTrips            *admin.KernelTrips    `json:"kernelTrips,omitempty"`
 	Endpoints              []Endpoint            `json:"endpoints"`
-}
-
-// Trips is pb_svc_trip: the datapath's own ejections (nil: off).
-type Trips struct {
-	MaxFailures uint32   `json:"maxFailures"`
-	Kinds       []string `json:"kinds"`
-	Budget      int64    `json:"budget"`
-	Trips       uint64   `json:"trips"`
-	Suppressed  uint64   `json:"suppressed"`
 }
 
 // Endpoint is one backend of a service.
@@ -144,10 +135,7 @@ func Read(r Reader, now time.Time) (*Report, error) {
 		if st, err := r.ServiceStats(v.Id); err == nil {
 			s.Counters = *admin.NewServiceCounters(st)
 		}
-		if t := r.ServiceTrip(v.Id); t.MaxFailures > 0 {
-			s.KernelTrips = &Trips{MaxFailures: t.MaxFailures, Kinds: maps.TripKindNames(t.Kinds), Budget: t.Budget,
-				Trips: t.Trips, Suppressed: t.Suppressed}
-		}
+		s.KernelTrips = admin.NewKernelTrips(r.ServiceTrip(v.Id))
 		slots := map[uint32]int{}
 		if v.TableSize > 0 {
 			tbl, err := r.Table(v.Id, v.Table)
