@@ -470,9 +470,9 @@ func (w *world) startAgent() {
 	t.Logf("agent ready in %v with capabilities %s (%s)", time.Since(start).Round(time.Millisecond), caps, agentCapEff(a))
 }
 
-// daemonSetCapabilities reads the capabilities deploy/daemonset.yaml adds,
-// in setpriv's spelling ("+bpf,+net_admin,...").
-func daemonSetCapabilities(t *testing.T) string {
+// shippedDaemonSet is deploy/daemonset.yaml, parsed strictly.
+func shippedDaemonSet(t *testing.T) *appsv1.DaemonSet {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "daemonset.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -481,7 +481,13 @@ func daemonSetCapabilities(t *testing.T) string {
 	if err := yaml.UnmarshalStrict(b, &ds); err != nil {
 		t.Fatal(err)
 	}
-	sc := ds.Spec.Template.Spec.Containers[0].SecurityContext
+	return &ds
+}
+
+// daemonSetCapabilities reads the capabilities deploy/daemonset.yaml adds,
+// in setpriv's spelling ("+bpf,+net_admin,...").
+func daemonSetCapabilities(t *testing.T) string {
+	sc := shippedDaemonSet(t).Spec.Template.Spec.Containers[0].SecurityContext
 	if sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) == 0 {
 		t.Fatalf("daemonset.yaml: want capabilities drop [ALL] and an add list, got %+v", sc)
 	}

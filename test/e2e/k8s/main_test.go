@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	start := time.Now()
-	if toolsDir, err = k8sTools(); err != nil {
+	if toolsDir, err = buildTools("k8s-tools.sh"); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e/k8s:", err)
 		os.Exit(1)
 	}
@@ -57,15 +57,17 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// k8sTools finds (or, the first time, builds) the servers and kubectl.
-// The build's progress goes to stderr: a cold build is long, and CI's log
-// should say why.
-func k8sTools() (string, error) {
-	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "k8s-tools.sh"))
+// buildTools runs scripts/<script> (k8s-tools.sh: the servers and kubectl;
+// prometheus-tools.sh: Prometheus with Kubernetes service discovery), which
+// finds the binaries in its cache or, the first time, builds them, and
+// returns the directory it prints last. The build's progress goes to
+// stderr: a cold build is long, and CI's log should say why.
+func buildTools(script string) (string, error) {
+	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", script))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, os.Stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("scripts/k8s-tools.sh: %w", err)
+		return "", fmt.Errorf("scripts/%s: %w", script, err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	return lines[len(lines)-1], nil

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -31,18 +30,11 @@ import (
 // is found and up with the node and pod labels the job sets, and the
 // agent's series are in Prometheus.
 func (w *world) prometheusSD(t *testing.T) {
-	bin, err := prometheusTools()
+	bin, err := buildTools("prometheus-tools.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "daemonset.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ds appsv1.DaemonSet
-	if err := yaml.UnmarshalStrict(b, &ds); err != nil {
-		t.Fatal(err)
-	}
+	ds := shippedDaemonSet(t)
 	tmpl := ds.Spec.Template
 	pod, err := w.c.Admin.CoreV1().Pods(ds.Namespace).Create(w.ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "penaltybox-agent-e2e", Labels: tmpl.Labels, Annotations: tmpl.Annotations},
@@ -158,17 +150,4 @@ func (w *world) prometheusSD(t *testing.T) {
 	if err := w.c.Admin.CoreV1().Pods(ds.Namespace).Delete(w.ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}
-}
-
-// prometheusTools finds (or builds) Prometheus and promtool with Kubernetes
-// service discovery.
-func prometheusTools() (string, error) {
-	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "prometheus-tools.sh"))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("scripts/prometheus-tools.sh: %w", err)
-	}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	return lines[len(lines)-1], nil
 }
