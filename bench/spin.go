@@ -33,7 +33,7 @@ func spin(path string, d time.Duration) error {
 		var err error
 		switch path {
 		case "established":
-			v, err = r.established(pkA, pkB, 10, 11, 1_000_001)
+			v, err = r.established(pkClient, pkA, pkB, 10, 11, 1_000_001)
 		case "reply":
 			v, err = r.reply(1_000_001)
 		case "passthrough":
