@@ -2,6 +2,7 @@
 #
 #   make          build bin/agent (no clang needed: BPF objects are committed)
 #   make demo     the main story, in network namespaces (root)
+#   make cluster-demo  the same story on a one-node Kubernetes cluster (root)
 #   make test     every test (root, as in CI)
 #   make bench    benchmarks, writes bench/RESULTS.md (root)
 #   make generate rebuild the BPF objects and Go bindings (needs clang)
@@ -15,9 +16,11 @@ export GOFLAGS ?= -buildvcs=false
 # that proves each is installed.
 DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         nginx:nginx haproxy:haproxy ethtool:ethtool /usr/include/bpf/bpf_helpers.h:libbpf-dev \
-        /usr/include/x86_64-linux-gnu/asm/types.h:linux-libc-dev promtool:prometheus
+        /usr/include/x86_64-linux-gnu/asm/types.h:linux-libc-dev promtool:prometheus \
+        buildah:buildah runc:runc /usr/lib/cni/bridge:containernetworking-plugins openssl:openssl \
+        iptables:iptables curl:curl
 
-.PHONY: all build deps generate check-generated vet check-rules prometheus-tools test k8s-tools demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools test k8s-tools demo cluster-demo bench teardown clean
 
 all: build
 
@@ -71,7 +74,7 @@ check-rules: deps
 # Every test, under the race detector. BPF and network tests need root
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server.
-test: deps check-generated vet check-rules build k8s-tools prometheus-tools
+test: deps check-generated vet check-rules build k8s-tools prometheus-tools containerd-tools
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
 	@# The network tests one package at a time: on two cores, two of them
 	@# side by side would measure each other.
@@ -83,7 +86,12 @@ test: deps check-generated vet check-rules build k8s-tools prometheus-tools
 prometheus-tools:
 	bash scripts/prometheus-tools.sh >/dev/null
 
-# A real kube-apiserver, etcd and kubectl for test/e2e/k8s, built from the
+# containerd 2 for the cluster test (scripts/containerd-tools.sh says why
+# not Debian's 1.6), cached like the Kubernetes binaries.
+containerd-tools:
+	scripts/containerd-tools.sh >/dev/null
+
+# The Kubernetes binaries and etcd for test/e2e/k8s and test/cluster, built from the
 # Go module proxy and cached by version in /var/cache/penaltybox (the first
 # build takes 10-20 minutes; later ones a second).
 k8s-tools:
@@ -91,6 +99,11 @@ k8s-tools:
 
 demo: deps build
 	$(GO) run ./examples/demo --agent bin/agent
+
+# The seed story on a one-node cluster of real components
+# (scripts/cluster.sh), with the agent's image built from this checkout.
+cluster-demo: deps build k8s-tools prometheus-tools containerd-tools
+	$(GO) run ./examples/cluster-demo
 
 bench: deps build
 	@# The raw figures too (bench/out/ is not committed): --render redraws

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds, once per version, a real kube-apiserver, kubectl and etcd for the
-# end-to-end tests, and prints the directory that holds them on the last line
+# end-to-end tests, and the rest of a node for the cluster test (kubelet,
+# kube-controller-manager, kube-scheduler, kube-proxy), and prints the directory that holds them on the last line
 # of stdout (all progress goes to stderr):
 #
 #   bin=$(scripts/k8s-tools.sh | tail -n1)
 #   "$bin/kube-apiserver" --version
 #
 # Versions come from the wrapper modules in test/e2e/k8stools/ (apiserver/ for
-# kube-apiserver and kubectl, etcd/ for etcd); to change them run
+# every Kubernetes binary, etcd/ for etcd); to change them run
 # test/e2e/k8stools/update.sh. The project's own go.mod never depends on them.
 #
 # Binaries are cached outside the clone, keyed by version, in
@@ -68,7 +69,7 @@ ok() {
   local tool=$1 file=$2 out
   [[ -f $file && -x $file ]] || return 1
   case $tool in
-    kube-apiserver)
+    kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
       out=$("$file" --version 2>/dev/null) || return 1
       [[ $out == "Kubernetes $K8S_VERSION" ]] ;;
     kubectl)
@@ -91,12 +92,13 @@ if ! flock -n 9; then
 fi
 
 missing=()
-for tool in etcd kube-apiserver kubectl; do
+K8S_TOOLS=(kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy)
+for tool in etcd "${K8S_TOOLS[@]}"; do
   ok "$tool" "$BIN/$tool" || missing+=("$tool")
 done
 
 if ((${#missing[@]} == 0)); then
-  log "cached: kube-apiserver and kubectl $K8S_VERSION, etcd $ETCD_VERSION in $BIN"
+  log "cached: ${K8S_TOOLS[*]} $K8S_VERSION, etcd $ETCD_VERSION in $BIN"
   echo "$BIN"
   exit 0
 fi
@@ -129,7 +131,7 @@ if want etcd; then
 fi
 
 k8s_pkgs=()
-for tool in kube-apiserver kubectl; do
+for tool in "${K8S_TOOLS[@]}"; do
   if want "$tool"; then k8s_pkgs+=("k8s.io/kubernetes/cmd/$tool"); fi
 done
 if ((${#k8s_pkgs[@]})); then
@@ -138,7 +140,7 @@ if ((${#k8s_pkgs[@]})); then
   (cd "$TOOLS/apiserver" &&
     go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$TMP/" "${k8s_pkgs[@]}") >&2
   log "built ${k8s_pkgs[*]} in $((SECONDS - start))s"
-  for tool in kube-apiserver kubectl; do
+  for tool in "${K8S_TOOLS[@]}"; do
     if want "$tool"; then install_tool "$tool"; fi
   done
 fi

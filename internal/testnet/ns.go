@@ -53,6 +53,14 @@ func openNS(name, role string) (*NS, error) {
 	return &NS{Name: name, Role: role, fd: fd, pools: map[sockKey]*sockPool{}}, nil
 }
 
+// Open opens a named network namespace that something else made and owns
+// (the cluster rig's node, say), for Do, Listen, HTTPClient and the rest.
+// Close releases it; the namespace stays.
+func Open(name string) (*NS, error) { return openNS(name, name) }
+
+// Close releases a namespace from Open. It does not delete it.
+func (n *NS) Close() { n.close() }
+
 // close releases the namespace file descriptor and the socket pools. It does
 // not delete the namespace (see deleteNetns).
 func (n *NS) close() {

@@ -1,12 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/penaltybox/penaltybox/internal/promcheck"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
@@ -61,29 +59,20 @@ func TestPrometheusAlertsAndDashboard(t *testing.T) {
 	// The ejection alert, from Prometheus' own API.
 	deadline := time.Now().Add(45 * time.Second)
 	for {
-		var alerts struct {
-			Data struct {
-				Alerts []struct {
-					Labels map[string]string `json:"labels"`
-					State  string            `json:"state"`
-				} `json:"alerts"`
-			} `json:"data"`
+		firing, err := prom.Firing("PenaltyboxEndpointEjected")
+		if err != nil {
+			t.Fatal(err)
 		}
-		prom.get(t, "/api/v1/alerts", nil, &alerts)
-		fired := false
-		for _, a := range alerts.Data.Alerts {
-			if a.Labels["alertname"] == "PenaltyboxEndpointEjected" && a.State == "firing" {
-				if a.Labels["endpoint"] != b3 || a.Labels["service"] != "web" {
-					t.Errorf("ejection alert for %v, want endpoint %s of web", a.Labels, b3)
-				}
-				fired = true
+		for _, l := range firing {
+			if l["endpoint"] != b3 || l["service"] != "web" {
+				t.Errorf("ejection alert for %v, want endpoint %s of web", l, b3)
 			}
 		}
-		if fired {
+		if len(firing) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("PenaltyboxEndpointEjected not firing after 45 s; alerts: %+v", alerts.Data.Alerts)
+			t.Fatal("PenaltyboxEndpointEjected not firing after 45 s")
 		}
 		time.Sleep(time.Second)
 	}
@@ -93,51 +82,24 @@ func TestPrometheusAlertsAndDashboard(t *testing.T) {
 	if d := time.Until(prom.started.Add(rateInterval + 5*time.Second)); d > 0 {
 		time.Sleep(d)
 	}
-	b, err := os.ReadFile("../../deploy/monitoring/grafana-dashboard.json")
+	qs, err := promcheck.DashboardQueries("../../deploy/monitoring/grafana-dashboard.json", rateInterval)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(b, &dash); err != nil {
-		t.Fatal(err)
-	}
-	vars := strings.NewReplacer("$service", ".*", "$instance", ".*", "$__rate_interval", rateInterval.String())
-	queries := 0
-	for _, p := range dash.Panels {
-		for _, q := range p.Targets {
-			queries++
-			var res struct {
-				Status string `json:"status"`
-				Data   struct {
-					Result []json.RawMessage `json:"result"`
-				} `json:"data"`
-			}
-			expr := vars.Replace(q.Expr)
-			prom.get(t, "/api/v1/query", url.Values{"query": {expr}}, &res)
-			if res.Status != "success" || len(res.Data.Result) == 0 {
-				t.Errorf("panel %q: %s: status %q, %d series", p.Title, expr, res.Status, len(res.Data.Result))
-			}
+	for _, q := range qs {
+		if n, err := prom.Series(q.Expr); err != nil || n == 0 {
+			t.Errorf("panel %q: %s: %d series, %v", q.Panel, q.Expr, n, err)
 		}
 	}
-	t.Logf("%d dashboard queries answered", queries)
+	t.Logf("%d dashboard queries answered", len(qs))
 
 	// promtool's lint of the live exposition.
 	code, body, err := e.agent.Get(e.ctx, "/metrics")
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("/metrics: %d, %v", code, err)
 	}
-	cmd := exec.Command("promtool", "check", "metrics")
-	cmd.Stdin = bytes.NewReader(body)
-	out, err := cmd.CombinedOutput()
-	if err != nil || len(bytes.TrimSpace(out)) > 0 {
-		t.Errorf("promtool check metrics: %v\n%s", err, out)
+	if err := promcheck.Lint("promtool", body); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -146,7 +108,7 @@ const rateInterval = 15 * time.Second
 
 // promServer is a Prometheus running in the node's namespace.
 type promServer struct {
-	client  *http.Client
+	promcheck.API
 	started time.Time
 }
 
@@ -199,38 +161,11 @@ scrape_configs:
 			t.Logf("prometheus log:\n%s", tail(string(b), 30))
 		}
 	})
-	p := &promServer{client: e.topo.Node.HTTPClient(time.Second), started: time.Now()}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := p.client.Get("http://127.0.0.1:9090/-/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("prometheus not ready after 30 s: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// get decodes the JSON answer to path?q.
-func (p *promServer) get(t *testing.T, path string, q url.Values, v any) {
-	t.Helper()
-	u := "http://127.0.0.1:9090" + path
-	if q != nil {
-		u += "?" + q.Encode()
-	}
-	resp, err := p.client.Get(u)
-	if err != nil {
+	p := &promServer{API: promcheck.API{Client: e.topo.Node.HTTPClient(time.Second), URL: "http://127.0.0.1:9090"}, started: time.Now()}
+	if err := p.Ready(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
+	return p
 }
 
 func tail(s string, n int) string {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates the wrapper modules in this directory (apiserver/ and etcd/) that
-# pin the kube-apiserver, kubectl and etcd used by the end-to-end tests.
+# pin the Kubernetes binaries (kube-apiserver, kubectl, and the node's kubelet,
+# kube-controller-manager, kube-scheduler, kube-proxy) and etcd used by the
+# end-to-end tests.
 # scripts/k8s-tools.sh builds them; this script is only for bumping versions.
 #
 #   test/e2e/k8stools/update.sh [K8S_VERSION] [ETCD_VERSION]
@@ -75,7 +77,11 @@ done
 go mod edit "${args[@]}"
 go get -tool \
   "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-  "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" >&2
+  "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" \
+  "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
+  "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
+  "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
+  "k8s.io/kubernetes/cmd/kube-proxy@$K8S_VERSION" >&2
 go mod tidy >&2
 
 # --- etcd ------------------------------------------------------------------

@@ -1,0 +1,262 @@
+// Package clusterrig drives scripts/cluster.sh, the one-node Kubernetes
+// cluster made of real components (etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, kube-proxy, a kubelet, containerd
+// and the CNI bridge plugin) in network namespaces of its own, and the
+// images it runs (scripts/cluster-images.sh). The cluster test and `make
+// cluster-demo` share it.
+package clusterrig
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/penaltybox/penaltybox/internal/testnet"
+)
+
+// Addresses scripts/cluster.sh gives the node (its uplink interface, where
+// the API server, the kubelet and hostNetwork pods listen).
+const NodeIP = "198.18.210.2"
+
+// Rig is a running cluster.
+type Rig struct {
+	Root   string // the repository
+	Dir    string // the cluster's state (CLUSTER_DIR)
+	Netns  string // the node's network namespace (CLUSTER_NETNS)
+	Images string // the docker-archives built for it
+	// Node is the node's network namespace, for HTTP to pods and
+	// hostNetwork ports.
+	Node *testnet.NS
+	// Log receives the scripts' progress.
+	Log func(format string, args ...any)
+}
+
+// Up builds the images, starts the cluster and loads the images into its
+// containerd. dir must be short: containerd's shim sockets live under it
+// and a Unix socket path has at most 107 bytes. On error, what was started
+// is stopped again.
+func Up(root, dir, netns string, logf func(string, ...any)) (*Rig, error) {
+	r := &Rig{Root: root, Dir: dir, Netns: netns, Images: filepath.Join(dir + "-images"), Log: logf}
+	if _, err := r.script("scripts/cluster-images.sh", r.Images); err != nil {
+		return nil, fmt.Errorf("images: %w", err)
+	}
+	if _, err := r.script("scripts/cluster.sh", "up"); err != nil {
+		r.Down()
+		return nil, err
+	}
+	tars, _ := filepath.Glob(filepath.Join(r.Images, "*.tar"))
+	if len(tars) == 0 {
+		r.Down()
+		return nil, fmt.Errorf("no images in %s", r.Images)
+	}
+	if _, err := r.script("scripts/cluster.sh", append([]string{"import"}, tars...)...); err != nil {
+		r.Down()
+		return nil, err
+	}
+	ns, err := testnet.Open(netns)
+	if err != nil {
+		r.Down()
+		return nil, err
+	}
+	r.Node = ns
+	return r, nil
+}
+
+// Down stops the cluster and removes what it made, images included.
+func (r *Rig) Down() {
+	if r.Node != nil {
+		r.Node.Close()
+	}
+	if _, err := r.script("scripts/cluster.sh", "down"); err != nil {
+		r.Log("cluster down: %v", err)
+	}
+	os.RemoveAll(r.Images)
+}
+
+func (r *Rig) env() []string {
+	return append(os.Environ(), "CLUSTER_DIR="+r.Dir, "CLUSTER_NETNS="+r.Netns)
+}
+
+// script runs one of the repository's scripts, passing its progress on.
+func (r *Rig) script(name string, args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(r.Root, name), args...)
+	cmd.Env = r.env()
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	var last []string
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		r.Log("%s", sc.Text())
+		last = append(last[max(0, len(last)-19):], sc.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, strings.Join(last, "\n"))
+	}
+	return out.String(), nil
+}
+
+// Kubectl runs kubectl as cluster-admin on the node and returns its stdout.
+func (r *Rig) Kubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(r.Root, "scripts/cluster.sh"), append([]string{"kubectl"}, args...)...)
+	cmd.Env = r.env()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+// KubectlJSON runs kubectl with -o json and decodes its output into v.
+func (r *Rig) KubectlJSON(ctx context.Context, v any, args ...string) error {
+	out, err := r.Kubectl(ctx, append(args, "-o", "json")...)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal([]byte(out), v)
+}
+
+// Command is a command that runs on the node (its network and mount
+// namespaces), as the cluster's own components do.
+func (r *Rig) Command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(r.Root, "scripts/cluster.sh"), append([]string{"exec", name}, args...)...)
+	cmd.Env = r.env()
+	return cmd
+}
+
+// Wait polls ok every 200 ms until it returns true or ctx ends.
+func Wait(ctx context.Context, ok func() bool) error {
+	for {
+		if ok() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// AdminKubeconfig is the kubeconfig of the cluster's admin user.
+func (r *Rig) AdminKubeconfig() string { return filepath.Join(r.Dir, "etc", "admin.kubeconfig") }
+
+// Second is one line of the test client's output (test/cluster/images/client):
+// the connections that ended in that second, by outcome, and which backend
+// pod answered the successful ones.
+type Second struct {
+	T        time.Time      `json:"t"`
+	OK       int            `json:"ok"`
+	Refused  int            `json:"refused"`
+	Reset    int            `json:"reset"`
+	Timeout  int            `json:"timeout"`
+	Other    int            `json:"other"`
+	Skipped  int            `json:"skipped"`
+	Backends map[string]int `json:"backends"`
+}
+
+// Failed is the number of connections that did not succeed.
+func (s Second) Failed() int { return s.Refused + s.Reset + s.Timeout + s.Other + s.Skipped }
+
+// ParseSeconds reads the client's log, skipping lines that are not its JSON.
+func ParseSeconds(log string) []Second {
+	var out []Second
+	for _, line := range strings.Split(log, "\n") {
+		var s Second
+		if json.Unmarshal([]byte(line), &s) == nil && !s.T.IsZero() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// The agent's image as scripts/cluster-images.sh tags it, and where
+// deploy/ runs it.
+const (
+	AgentImage     = "localhost/penaltybox/agent"
+	AgentTag       = "test"
+	AgentNamespace = "penaltybox-system"
+	AgentDaemonSet = "ds/penaltybox-agent"
+)
+
+// InstallAgent applies deploy/ as a user would, `kubectl apply -k` with
+// only the image reference overridden (a kustomization of its own that
+// names deploy/ as its base), and waits for the agent's pod to be Ready.
+func (r *Rig) InstallAgent(ctx context.Context) error {
+	overlay, err := os.MkdirTemp("", "penaltybox-overlay")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(overlay)
+	base, err := filepath.Rel(overlay, filepath.Join(r.Root, "deploy"))
+	if err != nil {
+		return err
+	}
+	kust := fmt.Sprintf("resources:\n  - %s\nimages:\n  - name: penaltybox/agent\n    newName: %s\n    newTag: %s\n",
+		base, AgentImage, AgentTag)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		return err
+	}
+	if _, err := r.Kubectl(ctx, "apply", "-k", overlay); err != nil {
+		return err
+	}
+	_, err = r.Kubectl(ctx, "-n", AgentNamespace, "rollout", "status", AgentDaemonSet, "--timeout=180s")
+	return err
+}
+
+// Workloads is the seed story's manifest: the good and bad backends, the
+// Service with Linkerd's annotations, the client.
+const Workloads = "examples/cluster-demo/workloads.yaml"
+
+// StartWorkloads applies Workloads and waits for every Deployment in it.
+func (r *Rig) StartWorkloads(ctx context.Context) error {
+	if _, err := r.Kubectl(ctx, "apply", "-f", filepath.Join(r.Root, Workloads)); err != nil {
+		return err
+	}
+	for _, d := range []string{"deploy/good", "deploy/bad", "deploy/client"} {
+		if _, err := r.Kubectl(ctx, "rollout", "status", d, "--timeout=120s"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetMode tells the test server at ip what to do with connections on its
+// service port: serve, refuse or reset.
+func (r *Rig) SetMode(ip, mode string) error {
+	resp, err := r.Node.HTTPClient(2*time.Second).Post(fmt.Sprintf("http://%s:8081/mode?m=%s", ip, mode), "", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("pod %s, mode %s: %s %s", ip, mode, resp.Status, bytes.TrimSpace(b))
+	}
+	return nil
+}
+
+// ClientSeconds is the client pod's output so far.
+func (r *Rig) ClientSeconds(ctx context.Context) ([]Second, error) {
+	out, err := r.Kubectl(ctx, "logs", "deploy/client")
+	if err != nil {
+		return nil, err
+	}
+	return ParseSeconds(out), nil
+}

@@ -1,0 +1,21 @@
+package clusterrig
+
+import "testing"
+
+func TestParseSeconds(t *testing.T) {
+	log := `{"t":"2026-12-01T10:00:01Z","ok":48,"refused":1,"reset":0,"timeout":1,"other":0,"skipped":0,"backends":{"a":30,"b":18}}
+client: a line on stderr that kubectl logs mixes in
+{"t":"2026-12-01T10:00:02Z","ok":50,"refused":0,"reset":0,"timeout":0,"other":0,"skipped":0,"backends":{}}
+{"not":"a second"}
+`
+	secs := ParseSeconds(log)
+	if len(secs) != 2 {
+		t.Fatalf("%d seconds, want 2: %+v", len(secs), secs)
+	}
+	if s := secs[0]; s.OK != 48 || s.Failed() != 2 || s.Backends["a"] != 30 || s.T.Second() != 1 {
+		t.Errorf("first second: %+v, failed %d", s, s.Failed())
+	}
+	if s := secs[1]; s.OK != 50 || s.Failed() != 0 {
+		t.Errorf("second second: %+v", s)
+	}
+}

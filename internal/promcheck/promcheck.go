@@ -1,0 +1,149 @@
+// Package promcheck is what the end-to-end tests ask of a running
+// Prometheus and of the agent's exposition: which alerts fire, whether
+// every query of the shipped Grafana dashboard returns data, and whether
+// promtool finds anything to fix on /metrics.
+package promcheck
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// API is a Prometheus server's HTTP API.
+type API struct {
+	Client *http.Client
+	URL    string // e.g. http://127.0.0.1:9091
+}
+
+// Get decodes the JSON answer to path?q into v.
+func (a API) Get(path string, q url.Values, v any) error {
+	u := a.URL + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	resp, err := a.Client.Get(u)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
+	}
+	return json.Unmarshal(b, v)
+}
+
+// Firing returns the labels of each firing alert called name.
+func (a API) Firing(name string) ([]map[string]string, error) {
+	var alerts struct {
+		Data struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		} `json:"data"`
+	}
+	if err := a.Get("/api/v1/alerts", nil, &alerts); err != nil {
+		return nil, err
+	}
+	var out []map[string]string
+	for _, al := range alerts.Data.Alerts {
+		if al.Labels["alertname"] == name && al.State == "firing" {
+			out = append(out, al.Labels)
+		}
+	}
+	return out, nil
+}
+
+// Series returns how many series an instant query returns.
+func (a API) Series(expr string) (int, error) {
+	var res struct {
+		Status string `json:"status"`
+		Data   struct {
+			Result []json.RawMessage `json:"result"`
+		} `json:"data"`
+	}
+	if err := a.Get("/api/v1/query", url.Values{"query": {expr}}, &res); err != nil {
+		return 0, err
+	}
+	if res.Status != "success" {
+		return 0, fmt.Errorf("query %s: status %q", expr, res.Status)
+	}
+	return len(res.Data.Result), nil
+}
+
+// Query is one query of a dashboard panel.
+type Query struct {
+	Panel, Expr string
+}
+
+// DashboardQueries reads a Grafana dashboard's panel queries, with its
+// variables at "All" and $__rate_interval set to rateInterval (which must
+// fit the scrape interval of the Prometheus they go to).
+func DashboardQueries(file string, rateInterval time.Duration) ([]Query, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	vars := strings.NewReplacer("$service", ".*", "$instance", ".*", "$__rate_interval", rateInterval.String())
+	var out []Query
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			out = append(out, Query{Panel: p.Title, Expr: vars.Replace(q.Expr)})
+		}
+	}
+	return out, nil
+}
+
+// Lint runs `promtool check metrics` (from promtool, a path or a name on
+// PATH) on an exposition; any complaint is an error.
+func Lint(promtool string, exposition []byte) error {
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = bytes.NewReader(exposition)
+	out, err := cmd.CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		return fmt.Errorf("promtool check metrics: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// Ready waits up to d for the server to say it is ready.
+func (a API) Ready(d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		resp, err := a.Client.Get(a.URL + "/-/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("/-/ready: %s", resp.Status)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("prometheus not ready after %v: %w", d, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,367 @@
+// Package cluster runs penaltybox the way its users meet it: deploy/ applied
+// with `kubectl apply -k` to a one-node cluster of real components
+// (scripts/cluster.sh), the agent's image built here, pulled by no one and
+// started by a kubelet, and the seed story told with real pods.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/penaltybox/penaltybox/internal/clusterrig"
+)
+
+const (
+	agentNS  = clusterrig.AgentNamespace
+	agentDS  = clusterrig.AgentDaemonSet
+	window   = 20 * time.Second // the success rate is measured over this much load
+	minRatio = 0.995
+)
+
+// TestSeedDemoOnACluster: two good backend pods and one that passes its
+// readiness probe but refuses (then, in a second round, resets) every
+// connection, behind one Service with Linkerd's failure-accrual
+// annotations; a client pod opens 50 new connections per second to the
+// ClusterIP. Asserted, for each kind of failure: the agent ejects the bad
+// pod and says so in an Event naming it, the client's success rate after
+// the ejection is at least 99.5%, `kubectl get pods` shows every pod Running
+// and Ready, and the healed pod rejoins (an Event, and the client's
+// connections reach it again). Along the way: the agent pod is Ready through
+// its probes with the DaemonSet's capabilities, `kubectl exec ... agent
+// inspect` shows the ejection, and a Prometheus with Kubernetes service
+// discovery scrapes the agent as the DaemonSet advertises, fires the
+// ejection alert, and answers every dashboard query.
+func TestSeedDemoOnACluster(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (a kubelet, containerd, network namespaces, BPF); CI runs as root")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+
+	// A short directory: containerd's shim sockets live under it.
+	dir, err := os.MkdirTemp("/tmp", "pbct")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rig, err := clusterrig.Up(root, dir, "pb-cluster-test", t.Logf)
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpState(t, rig)
+		}
+		rig.Down()
+		os.RemoveAll(dir)
+	})
+	t.Logf("cluster up with images loaded in %v", time.Since(start).Round(time.Second))
+	// deploy/ as a user applies it: only the image reference is overridden.
+	if err := rig.InstallAgent(ctx); err != nil {
+		t.Fatal(err)
+	}
+	agentPod := onePod(t, ctx, rig, agentNS, "app.kubernetes.io/name=penaltybox")
+	t.Logf("agent pod %s Ready %v after the cluster was up", agentPod.Metadata.Name, time.Since(start).Round(time.Second))
+	agentCapabilities(t, rig)
+	if err := rig.StartWorkloads(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bad := onePod(t, ctx, rig, "default", "role=bad")
+	badName, badIP := bad.Metadata.Name, bad.Status.PodIP
+
+	prom := startPrometheus(t, ctx, rig)
+	setMode := func(mode string) {
+		t.Helper()
+		if err := rig.SetMode(badIP, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for i, kind := range []string{"refused", "reset"} {
+		t.Logf("--- %s: pod %s (%s) fails every connection: %s", kind, badName, badIP, kind)
+		failing := start
+		if kind == "reset" {
+			failing = time.Now()
+			setMode("reset")
+		}
+		ejected := waitEvent(t, ctx, rig, failing, "EndpointEjected", badName, "(last: "+kind+")")
+		t.Logf("Event: %s", ejected)
+		ejectedAt := time.Now()
+
+		// The client's success rate over the window after the ejection.
+		from, to := ejectedAt.Add(time.Second), ejectedAt.Add(time.Second+window)
+		var got clusterrig.Second
+		if err := clusterrig.Wait(ctx, func() bool {
+			secs := clientSeconds(t, ctx, rig)
+			if len(secs) == 0 || secs[len(secs)-1].T.Before(to) {
+				return false
+			}
+			got = sum(secs, from, to)
+			return true
+		}); err != nil {
+			t.Fatalf("client output up to %v: %v", to, err)
+		}
+		total := got.OK + got.Failed()
+		ratio := float64(got.OK) / float64(max(total, 1))
+		t.Logf("after the ejection: %d of %d connections succeeded (%.2f%%); refused %d, reset %d, timeout %d, other %d, skipped %d; by backend %v",
+			got.OK, total, 100*ratio, got.Refused, got.Reset, got.Timeout, got.Other, got.Skipped, got.Backends)
+		// 50 connections a second; a noisy machine may start fewer.
+		if total < int(0.8*50*window.Seconds()) {
+			t.Errorf("only %d connections in %v (the client opens 50 a second)", total, window)
+		}
+		if ratio < minRatio {
+			t.Errorf("success rate %.2f%% after the ejection, want >= %.1f%%", 100*ratio, 100*minRatio)
+		}
+
+		allRunningAndReady(t, ctx, rig)
+		if i == 0 {
+			inspectShowsEjected(t, ctx, rig, badIP)
+			prom.alertFires(t, ctx, badIP)
+			prom.dashboardAnswers(t, ctx)
+			lintMetrics(t, rig.Node.HTTPClient(2*time.Second))
+		}
+
+		// Healed, the pod rejoins: the agent says so and the client's
+		// connections reach it again.
+		setMode("serve")
+		healed := time.Now()
+		t.Logf("Event: %s", waitEvent(t, ctx, rig, healed, "EndpointRestored", badName, ""))
+		if err := clusterrig.Wait(ctx, func() bool {
+			return sum(clientSeconds(t, ctx, rig), healed, time.Now()).Backends[badName] > 0
+		}); err != nil {
+			t.Fatalf("no client connection reached the healed pod %s: %v", badName, err)
+		}
+		t.Logf("the healed pod serves the client again %v after it was healed", time.Since(healed).Round(time.Second))
+	}
+}
+
+// agentCapabilities: the agent runs with the DaemonSet's capabilities and
+// nothing more (CAP_NET_ADMIN 12, CAP_PERFMON 38, CAP_BPF 39), as the
+// kubelet and runc applied them to its process on the node.
+func agentCapabilities(t *testing.T, rig *clusterrig.Rig) {
+	t.Helper()
+	const want = 1<<12 | 1<<38 | 1<<39
+	out, err := exec.Command("ip", "netns", "pids", rig.Netns).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range strings.Fields(string(out)) {
+		exe, _ := os.Readlink("/proc/" + pid + "/exe")
+		if filepath.Base(exe) != "agent" {
+			continue
+		}
+		status, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+				got, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+				if err != nil || got != want {
+					t.Errorf("the agent's effective capabilities: %s, want %016x (BPF, NET_ADMIN, PERFMON)", strings.TrimSpace(v), uint64(want))
+				}
+				t.Logf("the agent (pid %s) runs with CapEff %016x: BPF, NET_ADMIN, PERFMON", pid, got)
+				return
+			}
+		}
+	}
+	t.Errorf("no agent process on the node")
+}
+
+// pod is what the test reads of a Pod.
+type pod struct {
+	Metadata struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Status struct {
+		Phase      string `json:"phase"`
+		PodIP      string `json:"podIP"`
+		Conditions []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+		} `json:"conditions"`
+		ContainerStatuses []struct {
+			Name         string `json:"name"`
+			Ready        bool   `json:"ready"`
+			RestartCount int    `json:"restartCount"`
+		} `json:"containerStatuses"`
+	} `json:"status"`
+}
+
+func (p pod) ready() bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == "Ready" {
+			return c.Status == "True"
+		}
+	}
+	return false
+}
+
+func pods(t *testing.T, ctx context.Context, rig *clusterrig.Rig, args ...string) []pod {
+	t.Helper()
+	var list struct {
+		Items []pod `json:"items"`
+	}
+	if err := rig.KubectlJSON(ctx, &list, append([]string{"get", "pods"}, args...)...); err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+func onePod(t *testing.T, ctx context.Context, rig *clusterrig.Rig, ns, selector string) pod {
+	t.Helper()
+	ps := pods(t, ctx, rig, "-n", ns, "-l", selector)
+	if len(ps) != 1 {
+		t.Fatalf("%d pods in %s with %s, want 1", len(ps), ns, selector)
+	}
+	return ps[0]
+}
+
+// allRunningAndReady: what `kubectl get pods` shows the operator while a
+// backend fails every connection: nothing wrong.
+func allRunningAndReady(t *testing.T, ctx context.Context, rig *clusterrig.Rig) {
+	t.Helper()
+	ps := pods(t, ctx, rig, "-A")
+	for _, p := range ps {
+		if p.Status.Phase != "Running" || !p.ready() {
+			t.Errorf("pod %s/%s: %s, ready %v", p.Metadata.Namespace, p.Metadata.Name, p.Status.Phase, p.ready())
+		}
+	}
+	t.Logf("kubectl get pods: all %d pods Running and Ready", len(ps))
+}
+
+// waitEvent waits for an Event of reason whose message names pod (and
+// contains also, if set), last seen at or after since, and returns its
+// message. (Event times have whole seconds.)
+func waitEvent(t *testing.T, ctx context.Context, rig *clusterrig.Rig, since time.Time, reason, pod, also string) string {
+	t.Helper()
+	var msg string
+	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	err := clusterrig.Wait(wctx, func() bool {
+		var list struct {
+			Items []struct {
+				Reason        string    `json:"reason"`
+				Message       string    `json:"message"`
+				LastTimestamp time.Time `json:"lastTimestamp"`
+			} `json:"items"`
+		}
+		if rig.KubectlJSON(ctx, &list, "get", "events", "-n", "default", "--field-selector", "reason="+reason) != nil {
+			return false
+		}
+		for _, e := range list.Items {
+			if strings.Contains(e.Message, "/"+pod+" (") && strings.Contains(e.Message, also) &&
+				!e.LastTimestamp.Before(since.Truncate(time.Second)) {
+				msg = e.Message
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		out, _ := rig.Kubectl(ctx, "get", "events", "-A")
+		t.Fatalf("no %s Event naming pod %s (%q): %v\n%s", reason, pod, also, err, out)
+	}
+	return msg
+}
+
+func clientSeconds(t *testing.T, ctx context.Context, rig *clusterrig.Rig) []clusterrig.Second {
+	t.Helper()
+	secs, err := rig.ClientSeconds(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secs
+}
+
+// sum adds up the seconds that end in (from, to].
+func sum(secs []clusterrig.Second, from, to time.Time) clusterrig.Second {
+	total := clusterrig.Second{Backends: map[string]int{}}
+	for _, s := range secs {
+		if !s.T.After(from) || s.T.After(to) {
+			continue
+		}
+		total.OK += s.OK
+		total.Refused += s.Refused
+		total.Reset += s.Reset
+		total.Timeout += s.Timeout
+		total.Other += s.Other
+		total.Skipped += s.Skipped
+		for b, n := range s.Backends {
+			total.Backends[b] += n
+		}
+	}
+	return total
+}
+
+// inspectShowsEjected: `kubectl exec ds/penaltybox-agent -- agent inspect`
+// reads the pinned maps inside the agent's container.
+func inspectShowsEjected(t *testing.T, ctx context.Context, rig *clusterrig.Rig, ip string) {
+	t.Helper()
+	out, err := rig.Kubectl(ctx, "exec", "-n", agentNS, agentDS, "--", "agent", "inspect", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap struct {
+		Services []struct {
+			VIP       string `json:"vip"`
+			Endpoints []struct {
+				Addr    string `json:"addr"`
+				Accrual struct {
+					State string `json:"state"`
+				} `json:"accrual"`
+			} `json:"endpoints"`
+		} `json:"services"`
+	}
+	if err := json.Unmarshal([]byte(out), &snap); err != nil {
+		t.Fatalf("agent inspect --json: %v\n%s", err, out)
+	}
+	for _, s := range snap.Services {
+		for _, e := range s.Endpoints {
+			if strings.HasPrefix(e.Addr, ip+":") {
+				if e.Accrual.State != "ejected" {
+					t.Errorf("agent inspect: %s of %s is %q, want ejected", e.Addr, s.VIP, e.Accrual.State)
+				}
+				text, err := rig.Kubectl(ctx, "exec", "-n", agentNS, agentDS, "--", "agent", "inspect")
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("kubectl exec %s -- agent inspect:\n%s", agentDS, text)
+				return
+			}
+		}
+	}
+	t.Errorf("agent inspect shows no endpoint %s:\n%s", ip, out)
+}
+
+// dumpState logs what a person debugging a failure looks at first.
+func dumpState(t *testing.T, rig *clusterrig.Rig) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, args := range [][]string{
+		{"get", "pods", "-A", "-o", "wide"},
+		{"get", "events", "-A"},
+		{"logs", "-n", agentNS, agentDS, "--tail=40"},
+	} {
+		out, err := rig.Kubectl(ctx, args...)
+		t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	for _, c := range []string{"kubelet", "containerd"} {
+		b, _ := os.ReadFile(filepath.Join(rig.Dir, "run", c+".log"))
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		t.Logf("%s log (last lines):\n%s", c, strings.Join(lines[max(0, len(lines)-25):], "\n"))
+	}
+}
