@@ -18,7 +18,7 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         nginx:nginx haproxy:haproxy ethtool:ethtool /usr/include/bpf/bpf_helpers.h:libbpf-dev \
         /usr/include/x86_64-linux-gnu/asm/types.h:linux-libc-dev promtool:prometheus \
         buildah:buildah runc:runc /usr/lib/cni/bridge:containernetworking-plugins openssl:openssl \
-        iptables:iptables curl:curl
+        iptables:iptables
 
 .PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools test k8s-tools demo cluster-demo bench teardown clean
 

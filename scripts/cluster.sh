@@ -5,7 +5,7 @@
 # kubelet, containerd 2 with runc, and the reference CNI `bridge` plugin with
 # host-local IPAM. docs/cluster-rig.md says why each setting is what it is.
 #
-#   scripts/cluster.sh up                 start it (about 10 s)
+#   scripts/cluster.sh up                 start it (about 7 s)
 #   scripts/cluster.sh kubectl ARGS...    kubectl as cluster-admin
 #   scripts/cluster.sh import FILE.tar... load docker-archives into containerd
 #   scripts/cluster.sh exec CMD...        run CMD on the node (its namespaces)
@@ -15,18 +15,27 @@
 # whose only way out is a veth to a second namespace (its uplink router), and
 # one private mount namespace held by a `sleep` that every component joins:
 # the host's interfaces, routes, firewall, sysctls and /sys/fs/bpf are never
-# touched. The kubelet's cgroups (cgroupfs driver) are the one thing on the
-# host, under kubepods/ in each hierarchy; `down` removes them.
+# touched, and what the kubelet and CNI insist on writing at fixed paths
+# (/var/lib/kubelet, /var/lib/cni, /var/log/containers) goes to tmpfs mounts
+# of the node's own. On the host: the kubelet's cgroups (cgroupfs driver),
+# under penaltybox-$CLUSTER_NETNS/ in each hierarchy, and the empty mount
+# points above when they were missing; `down` removes them all, and the
+# state directory.
 #
-# State lives in $CLUSTER_DIR (default /tmp/penaltybox-cluster). Binaries
+# State lives in $CLUSTER_DIR (default /tmp/$CLUSTER_NETNS; at most 25
+# characters: containerd's shim socket directory must fit in 38). Binaries
 # come from scripts/k8s-tools.sh and scripts/containerd-tools.sh (cached).
-# Needs root, runc, containernetworking-plugins, nftables, openssl.
+# Needs root, runc, containernetworking-plugins, nftables, iptables, openssl.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-DIR=${CLUSTER_DIR:-/tmp/penaltybox-cluster}
 NETNS=${CLUSTER_NETNS:-pb-cluster}
+DIR=${CLUSTER_DIR:-/tmp/$NETNS}
 UPLINK_NETNS=$NETNS-uplink
+# The kubelet's cgroup root, in every hierarchy.
+CGROUP_ROOT=penaltybox-$NETNS
+# A directory `down` may delete is one `up` made: it holds this file.
+MARKER=.penaltybox-cluster
 NODE=pb-node
 # Addresses, all in 198.18.0.0/15: the node's uplink, the pods' bridge, the
 # Services.
@@ -65,7 +74,8 @@ run() {
   echo $! >"$RUN/$n.pid"
   log "started $n (pid $!)"
 }
-kc() { inns "$K8S/kubectl" --kubeconfig "$ETC/admin.kubeconfig" "$@"; }
+# kubectl keeps its discovery cache in the cluster's directory, not ~/.kube.
+kc() { inns env KUBECACHEDIR="$DIR/kube-cache" "$K8S/kubectl" --kubeconfig "$ETC/admin.kubeconfig" "$@"; }
 # waitfor WHAT SECONDS CMD...: poll CMD until it succeeds.
 waitfor() {
   local what=$1 limit=$2 start=$SECONDS
@@ -168,6 +178,7 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_ROOT
 containerRuntimeEndpoint: unix://$DIR/containerd/containerd.sock
 failSwapOn: false
 protectKernelDefaults: true
@@ -218,31 +229,68 @@ node_up() {
   ip -n "$NETNS" route add default via "$ROUTER_IP"
   ip netns exec "$NETNS" sysctl -qw net.ipv4.ip_forward=1
   : >"$RUN/created-dirs"
-  for d in /var/lib/kubelet /var/lib/cni; do
+  local d
+  for d in /var/lib/kubelet /var/lib/cni /var/log/containers; do
     [[ -d $d ]] || { mkdir -p "$d" && echo "$d" >>"$RUN/created-dirs"; }
   done
-  # The kubelet always puts its device-plugin socket in /var/lib/kubelet, the
-  # CNI library its cache in /var/lib/cni: both get a tmpfs of the node's own.
+  # The kubelet's cgroup root must exist in every hierarchy it uses.
+  for d in $(cgroup_hierarchies); do
+    mkdir -p "$d/$CGROUP_ROOT"
+  done
+  # The kubelet always puts its device-plugin socket in /var/lib/kubelet and
+  # symlinks container logs in /var/log/containers (and garbage-collects
+  # links there it does not know), the CNI library keeps its cache in
+  # /var/lib/cni: each gets a tmpfs of the node's own. The holder says it is
+  # ready only after its last mount.
   nsenter --net="/run/netns/$NETNS" unshare --mount --propagation private -- /bin/sh -c '
     set -e
     for f in "$1"/*; do mount --bind "$f" /proc/sys/$(basename "$f" | tr . /); done
     mount -t bpf bpffs /sys/fs/bpf
     mount -t tmpfs -o size=64m,mode=0700 pb-kubelet /var/lib/kubelet
     mount -t tmpfs -o size=16m,mode=0700 pb-cni /var/lib/cni
-    exec sleep infinity' sh "$ETC/sysctl" >"$RUN/holder.log" 2>&1 &
+    mount -t tmpfs -o size=16m,mode=0755 pb-logs /var/log/containers
+    touch "$2"
+    exec sleep infinity' sh "$ETC/sysctl" "$RUN/holder.ready" >"$RUN/holder.log" 2>&1 &
   echo $! >"$RUN/holder.pid"
-  waitfor "node mount namespace" 10 grep -q ' /sys/fs/bpf ' "/proc/$(holder)/mountinfo"
+  waitfor "node mount namespace" 10 test -f "$RUN/holder.ready"
+}
+
+# cgroup_hierarchies lists the mounted cgroup hierarchies: the unified one
+# alone on a cgroup v2 host, else each v1 controller's and the unified
+# mount beside them.
+cgroup_hierarchies() {
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    echo /sys/fs/cgroup
+    return
+  fi
+  local d
+  for d in /sys/fs/cgroup/*/; do
+    [[ -f ${d}cgroup.procs ]] && echo "${d%/}"
+  done
+}
+
+# ours PID: whether PID runs in the node's network namespace, so a stale
+# PID file (a reboot, a reused PID) never gets another process signalled.
+ours() {
+  local want
+  want=$(stat -Lc %i "/run/netns/$NETNS" 2>/dev/null) || return 1
+  [[ $(readlink "/proc/$1/ns/net" 2>/dev/null) == "net:[$want]" ]]
 }
 
 up() {
   [[ $(id -u) == 0 ]] || die "needs root"
-  ! ip netns list | grep -qw "$NETNS" || die "netns $NETNS exists: a cluster is up (or was not torn down); run: CLUSTER_DIR=$DIR $0 down"
+  [[ ! -e /run/netns/$NETNS ]] || die "netns $NETNS exists: a cluster is up (or was not torn down); run: CLUSTER_DIR=$DIR CLUSTER_NETNS=$NETNS $0 down"
+  ((${#DIR} <= 25)) || die "CLUSTER_DIR $DIR is longer than 25 characters: containerd's shim sockets would not fit under it"
+  if [[ -e $DIR && ! -e $DIR/$MARKER ]] && [[ -n $(ls -A "$DIR") ]]; then
+    die "$DIR is not empty and not a cluster's directory: refusing to replace it"
+  fi
   for b in /usr/sbin/runc /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/sbin/nft; do
     [[ -x $b ]] || die "missing $b (apt-get install runc containernetworking-plugins nftables)"
   done
   local start=$SECONDS
   rm -rf "$DIR"
   mkdir -p "$DIR"
+  touch "$DIR/$MARKER"
   tools
   write_config
   node_up
@@ -295,6 +343,10 @@ stop() {
   for n in "$@"; do
     [[ -f $RUN/$n.pid ]] || continue
     p=$(cat "$RUN/$n.pid")
+    if ! ours "$p"; then
+      log "$n: pid $p is not on the node (gone, or reused): not signalled"
+      continue
+    fi
     kill -TERM "$p" 2>/dev/null && pids+=("$n:$p")
   done
   local i
@@ -313,10 +365,18 @@ stop() {
   for n in "$@"; do rm -f "$RUN/$n.pid"; done
 }
 
-running() { [[ -f $RUN/$1.pid ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+running() { [[ -f $RUN/$1.pid ]] && ours "$(cat "$RUN/$1.pid")"; }
 
 down() {
-  [[ -d $RUN ]] || { log "nothing to stop in $DIR"; ip netns del "$NETNS" 2>/dev/null || true; ip netns del "$UPLINK_NETNS" 2>/dev/null || true; return 0; }
+  if [[ ! -f $DIR/$MARKER ]]; then
+    # Without the state, nothing here can be stopped safely: the namespace
+    # (if any) belongs to a run whose directory is elsewhere.
+    if [[ -e /run/netns/$NETNS ]]; then
+      die "netns $NETNS exists but $DIR holds no cluster: run down with that cluster's CLUSTER_DIR"
+    fi
+    log "nothing to stop in $DIR"
+    return 0
+  fi
   tools
   # Workloads first, so the kubelet and containerd tear down what they made
   # (veths, network namespaces, mounts, cgroups).
@@ -333,8 +393,14 @@ down() {
     done
   fi
   stop containerd
-  # Shims of tasks that outlived containerd (their command line names our socket).
-  local p
+  # Containers that outlived containerd (it died, or its tasks did not stop):
+  # runc's state for them is under our directory.
+  local c p
+  for c in $(runc --root "$DIR/containerd/runc/k8s.io" list -q 2>/dev/null || true); do
+    log "killing leftover container $c"
+    runc --root "$DIR/containerd/runc/k8s.io" kill --all "$c" KILL 2>/dev/null || true
+  done
+  # Shims of those containers (their command line names our directory).
   for p in $(pgrep -f containerd-shim-runc-v2 || true); do
     grep -qaF -- "$DIR/containerd" "/proc/$p/cmdline" 2>/dev/null && { log "killing leftover shim $p"; kill -KILL "$p" || true; }
   done
@@ -344,7 +410,7 @@ down() {
   # What `exec` started and is still running (by the PIDs it recorded).
   if [[ -f $RUN/exec.pids ]]; then
     for p in $(sort -u "$RUN/exec.pids"); do
-      [[ $(readlink "/proc/$p/ns/net" 2>/dev/null) == "$(readlink "/proc/$(holder)/ns/net")" ]] || continue
+      ours "$p" || continue
       log "stopping $(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-60)(pid $p), started with exec"
       kill -KILL "$p" 2>/dev/null || true
     done
@@ -359,21 +425,27 @@ down() {
     rm -f "$RUN/created-dirs"
   fi
   local h
-  for h in /sys/fs/cgroup/*/kubepods; do
-    [[ -d $h ]] || continue
-    find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || log "could not remove all of $h"
+  for h in $(cgroup_hierarchies); do
+    [[ -d $h/$CGROUP_ROOT ]] || continue
+    find "$h/$CGROUP_ROOT" -depth -type d -exec rmdir {} \; 2>/dev/null || log "could not remove all of $h/$CGROUP_ROOT"
   done
-  if grep -qF " $DIR" /proc/self/mountinfo; then log "mounts left under $DIR"; fi
+  if grep -qF " $DIR" /proc/self/mountinfo; then
+    log "mounts left under $DIR: keeping it"
+  else
+    rm -rf "$DIR"
+  fi
   log "down"
 }
 
 case ${1:-} in
   up) up ;;
   down) down ;;
-  kubectl) shift; tools; kc "$@" ;;
+  # kubectl and exec replace this script (nsenter execs the command in
+  # turn), so whoever started them can signal them; `down` ends what exec
+  # started by the PIDs it recorded.
+  kubectl) shift; tools; exec nsenter -t "$(holder)" -m -n -- env KUBECACHEDIR="$DIR/kube-cache" \
+    "$K8S/kubectl" --kubeconfig "$ETC/admin.kubeconfig" "$@" ;;
   import) shift; tools; import "$@" ;;
-  # exec: the command replaces this script (nsenter execs it in turn), so
-  # whoever started it can signal it, and `down` can end it by its PID.
   exec) shift; echo $$ >>"$RUN/exec.pids"; exec nsenter -t "$(holder)" -m -n -- "$@" ;;
   *) echo "usage: $0 up | down | kubectl ARGS... | import FILE.tar... | exec CMD..." >&2; exit 2 ;;
 esac

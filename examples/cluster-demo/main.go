@@ -60,7 +60,7 @@ func run(ctx context.Context, root string, phase time.Duration, verbose bool) er
 	}
 	fmt.Println("Starting a one-node cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,")
 	fmt.Println("kube-proxy, a kubelet, containerd and the CNI bridge plugin, in network namespaces of their own.")
-	rig, err := clusterrig.Up(root, "/tmp/pbdemo", "pb-cluster-demo", logf)
+	rig, err := clusterrig.Up(ctx, root, "pb-cluster-demo", logf)
 	if err != nil {
 		return err
 	}

@@ -40,43 +40,55 @@ type Rig struct {
 	Log func(format string, args ...any)
 }
 
-// Up builds the images, starts the cluster and loads the images into its
-// containerd. dir must be short: containerd's shim sockets live under it
-// and a Unix socket path has at most 107 bytes. On error, what was started
-// is stopped again.
-func Up(root, dir, netns string, logf func(string, ...any)) (*Rig, error) {
-	r := &Rig{Root: root, Dir: dir, Netns: netns, Images: filepath.Join(dir + "-images"), Log: logf}
-	if _, err := r.script("scripts/cluster-images.sh", r.Images); err != nil {
+// Up builds the images, starts the cluster whose node is network
+// namespace netns, with its state in /tmp/<netns> (short: containerd's shim
+// sockets live under it), and loads the images into its containerd. A
+// cluster of that name left running by an interrupted run is stopped
+// first. On error, what was started is stopped again.
+func Up(ctx context.Context, root, netns string, logf func(string, ...any)) (*Rig, error) {
+	dir := filepath.Join("/tmp", netns)
+	r := &Rig{Root: root, Dir: dir, Netns: netns, Images: dir + "-images", Log: logf}
+	if _, err := os.Stat(filepath.Join("/run/netns", netns)); err == nil {
+		logf("a cluster %s is still up (an interrupted run?): stopping it", netns)
+		if _, err := r.script(ctx, "scripts/cluster.sh", "down"); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := r.script(ctx, "scripts/cluster-images.sh", r.Images); err != nil {
+		os.RemoveAll(r.Images)
 		return nil, fmt.Errorf("images: %w", err)
 	}
-	if _, err := r.script("scripts/cluster.sh", "up"); err != nil {
+	fail := func(err error) (*Rig, error) {
 		r.Down()
 		return nil, err
+	}
+	if _, err := r.script(ctx, "scripts/cluster.sh", "up"); err != nil {
+		return fail(err)
 	}
 	tars, _ := filepath.Glob(filepath.Join(r.Images, "*.tar"))
 	if len(tars) == 0 {
-		r.Down()
-		return nil, fmt.Errorf("no images in %s", r.Images)
+		return fail(fmt.Errorf("no images in %s", r.Images))
 	}
-	if _, err := r.script("scripts/cluster.sh", append([]string{"import"}, tars...)...); err != nil {
-		r.Down()
-		return nil, err
+	if _, err := r.script(ctx, "scripts/cluster.sh", append([]string{"import"}, tars...)...); err != nil {
+		return fail(err)
 	}
 	ns, err := testnet.Open(netns)
 	if err != nil {
-		r.Down()
-		return nil, err
+		return fail(err)
 	}
 	r.Node = ns
 	return r, nil
 }
 
-// Down stops the cluster and removes what it made, images included.
+// Down stops the cluster and removes what it made, images included. It
+// does not take a context: it must run to the end (about 15 s, at most a
+// few minutes) even when the caller gave up.
 func (r *Rig) Down() {
 	if r.Node != nil {
 		r.Node.Close()
+		r.Node = nil
 	}
-	if _, err := r.script("scripts/cluster.sh", "down"); err != nil {
+	if _, err := r.script(context.Background(), "scripts/cluster.sh", "down"); err != nil {
 		r.Log("cluster down: %v", err)
 	}
 	os.RemoveAll(r.Images)
@@ -87,9 +99,10 @@ func (r *Rig) env() []string {
 }
 
 // script runs one of the repository's scripts, passing its progress on.
-func (r *Rig) script(name string, args ...string) (string, error) {
-	cmd := exec.Command(filepath.Join(r.Root, name), args...)
+func (r *Rig) script(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(r.Root, name), args...)
 	cmd.Env = r.env()
+	cmd.WaitDelay = 5 * time.Second
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	stderr, err := cmd.StderrPipe()
@@ -115,6 +128,7 @@ func (r *Rig) script(name string, args ...string) (string, error) {
 func (r *Rig) Kubectl(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, filepath.Join(r.Root, "scripts/cluster.sh"), append([]string{"kubectl"}, args...)...)
 	cmd.Env = r.env()
+	cmd.WaitDelay = 5 * time.Second
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
@@ -152,6 +166,14 @@ func Wait(ctx context.Context, ok func() bool) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// HTTPClient dials from the node, with a 2 s connect timeout and 10 s for
+// the whole request.
+func (r *Rig) HTTPClient() *http.Client {
+	c := r.Node.HTTPClient(2 * time.Second)
+	c.Timeout = 10 * time.Second
+	return c
 }
 
 // AdminKubeconfig is the kubeconfig of the cluster's admin user.
@@ -240,7 +262,7 @@ func (r *Rig) StartWorkloads(ctx context.Context) error {
 // SetMode tells the test server at ip what to do with connections on its
 // service port: serve, refuse or reset.
 func (r *Rig) SetMode(ip, mode string) error {
-	resp, err := r.Node.HTTPClient(2*time.Second).Post(fmt.Sprintf("http://%s:8081/mode?m=%s", ip, mode), "", nil)
+	resp, err := r.HTTPClient().Post(fmt.Sprintf("http://%s:8081/mode?m=%s", ip, mode), "", nil)
 	if err != nil {
 		return err
 	}

@@ -13,8 +13,12 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // API is a Prometheus server's HTTP API.
@@ -97,24 +101,32 @@ func DashboardQueries(file string, rateInterval time.Duration) ([]Query, error) 
 		return nil, err
 	}
 	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
+		Panels []panel `json:"panels"`
 	}
 	if err := json.Unmarshal(b, &dash); err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
 	vars := strings.NewReplacer("$service", ".*", "$instance", ".*", "$__rate_interval", rateInterval.String())
 	var out []Query
-	for _, p := range dash.Panels {
-		for _, q := range p.Targets {
-			out = append(out, Query{Panel: p.Title, Expr: vars.Replace(q.Expr)})
+	var walk func([]panel)
+	walk = func(ps []panel) {
+		for _, p := range ps {
+			for _, q := range p.Targets {
+				out = append(out, Query{Panel: p.Title, Expr: vars.Replace(q.Expr)})
+			}
+			walk(p.Panels) // a collapsed row holds its panels
 		}
 	}
+	walk(dash.Panels)
 	return out, nil
+}
+
+type panel struct {
+	Title   string `json:"title"`
+	Targets []struct {
+		Expr string `json:"expr"`
+	} `json:"targets"`
+	Panels []panel `json:"panels"`
 }
 
 // Lint runs `promtool check metrics` (from promtool, a path or a name on
@@ -146,4 +158,86 @@ func (a API) Ready(d time.Duration) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// ShippedJob reads the shipped scrape job (deploy/monitoring/
+// prometheus-scrape.yaml) and points its Kubernetes service discovery at
+// an API server from outside the cluster: its address, CA and a bearer
+// token file, which a Prometheus in a pod gets from its service account.
+func ShippedJob(file, apiServer, caFile, tokenFile string) ([]map[string]any, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var jobs []map[string]any
+	if err := yaml.Unmarshal(b, &jobs); err != nil || len(jobs) != 1 {
+		return nil, fmt.Errorf("%s: %v, %d jobs (want 1)", file, err, len(jobs))
+	}
+	sds, _ := jobs[0]["kubernetes_sd_configs"].([]any)
+	if len(sds) != 1 {
+		return nil, fmt.Errorf("%s: %d kubernetes_sd_configs, want 1", file, len(sds))
+	}
+	sd, _ := sds[0].(map[string]any)
+	if sd == nil {
+		return nil, fmt.Errorf("%s: kubernetes_sd_configs[0] is not a map", file)
+	}
+	sd["api_server"] = apiServer
+	sd["tls_config"] = map[string]any{"ca_file": caFile}
+	sd["authorization"] = map[string]any{"credentials_file": tokenFile}
+	return jobs, nil
+}
+
+// Server is a Prometheus a test started.
+type Server struct {
+	API
+	Started time.Time
+	cmd     *exec.Cmd
+	log     *os.File
+}
+
+// Start writes cfg (a prometheus.yml) into dir, checks it with promtool,
+// and starts the command newCmd makes for that config and a data
+// directory in dir, with its output in dir/prometheus.log; it returns once
+// the server at api says it is ready. Stop it with Stop.
+func Start(dir string, cfg []byte, promtool string, newCmd func(config, data string) *exec.Cmd, api API) (*Server, error) {
+	config := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(config, cfg, 0o600); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command(promtool, "check", "config", config).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("promtool check config: %v\n%s", err, out)
+	}
+	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := newCmd(config, filepath.Join(dir, "data"))
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, err
+	}
+	s := &Server{API: api, Started: time.Now(), cmd: cmd, log: log}
+	if err := api.Ready(30 * time.Second); err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, s.Stop())
+	}
+	return s, nil
+}
+
+// Stop ends the server (SIGTERM, SIGKILL after 10 s) and returns the last
+// lines of its log.
+func (s *Server) Stop() string {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-done
+	}
+	s.log.Close()
+	b, _ := os.ReadFile(s.log.Name())
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-30):], "\n")
 }

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,10 +21,7 @@ import (
 // rateInterval stands for the dashboard's $__rate_interval: 15 scrapes.
 const rateInterval = 15 * time.Second
 
-type prometheus struct {
-	promcheck.API
-	started time.Time
-}
+type prometheus struct{ *promcheck.Server }
 
 // startPrometheus runs, on the node, a Prometheus with Kubernetes service
 // discovery (built from the module proxy: Debian's has none) with the
@@ -34,85 +30,48 @@ type prometheus struct {
 // needs) and the shipped rules, scraping and evaluating every second.
 func startPrometheus(t *testing.T, ctx context.Context, rig *clusterrig.Rig) *prometheus {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(rig.Root, "scripts/prometheus-tools.sh")).Output()
+	out, err := exec.CommandContext(ctx, filepath.Join(rig.Root, "scripts/prometheus-tools.sh")).Output()
 	if err != nil {
 		t.Fatalf("prometheus-tools.sh: %v", err)
 	}
-	bin := strings.TrimSpace(string(out))
-	bin = bin[strings.LastIndexByte(bin, '\n')+1:]
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	bin := lines[len(lines)-1]
 
-	job, err := os.ReadFile(filepath.Join(rig.Root, "deploy/monitoring/prometheus-scrape.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var jobs []map[string]any
-	if err := yaml.Unmarshal(job, &jobs); err != nil || len(jobs) != 1 {
-		t.Fatalf("prometheus-scrape.yaml: %v, %d jobs", err, len(jobs))
-	}
 	dir := t.TempDir()
-	token := filepath.Join(dir, "token")
 	csv, err := os.ReadFile(filepath.Join(rig.Dir, "etc/tokens.csv"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	token := filepath.Join(dir, "token")
 	if err := os.WriteFile(token, []byte(strings.SplitN(string(csv), ",", 2)[0]), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sd := jobs[0]["kubernetes_sd_configs"].([]any)[0].(map[string]any)
-	sd["api_server"] = "https://" + clusterrig.NodeIP + ":6443"
-	sd["tls_config"] = map[string]any{"ca_file": filepath.Join(rig.Dir, "apiserver-certs/apiserver.crt")}
-	sd["authorization"] = map[string]any{"credentials_file": token}
-	rules, err := filepath.Abs(filepath.Join(rig.Root, "deploy/monitoring/penaltybox.rules.yaml"))
+	jobs, err := promcheck.ShippedJob(filepath.Join(rig.Root, "deploy/monitoring/prometheus-scrape.yaml"),
+		"https://"+clusterrig.NodeIP+":6443", filepath.Join(rig.Dir, "apiserver-certs/apiserver.crt"), token)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := yaml.Marshal(map[string]any{
 		"global":         map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"},
-		"rule_files":     []string{rules},
+		"rule_files":     []string{filepath.Join(rig.Root, "deploy/monitoring/penaltybox.rules.yaml")},
 		"scrape_configs": jobs,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfgPath := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(filepath.Join(bin, "promtool"), "check", "config", cfgPath).CombinedOutput(); err != nil {
-		t.Fatalf("promtool check config: %v\n%s", err, out)
-	}
-	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	srv, err := promcheck.Start(dir, cfg, filepath.Join(bin, "promtool"), func(config, data string) *exec.Cmd {
+		return rig.Command(filepath.Join(bin, "prometheus"), "--config.file="+config,
+			"--storage.tsdb.path="+data, "--web.listen-address=127.0.0.1:9091")
+	}, promcheck.API{Client: rig.HTTPClient(), URL: "http://127.0.0.1:9091"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := rig.Command(filepath.Join(bin, "prometheus"), "--config.file="+cfgPath,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address=127.0.0.1:9091")
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		log.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-			t.Logf("prometheus log:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
+		if tail := srv.Stop(); t.Failed() {
+			t.Logf("prometheus log:\n%s", tail)
 		}
 	})
-	p := &prometheus{API: promcheck.API{Client: rig.Node.HTTPClient(time.Second), URL: "http://127.0.0.1:9091"}, started: time.Now()}
-	if err := p.Ready(30 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return &prometheus{srv}
 }
 
 // alertFires: the ejection alert fires for the bad pod's endpoint, on the
@@ -150,7 +109,7 @@ func (p *prometheus) alertFires(t *testing.T, ctx context.Context, ip string) {
 // once the scrapes span the rate interval.
 func (p *prometheus) dashboardAnswers(t *testing.T, ctx context.Context) {
 	t.Helper()
-	if d := time.Until(p.started.Add(rateInterval + 5*time.Second)); d > 0 {
+	if d := time.Until(p.Started.Add(rateInterval + 5*time.Second)); d > 0 {
 		time.Sleep(d)
 	}
 	qs, err := promcheck.DashboardQueries(filepath.Join("../../deploy/monitoring/grafana-dashboard.json"), rateInterval)

@@ -4,11 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -79,7 +76,7 @@ func TestPrometheusAlertsAndDashboard(t *testing.T) {
 
 	// Every dashboard query has data, with the variables at "All" and a
 	// rate interval that fits the 1 s scrapes, once the scrapes span it.
-	if d := time.Until(prom.started.Add(rateInterval + 5*time.Second)); d > 0 {
+	if d := time.Until(prom.Started.Add(rateInterval + 5*time.Second)); d > 0 {
 		time.Sleep(d)
 	}
 	qs, err := promcheck.DashboardQueries("../../deploy/monitoring/grafana-dashboard.json", rateInterval)
@@ -107,17 +104,13 @@ func TestPrometheusAlertsAndDashboard(t *testing.T) {
 const rateInterval = 15 * time.Second
 
 // promServer is a Prometheus running in the node's namespace.
-type promServer struct {
-	promcheck.API
-	started time.Time
-}
+type promServer struct{ *promcheck.Server }
 
 // startPrometheus runs Debian's Prometheus in the node's namespace,
 // scraping the agent every second as job penaltybox-agent and evaluating
 // the shipped rules every second.
 func startPrometheus(t *testing.T, e *env) *promServer {
 	t.Helper()
-	dir := t.TempDir()
 	rules, err := filepath.Abs("../../deploy/monitoring/penaltybox.rules.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -131,44 +124,17 @@ scrape_configs:
     static_configs:
       - targets: ["127.0.0.1:9464"]
 `, rules)
-	cfgPath := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	srv, err := promcheck.Start(t.TempDir(), []byte(cfg), "promtool", func(config, data string) *exec.Cmd {
+		return e.topo.Node.Command("prometheus", "--config.file="+config, "--storage.tsdb.path="+data,
+			"--web.listen-address=127.0.0.1:9090")
+	}, promcheck.API{Client: e.topo.Node.HTTPClient(time.Second), URL: "http://127.0.0.1:9090"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := e.topo.Node.Command("prometheus", "--config.file="+cfgPath,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address=127.0.0.1:9090")
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		log.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			t.Logf("prometheus log:\n%s", tail(string(b), 30))
+		if tail := srv.Stop(); t.Failed() {
+			t.Logf("prometheus log:\n%s", tail)
 		}
 	})
-	p := &promServer{API: promcheck.API{Client: e.topo.Node.HTTPClient(time.Second), URL: "http://127.0.0.1:9090"}, started: time.Now()}
-	if err := p.Ready(30 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+	return &promServer{srv}
 }

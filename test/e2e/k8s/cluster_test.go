@@ -38,6 +38,9 @@ type cluster struct {
 	etcdDone        chan error
 	apiDone         chan error
 
+	// addr is where the API server listens (host:port), inside ns.
+	addr string
+
 	adminToken string
 	agentToken string
 	caFile     string
@@ -52,8 +55,7 @@ type cluster struct {
 }
 
 const (
-	apiserverAddr = "127.0.0.1:6443"
-	etcdClient    = "127.0.0.1:2379"
+	etcdClient = "127.0.0.1:2379"
 	// agentUser is the username of the ServiceAccount in deploy/: RBAC
 	// bindings to a ServiceAccount subject match it.
 	agentUser = "system:serviceaccount:penaltybox-system:penaltybox-agent"
@@ -65,8 +67,15 @@ const (
 // server's shutdown.
 func startCluster(t *testing.T, ns *testnet.NS) *cluster {
 	t.Helper()
+	return startClusterOn(t, ns, "127.0.0.1")
+}
+
+// startClusterOn is startCluster with the API server on ip, an address of
+// ns (127.0.0.1, or one other namespaces can reach).
+func startClusterOn(t *testing.T, ns *testnet.NS, ip string) *cluster {
+	t.Helper()
 	start := time.Now()
-	c := &cluster{t: t, ns: ns, dir: t.TempDir(), adminToken: randomToken(), agentToken: randomToken()}
+	c := &cluster{t: t, ns: ns, dir: t.TempDir(), addr: ip + ":6443", adminToken: randomToken(), agentToken: randomToken()}
 	t.Cleanup(c.stop)
 	if err := c.writeFiles(); err != nil {
 		t.Fatal(err)
@@ -98,7 +107,7 @@ func startCluster(t *testing.T, ns *testnet.NS) *cluster {
 
 	c.apiserver, c.apiDone, err = c.run("kube-apiserver", filepath.Join(toolsDir, "kube-apiserver"),
 		"--etcd-servers=http://"+etcdClient,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=6443",
+		"--bind-address="+ip, "--advertise-address="+ip, "--secure-port=6443",
 		"--cert-dir="+filepath.Join(c.dir, "certs"), "--token-auth-file="+filepath.Join(c.dir, "tokens.csv"),
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -107,7 +116,8 @@ func startCluster(t *testing.T, ns *testnet.NS) *cluster {
 		// ClusterIPs inside the tests' address ranges, 198.18.0.0/15 and
 		// 2001:2::/48: dual-stack.
 		"--service-cluster-ip-range=198.19.0.0/16,2001:2:0:200::/112",
-		// Required with a loopback advertise address.
+		// No `kubernetes` Service endpoints: required with a loopback
+		// advertise address, and nothing here uses them.
 		"--endpoint-reconciler-type=none")
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +224,7 @@ func (c *cluster) logTail(name string, n int) string {
 // on the namespace's loopback, so connections are dialed from inside it.
 func (c *cluster) restConfig(token string) *rest.Config {
 	return &rest.Config{
-		Host:            "https://" + apiserverAddr,
+		Host:            "https://" + c.addr,
 		BearerToken:     token,
 		TLSClientConfig: rest.TLSClientConfig{CAFile: c.caFile},
 		Dial:            c.ns.DialContext,
@@ -240,7 +250,7 @@ contexts:
 - name: e2e
   context: {cluster: e2e, user: %s}
 current-context: e2e
-`, apiserverAddr, c.caFile, user, token, user)
+`, c.addr, c.caFile, user, token, user)
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		c.t.Fatal(err)
 	}
@@ -251,6 +261,8 @@ current-context: e2e
 // inside the namespace.
 func (c *cluster) kubectl(args ...string) (string, error) {
 	cmd := c.ns.Command(filepath.Join(toolsDir, "kubectl"), append([]string{"--kubeconfig", c.AdminKubeconfig}, args...)...)
+	// Its discovery cache in the test's directory, not ~/.kube.
+	cmd.Env = append(os.Environ(), "KUBECACHEDIR="+filepath.Join(c.dir, "kube-cache"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)

@@ -1,14 +1,10 @@
 package k8s
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/penaltybox/penaltybox/internal/promcheck"
 )
 
 // prometheusSD: a Prometheus with Kubernetes service discovery (built from
@@ -52,23 +50,16 @@ func (w *world) prometheusSD(t *testing.T) {
 
 	// The shipped job, with what a Prometheus outside the cluster needs to
 	// reach the API server added to its service discovery.
-	job, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "monitoring", "prometheus-scrape.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var jobs []map[string]any
-	if err := yaml.Unmarshal(job, &jobs); err != nil || len(jobs) != 1 {
-		t.Fatalf("prometheus-scrape.yaml: %v, %d jobs", err, len(jobs))
-	}
 	dir := t.TempDir()
 	token := filepath.Join(dir, "token")
 	if err := os.WriteFile(token, []byte(w.c.adminToken), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sd := jobs[0]["kubernetes_sd_configs"].([]any)[0].(map[string]any)
-	sd["api_server"] = "https://" + apiserverAddr
-	sd["tls_config"] = map[string]any{"ca_file": w.c.caFile}
-	sd["authorization"] = map[string]any{"credentials_file": token}
+	jobs, err := promcheck.ShippedJob(filepath.Join(repoRoot, "deploy", "monitoring", "prometheus-scrape.yaml"),
+		"https://"+w.c.addr, w.c.caFile, token)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg, err := yaml.Marshal(map[string]any{
 		"global":         map[string]any{"scrape_interval": "1s"},
 		"scrape_configs": jobs,
@@ -76,48 +67,19 @@ func (w *world) prometheusSD(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfgPath := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(filepath.Join(bin, "promtool"), "check", "config", cfgPath).CombinedOutput(); err != nil {
-		t.Fatalf("promtool check config: %v\n%s", err, out)
-	}
-
-	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	srv, err := promcheck.Start(dir, cfg, filepath.Join(bin, "promtool"), func(config, data string) *exec.Cmd {
+		return w.topo.Node.Command(filepath.Join(bin, "prometheus"), "--config.file="+config,
+			"--storage.tsdb.path="+data, "--web.listen-address=127.0.0.1:9091")
+	}, promcheck.API{Client: w.topo.Node.HTTPClient(time.Second), URL: "http://127.0.0.1:9091"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := w.topo.Node.Command(filepath.Join(bin, "prometheus"), "--config.file="+cfgPath,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address=127.0.0.1:9091")
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		log.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-			t.Logf("prometheus log:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
+		if tail := srv.Stop(); t.Failed() {
+			t.Logf("prometheus log:\n%s", tail)
 		}
 	}()
-	client := w.topo.Node.HTTPClient(time.Second)
-	get := func(path string, v any) error {
-		resp, err := client.Get("http://127.0.0.1:9091" + path)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %s", path, resp.Status)
-		}
-		var buf bytes.Buffer
-		buf.ReadFrom(resp.Body)
-		return json.Unmarshal(buf.Bytes(), v)
-	}
+	get := func(path string, v any) error { return srv.Get(path, nil, v) }
 	w.eventually(40*time.Second, "Prometheus finds the agent's pod and scrapes it", func() bool {
 		var targets struct {
 			Data struct {
@@ -139,13 +101,8 @@ func (w *world) prometheusSD(t *testing.T) {
 		}
 		return false
 	})
-	var res struct {
-		Data struct {
-			Result []json.RawMessage `json:"result"`
-		} `json:"data"`
-	}
-	if err := get(`/api/v1/query?query=penaltybox_endpoints%7Bjob%3D%22penaltybox-agent%22%7D`, &res); err != nil || len(res.Data.Result) == 0 {
-		t.Errorf("penaltybox_endpoints from the discovered target: %v, %d series", err, len(res.Data.Result))
+	if n, err := srv.Series(`penaltybox_endpoints{job="penaltybox-agent"}`); err != nil || n == 0 {
+		t.Errorf("penaltybox_endpoints from the discovered target: %v, %d series", err, n)
 	}
 	if err := w.c.Admin.CoreV1().Pods(ds.Namespace).Delete(w.ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)

@@ -160,8 +160,8 @@ func main() {
 		os.Exit(2)
 	}
 
-	// As a container's PID 1 the process gets no default SIGTERM action from
-	// the kernel, so it must catch SIGTERM itself.
+	// SIGTERM (the kubelet stopping the pod) ends the run cleanly: the
+	// attempts in flight finish and the last second is printed.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if *duration > 0 {

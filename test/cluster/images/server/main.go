@@ -178,8 +178,8 @@ func main() {
 	}
 	slog.Info("listening", "pod", pod, "port", *port, "control-port", *controlPort)
 
-	// As a container's PID 1 the process gets no default SIGTERM action from
-	// the kernel: without this the kubelet would wait out the grace period.
+	// Caught so that a stop is a clean exit 0 (Go's own handling of SIGTERM
+	// would exit with status 2).
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
