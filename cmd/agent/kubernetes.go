@@ -39,7 +39,7 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	// 1. The node: its interfaces and its own addresses, watched from now
 	// on. The controller needs the addresses before its first snapshot.
 	lopts := nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
-		Logger: log.With("component", "interfaces")}
+		Tunnels: o.tunnelIfaces, Logger: log.With("component", "interfaces")}
 	links := make(chan nodelinks.Update)
 	go func() {
 		if err := nodelinks.Watch(ctx, lopts, links); err != nil {

@@ -19,6 +19,7 @@ func TestParseFlagsModes(t *testing.T) {
 		{args: []string{"--config", "x.yaml", "--node-name", "n1"}, wantErr: "exclusive"},
 		{args: []string{"--node-name", "n1", "--pod-interfaces", "cali*,[x"}, wantErr: "--pod-interfaces"},
 		{args: []string{"--node-name", "n1", "--node-interfaces", "eth[0"}, wantErr: "--node-interfaces"},
+		{args: []string{"--node-name", "n1", "--tunnel-interfaces", "flannel.[1"}, wantErr: "--tunnel-interfaces"},
 	}
 	for _, tt := range tests {
 		_, err := parseFlags(tt.args)
@@ -36,14 +37,16 @@ func TestParseFlagsInterfaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !o.nodeIfacesAuto || len(o.nodeIfaces) != 0 || len(o.podIfaces) == 0 {
-		t.Errorf("defaults: node %v auto %v pods %v; want auto and the CNI patterns", o.nodeIfaces, o.nodeIfacesAuto, o.podIfaces)
+	if !o.nodeIfacesAuto || len(o.nodeIfaces) != 0 || len(o.podIfaces) == 0 ||
+		!reflect.DeepEqual(o.tunnelIfaces, []string{"flannel.*", "vxlan.calico", "vxlan-v6.calico"}) {
+		t.Errorf("defaults: node %v auto %v pods %v tunnels %v; want auto and the CNI patterns",
+			o.nodeIfaces, o.nodeIfacesAuto, o.podIfaces, o.tunnelIfaces)
 	}
-	o, err = parseFlags([]string{"--node-name", "n1", "--node-interfaces", "", "--pod-interfaces", "cl*, b*"})
+	o, err = parseFlags([]string{"--node-name", "n1", "--node-interfaces", "", "--pod-interfaces", "cl*, b*", "--tunnel-interfaces", ""})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.nodeIfacesAuto || len(o.nodeIfaces) != 0 || !reflect.DeepEqual(o.podIfaces, []string{"cl*", "b*"}) {
-		t.Errorf("node %v auto %v pods %v", o.nodeIfaces, o.nodeIfacesAuto, o.podIfaces)
+	if o.nodeIfacesAuto || len(o.nodeIfaces) != 0 || !reflect.DeepEqual(o.podIfaces, []string{"cl*", "b*"}) || len(o.tunnelIfaces) != 0 {
+		t.Errorf("node %v auto %v pods %v tunnels %v", o.nodeIfaces, o.nodeIfacesAuto, o.podIfaces, o.tunnelIfaces)
 	}
 }

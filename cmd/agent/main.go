@@ -44,6 +44,7 @@ type options struct {
 	nodeIfaces     []string
 	nodeIfacesAuto bool
 	podIfaces      []string
+	tunnelIfaces   []string
 	// leaseNamespace holds the Lease that picks the one agent writing the
 	// BackendPolicies' status.
 	leaseNamespace string
@@ -108,6 +109,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: the pod's service account)")
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
+	tunnelIfaces := fs.String("tunnel-interfaces", nodelinks.DefaultTunnelPatterns, `Kubernetes mode: globs of the overlay pod network's VXLAN devices (replies from pods on other nodes arrive there), comma-separated; "" none`)
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz, /readyz and /admin/*")
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
 	fs.BoolVar(&o.kernelTrips, "kernel-trips", true, "the datapath ejects an endpoint itself at the failure that decides it, before the agent reacts; false: the agent alone ejects (about a millisecond later, new flows still reach the endpoint meanwhile)")
@@ -152,6 +154,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.podIfaces, err = nodelinks.ParsePatterns(*podIfaces); err != nil {
 		return o, fmt.Errorf("--pod-interfaces: %w", err)
+	}
+	if o.tunnelIfaces, err = nodelinks.ParsePatterns(*tunnelIfaces); err != nil {
+		return o, fmt.Errorf("--tunnel-interfaces: %w", err)
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err

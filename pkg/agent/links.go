@@ -47,14 +47,15 @@ func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
 	for _, l := range ls {
 		if _, ok := a.links[l.Name]; ok {
 			names = append(names, l.Name)
-			if l.Pod {
+			if l.Pod || l.Tunnel {
 				pods = append(pods, uint32(l.Index))
 			}
 		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// Pods' packets arrive with their L4 checksum left to the device: the
+	// Pods' packets arrive with their L4 checksum left to the device, and
+	// so can a tunnel's, decapsulated from a pod's on another node: the
 	// datapath must know which interfaces can hand it such packets.
 	if err := a.rec.SetPartialInterfaces(pods); err != nil {
 		a.log.Error("pb_partial_ifaces", "err", err)

@@ -208,6 +208,19 @@ func lostOnRecreate(name string) string {
 
 func (d *Datapath) linkDir() string { return filepath.Join(d.Opts.Root, "links") }
 
+// linkPin is where the link of interface ifname is pinned. bpffs refuses
+// names with a dot (reserved), and interface names may have one
+// (flannel.1, vxlan.calico): dots become "%2e", and "%" itself "%25", so
+// the mapping can be undone (pinnedIface).
+func (d *Datapath) linkPin(ifname string) string {
+	return filepath.Join(d.linkDir(), strings.NewReplacer("%", "%25", ".", "%2e").Replace(ifname))
+}
+
+// pinnedIface is the interface name a link pin stands for.
+func pinnedIface(pin string) string {
+	return strings.NewReplacer("%2e", ".", "%25", "%").Replace(pin)
+}
+
 // Attach runs the program on ifname's XDP hook through a pinned bpf_link.
 // An existing pinned link for the same interface is adopted and atomically
 // switched to this program.
@@ -224,7 +237,7 @@ func (d *Datapath) Attach(ifname string) error {
 	if err := os.MkdirAll(d.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("attach %s: %w", ifname, err)
 	}
-	pin := filepath.Join(d.linkDir(), ifname)
+	pin := d.linkPin(ifname)
 
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		if linkIfindex(l) == iface.Index {
@@ -278,7 +291,7 @@ func (d *Datapath) Detach(ifname string) error {
 	l, ok := d.links[ifname]
 	if !ok {
 		var err error
-		l, err = link.LoadPinnedLink(filepath.Join(d.linkDir(), ifname), nil)
+		l, err = link.LoadPinnedLink(d.linkPin(ifname), nil)
 		if err != nil {
 			return nil
 		}
@@ -298,7 +311,7 @@ func (d *Datapath) Attached() []string {
 	ents, _ := os.ReadDir(d.linkDir())
 	var out []string
 	for _, e := range ents {
-		out = append(out, e.Name())
+		out = append(out, pinnedIface(e.Name()))
 	}
 	sort.Strings(out)
 	return out
@@ -335,7 +348,7 @@ func Teardown(root string, log *slog.Logger) error {
 			errs = append(errs, err)
 		}
 		l.Close()
-		log.Info("detached XDP", "interface", e.Name())
+		log.Info("detached XDP", "interface", pinnedIface(e.Name()))
 	}
 	os.Remove(linkDir)
 	ents, _ = os.ReadDir(root)

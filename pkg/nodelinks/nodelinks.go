@@ -29,6 +29,15 @@ import (
 // azv*.
 const DefaultPodPatterns = "veth*,cali*,lxc*,eni*,gke*,azv*"
 
+// DefaultTunnelPatterns match the VXLAN devices of overlay pod networks:
+// flannel's (flannel.1) and Calico's (vxlan.calico, vxlan-v6.calico). A
+// reply from a backend pod on another node arrives inside the tunnel, so
+// the node's NIC sees only the outer packet; the tunnel device hands the
+// stack the inner frame, and XDP there (generic: VXLAN has no native XDP)
+// rewrites it. IPIP's tunl0 is not among them: it carries bare IP packets,
+// and the datapath parses Ethernet frames.
+const DefaultTunnelPatterns = "flannel.*,vxlan.calico,vxlan-v6.calico"
+
 // Auto, as the external interfaces, means those of the default routes.
 const Auto = "auto"
 
@@ -40,8 +49,10 @@ type Options struct {
 	External     []string
 	AutoExternal bool
 	// Pods are globs (path.Match) of host-side pod interface names.
-	Pods   []string
-	Logger *slog.Logger
+	Pods []string
+	// Tunnels are globs of overlay tunnel device names (VXLAN).
+	Tunnels []string
+	Logger  *slog.Logger
 }
 
 // ParseExternal parses the --node-interfaces flag: "auto", "" (none), or
@@ -76,6 +87,9 @@ type Link struct {
 	Index int
 	// Pod is true for a pod's host-side interface, false for an external one.
 	Pod bool
+	// Tunnel is true for an overlay's tunnel device: like a pod's veth, it
+	// can hand XDP packets whose L4 checksum the device is yet to finish.
+	Tunnel bool
 }
 
 // Select picks, from the node's links (ifindex → name) and the ifindexes of
@@ -90,6 +104,8 @@ func Select(links map[int]string, defaultRoutes map[int]bool, o Options) []Link 
 		switch {
 		case matchAny(o.Pods, name):
 			out = append(out, Link{Name: name, Index: idx, Pod: true})
+		case matchAny(o.Tunnels, name):
+			out = append(out, Link{Name: name, Index: idx, Tunnel: true})
 		case matchAny(o.External, name) || (o.AutoExternal && defaultRoutes[idx]):
 			out = append(out, Link{Name: name, Index: idx})
 		}

@@ -428,7 +428,15 @@ func (w *world) steps(t *testing.T) func(name string, f func(t *testing.T)) {
 // startAgent runs the agent in Kubernetes mode in the node namespace, with
 // the DaemonSet's capabilities only.
 func (w *world) startAgent() {
-	t := w.t
+	w.agent = startK8sAgent(w.t, w.ctx, w.topo.Node, w.c.AgentKubeconfig, nodeName,
+		"--pod-interfaces", "cl*,b*", "--node-interfaces", "")
+}
+
+// startK8sAgent runs the agent in Kubernetes mode as node in ns, with
+// exactly the capabilities deploy/daemonset.yaml adds, and fails the test
+// at its end if the agent logged an error.
+func startK8sAgent(t *testing.T, ctx context.Context, ns *testnet.NS, kubeconfig, node string, args ...string) *agentrun.Agent {
+	t.Helper()
 	dir := t.TempDir()
 	caps := daemonSetCapabilities(t)
 	wrapper := filepath.Join(dir, "agent-with-caps")
@@ -436,26 +444,25 @@ func (w *world) startAgent() {
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	a, err := agentrun.New(wrapper, w.topo.Node, dir, "")
+	a, err := agentrun.New(wrapper, ns, dir, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Args = []string{"--node-name", nodeName, "--kubeconfig", w.c.AgentKubeconfig,
-		"--pod-interfaces", "cl*,b*", "--node-interfaces", "", "--log-level", "debug"}
+	a.Args = append([]string{"--node-name", node, "--kubeconfig", kubeconfig, "--log-level", "debug"}, args...)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("agent log tail:\n%s", a.LogTail(60))
+			t.Logf("agent %s log tail:\n%s", node, a.LogTail(60))
 		}
-		// Nothing in the scenario is an agent error; warnings are shown.
+		// Nothing in the scenarios is an agent error; warnings are shown.
 		b, _ := os.ReadFile(a.LogPath())
 		for _, line := range strings.Split(string(b), "\n") {
 			switch {
 			case strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, "operation not permitted"):
 				t.Errorf("the agent needs a capability deploy/daemonset.yaml does not grant (it runs with exactly %s): %s", caps, line)
 			case strings.Contains(line, `"level":"ERROR"`):
-				t.Errorf("agent logged an error: %s", line)
+				t.Errorf("agent %s logged an error: %s", node, line)
 			case strings.Contains(line, `"level":"WARN"`):
-				t.Logf("agent warning: %s", line)
+				t.Logf("agent %s warning: %s", node, line)
 			}
 		}
 		if err := a.Close(); err != nil {
@@ -463,11 +470,11 @@ func (w *world) startAgent() {
 		}
 	})
 	start := time.Now()
-	if err := a.Start(w.ctx); err != nil {
+	if err := a.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w.agent = a
-	t.Logf("agent ready in %v with capabilities %s (%s)", time.Since(start).Round(time.Millisecond), caps, agentCapEff(a))
+	t.Logf("agent %s ready in %v with capabilities %s (%s)", node, time.Since(start).Round(time.Millisecond), caps, agentCapEff(a))
+	return a
 }
 
 // shippedDaemonSet is deploy/daemonset.yaml, parsed strictly.

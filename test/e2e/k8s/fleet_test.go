@@ -1,0 +1,217 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/penaltybox/penaltybox/internal/agentrun"
+	"github.com/penaltybox/penaltybox/internal/testnet"
+	pbk8s "github.com/penaltybox/penaltybox/pkg/k8s"
+)
+
+// TestPodNetworks: three nodes, one agent each in Kubernetes mode (as the
+// DaemonSet runs it: the node's name, the DaemonSet's capabilities, the
+// default interface patterns) against one API server, on a routed pod
+// network and on a flannel-style VXLAN overlay. Pod 1 of each node is a
+// client, pod 2 a backend of one Service. Asserted on each network: 1,000
+// connections from node 1's client through the ClusterIP all succeed and
+// reach the backends on all three nodes (two of them across nodes), the
+// other way too (node 3's client); with the backend on node 3 refusing,
+// node 1's agent ejects it (an Event naming the pod and node 1) and node
+// 1's clients keep succeeding; healed, it rejoins on node 1 through a
+// probe across the pod network and serves again.
+func TestPodNetworks(t *testing.T) {
+	for _, pn := range []testnet.PodNetwork{testnet.Routed, testnet.VXLAN} {
+		t.Run(string(pn), func(t *testing.T) { podNetwork(t, pn) })
+	}
+}
+
+func podNetwork(t *testing.T, pn testnet.PodNetwork) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	f := testnet.NewFleet(t, testnet.FleetOptions{Nodes: 3, PodsPerNode: 2, Network: pn})
+	c := startClusterOn(t, f.Fabric, testnet.FabricAddr.String())
+	if _, err := c.kubectl("apply", "-f", filepath.Join(repoRoot, "deploy", "namespace.yaml"),
+		"-f", filepath.Join(repoRoot, "deploy", "rbac.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range f.Nodes {
+		if err := n.Pods[1].ServeHTTP(8080); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	admin := c.Admin
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shop}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := admin.CoreV1().Services(shop).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: map[string]string{
+			pbk8s.AnnotationMode:        "consecutive",
+			pbk8s.AnnotationMaxFailures: "5",
+			pbk8s.AnnotationMinPenalty:  "3s",
+			pbk8s.AnnotationJitterRatio: "0",
+		}},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "web"},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr(svc.Spec.ClusterIP)
+	target := netip.AddrPortFrom(vip, 80).String()
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: shop, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}},
+	}
+	var backends []string
+	for _, n := range f.Nodes {
+		addr := n.PodCIDR.Addr().Next().Next().Next() // pod 2: .3
+		backends = append(backends, addr.String()+":8080")
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{addr.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			NodeName:   ptr.To(fleetNodeName(n)),
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: shop, Name: fmt.Sprintf("web-%d", n.Index)},
+		})
+	}
+	if _, err := admin.DiscoveryV1().EndpointSlices(shop).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	agents := make([]*agentrun.Agent, len(f.Nodes))
+	for i, n := range f.Nodes {
+		agents[i] = startK8sAgent(t, ctx, n.NS, c.AgentKubeconfig, fleetNodeName(n), "--node-interfaces", "eth0")
+	}
+	for i, a := range agents {
+		waitFor(t, ctx, 20*time.Second, fmt.Sprintf("node %d: the Service programmed with 3 backends", i+1), func() bool {
+			var v servicesView
+			return a.JSON(ctx, "/admin/services", &v) == nil && len(v.service(httpSvc)) == 3
+		})
+		if pn == testnet.VXLAN {
+			var v struct {
+				Interfaces []string `json:"interfaces"`
+			}
+			if err := a.JSON(ctx, "/admin/services", &v); err == nil && !slices.Contains(v.Interfaces, testnet.Tunnel) {
+				t.Errorf("node %d: XDP on %v, want %s among them", i+1, v.Interfaces, testnet.Tunnel)
+			}
+		}
+	}
+
+	load := func(from *testnet.FleetNode, n int) testnet.Results {
+		t.Helper()
+		rs, err := testnet.Load(ctx, from.Pods[0].NS, testnet.LoadSpec{Target: target, Rate: 200, Count: n,
+			ConnectTimeout: 2 * time.Second, RequestTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	served := func(rs testnet.Results) map[string]int { return rs.ByBackend() }
+	for _, from := range []int{1, 3} {
+		n := 1000
+		if from == 3 {
+			n = 300
+		}
+		rs := load(f.Node(from), n)
+		by := served(rs)
+		t.Logf("%s: %d connections from node %d's client: %d succeeded, by backend %v", pn, n, from, rs.Count(testnet.OK), by)
+		if rs.Count(testnet.OK) != n {
+			t.Errorf("%d of %d connections from node %d failed: %v", n-rs.Count(testnet.OK), n, from, rs)
+		}
+		for _, node := range f.Nodes {
+			if by[node.Pods[1].Name] == 0 {
+				t.Errorf("no connection from node %d reached the backend on node %d", from, node.Index)
+			}
+		}
+	}
+
+	// Node 3's backend refuses: node 1's agent ejects it, from the replies
+	// that came back across the pod network.
+	bad := f.Node(3).Pods[1]
+	if err := bad.SetMode(testnet.Refuse); err != nil {
+		t.Fatal(err)
+	}
+	rs := load(f.Node(1), 300)
+	state := func(a *agentrun.Agent, ep string) string {
+		var v endpointsView
+		if a.JSON(ctx, "/admin/endpoints", &v) != nil {
+			return ""
+		}
+		for _, s := range v.Services {
+			for _, e := range s.Endpoints {
+				if e.Endpoint == ep {
+					return e.State
+				}
+			}
+		}
+		return ""
+	}
+	waitFor(t, ctx, 10*time.Second, "node 1's agent holds node 3's backend ejected", func() bool {
+		return state(agents[0], backends[2]) == "ejected"
+	})
+	waitFor(t, ctx, 20*time.Second, "an Event naming web-3 ejected on node1", func() bool {
+		evs, err := admin.CoreV1().Events(shop).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + pbk8s.ReasonEndpointEjected})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if strings.Contains(e.Message, "web-3") && strings.Contains(e.Message, "on node "+fleetNodeName(f.Node(1))) {
+				t.Logf("Event: %s", e.Message)
+				return true
+			}
+		}
+		return false
+	})
+	after := load(f.Node(1), 300)
+	t.Logf("%s: with node 3's backend refusing: %d of 300 succeeded after the ejection (%d of 300 before it), by backend %v",
+		pn, after.Count(testnet.OK), rs.Count(testnet.OK), served(after))
+	if after.Count(testnet.OK) != 300 {
+		t.Errorf("%d of 300 connections failed after the ejection: %v", 300-after.Count(testnet.OK), after)
+	}
+
+	// Healed, it rejoins on node 1 through a probe that crossed the pod
+	// network, and serves node 1's clients again.
+	if err := bad.SetMode(testnet.Serve); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, 30*time.Second, "node 1's agent readmits node 3's backend", func() bool {
+		load(f.Node(1), 20) // new flows, one of them the probe
+		return state(agents[0], backends[2]) == "ready"
+	})
+	rejoined := load(f.Node(1), 300)
+	t.Logf("%s: healed: %d of 300 succeeded, by backend %v", pn, rejoined.Count(testnet.OK), served(rejoined))
+	if rejoined.Count(testnet.OK) != 300 || served(rejoined)[bad.Name] == 0 {
+		t.Errorf("after the rejoin: %v, want all 300 to succeed and some on %s", rejoined, bad.Name)
+	}
+}
+
+// fleetNodeName is node n's Kubernetes name.
+func fleetNodeName(n *testnet.FleetNode) string { return fmt.Sprintf("node%d", n.Index) }
+
+// waitFor polls cond every 100 ms until it holds or d passes.
+func waitFor(t *testing.T, ctx context.Context, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("%s: not after %v", what, d)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
