@@ -2,22 +2,28 @@ package k8s
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/penaltybox/penaltybox/internal/agentrun"
 	"github.com/penaltybox/penaltybox/internal/testnet"
+	pbadmin "github.com/penaltybox/penaltybox/pkg/admin"
 	pbk8s "github.com/penaltybox/penaltybox/pkg/k8s"
 )
 
@@ -31,7 +37,9 @@ import (
 // other way too (node 3's client); with the backend on node 3 refusing,
 // node 1's agent ejects it (an Event naming the pod and node 1) and node
 // 1's clients keep succeeding; healed, it rejoins on node 1 through a
-// probe across the pod network and serves again.
+// probe across the pod network and serves again; and node 1's circuit
+// breaker caps live flows to pods on other nodes and gets its slots back as
+// they end.
 func TestPodNetworks(t *testing.T) {
 	for _, pn := range []testnet.PodNetwork{testnet.Routed, testnet.VXLAN} {
 		t.Run(string(pn), func(t *testing.T) { podNetwork(t, pn) })
@@ -199,6 +207,98 @@ func podNetwork(t *testing.T, pn testnet.PodNetwork) {
 	if rejoined.Count(testnet.OK) != 300 || served(rejoined)[bad.Name] == 0 {
 		t.Errorf("after the rejoin: %v, want all 300 to succeed and some on %s", rejoined, bad.Name)
 	}
+
+	// The circuit breaker across nodes: only the backends on nodes 2 and
+	// 3, holding every connection open, and at most 10 live flows. Node
+	// 1's agent lets exactly 10 of 25 concurrent connections through and
+	// refuses the rest; once the connections end (the ends seen across the
+	// pod network give the slots back), 10 more get through.
+	for _, i := range []int{2, 3} {
+		if err := f.Node(i).Pods[1].SetMode(testnet.Hold); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cur, err := admin.DiscoveryV1().EndpointSlices(shop).Get(ctx, "web-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Endpoints = cur.Endpoints[1:]
+	if _, err := admin.DiscoveryV1().EndpointSlices(shop).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"10"}}}`, pbk8s.AnnotationMaxInflight)
+	if _, err := admin.CoreV1().Services(shop).Patch(ctx, "web", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var cb pbadmin.CircuitBreakersView
+	defer func() {
+		if t.Failed() {
+			t.Logf("node 1's circuit breakers: %+v", cb)
+		}
+	}()
+	waitFor(t, ctx, 10*time.Second, "node 1: 2 backends and the limit programmed", func() bool {
+		return len(agentServices(t, ctx, agents[0]).service(httpSvc)) == 2 &&
+			agents[0].JSON(ctx, "/admin/circuit_breakers", &cb) == nil && webBreaker(cb).MaxInflight == 10
+	})
+	burst := func(n int) (ok, refused int) {
+		t.Helper()
+		conns := make([]net.Conn, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				conns[i], errs[i] = f.Node(1).Pods[0].Dialer(3*time.Second).DialContext(ctx, "tcp", target)
+			}()
+		}
+		wg.Wait()
+		for i := range n {
+			switch {
+			case errs[i] == nil:
+				ok++
+				conns[i].Close()
+			case errors.Is(errs[i], syscall.ECONNREFUSED):
+				refused++
+			default:
+				t.Errorf("connect: %v", errs[i])
+			}
+		}
+		return ok, refused
+	}
+	ok, refused := burst(25)
+	t.Logf("%s: breaker: %d of 25 concurrent connections to pods on other nodes got through, %d refused by node 1", pn, ok, refused)
+	if ok != 10 || refused != 15 {
+		t.Errorf("breaker: %d connected and %d refused, want exactly 10 and 15", ok, refused)
+	}
+	// The backends end the held connections: their FINs come back across
+	// the pod network, where node 1's datapath sees them end.
+	for _, i := range []int{2, 3} {
+		f.Node(i).Pods[1].CloseHeld()
+	}
+	waitFor(t, ctx, 10*time.Second, "node 1's breaker back to 0 in flight", func() bool {
+		return agents[0].JSON(ctx, "/admin/circuit_breakers", &cb) == nil && webBreaker(cb).MaxInflight == 10 && webBreaker(cb).Inflight == 0
+	})
+	if ok, refused := burst(10); ok != 10 || refused != 0 {
+		t.Errorf("after the slots came back: %d connected and %d refused, want 10 and 0", ok, refused)
+	}
+}
+
+func webBreaker(v pbadmin.CircuitBreakersView) pbadmin.CircuitBreaker {
+	for _, s := range v.Services {
+		if s.Service == httpSvc {
+			return s
+		}
+	}
+	return pbadmin.CircuitBreaker{}
+}
+
+func agentServices(t *testing.T, ctx context.Context, a *agentrun.Agent) servicesView {
+	var v servicesView
+	if err := a.JSON(ctx, "/admin/services", &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // fleetNodeName is node n's Kubernetes name.
