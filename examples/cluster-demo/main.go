@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/penaltybox/penaltybox/internal/clientlog"
 	"github.com/penaltybox/penaltybox/internal/clusterrig"
 )
 
@@ -123,10 +124,10 @@ func run(ctx context.Context, root string, phase time.Duration, verbose bool) er
 			}
 		}
 		fmt.Printf("\n%d. %s\n\n", i+1, step.title)
-		d, until := phase, func(clusterrig.Second) bool { return false }
+		d, until := phase, func(clientlog.Second) bool { return false }
 		if step.healed {
 			d = time.Minute
-			until = func(sec clusterrig.Second) bool { return sec.Backends[badName] > 0 }
+			until = func(sec clientlog.Second) bool { return sec.Backends[badName] > 0 }
 		}
 		if err := s.watch(ctx, d, until); err != nil {
 			return err
@@ -152,7 +153,7 @@ type story struct {
 }
 
 // watch prints for d, or until a second satisfies until and 5 s more.
-func (s *story) watch(ctx context.Context, d time.Duration, until func(clusterrig.Second) bool) error {
+func (s *story) watch(ctx context.Context, d time.Duration, until func(clientlog.Second) bool) error {
 	end := time.Now().Add(d)
 	var ok, all int
 	for time.Now().Before(end) {

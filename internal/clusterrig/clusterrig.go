@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/penaltybox/penaltybox/internal/clientlog"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
@@ -179,35 +180,6 @@ func (r *Rig) HTTPClient() *http.Client {
 // AdminKubeconfig is the kubeconfig of the cluster's admin user.
 func (r *Rig) AdminKubeconfig() string { return filepath.Join(r.Dir, "etc", "admin.kubeconfig") }
 
-// Second is one line of the test client's output (test/cluster/images/client):
-// the connections that ended in that second, by outcome, and which backend
-// pod answered the successful ones.
-type Second struct {
-	T        time.Time      `json:"t"`
-	OK       int            `json:"ok"`
-	Refused  int            `json:"refused"`
-	Reset    int            `json:"reset"`
-	Timeout  int            `json:"timeout"`
-	Other    int            `json:"other"`
-	Skipped  int            `json:"skipped"`
-	Backends map[string]int `json:"backends"`
-}
-
-// Failed is the number of connections that did not succeed.
-func (s Second) Failed() int { return s.Refused + s.Reset + s.Timeout + s.Other + s.Skipped }
-
-// ParseSeconds reads the client's log, skipping lines that are not its JSON.
-func ParseSeconds(log string) []Second {
-	var out []Second
-	for _, line := range strings.Split(log, "\n") {
-		var s Second
-		if json.Unmarshal([]byte(line), &s) == nil && !s.T.IsZero() {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
 // The agent's image as scripts/cluster-images.sh tags it, and where
 // deploy/ runs it.
 const (
@@ -275,10 +247,10 @@ func (r *Rig) SetMode(ip, mode string) error {
 }
 
 // ClientSeconds is the client pod's output so far.
-func (r *Rig) ClientSeconds(ctx context.Context) ([]Second, error) {
+func (r *Rig) ClientSeconds(ctx context.Context) ([]clientlog.Second, error) {
 	out, err := r.Kubectl(ctx, "logs", "deploy/client")
 	if err != nil {
 		return nil, err
 	}
-	return ParseSeconds(out), nil
+	return clientlog.Parse(out), nil
 }

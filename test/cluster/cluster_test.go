@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/penaltybox/penaltybox/internal/clientlog"
 	"github.com/penaltybox/penaltybox/internal/clusterrig"
 )
 
@@ -110,7 +111,7 @@ func TestSeedDemoOnACluster(t *testing.T) {
 		// The client's success rate over the next 1,000 connections, from
 		// the first whole second after the ejection.
 		from := ejectedAt.Add(time.Second)
-		var got clusterrig.Second
+		var got clientlog.Second
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 		err := clusterrig.Wait(wctx, func() bool {
 			secs, err := rig.ClientSeconds(wctx)
@@ -305,8 +306,8 @@ func waitEvent(t *testing.T, ctx context.Context, rig *clusterrig.Rig, since tim
 }
 
 // sum adds up the seconds that end in (from, to].
-func sum(secs []clusterrig.Second, from, to time.Time) clusterrig.Second {
-	total := clusterrig.Second{Backends: map[string]int{}}
+func sum(secs []clientlog.Second, from, to time.Time) clientlog.Second {
+	total := clientlog.Second{Backends: map[string]int{}}
 	for _, s := range secs {
 		if !s.T.After(from) || s.T.After(to) {
 			continue

@@ -28,6 +28,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/penaltybox/penaltybox/internal/clientlog"
 )
 
 // classify names the outcome of one attempt: err is the first error of the
@@ -62,22 +64,10 @@ func attempt(target string, timeout time.Duration) (reply string, err error) {
 	return string(b), err
 }
 
-// second holds the counts of one output line.
-type second struct {
-	T        string         `json:"t"`
-	OK       int            `json:"ok"`
-	Refused  int            `json:"refused"`
-	Reset    int            `json:"reset"`
-	Timeout  int            `json:"timeout"`
-	Other    int            `json:"other"`
-	Skipped  int            `json:"skipped"`
-	Backends map[string]int `json:"backends"`
-}
-
 // counts is the current second, shared by the attempts and the reporter.
 type counts struct {
 	mu  sync.Mutex
-	cur second
+	cur clientlog.Second
 }
 
 func (c *counts) add(err error, reply string) {
@@ -109,9 +99,9 @@ func (c *counts) skip() {
 func (c *counts) flush(end time.Time) {
 	c.mu.Lock()
 	s := c.cur
-	c.cur = second{Backends: map[string]int{}}
+	c.cur = clientlog.Second{Backends: map[string]int{}}
 	c.mu.Unlock()
-	s.T = end.UTC().Format(time.RFC3339)
+	s.T = end.UTC()
 	line, _ := json.Marshal(s)
 	os.Stdout.Write(append(line, '\n'))
 }
@@ -170,7 +160,7 @@ func main() {
 		defer cancel()
 	}
 
-	c := &counts{cur: second{Backends: map[string]int{}}}
+	c := &counts{cur: clientlog.Second{Backends: map[string]int{}}}
 	done := make(chan struct{})
 	go func() {
 		generate(ctx, *target, *rate, *timeout, c)

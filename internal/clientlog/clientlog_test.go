@@ -1,14 +1,14 @@
-package clusterrig
+package clientlog
 
 import "testing"
 
-func TestParseSeconds(t *testing.T) {
+func TestParse(t *testing.T) {
 	log := `{"t":"2026-12-01T10:00:01Z","ok":48,"refused":1,"reset":0,"timeout":1,"other":0,"skipped":0,"backends":{"a":30,"b":18}}
 client: a line on stderr that kubectl logs mixes in
 {"t":"2026-12-01T10:00:02Z","ok":50,"refused":0,"reset":0,"timeout":0,"other":0,"skipped":0,"backends":{}}
 {"not":"a second"}
 `
-	secs := ParseSeconds(log)
+	secs := Parse(log)
 	if len(secs) != 2 {
 		t.Fatalf("%d seconds, want 2: %+v", len(secs), secs)
 	}

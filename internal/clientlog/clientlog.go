@@ -1,0 +1,39 @@
+// Package clientlog is the output of the cluster test's client
+// (test/cluster/images/client): one JSON line per second, written by the
+// client and read by the test and the demo.
+package clientlog
+
+import (
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// Second is one line of the test client's output (test/cluster/images/client):
+// the connections that ended in that second, by outcome, and which backend
+// pod answered the successful ones.
+type Second struct {
+	T        time.Time      `json:"t"`
+	OK       int            `json:"ok"`
+	Refused  int            `json:"refused"`
+	Reset    int            `json:"reset"`
+	Timeout  int            `json:"timeout"`
+	Other    int            `json:"other"`
+	Skipped  int            `json:"skipped"`
+	Backends map[string]int `json:"backends"`
+}
+
+// Failed is the number of connections that did not succeed.
+func (s Second) Failed() int { return s.Refused + s.Reset + s.Timeout + s.Other + s.Skipped }
+
+// Parse reads the client's log, skipping lines that are not its JSON.
+func Parse(log string) []Second {
+	var out []Second
+	for _, line := range strings.Split(log, "\n") {
+		var s Second
+		if json.Unmarshal([]byte(line), &s) == nil && !s.T.IsZero() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
