@@ -38,7 +38,7 @@ func TestParseFlagsInterfaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !o.nodeIfacesAuto || len(o.nodeIfaces) != 0 || len(o.podIfaces) == 0 ||
-		!reflect.DeepEqual(o.tunnelIfaces, []string{"flannel.*", "vxlan.calico", "vxlan-v6.calico"}) {
+		!reflect.DeepEqual(o.tunnelIfaces, []string{"flannel.*", "flannel-v6.*", "vxlan.calico", "vxlan-v6.calico"}) {
 		t.Errorf("defaults: node %v auto %v pods %v tunnels %v; want auto and the CNI patterns",
 			o.nodeIfaces, o.nodeIfacesAuto, o.podIfaces, o.tunnelIfaces)
 	}

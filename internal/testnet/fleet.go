@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // PodNetwork is how a Fleet's pods on different nodes reach each other.
@@ -76,6 +78,11 @@ func NewFleet(tb testing.TB, o FleetOptions) *Fleet {
 	tb.Helper()
 	if os.Geteuid() != 0 {
 		tb.Skip("testnet: needs root to create network namespaces; run the tests as root")
+	}
+	for _, tool := range []string{"ip", "bridge"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			tb.Skipf("testnet: %s (iproute2) is not installed", tool)
+		}
 	}
 	f, err := BuildFleet(o)
 	if err != nil {
@@ -170,20 +177,10 @@ func (f *Fleet) build(o FleetOptions, names []string) error {
 		n := &FleetNode{NS: ns, Index: i, Addr: netip.AddrFrom4([4]byte{198, 18, 250, byte(i)}), PodCIDR: podCIDR(i)}
 		f.Nodes = append(f.Nodes, n)
 		gw := n.PodCIDR.Addr().Next()
-		for _, c := range [][]string{
-			{"-n", ns.Name, "link", "set", "lo", "up"},
-			{"-n", ns.Name, "link", "add", "eth0", "type", "veth", "peer", "name", fmt.Sprintf("n%d", i), "netns", fab},
-			{"-n", fab, "link", "set", fmt.Sprintf("n%d", i), "master", "fab0", "up"},
-			{"-n", ns.Name, "addr", "add", n.Addr.String() + "/24", "dev", "eth0"},
-			{"-n", ns.Name, "link", "set", "eth0", "up"},
-			{"-n", ns.Name, "link", "add", "cbr0", "type", "bridge"},
-			{"-n", ns.Name, "addr", "add", gw.String() + "/24", "dev", "cbr0"},
-			{"-n", ns.Name, "link", "set", "cbr0", "mtu", mtu, "up"},
-		} {
-			if err := ipc(c...); err != nil {
-				return err
-			}
-		}
+		// Sysctls first: the interfaces created next inherit "default"
+		// (a new namespace copies the host's, rp_filter=2 on some
+		// distributions, and the stricter of "all" and the interface's
+		// applies).
 		if err := ns.Do(func() error {
 			for _, kv := range [][2]string{
 				{"net/ipv4/ip_forward", "1"},
@@ -198,12 +195,36 @@ func (f *Fleet) build(o FleetOptions, names []string) error {
 		}); err != nil {
 			return err
 		}
+		for _, c := range [][]string{
+			{"-n", ns.Name, "link", "set", "lo", "up"},
+			{"-n", ns.Name, "link", "add", "eth0", "type", "veth", "peer", "name", fmt.Sprintf("n%d", i), "netns", fab},
+			{"-n", fab, "link", "set", fmt.Sprintf("n%d", i), "master", "fab0", "up"},
+			{"-n", ns.Name, "addr", "add", n.Addr.String() + "/24", "dev", "eth0"},
+			{"-n", ns.Name, "link", "set", "eth0", "up"},
+			{"-n", ns.Name, "link", "add", "cbr0", "type", "bridge"},
+			{"-n", ns.Name, "addr", "add", gw.String() + "/24", "dev", "cbr0"},
+			{"-n", ns.Name, "link", "set", "cbr0", "mtu", mtu, "up"},
+		} {
+			if err := ipc(c...); err != nil {
+				return err
+			}
+		}
+		// A NIC hands the stack complete checksums; a veth passes the
+		// sender's unfinished ones on, even through a tunnel. Off here, the
+		// node's uplink finishes them as hardware would.
+		if err := ns.Do(func() error {
+			return setFeature("eth0", unix.ETHTOOL_STXCSUM, unix.ETHTOOL_GTXCSUM, false)
+		}); err != nil {
+			return err
+		}
 		for j := 1; j <= o.PodsPerNode; j++ {
 			pns, err := f.open(names[k], fmt.Sprintf("n%dp%d", i, j))
 			if err != nil {
 				return err
 			}
 			k++
+			// Owned by n.Pods from here, so Close closes it on any error.
+			n.Pods = append(n.Pods, newBackend(pns, j))
 			addr := netip.AddrFrom4([4]byte{198, 18, byte(250 + i), byte(1 + j)})
 			host := "veth" + strconv.Itoa(j)
 			for _, c := range [][]string{
@@ -218,7 +239,6 @@ func (f *Fleet) build(o FleetOptions, names []string) error {
 					return err
 				}
 			}
-			n.Pods = append(n.Pods, newBackend(pns, j))
 		}
 	}
 	return f.connect()

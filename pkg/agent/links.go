@@ -47,16 +47,16 @@ func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
 	for _, l := range ls {
 		if _, ok := a.links[l.Name]; ok {
 			names = append(names, l.Name)
-			if l.Pod || l.Tunnel {
+			if l.Pod {
 				pods = append(pods, uint32(l.Index))
 			}
 		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// Pods' packets arrive with their L4 checksum left to the device, and
-	// so can a tunnel's, decapsulated from a pod's on another node: the
-	// datapath must know which interfaces can hand it such packets.
+	// Pods' packets arrive with their L4 checksum left to the device: the
+	// datapath must know which interfaces can hand it such packets. Not
+	// tunnels: what they decapsulate came off a NIC, its checksums whole.
 	if err := a.rec.SetPartialInterfaces(pods); err != nil {
 		a.log.Error("pb_partial_ifaces", "err", err)
 	}

@@ -30,13 +30,14 @@ import (
 const DefaultPodPatterns = "veth*,cali*,lxc*,eni*,gke*,azv*"
 
 // DefaultTunnelPatterns match the VXLAN devices of overlay pod networks:
-// flannel's (flannel.1) and Calico's (vxlan.calico, vxlan-v6.calico). A
+// flannel's (flannel.1, flannel-v6.1 for IPv6) and Calico's (vxlan.calico,
+// vxlan-v6.calico). A
 // reply from a backend pod on another node arrives inside the tunnel, so
 // the node's NIC sees only the outer packet; the tunnel device hands the
 // stack the inner frame, and XDP there (generic: VXLAN has no native XDP)
 // rewrites it. IPIP's tunl0 is not among them: it carries bare IP packets,
 // and the datapath parses Ethernet frames.
-const DefaultTunnelPatterns = "flannel.*,vxlan.calico,vxlan-v6.calico"
+const DefaultTunnelPatterns = "flannel.*,flannel-v6.*,vxlan.calico,vxlan-v6.calico"
 
 // Auto, as the external interfaces, means those of the default routes.
 const Auto = "auto"
@@ -87,8 +88,7 @@ type Link struct {
 	Index int
 	// Pod is true for a pod's host-side interface, false for an external one.
 	Pod bool
-	// Tunnel is true for an overlay's tunnel device: like a pod's veth, it
-	// can hand XDP packets whose L4 checksum the device is yet to finish.
+	// Tunnel is true for an overlay's tunnel device.
 	Tunnel bool
 }
 

@@ -29,7 +29,8 @@ import (
 
 // TestPodNetworks: three nodes, one agent each in Kubernetes mode (as the
 // DaemonSet runs it: the node's name, the DaemonSet's capabilities, the
-// default interface patterns) against one API server, on a routed pod
+// default pod and tunnel interface patterns, the uplink eth0 as the node's
+// interface) against one API server, on a routed pod
 // network and on a flannel-style VXLAN overlay. Pod 1 of each node is a
 // client, pod 2 a backend of one Service. Asserted on each network: 1,000
 // connections from node 1's client through the ClusterIP all succeed and
@@ -115,8 +116,8 @@ func podNetwork(t *testing.T, pn testnet.PodNetwork) {
 			var v struct {
 				Interfaces []string `json:"interfaces"`
 			}
-			if err := a.JSON(ctx, "/admin/services", &v); err == nil && !slices.Contains(v.Interfaces, testnet.Tunnel) {
-				t.Errorf("node %d: XDP on %v, want %s among them", i+1, v.Interfaces, testnet.Tunnel)
+			if err := a.JSON(ctx, "/admin/services", &v); err != nil || !slices.Contains(v.Interfaces, testnet.Tunnel) {
+				t.Errorf("node %d: XDP on %v (%v), want %s among them", i+1, v.Interfaces, err, testnet.Tunnel)
 			}
 		}
 	}
@@ -271,8 +272,12 @@ func podNetwork(t *testing.T, pn testnet.PodNetwork) {
 	if ok != 10 || refused != 15 {
 		t.Errorf("breaker: %d connected and %d refused, want exactly 10 and 15", ok, refused)
 	}
-	// The backends end the held connections: their FINs come back across
-	// the pod network, where node 1's datapath sees them end.
+	// The backends end the held connections (once they have accepted all
+	// of them): their FINs come back across the pod network, where node
+	// 1's datapath sees them end.
+	waitFor(t, ctx, 10*time.Second, "the backends hold the connections that got through", func() bool {
+		return f.Node(2).Pods[1].Stats().Held+f.Node(3).Pods[1].Stats().Held == ok
+	})
 	for _, i := range []int{2, 3} {
 		f.Node(i).Pods[1].CloseHeld()
 	}
