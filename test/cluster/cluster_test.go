@@ -167,6 +167,25 @@ func TestSeedDemoOnACluster(t *testing.T) {
 		}
 		t.Logf("the healed pod serves the client again %v after it was healed", time.Since(healed).Round(time.Second))
 	}
+	agentLogClean(t, ctx, rig)
+}
+
+// agentLogClean: nothing in the story is an error of the agent's (its
+// warnings other than the ejections are shown).
+func agentLogClean(t *testing.T, ctx context.Context, rig *clusterrig.Rig) {
+	t.Helper()
+	out, err := rig.Kubectl(ctx, "logs", "-n", agentNS, agentDS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.Contains(line, `"level":"ERROR"`):
+			t.Errorf("the agent logged an error: %s", line)
+		case strings.Contains(line, `"level":"WARN"`) && !strings.Contains(line, `"msg":"endpoint ejected"`):
+			t.Logf("agent warning: %s", line)
+		}
+	}
 }
 
 // agentCapabilities: the agent runs with the DaemonSet's capabilities and
