@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 
@@ -128,11 +127,8 @@ func BuildFleet(o FleetOptions) (*Fleet, error) {
 
 // ipc runs `ip` with args and reports its output on failure.
 func ipc(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
+	_, err := runCmd(exec.Command("ip", args...), nil)
+	return err
 }
 
 func (f *Fleet) open(name, role string) (*NS, error) {
@@ -182,14 +178,12 @@ func (f *Fleet) build(o FleetOptions, names []string) error {
 		// distributions, and the stricter of "all" and the interface's
 		// applies).
 		if err := ns.Do(func() error {
-			for _, kv := range [][2]string{
+			if err := writeSysctls([][2]string{
 				{"net/ipv4/ip_forward", "1"},
 				{"net/ipv4/conf/all/rp_filter", "0"},
 				{"net/ipv4/conf/default/rp_filter", "0"},
-			} {
-				if err := writeSysctl(kv[0], kv[1]); err != nil {
-					return err
-				}
+			}); err != nil {
+				return err
 			}
 			return nil
 		}); err != nil {
@@ -282,10 +276,9 @@ func (f *Fleet) connect() error {
 				}
 			}
 			if f.Network == VXLAN {
-				out, err := exec.Command("bridge", "-n", n.Name, "fdb", "append", vtepMAC(m.Index), "dev", Tunnel,
-					"dst", m.Addr.String()).CombinedOutput()
-				if err != nil {
-					return fmt.Errorf("bridge fdb append on %s: %v: %s", n.Name, err, out)
+				if _, err := runCmd(exec.Command("bridge", "-n", n.Name, "fdb", "append", vtepMAC(m.Index), "dev", Tunnel,
+					"dst", m.Addr.String()), nil); err != nil {
+					return err
 				}
 			}
 		}

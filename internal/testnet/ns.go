@@ -239,6 +239,17 @@ func sysctlPath(key string) string {
 
 // writeSysctl must run on a thread inside the target namespace: /proc/sys/net
 // resolves against the calling thread's network namespace.
+// writeSysctls writes each key/value pair in order, stopping at the first
+// error.
+func writeSysctls(kvs [][2]string) error {
+	for _, kv := range kvs {
+		if err := writeSysctl(kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func writeSysctl(key, value string) error {
 	if err := os.WriteFile(sysctlPath(key), []byte(value), 0); err != nil {
 		return fmt.Errorf("testnet: sysctl %s=%s: %w", key, value, err)

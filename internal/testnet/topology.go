@@ -313,7 +313,7 @@ func (t *Topology) build(names []string) error {
 		if err := linkUp("lo"); err != nil {
 			return err
 		}
-		for _, kv := range [][2]string{
+		if err := writeSysctls([][2]string{
 			{"net/ipv4/ip_forward", "1"},
 			{"net/ipv4/conf/all/forwarding", "1"},
 			{"net/ipv4/conf/all/rp_filter", "0"},
@@ -322,25 +322,21 @@ func (t *Topology) build(names []string) error {
 			{"net/ipv4/conf/default/accept_local", "1"},
 			{"net/ipv4/conf/all/send_redirects", "0"},
 			{"net/ipv4/conf/default/send_redirects", "0"},
-		} {
-			if err := writeSysctl(kv[0], kv[1]); err != nil {
-				return err
-			}
+		}); err != nil {
+			return err
 		}
 		// IPv6: enabled, forwarding (which also makes the node ignore
 		// router advertisements, whatever accept_ra says), and no DAD, so
 		// the link-local addresses are usable at once like the global ones
 		// (added with nodad). all/forwarding also sets default/forwarding.
-		for _, kv := range [][2]string{
+		if err := writeSysctls([][2]string{
 			{"net/ipv6/conf/all/disable_ipv6", "0"},
 			{"net/ipv6/conf/default/disable_ipv6", "0"},
 			{"net/ipv6/conf/all/forwarding", "1"},
 			{"net/ipv6/conf/all/accept_dad", "0"},
 			{"net/ipv6/conf/default/accept_dad", "0"},
-		} {
-			if err := writeSysctl(kv[0], kv[1]); err != nil {
-				return err
-			}
+		}); err != nil {
+			return err
 		}
 		for _, l := range t.Links {
 			peerFd, err := unix.Open(l.Peer.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -405,7 +401,7 @@ func (t *Topology) build(names []string) error {
 			// peer sends no router solicitations either; no DAD (see the
 			// node). eth0 exists already (it was created from the node), so
 			// it is set explicitly, not only through default.
-			for _, kv := range [][2]string{
+			if err := writeSysctls([][2]string{
 				{"net/ipv4/conf/all/rp_filter", "0"},
 				{"net/ipv4/conf/default/rp_filter", "0"},
 				{"net/ipv4/conf/eth0/rp_filter", "0"},
@@ -421,10 +417,8 @@ func (t *Topology) build(names []string) error {
 				{"net/ipv6/conf/all/accept_dad", "0"},
 				{"net/ipv6/conf/default/accept_dad", "0"},
 				{"net/ipv6/conf/eth0/accept_dad", "0"},
-			} {
-				if err := writeSysctl(kv[0], kv[1]); err != nil {
-					return err
-				}
+			}); err != nil {
+				return err
 			}
 			if i == 0 {
 				// The client opens many short connections (load tests).
