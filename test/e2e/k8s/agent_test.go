@@ -576,11 +576,14 @@ func (w *world) annotate(key, value string) time.Time {
 	return time.Now()
 }
 
-func (w *world) services() servicesView {
-	w.t.Helper()
+func (w *world) services() servicesView { return agentServices(w.t, w.ctx, w.agent) }
+
+// agentServices is a's /admin/services.
+func agentServices(t *testing.T, ctx context.Context, a *agentrun.Agent) servicesView {
+	t.Helper()
 	var v servicesView
-	if err := w.agent.JSON(w.ctx, "/admin/services", &v); err != nil {
-		w.t.Fatal(err)
+	if err := a.JSON(ctx, "/admin/services", &v); err != nil {
+		t.Fatal(err)
 	}
 	return v
 }
@@ -599,17 +602,27 @@ func (v servicesView) service(name string) []string {
 	return nil
 }
 
-func (w *world) endpoints() endpointsView {
-	w.t.Helper()
+func (w *world) endpoints() endpointsView { return agentEndpoints(w.t, w.ctx, w.agent) }
+
+// agentEndpoints is a's /admin/endpoints.
+func agentEndpoints(t *testing.T, ctx context.Context, a *agentrun.Agent) endpointsView {
+	t.Helper()
 	var v endpointsView
-	if err := w.agent.JSON(w.ctx, "/admin/endpoints", &v); err != nil {
-		w.t.Fatal(err)
+	if err := a.JSON(ctx, "/admin/endpoints", &v); err != nil {
+		t.Fatal(err)
 	}
 	return v
 }
 
 func (w *world) endpointState(service, ep string) string {
-	for _, s := range w.endpoints().Services {
+	return endpointState(w.t, w.ctx, w.agent, service, ep)
+}
+
+// endpointState is ep's accrual state in service as a reports it, "" if
+// a does not know it.
+func endpointState(t *testing.T, ctx context.Context, a *agentrun.Agent, service, ep string) string {
+	t.Helper()
+	for _, s := range agentEndpoints(t, ctx, a).Services {
 		if s.Service != service {
 			continue
 		}
@@ -796,10 +809,17 @@ func (w *world) maglevTables() int {
 
 func (w *world) eventually(d time.Duration, what string, cond func() bool) {
 	w.t.Helper()
+	waitFor(w.t, w.ctx, d, what, cond)
+}
+
+// waitFor polls cond every 20 ms until it holds, failing the test after d
+// or when ctx ends.
+func waitFor(t *testing.T, ctx context.Context, d time.Duration, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
-		if time.Now().After(deadline) {
-			w.t.Fatalf("timed out after %v waiting for %s", d, what)
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

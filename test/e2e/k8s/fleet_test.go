@@ -118,8 +118,7 @@ func podNetwork(t *testing.T, pn testnet.PodNetwork, tunnelXDP bool) {
 	}
 	for i, a := range agents {
 		waitFor(t, ctx, 20*time.Second, fmt.Sprintf("node %d: the Service programmed with 3 backends", i+1), func() bool {
-			var v servicesView
-			return a.JSON(ctx, "/admin/services", &v) == nil && len(v.service(httpSvc)) == 3
+			return len(agentServices(t, ctx, a).service(httpSvc)) == 3
 		})
 		if pn == testnet.VXLAN && tunnelXDP {
 			var v struct {
@@ -175,22 +174,8 @@ func podNetwork(t *testing.T, pn testnet.PodNetwork, tunnelXDP bool) {
 		t.Fatal(err)
 	}
 	rs := load(f.Node(1), 300)
-	state := func(a *agentrun.Agent, ep string) string {
-		var v endpointsView
-		if a.JSON(ctx, "/admin/endpoints", &v) != nil {
-			return ""
-		}
-		for _, s := range v.Services {
-			for _, e := range s.Endpoints {
-				if e.Endpoint == ep {
-					return e.State
-				}
-			}
-		}
-		return ""
-	}
 	waitFor(t, ctx, 10*time.Second, "node 1's agent holds node 3's backend ejected", func() bool {
-		return state(agents[0], backends[2]) == "ejected"
+		return endpointState(t, ctx, agents[0], httpSvc, backends[2]) == "ejected"
 	})
 	waitFor(t, ctx, 20*time.Second, "an Event naming web-3 ejected on node1", func() bool {
 		evs, err := admin.CoreV1().Events(shop).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + pbk8s.ReasonEndpointEjected})
@@ -219,7 +204,7 @@ func podNetwork(t *testing.T, pn testnet.PodNetwork, tunnelXDP bool) {
 	}
 	waitFor(t, ctx, 30*time.Second, "node 1's agent readmits node 3's backend", func() bool {
 		load(f.Node(1), 20) // new flows, one of them the probe
-		return state(agents[0], backends[2]) == "ready"
+		return endpointState(t, ctx, agents[0], httpSvc, backends[2]) == "ready"
 	})
 	rejoined := load(f.Node(1), 300)
 	t.Logf("%s: healed: %d of 300 succeeded, by backend %v", pn, rejoined.Count(testnet.OK), served(rejoined))
@@ -316,25 +301,5 @@ func webBreaker(v pbadmin.CircuitBreakersView) pbadmin.CircuitBreaker {
 	return pbadmin.CircuitBreaker{}
 }
 
-func agentServices(t *testing.T, ctx context.Context, a *agentrun.Agent) servicesView {
-	var v servicesView
-	if err := a.JSON(ctx, "/admin/services", &v); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 // fleetNodeName is node n's Kubernetes name.
 func fleetNodeName(n *testnet.FleetNode) string { return fmt.Sprintf("node%d", n.Index) }
-
-// waitFor polls cond every 100 ms until it holds or d passes.
-func waitFor(t *testing.T, ctx context.Context, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("%s: not after %v", what, d)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
