@@ -155,7 +155,7 @@ type story struct {
 // watch prints for d, or until a second satisfies until and 5 s more.
 func (s *story) watch(ctx context.Context, d time.Duration, until func(clientlog.Second) bool) error {
 	end := time.Now().Add(d)
-	var ok, all int
+	var phase clientlog.Second
 	for time.Now().Before(end) {
 		select {
 		case <-ctx.Done():
@@ -182,8 +182,7 @@ func (s *story) watch(ctx context.Context, d time.Duration, until func(clientlog
 			if until(sec) && time.Until(end) > 5*time.Second {
 				end = time.Now().Add(5 * time.Second)
 			}
-			ok += sec.OK
-			all += sec.OK + sec.Failed()
+			phase.Add(sec)
 			fmt.Printf("   %-8s %5d %8d %6d %8d %6d", sec.T.Local().Format("15:04:05"), sec.OK, sec.Refused, sec.Reset, sec.Timeout, sec.Other+sec.Skipped)
 			for _, p := range s.pods {
 				fmt.Printf(" %11d", sec.Backends[p])
@@ -192,8 +191,8 @@ func (s *story) watch(ctx context.Context, d time.Duration, until func(clientlog
 		}
 		s.events(ctx)
 	}
-	if all > 0 {
-		fmt.Printf("\n   %d of %d connections succeeded (%.2f%%)\n", ok, all, 100*float64(ok)/float64(all))
+	if all := phase.OK + phase.Failed(); all > 0 {
+		fmt.Printf("\n   %d of %d connections succeeded (%.2f%%)\n", phase.OK, all, 100*float64(phase.OK)/float64(all))
 	}
 	return nil
 }

@@ -37,3 +37,30 @@ func Parse(log string) []Second {
 	}
 	return out
 }
+
+// Add counts o's connections into s.
+func (s *Second) Add(o Second) {
+	s.OK += o.OK
+	s.Refused += o.Refused
+	s.Reset += o.Reset
+	s.Timeout += o.Timeout
+	s.Other += o.Other
+	s.Skipped += o.Skipped
+	if s.Backends == nil {
+		s.Backends = map[string]int{}
+	}
+	for b, n := range o.Backends {
+		s.Backends[b] += n
+	}
+}
+
+// Total adds up the seconds that end in (from, to].
+func Total(secs []Second, from, to time.Time) Second {
+	total := Second{Backends: map[string]int{}}
+	for _, s := range secs {
+		if s.T.After(from) && !s.T.After(to) {
+			total.Add(s)
+		}
+	}
+	return total
+}

@@ -118,7 +118,7 @@ func TestSeedDemoOnACluster(t *testing.T) {
 			if err != nil {
 				return false // a slow kubectl logs: ask again
 			}
-			got = sum(secs, from, time.Now())
+			got = clientlog.Total(secs, from, time.Now())
 			return got.OK+got.Failed() >= windowConns
 		})
 		wcancel()
@@ -159,7 +159,7 @@ func TestSeedDemoOnACluster(t *testing.T) {
 		wctx, wcancel = context.WithTimeout(ctx, time.Minute)
 		err = clusterrig.Wait(wctx, func() bool {
 			secs, err := rig.ClientSeconds(wctx)
-			return err == nil && sum(secs, healed, time.Now()).Backends[badName] > 0
+			return err == nil && clientlog.Total(secs, healed, time.Now()).Backends[badName] > 0
 		})
 		wcancel()
 		if err != nil {
@@ -322,26 +322,6 @@ func waitEvent(t *testing.T, ctx context.Context, rig *clusterrig.Rig, since tim
 		t.Fatalf("no %s Event naming pod %s (%q): %v\n%s", reason, pod, also, err, out)
 	}
 	return msg
-}
-
-// sum adds up the seconds that end in (from, to].
-func sum(secs []clientlog.Second, from, to time.Time) clientlog.Second {
-	total := clientlog.Second{Backends: map[string]int{}}
-	for _, s := range secs {
-		if !s.T.After(from) || s.T.After(to) {
-			continue
-		}
-		total.OK += s.OK
-		total.Refused += s.Refused
-		total.Reset += s.Reset
-		total.Timeout += s.Timeout
-		total.Other += s.Other
-		total.Skipped += s.Skipped
-		for b, n := range s.Backends {
-			total.Backends[b] += n
-		}
-	}
-	return total
 }
 
 // inspected is one endpoint as `agent inspect --json` shows it.
