@@ -129,6 +129,30 @@ type panel struct {
 	Panels []panel `json:"panels"`
 }
 
+// RateInterval stands for a dashboard's $__rate_interval against a
+// Prometheus that scrapes every second: 15 scrapes.
+const RateInterval = 15 * time.Second
+
+// CheckDashboard waits until s's scrapes span RateInterval (and 5 s
+// more), then runs every query of the Grafana dashboard in file against
+// s. It returns how many queries there were and one error for each that
+// failed or returned no series; err is for a dashboard it could not read.
+func (s *Server) CheckDashboard(file string) (queries int, failed []error, err error) {
+	if d := time.Until(s.Started.Add(RateInterval + 5*time.Second)); d > 0 {
+		time.Sleep(d)
+	}
+	qs, err := DashboardQueries(file, RateInterval)
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, q := range qs {
+		if n, err := s.Series(q.Expr); err != nil || n == 0 {
+			failed = append(failed, fmt.Errorf("dashboard panel %q: %s: %d series, %v", q.Panel, q.Expr, n, err))
+		}
+	}
+	return len(qs), failed, nil
+}
+
 // Lint runs `promtool check metrics` (from promtool, a path or a name on
 // PATH) on an exposition; any complaint is an error.
 func Lint(promtool string, exposition []byte) error {

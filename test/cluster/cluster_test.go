@@ -147,7 +147,7 @@ func TestSeedDemoOnACluster(t *testing.T) {
 		if i == 0 {
 			inspectShowsEjected(t, ctx, rig, badIP)
 			prom.alertFires(t, ctx, badIP)
-			prom.dashboardAnswers(t, ctx)
+			prom.dashboardAnswers(t)
 			lintMetrics(t, rig.HTTPClient())
 		}
 
