@@ -56,12 +56,13 @@ die() { log "error: $*"; exit 1; }
 tools() {
   if [[ -f $RUN/tools.env ]]; then
     . "$RUN/tools.env"
-    return
+  else
+    K8S=$("$ROOT/scripts/k8s-tools.sh" | tail -n1)
+    CTRD=$("$ROOT/scripts/containerd-tools.sh" | tail -n1)
+    mkdir -p "$RUN"
+    printf 'K8S=%q\nCTRD=%q\n' "$K8S" "$CTRD" >"$RUN/tools.env"
   fi
-  K8S=$("$ROOT/scripts/k8s-tools.sh" | tail -n1)
-  CTRD=$("$ROOT/scripts/containerd-tools.sh" | tail -n1)
-  mkdir -p "$RUN"
-  printf 'K8S=%q\nCTRD=%q\n' "$K8S" "$CTRD" >"$RUN/tools.env"
+  KUBECTL=(env "KUBECACHEDIR=$DIR/kube-cache" "$K8S/kubectl" --kubeconfig "$ETC/admin.kubeconfig")
 }
 
 holder() { cat "$RUN/holder.pid"; }
@@ -74,8 +75,11 @@ run() {
   echo $! >"$RUN/$n.pid"
   log "started $n (pid $!)"
 }
-# kubectl keeps its discovery cache in the cluster's directory, not ~/.kube.
-kc() { inns env KUBECACHEDIR="$DIR/kube-cache" "$K8S/kubectl" --kubeconfig "$ETC/admin.kubeconfig" "$@"; }
+# kubectl (KUBECTL, set by tools) as the cluster's admin, with its
+# discovery cache in the cluster's directory, not ~/.kube; ctr on the
+# cluster's containerd.
+kc() { inns "${KUBECTL[@]}" "$@"; }
+ctr() { inns "$CTRD/ctr" -a "$DIR/containerd/containerd.sock" -n k8s.io "$@"; }
 # waitfor WHAT SECONDS CMD...: poll CMD until it succeeds.
 waitfor() {
   local what=$1 limit=$2 start=$SECONDS
@@ -333,7 +337,7 @@ node_ready() {
 import() {
   local f
   for f in "$@"; do
-    inns "$CTRD/ctr" -a "$DIR/containerd/containerd.sock" -n k8s.io images import --no-unpack=false "$f" >&2
+    ctr images import --no-unpack=false "$f" >&2
   done
 }
 
@@ -388,8 +392,8 @@ down() {
   # Containers the kubelet did not get to: kill their tasks, then containerd.
   if running containerd; then
     local c
-    for c in $(inns "$CTRD/ctr" -a "$DIR/containerd/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
-      inns "$CTRD/ctr" -a "$DIR/containerd/containerd.sock" -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true
+    for c in $(ctr tasks ls -q 2>/dev/null); do
+      ctr tasks kill -s KILL "$c" >/dev/null 2>&1 || true
     done
   fi
   stop containerd
@@ -443,8 +447,7 @@ case ${1:-} in
   # kubectl and exec replace this script (nsenter execs the command in
   # turn), so whoever started them can signal them; `down` ends what exec
   # started by the PIDs it recorded.
-  kubectl) shift; tools; exec nsenter -t "$(holder)" -m -n -- env KUBECACHEDIR="$DIR/kube-cache" \
-    "$K8S/kubectl" --kubeconfig "$ETC/admin.kubeconfig" "$@" ;;
+  kubectl) shift; tools; exec nsenter -t "$(holder)" -m -n -- "${KUBECTL[@]}" "$@" ;;
   import) shift; tools; import "$@" ;;
   exec) shift; echo $$ >>"$RUN/exec.pids"; exec nsenter -t "$(holder)" -m -n -- "$@" ;;
   *) echo "usage: $0 up | down | kubectl ARGS... | import FILE.tar... | exec CMD..." >&2; exit 2 ;;
