@@ -2,7 +2,7 @@
 // pick instead, on the same machine in the same run, and writes the
 // results as markdown (bench/RESULTS.md via `make bench`):
 //
-//	go run ./bench --out bench/RESULTS.md [--only packet,e2e,failing,flood,reaction,control] [--rounds 5]
+//	go run ./bench --out bench/RESULTS.md [--only packet,e2e,failing,flood,reaction,control,fleet] [--rounds 5]
 //
 // Parts (each can run on its own with --only):
 //
@@ -22,6 +22,9 @@
 //	control   10,000 services × 10 backends from a config file, one backend
 //	          change end to end, Maglev builds, accrual engine and ring
 //	          buffer throughput
+//	fleet     an endpoint diluted over 1 to 200 client nodes: time to eject
+//	          with and without fleet evidence (the agent's decision code on
+//	          a simulated clock)
 //
 // It needs root (BPF, network namespaces), nft and haproxy. Nothing is
 // asserted on speed: the targets are reported as met or missed.
@@ -47,7 +50,7 @@ type options struct {
 	agent  string
 }
 
-var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control"}
+var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "fleet"}
 
 func main() {
 	var o options
@@ -138,6 +141,7 @@ type sizes struct {
 	flood    floodOpts
 	reaction reactionOpts
 	control  controlOpts
+	fleet    fleetOpts
 }
 
 func sizesFor(rounds int, quick bool) sizes {
@@ -149,6 +153,7 @@ func sizesFor(rounds int, quick bool) sizes {
 			flood:    floodOpts{Rounds: rounds, Duration: 2 * time.Second, Legit: 50, Rates: []int{5000}},
 			reaction: reactionOpts{Ejections: 20, Services: 4, Rate: 400, Timeout: 20 * time.Second, Rounds: rounds, Admitted: time.Second, AdmittedRate: 2000},
 			control:  controlOpts{Rounds: rounds, Services: 50, PerService: 10, RingDuration: 200 * time.Millisecond, GoBenchTime: "10x"},
+			fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 50}, Rate: 500, Limit: 60 * time.Second},
 		}
 	}
 	return sizes{
@@ -159,6 +164,7 @@ func sizesFor(rounds int, quick bool) sizes {
 		flood:    floodOpts{Rounds: min(rounds, 2), Duration: 12 * time.Second, Legit: 100, Rates: []int{60000, 120000, 400000}},
 		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds, Admitted: 5 * time.Second, AdmittedRate: 2000},
 		control:  controlOpts{Rounds: rounds, Services: 10000, PerService: 10, RingDuration: 2 * time.Second, GoBenchTime: "300ms"},
+		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 60 * time.Second},
 	}
 }
 
@@ -187,6 +193,8 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 			err = runReaction(res, sz.reaction, o.agent, logf)
 		case "control":
 			err = runControl(res, sz.control, o.agent, logf)
+		case "fleet":
+			err = runFleet(res, sz.fleet, logf)
 		}
 		logf("part %s: done in %v", p, time.Since(t0).Round(time.Second))
 		if err != nil {

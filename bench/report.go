@@ -217,11 +217,13 @@ var partTitles = map[string]string{
 	"trip":     "1c. Kernel trip: the XDP run of the deciding failure (deciding failure → endpoint excluded, in the kernel)",
 	"e2e":      "2. End to end through network namespaces",
 	"failing":  "3. Failing backend",
+	"flood":    "3b. SYN flood beside legit load",
 	"reaction": "4. Reaction time (kernel timestamp of the deciding failure → maps written)",
 	"control":  "5. Control plane",
+	"fleet":    "6. Fleet evidence: an endpoint diluted over many client nodes (simulated)",
 }
 
-var partOrder = []string{"packet", "breaker", "trip", "e2e", "failing", "reaction", "control"}
+var partOrder = []string{"packet", "breaker", "trip", "e2e", "failing", "flood", "reaction", "control", "fleet"}
 
 // table writes the figures of one part as a markdown table.
 func (r *Results) table(w io.Writer, part string) {

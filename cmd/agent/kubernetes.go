@@ -126,6 +126,24 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	log.Info("datapath ready", "mode", "kubernetes", "node", o.nodeName,
 		"interfaces", attached, "services", len(first.Services))
 
+	// Fleet evidence, once the agent judges: best effort, beside the loop.
+	if o.fleet {
+		switch served, err := k8s.FleetServed(clients.Core.Discovery()); {
+		case err != nil:
+			log.Warn("fleet evidence off: discovery failed", "err", err)
+		case !served:
+			log.Warn("fleet evidence off: CRDs not installed; apply deploy/fleet-crd.yaml and restart the agents to use it")
+		default:
+			m := n.Metrics()
+			fo := k8s.FleetOptions{Dynamic: clients.Dynamic, Leases: clients.Core, Namespace: o.leaseNamespace,
+				Node: o.nodeName, Interval: o.fleetInterval, Source: n.Agent, Logger: log.With("component", "fleet"),
+				ReportWrites: m.FleetReportWrites, VerdictWrites: m.FleetVerdictWrites,
+				Aggregator: m.FleetAggregator, Condemned: m.FleetCondemned}
+			wg.Go(func() { k8s.RunFleet(ctx, fo) })
+			log.Info("fleet evidence on", "report_interval", o.fleetInterval.String())
+		}
+	}
+
 	// 5. The loop, fed by the controller.
 	loopDone := make(chan struct{})
 	go func() {

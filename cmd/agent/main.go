@@ -27,6 +27,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
@@ -48,6 +49,10 @@ type options struct {
 	// leaseNamespace holds the Lease that picks the one agent writing the
 	// BackendPolicies' status.
 	leaseNamespace string
+	// fleet: share failure-rate evidence with the other nodes through the
+	// API (EndpointReports, EndpointVerdicts), reported every fleetInterval.
+	fleet         bool
+	fleetInterval time.Duration
 
 	metricsAddr string
 	bpffsRoot   string
@@ -106,6 +111,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.nodeName, "node-name", "", "Kubernetes mode: this node's name (from the downward API); Services and EndpointSlices come from the API server")
 	fs.StringVar(&o.leaseNamespace, "lease-namespace", cmp.Or(os.Getenv("POD_NAMESPACE"), "penaltybox-system"),
 		"Kubernetes mode: namespace of the Lease that picks the one agent writing BackendPolicy status (default $POD_NAMESPACE, else penaltybox-system)")
+	fs.BoolVar(&o.fleet, "fleet-evidence", true, "Kubernetes mode: judge failure rates on every node's evidence too, for endpoints each node sees too little of (needs deploy/fleet-crd.yaml; a Service opts out with penaltybox.io/failure-accrual-fleet-evidence: \"false\")")
+	fs.DurationVar(&o.fleetInterval, "fleet-report-interval", 5*time.Second, "Kubernetes mode: how often this node writes its EndpointReport at most (more rarely when it is big: 200 bytes/s per node)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: the pod's service account)")
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
@@ -154,6 +161,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.podIfaces, err = nodelinks.ParsePatterns(*podIfaces); err != nil {
 		return o, fmt.Errorf("--pod-interfaces: %w", err)
+	}
+	if o.fleetInterval < time.Second {
+		return o, fmt.Errorf("--fleet-report-interval %v: must be at least 1s", o.fleetInterval)
 	}
 	if o.tunnelIfaces, err = nodelinks.ParsePatterns(*tunnelIfaces); err != nil {
 		return o, fmt.Errorf("--tunnel-interfaces: %w", err)

@@ -134,6 +134,15 @@ type Settings struct {
 	OutlierStdevFactor float64
 	OutlierMinHosts    int
 	OutlierMinCalls    int
+	// FleetEvidence shares the failure-rate rule's evidence with the other
+	// nodes (Kubernetes mode, time-based windows only): an endpoint every
+	// node sees too little of to judge alone is judged on the fleet's sum.
+	FleetEvidence bool
+}
+
+// Fleet reports whether s judges failure rates on the fleet's evidence.
+func (s *Settings) Fleet() bool {
+	return s.FleetEvidence && s.Mode.RatesFailures() && s.WindowCalls == 0
 }
 
 // Windowed reports whether s needs a window of recent connections.
@@ -167,6 +176,7 @@ func Defaults() Settings {
 		OutlierStdevFactor:       1.9,
 		OutlierMinHosts:          5,
 		OutlierMinCalls:          100,
+		FleetEvidence:            true,
 	}
 }
 

@@ -55,6 +55,7 @@ type EjectionCounts struct {
 	FailureRate         uint64 `json:"failureRate"`
 	SlowConnects        uint64 `json:"slowConnects"`
 	Outlier             uint64 `json:"successRateOutlier"`
+	Fleet               uint64 `json:"fleet"`
 }
 
 // Of returns the count for reason r (0 for a reason that does not eject).
@@ -70,6 +71,8 @@ func (c EjectionCounts) Of(r Reason) uint64 {
 		return c.SlowConnects
 	case ReasonOutlier:
 		return c.Outlier
+	case ReasonFleet:
+		return c.Fleet
 	}
 	return 0
 }
@@ -139,6 +142,7 @@ func (c *counters) reasons() EjectionCounts {
 		FailureRate:         at(ReasonFailureRate),
 		SlowConnects:        at(ReasonSlowConnects),
 		Outlier:             at(ReasonOutlier),
+		Fleet:               at(ReasonFleet),
 	}
 }
 

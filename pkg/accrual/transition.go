@@ -83,6 +83,10 @@ const (
 	// by more than OutlierStdevFactor standard deviations (Threshold is the
 	// success rate it fell below).
 	ReasonOutlier Reason = "success-rate-outlier"
+	// ready → ejected: the fleet's evidence (every node's window summed,
+	// pkg/fleet) exceeded FailureRateThreshold where this node's own
+	// volume was too small to judge. Window is the fleet's sum.
+	ReasonFleet Reason = "fleet"
 	// probation → ejected: the probe failed with a counted kind.
 	ReasonProbeFailed Reason = "probe-failed"
 	// ejected → probation: the penalty ended (Advance).
@@ -139,7 +143,7 @@ type Transition struct {
 }
 
 // The reasons that eject, indexed for per-reason counters.
-var ejectReasons = [...]Reason{ReasonConsecutiveFailures, ReasonProbeFailed, ReasonFailureRate, ReasonSlowConnects, ReasonOutlier}
+var ejectReasons = [...]Reason{ReasonConsecutiveFailures, ReasonProbeFailed, ReasonFailureRate, ReasonSlowConnects, ReasonOutlier, ReasonFleet}
 
 const numEjectReasons = len(ejectReasons)
 
@@ -181,6 +185,8 @@ func (t Transition) String() string {
 		why = fmt.Sprintf("slow connects %.3f > %g (%d of %d)", t.Window.SlowRate, t.Threshold, t.Window.Slow, t.Window.Calls)
 	case ReasonOutlier:
 		why = fmt.Sprintf("success rate %.3f < %.3f among peers (%d of %d failed)", 1-t.Window.FailureRate, t.Threshold, t.Window.Failures, t.Window.Calls)
+	case ReasonFleet:
+		why = fmt.Sprintf("fleet evidence: failure rate %.3f > %g (%d of %d on all nodes)", t.Window.FailureRate, t.Threshold, t.Window.Failures, t.Window.Calls)
 	case ReasonProbeFailed:
 		why = fmt.Sprintf("probe failed (%v)", t.Kind)
 	case ReasonEjectionSuppressed:

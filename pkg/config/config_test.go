@@ -45,6 +45,7 @@ func TestExample(t *testing.T) {
 	defaults.Window, defaults.MinCalls, defaults.FailureRateThreshold = lib.Window, lib.MinCalls, lib.FailureRateThreshold
 	defaults.SlowConnectRateThreshold = lib.SlowConnectRateThreshold
 	defaults.OutlierStdevFactor, defaults.OutlierMinHosts, defaults.OutlierMinCalls = lib.OutlierStdevFactor, lib.OutlierMinHosts, lib.OutlierMinCalls
+	defaults.FleetEvidence = lib.FleetEvidence // no fleet in standalone mode; the field stays the default
 	if c.Defaults != defaults {
 		t.Errorf("Defaults = %+v, want %+v", c.Defaults, defaults)
 	}

@@ -39,6 +39,10 @@ const (
 	AnnotationOutlierMinHosts          = "penaltybox.io/failure-accrual-outlier-min-hosts"
 	AnnotationOutlierMinCalls          = "penaltybox.io/failure-accrual-outlier-min-calls"
 
+	// Fleet evidence (on by default where the CRDs are installed): "false"
+	// judges the Service's endpoints on this node's evidence alone.
+	AnnotationFleetEvidence = "penaltybox.io/failure-accrual-fleet-evidence"
+
 	linkerdAlpha = "balancer.alpha.linkerd.io/failure-accrual-success-rate-"
 
 	// Circuit breaking: live flows the Service (each of its ports) and each
@@ -162,6 +166,14 @@ var annotations = []annotation{
 	{AnnotationOutlierStdevFactor, "outlierStdevFactor", false, "", ratioSetter(func(s *accrual.Settings) *float64 { return &s.OutlierStdevFactor })},
 	{AnnotationOutlierMinHosts, "outlierMinHosts", false, "", intSetter("want a whole number of endpoints, e.g. 5", func(s *accrual.Settings) *int { return &s.OutlierMinHosts })},
 	{AnnotationOutlierMinCalls, "outlierMinCalls", false, "", intSetter("want a whole number of connections, e.g. 100", func(s *accrual.Settings) *int { return &s.OutlierMinCalls })},
+	{AnnotationFleetEvidence, "fleetEvidence", false, "", acc(func(s *accrual.Settings, v string) error {
+		switch v {
+		case "true", "false":
+			s.FleetEvidence = v == "true"
+			return nil
+		}
+		return errors.New(`want "true" or "false"`)
+	})},
 	{AnnotationMaxInflight, "maxInflight", false, "", limitSetter(func(s *Settings) *uint32 { return &s.MaxInflight })},
 	{AnnotationMaxInflightPerEndpoint, "maxInflightPerEndpoint", false, "", limitSetter(func(s *Settings) *uint32 { return &s.MaxInflightPerEndpoint })},
 	{AnnotationRetryRefused, "retryRefused", false, "", func(s *Settings, v string) error {

@@ -44,6 +44,7 @@ func TestParseAnnotations(t *testing.T) {
 			AnnotationOutlierStdevFactor:       "2.5",
 			AnnotationOutlierMinHosts:          "3",
 			AnnotationOutlierMinCalls:          "50",
+			AnnotationFleetEvidence:            "false",
 		}, Settings{
 			Accrual: accrual.Settings{Mode: accrual.ModeConsecutive, MaxFailures: 5, MinPenalty: 2 * time.Second,
 				MaxPenalty: 90 * time.Second, JitterRatio: 0.25, ConnectTimeout: 300 * time.Millisecond,
@@ -84,6 +85,7 @@ func TestParseAnnotations(t *testing.T) {
 		{"surrounding spaces trimmed", map[string]string{AnnotationMinPenalty: " 3s\n"}, with(func(s *Settings) { s.Accrual.MinPenalty = 3 * time.Second })},
 		{"max-inflight 0 means no limit", map[string]string{AnnotationMaxInflight: "0"}, def},
 		{"retry-refused off", map[string]string{AnnotationRetryRefused: "false"}, with(func(s *Settings) { s.RetryRefused = false })},
+		{"fleet evidence off", map[string]string{AnnotationFleetEvidence: "false"}, with(func(s *Settings) { s.Accrual.FleetEvidence = false })},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

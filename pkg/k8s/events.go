@@ -124,7 +124,7 @@ func describe(t Transition, node string) (typ, reason, msg string, ok bool) {
 		switch t.Reason {
 		case accrual.ReasonProbeFailed:
 			why = fmt.Sprintf("again: its probe connection failed (%v)", t.Kind)
-		case accrual.ReasonFailureRate, accrual.ReasonSlowConnects, accrual.ReasonOutlier:
+		case accrual.ReasonFailureRate, accrual.ReasonSlowConnects, accrual.ReasonOutlier, accrual.ReasonFleet:
 			why = windowWhy(t.Transition)
 		}
 		return corev1.EventTypeWarning, ReasonEndpointEjected, fmt.Sprintf(
@@ -161,6 +161,8 @@ func windowWhy(t accrual.Transition) string {
 		return "for slow connects: more than " + percent(t.Threshold) + " of its recent handshakes were slow"
 	case accrual.ReasonOutlier:
 		return "as an outlier: its recent success rate was far below its peers'"
+	case accrual.ReasonFleet:
+		return "on the fleet's evidence: more than " + percent(t.Threshold) + " of its recent connections from all nodes failed"
 	}
 	return string(r)
 }

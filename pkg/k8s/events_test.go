@@ -57,6 +57,8 @@ func TestDescribe(t *testing.T) {
 			msg: []string{"slow connects: more than 20% of its recent handshakes were slow"}, notInMessage: "60"},
 		{t: window(tr(accrual.Ready, accrual.Ejected, accrual.ReasonOutlier), ""), typ: "Warning", reason: ReasonEndpointEjected,
 			msg: []string{"outlier: its recent success rate was far below its peers'"}},
+		{t: window(tr(accrual.Ready, accrual.Ejected, accrual.ReasonFleet), ""), typ: "Warning", reason: ReasonEndpointEjected,
+			msg: []string{"on the fleet's evidence: more than 20% of its recent connections from all nodes failed"}, notInMessage: "3 of"},
 		{t: window(tr(accrual.Ready, accrual.Ready, accrual.ReasonEjectionSuppressed), accrual.ReasonFailureRate), typ: "Warning", reason: ReasonEjectionSuppressed,
 			msg: []string{"due to be ejected", "failure rate: more than 20%", "max-ejection-percent"}},
 		{t: tr(accrual.Probation, accrual.Ready, accrual.ReasonProbeSucceeded), typ: "Normal", reason: ReasonEndpointRestored,

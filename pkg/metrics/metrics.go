@@ -72,6 +72,12 @@ type Metrics struct {
 	Replays            *prometheus.CounterVec
 	PolicyStatusLeader prometheus.Gauge
 	PolicyStatusWrites *prometheus.CounterVec
+	// Fleet evidence (Kubernetes mode): reports and verdicts written, by
+	// result; 1 while this agent aggregates the fleet's reports.
+	FleetReportWrites  *prometheus.CounterVec
+	FleetVerdictWrites *prometheus.CounterVec
+	FleetAggregator    prometheus.Gauge
+	FleetCondemned     prometheus.Gauge
 }
 
 // New registers every metric. src may be nil in tests that only need the
@@ -173,12 +179,28 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "policy_status_writes_total",
 			Help: "BackendPolicy status updates sent by this agent while it leads, by result (ok, error); a status that would not change is not written.",
 		}, []string{"result"}),
+		FleetReportWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "fleet_report_writes_total",
+			Help: "Writes of this node's EndpointReport (fleet evidence), by result (ok, error, deleted); a report that would not change is not rewritten before it needs refreshing.",
+		}, []string{"result"}),
+		FleetVerdictWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "fleet_verdict_writes_total",
+			Help: "EndpointVerdict writes by this agent while it aggregates the fleet's reports, by result (ok, error, deleted).",
+		}, []string{"result"}),
+		FleetAggregator: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "fleet_aggregator",
+			Help: "1 while this agent holds the fleet Lease and judges every node's EndpointReports (one agent in the cluster), else 0.",
+		}),
+		FleetCondemned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "fleet_condemned_endpoints",
+			Help: "Endpoints the fleet's evidence condemns in the unexpired EndpointVerdicts this agent sees.",
+		}),
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
 		m.Withheld, m.FloodMode, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
-		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays,
+		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.FleetReportWrites, m.FleetVerdictWrites, m.FleetAggregator, m.FleetCondemned, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})
@@ -228,7 +250,7 @@ var (
 	dEpEjections  = desc("endpoint_ejections_total", "Times the endpoint was ejected.", "service", "endpoint")
 	dEpProbes     = desc("endpoint_probes_total", "Probation probes by result (success, failure, inconclusive).", "service", "endpoint", "result")
 	dEpSuppressed = desc("endpoint_ejections_suppressed_total", "Ejections the max-ejection-percent cap prevented.", "service", "endpoint")
-	dEpByReason   = desc("endpoint_ejections_by_reason_total", "Times the endpoint was ejected since the agent started, by the rule that ejected it (consecutive-failures, probe-failed, failure-rate, slow-connects, success-rate-outlier).", "service", "endpoint", "reason")
+	dEpByReason   = desc("endpoint_ejections_by_reason_total", "Times the endpoint was ejected since the agent started, by the rule that ejected it (consecutive-failures, probe-failed, failure-rate, slow-connects, success-rate-outlier, fleet).", "service", "endpoint", "reason")
 	dEpSlow       = desc("endpoint_slow_connects_total", "Successful connects whose handshake took at least the service's slowConnectThreshold.", "service", "endpoint")
 	dEpWinCalls   = desc("endpoint_window_connections", "Connections in the endpoint's accrual window (services with window rules only).", "service", "endpoint")
 	dEpWinRate    = desc("endpoint_window_failure_rate", "Share of counted failures in the endpoint's accrual window, as the failure-rate rule judges it.", "service", "endpoint")

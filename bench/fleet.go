@@ -1,0 +1,307 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/fleet"
+)
+
+// fleetOpts size the dilution scenario.
+type fleetOpts struct {
+	Rounds int
+	Nodes  []int         // fleet sizes, the first the undiluted baseline (1)
+	Rate   float64       // the fleet's connections per second to the Service
+	Limit  time.Duration // how long after the failure starts a run waits
+}
+
+// The scenario: a Service of 10 endpoints under failure-rate accrual
+// (window 10 s, min-calls 20, threshold 20%), the fleet offering Rate
+// connections a second spread evenly over its nodes' clients and the
+// endpoints; one endpoint starts refusing 30% of its connections. The
+// API's latency (a write until the watchers see it) is modelled, the rest
+// is the agent's own code: every node runs a real accrual engine, selects
+// its report with fleet.Select every report interval (each node at its
+// own phase), the aggregator judges every second with fleet.Aggregator,
+// and each node acts on the verdicts with fleet.Consumer and
+// Engine.Condemn. Simulated time (a fake clock), so the figures are the
+// protocol's, not this machine's speed: the real transport's are in
+// TestFleetEvidence.
+const (
+	fleetEndpoints  = 10
+	fleetBad        = 3 // the failing endpoint's id
+	fleetFailShare  = 0.3
+	fleetWindow     = 10 * time.Second
+	fleetMinCalls   = 20
+	fleetInterval   = 5 * time.Second // --fleet-report-interval's default
+	fleetJudgeEvery = time.Second
+	fleetAPIDelay   = 100 * time.Millisecond
+	fleetStep       = 10 * time.Millisecond
+	fleetWarmup     = 20 * time.Second // two windows of healthy traffic first
+	fleetService    = "shop/web:http"
+)
+
+func fleetSettings() accrual.Settings {
+	s := accrual.Defaults()
+	s.Mode = accrual.ModeFailureRate
+	s.Window, s.MinCalls, s.FailureRateThreshold = fleetWindow, fleetMinCalls, 0.2
+	// Out for the rest of the run once ejected: the figure is the first
+	// ejection on each node.
+	s.MinPenalty, s.MaxPenalty, s.JitterRatio = time.Hour, time.Hour, 0
+	return s
+}
+
+func fleetAddr(id uint32) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, 253, byte(10 + id)}), 8080)
+}
+
+// fleetRun is one run's outcome: when each node ejected the failing
+// endpoint (0: not within the limit), since the failure began.
+type fleetRun struct {
+	ejected  []time.Duration
+	wrongful int // ejections of healthy endpoints
+	reports  int // report writes, fleet-wide
+}
+
+func (r fleetRun) share() float64 {
+	n := 0
+	for _, d := range r.ejected {
+		if d > 0 {
+			n++
+		}
+	}
+	return 100 * float64(n) / float64(len(r.ejected))
+}
+
+func (r fleetRun) last() time.Duration {
+	var m time.Duration
+	for _, d := range r.ejected {
+		if d == 0 {
+			return 0
+		}
+		m = max(m, d)
+	}
+	return m
+}
+
+type pendingVerdicts struct {
+	at time.Time
+	v  fleet.Verdicts
+}
+
+// simulateFleet runs the scenario on nodes nodes, with or without fleet
+// evidence.
+func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun {
+	rnd := rand.New(rand.NewPCG(seed, uint64(nodes)))
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	clk := testingclock.NewFakePassiveClock(t0)
+	st := fleetSettings()
+	st.FleetEvidence = withFleet
+	eps := make([]uint32, fleetEndpoints)
+	for i := range eps {
+		eps[i] = uint32(i)
+	}
+	engines := make([]*accrual.Engine, nodes)
+	consumers := make([]*fleet.Consumer, nodes)
+	phase := make([]time.Duration, nodes)
+	for i := range engines {
+		engines[i] = accrual.New(clk, func() float64 { return 0.5 })
+		engines[i].SetService(1, fleetService, st, eps)
+		consumers[i] = fleet.NewConsumer()
+		phase[i] = time.Duration(rnd.Int64N(int64(fleetInterval)))
+	}
+	judges := map[string]fleet.Judge{fleetService: {Window: fleetWindow, MinCalls: fleetMinCalls, Threshold: st.FailureRateThreshold}}
+	agg := fleet.NewAggregator()
+	reports := map[int]fleet.Report{} // as the aggregator sees them
+	type pendingReport struct {
+		at   time.Time
+		node int
+		r    fleet.Report
+	}
+	var inflight []pendingReport
+	var verdictQ []pendingVerdicts
+	suspects := map[fleet.Key]bool{}
+
+	run := fleetRun{ejected: make([]time.Duration, nodes)}
+	failFrom := t0.Add(fleetWarmup)
+	end := failFrom.Add(o.Limit)
+	perStep := o.Rate / float64(nodes) * fleetStep.Seconds()
+	owed := make([]float64, nodes)
+	nextJudge := t0
+	lastReport := make([]time.Time, nodes)
+	note := func(node int, ts []accrual.Transition, now time.Time) {
+		for _, t := range ts {
+			if t.To != accrual.Ejected || t.From == accrual.Ejected {
+				continue
+			}
+			if t.Endpoint == fleetBad && !now.Before(failFrom) {
+				if run.ejected[node] == 0 {
+					run.ejected[node] = max(now.Sub(failFrom), time.Nanosecond)
+				}
+			} else {
+				run.wrongful++
+			}
+		}
+	}
+	for now := t0; now.Before(end); now = now.Add(fleetStep) {
+		clk.SetTime(now)
+		failing := !now.Before(failFrom)
+		// Connections: each node's clients, spread over the endpoints
+		// this node still admits.
+		for n, e := range engines {
+			owed[n] += perStep
+			for owed[n] >= 1 {
+				owed[n]--
+				active, _, _ := e.Admitted(1)
+				if len(active) == 0 {
+					continue
+				}
+				id := active[rnd.IntN(len(active))]
+				ok := !(failing && id == fleetBad && rnd.Float64() < fleetFailShare)
+				out := accrual.Outcome{Endpoint: id, Success: ok, At: now, Started: now}
+				if !ok {
+					out.Kind = accrual.KindRefused
+				}
+				note(n, e.Observe(out), now)
+			}
+		}
+		if !withFleet {
+			if run.last() > 0 {
+				break
+			}
+			continue
+		}
+		// Reports, each node at its own phase of the interval.
+		for n, e := range engines {
+			if now.Sub(t0) < phase[n] || now.Sub(lastReport[n]) < fleetInterval {
+				continue
+			}
+			lastReport[n] = now
+			var ws []fleet.Window
+			for _, w := range e.FleetWindows() {
+				ws = append(ws, fleet.Window{Key: fleet.Key{Service: fleetService, Addr: fleetAddr(w.Endpoint)},
+					Calls: w.Calls, Failures: w.Failures, MinCalls: w.MinCalls})
+			}
+			counts := fleet.Select(ws, suspects)
+			if len(counts) == 0 {
+				continue
+			}
+			run.reports++
+			inflight = append(inflight, pendingReport{at: now.Add(fleetAPIDelay), node: n,
+				r: fleet.Report{Node: fmt.Sprint(n), Expires: now.Add(3 * fleetInterval), Counts: counts}})
+		}
+		for len(inflight) > 0 && !inflight[0].at.After(now) {
+			reports[inflight[0].node] = inflight[0].r
+			inflight = inflight[1:]
+		}
+		if !now.Before(nextJudge) {
+			nextJudge = now.Add(fleetJudgeEvery)
+			rs := make([]fleet.Report, 0, len(reports))
+			for _, r := range reports {
+				rs = append(rs, r)
+			}
+			verdictQ = append(verdictQ, pendingVerdicts{at: now.Add(fleetAPIDelay), v: agg.Judge(now, rs, judges)})
+		}
+		for len(verdictQ) > 0 && !verdictQ[0].at.After(now) {
+			v := verdictQ[0].v
+			verdictQ = verdictQ[1:]
+			suspects = map[fleet.Key]bool{}
+			for _, k := range v.Suspects {
+				suspects[k] = true
+			}
+			for n, e := range engines {
+				for _, c := range consumers[n].Fresh(v.Condemned) {
+					id := uint32(c.Addr.Addr().As4()[3] - 10)
+					note(n, e.Condemn(id, c.Calls, c.Failures), now)
+				}
+			}
+		}
+		if run.last() > 0 {
+			break
+		}
+	}
+	return run
+}
+
+func runFleet(res *Results, o fleetOpts, logf func(string, ...any)) error {
+	const part = "fleet"
+	base := fmt.Sprintf("%s (undiluted), local: time to eject", nodesLabel(o.Nodes[0]))
+	windows := float64(o.Limit) / float64(fleetWindow)
+	for round := range o.Rounds {
+		seed := uint64(round + 1)
+		for _, n := range o.Nodes {
+			local := simulateFleet(n, false, o, seed)
+			name := fmt.Sprintf("%s, local only: nodes that ejected it within %.0f windows", nodesLabel(n), windows)
+			res.figure(part, name, "%").Samples = append(res.figure(part, name, "%").Samples, local.share())
+			if d := local.last(); d > 0 {
+				// Only where every node ejects it: elsewhere there is no time.
+				label := base
+				if n != o.Nodes[0] {
+					label = fmt.Sprintf("%s, local only: time until every node ejected it", nodesLabel(n))
+				}
+				f := res.figure(part, label, "s")
+				f.Digits = 2
+				if n != o.Nodes[0] {
+					f.Baseline = base
+				}
+				f.Samples = append(f.Samples, d.Seconds())
+			} else if n == o.Nodes[0] {
+				return fmt.Errorf("the undiluted baseline did not eject within %v", o.Limit)
+			}
+			if local.wrongful > 0 {
+				return fmt.Errorf("%s, local: %d healthy endpoints ejected", nodesLabel(n), local.wrongful)
+			}
+			if n == o.Nodes[0] {
+				continue
+			}
+			fl := simulateFleet(n, true, o, seed)
+			if fl.wrongful > 0 {
+				return fmt.Errorf("%s, fleet: %d healthy endpoints ejected", nodesLabel(n), fl.wrongful)
+			}
+			name = fmt.Sprintf("%s, with fleet evidence: nodes that ejected it", nodesLabel(n))
+			res.figure(part, name, "%").Samples = append(res.figure(part, name, "%").Samples, fl.share())
+			if fl.last() == 0 {
+				return fmt.Errorf("%s, fleet: not every node ejected it within %v", nodesLabel(n), o.Limit)
+			}
+			f := res.figure(part, fmt.Sprintf("%s, with fleet evidence: time until every node ejected it", nodesLabel(n)), "s")
+			f.Baseline, f.Digits = base, 2
+			f.Samples = append(f.Samples, fl.last().Seconds())
+			rf := res.figure(part, fmt.Sprintf("%s, with fleet evidence: report writes per node per minute", nodesLabel(n)), "writes")
+			rf.Digits = 1
+			rf.Samples = append(rf.Samples, float64(fl.reports)/float64(n)/(fl.last()+fleetWarmup).Minutes())
+			logf("fleet: round %d, %d nodes: local %.0f%% ejected; fleet: all ejected after %v", round+1, n, local.share(), fl.last())
+		}
+	}
+	res.note(part, "Simulated with the agent's own decision code (a real accrual engine per node, fleet.Select, fleet.Aggregator, fleet.Consumer, Engine.Condemn) on a fake clock: "+
+		"%.0f connections/s from the whole fleet, spread evenly over its nodes and a Service's %d endpoints; one endpoint refuses %.0f%% of its connections from t = 0 (after %v of healthy traffic). "+
+		"Window %v, min-calls %d, threshold 20%%; reports every %v per node at random phases, the aggregator judging every %v, %v of API latency on every write. "+
+		"Time is simulated, so these are the protocol's figures, not this machine's: TestFleetEvidence measures the real thing through kube-apiserver (3 nodes: every node ejected it 6.2 s after fleet evidence was turned on).",
+		o.Rate, fleetEndpoints, 100*fleetFailShare, fleetWarmup, fleetWindow, fleetMinCalls, fleetInterval, fleetJudgeEvery, fleetAPIDelay)
+	for _, n := range o.Nodes[1:] {
+		name := fmt.Sprintf("%s, with fleet evidence: time until every node ejected it", nodesLabel(n))
+		if f := res.find(part, name); f != nil {
+			res.target(part, fmt.Sprintf("%s: every node ejects within two windows with fleet evidence", nodesLabel(n)), maxOf(f.Samples), 2*fleetWindow.Seconds(), true, "%.1f s (max)")
+		}
+	}
+	return nil
+}
+
+func nodesLabel(n int) string {
+	if n == 1 {
+		return "1 node"
+	}
+	return fmt.Sprintf("%d nodes", n)
+}
+
+func maxOf(xs []float64) float64 {
+	m := xs[0]
+	for _, x := range xs[1:] {
+		m = max(m, x)
+	}
+	return m
+}

@@ -1,0 +1,421 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/clock"
+
+	"github.com/penaltybox/penaltybox/pkg/fleet"
+)
+
+// FleetSource is the agent as fleet evidence sees it.
+type FleetSource interface {
+	// FleetWindows is what this node can report.
+	FleetWindows() []fleet.Window
+	// FleetJudges is how each service taking fleet evidence is judged.
+	FleetJudges() map[string]fleet.Judge
+	// Condemn ejects the endpoints the fleet condemns (each generation is
+	// passed once).
+	Condemn([]fleet.Condemned)
+}
+
+// FleetOptions configure fleet evidence.
+type FleetOptions struct {
+	Dynamic   dynamic.Interface    // reports and verdicts
+	Leases    kubernetes.Interface // the aggregator's Lease
+	Namespace string               // the Lease's namespace (the agents')
+	Node      string               // this node: its report's name and its Lease identity
+	// Interval is how often the node reports at most (more rarely when its
+	// report is big: the byte budget). Default 5s.
+	Interval time.Duration
+	Source   FleetSource
+	Clock    clock.WithTicker
+	Logger   *slog.Logger
+	// Metrics; any may be nil.
+	ReportWrites, VerdictWrites *prometheus.CounterVec
+	Aggregator, Condemned       prometheus.Gauge
+}
+
+// Fleet evidence timings.
+const (
+	// reportBudget is what one node's report may cost etcd: a report of
+	// size bytes is written at most every size/reportBudget seconds, so
+	// 5,000 nodes write at most 1 MB/s whatever they hold
+	// (docs/fleet-evidence.md).
+	reportBudget = 200 // bytes per second
+	// verdictTTL: a verdict no aggregator refreshes (it died, or the API
+	// is unreachable) stops counting after this; it is refreshed at half.
+	verdictTTL = 5 * time.Minute
+	// judgeEvery is how often the aggregator sums the reports.
+	judgeEvery = time.Second
+	// FleetLease is the aggregator's Lease.
+	FleetLease = "penaltybox-fleet"
+	fieldOwner = "penaltybox-agent"
+)
+
+// FleetServed reports whether the API server serves the fleet evidence
+// CRDs (deploy/fleet-crd.yaml is installed).
+func FleetServed(d interface {
+	ServerResourcesForGroupVersion(string) (*metav1.APIResourceList, error)
+}) (bool, error) {
+	rl, err := d.ServerResourcesForGroupVersion(FleetGroup + "/" + FleetVersion)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	n := 0
+	for _, r := range rl.APIResources {
+		if r.Name == ReportResource || r.Name == VerdictResource {
+			n++
+		}
+	}
+	return n == 2, nil
+}
+
+// reporter is this node's side: it writes the node's report and acts on
+// the verdicts.
+type reporter struct {
+	o        FleetOptions
+	log      *slog.Logger
+	verdicts cache.Store
+	consumer *fleet.Consumer
+	suspects map[fleet.Key]bool
+	// The report last written, when, and whether a write is failing (so
+	// that a failing API logs once, not once per interval).
+	last      []ReportEntry
+	lastWrite time.Time
+	nextGap   time.Duration
+	written   bool
+	failing   bool
+}
+
+// RunFleet shares this node's evidence and acts on the fleet's until ctx
+// ends. It never blocks the agent: the API being slow or down only delays
+// reports and verdicts, local decisions go on without them, and verdicts
+// expire.
+func RunFleet(ctx context.Context, o FleetOptions) {
+	if o.Interval <= 0 {
+		o.Interval = 5 * time.Second
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(o.Dynamic, 0)
+	inf := factory.ForResource(VerdictGVR).Informer()
+	changed := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { poke() },
+		UpdateFunc: func(_, _ any) { poke() },
+		DeleteFunc: func(any) { poke() },
+	})
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	r := &reporter{o: o, log: o.Logger, verdicts: inf.GetStore(), consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}}
+	go r.lead(ctx)
+
+	// Reports are checked five times an interval, so that a new suspect
+	// is reported within about an interval of the verdict naming it.
+	tick := o.Clock.NewTicker(max(o.Interval/5, 100*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+			r.readVerdicts()
+		case <-tick.C():
+			r.readVerdicts() // expiry
+			r.report(ctx)
+		}
+	}
+}
+
+// readVerdicts takes the unexpired verdicts' suspects and acts on new
+// condemnations.
+func (r *reporter) readVerdicts() {
+	now := r.o.Clock.Now()
+	suspects := map[fleet.Key]bool{}
+	var condemned []fleet.Condemned
+	for _, obj := range r.verdicts.List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		v, expires, bad, err := DecodeVerdict(u)
+		if err != nil || bad > 0 {
+			r.log.Warn("unreadable EndpointVerdict entries ignored", "verdict", u.GetNamespace()+"/"+u.GetName(), "entries", bad, "err", err)
+		}
+		if err != nil || !expires.After(now) {
+			continue
+		}
+		for _, k := range v.Suspects {
+			suspects[k] = true
+		}
+		condemned = append(condemned, v.Condemned...)
+	}
+	r.suspects = suspects
+	setGauge(r.o.Condemned, float64(len(condemned)))
+	fresh := r.consumer.Fresh(condemned)
+	for _, c := range fresh {
+		r.log.Info("fleet evidence condemns endpoint", "service", c.Service, "endpoint", c.Addr.String(),
+			"calls", c.Calls, "failures", c.Failures, "nodes", c.Nodes, "generation", c.Generation)
+	}
+	r.o.Source.Condemn(fresh)
+}
+
+// report writes this node's report when it has something new to say and
+// the byte budget allows, refreshes it before it expires, and deletes it
+// once there is nothing to say.
+func (r *reporter) report(ctx context.Context) {
+	now := r.o.Clock.Now()
+	counts := fleet.Select(r.o.Source.FleetWindows(), r.suspects)
+	res := r.o.Dynamic.Resource(ReportGVR)
+	if len(counts) == 0 {
+		if !r.written {
+			return
+		}
+		err := res.Delete(ctx, r.o.Node, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			r.writeFailed("delete", err)
+			return
+		}
+		r.written, r.last = false, nil
+		r.wrote("deleted")
+		return
+	}
+	if now.Sub(r.lastWrite) < r.nextGap {
+		return
+	}
+	spec := EncodeReport(r.o.Node, counts, time.Time{})
+	size := 64
+	if b, err := json.Marshal(spec.Endpoints); err == nil {
+		size = len(b)
+	}
+	gap := max(r.o.Interval, time.Duration(size)*time.Second/reportBudget)
+	// Unchanged counts are only refreshed, before the report expires.
+	if r.written && reflect.DeepEqual(spec.Endpoints, r.last) && now.Sub(r.lastWrite) < gap*3/2 {
+		return
+	}
+	spec.ExpiresAt = metav1.NewTime(now.Add(3 * gap).UTC().Truncate(time.Second))
+	obj, err := fleetObject("EndpointReport", "", r.o.Node, &spec)
+	if err == nil {
+		_, err = res.Apply(ctx, r.o.Node, obj, metav1.ApplyOptions{FieldManager: fieldOwner, Force: true})
+	}
+	// Failed or not, the next try waits a gap: a failing API server is not
+	// hammered.
+	r.lastWrite, r.nextGap = now, gap
+	if err != nil {
+		r.writeFailed("write", err)
+		return
+	}
+	r.written, r.last = true, spec.Endpoints
+	r.wrote("ok")
+}
+
+func (r *reporter) wrote(result string) {
+	if r.o.ReportWrites != nil {
+		r.o.ReportWrites.WithLabelValues(result).Inc()
+	}
+	if r.failing {
+		r.failing = false
+		r.log.Info("EndpointReport writes succeed again", "report", r.o.Node)
+	}
+}
+
+func (r *reporter) writeFailed(op string, err error) {
+	if r.o.ReportWrites != nil {
+		r.o.ReportWrites.WithLabelValues("error").Inc()
+	}
+	if !r.failing {
+		r.failing = true
+		r.log.Warn("EndpointReport "+op+" failed; local decisions go on, retrying every report interval", "report", r.o.Node, "err", err)
+	}
+}
+
+// lead competes for the fleet Lease until ctx ends, aggregating while it
+// holds it.
+func (r *reporter) lead(ctx context.Context) {
+	o := r.o
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: FleetLease, Namespace: o.Namespace},
+		Client:     o.Leases.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: o.Node},
+	}
+	log := r.log.With("lease", o.Namespace+"/"+FleetLease)
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            lock,
+			Name:            "fleet",
+			LeaseDuration:   leaseDuration,
+			RenewDeadline:   renewDeadline,
+			RetryPeriod:     retryPeriod,
+			ReleaseOnCancel: true,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(ctx context.Context) {
+					log.Info("aggregating the fleet's EndpointReports: this agent holds the lease")
+					setGauge(o.Aggregator, 1)
+					r.aggregate(ctx)
+				},
+				OnStoppedLeading: func() {
+					setGauge(o.Aggregator, 0)
+					log.Info("no longer aggregating the fleet's EndpointReports")
+				},
+			},
+		})
+		if err != nil {
+			log.Error("fleet evidence will not be aggregated by this agent", "err", err)
+			return
+		}
+		le.Run(ctx)
+	}
+}
+
+// written is what the aggregator last wrote for one Service object.
+type written struct {
+	spec VerdictSpec
+	at   time.Time
+}
+
+// aggregate watches every node's report and writes the verdicts until
+// ctx ends (leadership lost or the agent stopping). Only the aggregator
+// watches reports: the fan-out is one watcher, not every node.
+func (r *reporter) aggregate(ctx context.Context) {
+	o := r.o
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(o.Dynamic, 0)
+	inf := factory.ForResource(ReportGVR).Informer()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return
+	}
+	agg := fleet.NewAggregator()
+	done := map[string]written{}
+	tick := o.Clock.NewTicker(judgeEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C():
+		}
+		now := o.Clock.Now()
+		var reports []fleet.Report
+		for _, obj := range inf.GetStore().List() {
+			u, ok := obj.(*unstructured.Unstructured)
+			if !ok {
+				continue
+			}
+			rep, bad, err := DecodeReport(u)
+			if err != nil || bad > 0 {
+				r.log.Warn("unreadable EndpointReport entries ignored", "report", u.GetName(), "entries", bad, "err", err)
+			}
+			if err == nil {
+				reports = append(reports, rep)
+			}
+		}
+		want := EncodeVerdicts(agg.Judge(now, reports, o.Source.FleetJudges()), now.Add(verdictTTL))
+		r.writeVerdicts(ctx, now, want, done)
+	}
+}
+
+// writeVerdicts makes the EndpointVerdicts say want: it writes the ones
+// that change or need a refresh, and deletes the ones with nothing left
+// to say (its own and any a predecessor left).
+func (r *reporter) writeVerdicts(ctx context.Context, now time.Time, want map[string]VerdictSpec, done map[string]written) {
+	count := func(result string) {
+		if r.o.VerdictWrites != nil {
+			r.o.VerdictWrites.WithLabelValues(result).Inc()
+		}
+	}
+	for key, spec := range want {
+		w, ok := done[key]
+		if ok && now.Sub(w.at) < verdictTTL/2 && sameVerdict(w.spec, spec) {
+			continue
+		}
+		ns, name, _ := strings.Cut(key, "/")
+		obj, err := fleetObject("EndpointVerdict", ns, name, &spec)
+		if err == nil {
+			_, err = r.o.Dynamic.Resource(VerdictGVR).Namespace(ns).Apply(ctx, name, obj,
+				metav1.ApplyOptions{FieldManager: fieldOwner, Force: true})
+		}
+		if err != nil {
+			count("error")
+			r.log.Warn("EndpointVerdict write failed; retrying", "verdict", key, "err", err)
+			continue
+		}
+		count("ok")
+		if !ok || len(w.spec.Condemned) != len(spec.Condemned) {
+			r.log.Info("EndpointVerdict written", "verdict", key, "suspects", len(spec.Suspects), "condemned", len(spec.Condemned))
+		}
+		done[key] = written{spec: spec, at: now}
+	}
+	// Whatever exists and is not wanted goes, whoever wrote it.
+	stale := map[string]bool{}
+	for key := range done {
+		stale[key] = true
+	}
+	for _, obj := range r.verdicts.List() {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			stale[u.GetNamespace()+"/"+u.GetName()] = true
+		}
+	}
+	for key := range stale {
+		if _, ok := want[key]; ok {
+			continue
+		}
+		ns, name, _ := strings.Cut(key, "/")
+		err := r.o.Dynamic.Resource(VerdictGVR).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		switch {
+		case err == nil:
+			count("deleted")
+			r.log.Info("EndpointVerdict deleted: nothing left to say", "verdict", key)
+		case apierrors.IsNotFound(err):
+		default:
+			count("error")
+			r.log.Warn("EndpointVerdict delete failed; retrying", "verdict", key, "err", err)
+			continue
+		}
+		delete(done, key)
+	}
+}
+
+// sameVerdict compares two specs but for their expiry and the counts
+// behind a condemnation (which change every report without changing what
+// the nodes do).
+func sameVerdict(a, b VerdictSpec) bool {
+	if !reflect.DeepEqual(a.Suspects, b.Suspects) || len(a.Condemned) != len(b.Condemned) {
+		return false
+	}
+	for i := range a.Condemned {
+		if a.Condemned[i].VerdictEndpoint != b.Condemned[i].VerdictEndpoint || a.Condemned[i].Generation != b.Condemned[i].Generation {
+			return false
+		}
+	}
+	return true
+}
