@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,11 +100,26 @@ type reporter struct {
 	suspects map[fleet.Key]bool
 	// The report last written, when, and whether a write is failing (so
 	// that a failing API logs once, not once per interval).
-	last      []ReportEntry
-	lastWrite time.Time
-	nextGap   time.Duration
-	written   bool
-	failing   bool
+	last        []ReportEntry
+	lastWrite   time.Time
+	nextGap     time.Duration
+	written     bool
+	failing     bool
+	badVerdicts onceLog
+}
+
+// onceLog remembers the objects whose unreadable entries were logged, by
+// key, at the resourceVersion logged: each version is logged once, not at
+// every read. Each goroutine has its own.
+type onceLog map[string]string
+
+func (l onceLog) warn(log *slog.Logger, kind string, u *unstructured.Unstructured, bad int, err error) {
+	key := strings.TrimPrefix(u.GetNamespace()+"/"+u.GetName(), "/")
+	if rv, ok := l[kind+" "+key]; ok && rv == u.GetResourceVersion() {
+		return
+	}
+	l[kind+" "+key] = u.GetResourceVersion()
+	log.Warn("unreadable "+kind+" entries ignored", "object", key, "entries", bad, "err", err)
 }
 
 // RunFleet shares this node's evidence and acts on the fleet's until ctx
@@ -136,8 +152,11 @@ func RunFleet(ctx context.Context, o FleetOptions) {
 	})
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	r := &reporter{o: o, log: o.Logger, verdicts: inf.GetStore(), consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}}
-	go r.lead(ctx)
+	r := &reporter{o: o, log: o.Logger, verdicts: inf.GetStore(), consumer: fleet.NewConsumer(),
+		suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
+	var wg sync.WaitGroup
+	defer wg.Wait() // the Lease released before RunFleet returns
+	wg.Go(func() { r.lead(ctx) })
 
 	// Reports are checked five times an interval, so that a new suspect
 	// is reported within about an interval of the verdict naming it.
@@ -169,7 +188,7 @@ func (r *reporter) readVerdicts() {
 		}
 		v, expires, bad, err := DecodeVerdict(u)
 		if err != nil || bad > 0 {
-			r.log.Warn("unreadable EndpointVerdict entries ignored", "verdict", u.GetNamespace()+"/"+u.GetName(), "entries", bad, "err", err)
+			r.badVerdicts.warn(r.log, "EndpointVerdict", u, bad, err)
 		}
 		if err != nil || !expires.After(now) {
 			continue
@@ -316,6 +335,7 @@ func (r *reporter) aggregate(ctx context.Context) {
 	}
 	agg := fleet.NewAggregator()
 	done := map[string]written{}
+	badReports := onceLog{}
 	tick := o.Clock.NewTicker(judgeEvery)
 	defer tick.Stop()
 	for {
@@ -333,7 +353,7 @@ func (r *reporter) aggregate(ctx context.Context) {
 			}
 			rep, bad, err := DecodeReport(u)
 			if err != nil || bad > 0 {
-				r.log.Warn("unreadable EndpointReport entries ignored", "report", u.GetName(), "entries", bad, "err", err)
+				badReports.warn(r.log, "EndpointReport", u, bad, err)
 			}
 			if err == nil {
 				reports = append(reports, rep)
