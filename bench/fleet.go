@@ -17,7 +17,7 @@ type fleetOpts struct {
 	Rounds int
 	Nodes  []int         // fleet sizes, the first the undiluted baseline (1)
 	Rate   float64       // the fleet's connections per second to the Service
-	Limit  time.Duration // how long after the failure starts a run waits
+	Limit  time.Duration // how long the endpoint fails in a run
 }
 
 // The scenario: a Service of 10 endpoints under failure-rate accrual
@@ -47,12 +47,10 @@ const (
 )
 
 func fleetSettings() accrual.Settings {
-	s := accrual.Defaults()
+	s := accrual.Defaults() // penalties 1 s doubling to 1 min, as shipped
 	s.Mode = accrual.ModeFailureRate
 	s.Window, s.MinCalls, s.FailureRateThreshold = fleetWindow, fleetMinCalls, 0.2
-	// Out for the rest of the run once ejected: the figure is the first
-	// ejection on each node.
-	s.MinPenalty, s.MaxPenalty, s.JitterRatio = time.Hour, time.Hour, 0
+	s.JitterRatio = 0
 	return s
 }
 
@@ -60,10 +58,14 @@ func fleetAddr(id uint32) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, 253, byte(10 + id)}), 8080)
 }
 
-// fleetRun is one run's outcome: when each node ejected the failing
-// endpoint (0: not within the limit), since the failure began.
+// fleetRun is one run's outcome.
 type fleetRun struct {
-	ejected  []time.Duration
+	// ejected: when each node first ejected the failing endpoint, since
+	// the failure began (0: not within the run).
+	ejected []time.Duration
+	// bad, all: connections to the failing endpoint and to any, from the
+	// failure's start to the run's end.
+	bad, all int
 	wrongful int // ejections of healthy endpoints
 	reports  int // report writes, fleet-wide
 }
@@ -89,13 +91,21 @@ func (r fleetRun) last() time.Duration {
 	return m
 }
 
+// admitted is the failing endpoint's traffic while it failed, as a share
+// of its fair share (100%: never ejected).
+func (r fleetRun) admitted() float64 {
+	return 100 * float64(r.bad) / (float64(r.all) / fleetEndpoints)
+}
+
 type pendingVerdicts struct {
 	at time.Time
 	v  fleet.Verdicts
 }
 
 // simulateFleet runs the scenario on nodes nodes, with or without fleet
-// evidence.
+// evidence, for o.Limit after the failure starts. Ejected endpoints come
+// back through a probe (the first connection of a node after the penalty
+// goes to the endpoint in probation), as in the datapath.
 func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun {
 	rnd := rand.New(rand.NewPCG(seed, uint64(nodes)))
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -103,19 +113,22 @@ func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun
 	st := fleetSettings()
 	st.FleetEvidence = withFleet
 	eps := make([]uint32, fleetEndpoints)
+	all := make(map[netip.AddrPort]bool, fleetEndpoints)
 	for i := range eps {
 		eps[i] = uint32(i)
+		all[fleetAddr(uint32(i))] = true
 	}
+	start := t0.Add(-time.Second)
 	engines := make([]*accrual.Engine, nodes)
 	consumers := make([]*fleet.Consumer, nodes)
 	phase := make([]time.Duration, nodes)
 	for i := range engines {
 		engines[i] = accrual.New(clk, func() float64 { return 0.5 })
 		engines[i].SetService(1, fleetService, st, eps)
-		consumers[i] = fleet.NewConsumer()
+		consumers[i] = fleet.NewConsumer(start)
 		phase[i] = time.Duration(rnd.Int64N(int64(fleetInterval)))
 	}
-	judges := map[string]fleet.Judge{fleetService: {Window: fleetWindow, MinCalls: fleetMinCalls, Threshold: st.FailureRateThreshold}}
+	judges := map[string]fleet.Judge{fleetService: {Window: fleetWindow, MinCalls: fleetMinCalls, Threshold: st.FailureRateThreshold, Endpoints: all}}
 	agg := fleet.NewAggregator()
 	reports := map[int]fleet.Report{} // as the aggregator sees them
 	type pendingReport struct {
@@ -143,37 +156,50 @@ func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun
 				if run.ejected[node] == 0 {
 					run.ejected[node] = max(now.Sub(failFrom), time.Nanosecond)
 				}
-			} else {
+			} else if t.Reason != accrual.ReasonProbeFailed {
 				run.wrongful++
 			}
 		}
+	}
+	outcome := func(id uint32, failing, probe bool, now time.Time) accrual.Outcome {
+		ok := !(failing && id == fleetBad && rnd.Float64() < fleetFailShare)
+		out := accrual.Outcome{Endpoint: id, Success: ok, Probe: probe, At: now, Started: now}
+		if !ok {
+			out.Kind = accrual.KindRefused
+		}
+		return out
 	}
 	for now := t0; now.Before(end); now = now.Add(fleetStep) {
 		clk.SetTime(now)
 		failing := !now.Before(failFrom)
 		// Connections: each node's clients, spread over the endpoints
-		// this node still admits.
+		// this node admits; an endpoint in probation gets the next one.
 		for n, e := range engines {
+			note(n, e.Advance(), now)
 			owed[n] += perStep
 			for owed[n] >= 1 {
 				owed[n]--
-				active, _, _ := e.Admitted(1)
-				if len(active) == 0 {
+				active, probation, _ := e.Admitted(1)
+				var id uint32
+				probe := len(probation) > 0
+				switch {
+				case probe:
+					id = probation[0]
+				case len(active) > 0:
+					id = active[rnd.IntN(len(active))]
+				default:
 					continue
 				}
-				id := active[rnd.IntN(len(active))]
-				ok := !(failing && id == fleetBad && rnd.Float64() < fleetFailShare)
-				out := accrual.Outcome{Endpoint: id, Success: ok, At: now, Started: now}
-				if !ok {
-					out.Kind = accrual.KindRefused
+				if failing {
+					run.all++
+					if id == fleetBad {
+						run.bad++
+					}
 				}
-				note(n, e.Observe(out), now)
+				note(n, e.Observe(outcome(id, failing, probe, now)), now)
 			}
 		}
 		if !withFleet {
-			if run.last() > 0 {
-				break
-			}
 			continue
 		}
 		// Reports, each node at its own phase of the interval.
@@ -189,11 +215,12 @@ func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun
 			}
 			counts := fleet.Select(ws, suspects)
 			if len(counts) == 0 {
+				delete(reports, n) // its delete, at once
 				continue
 			}
 			run.reports++
 			inflight = append(inflight, pendingReport{at: now.Add(fleetAPIDelay), node: n,
-				r: fleet.Report{Node: fmt.Sprint(n), Expires: now.Add(3 * fleetInterval), Counts: counts}})
+				r: fleet.Report{Node: fmt.Sprint(n), At: now, Expires: now.Add(3 * fleetInterval), Counts: counts}})
 		}
 		for len(inflight) > 0 && !inflight[0].at.After(now) {
 			reports[inflight[0].node] = inflight[0].r
@@ -217,12 +244,10 @@ func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun
 			for n, e := range engines {
 				for _, c := range consumers[n].Fresh(v.Condemned) {
 					id := uint32(c.Addr.Addr().As4()[3] - 10)
-					note(n, e.Condemn(id, c.Calls, c.Failures), now)
+					note(n, e.Condemn(id, c.Calls, c.Failures, c.Level), now)
+					consumers[n].Done(c)
 				}
 			}
-		}
-		if run.last() > 0 {
-			break
 		}
 	}
 	return run
@@ -230,62 +255,59 @@ func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun
 
 func runFleet(res *Results, o fleetOpts, logf func(string, ...any)) error {
 	const part = "fleet"
-	base := fmt.Sprintf("%s (undiluted), local: time to eject", nodesLabel(o.Nodes[0]))
-	windows := float64(o.Limit) / float64(fleetWindow)
+	label := func(n int, what string) string { return nodesLabel(n) + ", " + what }
+	base := label(o.Nodes[0], "(undiluted) local: time to eject")
+	baseShare := label(o.Nodes[0], "(undiluted) local: failing endpoint's traffic while failing, of its fair share")
+	add := func(name, unit, baseline string, digits int, v float64) {
+		f := res.figure(part, name, unit)
+		f.Baseline, f.Digits = baseline, digits
+		f.Samples = append(f.Samples, v)
+	}
 	for round := range o.Rounds {
 		seed := uint64(round + 1)
 		for _, n := range o.Nodes {
 			local := simulateFleet(n, false, o, seed)
-			name := fmt.Sprintf("%s, local only: nodes that ejected it within %.0f windows", nodesLabel(n), windows)
-			res.figure(part, name, "%").Samples = append(res.figure(part, name, "%").Samples, local.share())
-			if d := local.last(); d > 0 {
-				// Only where every node ejects it: elsewhere there is no time.
-				label := base
-				if n != o.Nodes[0] {
-					label = fmt.Sprintf("%s, local only: time until every node ejected it", nodesLabel(n))
-				}
-				f := res.figure(part, label, "s")
-				f.Digits = 2
-				if n != o.Nodes[0] {
-					f.Baseline = base
-				}
-				f.Samples = append(f.Samples, d.Seconds())
-			} else if n == o.Nodes[0] {
-				return fmt.Errorf("the undiluted baseline did not eject within %v", o.Limit)
-			}
 			if local.wrongful > 0 {
 				return fmt.Errorf("%s, local: %d healthy endpoints ejected", nodesLabel(n), local.wrongful)
 			}
 			if n == o.Nodes[0] {
+				if local.last() == 0 {
+					return fmt.Errorf("the undiluted baseline did not eject within %v", o.Limit)
+				}
+				add(base, "s", "", 2, local.last().Seconds())
+				add(baseShare, "%", "", 1, local.admitted())
 				continue
 			}
+			add(label(n, "local only: nodes that ejected it"), "%", "", 0, local.share())
+			if d := local.last(); d > 0 { // only where every node ejects it
+				add(label(n, "local only: time until every node ejected it"), "s", base, 2, d.Seconds())
+			}
+			add(label(n, "local only: failing endpoint's traffic while failing, of its fair share"), "%", baseShare, 1, local.admitted())
 			fl := simulateFleet(n, true, o, seed)
 			if fl.wrongful > 0 {
 				return fmt.Errorf("%s, fleet: %d healthy endpoints ejected", nodesLabel(n), fl.wrongful)
 			}
-			name = fmt.Sprintf("%s, with fleet evidence: nodes that ejected it", nodesLabel(n))
-			res.figure(part, name, "%").Samples = append(res.figure(part, name, "%").Samples, fl.share())
 			if fl.last() == 0 {
 				return fmt.Errorf("%s, fleet: not every node ejected it within %v", nodesLabel(n), o.Limit)
 			}
-			f := res.figure(part, fmt.Sprintf("%s, with fleet evidence: time until every node ejected it", nodesLabel(n)), "s")
-			f.Baseline, f.Digits = base, 2
-			f.Samples = append(f.Samples, fl.last().Seconds())
-			rf := res.figure(part, fmt.Sprintf("%s, with fleet evidence: report writes per node per minute", nodesLabel(n)), "writes")
-			rf.Digits = 1
-			rf.Samples = append(rf.Samples, float64(fl.reports)/float64(n)/(fl.last()+fleetWarmup).Minutes())
-			logf("fleet: round %d, %d nodes: local %.0f%% ejected; fleet: all ejected after %v", round+1, n, local.share(), fl.last())
+			add(label(n, "fleet evidence: time until every node ejected it"), "s", base, 2, fl.last().Seconds())
+			add(label(n, "fleet evidence: failing endpoint's traffic while failing, of its fair share"), "%", baseShare, 1, fl.admitted())
+			add(label(n, "fleet evidence: report writes per node per minute"), "writes", "", 1,
+				float64(fl.reports)/float64(n)/(o.Limit+fleetWarmup).Minutes())
+			logf("fleet: round %d, %d nodes: local: %.0f%% of nodes ejected it, %.0f%% of its traffic admitted; fleet: all ejected after %v, %.0f%% admitted",
+				round+1, n, local.share(), local.admitted(), fl.last(), fl.admitted())
 		}
 	}
 	res.note(part, "Simulated with the agent's own decision code (a real accrual engine per node, fleet.Select, fleet.Aggregator, fleet.Consumer, Engine.Condemn) on a fake clock: "+
-		"%.0f connections/s from the whole fleet, spread evenly over its nodes and a Service's %d endpoints; one endpoint refuses %.0f%% of its connections from t = 0 (after %v of healthy traffic). "+
-		"Window %v, min-calls %d, threshold 20%%; reports every %v per node at random phases, the aggregator judging every %v, %v of API latency on every write. "+
-		"Time is simulated, so these are the protocol's figures, not this machine's: TestFleetEvidence measures the real thing through kube-apiserver (3 nodes: every node ejected it 6.2 s after fleet evidence was turned on).",
-		o.Rate, fleetEndpoints, 100*fleetFailShare, fleetWarmup, fleetWindow, fleetMinCalls, fleetInterval, fleetJudgeEvery, fleetAPIDelay)
+		"%.0f connections/s from the whole fleet, spread evenly over its nodes and a Service's %d endpoints; one endpoint refuses %.0f%% of its connections for %v (after %v of healthy traffic). "+
+		"Failure-rate accrual as shipped but the window rule's settings (window %v, min-calls %d, threshold 20%%) and no jitter: penalties 1 s doubling to 1 min, an ejected endpoint back through one probe connection per node. "+
+		"Reports every %v per node at random phases, the aggregator judging every %v, %v of API latency on every write. "+
+		"\"Traffic of its fair share\": the failing endpoint's connections while it failed, over a tenth of all connections (100%%: never ejected). "+
+		"Time is simulated, so these are the protocol's figures, not this machine's: TestFleetEvidence measures the real thing through kube-apiserver (3 nodes: every node ejected it 5.8-6.2 s after fleet evidence was turned on).",
+		o.Rate, fleetEndpoints, 100*fleetFailShare, o.Limit, fleetWarmup, fleetWindow, fleetMinCalls, fleetInterval, fleetJudgeEvery, fleetAPIDelay)
 	for _, n := range o.Nodes[1:] {
-		name := fmt.Sprintf("%s, with fleet evidence: time until every node ejected it", nodesLabel(n))
-		if f := res.find(part, name); f != nil {
-			res.target(part, fmt.Sprintf("%s: every node ejects within two windows with fleet evidence", nodesLabel(n)), maxOf(f.Samples), 2*fleetWindow.Seconds(), true, "%.1f s (max)")
+		if f := res.find(part, label(n, "fleet evidence: time until every node ejected it")); f != nil {
+			res.target(part, fmt.Sprintf("%s: every node ejects it within two windows with fleet evidence", nodesLabel(n)), maxOf(f.Samples), 2*fleetWindow.Seconds(), true, "%.1f s (max)")
 		}
 	}
 	return nil

@@ -153,7 +153,7 @@ func sizesFor(rounds int, quick bool) sizes {
 			flood:    floodOpts{Rounds: rounds, Duration: 2 * time.Second, Legit: 50, Rates: []int{5000}},
 			reaction: reactionOpts{Ejections: 20, Services: 4, Rate: 400, Timeout: 20 * time.Second, Rounds: rounds, Admitted: time.Second, AdmittedRate: 2000},
 			control:  controlOpts{Rounds: rounds, Services: 50, PerService: 10, RingDuration: 200 * time.Millisecond, GoBenchTime: "10x"},
-			fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 50}, Rate: 500, Limit: 60 * time.Second},
+			fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 50}, Rate: 500, Limit: 30 * time.Second},
 		}
 	}
 	return sizes{
@@ -164,7 +164,7 @@ func sizesFor(rounds int, quick bool) sizes {
 		flood:    floodOpts{Rounds: min(rounds, 2), Duration: 12 * time.Second, Legit: 100, Rates: []int{60000, 120000, 400000}},
 		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds, Admitted: 5 * time.Second, AdmittedRate: 2000},
 		control:  controlOpts{Rounds: rounds, Services: 10000, PerService: 10, RingDuration: 2 * time.Second, GoBenchTime: "300ms"},
-		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 60 * time.Second},
+		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 2 * time.Minute},
 	}
 }
 

@@ -278,7 +278,7 @@ func (e *Engine) trip(s *service, id uint32, ep *endpoint, r Reason, kind Kind, 
 		return
 	}
 	if r != ReasonConsecutiveFailures && !ep.returnedAt.IsZero() && now.Sub(ep.returnedAt) < s.st.Window {
-		ep.level = clampLevel(&s.st, ep.relapse)
+		ep.level = max(ep.level, clampLevel(&s.st, ep.relapse)) // Condemn may have set it higher
 		if basePenalty(&s.st, ep.level) < s.st.MaxPenalty {
 			ep.level++
 		}

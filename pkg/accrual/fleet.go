@@ -41,10 +41,11 @@ func (e *Engine) FleetWindows() []FleetWindow {
 // calls and failures summed over every node's window. It does so only if
 // the endpoint is ready and its service judges failure rates on the fleet's
 // evidence; the ejection cap, penalty and probation are those of any
-// ejection, and a relapse soon after a probe returned it doubles the
-// penalty as the window rule's does. The result is valid until the next
-// mutating call.
-func (e *Engine) Condemn(id uint32, calls, failures uint32) []Transition {
+// ejection. level is the fleet's count of condemnations in a row: the
+// penalty has at least that many doublings (a relapse soon after a probe
+// returned it doubles it as the window rule's does). The result is valid
+// until the next mutating call.
+func (e *Engine) Condemn(id uint32, calls, failures uint32, level int) []Transition {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.out = e.out[:0]
@@ -56,9 +57,14 @@ func (e *Engine) Condemn(id uint32, calls, failures uint32) []Transition {
 	if s == nil || ep.state != Ready || !s.st.Fleet() {
 		return nil
 	}
+	ready := ep.level // 0 in ready, but kept exact
+	ep.level = max(ep.level, clampLevel(&s.st, uint8(min(max(level, 0), 255))))
 	i := len(e.out)
 	// No local failure decided it: the reaction is measured from now.
 	e.trip(s, id, ep, ReasonFleet, ep.lastKind, e.clk.Now(), time.Time{}, s.st.FailureRateThreshold)
+	if ep.state == Ready {
+		ep.level = ready // suppressed by the cap: no penalty was drawn
+	}
 	if i < len(e.out) {
 		e.out[i].Window = tally{calls: calls, failures: failures}.snapshot()
 	}

@@ -26,11 +26,11 @@ func TestFleetWindowsAndCondemn(t *testing.T) {
 
 	// Nothing to condemn where fleet evidence is off or not the mode.
 	for _, id := range []uint32{4, 5, 99} {
-		if ts := h.e.Condemn(id, 100, 50); len(ts) != 0 {
+		if ts := h.e.Condemn(id, 100, 50, 0); len(ts) != 0 {
 			t.Fatalf("Condemn(%d) = %v, want nothing", id, ts)
 		}
 	}
-	ts := own(h.e.Condemn(1, 100, 30))
+	ts := own(h.e.Condemn(1, 100, 30, 0))
 	checkInvariants(t, h.e)
 	if len(ts) != 1 || ts[0].Reason != ReasonFleet || ts[0].To != Ejected || ts[0].Window.Calls != 100 || ts[0].Window.Failures != 30 {
 		t.Fatalf("Condemn(1) = %+v, want an ejection for fleet carrying the fleet's 30 of 100", ts)
@@ -38,7 +38,7 @@ func TestFleetWindowsAndCondemn(t *testing.T) {
 	if ts[0].Penalty != time.Second {
 		t.Errorf("penalty %v, want the first penalty, 1s", ts[0].Penalty)
 	}
-	if ts := h.e.Condemn(1, 100, 30); len(ts) != 0 {
+	if ts := h.e.Condemn(1, 100, 30, 0); len(ts) != 0 {
 		t.Fatalf("Condemn of an ejected endpoint = %v, want nothing", ts)
 	}
 	if ws := h.e.FleetWindows(); len(ws) != 1 || ws[0].Endpoint != 2 {
@@ -53,11 +53,25 @@ func TestFleetWindowsAndCondemn(t *testing.T) {
 func TestCondemnRespectsTheEjectionCap(t *testing.T) {
 	h := newHarness(t, nil)
 	h.set(1, rateSettings(func(s *Settings) { s.MaxEjectionPercent = 50 }), 1, 2)
-	if ts := own(h.e.Condemn(1, 100, 50)); len(ts) != 1 || ts[0].To != Ejected {
+	if ts := own(h.e.Condemn(1, 100, 50, 3)); len(ts) != 1 || ts[0].To != Ejected {
 		t.Fatalf("first = %+v, want ejected", ts)
 	}
-	ts := own(h.e.Condemn(2, 100, 50))
+	ts := own(h.e.Condemn(2, 100, 50, 3))
 	if len(ts) != 1 || ts[0].Reason != ReasonEjectionSuppressed || ts[0].Cause != ReasonFleet {
 		t.Fatalf("second = %+v, want suppressed (cap 50%% of 2)", ts)
 	}
+}
+
+// The fleet's level doubles the penalty: a third condemnation in a row
+// (level 2) draws 4 × minPenalty, capped at maxPenalty.
+func TestCondemnLevel(t *testing.T) {
+	h := newHarness(t, nil)
+	h.set(1, rateSettings(func(s *Settings) { s.MaxPenalty = 3 * time.Second }), 1, 2, 3)
+	if ts := own(h.e.Condemn(1, 100, 50, 1)); len(ts) != 1 || ts[0].Penalty != 2*time.Second {
+		t.Fatalf("level 1 = %+v, want a 2s penalty", ts)
+	}
+	if ts := own(h.e.Condemn(2, 100, 50, 200)); len(ts) != 1 || ts[0].Penalty != 3*time.Second {
+		t.Fatalf("level 200 = %+v, want maxPenalty", ts)
+	}
+	checkInvariants(t, h.e)
 }

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"net/netip"
+
 	"github.com/penaltybox/penaltybox/pkg/fleet"
 )
 
@@ -8,12 +10,11 @@ import (
 // of its ready endpoints in services that judge failure rates on the
 // fleet's evidence, named as every node names them.
 func (a *Agent) FleetWindows() []fleet.Window {
-	ws := a.engine.FleetWindows()
-	if len(ws) == 0 {
-		return nil
-	}
+	// mu before the engine's lock, as everywhere: ids read under mu name
+	// the same endpoints as the engine's windows.
 	a.mu.RLock()
 	defer a.mu.RUnlock()
+	ws := a.engine.FleetWindows()
 	out := make([]fleet.Window, 0, len(ws))
 	for _, w := range ws {
 		s, ok := a.rec.Service(w.Service)
@@ -30,46 +31,53 @@ func (a *Agent) FleetWindows() []fleet.Window {
 }
 
 // FleetJudges returns how the fleet's evidence is judged for each service
-// that takes it: every agent has the same Services, so the aggregator's
-// judges are every node's.
+// that takes it, with its endpoints: every agent has the same Services
+// (but those a node leaves to kube-proxy, see README), so the
+// aggregator's judges are every node's.
 func (a *Agent) FleetJudges() map[string]fleet.Judge {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	out := map[string]fleet.Judge{}
 	for _, s := range a.rec.Services() {
 		st := &s.Spec.Accrual
-		if st.Fleet() {
-			out[s.Spec.Name] = fleet.Judge{Window: st.Window, MinCalls: st.MinCalls, Threshold: st.FailureRateThreshold}
+		if !st.Fleet() {
+			continue
 		}
+		eps := make(map[netip.AddrPort]bool, len(s.Spec.Endpoints))
+		for _, e := range s.Spec.Endpoints {
+			eps[e.Addr] = true
+		}
+		out[s.Spec.Name] = fleet.Judge{Window: st.Window, MinCalls: st.MinCalls, Threshold: st.FailureRateThreshold, Endpoints: eps}
 	}
 	return out
 }
 
-// Condemn ejects, with reason fleet, the endpoints the fleet's evidence
-// condemns that this node still holds ready. Endpoints it does not know
-// (another node's Service view is ahead of or behind its own) are skipped:
-// the verdict stands, and a later one names them again if need be.
-func (a *Agent) Condemn(cs []fleet.Condemned) {
-	if len(cs) == 0 {
-		return
-	}
+// Condemn ejects, with reason fleet, an endpoint the fleet's evidence
+// condemns, if this node still holds it ready. It reports whether this
+// node knows the endpoint: one it does not know yet (its EndpointSlices
+// lag the aggregator's) is tried again at the next read of the verdicts.
+func (a *Agent) Condemn(c fleet.Condemned) (known bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	byName := map[string]uint32{}
 	for _, s := range a.rec.Services() {
-		byName[s.Spec.Name] = s.ID
-	}
-	for _, c := range cs {
-		sid, ok := byName[c.Service]
-		if !ok {
+		if s.Spec.Name != c.Service {
 			continue
 		}
-		s, _ := a.rec.Service(sid)
 		for _, bid := range s.Backends {
 			if b, ok := a.rec.Backend(bid); ok && b.Addr == c.Addr {
-				a.handleTransitions(a.engine.Condemn(bid, c.Calls, c.Failures))
-				break
+				a.handleTransitions(a.engine.Condemn(bid, c.Calls, c.Failures, c.Level))
+				// The penalty's end is a new deadline: wake the loop if
+				// its timer would be late for it.
+				if a.nextDeadline().Before(a.armed) {
+					select {
+					case a.deadlines <- struct{}{}:
+					default:
+					}
+				}
+				return true
 			}
 		}
+		return false
 	}
+	return false
 }

@@ -20,6 +20,7 @@ package fleet
 
 import (
 	"cmp"
+	"hash/fnv"
 	"net/netip"
 	"slices"
 	"time"
@@ -43,20 +44,23 @@ type Count struct {
 	Suspect bool
 }
 
-// Report is one node's counts, valid until Expires.
+// Report is one node's counts, written at At and valid until Expires.
 type Report struct {
 	Node    string
+	At      time.Time
 	Expires time.Time
 	Counts  []Count
 }
 
 // Judge is how a service's endpoints are judged: its window rule's
-// settings. A service absent from the aggregator's judges is not judged
-// (not windowed, or fleet evidence off).
+// settings and its endpoints as the aggregator's node knows them (counts
+// for any other address are ignored). A service absent from the
+// aggregator's judges is not judged (not windowed, or fleet evidence off).
 type Judge struct {
 	Window    time.Duration
 	MinCalls  int
 	Threshold float64 // the failure rate over which an endpoint is condemned
+	Endpoints map[netip.AddrPort]bool
 }
 
 // Condemned is an endpoint the fleet's evidence ejects.
@@ -65,7 +69,11 @@ type Condemned struct {
 	// Generation tells condemnations apart: a node acts on each once. It is
 	// the time of the condemnation in Unix nanoseconds, so that a new
 	// aggregator never reuses one of its predecessor's.
-	Generation      int64
+	Generation int64
+	// Level counts the condemnations of the endpoint in a row (0 the
+	// first): a node ejects it with the penalty of that many doublings at
+	// least, as it would a local relapse.
+	Level           int
 	Calls, Failures uint32 // the fleet's sum over one window
 	Nodes           int    // how many nodes' counts the sum holds
 }
@@ -91,7 +99,9 @@ type Window struct {
 // Select picks what a node reports: every endpoint the fleet suspects that
 // it called, and the endpoints it saw fail but cannot judge alone (fewer
 // calls than MinCalls). An endpoint a node can judge alone is judged
-// alone. At most MaxCounts entries, suspects first, then the most failures.
+// alone. At most MaxCounts entries: suspects first, in an order that does
+// not depend on their counts (cutting the healthiest would bias the
+// fleet's rate), then the most failures.
 func Select(ws []Window, suspects map[Key]bool) []Count {
 	var out []Count
 	for _, w := range ws {
@@ -110,16 +120,39 @@ func Select(ws []Window, suspects map[Key]bool) []Count {
 			}
 			return 1
 		}
-		if c := cmp.Compare(b.Failures, a.Failures); c != 0 {
-			return c
+		if a.Suspect {
+			return cmp.Or(cmp.Compare(keyHash(a.Key), keyHash(b.Key)), compareKeys(a.Key, b.Key))
 		}
-		return cmp.Or(cmp.Compare(a.Service, b.Service), a.Addr.Compare(b.Addr))
+		return cmp.Or(cmp.Compare(b.Failures, a.Failures), compareKeys(a.Key, b.Key))
 	})
 	if len(out) > MaxCounts {
 		out = out[:MaxCounts]
 	}
 	return out
 }
+
+func keyHash(k Key) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(k.Service))
+	b, _ := k.Addr.MarshalBinary()
+	h.Write(b)
+	return h.Sum64()
+}
+
+// Timings of the aggregator's judgement.
+const (
+	// Settle is how long a condemnation takes to reach every node and
+	// clear their windows (they clear an endpoint's window when they eject
+	// it): reports written later hold only calls made since.
+	Settle = 2 * time.Second
+	// clockSkew: a report claiming to be written further in the future is
+	// not believed.
+	clockSkew = time.Minute
+	// levelMemory is how long the aggregator remembers an endpoint's
+	// condemnations in a row after the last one ended.
+	levelMemory = 10 * time.Minute
+	maxLevel    = 16
+)
 
 // suspect is what the aggregator holds of one suspect.
 type suspect struct {
@@ -128,85 +161,190 @@ type suspect struct {
 }
 
 // Aggregator sums every node's reports. Only one agent runs it (the holder
-// of a Lease); it keeps suspects between calls, and a new holder rebuilds
-// them from the reports within a window.
+// of a Lease); it keeps suspects between calls, and a new holder seeds it
+// from the verdicts in force (Seed).
 type Aggregator struct {
 	suspects map[Key]*suspect
+	// cooling: endpoints acquitted or dropped, and when: no failure makes
+	// them suspects again until a window later, or a failing background
+	// would keep an endpoint suspected (and reported by every node) for
+	// ever.
+	cooling map[Key]time.Time
+	// levels: the last condemnation's level and when it ended, so that a
+	// relapse after a penalty doubles it.
+	levels map[Key]memory
+}
+
+type memory struct {
+	level int
+	at    time.Time
 }
 
 // NewAggregator returns an aggregator with no suspects.
-func NewAggregator() *Aggregator { return &Aggregator{suspects: map[Key]*suspect{}} }
-
-type sum struct {
-	calls, failures uint32
-	nodes           int
+func NewAggregator() *Aggregator {
+	return &Aggregator{suspects: map[Key]*suspect{}, cooling: map[Key]time.Time{}, levels: map[Key]memory{}}
 }
 
-// Judge judges reports at now with each service's judge:
-//   - a failure in any unexpired report makes its endpoint a suspect;
-//   - a suspect whose suspect-marked counts sum to MinCalls is condemned if
-//     its failure rate exceeds Threshold, and acquitted (no longer a
-//     suspect) if not, once it has been a suspect for a window;
-//   - a suspect that reaches neither within two windows is dropped: the
-//     fleet does not call it enough to judge;
-//   - a condemned endpoint stays condemned, with its generation, while the
-//     sum still condemns it; once it does not (the nodes ejected it and
-//     their windows emptied), it is dropped, and a relapse after its probe
-//     is a new condemnation.
+// Seed takes over the verdicts in force (a predecessor's), so that a
+// change of aggregator neither re-condemns what stands nor forgets it.
+func (a *Aggregator) Seed(now time.Time, v Verdicts) {
+	for _, k := range v.Suspects {
+		if a.suspects[k] == nil {
+			a.suspects[k] = &suspect{since: now}
+		}
+	}
+	for _, c := range v.Condemned {
+		c := c
+		a.suspects[c.Key] = &suspect{since: now, condemned: &c}
+	}
+}
+
+// tally sums one endpoint's counts, keeping the node that reported the
+// most failures apart: no single node's report condemns an endpoint.
+type tally struct {
+	calls, failures uint32
+	nodes           int
+	top             Count // the count with the most failures
+}
+
+func (t *tally) add(c Count) {
+	t.calls = satAdd(t.calls, c.Calls)
+	t.failures = satAdd(t.failures, c.Failures)
+	t.nodes++
+	if c.Failures > t.top.Failures || (c.Failures == t.top.Failures && c.Calls > t.top.Calls) {
+		t.top = c
+	}
+}
+
+// enough: the sum holds MinCalls calls, also without its top node.
+func (t *tally) enough(j Judge) bool {
+	return t != nil && t.nodes >= 2 && int(t.calls-t.top.Calls) >= j.MinCalls
+}
+
+// condemns: enough calls, and the failure rate over the threshold, also
+// without the node that reported the most failures: one node, buggy or
+// hostile, can neither condemn an endpoint alone nor tip the fleet's
+// rate over the threshold.
+func (t *tally) condemns(j Judge) bool {
+	return t.enough(j) && over(t.failures, t.calls, j.Threshold) &&
+		over(t.failures-t.top.Failures, t.calls-t.top.Calls, j.Threshold)
+}
+
+// Judge judges reports at now with each service's judge. Counts are
+// judged while their report is unexpired and at most two windows old, one
+// per node and endpoint.
+//   - A failure makes its endpoint a suspect (unless it was acquitted or
+//     dropped less than a window ago).
+//   - A suspect is judged on the counts nodes reported because it is one:
+//     condemned when they condemn it (MinCalls calls over the threshold,
+//     also without the node reporting the most failures), acquitted when
+//     they hold MinCalls calls under the threshold once it has been a
+//     suspect for a window (an endpoint that just began to fail still has
+//     a window full of its healthy past), dropped after two windows
+//     without MinCalls calls.
+//   - A condemnation stands while nodes eject the endpoint; it is judged
+//     on reports written Settle after it (their windows hold only calls
+//     made since the nodes ejected it, and since its probe returned it):
+//     renewed (a new generation, one level up: the nodes eject it again
+//     with a doubled penalty) when they condemn it, acquitted when they
+//     hold MinCalls calls under the threshold a window on, dropped two
+//     windows on without MinCalls calls (the nodes hold it out).
 func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Judge) Verdicts {
-	sums := map[Key]*sum{}
+	sums := map[Key]*tally{}
+	fresh := map[Key]*tally{} // condemned endpoints: counts written Settle after the condemnation
+	add := func(m map[Key]*tally, c Count) {
+		t := m[c.Key]
+		if t == nil {
+			t = &tally{}
+			m[c.Key] = t
+		}
+		t.add(c)
+	}
+	var failed []Key
 	for _, r := range reports {
-		if !r.Expires.After(now) {
+		if !r.Expires.After(now) || r.At.After(now.Add(clockSkew)) {
 			continue
 		}
+		seen := make(map[Key]bool, len(r.Counts))
 		for _, c := range r.Counts {
-			if _, ok := judges[c.Service]; !ok || c.Calls == 0 || c.Failures > c.Calls {
+			j, ok := judges[c.Service]
+			if !ok || !j.Endpoints[c.Addr] || c.Calls == 0 || c.Failures > c.Calls || seen[c.Key] || now.Sub(r.At) > 2*j.Window {
 				continue
 			}
-			if c.Failures > 0 && a.suspects[c.Key] == nil {
-				a.suspects[c.Key] = &suspect{since: now}
+			seen[c.Key] = true
+			sp := a.suspects[c.Key]
+			if sp == nil {
+				if c.Failures > 0 {
+					failed = append(failed, c.Key)
+				}
+				continue
 			}
+			// Only a published suspect's marked counts: a node cannot make
+			// its counts judged by marking them.
 			if !c.Suspect {
 				continue
 			}
-			s := sums[c.Key]
-			if s == nil {
-				s = &sum{}
-				sums[c.Key] = s
+			add(sums, c)
+			if sp.condemned != nil && !r.At.Before(time.Unix(0, sp.condemned.Generation).Add(Settle)) {
+				add(fresh, c)
 			}
-			s.calls = satAdd(s.calls, c.Calls)
-			s.failures = satAdd(s.failures, c.Failures)
-			s.nodes++
+		}
+	}
+	for k, at := range a.cooling {
+		if j, ok := judges[k.Service]; !ok || now.Sub(at) >= j.Window {
+			delete(a.cooling, k)
+		}
+	}
+	for k, m := range a.levels {
+		if now.Sub(m.at) >= levelMemory {
+			delete(a.levels, k)
+		}
+	}
+	for _, k := range failed {
+		if _, cool := a.cooling[k]; !cool && a.suspects[k] == nil {
+			a.suspects[k] = &suspect{since: now}
 		}
 	}
 	var v Verdicts
 	for k, sp := range a.suspects {
 		j, ok := judges[k.Service]
-		if !ok {
+		if !ok || !j.Endpoints[k.Addr] {
 			delete(a.suspects, k)
 			continue
 		}
-		s := sums[k]
-		switch {
-		case s != nil && int(s.calls) >= j.MinCalls && over(s.failures, s.calls, j.Threshold):
-			if sp.condemned == nil {
-				sp.condemned = &Condemned{Key: k, Generation: now.UnixNano()}
+		if c := sp.condemned; c != nil {
+			at := time.Unix(0, c.Generation)
+			f := fresh[k]
+			switch {
+			case f.condemns(j):
+				*c = Condemned{Key: k, Generation: now.UnixNano(), Level: min(c.Level+1, maxLevel),
+					Calls: f.calls, Failures: f.failures, Nodes: f.nodes}
+			case f.enough(j) && now.Sub(at) >= Settle+j.Window:
+				a.end(k, c, now, true)
+				continue
+			case now.Sub(at) >= Settle+2*j.Window:
+				a.end(k, c, now, false)
+				continue
 			}
-			sp.condemned.Calls, sp.condemned.Failures, sp.condemned.Nodes = s.calls, s.failures, s.nodes
-		case sp.condemned != nil:
-			delete(a.suspects, k) // served its purpose: the nodes ejected it
-			continue
-		case s != nil && int(s.calls) >= j.MinCalls && now.Sub(sp.since) >= j.Window:
-			// Acquitted, but only once the nodes' windows hold a whole
-			// window of the time it has been suspected: an endpoint that
-			// just began to fail still has a window full of its healthy
-			// past, and acquitting it then would only make the next
-			// failure suspect it again, a report interval later.
-			delete(a.suspects, k)
-			continue
-		case now.Sub(sp.since) >= 2*j.Window:
-			delete(a.suspects, k) // too little traffic fleet-wide to judge
-			continue
+		} else {
+			s := sums[k]
+			switch {
+			case s.condemns(j):
+				level := 0
+				if m, ok := a.levels[k]; ok {
+					level = min(m.level+1, maxLevel)
+				}
+				sp.condemned = &Condemned{Key: k, Generation: now.UnixNano(), Level: level,
+					Calls: s.calls, Failures: s.failures, Nodes: s.nodes}
+			case s.enough(j) && now.Sub(sp.since) >= j.Window:
+				delete(a.suspects, k) // acquitted
+				a.cooling[k] = now
+				continue
+			case now.Sub(sp.since) >= 2*j.Window:
+				delete(a.suspects, k) // too little traffic fleet-wide to judge
+				a.cooling[k] = now
+				continue
+			}
 		}
 		v.Suspects = append(v.Suspects, k)
 		if sp.condemned != nil {
@@ -216,6 +354,19 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 	slices.SortFunc(v.Suspects, compareKeys)
 	slices.SortFunc(v.Condemned, func(a, b Condemned) int { return compareKeys(a.Key, b.Key) })
 	return v
+}
+
+// end closes a condemnation: acquitted (its level is forgotten) or dropped
+// with the nodes holding the endpoint out (its level is remembered, so a
+// relapse doubles the penalty).
+func (a *Aggregator) end(k Key, c *Condemned, now time.Time, acquitted bool) {
+	delete(a.suspects, k)
+	a.cooling[k] = now
+	if acquitted {
+		delete(a.levels, k)
+	} else {
+		a.levels[k] = memory{level: c.Level, at: now}
+	}
 }
 
 func compareKeys(a, b Key) int {
@@ -237,26 +388,40 @@ func satAdd(a, b uint32) uint32 {
 
 // Consumer remembers which condemnations a node has acted on, so that each
 // generation ejects at most once: a probe that succeeds locally returns the
-// endpoint even while the verdict that ejected it still stands.
+// endpoint even while the verdict that ejected it still stands (a renewal,
+// with a new generation, ejects it again).
 type Consumer struct {
 	acted map[Key]int64
+	start int64
 }
 
-// NewConsumer returns a consumer that has acted on nothing.
-func NewConsumer() *Consumer { return &Consumer{acted: map[Key]int64{}} }
+// NewConsumer returns a consumer for an agent started at start. It does
+// not act on condemnations made before then: the agent this one replaces
+// acted on them, and the ejections it persisted are restored; if the
+// endpoint keeps failing, a renewal follows.
+func NewConsumer(start time.Time) *Consumer {
+	return &Consumer{acted: map[Key]int64{}, start: start.UnixNano()}
+}
 
-// Fresh returns the condemnations in cs not acted on yet and marks them
-// acted on. Keys no longer condemned are forgotten: their next
-// condemnation has a new generation anyway.
+// Fresh returns the condemnations in cs not acted on yet, one per key (a
+// verdict naming a key twice is malformed: the first stands). Keys no
+// longer condemned are forgotten: their next condemnation has a new
+// generation anyway. Mark each one acted on with Done once it is.
 func (c *Consumer) Fresh(cs []Condemned) []Condemned {
 	var out []Condemned
 	seen := make(map[Key]bool, len(cs))
 	for _, x := range cs {
-		seen[x.Key] = true
-		if c.acted[x.Key] == x.Generation {
+		if seen[x.Key] {
 			continue
 		}
-		c.acted[x.Key] = x.Generation
+		seen[x.Key] = true
+		if g, ok := c.acted[x.Key]; ok && g == x.Generation {
+			continue
+		}
+		if x.Generation < c.start {
+			c.acted[x.Key] = x.Generation
+			continue
+		}
 		out = append(out, x)
 	}
 	for k := range c.acted {
@@ -266,3 +431,6 @@ func (c *Consumer) Fresh(cs []Condemned) []Condemned {
 	}
 	return out
 }
+
+// Done marks x acted on.
+func (c *Consumer) Done(x Condemned) { c.acted[x.Key] = x.Generation }

@@ -12,9 +12,9 @@ var (
 	t0  = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	svc = "default/web:http"
 	ep  = Key{Service: svc, Addr: netip.MustParseAddrPort("198.18.3.10:8080")}
-	// The dilution case: 20 calls a window judge an endpoint, each node
-	// makes 2.
-	judges = map[string]Judge{svc: {Window: 10 * time.Second, MinCalls: 20, Threshold: 0.2}}
+	// The dilution case: 20 calls a window judge an endpoint.
+	judges = map[string]Judge{svc: {Window: 10 * time.Second, MinCalls: 20, Threshold: 0.2,
+		Endpoints: map[netip.AddrPort]bool{ep.Addr: true}}}
 )
 
 // nodeWindows is what each of n nodes holds of ep after calls calls each,
@@ -33,14 +33,18 @@ func nodeWindows(rnd *rand.Rand, n int, calls uint32, p float64) [][]Window {
 	return out
 }
 
-// round has every node select its report with the suspects and the
-// aggregator judge them all.
-func round(a *Aggregator, now time.Time, ws [][]Window, suspects map[Key]bool) Verdicts {
-	var reports []Report
+// reportsAt is every node's report, written at now, as Select makes it.
+func reportsAt(now time.Time, ws [][]Window, suspects map[Key]bool) []Report {
+	var rs []Report
 	for i, w := range ws {
-		reports = append(reports, Report{Node: fmt.Sprint("node-", i), Expires: now.Add(time.Minute), Counts: Select(w, suspects)})
+		rs = append(rs, Report{Node: fmt.Sprint("node-", i), At: now, Expires: now.Add(time.Minute), Counts: Select(w, suspects)})
 	}
-	return a.Judge(now, reports, judges)
+	return rs
+}
+
+// round has every node report at now and the aggregator judge them all.
+func round(a *Aggregator, now time.Time, ws [][]Window, v Verdicts) Verdicts {
+	return a.Judge(now, reportsAt(now, ws, asSet(v.Suspects)), judges)
 }
 
 func asSet(ks []Key) map[Key]bool {
@@ -51,31 +55,38 @@ func asSet(ks []Key) map[Key]bool {
 	return m
 }
 
-func TestDilutedEndpointIsCondemnedOnTheSecondRound(t *testing.T) {
-	a := NewAggregator()
-	// 50 nodes, 2 calls each, 30 of the 100 failed (on 30 nodes).
+// diluted: 50 nodes, 2 calls each, 30 of the 100 failed (on 30 nodes). No
+// node reaches minCalls alone.
+func diluted(failed int) [][]Window {
 	ws := nodeWindows(nil, 50, 2, 0)
-	for i := range 30 {
+	for i := range failed {
 		ws[i][0].Failures = 1
 	}
-	// No node reaches minCalls alone, so none could eject it.
-	v := round(a, t0, ws, nil)
+	return ws
+}
+
+func TestDilutedEndpointIsCondemnedOnTheSecondRound(t *testing.T) {
+	a := NewAggregator()
+	ws := diluted(30)
+	v := round(a, t0, ws, Verdicts{})
 	if len(v.Condemned) != 0 || len(v.Suspects) != 1 || v.Suspects[0] != ep {
 		t.Fatalf("first round (failures only, no suspect counts) = %+v, want ep a suspect and nothing condemned", v)
 	}
-	v = round(a, t0.Add(5*time.Second), ws, asSet(v.Suspects))
+	v = round(a, t0.Add(5*time.Second), ws, v)
 	if len(v.Condemned) != 1 || v.Condemned[0].Key != ep {
 		t.Fatalf("second round (every node's calls to the suspect) = %+v, want ep condemned", v)
 	}
 	c := v.Condemned[0]
-	if c.Calls != 100 || c.Nodes != 50 || c.Generation != t0.Add(5*time.Second).UnixNano() {
-		t.Errorf("condemned = %+v, want the 50 nodes' 100 calls, generation of the second round", c)
+	if c.Calls != 100 || c.Failures != 30 || c.Nodes != 50 || c.Level != 0 || c.Generation != t0.Add(5*time.Second).UnixNano() {
+		t.Errorf("condemned = %+v, want the 50 nodes' 30 of 100, level 0, generation of the second round", c)
 	}
 }
 
 // A rate judged on failure reports alone would condemn an endpoint that
 // fails 1% of the fleet's calls: the nodes that saw one failure in two
-// calls read 50%. The suspect's full counts acquit it.
+// calls read 50%. The suspect's full counts acquit it, once it has been
+// a suspect for a window; then a failure does not suspect it again for a
+// window.
 func TestSuspectCountsAreUnbiased(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(3, 4))
 	a := NewAggregator()
@@ -90,52 +101,142 @@ func TestSuspectCountsAreUnbiased(t *testing.T) {
 	if calls == 0 || float64(failures)/float64(calls) < 0.4 {
 		t.Fatalf("failure reports alone read %d of %d; the test needs them to look bad", failures, calls)
 	}
-	v := round(a, t0, ws, nil)
+	v := round(a, t0, ws, Verdicts{})
 	if len(v.Suspects) != 1 {
 		t.Fatalf("first round = %+v, want a suspect", v)
 	}
-	v = round(a, t0.Add(5*time.Second), ws, asSet(v.Suspects))
+	v = round(a, t0.Add(5*time.Second), ws, v)
 	if len(v.Condemned) != 0 || len(v.Suspects) != 1 {
 		t.Fatalf("with full counts, half a window on = %+v, want nothing condemned, still a suspect", v)
 	}
-	v = round(a, t0.Add(10*time.Second), ws, asSet(v.Suspects))
+	v = round(a, t0.Add(10*time.Second), ws, v)
 	if len(v.Condemned) != 0 || len(v.Suspects) != 0 {
 		t.Fatalf("with full counts, a window on = %+v, want acquitted: no suspect, nothing condemned", v)
 	}
+	// The same failures do not suspect it again at once...
+	for i := 11; i < 20; i++ {
+		if v = round(a, t0.Add(time.Duration(i)*time.Second), ws, v); len(v.Suspects) != 0 {
+			t.Fatalf("%ds, within a window of the acquittal: %+v, want no suspect", i, v)
+		}
+	}
+	// ...but a window later they do.
+	if v = round(a, t0.Add(20*time.Second), ws, v); len(v.Suspects) != 1 {
+		t.Fatalf("a window after the acquittal: %+v, want a suspect again", v)
+	}
 }
 
-func TestCondemnationLastsWhileTheSumCondemnsAndRelapsesAnew(t *testing.T) {
+// One node, buggy or hostile, cannot condemn an endpoint: not with a huge
+// count, not by listing it twice, not by marking counts suspect before
+// the aggregator published the suspect, not by tipping a healthy fleet's
+// rate over the threshold.
+func TestOneNodeCannotCondemn(t *testing.T) {
+	huge := Count{Key: ep, Calls: 1000, Failures: 1000, Suspect: true}
+	for name, reports := range map[string]func(now time.Time) []Report{
+		"alone": func(now time.Time) []Report {
+			return []Report{{Node: "evil", At: now, Expires: now.Add(time.Minute), Counts: []Count{huge, huge}}}
+		},
+		"among healthy nodes": func(now time.Time) []Report {
+			rs := reportsAt(now, diluted(0), map[Key]bool{ep: true})
+			return append(rs, Report{Node: "evil", At: now, Expires: now.Add(time.Minute), Counts: []Count{huge}})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := NewAggregator()
+			for i := range 30 {
+				now := t0.Add(time.Duration(i) * time.Second)
+				if v := a.Judge(now, reports(now), judges); len(v.Condemned) != 0 {
+					t.Fatalf("round %d: %+v, want nothing condemned", i, v)
+				}
+			}
+		})
+	}
+}
+
+func TestJudgeIgnoresWhatItCannotTrust(t *testing.T) {
+	other := Key{Service: "default/other:80", Addr: ep.Addr}
+	stranger := Key{Service: svc, Addr: netip.MustParseAddrPort("198.18.9.9:8080")}
+	bad := Count{Key: ep, Calls: 10, Failures: 10, Suspect: true}
+	for name, r := range map[string]Report{
+		"expired":            {At: t0, Expires: t0, Counts: []Count{bad}},
+		"stale":              {At: t0.Add(-21 * time.Second), Expires: t0.Add(time.Hour), Counts: []Count{bad}},
+		"from the future":    {At: t0.Add(2 * time.Minute), Expires: t0.Add(time.Hour), Counts: []Count{bad}},
+		"unknown service":    {At: t0, Expires: t0.Add(time.Minute), Counts: []Count{{Key: other, Calls: 10, Failures: 10}}},
+		"not an endpoint":    {At: t0, Expires: t0.Add(time.Minute), Counts: []Count{{Key: stranger, Calls: 10, Failures: 10}}},
+		"more failures":      {At: t0, Expires: t0.Add(time.Minute), Counts: []Count{{Key: ep, Calls: 1, Failures: 10}}},
+		"no calls":           {At: t0, Expires: t0.Add(time.Minute), Counts: []Count{{Key: ep}}},
+		"healthy, a failure": {At: t0, Expires: t0.Add(time.Minute), Counts: []Count{{Key: ep, Calls: 5}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := NewAggregator()
+			var reports []Report
+			for i := range 5 {
+				r.Node = fmt.Sprint(i)
+				reports = append(reports, r)
+			}
+			if v := a.Judge(t0, reports, judges); len(v.Suspects)+len(v.Condemned) != 0 {
+				t.Fatalf("= %+v, want nothing", v)
+			}
+		})
+	}
+}
+
+// A condemnation stands while the nodes eject the endpoint; reports
+// written after it hold only the calls since. Failing again after its
+// probe: renewed, a level up. Held out by every node: dropped, its level
+// remembered for the relapse. Serving again: acquitted, level forgotten.
+func TestCondemnationLifecycle(t *testing.T) {
 	a := NewAggregator()
-	bad := [][]Window{{{Key: ep, Calls: 10, Failures: 5, MinCalls: 20}}, {{Key: ep, Calls: 10, Failures: 5, MinCalls: 20}}}
-	v := round(a, t0, bad, nil)
-	v = round(a, t0.Add(time.Second), bad, asSet(v.Suspects))
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	v := round(a, at(0), diluted(30), Verdicts{})
+	v = round(a, at(1), diluted(30), v)
 	if len(v.Condemned) != 1 {
 		t.Fatalf("= %+v, want ep condemned", v)
 	}
 	gen := v.Condemned[0].Generation
-	v = round(a, t0.Add(2*time.Second), bad, asSet(v.Suspects))
-	if len(v.Condemned) != 1 || v.Condemned[0].Generation != gen {
-		t.Fatalf("still condemning: %+v, want the same generation %d", v, gen)
+	// Reports written before Settle after it still hold the old calls:
+	// they keep it, they do not renew it.
+	if v = round(a, at(2), diluted(30), v); len(v.Condemned) != 1 || v.Condemned[0].Generation != gen {
+		t.Fatalf("before Settle: %+v, want the same condemnation", v)
 	}
-	// The nodes ejected it: their windows emptied, they report nothing.
-	v = round(a, t0.Add(3*time.Second), [][]Window{nil, nil}, asSet(v.Suspects))
-	if len(v.Condemned) != 0 || len(v.Suspects) != 0 {
-		t.Fatalf("after the ejection = %+v, want nothing", v)
+	// After: the nodes ejected it and their windows emptied; its probe
+	// returned it on every node and it fails as before.
+	v = round(a, at(4), diluted(30), v)
+	if len(v.Condemned) != 1 || v.Condemned[0].Generation == gen || v.Condemned[0].Level != 1 {
+		t.Fatalf("failing again after the ejection: %+v, want renewed at level 1", v)
 	}
-	// Its probe returned it and it fails again: a new condemnation.
-	v = round(a, t0.Add(20*time.Second), bad, nil)
-	v = round(a, t0.Add(21*time.Second), bad, asSet(v.Suspects))
-	if len(v.Condemned) != 1 || v.Condemned[0].Generation == gen {
-		t.Fatalf("relapse = %+v, want a condemnation with a new generation", v)
+	// Every node holds it out: nothing reported. Dropped two windows on.
+	for s := 5.0; s <= 26; s++ {
+		v = round(a, at(s), nil, v)
+	}
+	if len(v.Condemned)+len(v.Suspects) != 0 {
+		t.Fatalf("held out everywhere for two windows: %+v, want dropped", v)
+	}
+	// It relapses after its penalty: condemned at level 2.
+	v = round(a, at(40), diluted(30), v)
+	v = round(a, at(41), diluted(30), v)
+	if len(v.Condemned) != 1 || v.Condemned[0].Level != 2 {
+		t.Fatalf("relapse: %+v, want condemned at level 2", v)
+	}
+	// It serves again: a window after Settle, acquitted.
+	for s := 42.0; s <= 54; s++ {
+		v = round(a, at(s), diluted(0), v)
+	}
+	if len(v.Condemned)+len(v.Suspects) != 0 {
+		t.Fatalf("serving for a window: %+v, want acquitted", v)
+	}
+	// A later failure starts from level 0 again.
+	v = round(a, at(70), diluted(30), v)
+	if v = round(a, at(71), diluted(30), v); len(v.Condemned) != 1 || v.Condemned[0].Level != 0 {
+		t.Fatalf("after an acquittal: %+v, want level 0", v)
 	}
 }
 
 func TestSuspectWithoutVolumeIsDropped(t *testing.T) {
 	a := NewAggregator()
-	few := [][]Window{{{Key: ep, Calls: 2, Failures: 1, MinCalls: 20}}}
-	v := round(a, t0, few, nil)
+	few := [][]Window{{{Key: ep, Calls: 2, Failures: 1, MinCalls: 20}}, {{Key: ep, Calls: 2, MinCalls: 20}}}
+	v := round(a, t0, few, Verdicts{})
 	for i := 1; i <= 20; i++ {
-		v = round(a, t0.Add(time.Duration(i)*time.Second), few, asSet(v.Suspects))
+		v = round(a, t0.Add(time.Duration(i)*time.Second), few, v)
 		if len(v.Condemned) != 0 {
 			t.Fatalf("condemned on %d calls, below minCalls", v.Condemned[0].Calls)
 		}
@@ -143,25 +244,29 @@ func TestSuspectWithoutVolumeIsDropped(t *testing.T) {
 			t.Fatalf("after %ds = %+v, want still a suspect", i, v)
 		}
 	}
-	// Two windows on: dropped (a failure in a later report makes it a
-	// suspect again, judged afresh).
 	if len(v.Suspects) != 0 {
 		t.Fatalf("after two windows = %+v, want the suspect dropped", v)
 	}
 }
 
-func TestJudgeIgnoresExpiredUnknownAndImpossible(t *testing.T) {
+// A new aggregator seeded with the verdicts in force keeps their
+// generations: the nodes do not eject again because the Lease moved.
+func TestSeedKeepsGenerations(t *testing.T) {
 	a := NewAggregator()
-	other := Key{Service: "default/other:80", Addr: ep.Addr}
-	reports := []Report{
-		{Node: "expired", Expires: t0, Counts: []Count{{Key: ep, Calls: 50, Failures: 50, Suspect: true}}},
-		{Node: "unknown", Expires: t0.Add(time.Minute), Counts: []Count{{Key: other, Calls: 50, Failures: 50, Suspect: true}}},
-		{Node: "impossible", Expires: t0.Add(time.Minute), Counts: []Count{{Key: ep, Calls: 5, Failures: 50, Suspect: true}}},
+	v := round(a, t0, diluted(30), Verdicts{})
+	v = round(a, t0.Add(time.Second), diluted(30), v)
+	b := NewAggregator()
+	b.Seed(t0.Add(90*time.Second), v)
+	w := b.Judge(t0.Add(91*time.Second), reportsAt(t0.Add(91*time.Second), diluted(30), asSet(v.Suspects)), judges)
+	// Reports written long after the condemnation condemn it afresh: a
+	// renewal, a level up, not a first condemnation.
+	if len(w.Condemned) != 1 || w.Condemned[0].Level != 1 {
+		t.Fatalf("seeded aggregator = %+v, want the condemnation carried on (renewed at level 1)", w)
 	}
-	for i := range 3 {
-		if v := a.Judge(t0.Add(time.Duration(i)*time.Second), reports, judges); len(v.Suspects)+len(v.Condemned) != 0 {
-			t.Fatalf("round %d = %+v, want nothing", i, v)
-		}
+	c := NewAggregator()
+	c.Seed(t0.Add(2*time.Second), v)
+	if w := c.Judge(t0.Add(2*time.Second), nil, judges); len(w.Condemned) != 1 || w.Condemned[0].Generation != v.Condemned[0].Generation {
+		t.Fatalf("seeded, no new reports = %+v, want the same generation %d", w, v.Condemned[0].Generation)
 	}
 }
 
@@ -179,31 +284,64 @@ func TestSelect(t *testing.T) {
 		t.Fatalf("Select with suspects = %+v, want both suspects (even without failures, even judged) first, then ep", got)
 	}
 	var many []Window
+	suspects := map[Key]bool{}
+	for i := range MaxCounts + 200 {
+		k := Key{Service: svc, Addr: netip.AddrPortFrom(netip.MustParseAddr("198.18.4.1"), uint16(1000+i))}
+		many = append(many, Window{Key: k, Calls: 5, Failures: uint32(i % 2), MinCalls: 20})
+		suspects[k] = true
+	}
+	got = Select(many, suspects)
+	healthyKept := 0
+	for _, c := range got {
+		if c.Failures == 0 {
+			healthyKept++
+		}
+	}
+	if len(got) != MaxCounts || healthyKept < MaxCounts*2/5 {
+		t.Fatalf("Select of %d suspects = %d entries, %d healthy; want %d, the cut independent of failures (about half healthy)",
+			len(many), len(got), healthyKept, MaxCounts)
+	}
+	var nonSuspects []Window
 	for i := range MaxCounts + 10 {
-		many = append(many, Window{Key: Key{Service: svc, Addr: netip.AddrPortFrom(netip.MustParseAddr("198.18.4.1"), uint16(1000+i))},
+		nonSuspects = append(nonSuspects, Window{Key: Key{Service: svc, Addr: netip.AddrPortFrom(netip.MustParseAddr("198.18.4.2"), uint16(1000+i))},
 			Calls: 5, Failures: uint32(1 + i%4), MinCalls: 20})
 	}
-	got = Select(many, nil)
-	if len(got) != MaxCounts || got[0].Failures != 4 || got[len(got)-1].Failures != 1 {
-		t.Fatalf("Select of %d = %d entries, first %d failures, last %d; want %d, most failures first",
-			len(many), len(got), got[0].Failures, got[len(got)-1].Failures, MaxCounts)
+	if got = Select(nonSuspects, nil); got[0].Failures != 4 || got[len(got)-1].Failures != 1 {
+		t.Fatalf("Select of failing non-suspects: first %d failures, last %d; want the most failures first", got[0].Failures, got[len(got)-1].Failures)
 	}
 }
 
 func TestConsumerActsOncePerGeneration(t *testing.T) {
-	c := NewConsumer()
-	first := []Condemned{{Key: ep, Generation: 1}}
-	if got := c.Fresh(first); len(got) != 1 {
+	start := t0.Add(time.Minute)
+	c := NewConsumer(start)
+	g1 := start.Add(time.Second).UnixNano()
+	first := []Condemned{{Key: ep, Generation: g1}}
+	got := c.Fresh(first)
+	if len(got) != 1 {
 		t.Fatalf("first = %v, want it", got)
 	}
-	if got := c.Fresh(first); len(got) != 0 {
-		t.Fatalf("again = %v, want nothing: acted on already", got)
+	if got := c.Fresh(first); len(got) != 1 {
+		t.Fatalf("not done yet = %v, want it again (not acted on)", got)
 	}
-	if got := c.Fresh([]Condemned{{Key: ep, Generation: 2}}); len(got) != 1 {
+	c.Done(got[0])
+	if got := c.Fresh(first); len(got) != 0 {
+		t.Fatalf("done = %v, want nothing", got)
+	}
+	if got := c.Fresh([]Condemned{{Key: ep, Generation: g1 + 1}}); len(got) != 1 {
 		t.Fatalf("new generation = %v, want it", got)
 	}
-	c.Fresh(nil)
-	if got := c.Fresh([]Condemned{{Key: ep, Generation: 2}}); len(got) != 1 {
-		t.Fatalf("after the verdict was gone = %v, want it again (forgotten)", got)
+	// Made before the agent started: its predecessor's to act on.
+	c = NewConsumer(start)
+	if got := c.Fresh([]Condemned{{Key: ep, Generation: start.Add(-time.Second).UnixNano()}}); len(got) != 0 {
+		t.Fatalf("a condemnation older than the agent = %v, want nothing", got)
+	}
+	// A malformed verdict naming a key twice does not flip between them.
+	c = NewConsumer(start)
+	dup := []Condemned{{Key: ep, Generation: g1}, {Key: ep, Generation: g1 + 5}}
+	for _, x := range c.Fresh(dup) {
+		c.Done(x)
+	}
+	if got := c.Fresh(dup); len(got) != 0 {
+		t.Fatalf("duplicates = %v, want nothing the second time", got)
 	}
 }

@@ -30,9 +30,9 @@ type FleetSource interface {
 	FleetWindows() []fleet.Window
 	// FleetJudges is how each service taking fleet evidence is judged.
 	FleetJudges() map[string]fleet.Judge
-	// Condemn ejects the endpoints the fleet condemns (each generation is
-	// passed once).
-	Condemn([]fleet.Condemned)
+	// Condemn ejects an endpoint the fleet condemns if it is ready here;
+	// false: this node does not know the endpoint (yet).
+	Condemn(fleet.Condemned) bool
 }
 
 // FleetOptions configure fleet evidence.
@@ -64,6 +64,13 @@ const (
 	verdictTTL = 5 * time.Minute
 	// judgeEvery is how often the aggregator sums the reports.
 	judgeEvery = time.Second
+	// callTimeout bounds every API call: a hung request delays the next
+	// report or verdict, never the reading of the verdicts in force.
+	callTimeout = 10 * time.Second
+	// verdictRetry is the first wait after a failed verdict write, doubled
+	// per failure up to verdictRetryMax.
+	verdictRetry    = time.Second
+	verdictRetryMax = time.Minute
 	// FleetLease is the aggregator's Lease.
 	FleetLease = "penaltybox-fleet"
 	fieldOwner = "penaltybox-agent"
@@ -93,11 +100,12 @@ func FleetServed(d interface {
 // reporter is this node's side: it writes the node's report and acts on
 // the verdicts.
 type reporter struct {
-	o        FleetOptions
-	log      *slog.Logger
-	verdicts cache.Store
-	consumer *fleet.Consumer
-	suspects map[fleet.Key]bool
+	o              FleetOptions
+	log            *slog.Logger
+	verdicts       cache.Store
+	verdictsSynced func() bool
+	consumer       *fleet.Consumer
+	suspects       map[fleet.Key]bool
 	// The report last written, when, and whether a write is failing (so
 	// that a failing API logs once, not once per interval).
 	last        []ReportEntry
@@ -105,6 +113,7 @@ type reporter struct {
 	nextGap     time.Duration
 	written     bool
 	failing     bool
+	deleteRetry time.Time // a failed delete of the report is tried again then
 	badVerdicts onceLog
 }
 
@@ -152,8 +161,8 @@ func RunFleet(ctx context.Context, o FleetOptions) {
 	})
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	r := &reporter{o: o, log: o.Logger, verdicts: inf.GetStore(), consumer: fleet.NewConsumer(),
-		suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
+	r := &reporter{o: o, log: o.Logger, verdicts: inf.GetStore(), verdictsSynced: inf.HasSynced,
+		consumer: fleet.NewConsumer(o.Clock.Now()), suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
 	var wg sync.WaitGroup
 	defer wg.Wait() // the Lease released before RunFleet returns
 	wg.Go(func() { r.lead(ctx) })
@@ -200,12 +209,16 @@ func (r *reporter) readVerdicts() {
 	}
 	r.suspects = suspects
 	setGauge(r.o.Condemned, float64(len(condemned)))
-	fresh := r.consumer.Fresh(condemned)
-	for _, c := range fresh {
+	for _, c := range r.consumer.Fresh(condemned) {
+		// One this node does not know yet (its EndpointSlices lag) is
+		// tried again at the next read.
+		if !r.o.Source.Condemn(c) {
+			continue
+		}
+		r.consumer.Done(c)
 		r.log.Info("fleet evidence condemns endpoint", "service", c.Service, "endpoint", c.Addr.String(),
-			"calls", c.Calls, "failures", c.Failures, "nodes", c.Nodes, "generation", c.Generation)
+			"calls", c.Calls, "failures", c.Failures, "nodes", c.Nodes, "level", c.Level, "generation", c.Generation)
 	}
-	r.o.Source.Condemn(fresh)
 }
 
 // report writes this node's report when it has something new to say and
@@ -219,8 +232,14 @@ func (r *reporter) report(ctx context.Context) {
 		if !r.written {
 			return
 		}
-		err := res.Delete(ctx, r.o.Node, metav1.DeleteOptions{})
+		if now.Before(r.deleteRetry) {
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		err := res.Delete(cctx, r.o.Node, metav1.DeleteOptions{})
+		cancel()
 		if err != nil && !apierrors.IsNotFound(err) {
+			r.deleteRetry = now.Add(r.o.Interval)
 			r.writeFailed("delete", err)
 			return
 		}
@@ -231,7 +250,7 @@ func (r *reporter) report(ctx context.Context) {
 	if now.Sub(r.lastWrite) < r.nextGap {
 		return
 	}
-	spec := EncodeReport(r.o.Node, counts, time.Time{})
+	spec := EncodeReport(counts, now, time.Time{})
 	size := 64
 	if b, err := json.Marshal(spec.Endpoints); err == nil {
 		size = len(b)
@@ -244,7 +263,9 @@ func (r *reporter) report(ctx context.Context) {
 	spec.ExpiresAt = metav1.NewTime(now.Add(3 * gap).UTC().Truncate(time.Second))
 	obj, err := fleetObject("EndpointReport", "", r.o.Node, &spec)
 	if err == nil {
-		_, err = res.Apply(ctx, r.o.Node, obj, metav1.ApplyOptions{FieldManager: fieldOwner, Force: true})
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		_, err = res.Apply(cctx, r.o.Node, obj, metav1.ApplyOptions{FieldManager: fieldOwner, Force: true})
+		cancel()
 	}
 	// Failed or not, the next try waits a gap: a failing API server is not
 	// hammered.
@@ -287,6 +308,7 @@ func (r *reporter) lead(ctx context.Context) {
 		LockConfig: resourcelock.ResourceLockConfig{Identity: o.Node},
 	}
 	log := r.log.With("lease", o.Namespace+"/"+FleetLease)
+	leading := false
 	for ctx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock:            lock,
@@ -297,11 +319,16 @@ func (r *reporter) lead(ctx context.Context) {
 			ReleaseOnCancel: true,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
+					leading = true
 					log.Info("aggregating the fleet's EndpointReports: this agent holds the lease")
 					setGauge(o.Aggregator, 1)
 					r.aggregate(ctx)
 				},
 				OnStoppedLeading: func() {
+					if !leading {
+						return // called on every stop, leader or not
+					}
+					leading = false
 					setGauge(o.Aggregator, 0)
 					log.Info("no longer aggregating the fleet's EndpointReports")
 				},
@@ -330,12 +357,23 @@ func (r *reporter) aggregate(ctx context.Context) {
 	inf := factory.ForResource(ReportGVR).Informer()
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced, r.verdictsSynced) {
 		return
 	}
+	// Carry on from the verdicts in force: a change of aggregator must not
+	// make every node eject again what stands, nor forget it.
 	agg := fleet.NewAggregator()
 	done := map[string]written{}
+	now := o.Clock.Now()
+	for _, obj := range r.verdicts.List() {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			if v, expires, _, err := DecodeVerdict(u); err == nil && expires.After(now) {
+				agg.Seed(now, v)
+			}
+		}
+	}
 	badReports := onceLog{}
+	retry := map[string]retryState{}
 	tick := o.Clock.NewTicker(judgeEvery)
 	defer tick.Stop()
 	for {
@@ -360,18 +398,55 @@ func (r *reporter) aggregate(ctx context.Context) {
 			}
 		}
 		want := EncodeVerdicts(agg.Judge(now, reports, o.Source.FleetJudges()), now.Add(verdictTTL))
-		r.writeVerdicts(ctx, now, want, done)
+		r.writeVerdicts(ctx, now, want, done, retry)
 	}
+}
+
+// retryState is a verdict write that failed: when to try again, and how
+// long the wait after the next failure is.
+type retryState struct {
+	next time.Time
+	wait time.Duration
 }
 
 // writeVerdicts makes the EndpointVerdicts say want: it writes the ones
 // that change or need a refresh, and deletes the ones with nothing left
-// to say (its own and any a predecessor left).
-func (r *reporter) writeVerdicts(ctx context.Context, now time.Time, want map[string]VerdictSpec, done map[string]written) {
+// to say (its own and any a predecessor left). A verdict whose write
+// failed waits, doubling from verdictRetry up to verdictRetryMax, and its
+// failure and recovery are logged once each.
+func (r *reporter) writeVerdicts(ctx context.Context, now time.Time, want map[string]VerdictSpec, done map[string]written, retry map[string]retryState) {
 	count := func(result string) {
 		if r.o.VerdictWrites != nil {
 			r.o.VerdictWrites.WithLabelValues(result).Inc()
 		}
+	}
+	// call runs one write or delete of key unless it waits to retry, and
+	// keeps its retry state; ok is false if it was not attempted or failed.
+	call := func(key, op string, f func(context.Context) error) bool {
+		st, failing := retry[key]
+		if failing && now.Before(st.next) {
+			return false
+		}
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		err := f(cctx)
+		cancel()
+		if err != nil {
+			count("error")
+			if !failing {
+				st.wait = verdictRetry
+				r.log.Warn("EndpointVerdict "+op+" failed; retrying with backoff", "verdict", key, "err", err)
+			} else {
+				st.wait = min(2*st.wait, verdictRetryMax)
+			}
+			st.next = now.Add(st.wait)
+			retry[key] = st
+			return false
+		}
+		if failing {
+			delete(retry, key)
+			r.log.Info("EndpointVerdict "+op+" succeeds again", "verdict", key)
+		}
+		return true
 	}
 	for key, spec := range want {
 		w, ok := done[key]
@@ -380,13 +455,14 @@ func (r *reporter) writeVerdicts(ctx context.Context, now time.Time, want map[st
 		}
 		ns, name, _ := strings.Cut(key, "/")
 		obj, err := fleetObject("EndpointVerdict", ns, name, &spec)
-		if err == nil {
-			_, err = r.o.Dynamic.Resource(VerdictGVR).Namespace(ns).Apply(ctx, name, obj,
-				metav1.ApplyOptions{FieldManager: fieldOwner, Force: true})
-		}
 		if err != nil {
-			count("error")
-			r.log.Warn("EndpointVerdict write failed; retrying", "verdict", key, "err", err)
+			continue // unreachable: spec is ours
+		}
+		if !call(key, "write", func(ctx context.Context) error {
+			_, err := r.o.Dynamic.Resource(VerdictGVR).Namespace(ns).Apply(ctx, name, obj,
+				metav1.ApplyOptions{FieldManager: fieldOwner, Force: true})
+			return err
+		}) {
 			continue
 		}
 		count("ok")
@@ -410,18 +486,27 @@ func (r *reporter) writeVerdicts(ctx context.Context, now time.Time, want map[st
 			continue
 		}
 		ns, name, _ := strings.Cut(key, "/")
-		err := r.o.Dynamic.Resource(VerdictGVR).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		switch {
-		case err == nil:
-			count("deleted")
-			r.log.Info("EndpointVerdict deleted: nothing left to say", "verdict", key)
-		case apierrors.IsNotFound(err):
-		default:
-			count("error")
-			r.log.Warn("EndpointVerdict delete failed; retrying", "verdict", key, "err", err)
+		gone := false
+		if !call(key, "delete", func(ctx context.Context) error {
+			err := r.o.Dynamic.Resource(VerdictGVR).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{})
+			if apierrors.IsNotFound(err) {
+				gone = true
+				return nil
+			}
+			return err
+		}) {
 			continue
 		}
+		if !gone {
+			count("deleted")
+			r.log.Info("EndpointVerdict deleted: nothing left to say", "verdict", key)
+		}
 		delete(done, key)
+	}
+	for key := range retry {
+		if _, ok := want[key]; !ok && !stale[key] {
+			delete(retry, key)
+		}
 	}
 }
 

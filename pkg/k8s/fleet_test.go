@@ -30,7 +30,10 @@ type fakeSource struct {
 
 func (s *fakeSource) FleetWindows() []fleet.Window        { return s.windows }
 func (s *fakeSource) FleetJudges() map[string]fleet.Judge { return nil }
-func (s *fakeSource) Condemn(cs []fleet.Condemned)        { s.condemned = append(s.condemned, cs...) }
+func (s *fakeSource) Condemn(c fleet.Condemned) bool {
+	s.condemned = append(s.condemned, c)
+	return true
+}
 
 // A report is written when there is something to say and the interval
 // allows, not rewritten unchanged until it needs refreshing, deleted once
@@ -60,7 +63,7 @@ func TestReporterWritesAndFails(t *testing.T) {
 	src := &fakeSource{}
 	writesVec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "w"}, []string{"result"})
 	r := &reporter{o: FleetOptions{Dynamic: dyn, Node: "node1", Interval: 5 * time.Second, Source: src, Clock: clk, ReportWrites: writesVec},
-		log: slog.New(slog.NewTextHandler(&logs, nil)), consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}}
+		log: slog.New(slog.NewTextHandler(&logs, nil)), consumer: fleet.NewConsumer(time.Time{}), suspects: map[fleet.Key]bool{}}
 	ctx := context.Background()
 	step := func(d time.Duration) { clk.SetTime(clk.Now().Add(d)) }
 
@@ -131,7 +134,7 @@ func TestReporterReadsVerdicts(t *testing.T) {
 	src := &fakeSource{}
 	var logs bytes.Buffer
 	r := &reporter{o: FleetOptions{Node: "node1", Source: src, Clock: clk}, log: slog.New(slog.NewTextHandler(&logs, nil)),
-		verdicts: store, consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
+		verdicts: store, consumer: fleet.NewConsumer(time.Time{}), suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
 	web := fleet.Key{Service: "shop/web:http", Addr: netip.MustParseAddrPort("198.18.3.10:8080")}
 	db := fleet.Key{Service: "shop/db:5432", Addr: netip.MustParseAddrPort("198.18.3.11:5432")}
 	add := func(name string, k fleet.Key, expires time.Time) {

@@ -30,10 +30,11 @@ var (
 )
 
 // ReportSpec is an EndpointReport's spec: one node's counts over its
-// windows, valid until ExpiresAt.
+// windows when it wrote them (WrittenAt), valid until ExpiresAt.
 type ReportSpec struct {
-	ExpiresAt metav1.Time   `json:"expiresAt"`
-	Endpoints []ReportEntry `json:"endpoints,omitempty"`
+	WrittenAt metav1.MicroTime `json:"writtenAt"`
+	ExpiresAt metav1.Time      `json:"expiresAt"`
+	Endpoints []ReportEntry    `json:"endpoints,omitempty"`
 }
 
 // ReportEntry is one endpoint's count in a report.
@@ -63,14 +64,17 @@ type VerdictEndpoint struct {
 type VerdictCondemned struct {
 	VerdictEndpoint `json:",inline"`
 	Generation      int64  `json:"generation"`
+	Level           int    `json:"level,omitempty"`
 	Calls           uint32 `json:"calls"`
 	Failures        uint32 `json:"failures"`
 	Nodes           int    `json:"nodes"`
 }
 
-// EncodeReport is node's report of counts, valid until expires.
-func EncodeReport(node string, counts []fleet.Count, expires time.Time) ReportSpec {
-	s := ReportSpec{ExpiresAt: metav1.NewTime(expires.UTC().Truncate(time.Second))}
+// EncodeReport is a report of counts written at at, valid until expires.
+// Times keep their microseconds: the aggregator compares a report's time
+// with a condemnation's.
+func EncodeReport(counts []fleet.Count, at, expires time.Time) ReportSpec {
+	s := ReportSpec{WrittenAt: metav1.NewMicroTime(at.UTC()), ExpiresAt: metav1.NewTime(expires.UTC().Truncate(time.Second))}
 	for _, c := range counts {
 		s.Endpoints = append(s.Endpoints, ReportEntry{Service: c.Service, Address: c.Addr.String(),
 			Calls: c.Calls, Failures: c.Failures, Suspect: c.Suspect})
@@ -86,7 +90,7 @@ func DecodeReport(u *unstructured.Unstructured) (r fleet.Report, bad int, err er
 	if err := fromUnstructuredSpec(u, &spec); err != nil {
 		return fleet.Report{}, 0, err
 	}
-	r = fleet.Report{Node: u.GetName(), Expires: spec.ExpiresAt.Time}
+	r = fleet.Report{Node: u.GetName(), At: spec.WrittenAt.Time, Expires: spec.ExpiresAt.Time}
 	for _, e := range spec.Endpoints {
 		a, err := netip.ParseAddrPort(e.Address)
 		if err != nil || e.Service == "" || e.Failures > e.Calls {
@@ -137,7 +141,7 @@ func EncodeVerdicts(v fleet.Verdicts, expires time.Time) map[string]VerdictSpec 
 		if obj, s, ok := get(c.Service); ok {
 			s.Condemned = append(s.Condemned, VerdictCondemned{
 				VerdictEndpoint: VerdictEndpoint{Service: c.Service, Address: c.Addr.String()},
-				Generation:      c.Generation, Calls: c.Calls, Failures: c.Failures, Nodes: c.Nodes})
+				Generation:      c.Generation, Level: c.Level, Calls: c.Calls, Failures: c.Failures, Nodes: c.Nodes})
 			out[obj] = s
 		}
 	}
@@ -145,8 +149,9 @@ func EncodeVerdicts(v fleet.Verdicts, expires time.Time) map[string]VerdictSpec 
 }
 
 // DecodeVerdict reads an EndpointVerdict: its conclusions and when they
-// expire. Entries that do not parse, or that name a service of another
-// Service object than the verdict's own, are left out and counted in bad.
+// expire. Entries that do not parse, that name a service of another
+// Service object than the verdict's own, or that repeat an endpoint, are
+// left out and counted in bad.
 func DecodeVerdict(u *unstructured.Unstructured) (v fleet.Verdicts, expires time.Time, bad int, err error) {
 	var spec VerdictSpec
 	if err := fromUnstructuredSpec(u, &spec); err != nil {
@@ -164,9 +169,11 @@ func DecodeVerdict(u *unstructured.Unstructured) (v fleet.Verdicts, expires time
 			bad++
 		}
 	}
+	seen := map[fleet.Key]bool{}
 	for _, c := range spec.Condemned {
-		if k, ok := key(c.VerdictEndpoint); ok {
-			v.Condemned = append(v.Condemned, fleet.Condemned{Key: k, Generation: c.Generation,
+		if k, ok := key(c.VerdictEndpoint); ok && !seen[k] {
+			seen[k] = true
+			v.Condemned = append(v.Condemned, fleet.Condemned{Key: k, Generation: c.Generation, Level: c.Level,
 				Calls: c.Calls, Failures: c.Failures, Nodes: c.Nodes})
 		} else {
 			bad++

@@ -15,7 +15,7 @@ func TestFleetObjectsRoundTrip(t *testing.T) {
 	web := fleet.Key{Service: "shop/web:http", Addr: netip.MustParseAddrPort("198.18.3.10:8080")}
 	db := fleet.Key{Service: "shop/db:5432", Addr: netip.MustParseAddrPort("[2001:2::5]:5432")}
 	counts := []fleet.Count{{Key: web, Calls: 4, Failures: 1}, {Key: db, Calls: 9, Failures: 0, Suspect: true}}
-	obj, err := fleetObject("EndpointReport", "", "node-1", new(EncodeReport("node-1", counts, now)))
+	obj, err := fleetObject("EndpointReport", "", "node-1", new(EncodeReport(counts, now.Add(-1500*time.Microsecond), now)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,11 +28,11 @@ func TestFleetObjectsRoundTrip(t *testing.T) {
 	if err != nil || bad != 2 {
 		t.Fatalf("DecodeReport: %d bad, %v; want the 2 broken entries counted", bad, err)
 	}
-	if r.Node != "node-1" || !r.Expires.Equal(now) || len(r.Counts) != 2 || r.Counts[0] != counts[0] || r.Counts[1] != counts[1] {
+	if r.Node != "node-1" || !r.Expires.Equal(now) || !r.At.Equal(now.Add(-1500*time.Microsecond)) || len(r.Counts) != 2 || r.Counts[0] != counts[0] || r.Counts[1] != counts[1] {
 		t.Fatalf("DecodeReport = %+v, want %+v", r, counts)
 	}
 
-	v := fleet.Verdicts{Suspects: []fleet.Key{db, web}, Condemned: []fleet.Condemned{{Key: web, Generation: now.UnixNano(), Calls: 60, Failures: 18, Nodes: 3}}}
+	v := fleet.Verdicts{Suspects: []fleet.Key{db, web}, Condemned: []fleet.Condemned{{Key: web, Generation: now.UnixNano(), Level: 2, Calls: 60, Failures: 18, Nodes: 3}}}
 	specs := EncodeVerdicts(v, now)
 	if len(specs) != 2 || len(specs["shop/web"].Condemned) != 1 || len(specs["shop/db"].Suspects) != 1 {
 		t.Fatalf("EncodeVerdicts = %+v, want one verdict per Service", specs)
