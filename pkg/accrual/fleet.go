@@ -49,12 +49,8 @@ func (e *Engine) Condemn(id uint32, calls, failures uint32, level int) []Transit
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.out = e.out[:0]
-	if int(id) >= len(e.eps) {
-		return nil
-	}
-	ep := &e.eps[id]
-	s := ep.svc
-	if s == nil || ep.state != Ready || !s.st.Fleet() {
+	s, ep := e.ready(id)
+	if s == nil || !s.st.Fleet() {
 		return nil
 	}
 	ready := ep.level // 0 in ready, but kept exact

@@ -231,16 +231,25 @@ func (e *Engine) KernelTripped(id uint32, kind Kind, at time.Time) []Transition 
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.out = e.out[:0]
-	if int(id) >= len(e.eps) {
-		return nil
-	}
-	ep := &e.eps[id]
-	s := ep.svc
-	if s == nil || ep.state != Ready || !s.st.Mode.Consecutive() {
+	s, ep := e.ready(id)
+	if s == nil || !s.st.Mode.Consecutive() {
 		return nil
 	}
 	e.trip(s, id, ep, ReasonConsecutiveFailures, kind, e.clk.Now(), at, 0)
 	return e.result()
+}
+
+// ready returns endpoint id and its service if it is in one and ready
+// (nil otherwise). Called with mu held.
+func (e *Engine) ready(id uint32) (*service, *endpoint) {
+	if int(id) >= len(e.eps) {
+		return nil, nil
+	}
+	ep := &e.eps[id]
+	if ep.svc == nil || ep.state != Ready {
+		return nil, nil
+	}
+	return ep.svc, ep
 }
 
 // Excluded tells whether accrual keeps new flows from endpoint id now: it

@@ -84,6 +84,18 @@ type annotation struct {
 	set     func(s *Settings, v string) error
 }
 
+// boolSetter parses "true" or "false" into the field f returns.
+func boolSetter(f func(*Settings) *bool) func(*Settings, string) error {
+	return func(s *Settings, v string) error {
+		switch v {
+		case "true", "false":
+			*f(s) = v == "true"
+			return nil
+		}
+		return errors.New(`want "true" or "false"`)
+	}
+}
+
 // acc adapts a parser of an accrual setting.
 func acc(f func(s *accrual.Settings, v string) error) func(*Settings, string) error {
 	return func(s *Settings, v string) error { return f(&s.Accrual, v) }
@@ -155,35 +167,14 @@ var annotations = []annotation{
 	})},
 	{AnnotationSlowConnectThreshold, "slowConnectThreshold", false, "", durationSetter(func(s *accrual.Settings) *time.Duration { return &s.SlowConnectThreshold })},
 	{AnnotationSlowConnectRateThreshold, "slowConnectRateThreshold", false, "", ratioSetter(func(s *accrual.Settings) *float64 { return &s.SlowConnectRateThreshold })},
-	{AnnotationOutliers, "outliers", false, "", acc(func(s *accrual.Settings, v string) error {
-		switch v {
-		case "true", "false":
-			s.Outliers = v == "true"
-			return nil
-		}
-		return errors.New(`want "true" or "false"`)
-	})},
+	{AnnotationOutliers, "outliers", false, "", boolSetter(func(s *Settings) *bool { return &s.Accrual.Outliers })},
 	{AnnotationOutlierStdevFactor, "outlierStdevFactor", false, "", ratioSetter(func(s *accrual.Settings) *float64 { return &s.OutlierStdevFactor })},
 	{AnnotationOutlierMinHosts, "outlierMinHosts", false, "", intSetter("want a whole number of endpoints, e.g. 5", func(s *accrual.Settings) *int { return &s.OutlierMinHosts })},
 	{AnnotationOutlierMinCalls, "outlierMinCalls", false, "", intSetter("want a whole number of connections, e.g. 100", func(s *accrual.Settings) *int { return &s.OutlierMinCalls })},
-	{AnnotationFleetEvidence, "fleetEvidence", false, "", acc(func(s *accrual.Settings, v string) error {
-		switch v {
-		case "true", "false":
-			s.FleetEvidence = v == "true"
-			return nil
-		}
-		return errors.New(`want "true" or "false"`)
-	})},
+	{AnnotationFleetEvidence, "fleetEvidence", false, "", boolSetter(func(s *Settings) *bool { return &s.Accrual.FleetEvidence })},
 	{AnnotationMaxInflight, "maxInflight", false, "", limitSetter(func(s *Settings) *uint32 { return &s.MaxInflight })},
 	{AnnotationMaxInflightPerEndpoint, "maxInflightPerEndpoint", false, "", limitSetter(func(s *Settings) *uint32 { return &s.MaxInflightPerEndpoint })},
-	{AnnotationRetryRefused, "retryRefused", false, "", func(s *Settings, v string) error {
-		switch v {
-		case "true", "false":
-			s.RetryRefused = v == "true"
-			return nil
-		}
-		return errors.New(`want "true" or "false"`)
-	}},
+	{AnnotationRetryRefused, "retryRefused", false, "", boolSetter(func(s *Settings) *bool { return &s.RetryRefused })},
 }
 
 // durationSetter parses Go durations ("500ms", "10s", "1m"), as the config

@@ -17,8 +17,6 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
 
 	"github.com/penaltybox/penaltybox/pkg/fleet"
@@ -301,45 +299,14 @@ func (r *reporter) writeFailed(op string, err error) {
 // lead competes for the fleet Lease until ctx ends, aggregating while it
 // holds it.
 func (r *reporter) lead(ctx context.Context) {
-	o := r.o
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: FleetLease, Namespace: o.Namespace},
-		Client:     o.Leases.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: o.Node},
-	}
-	log := r.log.With("lease", o.Namespace+"/"+FleetLease)
-	leading := false
-	for ctx.Err() == nil {
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock:            lock,
-			Name:            "fleet",
-			LeaseDuration:   leaseDuration,
-			RenewDeadline:   renewDeadline,
-			RetryPeriod:     retryPeriod,
-			ReleaseOnCancel: true,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(ctx context.Context) {
-					leading = true
-					log.Info("aggregating the fleet's EndpointReports: this agent holds the lease")
-					setGauge(o.Aggregator, 1)
-					r.aggregate(ctx)
-				},
-				OnStoppedLeading: func() {
-					if !leading {
-						return // called on every stop, leader or not
-					}
-					leading = false
-					setGauge(o.Aggregator, 0)
-					log.Info("no longer aggregating the fleet's EndpointReports")
-				},
-			},
-		})
-		if err != nil {
-			log.Error("fleet evidence will not be aggregated by this agent", "err", err)
-			return
-		}
-		le.Run(ctx)
-	}
+	leaseJob{
+		Client: r.o.Leases, Namespace: r.o.Namespace, Name: FleetLease, Identity: r.o.Node, Gauge: r.o.Aggregator, Log: r.log,
+		Doing:     "aggregating the fleet's EndpointReports: this agent holds the lease",
+		Stopped:   "no longer aggregating the fleet's EndpointReports",
+		Elsewhere: "the fleet's EndpointReports are aggregated by another agent",
+		Disabled:  "fleet evidence will not be aggregated by this agent",
+		Work:      r.aggregate,
+	}.run(ctx)
 }
 
 // written is what the aggregator last wrote for one Service object.

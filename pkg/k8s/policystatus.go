@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,8 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
 // StatusOptions configure who writes the policies' status. Every agent
@@ -34,17 +31,6 @@ type StatusOptions struct {
 	Writes *prometheus.CounterVec
 }
 
-// Lease timings. Every agent that does not hold the Lease reads it once a
-// retryPeriod (client-go jitters it): N nodes cost about N/30 reads a
-// second, not the N/2 of client-go's usual 2s. Status is not urgent: a
-// leader that dies leaves it unwritten for at most leaseDuration plus a
-// retry, and nothing else waits on it.
-const (
-	leaseDuration = 90 * time.Second
-	renewDeadline = 60 * time.Second
-	retryPeriod   = 30 * time.Second
-)
-
 // maxAncestors is the CRD's maxItems for status.ancestors (the Gateway
 // API's limit).
 const maxAncestors = 16
@@ -57,54 +43,21 @@ func (c *Controller) leadPolicyStatus(ctx context.Context) {
 	if name == "" {
 		name = "penaltybox-policy-status"
 	}
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: name, Namespace: so.Namespace},
-		Client:     so.Client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: so.Identity},
-	}
-	log := c.log.With("lease", so.Namespace+"/"+name)
-	for ctx.Err() == nil {
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock:            lock,
-			Name:            "policy-status",
-			LeaseDuration:   leaseDuration,
-			RenewDeadline:   renewDeadline,
-			RetryPeriod:     retryPeriod,
-			ReleaseOnCancel: true,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(ctx context.Context) {
-					log.Info("writing BackendPolicy status: this agent holds the lease")
-					setGauge(so.Leader, 1)
-					// Get blocks: a key unblocks it when leadership ends,
-					// so the worker stops at once (after a write in
-					// flight) and never outlives the term that started it.
-					stop := context.AfterFunc(ctx, func() { c.statusQueue.Add(stopKey) })
-					defer stop()
-					c.writeStatuses(ctx)
-				},
-				OnStoppedLeading: func() {
-					setGauge(so.Leader, 0)
-					log.Info("no longer writing BackendPolicy status")
-				},
-				OnNewLeader: func(id string) {
-					if id != so.Identity {
-						log.Info("BackendPolicy status is written by another agent", "leader", id)
-					}
-				},
-			},
-		})
-		if err != nil {
-			log.Error("BackendPolicy status will not be written", "err", err)
-			return
-		}
-		le.Run(ctx)
-	}
-}
-
-func setGauge(g prometheus.Gauge, v float64) {
-	if g != nil {
-		g.Set(v)
-	}
+	leaseJob{
+		Client: so.Client, Namespace: so.Namespace, Name: name, Identity: so.Identity, Gauge: so.Leader, Log: c.log,
+		Doing:     "writing BackendPolicy status: this agent holds the lease",
+		Stopped:   "no longer writing BackendPolicy status",
+		Elsewhere: "BackendPolicy status is written by another agent",
+		Disabled:  "BackendPolicy status will not be written",
+		Work: func(ctx context.Context) {
+			// Get blocks: a key unblocks it when leadership ends, so the
+			// worker stops at once (after a write in flight) and never
+			// outlives the term that started it.
+			stop := context.AfterFunc(ctx, func() { c.statusQueue.Add(stopKey) })
+			defer stop()
+			c.writeStatuses(ctx)
+		},
+	}.run(ctx)
 }
 
 // stopKey is no policy's key ("namespace/name" always has a slash).

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/penaltybox/penaltybox/internal/agentrun"
@@ -61,52 +62,13 @@ func podNetwork(t *testing.T, pn testnet.PodNetwork, tunnelXDP bool) {
 		"-f", filepath.Join(repoRoot, "deploy", "rbac.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range f.Nodes {
-		if err := n.Pods[1].ServeHTTP(8080); err != nil {
-			t.Fatal(err)
-		}
-	}
-
 	admin := c.Admin
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shop}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := admin.CoreV1().Services(shop).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: map[string]string{
-			pbk8s.AnnotationMode:        "consecutive",
-			pbk8s.AnnotationMaxFailures: "5",
-			pbk8s.AnnotationMinPenalty:  "3s",
-			pbk8s.AnnotationJitterRatio: "0",
-		}},
-		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{"app": "web"},
-			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	vip := netip.MustParseAddr(svc.Spec.ClusterIP)
-	target := netip.AddrPortFrom(vip, 80).String()
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: shop, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}},
-	}
-	var backends []string
-	for _, n := range f.Nodes {
-		addr := n.PodCIDR.Addr().Next().Next().Next() // pod 2: .3
-		backends = append(backends, addr.String()+":8080")
-		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{addr.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
-			NodeName:   ptr.To(fleetNodeName(n)),
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: shop, Name: fmt.Sprintf("web-%d", n.Index)},
-		})
-	}
-	if _, err := admin.DiscoveryV1().EndpointSlices(shop).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	target, backends := webOnFleet(t, ctx, admin, f, map[string]string{
+		pbk8s.AnnotationMode:        "consecutive",
+		pbk8s.AnnotationMaxFailures: "5",
+		pbk8s.AnnotationMinPenalty:  "3s",
+		pbk8s.AnnotationJitterRatio: "0",
+	})
 
 	agents := make([]*agentrun.Agent, len(f.Nodes))
 	for i, n := range f.Nodes {
@@ -291,6 +253,53 @@ func podNetwork(t *testing.T, pn testnet.PodNetwork, tunnelXDP bool) {
 		t.Errorf("after the slots came back: %d connected and %d refused, want 10 and 0", ok, refused)
 	}
 }
+
+// webOnFleet serves HTTP on pod 2 of every node and creates the Service
+// shop/web (port http, 80 → 8080) with annotations ann and one
+// EndpointSlice of those pods. It returns the ClusterIP:80 to dial and the
+// backends, ip:8080, by node.
+func webOnFleet(t *testing.T, ctx context.Context, admin kubernetes.Interface, f *testnet.Fleet, ann map[string]string) (target string, backends []string) {
+	t.Helper()
+	for _, n := range f.Nodes {
+		if err := n.Pods[1].ServeHTTP(8080); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shop}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := admin.CoreV1().Services(shop).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: ann},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "web"},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: shop, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}},
+	}
+	for _, n := range f.Nodes {
+		backends = append(backends, fleetBackend(n).String()+":8080")
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{fleetBackend(n).String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			NodeName:   ptr.To(fleetNodeName(n)),
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: shop, Name: fmt.Sprintf("web-%d", n.Index)},
+		})
+	}
+	if _, err := admin.DiscoveryV1().EndpointSlices(shop).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80).String(), backends
+}
+
+// fleetBackend is the address of node n's pod 2, the Service's backend.
+func fleetBackend(n *testnet.FleetNode) netip.Addr { return n.PodCIDR.Addr().Next().Next().Next() }
 
 func webBreaker(v pbadmin.CircuitBreakersView) pbadmin.CircuitBreaker {
 	for _, s := range v.Services {

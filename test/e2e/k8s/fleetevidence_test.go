@@ -3,7 +3,6 @@ package k8s
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -12,12 +11,10 @@ import (
 
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 
@@ -128,52 +125,17 @@ func TestFleetEvidence(t *testing.T) {
 	// and a threshold of 15% (half the failing share: the fleet's 120 calls
 	// a window cross it with a wide margin). A long penalty keeps an
 	// ejected backend out for the rest of the test.
-	for _, n := range f.Nodes {
-		if err := n.Pods[1].ServeHTTP(8080); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shop}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := admin.CoreV1().Services(shop).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: map[string]string{
-			pbk8s.AnnotationMode:                 "failure-rate",
-			pbk8s.AnnotationWindow:               "10s",
-			pbk8s.AnnotationMinCalls:             "60",
-			pbk8s.AnnotationFailureRateThreshold: "0.15",
-			pbk8s.AnnotationMinPenalty:           "5m",
-			pbk8s.AnnotationMaxPenalty:           "5m",
-			pbk8s.AnnotationJitterRatio:          "0",
-			pbk8s.AnnotationFleetEvidence:        "false",
-		}},
-		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{"app": "web"},
-			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80).String()
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: shop, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}},
-	}
-	for _, n := range f.Nodes {
-		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{fleetBackend(n).String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
-			NodeName:   ptr.To(fleetNodeName(n)),
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: shop, Name: fmt.Sprintf("web-%d", n.Index)},
-		})
-	}
-	if _, err := admin.DiscoveryV1().EndpointSlices(shop).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	bad := f.Node(3).Pods[1]
-	badEP := fleetBackend(f.Node(3)).String() + ":8080"
+	target, backends := webOnFleet(t, ctx, admin, f, map[string]string{
+		pbk8s.AnnotationMode:                 "failure-rate",
+		pbk8s.AnnotationWindow:               "10s",
+		pbk8s.AnnotationMinCalls:             "60",
+		pbk8s.AnnotationFailureRateThreshold: "0.15",
+		pbk8s.AnnotationMinPenalty:           "5m",
+		pbk8s.AnnotationMaxPenalty:           "5m",
+		pbk8s.AnnotationJitterRatio:          "0",
+		pbk8s.AnnotationFleetEvidence:        "false",
+	})
+	bad, badEP := f.Node(3).Pods[1], backends[2]
 
 	agents := make([]*agentrun.Agent, len(f.Nodes))
 	for i, n := range f.Nodes {
@@ -313,6 +275,3 @@ func TestFleetEvidence(t *testing.T) {
 		t.Logf("node %d's client: %d of %d connections succeeded", i+1, rs.Count(testnet.OK), len(rs))
 	}
 }
-
-// fleetBackend is the address of node n's pod 2, the Service's backend.
-func fleetBackend(n *testnet.FleetNode) netip.Addr { return n.PodCIDR.Addr().Next().Next().Next() }
