@@ -278,10 +278,13 @@ func (e *Engine) trip(s *service, id uint32, ep *endpoint, r Reason, kind Kind, 
 		return
 	}
 	if r != ReasonConsecutiveFailures && !ep.returnedAt.IsZero() && now.Sub(ep.returnedAt) < s.st.Window {
-		ep.level = max(ep.level, clampLevel(&s.st, ep.relapse)) // Condemn may have set it higher
-		if basePenalty(&s.st, ep.level) < s.st.MaxPenalty {
-			ep.level++
+		l := clampLevel(&s.st, ep.relapse)
+		if basePenalty(&s.st, l) < s.st.MaxPenalty {
+			l++
 		}
+		// Condemn may have set a level already: the fleet's count of
+		// condemnations in a row is one of relapses too, not on top.
+		ep.level = max(ep.level, l)
 	}
 	i := len(e.out) // eject may append a fail-open start after it
 	e.eject(s, id, ep, r, kind, now, failAt)

@@ -55,6 +55,9 @@ func (e *Engine) Condemn(id uint32, calls, failures uint32, level int) []Transit
 	}
 	ready := ep.level // 0 in ready, but kept exact
 	ep.level = max(ep.level, clampLevel(&s.st, uint8(min(max(level, 0), 255))))
+	// Each condemnation is its own spell of the rule being due: one the
+	// cap suppresses is reported, as the first was.
+	ep.suppressed &^= ruleBit(ReasonFleet)
 	i := len(e.out)
 	// No local failure decided it: the reaction is measured from now.
 	e.trip(s, id, ep, ReasonFleet, ep.lastKind, e.clk.Now(), time.Time{}, s.st.FailureRateThreshold)

@@ -75,3 +75,31 @@ func TestCondemnLevel(t *testing.T) {
 	}
 	checkInvariants(t, h.e)
 }
+
+// A renewal after a probe returned the endpoint is a relapse: its level
+// already counts it, so the penalty doubles once, not twice.
+func TestCondemnAfterAProbeDoublesOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	h.set(1, rateSettings(), 1, 2, 3)
+	for level, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second} {
+		ts := own(h.e.Condemn(1, 100, 50, level))
+		if len(ts) != 1 || ts[0].Penalty != want {
+			t.Fatalf("condemnation at level %d = %+v, want a %v penalty", level, ts, want)
+		}
+		h.step(want)
+		h.advance()
+		h.obs(Outcome{Endpoint: 1, Success: true, Probe: true}) // back through its probe
+		checkInvariants(t, h.e)
+	}
+}
+
+// Every suppressed condemnation is reported, not only the first.
+func TestCondemnSuppressedEachTime(t *testing.T) {
+	h := newHarness(t, nil)
+	h.set(1, rateSettings(func(s *Settings) { s.MaxEjectionPercent = 0 }), 1, 2)
+	for i := range 3 {
+		if ts := own(h.e.Condemn(1, 100, 50, 0)); len(ts) != 1 || ts[0].Reason != ReasonEjectionSuppressed {
+			t.Fatalf("condemnation %d = %+v, want a suppression", i, ts)
+		}
+	}
+}

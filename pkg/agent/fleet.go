@@ -3,6 +3,7 @@ package agent
 import (
 	"net/netip"
 
+	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/fleet"
 )
 
@@ -53,10 +54,13 @@ func (a *Agent) FleetJudges() map[string]fleet.Judge {
 }
 
 // Condemn ejects, with reason fleet, an endpoint the fleet's evidence
-// condemns, if this node still holds it ready. It reports whether this
-// node knows the endpoint: one it does not know yet (its EndpointSlices
-// lag the aggregator's) is tried again at the next read of the verdicts.
-func (a *Agent) Condemn(c fleet.Condemned) (known bool) {
+// condemns, if this node still holds it ready. known is false when this
+// node does not know the endpoint yet (its EndpointSlices lag the
+// aggregator's): the caller tries again later. out is whether the
+// endpoint is now out of the table here (ejected now, or already): its
+// window then holds no call made before the condemnation. An ejection the
+// cap suppressed leaves it in.
+func (a *Agent) Condemn(c fleet.Condemned) (known, out bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, s := range a.rec.Services() {
@@ -74,10 +78,10 @@ func (a *Agent) Condemn(c fleet.Condemned) (known bool) {
 					default:
 					}
 				}
-				return true
+				return true, a.engine.StateOf(bid) != accrual.Ready
 			}
 		}
-		return false
+		return false, false
 	}
-	return false
+	return false, false
 }

@@ -42,6 +42,10 @@ type Count struct {
 	// so the node reports it whether or not any call failed. Only such
 	// counts are judged.
 	Suspect bool
+	// Acted is the condemnation (its generation) after which this node's
+	// window began: it ejected the endpoint for it, or held it out already,
+	// so the window holds only calls made since. 0: none.
+	Acted int64
 }
 
 // Report is one node's counts, written at At and valid until Expires.
@@ -94,6 +98,7 @@ type Window struct {
 	Key
 	Calls, Failures uint32
 	MinCalls        int
+	Acted           int64 // see Count.Acted
 }
 
 // Select picks what a node reports: every endpoint the fleet suspects that
@@ -108,7 +113,7 @@ func Select(ws []Window, suspects map[Key]bool) []Count {
 		switch {
 		case w.Calls == 0:
 		case suspects[w.Key]:
-			out = append(out, Count{Key: w.Key, Calls: w.Calls, Failures: w.Failures, Suspect: true})
+			out = append(out, Count{Key: w.Key, Calls: w.Calls, Failures: w.Failures, Suspect: true, Acted: w.Acted})
 		case w.Failures > 0 && int(w.Calls) < w.MinCalls:
 			out = append(out, Count{Key: w.Key, Calls: w.Calls, Failures: w.Failures})
 		}
@@ -141,17 +146,19 @@ func keyHash(k Key) uint64 {
 
 // Timings of the aggregator's judgement.
 const (
-	// Settle is how long a condemnation takes to reach every node and
-	// clear their windows (they clear an endpoint's window when they eject
-	// it): reports written later hold only calls made since.
-	Settle = 2 * time.Second
 	// clockSkew: a report claiming to be written further in the future is
 	// not believed.
 	clockSkew = time.Minute
 	// levelMemory is how long the aggregator remembers an endpoint's
 	// condemnations in a row after the last one ended.
 	levelMemory = 10 * time.Minute
-	maxLevel    = 16
+	// MaxLevel bounds Condemned.Level: 2^16 times minPenalty is past any
+	// maxPenalty.
+	MaxLevel = 16
+	// weightCap: one node's calls count at most this many times the median
+	// node's, so one node's flood of successes cannot hide a failing
+	// endpoint, nor its flood of failures condemn one.
+	weightCap = 4
 )
 
 // suspect is what the aggregator holds of one suspect.
@@ -195,39 +202,71 @@ func (a *Aggregator) Seed(now time.Time, v Verdicts) {
 	}
 	for _, c := range v.Condemned {
 		c := c
+		c.Level = min(max(c.Level, 0), MaxLevel)
 		a.suspects[c.Key] = &suspect{since: now, condemned: &c}
 	}
 }
 
-// tally sums one endpoint's counts, keeping the node that reported the
-// most failures apart: no single node's report condemns an endpoint.
+// tally holds one endpoint's counts, one per node, for a judgement that
+// no single node decides.
 type tally struct {
-	calls, failures uint32
-	nodes           int
-	top             Count // the count with the most failures
+	counts []Count
 }
 
-func (t *tally) add(c Count) {
-	t.calls = satAdd(t.calls, c.Calls)
-	t.failures = satAdd(t.failures, c.Failures)
-	t.nodes++
-	if c.Failures > t.top.Failures || (c.Failures == t.top.Failures && c.Calls > t.top.Calls) {
-		t.top = c
+func (t *tally) add(c Count) { t.counts = append(t.counts, c) }
+
+// verdict is what a tally says under j. No single node's report decides
+// it: the rate judged leaves out the node whose failures exceed the
+// threshold's share of its calls the most (the strongest accusation) and,
+// with four nodes or more, the node whose successes pull the rate down the
+// most (the strongest defence); each node's calls count at most weightCap
+// times the median node's (its failures scaled alike), with three nodes or
+// more. Enough: the nodes judged hold MinCalls calls. calls, failures and
+// nodes are the whole sum's, for the record.
+func (t *tally) verdict(j Judge) (condemns, acquits bool, calls, failures uint32, nodes int) {
+	if t == nil || len(t.counts) < 2 {
+		return false, false, 0, 0, 0
 	}
-}
-
-// enough: the sum holds MinCalls calls, also without its top node.
-func (t *tally) enough(j Judge) bool {
-	return t != nil && t.nodes >= 2 && int(t.calls-t.top.Calls) >= j.MinCalls
-}
-
-// condemns: enough calls, and the failure rate over the threshold, also
-// without the node that reported the most failures: one node, buggy or
-// hostile, can neither condemn an endpoint alone nor tip the fleet's
-// rate over the threshold.
-func (t *tally) condemns(j Judge) bool {
-	return t.enough(j) && over(t.failures, t.calls, j.Threshold) &&
-		over(t.failures-t.top.Failures, t.calls-t.top.Calls, j.Threshold)
+	cs := slices.Clone(t.counts)
+	if len(cs) >= 3 {
+		all := make([]uint32, len(cs))
+		for i, c := range cs {
+			all[i] = c.Calls
+		}
+		slices.Sort(all)
+		limit := uint64(all[len(all)/2]) * weightCap
+		for i, c := range cs {
+			if uint64(c.Calls) > limit {
+				cs[i].Failures = uint32(uint64(c.Failures) * limit / uint64(c.Calls))
+				cs[i].Calls = uint32(limit)
+			}
+		}
+	}
+	excess := func(c Count) float64 { return float64(c.Failures) - j.Threshold*float64(c.Calls) }
+	accuser, defender := 0, -1
+	for i, c := range cs {
+		calls = satAdd(calls, c.Calls)
+		failures = satAdd(failures, c.Failures)
+		if excess(c) > excess(cs[accuser]) {
+			accuser = i
+		}
+	}
+	if len(cs) >= 4 {
+		for i, c := range cs {
+			if i != accuser && (defender < 0 || excess(c) < excess(cs[defender])) {
+				defender = i
+			}
+		}
+	}
+	jc, jf := calls-cs[accuser].Calls, failures-cs[accuser].Failures
+	if defender >= 0 {
+		jc, jf = jc-cs[defender].Calls, jf-cs[defender].Failures
+	}
+	if int(jc) < j.MinCalls {
+		return false, false, calls, failures, len(cs)
+	}
+	rate := over(jf, jc, j.Threshold)
+	return rate, !rate, calls, failures, len(cs)
 }
 
 // Judge judges reports at now with each service's judge. Counts are
@@ -235,23 +274,21 @@ func (t *tally) condemns(j Judge) bool {
 // per node and endpoint.
 //   - A failure makes its endpoint a suspect (unless it was acquitted or
 //     dropped less than a window ago).
-//   - A suspect is judged on the counts nodes reported because it is one:
-//     condemned when they condemn it (MinCalls calls over the threshold,
-//     also without the node reporting the most failures), acquitted when
-//     they hold MinCalls calls under the threshold once it has been a
-//     suspect for a window (an endpoint that just began to fail still has
-//     a window full of its healthy past), dropped after two windows
-//     without MinCalls calls.
+//   - A suspect is judged on the counts nodes reported because it is one
+//     (tally.verdict: no single node decides): condemned when they condemn
+//     it, acquitted when they acquit it once it has been a suspect for a
+//     window (an endpoint that just began to fail still has a window full
+//     of its healthy past), dropped after two windows undecided.
 //   - A condemnation stands while nodes eject the endpoint; it is judged
-//     on reports written Settle after it (their windows hold only calls
-//     made since the nodes ejected it, and since its probe returned it):
-//     renewed (a new generation, one level up: the nodes eject it again
-//     with a doubled penalty) when they condemn it, acquitted when they
-//     hold MinCalls calls under the threshold a window on, dropped two
-//     windows on without MinCalls calls (the nodes hold it out).
+//     on the counts of nodes whose windows began after it (Count.Acted:
+//     they ejected it for it, so they hold only calls made since its probe
+//     returned it): renewed (a new generation, one level up: the nodes
+//     eject it again with a doubled penalty) when they condemn it,
+//     acquitted when they acquit it a window on, dropped two windows on
+//     undecided (the nodes hold it out).
 func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Judge) Verdicts {
 	sums := map[Key]*tally{}
-	fresh := map[Key]*tally{} // condemned endpoints: counts written Settle after the condemnation
+	fresh := map[Key]*tally{} // condemned endpoints: counts from windows begun after the condemnation
 	add := func(m map[Key]*tally, c Count) {
 		t := m[c.Key]
 		if t == nil {
@@ -285,7 +322,7 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 				continue
 			}
 			add(sums, c)
-			if sp.condemned != nil && !r.At.Before(time.Unix(0, sp.condemned.Generation).Add(Settle)) {
+			if sp.condemned != nil && c.Acted == sp.condemned.Generation {
 				add(fresh, c)
 			}
 		}
@@ -314,29 +351,29 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 		}
 		if c := sp.condemned; c != nil {
 			at := time.Unix(0, c.Generation)
-			f := fresh[k]
+			condemns, acquits, calls, failures, nodes := fresh[k].verdict(j)
 			switch {
-			case f.condemns(j):
-				*c = Condemned{Key: k, Generation: now.UnixNano(), Level: min(c.Level+1, maxLevel),
-					Calls: f.calls, Failures: f.failures, Nodes: f.nodes}
-			case f.enough(j) && now.Sub(at) >= Settle+j.Window:
+			case condemns:
+				*c = Condemned{Key: k, Generation: now.UnixNano(), Level: min(c.Level+1, MaxLevel),
+					Calls: calls, Failures: failures, Nodes: nodes}
+			case acquits && now.Sub(at) >= j.Window:
 				a.end(k, c, now, true)
 				continue
-			case now.Sub(at) >= Settle+2*j.Window:
+			case now.Sub(at) >= 2*j.Window:
 				a.end(k, c, now, false)
 				continue
 			}
 		} else {
-			s := sums[k]
+			condemns, acquits, calls, failures, nodes := sums[k].verdict(j)
 			switch {
-			case s.condemns(j):
+			case condemns:
 				level := 0
 				if m, ok := a.levels[k]; ok {
-					level = min(m.level+1, maxLevel)
+					level = min(m.level+1, MaxLevel)
 				}
 				sp.condemned = &Condemned{Key: k, Generation: now.UnixNano(), Level: level,
-					Calls: s.calls, Failures: s.failures, Nodes: s.nodes}
-			case s.enough(j) && now.Sub(sp.since) >= j.Window:
+					Calls: calls, Failures: failures, Nodes: nodes}
+			case acquits && now.Sub(sp.since) >= j.Window:
 				delete(a.suspects, k) // acquitted
 				a.cooling[k] = now
 				continue
@@ -391,23 +428,26 @@ func satAdd(a, b uint32) uint32 {
 // endpoint even while the verdict that ejected it still stands (a renewal,
 // with a new generation, ejects it again).
 type Consumer struct {
-	acted map[Key]int64
-	start int64
+	acted map[Key]acted
 }
 
-// NewConsumer returns a consumer for an agent started at start. It does
-// not act on condemnations made before then: the agent this one replaces
-// acted on them, and the ejections it persisted are restored; if the
-// endpoint keeps failing, a renewal follows.
-func NewConsumer(start time.Time) *Consumer {
-	return &Consumer{acted: map[Key]int64{}, start: start.UnixNano()}
+type acted struct {
+	gen  int64
+	seen time.Time // last in a verdict
 }
 
-// Fresh returns the condemnations in cs not acted on yet, one per key (a
-// verdict naming a key twice is malformed: the first stands). Keys no
-// longer condemned are forgotten: their next condemnation has a new
-// generation anyway. Mark each one acted on with Done once it is.
-func (c *Consumer) Fresh(cs []Condemned) []Condemned {
+// actedMemory: how long a key no verdict names is remembered, so that a
+// stale verdict read after a newer one (a new aggregator's cache behind
+// by a write) is not acted on again.
+const actedMemory = 10 * time.Minute
+
+// NewConsumer returns a consumer that has acted on nothing.
+func NewConsumer() *Consumer { return &Consumer{acted: map[Key]acted{}} }
+
+// Fresh returns the condemnations in cs newer than the last one acted on
+// for their key, one per key (a verdict naming a key twice is malformed:
+// the first stands). Mark each one acted on with Done once it is.
+func (c *Consumer) Fresh(now time.Time, cs []Condemned) []Condemned {
 	var out []Condemned
 	seen := make(map[Key]bool, len(cs))
 	for _, x := range cs {
@@ -415,22 +455,25 @@ func (c *Consumer) Fresh(cs []Condemned) []Condemned {
 			continue
 		}
 		seen[x.Key] = true
-		if g, ok := c.acted[x.Key]; ok && g == x.Generation {
-			continue
-		}
-		if x.Generation < c.start {
-			c.acted[x.Key] = x.Generation
-			continue
+		a, ok := c.acted[x.Key]
+		if ok {
+			a.seen = now
+			c.acted[x.Key] = a
+			if x.Generation <= a.gen {
+				continue
+			}
 		}
 		out = append(out, x)
 	}
-	for k := range c.acted {
-		if !seen[k] {
+	for k, a := range c.acted {
+		if !seen[k] && now.Sub(a.seen) >= actedMemory {
 			delete(c.acted, k)
 		}
 	}
 	return out
 }
 
-// Done marks x acted on.
-func (c *Consumer) Done(x Condemned) { c.acted[x.Key] = x.Generation }
+// Done marks x acted on at now.
+func (c *Consumer) Done(now time.Time, x Condemned) {
+	c.acted[x.Key] = acted{gen: x.Generation, seen: now}
+}

@@ -65,6 +65,17 @@ func diluted(failed int) [][]Window {
 	return ws
 }
 
+// after marks every window as begun after condemnation gen (the nodes
+// ejected the endpoint for it).
+func after(ws [][]Window, gen int64) [][]Window {
+	for _, w := range ws {
+		for i := range w {
+			w[i].Acted = gen
+		}
+	}
+	return ws
+}
+
 func TestDilutedEndpointIsCondemnedOnTheSecondRound(t *testing.T) {
 	a := NewAggregator()
 	ws := diluted(30)
@@ -139,16 +150,49 @@ func TestOneNodeCannotCondemn(t *testing.T) {
 			rs := reportsAt(now, diluted(0), map[Key]bool{ep: true})
 			return append(rs, Report{Node: "evil", At: now, Expires: now.Add(time.Minute), Counts: []Count{huge}})
 		},
+		// Two honest nodes at 45% against a 50% threshold; the liar's 100%
+		// is not the most failures, but the most over the threshold.
+		"tipping the rate": func(now time.Time) []Report {
+			return []Report{
+				{Node: "a", At: now, Expires: now.Add(time.Minute), Counts: []Count{{Key: ep, Calls: 100, Failures: 45, Suspect: true}}},
+				{Node: "b", At: now, Expires: now.Add(time.Minute), Counts: []Count{{Key: ep, Calls: 100, Failures: 45, Suspect: true}}},
+				{Node: "evil", At: now, Expires: now.Add(time.Minute), Counts: []Count{{Key: ep, Calls: 44, Failures: 44, Suspect: true}}},
+			}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			a := NewAggregator()
+			js := judges
+			if name == "tipping the rate" {
+				js = map[string]Judge{svc: {Window: 10 * time.Second, MinCalls: 60, Threshold: 0.5, Endpoints: judges[svc].Endpoints}}
+			}
 			for i := range 30 {
 				now := t0.Add(time.Duration(i) * time.Second)
-				if v := a.Judge(now, reports(now), judges); len(v.Condemned) != 0 {
+				if v := a.Judge(now, reports(now), js); len(v.Condemned) != 0 {
 					t.Fatalf("round %d: %+v, want nothing condemned", i, v)
 				}
 			}
 		})
+	}
+}
+
+// Nor can one node hide a failing endpoint with a flood of successes.
+func TestOneNodeCannotAcquit(t *testing.T) {
+	a := NewAggregator()
+	ws := [][]Window{}
+	for range 4 {
+		ws = append(ws, []Window{{Key: ep, Calls: 40, Failures: 12, MinCalls: 50}})
+	}
+	liar := Report{Node: "evil", Counts: []Count{{Key: ep, Calls: 1_000_000, Suspect: true}}}
+	judge := func(now time.Time, v Verdicts) Verdicts {
+		rs := reportsAt(now, ws, asSet(v.Suspects))
+		liar.At, liar.Expires = now, now.Add(time.Minute)
+		return a.Judge(now, append(rs, liar), judges)
+	}
+	v := judge(t0, Verdicts{})
+	v = judge(t0.Add(time.Second), v)
+	if len(v.Condemned) != 1 {
+		t.Fatalf("= %+v, want ep condemned despite the liar's million successes", v)
 	}
 }
 
@@ -180,10 +224,11 @@ func TestJudgeIgnoresWhatItCannotTrust(t *testing.T) {
 	}
 }
 
-// A condemnation stands while the nodes eject the endpoint; reports
-// written after it hold only the calls since. Failing again after its
-// probe: renewed, a level up. Held out by every node: dropped, its level
-// remembered for the relapse. Serving again: acquitted, level forgotten.
+// A condemnation stands while the nodes eject the endpoint; only the
+// counts of windows begun after it (the nodes ejected it) judge it again.
+// Failing again after its probe: renewed, a level up. Held out by every
+// node: dropped, its level remembered for the relapse. Serving again:
+// acquitted, level forgotten.
 func TestCondemnationLifecycle(t *testing.T) {
 	a := NewAggregator()
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
@@ -193,23 +238,26 @@ func TestCondemnationLifecycle(t *testing.T) {
 		t.Fatalf("= %+v, want ep condemned", v)
 	}
 	gen := v.Condemned[0].Generation
-	// Reports written before Settle after it still hold the old calls:
-	// they keep it, they do not renew it.
-	if v = round(a, at(2), diluted(30), v); len(v.Condemned) != 1 || v.Condemned[0].Generation != gen {
-		t.Fatalf("before Settle: %+v, want the same condemnation", v)
+	// Nodes that have not ejected it yet (the verdict is slow to reach
+	// them, or the ejection cap held it back) still hold the old calls:
+	// they keep it condemned, they do not renew it.
+	for s := 2.0; s < 9; s++ {
+		if v = round(a, at(s), diluted(30), v); len(v.Condemned) != 1 || v.Condemned[0].Generation != gen {
+			t.Fatalf("%vs, no node acted yet: %+v, want the same condemnation", s, v)
+		}
 	}
-	// After: the nodes ejected it and their windows emptied; its probe
-	// returned it on every node and it fails as before.
-	v = round(a, at(4), diluted(30), v)
+	// The nodes ejected it, its probe returned it, and it fails as before.
+	v = round(a, at(9), after(diluted(30), gen), v)
 	if len(v.Condemned) != 1 || v.Condemned[0].Generation == gen || v.Condemned[0].Level != 1 {
 		t.Fatalf("failing again after the ejection: %+v, want renewed at level 1", v)
 	}
+	renewed := v.Condemned[0].Generation
 	// Every node holds it out: nothing reported. Dropped two windows on.
-	for s := 5.0; s <= 26; s++ {
+	for s := 10.0; s <= 29; s++ {
 		v = round(a, at(s), nil, v)
 	}
 	if len(v.Condemned)+len(v.Suspects) != 0 {
-		t.Fatalf("held out everywhere for two windows: %+v, want dropped", v)
+		t.Fatalf("held out everywhere for two windows since %d: %+v, want dropped", renewed, v)
 	}
 	// It relapses after its penalty: condemned at level 2.
 	v = round(a, at(40), diluted(30), v)
@@ -217,9 +265,10 @@ func TestCondemnationLifecycle(t *testing.T) {
 	if len(v.Condemned) != 1 || v.Condemned[0].Level != 2 {
 		t.Fatalf("relapse: %+v, want condemned at level 2", v)
 	}
-	// It serves again: a window after Settle, acquitted.
-	for s := 42.0; s <= 54; s++ {
-		v = round(a, at(s), diluted(0), v)
+	gen = v.Condemned[0].Generation
+	// It serves again: a window on, acquitted.
+	for s := 42.0; s <= 51; s++ {
+		v = round(a, at(s), after(diluted(0), gen), v)
 	}
 	if len(v.Condemned)+len(v.Suspects) != 0 {
 		t.Fatalf("serving for a window: %+v, want acquitted", v)
@@ -250,23 +299,21 @@ func TestSuspectWithoutVolumeIsDropped(t *testing.T) {
 }
 
 // A new aggregator seeded with the verdicts in force keeps their
-// generations: the nodes do not eject again because the Lease moved.
+// generations: the nodes do not eject again because the Lease moved; and
+// it renews them on the nodes' fresh counts as the old one would have.
 func TestSeedKeepsGenerations(t *testing.T) {
 	a := NewAggregator()
 	v := round(a, t0, diluted(30), Verdicts{})
 	v = round(a, t0.Add(time.Second), diluted(30), v)
+	gen := v.Condemned[0].Generation
 	b := NewAggregator()
-	b.Seed(t0.Add(90*time.Second), v)
-	w := b.Judge(t0.Add(91*time.Second), reportsAt(t0.Add(91*time.Second), diluted(30), asSet(v.Suspects)), judges)
-	// Reports written long after the condemnation condemn it afresh: a
-	// renewal, a level up, not a first condemnation.
-	if len(w.Condemned) != 1 || w.Condemned[0].Level != 1 {
-		t.Fatalf("seeded aggregator = %+v, want the condemnation carried on (renewed at level 1)", w)
+	b.Seed(t0.Add(2*time.Second), v)
+	if w := b.Judge(t0.Add(2*time.Second), reportsAt(t0.Add(2*time.Second), diluted(30), asSet(v.Suspects)), judges); len(w.Condemned) != 1 || w.Condemned[0].Generation != gen {
+		t.Fatalf("seeded, the nodes not acted yet = %+v, want the same generation %d", w, gen)
 	}
-	c := NewAggregator()
-	c.Seed(t0.Add(2*time.Second), v)
-	if w := c.Judge(t0.Add(2*time.Second), nil, judges); len(w.Condemned) != 1 || w.Condemned[0].Generation != v.Condemned[0].Generation {
-		t.Fatalf("seeded, no new reports = %+v, want the same generation %d", w, v.Condemned[0].Generation)
+	w := b.Judge(t0.Add(5*time.Second), reportsAt(t0.Add(5*time.Second), after(diluted(30), gen), asSet(v.Suspects)), judges)
+	if len(w.Condemned) != 1 || w.Condemned[0].Level != 1 {
+		t.Fatalf("seeded, failing again after the nodes acted = %+v, want renewed at level 1", w)
 	}
 }
 
@@ -312,36 +359,38 @@ func TestSelect(t *testing.T) {
 }
 
 func TestConsumerActsOncePerGeneration(t *testing.T) {
-	start := t0.Add(time.Minute)
-	c := NewConsumer(start)
-	g1 := start.Add(time.Second).UnixNano()
+	c := NewConsumer()
+	now := t0
+	g1 := t0.UnixNano()
 	first := []Condemned{{Key: ep, Generation: g1}}
-	got := c.Fresh(first)
+	got := c.Fresh(now, first)
 	if len(got) != 1 {
 		t.Fatalf("first = %v, want it", got)
 	}
-	if got := c.Fresh(first); len(got) != 1 {
+	if got := c.Fresh(now, first); len(got) != 1 {
 		t.Fatalf("not done yet = %v, want it again (not acted on)", got)
 	}
-	c.Done(got[0])
-	if got := c.Fresh(first); len(got) != 0 {
+	c.Done(now, got[0])
+	if got := c.Fresh(now, first); len(got) != 0 {
 		t.Fatalf("done = %v, want nothing", got)
 	}
-	if got := c.Fresh([]Condemned{{Key: ep, Generation: g1 + 1}}); len(got) != 1 {
+	if got := c.Fresh(now, []Condemned{{Key: ep, Generation: g1 + 1}}); len(got) != 1 {
 		t.Fatalf("new generation = %v, want it", got)
 	}
-	// Made before the agent started: its predecessor's to act on.
-	c = NewConsumer(start)
-	if got := c.Fresh([]Condemned{{Key: ep, Generation: start.Add(-time.Second).UnixNano()}}); len(got) != 0 {
-		t.Fatalf("a condemnation older than the agent = %v, want nothing", got)
+	c.Done(now, Condemned{Key: ep, Generation: g1 + 1})
+	// A stale verdict (an older generation) read after the newer one, even
+	// after a gap without any: nothing.
+	c.Fresh(now.Add(time.Minute), nil)
+	if got := c.Fresh(now.Add(2*time.Minute), first); len(got) != 0 {
+		t.Fatalf("older generation after a newer = %v, want nothing", got)
 	}
 	// A malformed verdict naming a key twice does not flip between them.
-	c = NewConsumer(start)
+	c = NewConsumer()
 	dup := []Condemned{{Key: ep, Generation: g1}, {Key: ep, Generation: g1 + 5}}
-	for _, x := range c.Fresh(dup) {
-		c.Done(x)
+	for _, x := range c.Fresh(now, dup) {
+		c.Done(now, x)
 	}
-	if got := c.Fresh(dup); len(got) != 0 {
+	if got := c.Fresh(now, dup); len(got) != 0 {
 		t.Fatalf("duplicates = %v, want nothing the second time", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,9 +29,10 @@ type FleetSource interface {
 	FleetWindows() []fleet.Window
 	// FleetJudges is how each service taking fleet evidence is judged.
 	FleetJudges() map[string]fleet.Judge
-	// Condemn ejects an endpoint the fleet condemns if it is ready here;
-	// false: this node does not know the endpoint (yet).
-	Condemn(fleet.Condemned) bool
+	// Condemn ejects an endpoint the fleet condemns if it is ready here.
+	// known: this node knows the endpoint; out: it is out of the table
+	// here now (its window holds no call from before).
+	Condemn(fleet.Condemned) (known, out bool)
 }
 
 // FleetOptions configure fleet evidence.
@@ -103,7 +105,12 @@ type reporter struct {
 	verdicts       cache.Store
 	verdictsSynced func() bool
 	consumer       *fleet.Consumer
-	suspects       map[fleet.Key]bool
+	// mu guards what the verdicts tell the reports: the suspects, and for
+	// each condemned endpoint this node took out, the generation after
+	// which its window began (Count.Acted).
+	mu       sync.Mutex
+	suspects map[fleet.Key]bool
+	out      map[fleet.Key]int64
 	// The report last written, when, and whether a write is failing (so
 	// that a failing API logs once, not once per interval).
 	last        []ReportEntry
@@ -160,25 +167,37 @@ func RunFleet(ctx context.Context, o FleetOptions) {
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	r := &reporter{o: o, log: o.Logger, verdicts: inf.GetStore(), verdictsSynced: inf.HasSynced,
-		consumer: fleet.NewConsumer(o.Clock.Now()), suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
+		consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]int64{}, badVerdicts: onceLog{}}
 	var wg sync.WaitGroup
-	defer wg.Wait() // the Lease released before RunFleet returns
+	defer wg.Wait() // the Lease released and the last write done before RunFleet returns
 	wg.Go(func() { r.lead(ctx) })
-
-	// Reports are checked five times an interval, so that a new suspect
-	// is reported within about an interval of the verdict naming it.
-	tick := o.Clock.NewTicker(max(o.Interval/5, 100*time.Millisecond))
+	// Reports on their own goroutine: a hung write must not delay acting
+	// on a verdict. They are checked five times an interval, so that a new
+	// suspect is reported within about an interval of the verdict naming
+	// it.
+	wg.Go(func() {
+		tick := o.Clock.NewTicker(max(o.Interval/5, 100*time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C():
+				r.report(ctx)
+			}
+		}
+	})
+	// Verdicts as they change, and once a second for their expiry.
+	tick := o.Clock.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
-			r.readVerdicts()
 		case <-tick.C():
-			r.readVerdicts() // expiry
-			r.report(ctx)
 		}
+		r.readVerdicts()
 	}
 }
 
@@ -205,15 +224,28 @@ func (r *reporter) readVerdicts() {
 		}
 		condemned = append(condemned, v.Condemned...)
 	}
-	r.suspects = suspects
 	setGauge(r.o.Condemned, float64(len(condemned)))
-	for _, c := range r.consumer.Fresh(condemned) {
+	r.mu.Lock()
+	r.suspects = suspects
+	for k := range r.out {
+		if !slices.ContainsFunc(condemned, func(c fleet.Condemned) bool { return c.Key == k }) {
+			delete(r.out, k)
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range r.consumer.Fresh(now, condemned) {
 		// One this node does not know yet (its EndpointSlices lag) is
 		// tried again at the next read.
-		if !r.o.Source.Condemn(c) {
+		known, out := r.o.Source.Condemn(c)
+		if !known {
 			continue
 		}
-		r.consumer.Done(c)
+		r.consumer.Done(now, c)
+		if out {
+			r.mu.Lock()
+			r.out[c.Key] = c.Generation
+			r.mu.Unlock()
+		}
 		r.log.Info("fleet evidence condemns endpoint", "service", c.Service, "endpoint", c.Addr.String(),
 			"calls", c.Calls, "failures", c.Failures, "nodes", c.Nodes, "level", c.Level, "generation", c.Generation)
 	}
@@ -224,7 +256,13 @@ func (r *reporter) readVerdicts() {
 // once there is nothing to say.
 func (r *reporter) report(ctx context.Context) {
 	now := r.o.Clock.Now()
-	counts := fleet.Select(r.o.Source.FleetWindows(), r.suspects)
+	ws := r.o.Source.FleetWindows()
+	r.mu.Lock()
+	for i := range ws {
+		ws[i].Acted = r.out[ws[i].Key]
+	}
+	counts := fleet.Select(ws, r.suspects)
+	r.mu.Unlock()
 	res := r.o.Dynamic.Resource(ReportGVR)
 	if len(counts) == 0 {
 		if !r.written {
@@ -387,6 +425,10 @@ func (r *reporter) writeVerdicts(ctx context.Context, now time.Time, want map[st
 			r.o.VerdictWrites.WithLabelValues(result).Inc()
 		}
 	}
+	// One pass gets callTimeout in all: a hung API server costs a judge
+	// tick that long, not that long per verdict.
+	pass, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
 	// call runs one write or delete of key unless it waits to retry, and
 	// keeps its retry state; ok is false if it was not attempted or failed.
 	call := func(key, op string, f func(context.Context) error) bool {
@@ -394,9 +436,7 @@ func (r *reporter) writeVerdicts(ctx context.Context, now time.Time, want map[st
 		if failing && now.Before(st.next) {
 			return false
 		}
-		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		err := f(cctx)
-		cancel()
+		err := f(pass)
 		if err != nil {
 			count("error")
 			if !failing {

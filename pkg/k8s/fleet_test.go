@@ -26,13 +26,17 @@ import (
 type fakeSource struct {
 	windows   []fleet.Window
 	condemned []fleet.Condemned
+	unknown   map[fleet.Key]bool
 }
 
 func (s *fakeSource) FleetWindows() []fleet.Window        { return s.windows }
 func (s *fakeSource) FleetJudges() map[string]fleet.Judge { return nil }
-func (s *fakeSource) Condemn(c fleet.Condemned) bool {
+func (s *fakeSource) Condemn(c fleet.Condemned) (known, out bool) {
+	if s.unknown[c.Key] {
+		return false, false
+	}
 	s.condemned = append(s.condemned, c)
-	return true
+	return true, true
 }
 
 // A report is written when there is something to say and the interval
@@ -63,7 +67,7 @@ func TestReporterWritesAndFails(t *testing.T) {
 	src := &fakeSource{}
 	writesVec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "w"}, []string{"result"})
 	r := &reporter{o: FleetOptions{Dynamic: dyn, Node: "node1", Interval: 5 * time.Second, Source: src, Clock: clk, ReportWrites: writesVec},
-		log: slog.New(slog.NewTextHandler(&logs, nil)), consumer: fleet.NewConsumer(time.Time{}), suspects: map[fleet.Key]bool{}}
+		log: slog.New(slog.NewTextHandler(&logs, nil)), consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]int64{}}
 	ctx := context.Background()
 	step := func(d time.Duration) { clk.SetTime(clk.Now().Add(d)) }
 
@@ -131,10 +135,10 @@ func TestReporterWritesAndFails(t *testing.T) {
 func TestReporterReadsVerdicts(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
 	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	src := &fakeSource{}
+	src := &fakeSource{unknown: map[fleet.Key]bool{}}
 	var logs bytes.Buffer
 	r := &reporter{o: FleetOptions{Node: "node1", Source: src, Clock: clk}, log: slog.New(slog.NewTextHandler(&logs, nil)),
-		verdicts: store, consumer: fleet.NewConsumer(time.Time{}), suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
+		verdicts: store, consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]int64{}, badVerdicts: onceLog{}}
 	web := fleet.Key{Service: "shop/web:http", Addr: netip.MustParseAddrPort("198.18.3.10:8080")}
 	db := fleet.Key{Service: "shop/db:5432", Addr: netip.MustParseAddrPort("198.18.3.11:5432")}
 	add := func(name string, k fleet.Key, expires time.Time) {
@@ -154,10 +158,24 @@ func TestReporterReadsVerdicts(t *testing.T) {
 	broken.Object["spec"] = "not an object"
 	_ = store.Add(broken)
 
+	src.unknown[web] = true // this node's EndpointSlices lag
+	r.readVerdicts()
+	if len(src.condemned) != 0 {
+		t.Fatalf("condemned %+v before the node knew the endpoint", src.condemned)
+	}
+	delete(src.unknown, web)
 	r.readVerdicts()
 	r.readVerdicts()
 	if len(src.condemned) != 1 || src.condemned[0].Key != web {
 		t.Fatalf("condemned %+v, want web once (db's verdict expired)", src.condemned)
+	}
+	// Its next counts say they were taken after the condemnation.
+	src.windows = []fleet.Window{{Key: web, Calls: 3, MinCalls: 20}}
+	r.mu.Lock()
+	acted := r.out[web]
+	r.mu.Unlock()
+	if acted != 7 {
+		t.Errorf("out[web] = %d, want generation 7", acted)
 	}
 	if !r.suspects[web] || r.suspects[db] {
 		t.Errorf("suspects %v, want web only", r.suspects)

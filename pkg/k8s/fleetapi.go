@@ -173,7 +173,7 @@ func DecodeVerdict(u *unstructured.Unstructured) (v fleet.Verdicts, expires time
 	for _, c := range spec.Condemned {
 		if k, ok := key(c.VerdictEndpoint); ok && !seen[k] {
 			seen[k] = true
-			v.Condemned = append(v.Condemned, fleet.Condemned{Key: k, Generation: c.Generation, Level: c.Level,
+			v.Condemned = append(v.Condemned, fleet.Condemned{Key: k, Generation: c.Generation, Level: min(max(c.Level, 0), fleet.MaxLevel),
 				Calls: c.Calls, Failures: c.Failures, Nodes: c.Nodes})
 		} else {
 			bad++

@@ -3,6 +3,8 @@ package k8s
 import (
 	"context"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,8 +49,17 @@ func (j leaseJob) run(ctx context.Context) {
 		LockConfig: resourcelock.ResourceLockConfig{Identity: j.Identity},
 	}
 	log := j.Log.With("lease", j.Namespace+"/"+j.Name)
-	leading := false
 	for ctx.Err() == nil {
+		// client-go runs OnStartedLeading on a goroutine of its own and
+		// returns from Run without waiting for it: the job's goroutine is
+		// waited for here, so a term's job never overlaps the next one's,
+		// and the gauge and the "stopped" line follow it.
+		var (
+			work sync.WaitGroup
+			mu   sync.Mutex
+			over bool // Run returned: a job starting late does not start
+			held atomic.Bool
+		)
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock:            lock,
 			Name:            j.Name,
@@ -58,19 +69,20 @@ func (j leaseJob) run(ctx context.Context) {
 			ReleaseOnCancel: true,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
-					leading = true
+					mu.Lock()
+					if over {
+						mu.Unlock()
+						return
+					}
+					work.Add(1)
+					mu.Unlock()
+					defer work.Done()
+					held.Store(true)
 					log.Info(j.Doing)
 					setGauge(j.Gauge, 1)
 					j.Work(ctx)
 				},
-				OnStoppedLeading: func() {
-					if !leading {
-						return // client-go calls it at every stop, holder or not
-					}
-					leading = false
-					setGauge(j.Gauge, 0)
-					log.Info(j.Stopped)
-				},
+				OnStoppedLeading: func() {},
 				OnNewLeader: func(id string) {
 					if id != j.Identity {
 						log.Info(j.Elsewhere, "holder", id)
@@ -83,6 +95,14 @@ func (j leaseJob) run(ctx context.Context) {
 			return
 		}
 		le.Run(ctx)
+		mu.Lock()
+		over = true
+		mu.Unlock()
+		work.Wait()
+		if held.Load() {
+			setGauge(j.Gauge, 0)
+			log.Info(j.Stopped)
+		}
 	}
 }
 
