@@ -21,6 +21,7 @@ package fleet
 import (
 	"cmp"
 	"hash/fnv"
+	"math"
 	"net/netip"
 	"slices"
 	"time"
@@ -165,6 +166,10 @@ const (
 type suspect struct {
 	since     time.Time
 	condemned *Condemned
+	// acted: some node reported counts taken after the condemnation (it
+	// took the endpoint out), or none calls it any more (all hold it out):
+	// only then is a drop a relapse to remember.
+	acted bool
 }
 
 // Aggregator sums every node's reports. Only one agent runs it (the holder
@@ -215,14 +220,15 @@ type tally struct {
 
 func (t *tally) add(c Count) { t.counts = append(t.counts, c) }
 
-// verdict is what a tally says under j. No single node's report decides
-// it: the rate judged leaves out the node whose failures exceed the
-// threshold's share of its calls the most (the strongest accusation) and,
-// with four nodes or more, the node whose successes pull the rate down the
-// most (the strongest defence); each node's calls count at most weightCap
-// times the median node's (its failures scaled alike), with three nodes or
-// more. Enough: the nodes judged hold MinCalls calls. calls, failures and
-// nodes are the whole sum's, for the record.
+// verdict is what a tally says under j. No single node's report condemns
+// an endpoint, and with four nodes or more none acquits one either: the
+// rate judged leaves out the node whose failures exceed the threshold's
+// share of its calls the most (the strongest accusation) and, with four
+// nodes or more, the node whose successes pull the rate down the most (the
+// strongest defence); each node's calls count at most weightCap times the
+// median node's (its failures scaled alike), with three nodes or more.
+// Enough: the nodes judged hold MinCalls calls. calls, failures and nodes
+// are the sum's after the weight cap, for the record.
 func (t *tally) verdict(j Judge) (condemns, acquits bool, calls, failures uint32, nodes int) {
 	if t == nil || len(t.counts) < 2 {
 		return false, false, 0, 0, 0
@@ -244,13 +250,15 @@ func (t *tally) verdict(j Judge) (condemns, acquits bool, calls, failures uint32
 	}
 	excess := func(c Count) float64 { return float64(c.Failures) - j.Threshold*float64(c.Calls) }
 	accuser, defender := 0, -1
+	var sumC, sumF uint64 // exact: a uint32 sum of many nodes could saturate
 	for i, c := range cs {
-		calls = satAdd(calls, c.Calls)
-		failures = satAdd(failures, c.Failures)
+		sumC += uint64(c.Calls)
+		sumF += uint64(c.Failures)
 		if excess(c) > excess(cs[accuser]) {
 			accuser = i
 		}
 	}
+	calls, failures = uint32(min(sumC, math.MaxUint32)), uint32(min(sumF, math.MaxUint32))
 	if len(cs) >= 4 {
 		for i, c := range cs {
 			if i != accuser && (defender < 0 || excess(c) < excess(cs[defender])) {
@@ -258,14 +266,14 @@ func (t *tally) verdict(j Judge) (condemns, acquits bool, calls, failures uint32
 			}
 		}
 	}
-	jc, jf := calls-cs[accuser].Calls, failures-cs[accuser].Failures
+	jc, jf := sumC-uint64(cs[accuser].Calls), sumF-uint64(cs[accuser].Failures)
 	if defender >= 0 {
-		jc, jf = jc-cs[defender].Calls, jf-cs[defender].Failures
+		jc, jf = jc-uint64(cs[defender].Calls), jf-uint64(cs[defender].Failures)
 	}
-	if int(jc) < j.MinCalls {
+	if jc < uint64(j.MinCalls) {
 		return false, false, calls, failures, len(cs)
 	}
-	rate := over(jf, jc, j.Threshold)
+	rate := jc > 0 && float64(jf) > j.Threshold*float64(jc)
 	return rate, !rate, calls, failures, len(cs)
 }
 
@@ -275,7 +283,7 @@ func (t *tally) verdict(j Judge) (condemns, acquits bool, calls, failures uint32
 //   - A failure makes its endpoint a suspect (unless it was acquitted or
 //     dropped less than a window ago).
 //   - A suspect is judged on the counts nodes reported because it is one
-//     (tally.verdict: no single node decides): condemned when they condemn
+//     (tally.verdict: no single node condemns): condemned when they condemn
 //     it, acquitted when they acquit it once it has been a suspect for a
 //     window (an endpoint that just began to fail still has a window full
 //     of its healthy past), dropped after two windows undecided.
@@ -351,16 +359,25 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 		}
 		if c := sp.condemned; c != nil {
 			at := time.Unix(0, c.Generation)
+			if fresh[k] != nil {
+				sp.acted = true
+			}
 			condemns, acquits, calls, failures, nodes := fresh[k].verdict(j)
 			switch {
 			case condemns:
-				*c = Condemned{Key: k, Generation: now.UnixNano(), Level: min(c.Level+1, MaxLevel),
+				// Generations only grow, whatever the clocks of successive
+				// aggregators: a node acts on none older than its last.
+				*c = Condemned{Key: k, Generation: max(now.UnixNano(), c.Generation+1), Level: min(c.Level+1, MaxLevel),
 					Calls: calls, Failures: failures, Nodes: nodes}
+				sp.acted = false
 			case acquits && now.Sub(at) >= j.Window:
-				a.end(k, c, now, true)
+				a.end(k, sp, now, true)
 				continue
 			case now.Sub(at) >= 2*j.Window:
-				a.end(k, c, now, false)
+				// Nobody calls it: the nodes hold it out. Calls, but none
+				// from a node that acted: the cap held every ejection back.
+				sp.acted = sp.acted || sums[k] == nil
+				a.end(k, sp, now, false)
 				continue
 			}
 		} else {
@@ -394,15 +411,18 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 }
 
 // end closes a condemnation: acquitted (its level is forgotten) or dropped
-// with the nodes holding the endpoint out (its level is remembered, so a
-// relapse doubles the penalty).
-func (a *Aggregator) end(k Key, c *Condemned, now time.Time, acquitted bool) {
+// undecided. A drop with the nodes holding the endpoint out (some took it
+// out for this condemnation) remembers the level, so that a relapse
+// doubles the penalty; one no node acted on (the cap held every ejection
+// back) leaves the level as it was.
+func (a *Aggregator) end(k Key, sp *suspect, now time.Time, acquitted bool) {
 	delete(a.suspects, k)
 	a.cooling[k] = now
-	if acquitted {
+	switch {
+	case acquitted:
 		delete(a.levels, k)
-	} else {
-		a.levels[k] = memory{level: c.Level, at: now}
+	case sp.acted:
+		a.levels[k] = memory{level: sp.condemned.Level, at: now}
 	}
 }
 

@@ -280,6 +280,26 @@ func TestCondemnationLifecycle(t *testing.T) {
 	}
 }
 
+// A condemnation no node acted on (the cap held every ejection back: the
+// nodes keep calling it, none says it acted) leaves no level behind.
+func TestCondemnationNobodyActedOnLeavesNoLevel(t *testing.T) {
+	a := NewAggregator()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	v := round(a, at(0), diluted(30), Verdicts{})
+	for s := 1.0; s <= 21; s++ {
+		v = round(a, at(s), diluted(30), v)
+	}
+	if len(v.Condemned) != 0 {
+		t.Fatalf("two windows on, no node acted: %+v, want dropped", v)
+	}
+	for s := 32.0; s <= 33; s++ {
+		v = round(a, at(s), diluted(30), v)
+	}
+	if len(v.Condemned) != 1 || v.Condemned[0].Level != 0 {
+		t.Fatalf("condemned again: %+v, want level 0", v)
+	}
+}
+
 func TestSuspectWithoutVolumeIsDropped(t *testing.T) {
 	a := NewAggregator()
 	few := [][]Window{{{Key: ep, Calls: 2, Failures: 1, MinCalls: 20}}, {{Key: ep, Calls: 2, MinCalls: 20}}}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"reflect"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -110,7 +110,7 @@ type reporter struct {
 	// which its window began (Count.Acted).
 	mu       sync.Mutex
 	suspects map[fleet.Key]bool
-	out      map[fleet.Key]int64
+	out      map[fleet.Key]outAt
 	// The report last written, when, and whether a write is failing (so
 	// that a failing API logs once, not once per interval).
 	last        []ReportEntry
@@ -120,6 +120,12 @@ type reporter struct {
 	failing     bool
 	deleteRetry time.Time // a failed delete of the report is tried again then
 	badVerdicts onceLog
+}
+
+// outAt is a condemnation this node took an endpoint out for, and when.
+type outAt struct {
+	gen int64
+	at  time.Time
 }
 
 // onceLog remembers the objects whose unreadable entries were logged, by
@@ -167,7 +173,7 @@ func RunFleet(ctx context.Context, o FleetOptions) {
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	r := &reporter{o: o, log: o.Logger, verdicts: inf.GetStore(), verdictsSynced: inf.HasSynced,
-		consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]int64{}, badVerdicts: onceLog{}}
+		consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]outAt{}, badVerdicts: onceLog{}}
 	var wg sync.WaitGroup
 	defer wg.Wait() // the Lease released and the last write done before RunFleet returns
 	wg.Go(func() { r.lead(ctx) })
@@ -227,8 +233,12 @@ func (r *reporter) readVerdicts() {
 	setGauge(r.o.Condemned, float64(len(condemned)))
 	r.mu.Lock()
 	r.suspects = suspects
-	for k := range r.out {
-		if !slices.ContainsFunc(condemned, func(c fleet.Condemned) bool { return c.Key == k }) {
+	// Kept as long as the consumer remembers what it acted on: a verdict
+	// missing for a while (expired, unreadable) and back with the same
+	// generation is not acted on again, and its counts must still say so.
+	// A generation no verdict names any more is harmless: it matches none.
+	for k, o := range r.out {
+		if now.Sub(o.at) >= 10*time.Minute {
 			delete(r.out, k)
 		}
 	}
@@ -243,7 +253,7 @@ func (r *reporter) readVerdicts() {
 		r.consumer.Done(now, c)
 		if out {
 			r.mu.Lock()
-			r.out[c.Key] = c.Generation
+			r.out[c.Key] = outAt{gen: c.Generation, at: now}
 			r.mu.Unlock()
 		}
 		r.log.Info("fleet evidence condemns endpoint", "service", c.Service, "endpoint", c.Addr.String(),
@@ -256,13 +266,18 @@ func (r *reporter) readVerdicts() {
 // once there is nothing to say.
 func (r *reporter) report(ctx context.Context) {
 	now := r.o.Clock.Now()
-	ws := r.o.Source.FleetWindows()
+	// What the verdicts said, read before the windows: an ejection for a
+	// condemnation clears the window before out records it, so a window
+	// read after this copy never predates a generation the copy names.
 	r.mu.Lock()
-	for i := range ws {
-		ws[i].Acted = r.out[ws[i].Key]
-	}
-	counts := fleet.Select(ws, r.suspects)
+	suspects := r.suspects
+	out := maps.Clone(r.out)
 	r.mu.Unlock()
+	ws := r.o.Source.FleetWindows()
+	for i := range ws {
+		ws[i].Acted = out[ws[i].Key].gen
+	}
+	counts := fleet.Select(ws, suspects)
 	res := r.o.Dynamic.Resource(ReportGVR)
 	if len(counts) == 0 {
 		if !r.written {
@@ -433,8 +448,8 @@ func (r *reporter) writeVerdicts(ctx context.Context, now time.Time, want map[st
 	// keeps its retry state; ok is false if it was not attempted or failed.
 	call := func(key, op string, f func(context.Context) error) bool {
 		st, failing := retry[key]
-		if failing && now.Before(st.next) {
-			return false
+		if (failing && now.Before(st.next)) || pass.Err() != nil {
+			return false // waiting to retry, or this pass is out of time: next tick
 		}
 		err := f(pass)
 		if err != nil {

@@ -67,7 +67,7 @@ func TestReporterWritesAndFails(t *testing.T) {
 	src := &fakeSource{}
 	writesVec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "w"}, []string{"result"})
 	r := &reporter{o: FleetOptions{Dynamic: dyn, Node: "node1", Interval: 5 * time.Second, Source: src, Clock: clk, ReportWrites: writesVec},
-		log: slog.New(slog.NewTextHandler(&logs, nil)), consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]int64{}}
+		log: slog.New(slog.NewTextHandler(&logs, nil)), consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]outAt{}}
 	ctx := context.Background()
 	step := func(d time.Duration) { clk.SetTime(clk.Now().Add(d)) }
 
@@ -138,7 +138,7 @@ func TestReporterReadsVerdicts(t *testing.T) {
 	src := &fakeSource{unknown: map[fleet.Key]bool{}}
 	var logs bytes.Buffer
 	r := &reporter{o: FleetOptions{Node: "node1", Source: src, Clock: clk}, log: slog.New(slog.NewTextHandler(&logs, nil)),
-		verdicts: store, consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]int64{}, badVerdicts: onceLog{}}
+		verdicts: store, consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]outAt{}, badVerdicts: onceLog{}}
 	web := fleet.Key{Service: "shop/web:http", Addr: netip.MustParseAddrPort("198.18.3.10:8080")}
 	db := fleet.Key{Service: "shop/db:5432", Addr: netip.MustParseAddrPort("198.18.3.11:5432")}
 	add := func(name string, k fleet.Key, expires time.Time) {
@@ -169,13 +169,19 @@ func TestReporterReadsVerdicts(t *testing.T) {
 	if len(src.condemned) != 1 || src.condemned[0].Key != web {
 		t.Fatalf("condemned %+v, want web once (db's verdict expired)", src.condemned)
 	}
-	// Its next counts say they were taken after the condemnation.
+	// Its next report says its counts were taken after the condemnation.
 	src.windows = []fleet.Window{{Key: web, Calls: 3, MinCalls: 20}}
-	r.mu.Lock()
-	acted := r.out[web]
-	r.mu.Unlock()
-	if acted != 7 {
-		t.Errorf("out[web] = %d, want generation 7", acted)
+	gvrs := map[schema.GroupVersionResource]string{ReportGVR: "EndpointReportList", VerdictGVR: "EndpointVerdictList"}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gvrs)
+	var patch []byte
+	dyn.PrependReactor("patch", ReportResource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		patch = a.(k8stesting.PatchAction).GetPatch()
+		return true, nil, nil
+	})
+	r.o.Dynamic, r.o.Interval = dyn, 5*time.Second
+	r.report(context.Background())
+	if !bytes.Contains(patch, []byte(`"acted":7`)) || !bytes.Contains(patch, []byte(`"suspect":true`)) {
+		t.Errorf("report %s, want web's count as a suspect's, acted on generation 7", patch)
 	}
 	if !r.suspects[web] || r.suspects[db] {
 		t.Errorf("suspects %v, want web only", r.suspects)

@@ -44,6 +44,9 @@ type ReportEntry struct {
 	Calls    uint32 `json:"calls"`
 	Failures uint32 `json:"failures"`
 	Suspect  bool   `json:"suspect,omitempty"`
+	// Acted: the condemnation (its generation) after which the node's
+	// window began; 0 or absent: none.
+	Acted int64 `json:"acted,omitempty"`
 }
 
 // VerdictSpec is an EndpointVerdict's spec: the aggregator's conclusions
@@ -77,7 +80,7 @@ func EncodeReport(counts []fleet.Count, at, expires time.Time) ReportSpec {
 	s := ReportSpec{WrittenAt: metav1.NewMicroTime(at.UTC()), ExpiresAt: metav1.NewTime(expires.UTC().Truncate(time.Second))}
 	for _, c := range counts {
 		s.Endpoints = append(s.Endpoints, ReportEntry{Service: c.Service, Address: c.Addr.String(),
-			Calls: c.Calls, Failures: c.Failures, Suspect: c.Suspect})
+			Calls: c.Calls, Failures: c.Failures, Suspect: c.Suspect, Acted: c.Acted})
 	}
 	return s
 }
@@ -98,7 +101,7 @@ func DecodeReport(u *unstructured.Unstructured) (r fleet.Report, bad int, err er
 			continue
 		}
 		r.Counts = append(r.Counts, fleet.Count{Key: fleet.Key{Service: e.Service, Addr: a},
-			Calls: e.Calls, Failures: e.Failures, Suspect: e.Suspect})
+			Calls: e.Calls, Failures: e.Failures, Suspect: e.Suspect, Acted: e.Acted})
 	}
 	return r, bad, nil
 }

@@ -14,7 +14,7 @@ func TestFleetObjectsRoundTrip(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	web := fleet.Key{Service: "shop/web:http", Addr: netip.MustParseAddrPort("198.18.3.10:8080")}
 	db := fleet.Key{Service: "shop/db:5432", Addr: netip.MustParseAddrPort("[2001:2::5]:5432")}
-	counts := []fleet.Count{{Key: web, Calls: 4, Failures: 1}, {Key: db, Calls: 9, Failures: 0, Suspect: true}}
+	counts := []fleet.Count{{Key: web, Calls: 4, Failures: 1}, {Key: db, Calls: 9, Failures: 0, Suspect: true, Acted: now.UnixNano()}}
 	obj, err := fleetObject("EndpointReport", "", "node-1", new(EncodeReport(counts, now.Add(-1500*time.Microsecond), now)))
 	if err != nil {
 		t.Fatal(err)
@@ -63,5 +63,34 @@ func TestServiceObject(t *testing.T) {
 		if _, _, ok := ServiceObject(in); ok {
 			t.Errorf("ServiceObject(%q) ok, want not a Kubernetes service name", in)
 		}
+	}
+}
+
+// A condemnation is renewed on counts that went through the API: the
+// acted generation survives encoding.
+func TestRenewalThroughTheWireFormat(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	web := fleet.Key{Service: "shop/web:http", Addr: netip.MustParseAddrPort("198.18.3.10:8080")}
+	gen := now.Add(-3 * time.Second).UnixNano()
+	agg := fleet.NewAggregator()
+	agg.Seed(now, fleet.Verdicts{Suspects: []fleet.Key{web}, Condemned: []fleet.Condemned{{Key: web, Generation: gen}}})
+	var reports []fleet.Report
+	for _, node := range []string{"node1", "node2", "node3"} {
+		spec := EncodeReport([]fleet.Count{{Key: web, Calls: 40, Failures: 12, Suspect: true, Acted: gen}}, now, now.Add(time.Minute))
+		u, err := fleetObject("EndpointReport", "", node, &spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, bad, err := DecodeReport(u)
+		if err != nil || bad != 0 {
+			t.Fatalf("DecodeReport: %d bad, %v", bad, err)
+		}
+		reports = append(reports, r)
+	}
+	judges := map[string]fleet.Judge{web.Service: {Window: 10 * time.Second, MinCalls: 60, Threshold: 0.2,
+		Endpoints: map[netip.AddrPort]bool{web.Addr: true}}}
+	v := agg.Judge(now, reports, judges)
+	if len(v.Condemned) != 1 || v.Condemned[0].Generation == gen || v.Condemned[0].Level != 1 {
+		t.Fatalf("= %+v, want the condemnation renewed at level 1", v)
 	}
 }
