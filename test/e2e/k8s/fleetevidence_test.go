@@ -28,11 +28,13 @@ import (
 // per node; node 3's backend refuses 30% of them. In a 10 s window each
 // node sends that backend about 40 connections, and min-calls is 60: no
 // node can judge it alone, while the fleet's 120 can (also without the
-// node reporting the most failures, as the aggregator requires). With fleet evidence
-// off (the Service's annotation) no node ejects it over two and a half
-// windows; turned on, every node ejects it, with reason fleet, within two
-// windows. The agents run with bound service-account tokens of pods on
-// their nodes, under deploy/'s RBAC and admission policies, which refuse a
+// node most over the threshold, which the aggregator leaves out). With
+// fleet evidence off (the Service's annotation) no node ejects it over two
+// and a half windows; turned on, every node ejects it, with reason fleet,
+// within two windows; back through its probes after its 2 s penalty and
+// failing again, it is condemned again a level up and every node ejects it
+// again. The agents run with bound service-account tokens of pods on their
+// nodes, under deploy/'s RBAC and admission policies, which refuse a
 // report written for another node and a verdict from an agent that does
 // not hold the fleet Lease.
 func TestFleetEvidence(t *testing.T) {
@@ -123,15 +125,15 @@ func TestFleetEvidence(t *testing.T) {
 
 	// The Service: failure-rate accrual, a 10 s window judged on 60 calls,
 	// and a threshold of 15% (half the failing share: the fleet's 120 calls
-	// a window cross it with a wide margin). A long penalty keeps an
-	// ejected backend out for the rest of the test.
+	// a window cross it with a wide margin). A short first penalty lets its
+	// probes bring it back, to be condemned again.
 	target, backends := webOnFleet(t, ctx, admin, f, map[string]string{
 		pbk8s.AnnotationMode:                 "failure-rate",
 		pbk8s.AnnotationWindow:               "10s",
 		pbk8s.AnnotationMinCalls:             "60",
 		pbk8s.AnnotationFailureRateThreshold: "0.15",
-		pbk8s.AnnotationMinPenalty:           "5m",
-		pbk8s.AnnotationMaxPenalty:           "5m",
+		pbk8s.AnnotationMinPenalty:           "2s",
+		pbk8s.AnnotationMaxPenalty:           "1m",
 		pbk8s.AnnotationJitterRatio:          "0",
 		pbk8s.AnnotationFleetEvidence:        "false",
 	})
@@ -156,7 +158,7 @@ func TestFleetEvidence(t *testing.T) {
 	results := make([]testnet.Results, len(f.Nodes))
 	for i, n := range f.Nodes {
 		wg.Go(func() {
-			results[i], _ = testnet.Load(loadCtx, n.Pods[0].NS, testnet.LoadSpec{Target: target, Rate: 12, Duration: 90 * time.Second,
+			results[i], _ = testnet.Load(loadCtx, n.Pods[0].NS, testnet.LoadSpec{Target: target, Rate: 12, Duration: 3 * time.Minute,
 				ConnectTimeout: 2 * time.Second, RequestTimeout: 2 * time.Second})
 		})
 	}
@@ -225,7 +227,7 @@ func TestFleetEvidence(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v := m.Get("penaltybox_endpoint_ejections_by_reason_total", "service", httpSvc, "endpoint", badEP, "reason", "fleet"); v != 1 {
+		if v := m.Get("penaltybox_endpoint_ejections_by_reason_total", "service", httpSvc, "endpoint", badEP, "reason", "fleet"); v < 1 {
 			t.Errorf("node %d: %v ejections for fleet, want 1", i+1, v)
 		}
 		if !a.LogContains("fleet evidence condemns endpoint", badEP) {
@@ -250,6 +252,29 @@ func TestFleetEvidence(t *testing.T) {
 		t.Fatalf("the Service's EndpointVerdict: %v", err)
 	}
 	t.Logf("EndpointVerdict shop/web: %s", v)
+
+	// Its probes bring it back after its 2 s penalty and it fails as
+	// before: judged on the counts of the nodes that took it out (their
+	// windows hold only calls made since), the condemnation is renewed a
+	// level up, and every node ejects it again.
+	fleetEjections := func(a *agentrun.Agent) float64 {
+		m, err := a.Metrics(ctx)
+		if err != nil {
+			return 0
+		}
+		return m.Get("penaltybox_endpoint_ejections_by_reason_total", "service", httpSvc, "endpoint", badEP, "reason", "fleet")
+	}
+	renewedFrom := time.Now()
+	waitFor(t, ctx, 90*time.Second, "a renewed condemnation (level 1) ejecting "+badEP+" again on every node", func() bool {
+		time.Sleep(250 * time.Millisecond) // scrapes three agents: not at waitFor's pace
+		for _, a := range agents {
+			if fleetEjections(a) < 2 || !a.LogContains("fleet evidence condemns endpoint", badEP, `"level":1`) {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("renewed: every node ejected %s again for the fleet %v after the first ejections", badEP, time.Since(renewedFrom).Round(100*time.Millisecond))
 
 	// Only the Lease holder writes verdicts.
 	lease, err := admin.CoordinationV1().Leases("penaltybox-system").Get(ctx, pbk8s.FleetLease, metav1.GetOptions{})

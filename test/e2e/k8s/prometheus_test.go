@@ -101,9 +101,15 @@ func (w *world) prometheusSD(t *testing.T) {
 		}
 		return false
 	})
-	if n, err := srv.Series(`penaltybox_endpoints{job="penaltybox-agent"}`); err != nil || n == 0 {
-		t.Errorf("penaltybox_endpoints from the discovered target: %v, %d series", err, n)
-	}
+	// A target reads "up" once its scrape is reported, which can be a
+	// moment before that scrape's samples are committed and queryable:
+	// the series are waited for (a scrape a second), not taken at once.
+	var n int
+	var serr error
+	w.eventually(5*time.Second, "penaltybox_endpoints from the discovered target", func() bool {
+		n, serr = srv.Series(`penaltybox_endpoints{job="penaltybox-agent"}`)
+		return serr == nil && n > 0
+	})
 	if err := w.c.Admin.CoreV1().Pods(ds.Namespace).Delete(w.ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}
