@@ -185,16 +185,29 @@ type Aggregator struct {
 	// levels: the last condemnation's level and when it ended, so that a
 	// relapse after a penalty doubles it.
 	levels map[Key]memory
+	// gens: the last generation given each endpoint, so that the next one
+	// exceeds it whatever the clock (nodes act on none older than the last
+	// they acted on), kept as long as the nodes remember theirs.
+	gens map[Key]memory
 }
 
 type memory struct {
 	level int
+	gen   int64
 	at    time.Time
+}
+
+// generation is the next generation for k at now: now, or one past the
+// last one k was given.
+func (a *Aggregator) generation(k Key, now time.Time) int64 {
+	g := max(now.UnixNano(), a.gens[k].gen+1)
+	a.gens[k] = memory{gen: g, at: now}
+	return g
 }
 
 // NewAggregator returns an aggregator with no suspects.
 func NewAggregator() *Aggregator {
-	return &Aggregator{suspects: map[Key]*suspect{}, cooling: map[Key]time.Time{}, levels: map[Key]memory{}}
+	return &Aggregator{suspects: map[Key]*suspect{}, cooling: map[Key]time.Time{}, levels: map[Key]memory{}, gens: map[Key]memory{}}
 }
 
 // Seed takes over the verdicts in force (a predecessor's), so that a
@@ -209,6 +222,9 @@ func (a *Aggregator) Seed(now time.Time, v Verdicts) {
 		c := c
 		c.Level = min(max(c.Level, 0), MaxLevel)
 		a.suspects[c.Key] = &suspect{since: now, condemned: &c}
+		if c.Generation > a.gens[c.Key].gen {
+			a.gens[c.Key] = memory{gen: c.Generation, at: now}
+		}
 	}
 }
 
@@ -293,7 +309,7 @@ func (t *tally) verdict(j Judge) (condemns, acquits bool, calls, failures uint32
 //     returned it): renewed (a new generation, one level up: the nodes
 //     eject it again with a doubled penalty) when they condemn it,
 //     acquitted when they acquit it a window on, dropped two windows on
-//     undecided (the nodes hold it out).
+//     undecided (its level remembered only if the nodes hold it out).
 func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Judge) Verdicts {
 	sums := map[Key]*tally{}
 	fresh := map[Key]*tally{} // condemned endpoints: counts from windows begun after the condemnation
@@ -345,6 +361,11 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 			delete(a.levels, k)
 		}
 	}
+	for k, m := range a.gens {
+		if _, live := a.suspects[k]; !live && now.Sub(m.at) >= levelMemory {
+			delete(a.gens, k)
+		}
+	}
 	for _, k := range failed {
 		if _, cool := a.cooling[k]; !cool && a.suspects[k] == nil {
 			a.suspects[k] = &suspect{since: now}
@@ -365,9 +386,7 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 			condemns, acquits, calls, failures, nodes := fresh[k].verdict(j)
 			switch {
 			case condemns:
-				// Generations only grow, whatever the clocks of successive
-				// aggregators: a node acts on none older than its last.
-				*c = Condemned{Key: k, Generation: max(now.UnixNano(), c.Generation+1), Level: min(c.Level+1, MaxLevel),
+				*c = Condemned{Key: k, Generation: a.generation(k, now), Level: min(c.Level+1, MaxLevel),
 					Calls: calls, Failures: failures, Nodes: nodes}
 				sp.acted = false
 			case acquits && now.Sub(at) >= j.Window:
@@ -388,7 +407,7 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 				if m, ok := a.levels[k]; ok {
 					level = min(m.level+1, MaxLevel)
 				}
-				sp.condemned = &Condemned{Key: k, Generation: now.UnixNano(), Level: level,
+				sp.condemned = &Condemned{Key: k, Generation: a.generation(k, now), Level: level,
 					Calls: calls, Failures: failures, Nodes: nodes}
 			case acquits && now.Sub(sp.since) >= j.Window:
 				delete(a.suspects, k) // acquitted
@@ -411,10 +430,11 @@ func (a *Aggregator) Judge(now time.Time, reports []Report, judges map[string]Ju
 }
 
 // end closes a condemnation: acquitted (its level is forgotten) or dropped
-// undecided. A drop with the nodes holding the endpoint out (some took it
-// out for this condemnation) remembers the level, so that a relapse
-// doubles the penalty; one no node acted on (the cap held every ejection
-// back) leaves the level as it was.
+// undecided. A drop with the nodes holding the endpoint out (some reported
+// counts taken after it, or no node reports it any more) remembers the
+// level, so that a relapse doubles the penalty; otherwise (nodes kept
+// calling it without having acted: the cap held their ejections back) the
+// level stays as it was.
 func (a *Aggregator) end(k Key, sp *suspect, now time.Time, acquitted bool) {
 	delete(a.suspects, k)
 	a.cooling[k] = now
@@ -428,19 +448,6 @@ func (a *Aggregator) end(k Key, sp *suspect, now time.Time, acquitted bool) {
 
 func compareKeys(a, b Key) int {
 	return cmp.Or(cmp.Compare(a.Service, b.Service), a.Addr.Compare(b.Addr))
-}
-
-// over reports failures/calls > threshold, as the engine's window rule
-// judges it.
-func over(failures, calls uint32, threshold float64) bool {
-	return calls > 0 && float64(failures) > threshold*float64(calls)
-}
-
-func satAdd(a, b uint32) uint32 {
-	if s := a + b; s >= a {
-		return s
-	}
-	return ^uint32(0)
 }
 
 // Consumer remembers which condemnations a node has acted on, so that each

@@ -414,3 +414,16 @@ func TestConsumerActsOncePerGeneration(t *testing.T) {
 		t.Fatalf("duplicates = %v, want nothing the second time", got)
 	}
 }
+
+// Generations only grow for an endpoint, even if the aggregator's clock
+// is behind the one that stamped the verdicts it took over: nodes act on
+// none older than their last.
+func TestGenerationsGrow(t *testing.T) {
+	ahead := t0.Add(2 * time.Minute)
+	a := NewAggregator()
+	a.Seed(t0, Verdicts{Suspects: []Key{ep}, Condemned: []Condemned{{Key: ep, Generation: ahead.UnixNano()}}})
+	v := a.Judge(t0, reportsAt(t0, after(diluted(30), ahead.UnixNano()), map[Key]bool{ep: true}), judges)
+	if len(v.Condemned) != 1 || v.Condemned[0].Generation <= ahead.UnixNano() {
+		t.Fatalf("renewed behind the seeded clock = %+v, want a generation past %d", v, ahead.UnixNano())
+	}
+}

@@ -233,10 +233,16 @@ func (r *reporter) readVerdicts() {
 	setGauge(r.o.Condemned, float64(len(condemned)))
 	r.mu.Lock()
 	r.suspects = suspects
-	// Kept as long as the consumer remembers what it acted on: a verdict
-	// missing for a while (expired, unreadable) and back with the same
-	// generation is not acted on again, and its counts must still say so.
-	// A generation no verdict names any more is harmless: it matches none.
+	// Kept while a verdict in force names it and 10 minutes after, as the
+	// consumer remembers what it acted on: a verdict missing for a while
+	// (expired, unreadable) and back with the same generation is not acted
+	// on again, and its counts must still say so. A generation no verdict
+	// names any more is harmless: it matches none.
+	for _, c := range condemned {
+		if o, ok := r.out[c.Key]; ok && o.gen == c.Generation {
+			r.out[c.Key] = outAt{gen: o.gen, at: now} // still in force
+		}
+	}
 	for k, o := range r.out {
 		if now.Sub(o.at) >= 10*time.Minute {
 			delete(r.out, k)
@@ -257,7 +263,7 @@ func (r *reporter) readVerdicts() {
 			r.mu.Unlock()
 		}
 		r.log.Info("fleet evidence condemns endpoint", "service", c.Service, "endpoint", c.Addr.String(),
-			"calls", c.Calls, "failures", c.Failures, "nodes", c.Nodes, "level", c.Level, "generation", c.Generation)
+			"calls", c.Calls, "failures", c.Failures, "nodes", c.Nodes, "condemnation_level", c.Level, "generation", c.Generation)
 	}
 }
 
