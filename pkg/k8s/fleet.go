@@ -181,18 +181,7 @@ func RunFleet(ctx context.Context, o FleetOptions) {
 	// on a verdict. They are checked five times an interval, so that a new
 	// suspect is reported within about an interval of the verdict naming
 	// it.
-	wg.Go(func() {
-		tick := o.Clock.NewTicker(max(o.Interval/5, 100*time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C():
-				r.report(ctx)
-			}
-		}
-	})
+	wg.Go(func() { every(ctx, o.Clock, max(o.Interval/5, 100*time.Millisecond), func() { r.report(ctx) }) })
 	// Verdicts as they change, and once a second for their expiry.
 	tick := o.Clock.NewTicker(time.Second)
 	defer tick.Stop()
@@ -400,14 +389,7 @@ func (r *reporter) aggregate(ctx context.Context) {
 	}
 	badReports := onceLog{}
 	retry := map[string]retryState{}
-	tick := o.Clock.NewTicker(judgeEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C():
-		}
+	every(ctx, o.Clock, judgeEvery, func() {
 		now := o.Clock.Now()
 		var reports []fleet.Report
 		for _, obj := range inf.GetStore().List() {
@@ -425,6 +407,20 @@ func (r *reporter) aggregate(ctx context.Context) {
 		}
 		want := EncodeVerdicts(agg.Judge(now, reports, o.Source.FleetJudges()), now.Add(verdictTTL))
 		r.writeVerdicts(ctx, now, want, done, retry)
+	})
+}
+
+// every runs f every d until ctx ends.
+func every(ctx context.Context, clk clock.WithTicker, d time.Duration, f func()) {
+	tick := clk.NewTicker(d)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C():
+			f()
+		}
 	}
 }
 
