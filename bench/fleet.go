@@ -311,7 +311,7 @@ func runFleet(res *Results, o fleetOpts, logf func(string, ...any)) error {
 		"Failure-rate accrual as shipped but the window rule's settings (window %v, min-calls %d, threshold 20%%) and no jitter: penalties 1 s doubling to 1 min, an ejected endpoint back through one probe connection per node. "+
 		"Reports every %v per node at random phases, the aggregator judging every %v, %v of API latency on every write. "+
 		"\"Traffic of its fair share\": the failing endpoint's connections while it failed, over a tenth of all connections (100%%: never ejected). "+
-		"Time is simulated, so these are the protocol's figures, not this machine's: TestFleetEvidence measures the real thing through kube-apiserver (3 nodes: every node ejected it 6.0-7.8 s after fleet evidence was turned on, and again, a level up, 34 s after).",
+		"Time is simulated, so these are the protocol's figures, not this machine's: TestFleetEvidence measures the real thing through kube-apiserver (3 nodes: every node ejected it 6.0-7.8 s after fleet evidence was turned on, and again, a level up, 18-34 s after).",
 		o.Rate, fleetEndpoints, 100*fleetFailShare, o.Limit, fleetWarmup, fleetWindow, fleetMinCalls, fleetInterval, fleetJudgeEvery, fleetAPIDelay)
 	for _, n := range o.Nodes[1:] {
 		if f := res.find(part, label(n, "fleet evidence: time until every node ejected it")); f != nil {

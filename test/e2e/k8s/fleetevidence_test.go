@@ -253,6 +253,15 @@ func TestFleetEvidence(t *testing.T) {
 		t.Fatalf("the Service's EndpointVerdict: %v", err)
 	}
 	t.Logf("EndpointVerdict shop/web: %s", v)
+	// What an operator sees (README shows it).
+	out, err := c.kubectl("-n", shop, "get", "endpointverdicts")
+	if err != nil || !strings.Contains(out, "CONDEMNED") || !strings.Contains(out, badEP) {
+		t.Errorf("kubectl get endpointverdicts (%v):\n%s\nwant the condemned endpoint listed", err, out)
+	}
+	t.Logf("kubectl -n shop get endpointverdicts:\n%s", out)
+	if out, err := c.kubectl("get", "endpointreports"); err == nil {
+		t.Logf("kubectl get endpointreports:\n%s", out)
+	}
 
 	// Its probes bring it back after its 2 s penalty and it fails as
 	// before: judged on the counts of the nodes that took it out (their
