@@ -120,8 +120,6 @@ func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun
 	}
 	engines := make([]*accrual.Engine, nodes)
 	consumers := make([]*fleet.Consumer, nodes)
-	// outFor: per node, the condemnation after which its window began.
-	outFor := make([]int64, nodes)
 	phase := make([]time.Duration, nodes)
 	for i := range engines {
 		engines[i] = accrual.New(clk, func() float64 { return 0.5 })
@@ -210,13 +208,10 @@ func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun
 			}
 			lastReport[n] = now
 			var ws []fleet.Window
+			out := consumers[n].Out()
 			for _, w := range e.FleetWindows() {
-				fw := fleet.Window{Key: fleet.Key{Service: fleetService, Addr: fleetAddr(w.Endpoint)},
-					Calls: w.Calls, Failures: w.Failures, MinCalls: w.MinCalls}
-				if w.Endpoint == fleetBad {
-					fw.Acted = outFor[n]
-				}
-				ws = append(ws, fw)
+				k := fleet.Key{Service: fleetService, Addr: fleetAddr(w.Endpoint)}
+				ws = append(ws, fleet.Window{Key: k, Calls: w.Calls, Failures: w.Failures, MinCalls: w.MinCalls, Acted: out[k]})
 			}
 			counts := fleet.Select(ws, suspects)
 			if len(counts) == 0 {
@@ -250,10 +245,7 @@ func simulateFleet(nodes int, withFleet bool, o fleetOpts, seed uint64) fleetRun
 				for _, c := range consumers[n].Fresh(now, v.Condemned) {
 					id := uint32(c.Addr.Addr().As4()[3] - 10)
 					note(n, e.Condemn(id, c.Calls, c.Failures, c.Level), now)
-					consumers[n].Done(now, c)
-					if e.StateOf(id) != accrual.Ready {
-						outFor[n] = c.Generation
-					}
+					consumers[n].Done(now, c, e.StateOf(id) != accrual.Ready)
 				}
 			}
 		}

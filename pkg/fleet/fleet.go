@@ -453,13 +453,16 @@ func compareKeys(a, b Key) int {
 // Consumer remembers which condemnations a node has acted on, so that each
 // generation ejects at most once: a probe that succeeds locally returns the
 // endpoint even while the verdict that ejected it still stands (a renewal,
-// with a new generation, ejects it again).
+// with a new generation, ejects it again). It also remembers whether acting
+// took the endpoint out, which the node's counts then say (Count.Acted).
+// Not safe for concurrent use.
 type Consumer struct {
 	acted map[Key]acted
 }
 
 type acted struct {
 	gen  int64
+	out  bool      // the endpoint was out of the table once acted on
 	seen time.Time // last in a verdict
 }
 
@@ -500,7 +503,21 @@ func (c *Consumer) Fresh(now time.Time, cs []Condemned) []Condemned {
 	return out
 }
 
-// Done marks x acted on at now.
-func (c *Consumer) Done(now time.Time, x Condemned) {
-	c.acted[x.Key] = acted{gen: x.Generation, seen: now}
+// Done marks x acted on at now; out: the endpoint is out of the node's
+// table (ejected for it, or already), so its window holds only calls made
+// since.
+func (c *Consumer) Done(now time.Time, x Condemned, out bool) {
+	c.acted[x.Key] = acted{gen: x.Generation, out: out, seen: now}
+}
+
+// Out returns, for each endpoint the node took out for a condemnation, that
+// condemnation's generation: what its counts carry as Count.Acted.
+func (c *Consumer) Out() map[Key]int64 {
+	m := make(map[Key]int64, len(c.acted))
+	for k, a := range c.acted {
+		if a.out {
+			m[k] = a.gen
+		}
+	}
+	return m
 }

@@ -390,14 +390,20 @@ func TestConsumerActsOncePerGeneration(t *testing.T) {
 	if got := c.Fresh(now, first); len(got) != 1 {
 		t.Fatalf("not done yet = %v, want it again (not acted on)", got)
 	}
-	c.Done(now, got[0])
+	c.Done(now, got[0], true)
 	if got := c.Fresh(now, first); len(got) != 0 {
 		t.Fatalf("done = %v, want nothing", got)
+	}
+	if out := c.Out(); out[ep] != g1 {
+		t.Fatalf("Out = %v, want ep out for generation %d", out, g1)
 	}
 	if got := c.Fresh(now, []Condemned{{Key: ep, Generation: g1 + 1}}); len(got) != 1 {
 		t.Fatalf("new generation = %v, want it", got)
 	}
-	c.Done(now, Condemned{Key: ep, Generation: g1 + 1})
+	c.Done(now, Condemned{Key: ep, Generation: g1 + 1}, false)
+	if out := c.Out(); len(out) != 0 {
+		t.Fatalf("Out after an ejection the cap held back = %v, want nothing: its window predates the condemnation", out)
+	}
 	// A stale verdict (an older generation) read after the newer one, even
 	// after a gap without any: nothing.
 	c.Fresh(now.Add(time.Minute), nil)
@@ -408,7 +414,7 @@ func TestConsumerActsOncePerGeneration(t *testing.T) {
 	c = NewConsumer()
 	dup := []Condemned{{Key: ep, Generation: g1}, {Key: ep, Generation: g1 + 5}}
 	for _, x := range c.Fresh(now, dup) {
-		c.Done(now, x)
+		c.Done(now, x, true)
 	}
 	if got := c.Fresh(now, dup); len(got) != 0 {
 		t.Fatalf("duplicates = %v, want nothing the second time", got)

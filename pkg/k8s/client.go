@@ -2,8 +2,10 @@ package k8s
 
 import (
 	"fmt"
+	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -54,17 +56,29 @@ func NewClients(path, nodeName string) (Clients, error) {
 // PoliciesServed reports whether the API server serves BackendPolicies
 // (deploy/backendpolicy-crd.yaml is installed).
 func PoliciesServed(d discovery.DiscoveryInterface) (bool, error) {
-	rl, err := d.ServerResourcesForGroupVersion(PolicyGroup + "/" + PolicyVersion)
+	return served(d, PolicyGroup+"/"+PolicyVersion, PolicyResource)
+}
+
+// FleetServed reports whether the API server serves the fleet evidence
+// CRDs (deploy/fleet-crd.yaml is installed).
+func FleetServed(d discovery.DiscoveryInterface) (bool, error) {
+	return served(d, FleetGroup+"/"+FleetVersion, ReportResource, VerdictResource)
+}
+
+// served reports whether the API server serves every one of resources in
+// groupVersion.
+func served(d discovery.DiscoveryInterface, groupVersion string, resources ...string) (bool, error) {
+	rl, err := d.ServerResourcesForGroupVersion(groupVersion)
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("discovery of %s/%s: %w", PolicyGroup, PolicyVersion, err)
+		return false, fmt.Errorf("discovery of %s: %w", groupVersion, err)
 	}
-	for _, r := range rl.APIResources {
-		if r.Name == PolicyResource {
-			return true, nil
+	for _, want := range resources {
+		if !slices.ContainsFunc(rl.APIResources, func(r metav1.APIResource) bool { return r.Name == want }) {
+			return false, nil
 		}
 	}
-	return false, nil
+	return true, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"maps"
 	"reflect"
 	"strings"
 	"sync"
@@ -76,27 +75,6 @@ const (
 	fieldOwner = "penaltybox-agent"
 )
 
-// FleetServed reports whether the API server serves the fleet evidence
-// CRDs (deploy/fleet-crd.yaml is installed).
-func FleetServed(d interface {
-	ServerResourcesForGroupVersion(string) (*metav1.APIResourceList, error)
-}) (bool, error) {
-	rl, err := d.ServerResourcesForGroupVersion(FleetGroup + "/" + FleetVersion)
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	n := 0
-	for _, r := range rl.APIResources {
-		if r.Name == ReportResource || r.Name == VerdictResource {
-			n++
-		}
-	}
-	return n == 2, nil
-}
-
 // reporter is this node's side: it writes the node's report and acts on
 // the verdicts.
 type reporter struct {
@@ -104,13 +82,12 @@ type reporter struct {
 	log            *slog.Logger
 	verdicts       cache.Store
 	verdictsSynced func() bool
-	consumer       *fleet.Consumer
-	// mu guards what the verdicts tell the reports: the suspects, and for
-	// each condemned endpoint this node took out, the generation after
-	// which its window began (Count.Acted).
+	// mu guards what the verdicts tell the reports: the suspects, and the
+	// consumer, which knows for each condemned endpoint this node took out
+	// the generation after which its window began (Count.Acted).
 	mu       sync.Mutex
 	suspects map[fleet.Key]bool
-	out      map[fleet.Key]outAt
+	consumer *fleet.Consumer
 	// The report last written, when, and whether a write is failing (so
 	// that a failing API logs once, not once per interval).
 	last        []ReportEntry
@@ -120,12 +97,6 @@ type reporter struct {
 	failing     bool
 	deleteRetry time.Time // a failed delete of the report is tried again then
 	badVerdicts onceLog
-}
-
-// outAt is a condemnation this node took an endpoint out for, and when.
-type outAt struct {
-	gen int64
-	at  time.Time
 }
 
 // onceLog remembers the objects whose unreadable entries were logged, by
@@ -173,7 +144,7 @@ func RunFleet(ctx context.Context, o FleetOptions) {
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	r := &reporter{o: o, log: o.Logger, verdicts: inf.GetStore(), verdictsSynced: inf.HasSynced,
-		consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]outAt{}, badVerdicts: onceLog{}}
+		consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
 	var wg sync.WaitGroup
 	defer wg.Wait() // the Lease released and the last write done before RunFleet returns
 	wg.Go(func() { r.lead(ctx) })
@@ -202,18 +173,7 @@ func (r *reporter) readVerdicts() {
 	now := r.o.Clock.Now()
 	suspects := map[fleet.Key]bool{}
 	var condemned []fleet.Condemned
-	for _, obj := range r.verdicts.List() {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			continue
-		}
-		v, expires, bad, err := DecodeVerdict(u)
-		if err != nil || bad > 0 {
-			r.badVerdicts.warn(r.log, "EndpointVerdict", u, bad, err)
-		}
-		if err != nil || !expires.After(now) {
-			continue
-		}
+	for _, v := range r.inForce(now, r.badVerdicts) {
 		for _, k := range v.Suspects {
 			suspects[k] = true
 		}
@@ -222,38 +182,42 @@ func (r *reporter) readVerdicts() {
 	setGauge(r.o.Condemned, float64(len(condemned)))
 	r.mu.Lock()
 	r.suspects = suspects
-	// Kept while a verdict in force names it and 10 minutes after, as the
-	// consumer remembers what it acted on: a verdict missing for a while
-	// (expired, unreadable) and back with the same generation is not acted
-	// on again, and its counts must still say so. A generation no verdict
-	// names any more is harmless: it matches none.
-	for _, c := range condemned {
-		if o, ok := r.out[c.Key]; ok && o.gen == c.Generation {
-			r.out[c.Key] = outAt{gen: o.gen, at: now} // still in force
-		}
-	}
-	for k, o := range r.out {
-		if now.Sub(o.at) >= 10*time.Minute {
-			delete(r.out, k)
-		}
-	}
+	fresh := r.consumer.Fresh(now, condemned)
 	r.mu.Unlock()
-	for _, c := range r.consumer.Fresh(now, condemned) {
+	for _, c := range fresh {
 		// One this node does not know yet (its EndpointSlices lag) is
-		// tried again at the next read.
+		// tried again at the next read. The agent is called without mu:
+		// the report goroutine takes the agent's lock too.
 		known, out := r.o.Source.Condemn(c)
 		if !known {
 			continue
 		}
-		r.consumer.Done(now, c)
-		if out {
-			r.mu.Lock()
-			r.out[c.Key] = outAt{gen: c.Generation, at: now}
-			r.mu.Unlock()
-		}
+		r.mu.Lock()
+		r.consumer.Done(now, c, out)
+		r.mu.Unlock()
 		r.log.Info("fleet evidence condemns endpoint", "service", c.Service, "endpoint", c.Addr.String(),
 			"calls", c.Calls, "failures", c.Failures, "nodes", c.Nodes, "condemnation_level", c.Level, "generation", c.Generation)
 	}
+}
+
+// inForce decodes the unexpired verdicts in the cache, logging unreadable
+// entries to bad (nil: not logged).
+func (r *reporter) inForce(now time.Time, bad onceLog) []fleet.Verdicts {
+	var out []fleet.Verdicts
+	for _, obj := range r.verdicts.List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		v, expires, n, err := DecodeVerdict(u)
+		if bad != nil && (err != nil || n > 0) {
+			bad.warn(r.log, "EndpointVerdict", u, n, err)
+		}
+		if err == nil && expires.After(now) {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // report writes this node's report when it has something new to say and
@@ -266,11 +230,11 @@ func (r *reporter) report(ctx context.Context) {
 	// read after this copy never predates a generation the copy names.
 	r.mu.Lock()
 	suspects := r.suspects
-	out := maps.Clone(r.out)
+	out := r.consumer.Out()
 	r.mu.Unlock()
 	ws := r.o.Source.FleetWindows()
 	for i := range ws {
-		ws[i].Acted = out[ws[i].Key].gen
+		ws[i].Acted = out[ws[i].Key]
 	}
 	counts := fleet.Select(ws, suspects)
 	res := r.o.Dynamic.Resource(ReportGVR)
@@ -380,12 +344,8 @@ func (r *reporter) aggregate(ctx context.Context) {
 	agg := fleet.NewAggregator()
 	done := map[string]written{}
 	now := o.Clock.Now()
-	for _, obj := range r.verdicts.List() {
-		if u, ok := obj.(*unstructured.Unstructured); ok {
-			if v, expires, _, err := DecodeVerdict(u); err == nil && expires.After(now) {
-				agg.Seed(now, v)
-			}
-		}
+	for _, v := range r.inForce(now, nil) { // readVerdicts logs them
+		agg.Seed(now, v)
 	}
 	badReports := onceLog{}
 	retry := map[string]retryState{}

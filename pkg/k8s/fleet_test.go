@@ -67,7 +67,7 @@ func TestReporterWritesAndFails(t *testing.T) {
 	src := &fakeSource{}
 	writesVec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "w"}, []string{"result"})
 	r := &reporter{o: FleetOptions{Dynamic: dyn, Node: "node1", Interval: 5 * time.Second, Source: src, Clock: clk, ReportWrites: writesVec},
-		log: slog.New(slog.NewTextHandler(&logs, nil)), consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]outAt{}}
+		log: slog.New(slog.NewTextHandler(&logs, nil)), consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}}
 	ctx := context.Background()
 	step := func(d time.Duration) { clk.SetTime(clk.Now().Add(d)) }
 
@@ -138,7 +138,7 @@ func TestReporterReadsVerdicts(t *testing.T) {
 	src := &fakeSource{unknown: map[fleet.Key]bool{}}
 	var logs bytes.Buffer
 	r := &reporter{o: FleetOptions{Node: "node1", Source: src, Clock: clk}, log: slog.New(slog.NewTextHandler(&logs, nil)),
-		verdicts: store, consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, out: map[fleet.Key]outAt{}, badVerdicts: onceLog{}}
+		verdicts: store, consumer: fleet.NewConsumer(), suspects: map[fleet.Key]bool{}, badVerdicts: onceLog{}}
 	web := fleet.Key{Service: "shop/web:http", Addr: netip.MustParseAddrPort("198.18.3.10:8080")}
 	db := fleet.Key{Service: "shop/db:5432", Addr: netip.MustParseAddrPort("198.18.3.11:5432")}
 	add := func(name string, k fleet.Key, expires time.Time) {
