@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"math/rand/v2"
+	"slices"
 	"time"
 
 	"testing"
@@ -169,6 +171,28 @@ func TestReplayAfter(t *testing.T) {
 	s.RetryRefused = false
 	if d := replayAfter(&s, h); d != 0 {
 		t.Errorf("retryRefused off: %v, want no replays", d)
+	}
+}
+
+// largest agrees with a sort for every k, on rings with repeats, in any
+// order, including the k beyond its kept top that falls back to sorting.
+func TestLargest(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for trial := range 200 {
+		n := 1 + r.IntN(replaySamples)
+		s := make([]time.Duration, n)
+		for i := range s {
+			s[i] = time.Duration(r.IntN(20)) * time.Microsecond // repeats on purpose
+		}
+		sorted := slices.Sorted(slices.Values(s))
+		for k := 1; k <= min(n, maxTop+2); k++ {
+			if got, want := largest(s, k), sorted[n-k]; got != want {
+				t.Fatalf("trial %d: largest(%v, %d) = %v, want %v", trial, s, k, got, want)
+			}
+		}
+	}
+	if got := largest(nil, 1); got != 0 {
+		t.Errorf("largest(nil, 1) = %v, want 0", got)
 	}
 }
 
