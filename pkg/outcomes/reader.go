@@ -38,7 +38,10 @@ type Reader struct {
 	// reader last found the ring empty), on the events' clock (kernel
 	// monotonic time plus offset), so a step of the wall clock does not
 	// move it. 0 until the ring was first found empty: a pinned ring can
-	// hold a previous agent's backlog.
+	// hold a previous agent's backlog. NEW_FLOW alone is stamped before
+	// it is reserved (with its flow's start, the conntrack inserts
+	// earlier): it may land just behind the mark, but it starts a wait
+	// and judges nothing, so the mark holds for every verdict.
 	caught atomic.Int64
 }
 
