@@ -421,6 +421,9 @@ type direct struct{}
 func (direct) stop() error { return nil }
 func (direct) pid() int    { return 0 }
 
+// ownRow names the rows of a load balancer's own process CPU.
+const ownRow = "of which its own process (agent / haproxy)"
+
 // procCPU is a process's user+system CPU time so far (all threads).
 func procCPU(pid int) time.Duration {
 	if pid <= 0 {
@@ -639,7 +642,7 @@ func runE2E(res *Results, o e2eOpts, agentBin string, logf func(string, ...any))
 				g.Baseline = vNft + ": machine CPU per connection"
 			}
 			if pid > 0 {
-				h := res.figure("e2e", v.name+": of which its own process (agent / haproxy)", "µs/conn")
+				h := res.figure("e2e", v.name+": "+ownRow, "µs/conn")
 				h.Samples = append(h.Samples, float64(pcpu.Microseconds())/float64(lr.ok))
 				h.Digits = 1
 			}
@@ -675,5 +678,9 @@ func runE2E(res *Results, o e2eOpts, agentBin string, logf func(string, ...any))
 	res.note("e2e", "On 2 cores the client and the servers take most of the CPU, so connections/s is bounded by them for every variant; the CPU per connection shows what the load balancer adds.")
 	pb := max(res.median("e2e", vPB+": connections/s"), res.median("e2e", vPBRed+": connections/s"))
 	res.target("e2e", "penaltybox connections/s ≥ nftables DNAT's (best mode, ratio)", pb/res.median("e2e", vNft+": connections/s"), 1, false, "%.2f×")
+	cpuRatio := min(res.ratio("e2e", vPB+": machine CPU per connection"), res.ratio("e2e", vPBRed+": machine CPU per connection"))
+	res.target("e2e", "penaltybox machine CPU per connection ≤ 0.95× nftables DNAT's (best mode, ratio)", cpuRatio, 0.95, true, "%.2f×")
+	own := min(res.median("e2e", vPB+": "+ownRow), res.median("e2e", vPBRed+": "+ownRow))
+	res.target("e2e", "agent CPU per healthy connection ≤ 3 µs (best mode)", own, 3, true, "%.1f µs")
 	return nil
 }
