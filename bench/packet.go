@@ -497,6 +497,7 @@ const (
 // entries are removed afterwards so every round starts from the same
 // occupancy.
 func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
+	r.lastP99 = math.NaN() // a failed run leaves no tail to report
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	prog := r.dp.PbXdp

@@ -447,7 +447,10 @@ pass:
 }
 
 /* emit_at reports an outcome stamped at, a bpf_ktime_get_ns reading the
- * caller already has (a clock read is a few percent of a new flow). */
+ * caller already has (a clock read is a few percent of a new flow), or,
+ * with at 0, stamped once its record is reserved: the reader's caught-up
+ * mark relies on a verdict being in the ring (reserved) by the time its
+ * stamp has passed (see outcomes.Reader). */
 static __always_inline void emit_at(__u8 type, __u8 flags, __u32 svc_id, __u32 backend_id,
 				    const union addr *client, __u8 family, __be16 client_port,
 				    struct global_stats *gs, __u64 at)
@@ -460,7 +463,7 @@ static __always_inline void emit_at(__u8 type, __u8 flags, __u32 svc_id, __u32 b
 	}
 	/* Ring buffer memory is not zeroed: write every byte. */
 	__builtin_memset(e, 0, sizeof(*e));
-	e->ts_ns = at;
+	e->ts_ns = at ? at : bpf_ktime_get_ns();
 	e->svc_id = svc_id;
 	e->backend_id = backend_id;
 	e->client = *client;
@@ -484,7 +487,7 @@ static __always_inline void emit(__u8 type, __u8 flags, __u32 svc_id, __u32 back
 				 const union addr *client, __u8 family, __be16 client_port,
 				 struct global_stats *gs)
 {
-	emit_at(type, flags, svc_id, backend_id, client, family, client_port, gs, bpf_ktime_get_ns());
+	emit_at(type, flags, svc_id, backend_id, client, family, client_port, gs, 0);
 }
 
 struct pick {

@@ -38,10 +38,12 @@ type Reader struct {
 	// reader last found the ring empty), on the events' clock (kernel
 	// monotonic time plus offset), so a step of the wall clock does not
 	// move it. 0 until the ring was first found empty: a pinned ring can
-	// hold a previous agent's backlog. NEW_FLOW alone is stamped before
-	// it is reserved (with its flow's start, the conntrack inserts
-	// earlier): it may land just behind the mark, but it starts a wait
-	// and judges nothing, so the mark holds for every verdict.
+	// hold a previous agent's backlog. The datapath stamps a record once
+	// it is reserved, except NEW_FLOW, stamped with its flow's start (the
+	// conntrack inserts earlier): it may land just behind the mark, but
+	// it starts a wait and judges nothing, so the mark holds for every
+	// verdict. (Its deadline may queue microseconds behind a later
+	// stamped one of the same length: it is judged that much later.)
 	caught atomic.Int64
 }
 
