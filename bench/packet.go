@@ -78,9 +78,9 @@ type packetRig struct {
 
 	flowSeq uint32
 	out     []byte
-	// lastP99: the 99th percentile of the single calls of the last
-	// newFlows, ns.
-	lastP99 float64
+	// fullP99: the 99th percentile of the single calls of the last
+	// newFlows into a full conntrack, ns (NaN while it fails).
+	fullP99 float64
 
 	unregister func() // the interrupt cleanup (the bpffs mount)
 }
@@ -497,7 +497,9 @@ const (
 // entries are removed afterwards so every round starts from the same
 // occupancy.
 func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
-	r.lastP99 = math.NaN() // a failed run leaves no tail to report
+	if kind == nfFullCT {
+		r.fullP99 = math.NaN() // a failed run leaves no tail to report
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	prog := r.dp.PbXdp
@@ -632,8 +634,8 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 	if len(bad) > 0 {
 		return 0, fmt.Errorf("new flow (kind %d): %w: %v", kind, errPath, bad)
 	}
-	r.lastP99 = percentile(durs, 99)
 	if kind == nfFullCT {
+		r.fullP99 = percentile(durs, 99)
 		return median(durs), r.resetCT()
 	}
 	if err := r.forget(vip, clients, picked, kind == nfLimit || kind == nfLimitBE, svc); err != nil {
@@ -812,8 +814,8 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		{"packet", fSteer, fDNAT1, func() (float64, error) { return r.newFlows(nfSteered, o.NewFlows) }},
 		{"packet", fProbe, fDNAT1, func() (float64, error) { return r.newFlows(nfProbe, o.NewFlows) }},
 		{"packet", fFull, fDNAT1, func() (float64, error) { return r.newFlows(nfFullCT, o.NewFlows) }},
-		// The same calls' tail: the row above must have run just before.
-		{"packet", fFullP99, "", func() (float64, error) { return r.lastP99, nil }},
+		// The tail of the row above's calls, in the same round.
+		{"packet", fFullP99, "", func() (float64, error) { return r.fullP99, nil }},
 		{"packet", "new flow SYN, retryRefused (the SYN copied for a replay)", fNew, func() (float64, error) { return r.newFlows(nfReplay, o.NewFlows) }},
 		{"packet", fEst6, fEst, func() (float64, error) {
 			return counted(func() (float64, error) { return r.established(pkClient6, pkA6, pkB6, 20, 21, rep) })
