@@ -90,7 +90,7 @@ type Engine struct {
 	mu   sync.Mutex
 	clk  clock.PassiveClock
 	rnd  func() float64
-	eps  []endpoint // indexed by endpoint id
+	eps  endpoints // indexed by endpoint id
 	svcs map[uint32]*service
 	heap []uint32 // ejected endpoint ids, min-heap on probationAt
 	// outliers: services whose settings have the outlier rule, judged on
@@ -166,17 +166,7 @@ func (e *Engine) grow(id uint32) {
 	if id > maxEndpointID {
 		panic(fmt.Sprintf("accrual: endpoint id %d exceeds %d; ids must be dense", id, maxEndpointID))
 	}
-	if int(id) < len(e.eps) {
-		return
-	}
-	n := max(int(id)+1, 2*len(e.eps), 64)
-	n = min(n, maxEndpointID+1)
-	grown := make([]endpoint, n)
-	copy(grown, e.eps)
-	for i := len(e.eps); i < n; i++ {
-		grown[i].heapIdx = -1
-	}
-	e.eps = grown
+	e.eps.grow(id)
 }
 
 // result returns the transitions gathered by the current call.
@@ -330,12 +320,12 @@ func (e *Engine) Observe(o Outcome) []Transition {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.out = e.out[:0]
-	if int(o.Endpoint) >= len(e.eps) {
+	if int(o.Endpoint) >= e.eps.len() {
 		e.unknown++
 		return nil
 	}
 	id := o.Endpoint
-	ep := &e.eps[id]
+	ep := e.eps.at(id)
 	s := ep.svc
 	if s == nil {
 		e.unknown++
@@ -490,7 +480,7 @@ func (e *Engine) Advance() []Transition {
 	now := e.clk.Now()
 	for len(e.heap) > 0 {
 		id := e.heap[0]
-		ep := &e.eps[id]
+		ep := e.eps.at(id)
 		if ep.probationAt.After(now) {
 			break
 		}
@@ -515,7 +505,7 @@ func (e *Engine) NextDeadline() (t time.Time, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.heap) > 0 {
-		t, ok = e.eps[e.heap[0]].probationAt, true
+		t, ok = e.eps.at(e.heap[0]).probationAt, true
 	}
 	for _, s := range e.outliers {
 		if !ok || s.nextOutliers.Before(t) {

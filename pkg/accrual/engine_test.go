@@ -75,7 +75,7 @@ func TestCounting(t *testing.T) {
 				h.obs(o)
 			}
 			h.wantState(0, tc.wantState)
-			if got := h.e.eps[0].consecutive; got != tc.wantConsec {
+			if got := h.e.eps.at(0).consecutive; got != tc.wantConsec {
 				t.Errorf("consecutive %d, want %d", got, tc.wantConsec)
 			}
 			if got := h.counters(0); got != tc.want {
@@ -146,7 +146,7 @@ func TestIgnoredKinds(t *testing.T) {
 			h := newHarness(t, nil)
 			h.set(1, testSettings(func(s *Settings) { s.FailureKinds = tc.kinds }), 0, 1)
 			h.obs(fail(0, KindTimeout)) // may or may not count
-			before := h.e.eps[0].consecutive
+			before := h.e.eps.at(0).consecutive
 			var ts []Transition
 			for range 10 {
 				ts = append(ts, h.obs(fail(0, tc.outcome))...)
@@ -161,7 +161,7 @@ func TestIgnoredKinds(t *testing.T) {
 			if ts != nil || h.state(0) != Ready {
 				t.Fatalf("ignored kind changed state: %v", ts)
 			}
-			if got := h.e.eps[0].consecutive; got != before {
+			if got := h.e.eps.at(0).consecutive; got != before {
 				t.Fatalf("ignored kind changed streak %d → %d", before, got)
 			}
 			if c.Ignored != 10 {
@@ -172,8 +172,8 @@ func TestIgnoredKinds(t *testing.T) {
 					t.Fatalf("unknown kinds counted as %+v", c.Failures)
 				}
 			}
-			if h.e.eps[0].lastKind != tc.outcome {
-				t.Fatalf("last failure kind %v, want %v", h.e.eps[0].lastKind, tc.outcome)
+			if h.e.eps.at(0).lastKind != tc.outcome {
+				t.Fatalf("last failure kind %v, want %v", h.e.eps.at(0).lastKind, tc.outcome)
 			}
 		})
 	}
@@ -218,7 +218,7 @@ func TestPenaltyDoublingAndCap(t *testing.T) {
 			// MinPenalty again.
 			h.toProbation(0)
 			wantReasons(t, h.obs(probeOK(0)), ReasonProbeSucceeded)
-			if ep := h.e.eps[0]; ep.level != 0 || ep.consecutive != 0 {
+			if ep := h.e.eps.at(0); ep.level != 0 || ep.consecutive != 0 {
 				t.Fatalf("after probe success level %d consecutive %d", ep.level, ep.consecutive)
 			}
 			if tr := h.eject(0, 1); tr.Penalty != tc.min {
@@ -414,13 +414,13 @@ func TestStragglers(t *testing.T) {
 				if st == Probation {
 					h.toProbation(0)
 				}
-				before := h.e.eps[0]
+				before := *h.e.eps.at(0)
 				for range 5 {
 					if ts := h.obs(oc.o); ts != nil {
 						t.Fatalf("straggler caused %v", ts)
 					}
 				}
-				after := h.e.eps[0]
+				after := *h.e.eps.at(0)
 				if after.state != st || after.consecutive != before.consecutive || after.level != before.level ||
 					!after.probationAt.Equal(before.probationAt) {
 					t.Fatalf("straggler changed state: %+v → %+v", before, after)
@@ -574,7 +574,7 @@ func TestFailOpen(t *testing.T) {
 	if ts[0].From != Ejected || ts[0].To != Ready || ts[1].Endpoint != 1 {
 		t.Fatalf("fail-open exit %+v", ts)
 	}
-	if ep := h.e.eps[1]; ep.level != 0 || ep.consecutive != 0 {
+	if ep := h.e.eps.at(1); ep.level != 0 || ep.consecutive != 0 {
 		t.Fatalf("fail-open success did not reset: %+v", ep)
 	}
 	active, probation, failOpen = h.e.Admitted(1)
@@ -634,7 +634,7 @@ func TestEndpointAddRemove(t *testing.T) {
 		}
 		h.set(1, st, 0, 1, 2)
 		h.wantState(0, Ready)
-		if c := h.counters(0); c != (Counters{}) || h.e.eps[0].consecutive != 0 {
+		if c := h.counters(0); c != (Counters{}) || h.e.eps.at(0).consecutive != 0 {
 			t.Fatalf("re-added endpoint kept state: %+v", c)
 		}
 		if ts := h.advance(); ts != nil {
@@ -677,7 +677,7 @@ func TestEndpointAddRemove(t *testing.T) {
 		h.set(2, testSettings(), 7)
 		h.eject(0, 3)
 		h.set(2, testSettings(), 0, 7)
-		if h.e.eps[0].svc.id != 2 {
+		if h.e.eps.at(0).svc.id != 2 {
 			t.Fatal("endpoint did not move")
 		}
 		h.wantState(0, Ready)
@@ -841,7 +841,7 @@ func TestModeNone(t *testing.T) {
 		t.Fatalf("counters %+v", snap.Counters)
 	}
 	h.obs(succ(0))
-	if h.e.eps[0].consecutive != 0 {
+	if h.e.eps.at(0).consecutive != 0 {
 		t.Fatal("success did not reset in mode none")
 	}
 	// Unknown modes never eject either.
@@ -974,8 +974,8 @@ func TestRestore(t *testing.T) {
 		h.wantState(1, Probation)
 		h.wantState(2, Ready)
 		h.wantState(3, Ejected)
-		if h.e.eps[2].consecutive != 2 || h.e.eps[2].lastKind != KindReset {
-			t.Fatalf("ready endpoint record not adopted: %+v", h.e.eps[2])
+		if h.e.eps.at(2).consecutive != 2 || h.e.eps.at(2).lastKind != KindReset {
+			t.Fatalf("ready endpoint record not adopted: %+v", h.e.eps.at(2))
 		}
 		a, p, _ := h.e.Admitted(7)
 		if !slices.Equal(a, []uint32{2, 4}) || !slices.Equal(p, []uint32{1}) {
@@ -1057,7 +1057,7 @@ func TestRestore(t *testing.T) {
 		if d, _ := h.e.NextDeadline(); !d.Equal(t0.Add(10 * time.Minute)) {
 			t.Fatalf("deadline %v, want now+maxPenalty", d)
 		}
-		if lvl := h.e.eps[0].level; lvl != 5 { // 30s·2⁵ = 16m ≥ 10m
+		if lvl := h.e.eps.at(0).level; lvl != 5 { // 30s·2⁵ = 16m ≥ 10m
 			t.Fatalf("level %d, want 5", lvl)
 		}
 	})

@@ -23,7 +23,7 @@ func (e *Engine) FleetWindows() []FleetWindow {
 			continue
 		}
 		for _, id := range s.members {
-			ep := &e.eps[id]
+			ep := e.eps.at(id)
 			if ep.state != Ready || ep.win == nil {
 				continue
 			}

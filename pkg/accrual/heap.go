@@ -8,7 +8,7 @@ package accrual
 // success, settings change), without interface boxing.
 
 func (e *Engine) heapLess(i, j int) bool {
-	a, b := &e.eps[e.heap[i]], &e.eps[e.heap[j]]
+	a, b := e.eps.at(e.heap[i]), e.eps.at(e.heap[j])
 	if a.probationAt.Equal(b.probationAt) {
 		return e.heap[i] < e.heap[j]
 	}
@@ -18,8 +18,8 @@ func (e *Engine) heapLess(i, j int) bool {
 func (e *Engine) heapSwap(i, j int) {
 	h := e.heap
 	h[i], h[j] = h[j], h[i]
-	e.eps[h[i]].heapIdx = int32(i)
-	e.eps[h[j]].heapIdx = int32(j)
+	e.eps.at(h[i]).heapIdx = int32(i)
+	e.eps.at(h[j]).heapIdx = int32(j)
 }
 
 func (e *Engine) heapUp(j int) {
@@ -56,7 +56,7 @@ func (e *Engine) heapDown(i int) bool {
 func (e *Engine) heapPush(id uint32) {
 	e.heap = append(e.heap, id)
 	i := len(e.heap) - 1
-	e.eps[id].heapIdx = int32(i)
+	e.eps.at(id).heapIdx = int32(i)
 	e.heapUp(i)
 }
 
@@ -69,7 +69,7 @@ func (e *Engine) heapRemove(i int32) {
 		e.heapSwap(idx, last)
 	}
 	e.heap = e.heap[:last]
-	e.eps[id].heapIdx = -1
+	e.eps.at(id).heapIdx = -1
 	if idx != last {
 		e.heapFix(idx)
 	}

@@ -80,7 +80,7 @@ func (h *harness) fails(ep uint32, n int, k Kind) []Transition {
 	return all
 }
 
-func (h *harness) state(ep uint32) State { return h.e.eps[ep].state }
+func (h *harness) state(ep uint32) State { return h.e.eps.at(ep).state }
 
 func (h *harness) wantState(ep uint32, want State) {
 	h.t.Helper()
@@ -89,7 +89,7 @@ func (h *harness) wantState(ep uint32, want State) {
 	}
 }
 
-func (h *harness) counters(ep uint32) Counters { return h.e.eps[ep].c.export() }
+func (h *harness) counters(ep uint32) Counters { return h.e.eps.at(ep).c.export() }
 
 // eject drives ep (in a service with MaxFailures n) to ejected.
 func (h *harness) eject(ep uint32, n int) Transition {
@@ -107,7 +107,7 @@ func (h *harness) eject(ep uint32, n int) Transition {
 // toProbation moves the clock to ep's probation time and advances.
 func (h *harness) toProbation(ep uint32) {
 	h.t.Helper()
-	h.clk.SetTime(h.e.eps[ep].probationAt)
+	h.clk.SetTime(h.e.eps.at(ep).probationAt)
 	h.advance()
 	h.wantState(ep, Probation)
 }
@@ -149,7 +149,7 @@ func checkInvariants(t *testing.T, e *Engine) {
 			t.Fatalf("svc %d: members not sorted/unique: %v", s.id, s.members)
 		}
 		for _, id := range s.members {
-			ep := &e.eps[id]
+			ep := e.eps.at(uint32(id))
 			if ep.svc != s {
 				t.Fatalf("svc %d member %d points to another service", s.id, id)
 			}
@@ -205,8 +205,8 @@ func checkInvariants(t *testing.T, e *Engine) {
 			t.Fatalf("heap order violated at %d", i)
 		}
 	}
-	for id := range e.eps {
-		if ep := &e.eps[id]; ep.svc != nil && !slices.Contains(ep.svc.members, uint32(id)) {
+	for id := range e.eps.len() {
+		if ep := e.eps.at(uint32(id)); ep.svc != nil && !slices.Contains(ep.svc.members, uint32(id)) {
 			t.Fatalf("endpoint %d claims svc %d but is not a member", id, ep.svc.id)
 		}
 	}

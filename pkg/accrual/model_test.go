@@ -124,8 +124,8 @@ func (m *model) apply(op string, ts []Transition) {
 func (m *model) compare(op string, e *Engine) {
 	m.t.Helper()
 	checkInvariants(m.t, e)
-	for id := range e.eps {
-		ep := &e.eps[id]
+	for id := range e.eps.len() {
+		ep := e.eps.at(uint32(id))
 		want, ok := m.state[uint32(id)]
 		if (ep.svc != nil) != ok {
 			m.t.Fatalf("%s: endpoint %d membership: engine %v model %v", op, id, ep.svc != nil, ok)
@@ -142,9 +142,9 @@ func (m *model) compare(op string, e *Engine) {
 		var wa, wp []uint32
 		for _, ep := range s.members {
 			switch {
-			case fo || e.eps[ep].state == Ready:
+			case fo || e.eps.at(ep).state == Ready:
 				wa = append(wa, ep)
-			case e.eps[ep].state == Probation:
+			case e.eps.at(ep).state == Probation:
 				wp = append(wp, ep)
 			}
 		}
@@ -153,8 +153,8 @@ func (m *model) compare(op string, e *Engine) {
 		}
 	}
 	var earliest time.Time
-	for id := range e.eps {
-		if ep := &e.eps[id]; ep.svc != nil && ep.state == Ejected && (earliest.IsZero() || ep.probationAt.Before(earliest)) {
+	for id := range e.eps.len() {
+		if ep := e.eps.at(uint32(id)); ep.svc != nil && ep.state == Ejected && (earliest.IsZero() || ep.probationAt.Before(earliest)) {
 			earliest = ep.probationAt
 		}
 	}
@@ -268,8 +268,8 @@ func TestModelRandomized(t *testing.T) {
 							t.Fatalf("step %d: endpoint %d restored as %v, was %v", i, ep, m2.state[ep], s)
 						}
 					}
-					for id := range min(len(e.eps), len(e2.eps)) {
-						a, b := &e.eps[id], &e2.eps[id]
+					for id := range min(e.eps.len(), e2.eps.len()) {
+						a, b := e.eps.at(uint32(id)), e2.eps.at(uint32(id))
 						if a.svc != nil && (!a.probationAt.Equal(b.probationAt) || a.level != b.level || a.consecutive != b.consecutive) {
 							t.Fatalf("step %d: endpoint %d restored %+v, was %+v", i, id, *b, *a)
 						}

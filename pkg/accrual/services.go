@@ -29,7 +29,7 @@ func (e *Engine) SetService(id uint32, name string, st Settings, endpoints []uin
 	members := make([]uint32, 0, len(endpoints))
 	for _, epID := range endpoints {
 		e.grow(epID)
-		ep := &e.eps[epID]
+		ep := e.eps.at(epID)
 		if ep.svc == s && ep.mark == e.gen {
 			continue // duplicate
 		}
@@ -44,7 +44,7 @@ func (e *Engine) SetService(id uint32, name string, st Settings, endpoints []uin
 		members = append(members, epID)
 	}
 	for _, epID := range s.members {
-		ep := &e.eps[epID]
+		ep := e.eps.at(epID)
 		if ep.svc == s && ep.mark != e.gen {
 			e.drop(s, epID, ep)
 		}
@@ -68,7 +68,7 @@ func (e *Engine) fitWindows(s *service, old Settings, now time.Time) {
 	want := s.st.Windowed()
 	reshaped := old.Window != s.st.Window || old.WindowCalls != s.st.WindowCalls
 	for _, id := range s.members {
-		ep := &e.eps[id]
+		ep := e.eps.at(id)
 		switch {
 		case !want:
 			ep.win = nil
@@ -100,7 +100,7 @@ func (e *Engine) drop(s *service, id uint32, ep *endpoint) {
 // detach removes endpoint id from its current service s because another
 // service lists it.
 func (e *Engine) detach(s *service, id uint32, now time.Time) {
-	e.drop(s, id, &e.eps[id])
+	e.drop(s, id, e.eps.at(id))
 	s.members = slices.DeleteFunc(s.members, func(m uint32) bool { return m == id })
 	e.updateFailOpen(s, NoEndpoint, now)
 }
@@ -110,7 +110,7 @@ func (e *Engine) detach(s *service, id uint32, now time.Time) {
 func (e *Engine) applySettings(s *service, now time.Time) {
 	if s.st.Mode == ModeNone {
 		for _, id := range s.members {
-			ep := &e.eps[id]
+			ep := e.eps.at(id)
 			if ep.state != Ready {
 				e.toReady(s, id, ep, ReasonAccrualDisabled, now)
 			}
@@ -119,7 +119,7 @@ func (e *Engine) applySettings(s *service, now time.Time) {
 	}
 	limit := maxDrawn(&s.st)
 	for _, id := range s.members {
-		ep := &e.eps[id]
+		ep := e.eps.at(id)
 		ep.level = clampLevel(&s.st, ep.level)
 		if ep.state != Ejected {
 			continue
@@ -146,7 +146,7 @@ func (e *Engine) RemoveService(id uint32) []Transition {
 		return nil
 	}
 	for _, epID := range s.members {
-		e.drop(s, epID, &e.eps[epID])
+		e.drop(s, epID, e.eps.at(epID))
 	}
 	s.members = nil
 	e.updateFailOpen(s, NoEndpoint, e.clk.Now())
@@ -172,7 +172,7 @@ func (e *Engine) Admitted(service uint32) (active, probation []uint32, failOpen 
 	}
 	active = make([]uint32, 0, s.count[Ready])
 	for _, id := range s.members {
-		switch e.eps[id].state {
+		switch e.eps.at(id).state {
 		case Ready:
 			active = append(active, id)
 		case Probation:
@@ -242,10 +242,10 @@ func (e *Engine) KernelTripped(id uint32, kind Kind, at time.Time) []Transition 
 // ready returns endpoint id and its service if it is in one and ready
 // (nil otherwise). Called with mu held.
 func (e *Engine) ready(id uint32) (*service, *endpoint) {
-	if int(id) >= len(e.eps) {
+	if int(id) >= e.eps.len() {
 		return nil, nil
 	}
-	ep := &e.eps[id]
+	ep := e.eps.at(id)
 	if ep.svc == nil || ep.state != Ready {
 		return nil, nil
 	}
@@ -257,18 +257,18 @@ func (e *Engine) ready(id uint32) (*service, *endpoint) {
 func (e *Engine) Excluded(id uint32) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if int(id) >= len(e.eps) || e.eps[id].svc == nil {
+	if int(id) >= e.eps.len() || e.eps.at(id).svc == nil {
 		return false
 	}
-	return e.eps[id].state == Ejected && !e.eps[id].svc.failOpen
+	return e.eps.at(id).state == Ejected && !e.eps.at(id).svc.failOpen
 }
 
 // StateOf is an endpoint's accrual state (Ready for an unknown one).
 func (e *Engine) StateOf(id uint32) State {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if int(id) >= len(e.eps) || e.eps[id].svc == nil {
+	if int(id) >= e.eps.len() || e.eps.at(id).svc == nil {
 		return Ready
 	}
-	return e.eps[id].state
+	return e.eps.at(id).state
 }

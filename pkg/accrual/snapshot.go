@@ -174,7 +174,7 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 			Endpoints:        make([]EndpointSnapshot, 0, len(s.members)),
 		}
 		for _, id := range s.members {
-			ep := &e.eps[id]
+			ep := e.eps.at(id)
 			es := EndpointSnapshot{
 				ID: id, State: ep.state, ConsecutiveFailures: ep.consecutive,
 				PenaltyLevel: ep.level, Penalty: ep.penalty,
@@ -230,14 +230,14 @@ func (e *Engine) Export() []Record {
 func (e *Engine) ExportEndpoint(id uint32) (Record, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if int(id) >= len(e.eps) || e.eps[id].svc == nil {
+	if int(id) >= e.eps.len() || e.eps.at(id).svc == nil {
 		return Record{}, false
 	}
-	return e.record(e.eps[id].svc, id), true
+	return e.record(e.eps.at(id).svc, id), true
 }
 
 func (e *Engine) record(s *service, id uint32) Record {
-	ep := &e.eps[id]
+	ep := e.eps.at(id)
 	return Record{
 		Service: s.id, Endpoint: id, State: ep.state,
 		ConsecutiveFailures: ep.consecutive, PenaltyLevel: ep.level,
@@ -263,12 +263,12 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 	e.out = e.out[:0]
 	now := e.clk.Now()
 	for _, r := range recs {
-		if r.State >= numStates || int(r.Endpoint) >= len(e.eps) {
+		if r.State >= numStates || int(r.Endpoint) >= e.eps.len() {
 			skipped++
 			continue
 		}
 		id := r.Endpoint
-		ep := &e.eps[id]
+		ep := e.eps.at(id)
 		s := ep.svc
 		if s == nil || s.id != r.Service {
 			skipped++

@@ -189,7 +189,7 @@ func (e *Engine) judgeOutliers(s *service, now time.Time) {
 	}
 	var hosts []host
 	for _, id := range s.members {
-		ep := &e.eps[id]
+		ep := e.eps.at(id)
 		if ep.state != Ready || ep.win == nil {
 			continue
 		}
@@ -214,7 +214,7 @@ func (e *Engine) judgeOutliers(s *service, now time.Time) {
 	}
 	limit := mean - s.st.OutlierStdevFactor*math.Sqrt(sq/float64(len(hosts)))
 	for _, h := range hosts {
-		ep := &e.eps[h.id]
+		ep := e.eps.at(h.id)
 		if h.rate < limit {
 			e.trip(s, h.id, ep, ReasonOutlier, ep.lastKind, now, ep.lastFailAt, limit)
 		} else {

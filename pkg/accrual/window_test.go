@@ -203,7 +203,7 @@ func TestSlowConnects(t *testing.T) {
 	t.Run("off by default", func(t *testing.T) {
 		h := newHarness(t, nil)
 		h.set(1, testSettings(), 1, 2)
-		if h.e.eps[1].win != nil {
+		if h.e.eps.at(1).win != nil {
 			t.Fatal("a consecutive service without slow connects keeps a window")
 		}
 		if ej := ejections(h.play(1, "SSSSSSSSSS", time.Millisecond)); len(ej) != 0 {
@@ -383,7 +383,7 @@ func TestOutliers(t *testing.T) {
 func TestWindowFollowsSettings(t *testing.T) {
 	h := newHarness(t, nil)
 	h.set(1, testSettings(), 1, 2)
-	if h.e.eps[1].win != nil {
+	if h.e.eps.at(1).win != nil {
 		t.Fatal("window without a window rule")
 	}
 	h.set(1, rateSettings(), 1, 2)
@@ -402,7 +402,7 @@ func TestWindowFollowsSettings(t *testing.T) {
 		t.Fatalf("window %+v after a length change, want empty", w)
 	}
 	h.set(1, rateSettings(func(s *Settings) { s.Mode = ModeNone }), 1, 2)
-	if h.e.eps[1].win != nil {
+	if h.e.eps.at(1).win != nil {
 		t.Fatal("window in mode none")
 	}
 }

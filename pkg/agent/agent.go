@@ -238,7 +238,6 @@ func New(c Config) (*Agent, error) {
 		links:              map[string]int{},
 		rec:                rec,
 		engine:             accrual.New(c.Clock, nil),
-		policy:             make([]outcomes.Policy, c.MaxBackends),
 		probeSeen:          map[uint32]time.Time{},
 		deadlines:          make(chan struct{}, 1),
 		retry:              map[uint32]bool{},

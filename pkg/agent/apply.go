@@ -33,7 +33,9 @@ func (a *Agent) apply(st desired.State) {
 		for _, id := range c.Retired {
 			gone[id] = true
 			delete(a.probeSeen, id)
-			a.policy[id] = outcomes.Policy{}
+			if int(id) < len(a.policy) {
+				a.policy[id] = outcomes.Policy{}
+			}
 		}
 		if c.Removed {
 			a.handleTransitions(a.engine.RemoveService(c.Service.ID))
@@ -82,6 +84,11 @@ func (a *Agent) setPolicy(s *reconcile.Service) {
 		pol.Replay = replayAfter(&s.Spec, a.handshakes[s.ID])
 	}
 	for _, id := range s.Backends {
+		if n := int(id) + 1; n > len(a.policy) {
+			// Grown as ids are handed out, not sized for MaxBackends up
+			// front (8 MB at the default, most of it never used).
+			a.policy = append(a.policy, make([]outcomes.Policy, n-len(a.policy))...)
+		}
 		a.policy[id] = pol
 	}
 }
