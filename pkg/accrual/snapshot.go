@@ -2,6 +2,7 @@ package accrual
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"time"
 )
@@ -123,19 +124,19 @@ func (c *counters) export() Counters {
 		Ignored:             c.ignored,
 		Stragglers:          c.stragglers,
 		Overtaken:           c.overtaken,
-		Ejections:           c.ejections,
-		ProbeSuccesses:      c.probeSuccesses,
-		ProbeFailures:       c.probeFailures,
-		ProbeInconclusive:   c.probeInconclusive,
-		SuppressedEjections: c.suppressed,
-		FailOpenRecoveries:  c.failOpenRecoveries,
+		Ejections:           uint64(c.ejections),
+		ProbeSuccesses:      uint64(c.probeSuccesses),
+		ProbeFailures:       uint64(c.probeFailures),
+		ProbeInconclusive:   uint64(c.probeInconclusive),
+		SuppressedEjections: uint64(c.suppressed),
+		FailOpenRecoveries:  uint64(c.failOpenRecoveries),
 		SlowConnects:        c.slow,
 		EjectionsBy:         c.reasons(),
 	}
 }
 
 func (c *counters) reasons() EjectionCounts {
-	at := func(r Reason) uint64 { return c.byReason[ejectReasonIndex(r)] }
+	at := func(r Reason) uint64 { return uint64(c.byReason[ejectReasonIndex(r)]) }
 	return EjectionCounts{
 		ConsecutiveFailures: at(ReasonConsecutiveFailures),
 		ProbeFailed:         at(ReasonProbeFailed),
@@ -178,8 +179,8 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 			es := EndpointSnapshot{
 				ID: id, State: ep.state, ConsecutiveFailures: ep.consecutive,
 				PenaltyLevel: ep.level, Penalty: ep.penalty,
-				EjectedAt: ep.ejectedAt, ProbationAt: ep.probationAt,
-				LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt,
+				EjectedAt: e.time(ep.ejectedAt), ProbationAt: e.time(ep.probationAt),
+				LastFailureKind: ep.lastKind, LastFailureAt: e.time(ep.lastFailAt),
 				Counters: ep.c.export(),
 			}
 			if ep.win != nil {
@@ -241,9 +242,9 @@ func (e *Engine) record(s *service, id uint32) Record {
 	return Record{
 		Service: s.id, Endpoint: id, State: ep.state,
 		ConsecutiveFailures: ep.consecutive, PenaltyLevel: ep.level,
-		Penalty: ep.penalty, EjectedAt: ep.ejectedAt.Round(0), ProbationAt: ep.probationAt.Round(0),
-		LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt.Round(0),
-		Ejections: ep.c.ejections,
+		Penalty: ep.penalty, EjectedAt: e.time(ep.ejectedAt).Round(0), ProbationAt: e.time(ep.probationAt).Round(0),
+		LastFailureKind: ep.lastKind, LastFailureAt: e.time(ep.lastFailAt).Round(0),
+		Ejections: uint64(ep.c.ejections),
 	}
 }
 
@@ -275,8 +276,8 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			continue
 		}
 		ep.consecutive = r.ConsecutiveFailures
-		ep.lastKind, ep.lastFailAt = r.LastFailureKind, r.LastFailureAt
-		ep.c.ejections = r.Ejections
+		ep.lastKind, ep.lastFailAt = r.LastFailureKind, e.stamp(r.LastFailureAt)
+		ep.c.ejections = uint32(min(r.Ejections, math.MaxUint32))
 		ep.suppressed = 0
 		to := r.State
 		if s.st.Mode == ModeNone {
@@ -285,21 +286,22 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 		from := ep.state
 		if to == Ready {
 			ep.level, ep.penalty = 0, 0
-			ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
+			ep.ejectedAt, ep.probationAt = 0, 0
 		} else {
 			ep.level = clampLevel(&s.st, r.PenaltyLevel)
 			ep.penalty = r.Penalty
-			ep.probationAt = r.ProbationAt
-			if ep.probationAt.IsZero() {
-				ep.probationAt = now
+			probationAt := r.ProbationAt
+			if probationAt.IsZero() {
+				probationAt = now
 			}
-			if limit := now.Add(maxDrawn(&s.st)); ep.probationAt.After(limit) {
-				ep.probationAt = limit
+			if limit := now.Add(maxDrawn(&s.st)); probationAt.After(limit) {
+				probationAt = limit
 			}
-			ep.ejectedAt = r.EjectedAt
-			if ep.ejectedAt.IsZero() || ep.ejectedAt.After(ep.probationAt) {
-				ep.ejectedAt = ep.probationAt.Add(-ep.penalty)
+			ejectedAt := r.EjectedAt
+			if ejectedAt.IsZero() || ejectedAt.After(probationAt) {
+				ejectedAt = probationAt.Add(-ep.penalty)
 			}
+			ep.ejectedAt, ep.probationAt = e.stamp(ejectedAt), e.stamp(probationAt)
 		}
 		if from == to {
 			if to == Ejected {
@@ -308,7 +310,7 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			continue
 		}
 		e.setState(s, id, ep, to)
-		e.emit(s, id, ep, from, ReasonRestored, ep.lastKind, now, ep.lastFailAt)
+		e.emit(s, id, ep, from, ReasonRestored, ep.lastKind, now, e.time(ep.lastFailAt))
 		e.updateFailOpen(s, id, now)
 	}
 	return e.result(), skipped
