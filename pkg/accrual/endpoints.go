@@ -30,26 +30,39 @@ func (t *endpoints) grow(id uint32) {
 	}
 }
 
-// stamp is an instant as nanoseconds since the engine's epoch, 0 for none:
-// a third of a time.Time, for the five instants each endpoint keeps. The
-// epoch is stampsBack before the engine was made, so every instant an
-// engine meets (now, a connection's start, a restored record's) is
-// positive; time.Sub keeps the clock's monotonic reading when both have
-// one.
+// stamp is an instant as nanoseconds from the engine's epoch (when it
+// was made), offset by stampBias so that 0 is free to mean none: a third
+// of a time.Time, for the instants each endpoint keeps. A stamp of a live
+// instant (the clock's now, now plus a penalty) is monotonic, as the
+// time.Time it came from: a step of the wall clock moves no deadline.
+// Instants from elsewhere (a restored record's) are put on the clock's
+// now before they are stamped, and stamps leave the engine the same way
+// (onClock), so what the outside sees is a wall time as of its now.
 type stamp int64
 
-const stampsBack = 100 * 365 * 24 * time.Hour
+// stampBias: 2⁶² ns, 146 years either side of the epoch.
+const stampBias = stamp(1) << 62
 
 func (e *Engine) stamp(t time.Time) stamp {
 	if t.IsZero() {
 		return 0
 	}
-	return stamp(t.Sub(e.epoch))
+	return stamp(t.Sub(e.epoch)) + stampBias
 }
 
-func (e *Engine) time(s stamp) time.Time {
+// onClock returns s as a time on the same clock as now (zero for none).
+func (e *Engine) onClock(s stamp, now time.Time) time.Time {
 	if s == 0 {
 		return time.Time{}
 	}
-	return e.epoch.Add(time.Duration(s))
+	return now.Add(time.Duration(s - e.stamp(now)))
+}
+
+// stampFrom stamps t, an instant not read from the engine's clock (a
+// restored record's wall time): taken as its distance from now.
+func (e *Engine) stampFrom(t, now time.Time) stamp {
+	if t.IsZero() {
+		return 0
+	}
+	return e.stamp(now.Add(t.Sub(now)))
 }

@@ -21,10 +21,12 @@ func kindSlot(k Kind) int {
 	return 0
 }
 
-// counters are an endpoint's totals. Per-connection counts are 64-bit;
-// those bounded by transitions (each at most one per penalty or probe)
-// are 32-bit: at one a second they would wrap after 136 years, and the
-// narrower struct is 48 bytes less for each of 100,000 endpoints.
+// counters are an endpoint's totals. Per-connection counts are 64-bit
+// (suppressed too: a cap that stays full counts one per streak, which can
+// be every other connection); those bounded by ejections and probes (at
+// most one per penalty) are 32-bit: at one a second they would wrap after
+// 136 years, and the narrower struct saves 40 bytes for each of 100,000
+// endpoints.
 type counters struct {
 	successes          uint64
 	failures           [kindSlots]uint64
@@ -32,11 +34,11 @@ type counters struct {
 	stragglers         uint64
 	overtaken          uint64
 	slow               uint64
+	suppressed         uint64
 	ejections          uint32
 	probeSuccesses     uint32
 	probeFailures      uint32
 	probeInconclusive  uint32
-	suppressed         uint32
 	failOpenRecoveries uint32
 	byReason           [numEjectReasons]uint32
 }
@@ -55,7 +57,7 @@ type endpoint struct {
 	penalty     time.Duration
 	ejectedAt   stamp
 	probationAt stamp
-	lastFailAt  stamp
+	lastFailAt  time.Time // the event's own time, reported as it was
 	// newestOK: when the newest connection that succeeded began.
 	newestOK stamp
 	// win: recent connections, for services whose settings judge a window
@@ -83,7 +85,7 @@ type service struct {
 	episodes      uint64
 }
 
-// maxEndpointID bounds the dense endpoint-id space: ids index a slice, and
+// maxEndpointID bounds the dense endpoint-id space: ids index a table, and
 // an id far beyond the kernel's backend map size is an agent bug that must
 // not turn into a multi-gigabyte allocation.
 const maxEndpointID = 1<<24 - 1
@@ -115,7 +117,7 @@ func New(clk clock.PassiveClock, rnd func() float64) *Engine {
 	}
 	return &Engine{
 		clk:      clk,
-		epoch:    clk.Now().Add(-stampsBack),
+		epoch:    clk.Now(),
 		rnd:      rnd,
 		svcs:     make(map[uint32]*service),
 		outliers: make(map[uint32]*service),
@@ -226,7 +228,7 @@ func (e *Engine) emit(s *service, id uint32, ep *endpoint, from State, r Reason,
 		Kind: kind, Failures: ep.consecutive, At: now, FailureAt: failAt,
 	}
 	if ep.state != Ready {
-		t.Penalty, t.ProbationAt = ep.penalty, e.time(ep.probationAt)
+		t.Penalty, t.ProbationAt = ep.penalty, e.onClock(ep.probationAt, now)
 	}
 	e.out = append(e.out, t)
 }
@@ -273,7 +275,7 @@ func (e *Engine) trip(s *service, id uint32, ep *endpoint, r Reason, kind Kind, 
 		}
 		return
 	}
-	if r != ReasonConsecutiveFailures && ep.returnedAt != 0 && now.Sub(e.time(ep.returnedAt)) < s.st.Window {
+	if r != ReasonConsecutiveFailures && ep.returnedAt != 0 && time.Duration(e.stamp(now)-ep.returnedAt) < s.st.Window {
 		l := clampLevel(&s.st, ep.relapse)
 		if basePenalty(&s.st, l) < s.st.MaxPenalty {
 			l++
@@ -357,7 +359,7 @@ func (e *Engine) Observe(o Outcome) []Transition {
 		}
 	} else {
 		ep.c.failures[kindSlot(o.Kind)]++
-		ep.lastKind, ep.lastFailAt = o.Kind, e.stamp(o.At)
+		ep.lastKind, ep.lastFailAt = o.Kind, o.At
 		if s.st.FailureKinds.Has(o.Kind) {
 			counted = true
 		} else {
@@ -512,7 +514,7 @@ func (e *Engine) NextDeadline() (t time.Time, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.heap) > 0 {
-		t, ok = e.time(e.eps.at(e.heap[0]).probationAt), true
+		t, ok = e.onClock(e.eps.at(e.heap[0]).probationAt, e.clk.Now()), true
 	}
 	for _, s := range e.outliers {
 		if !ok || s.nextOutliers.Before(t) {

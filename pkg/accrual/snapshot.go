@@ -128,7 +128,7 @@ func (c *counters) export() Counters {
 		ProbeSuccesses:      uint64(c.probeSuccesses),
 		ProbeFailures:       uint64(c.probeFailures),
 		ProbeInconclusive:   uint64(c.probeInconclusive),
-		SuppressedEjections: uint64(c.suppressed),
+		SuppressedEjections: c.suppressed,
 		FailOpenRecoveries:  uint64(c.failOpenRecoveries),
 		SlowConnects:        c.slow,
 		EjectionsBy:         c.reasons(),
@@ -179,8 +179,8 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 			es := EndpointSnapshot{
 				ID: id, State: ep.state, ConsecutiveFailures: ep.consecutive,
 				PenaltyLevel: ep.level, Penalty: ep.penalty,
-				EjectedAt: e.time(ep.ejectedAt), ProbationAt: e.time(ep.probationAt),
-				LastFailureKind: ep.lastKind, LastFailureAt: e.time(ep.lastFailAt),
+				EjectedAt: e.onClock(ep.ejectedAt, now), ProbationAt: e.onClock(ep.probationAt, now),
+				LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt,
 				Counters: ep.c.export(),
 			}
 			if ep.win != nil {
@@ -218,9 +218,10 @@ func (e *Engine) Export() []Record {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []Record
+	now := e.clk.Now()
 	for _, s := range e.sortedServices() {
 		for _, id := range s.members {
-			out = append(out, e.record(s, id))
+			out = append(out, e.record(s, id, now))
 		}
 	}
 	return out
@@ -234,16 +235,16 @@ func (e *Engine) ExportEndpoint(id uint32) (Record, bool) {
 	if int(id) >= e.eps.len() || e.eps.at(id).svc == nil {
 		return Record{}, false
 	}
-	return e.record(e.eps.at(id).svc, id), true
+	return e.record(e.eps.at(id).svc, id, e.clk.Now()), true
 }
 
-func (e *Engine) record(s *service, id uint32) Record {
+func (e *Engine) record(s *service, id uint32, now time.Time) Record {
 	ep := e.eps.at(id)
 	return Record{
 		Service: s.id, Endpoint: id, State: ep.state,
 		ConsecutiveFailures: ep.consecutive, PenaltyLevel: ep.level,
-		Penalty: ep.penalty, EjectedAt: e.time(ep.ejectedAt).Round(0), ProbationAt: e.time(ep.probationAt).Round(0),
-		LastFailureKind: ep.lastKind, LastFailureAt: e.time(ep.lastFailAt).Round(0),
+		Penalty: ep.penalty, EjectedAt: e.onClock(ep.ejectedAt, now).Round(0), ProbationAt: e.onClock(ep.probationAt, now).Round(0),
+		LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt.Round(0),
 		Ejections: uint64(ep.c.ejections),
 	}
 }
@@ -276,7 +277,7 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			continue
 		}
 		ep.consecutive = r.ConsecutiveFailures
-		ep.lastKind, ep.lastFailAt = r.LastFailureKind, e.stamp(r.LastFailureAt)
+		ep.lastKind, ep.lastFailAt = r.LastFailureKind, r.LastFailureAt
 		ep.c.ejections = uint32(min(r.Ejections, math.MaxUint32))
 		ep.suppressed = 0
 		to := r.State
@@ -301,7 +302,7 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			if ejectedAt.IsZero() || ejectedAt.After(probationAt) {
 				ejectedAt = probationAt.Add(-ep.penalty)
 			}
-			ep.ejectedAt, ep.probationAt = e.stamp(ejectedAt), e.stamp(probationAt)
+			ep.ejectedAt, ep.probationAt = e.stampFrom(ejectedAt, now), e.stampFrom(probationAt, now)
 		}
 		if from == to {
 			if to == Ejected {
@@ -310,7 +311,7 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			continue
 		}
 		e.setState(s, id, ep, to)
-		e.emit(s, id, ep, from, ReasonRestored, ep.lastKind, now, e.time(ep.lastFailAt))
+		e.emit(s, id, ep, from, ReasonRestored, ep.lastKind, now, ep.lastFailAt)
 		e.updateFailOpen(s, id, now)
 	}
 	return e.result(), skipped
