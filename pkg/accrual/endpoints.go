@@ -32,12 +32,10 @@ func (t *endpoints) grow(id uint32) {
 
 // stamp is an instant as nanoseconds from the engine's epoch (when it
 // was made), offset by stampBias so that 0 is free to mean none: a third
-// of a time.Time, for the instants each endpoint keeps. A stamp of a live
-// instant (the clock's now, now plus a penalty) is monotonic, as the
-// time.Time it came from: a step of the wall clock moves no deadline.
-// Instants from elsewhere (a restored record's) are put on the clock's
-// now before they are stamped, and stamps leave the engine the same way
-// (onClock), so what the outside sees is a wall time as of its now.
+// of a time.Time. Only instants that never leave the engine are stamps
+// (newestOK, returnedAt), each compared only with stamps of its own kind:
+// a stamp of the clock's now is monotonic, as the time it came from; one
+// of an event's time (wall only) is its wall distance from the epoch.
 type stamp int64
 
 // stampBias: 2⁶² ns, 146 years either side of the epoch.
@@ -48,21 +46,4 @@ func (e *Engine) stamp(t time.Time) stamp {
 		return 0
 	}
 	return stamp(t.Sub(e.epoch)) + stampBias
-}
-
-// onClock returns s as a time on the same clock as now (zero for none).
-func (e *Engine) onClock(s stamp, now time.Time) time.Time {
-	if s == 0 {
-		return time.Time{}
-	}
-	return now.Add(time.Duration(s - e.stamp(now)))
-}
-
-// stampFrom stamps t, an instant not read from the engine's clock (a
-// restored record's wall time): taken as its distance from now.
-func (e *Engine) stampFrom(t, now time.Time) stamp {
-	if t.IsZero() {
-		return 0
-	}
-	return e.stamp(now.Add(t.Sub(now)))
 }

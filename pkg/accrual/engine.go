@@ -53,11 +53,15 @@ type endpoint struct {
 	lastKind    Kind
 	// suppressed: rules (bits by ejectReasonIndex) whose due ejection the
 	// cap suppressed (and counted) in their current spell of being due.
-	suppressed  uint8
-	penalty     time.Duration
-	ejectedAt   stamp
-	probationAt stamp
-	lastFailAt  time.Time // the event's own time, reported as it was
+	suppressed uint8
+	penalty    time.Duration
+	// ejectedAt and probationAt leave the engine (transitions, snapshots,
+	// pb_health), so they stay times: a live one keeps the wall reading it
+	// was decided at and the clock's monotonic one for the deadline heap,
+	// a restored one is the record's wall time, as persisted.
+	ejectedAt   time.Time
+	probationAt time.Time
+	lastFailAt  time.Time
 	// newestOK: when the newest connection that succeeded began.
 	newestOK stamp
 	// win: recent connections, for services whose settings judge a window
@@ -228,7 +232,7 @@ func (e *Engine) emit(s *service, id uint32, ep *endpoint, from State, r Reason,
 		Kind: kind, Failures: ep.consecutive, At: now, FailureAt: failAt,
 	}
 	if ep.state != Ready {
-		t.Penalty, t.ProbationAt = ep.penalty, e.onClock(ep.probationAt, now)
+		t.Penalty, t.ProbationAt = ep.penalty, ep.probationAt
 	}
 	e.out = append(e.out, t)
 }
@@ -237,8 +241,8 @@ func (e *Engine) emit(s *service, id uint32, ep *endpoint, from State, r Reason,
 func (e *Engine) eject(s *service, id uint32, ep *endpoint, r Reason, kind Kind, now, failAt time.Time) {
 	from := ep.state
 	ep.penalty = e.drawPenalty(basePenalty(&s.st, ep.level), s.st.JitterRatio)
-	ep.ejectedAt = e.stamp(now)
-	ep.probationAt = e.stamp(now.Add(ep.penalty))
+	ep.ejectedAt = now
+	ep.probationAt = now.Add(ep.penalty)
 	ep.suppressed = 0
 	ep.returnedAt, ep.relapse = 0, 0 // trip has used them
 	ep.c.ejections++
@@ -309,7 +313,7 @@ func (e *Engine) toReady(s *service, id uint32, ep *endpoint, r Reason, now time
 	ep.consecutive = 0
 	ep.level = 0
 	ep.penalty = 0
-	ep.ejectedAt, ep.probationAt = 0, 0
+	ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
 	ep.suppressed = 0
 	ep.returnedAt, ep.relapse = 0, 0 // a probe's success sets them after this
 	// The window needs no clearing: it was cleared on ejection and takes
@@ -486,11 +490,10 @@ func (e *Engine) Advance() []Transition {
 	defer e.mu.Unlock()
 	e.out = e.out[:0]
 	now := e.clk.Now()
-	nowS := e.stamp(now)
 	for len(e.heap) > 0 {
 		id := e.heap[0]
 		ep := e.eps.at(id)
-		if ep.probationAt > nowS {
+		if ep.probationAt.After(now) {
 			break
 		}
 		e.setState(ep.svc, id, ep, Probation)
@@ -514,7 +517,7 @@ func (e *Engine) NextDeadline() (t time.Time, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.heap) > 0 {
-		t, ok = e.onClock(e.eps.at(e.heap[0]).probationAt, e.clk.Now()), true
+		t, ok = e.eps.at(e.heap[0]).probationAt, true
 	}
 	for _, s := range e.outliers {
 		if !ok || s.nextOutliers.Before(t) {

@@ -422,7 +422,7 @@ func TestStragglers(t *testing.T) {
 				}
 				after := *h.e.eps.at(0)
 				if after.state != st || after.consecutive != before.consecutive || after.level != before.level ||
-					after.probationAt != before.probationAt {
+					!after.probationAt.Equal(before.probationAt) {
 					t.Fatalf("straggler changed state: %+v → %+v", before, after)
 				}
 				if c := h.counters(0); c.Stragglers != 5 {

@@ -9,10 +9,10 @@ package accrual
 
 func (e *Engine) heapLess(i, j int) bool {
 	a, b := e.eps.at(e.heap[i]), e.eps.at(e.heap[j])
-	if a.probationAt == b.probationAt {
+	if a.probationAt.Equal(b.probationAt) {
 		return e.heap[i] < e.heap[j]
 	}
-	return a.probationAt < b.probationAt
+	return a.probationAt.Before(b.probationAt)
 }
 
 func (e *Engine) heapSwap(i, j int) {

@@ -107,7 +107,7 @@ func (h *harness) eject(ep uint32, n int) Transition {
 // toProbation moves the clock to ep's probation time and advances.
 func (h *harness) toProbation(ep uint32) {
 	h.t.Helper()
-	h.clk.SetTime(h.e.onClock(h.e.eps.at(ep).probationAt, h.clk.Now()))
+	h.clk.SetTime(h.e.eps.at(ep).probationAt)
 	h.advance()
 	h.wantState(ep, Probation)
 }

@@ -124,7 +124,7 @@ func (e *Engine) applySettings(s *service, now time.Time) {
 		if ep.state != Ejected {
 			continue
 		}
-		if end := ep.ejectedAt + stamp(limit); ep.probationAt > end {
+		if end := ep.ejectedAt.Add(limit); ep.probationAt.After(end) {
 			ep.probationAt = end
 			ep.penalty = limit
 			e.heapFix(int(ep.heapIdx))

@@ -179,7 +179,7 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 			es := EndpointSnapshot{
 				ID: id, State: ep.state, ConsecutiveFailures: ep.consecutive,
 				PenaltyLevel: ep.level, Penalty: ep.penalty,
-				EjectedAt: e.onClock(ep.ejectedAt, now), ProbationAt: e.onClock(ep.probationAt, now),
+				EjectedAt: ep.ejectedAt, ProbationAt: ep.probationAt,
 				LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt,
 				Counters: ep.c.export(),
 			}
@@ -218,10 +218,9 @@ func (e *Engine) Export() []Record {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []Record
-	now := e.clk.Now()
 	for _, s := range e.sortedServices() {
 		for _, id := range s.members {
-			out = append(out, e.record(s, id, now))
+			out = append(out, e.record(s, id))
 		}
 	}
 	return out
@@ -235,15 +234,15 @@ func (e *Engine) ExportEndpoint(id uint32) (Record, bool) {
 	if int(id) >= e.eps.len() || e.eps.at(id).svc == nil {
 		return Record{}, false
 	}
-	return e.record(e.eps.at(id).svc, id, e.clk.Now()), true
+	return e.record(e.eps.at(id).svc, id), true
 }
 
-func (e *Engine) record(s *service, id uint32, now time.Time) Record {
+func (e *Engine) record(s *service, id uint32) Record {
 	ep := e.eps.at(id)
 	return Record{
 		Service: s.id, Endpoint: id, State: ep.state,
 		ConsecutiveFailures: ep.consecutive, PenaltyLevel: ep.level,
-		Penalty: ep.penalty, EjectedAt: e.onClock(ep.ejectedAt, now).Round(0), ProbationAt: e.onClock(ep.probationAt, now).Round(0),
+		Penalty: ep.penalty, EjectedAt: ep.ejectedAt.Round(0), ProbationAt: ep.probationAt.Round(0),
 		LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt.Round(0),
 		Ejections: uint64(ep.c.ejections),
 	}
@@ -287,22 +286,21 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 		from := ep.state
 		if to == Ready {
 			ep.level, ep.penalty = 0, 0
-			ep.ejectedAt, ep.probationAt = 0, 0
+			ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
 		} else {
 			ep.level = clampLevel(&s.st, r.PenaltyLevel)
 			ep.penalty = r.Penalty
-			probationAt := r.ProbationAt
-			if probationAt.IsZero() {
-				probationAt = now
+			ep.probationAt = r.ProbationAt
+			if ep.probationAt.IsZero() {
+				ep.probationAt = now
 			}
-			if limit := now.Add(maxDrawn(&s.st)); probationAt.After(limit) {
-				probationAt = limit
+			if limit := now.Add(maxDrawn(&s.st)); ep.probationAt.After(limit) {
+				ep.probationAt = limit
 			}
-			ejectedAt := r.EjectedAt
-			if ejectedAt.IsZero() || ejectedAt.After(probationAt) {
-				ejectedAt = probationAt.Add(-ep.penalty)
+			ep.ejectedAt = r.EjectedAt
+			if ep.ejectedAt.IsZero() || ep.ejectedAt.After(ep.probationAt) {
+				ep.ejectedAt = ep.probationAt.Add(-ep.penalty)
 			}
-			ep.ejectedAt, ep.probationAt = e.stampFrom(ejectedAt, now), e.stampFrom(probationAt, now)
 		}
 		if from == to {
 			if to == Ejected {
