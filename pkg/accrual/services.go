@@ -257,18 +257,22 @@ func (e *Engine) ready(id uint32) (*service, *endpoint) {
 func (e *Engine) Excluded(id uint32) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if int(id) >= e.eps.len() || e.eps.at(id).svc == nil {
+	if int(id) >= e.eps.len() {
 		return false
 	}
-	return e.eps.at(id).state == Ejected && !e.eps.at(id).svc.failOpen
+	ep := e.eps.at(id)
+	return ep.svc != nil && ep.state == Ejected && !ep.svc.failOpen
 }
 
 // StateOf is an endpoint's accrual state (Ready for an unknown one).
 func (e *Engine) StateOf(id uint32) State {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if int(id) >= e.eps.len() || e.eps.at(id).svc == nil {
+	if int(id) >= e.eps.len() {
 		return Ready
 	}
-	return e.eps.at(id).state
+	if ep := e.eps.at(id); ep.svc != nil {
+		return ep.state
+	}
+	return Ready
 }
