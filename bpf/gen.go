@@ -4,4 +4,4 @@
 // them and `make check-generated` fails when they are stale.
 package bpf
 
-//go:generate go tool bpf2go -tags linux -target bpfel -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -type svc_key -type svc_value -type backend -type ct_key -type ct_value -type event -type config -type global_stats -type svc_stats -type be_stats -type endpoint_health -type flow_value -type inflight -type svc_backend_key -type pb_backend_state -type pb_event_type -type pb_event_flag -type pb_svc_flag -type svc_trip -type be_trip -type pb_trip_kind -type syn_copy Lb lb.c -- -I./include -I/usr/include/x86_64-linux-gnu
+//go:generate go tool bpf2go -tags linux -target bpfel -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -type svc_key -type svc_value -type backend -type ct_key -type ct_value -type event -type config -type global_stats -type svc_stats -type be_stats -type endpoint_health -type flow_value -type inflight -type svc_backend_key -type pb_backend_state -type pb_event_type -type pb_event_flag -type pb_svc_flag -type svc_trip -type be_trip -type pb_trip_kind -type syn_copy -type syn_guard -type syn_guard_cpu -type src_key Lb lb.c -- -I./include -I/usr/include/x86_64-linux-gnu

@@ -963,6 +963,60 @@ static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
 	emit(PB_EV_FLOW_END, ev_flags, rv->svc_id, rv->backend_id, &fk->src, fk->family, fk->sport, gs);
 }
 
+/* trust_source records that addr's flow carried payload from a backend:
+ * proof that the address is real and answers (see pb_src_trust). Refreshed
+ * at most once a second, in place: an LRU update allocates. */
+static __always_inline void trust_source(const union addr *addr, __u8 family)
+{
+	struct src_key k = {};
+	k.addr = *addr;
+	k.family = family;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 *seen = bpf_map_lookup_elem(&pb_src_trust, &k);
+	if (seen) {
+		if (now - *seen > 1000000000ULL)
+			*seen = now;
+		return;
+	}
+	bpf_map_update_elem(&pb_src_trust, &k, &now, BPF_NOEXIST);
+}
+
+/* syn_guard_drops says whether the SYN opening flow fk is to be dropped:
+ * the guard is on (a flood), its source has no recent proof of a real
+ * connection, and this CPU's budget for such SYNs is spent. The budget is
+ * a GCRA: one SYN per interval_ns, up to burst_ns ahead. */
+static __always_inline int syn_guard_drops(const struct ct_key *fk)
+{
+	__u32 zero = 0;
+	struct syn_guard *g = bpf_map_lookup_elem(&pb_syn_guard, &zero);
+	if (!g || !g->until_ns)
+		return 0;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	if (now >= g->until_ns)
+		return 0; /* the agent stopped renewing it: off */
+	struct syn_guard_cpu *c = bpf_map_lookup_elem(&pb_syn_guard_cpu, &zero);
+	if (!c)
+		return 0;
+	struct src_key k = {};
+	k.addr = fk->src;
+	k.family = fk->family;
+	__u64 *seen = bpf_map_lookup_elem(&pb_src_trust, &k);
+	if (seen && now - *seen < g->trust_ns) {
+		c->trusted++;
+		return 0;
+	}
+	__u64 tat = c->tat_ns;
+	if (tat < now)
+		tat = now;
+	if (tat - now > g->burst_ns) {
+		c->dropped++;
+		return 1;
+	}
+	c->tat_ns = tat + g->interval_ns;
+	c->admitted++;
+	return 0;
+}
+
 /* client_control handles SYN, FIN and RST from the client on a known flow.
  * Returns 0 to forward with *fv, or new_flow's refusal. */
 static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
@@ -991,6 +1045,21 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	}
 	if ((f & (TCP_SYN | TCP_ACK)) != TCP_SYN)
 		return 0;
+
+	/* The SYN guard judges a SYN on a known tuple as it judges one on a
+	 * new tuple: a flood that reuses tuples (walking ports wrap around)
+	 * or repeats half-open ones gets no more through than one that does
+	 * not. Not judged: a SYN on an open established flow (it starts
+	 * nothing), the agent's replay, and the retransmission of a refused
+	 * SYN that was kept from its client (the flow was admitted, and
+	 * refused). */
+	if (!move_off) {
+		__u32 c = rv ? rv->flags : 0;
+		int open = (c & (PB_CT_ESTABLISHED | PB_CT_CLOSED)) == PB_CT_ESTABLISHED;
+		int rescued = (c & (PB_CT_CLOSED | PB_CT_RESCUED | PB_CT_RETRY)) == (PB_CT_CLOSED | PB_CT_RESCUED);
+		if (!open && !rescued && syn_guard_drops(fk))
+			return PB_SYN_GUARDED;
+	}
 
 	/* A SYN on a known tuple. One new_flow call below serves every case
 	 * that starts the flow again (each inlined copy costs the verifier
@@ -1319,6 +1388,11 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 		return XDP_PASS;
 	struct ct_value *fv = &sc->fv;
 	int rc;
+	/* A SYN that opens a flow: the SYN guard's to judge first (a flood's
+	 * SYN costs nothing more than this). */
+	if (!ct && p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN &&
+	    syn_guard_drops(fk))
+		return XDP_DROP;
 	if ((svc->flags & PB_SVC_F_RETRY_REFUSED) && p->proto == IPPROTO_TCP &&
 	    (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN)) == TCP_SYN)
 		keep_syn(ctx, p);
@@ -1332,7 +1406,7 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
 		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, 0, fv, gs);
 	}
-	if (rc == PB_REPLAY_STAYS)
+	if (rc == PB_REPLAY_STAYS || rc == PB_SYN_GUARDED)
 		return XDP_DROP;
 	if (rc == PB_OVER_LIMIT)
 		return reject(ctx, p, gs);
@@ -1465,6 +1539,10 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			 * after it is no longer a failure to connect. */
 			if (p->payload && !(rv->flags & PB_CT_BACKEND_DATA)) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_BACKEND_DATA);
+				/* Any flow's, midstream too: a backend sends payload
+				 * only on a connection it accepted. */
+				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED)))
+					trust_source(&fk.src, fk.family);
 				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED | PB_CT_MIDSTREAM | PB_CT_QUIET_DATA))) {
 					/* QUIET_END without QUIET_DATA: the first data is
 					 * the success (a reset before it is a failure). */

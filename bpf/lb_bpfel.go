@@ -203,6 +203,16 @@ type LbScratch struct {
 	Fv LbCtValue
 }
 
+type LbSrcKey struct {
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Family uint8
+	Pad    [3]uint8
+}
+
 type LbSvcBackendKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -274,6 +284,22 @@ type LbSynCopy struct {
 	Opts       [40]uint8
 }
 
+type LbSynGuard struct {
+	_          structs.HostLayout
+	UntilNs    uint64
+	IntervalNs uint64
+	BurstNs    uint64
+	TrustNs    uint64
+}
+
+type LbSynGuardCpu struct {
+	_        structs.HostLayout
+	TatNs    uint64
+	Trusted  uint64
+	Admitted uint64
+	Dropped  uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -294,11 +320,14 @@ const (
 	LbMapPbRedirect         = "pb_redirect"
 	LbMapPbScratch          = "pb_scratch"
 	LbMapPbServices         = "pb_services"
+	LbMapPbSrcTrust         = "pb_src_trust"
 	LbMapPbStats            = "pb_stats"
 	LbMapPbSvcBackends      = "pb_svc_backends"
 	LbMapPbSvcInflight      = "pb_svc_inflight"
 	LbMapPbSvcStats         = "pb_svc_stats"
 	LbMapPbSvcTrip          = "pb_svc_trip"
+	LbMapPbSynGuard         = "pb_syn_guard"
+	LbMapPbSynGuardCpu      = "pb_syn_guard_cpu"
 	LbMapPbSynsV2           = "pb_syns_v2"
 	LbMapPbVipSlots         = "pb_vip_slots"
 	LbProgPbXdp             = "pb_xdp"
@@ -375,11 +404,14 @@ type LbMapSpecs struct {
 	PbRedirect      *ebpf.MapSpec `ebpf:"pb_redirect"`
 	PbScratch       *ebpf.MapSpec `ebpf:"pb_scratch"`
 	PbServices      *ebpf.MapSpec `ebpf:"pb_services"`
+	PbSrcTrust      *ebpf.MapSpec `ebpf:"pb_src_trust"`
 	PbStats         *ebpf.MapSpec `ebpf:"pb_stats"`
 	PbSvcBackends   *ebpf.MapSpec `ebpf:"pb_svc_backends"`
 	PbSvcInflight   *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.MapSpec `ebpf:"pb_svc_stats"`
 	PbSvcTrip       *ebpf.MapSpec `ebpf:"pb_svc_trip"`
+	PbSynGuard      *ebpf.MapSpec `ebpf:"pb_syn_guard"`
+	PbSynGuardCpu   *ebpf.MapSpec `ebpf:"pb_syn_guard_cpu"`
 	PbSynsV2        *ebpf.MapSpec `ebpf:"pb_syns_v2"`
 	PbVipSlots      *ebpf.MapSpec `ebpf:"pb_vip_slots"`
 }
@@ -432,11 +464,14 @@ type LbMaps struct {
 	PbRedirect      *ebpf.Map `ebpf:"pb_redirect"`
 	PbScratch       *ebpf.Map `ebpf:"pb_scratch"`
 	PbServices      *ebpf.Map `ebpf:"pb_services"`
+	PbSrcTrust      *ebpf.Map `ebpf:"pb_src_trust"`
 	PbStats         *ebpf.Map `ebpf:"pb_stats"`
 	PbSvcBackends   *ebpf.Map `ebpf:"pb_svc_backends"`
 	PbSvcInflight   *ebpf.Map `ebpf:"pb_svc_inflight"`
 	PbSvcStats      *ebpf.Map `ebpf:"pb_svc_stats"`
 	PbSvcTrip       *ebpf.Map `ebpf:"pb_svc_trip"`
+	PbSynGuard      *ebpf.Map `ebpf:"pb_syn_guard"`
+	PbSynGuardCpu   *ebpf.Map `ebpf:"pb_syn_guard_cpu"`
 	PbSynsV2        *ebpf.Map `ebpf:"pb_syns_v2"`
 	PbVipSlots      *ebpf.Map `ebpf:"pb_vip_slots"`
 }
@@ -459,11 +494,14 @@ func (m *LbMaps) Close() error {
 		m.PbRedirect,
 		m.PbScratch,
 		m.PbServices,
+		m.PbSrcTrust,
 		m.PbStats,
 		m.PbSvcBackends,
 		m.PbSvcInflight,
 		m.PbSvcStats,
 		m.PbSvcTrip,
+		m.PbSynGuard,
+		m.PbSynGuardCpu,
 		m.PbSynsV2,
 		m.PbVipSlots,
 	)

@@ -8,6 +8,7 @@
 #define PB_MAX_SERVICES 65536
 #define PB_MAX_BACKENDS 262144
 #define PB_CT_SIZE 262144
+#define PB_TRUST_SIZE 65536 /* pb_src_trust: client addresses remembered */
 #define PB_EVENTS_BYTES (1 << 20)
 #define PB_MAGLEV_DEFAULT_SIZE 16381
 
@@ -54,6 +55,7 @@
 /* client_control: the agent's replay could not be moved; drop it, the
  * flow stays as it was. */
 #define PB_REPLAY_STAYS -3
+#define PB_SYN_GUARDED -4 /* the SYN guard dropped it */
 
 /* Backend admission state, written by the agent. */
 enum pb_backend_state {

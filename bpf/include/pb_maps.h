@@ -244,6 +244,37 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_syns_v2 SEC(".maps");
 
+/* The SYN guard (struct syn_guard): written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct syn_guard);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_syn_guard SEC(".maps");
+
+/* The SYN guard's per-CPU budget and counters: written by the datapath. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct syn_guard_cpu);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_syn_guard_cpu SEC(".maps");
+
+/* client address -> bpf_ktime_get_coarse_ns of its last proof of a real
+ * connection: a backend sent payload on one of its flows, which a backend
+ * does only after a handshake whose ACK acknowledged its SYN-ACK (a
+ * spoofed source never sees that). Written by the datapath; the SYN guard
+ * reads it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct src_key);
+	__type(value, __u64);
+	__uint(max_entries, PB_TRUST_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_src_trust SEC(".maps");
+
 /* backend id -> failure-accrual state. Written by the agent only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -164,6 +164,34 @@ struct config {
 	__u32 pad;
 };
 
+/* pb_syn_guard[0]: the SYN guard, written by the agent. While it is on,
+ * a SYN opening a new flow from a source without a recent proof of a real
+ * connection (pb_src_trust) takes a token of a per-CPU budget, and is
+ * dropped when none is left: a flood of spoofed SYNs is stopped at the
+ * first XDP pass instead of costing the backends, the veths and the
+ * agent a handshake each. Times are bpf_ktime_get_coarse_ns. */
+struct syn_guard {
+	__u64 until_ns;    /* on while now < until_ns (0: off); the agent renews it */
+	__u64 interval_ns; /* 1e9 / untrusted SYNs admitted per second per CPU */
+	__u64 burst_ns;    /* how far ahead of now the budget may be spent */
+	__u64 trust_ns;    /* a source stays trusted this long after its proof */
+};
+
+/* pb_syn_guard_cpu[0], per CPU: the guard's budget and its verdicts. */
+struct syn_guard_cpu {
+	__u64 tat_ns;  /* when this CPU's budget is next free (GCRA) */
+	__u64 trusted; /* SYNs admitted while on: trusted source */
+	__u64 admitted; /* ... untrusted, within the budget */
+	__u64 dropped; /* ... untrusted, over the budget: dropped */
+};
+
+/* pb_src_trust key: a client address. */
+struct src_key {
+	union addr addr;
+	__u8 family; /* PB_AF_INET or PB_AF_INET6 */
+	__u8 pad[3];
+};
+
 /* pb_stats[0], per CPU: datapath-wide counters. */
 struct global_stats {
 	__u64 events_lost;         /* ring buffer full: outcome not delivered */

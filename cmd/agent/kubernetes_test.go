@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Exactly one mode: standalone (--config) or Kubernetes (--node-name).
@@ -20,6 +21,11 @@ func TestParseFlagsModes(t *testing.T) {
 		{args: []string{"--node-name", "n1", "--pod-interfaces", "cali*,[x"}, wantErr: "--pod-interfaces"},
 		{args: []string{"--node-name", "n1", "--node-interfaces", "eth[0"}, wantErr: "--node-interfaces"},
 		{args: []string{"--node-name", "n1", "--tunnel-interfaces", "flannel.[1"}, wantErr: "--tunnel-interfaces"},
+		{args: []string{"--config", "x.yaml", "--syn-guard-rate", "0"}},
+		{args: []string{"--config", "x.yaml", "--syn-guard-rate", "2k"}, wantErr: `-syn-guard-rate: want an integer from 0 to 1000000, got "2k"`},
+		{args: []string{"--config", "x.yaml", "--syn-guard-rate", "1000001"}, wantErr: "want an integer from 0 to 1000000"},
+		{args: []string{"--config", "x.yaml", "--syn-guard-trust", "0s"}, wantErr: "--syn-guard-trust 0s: must be positive"},
+		{args: []string{"--config", "x.yaml", "--conntrack-size", "4k"}, wantErr: "want a positive integer"},
 	}
 	for _, tt := range tests {
 		_, err := parseFlags(tt.args)
@@ -29,6 +35,23 @@ func TestParseFlagsModes(t *testing.T) {
 		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
 			t.Errorf("%v: error %v, want one containing %q", tt.args, err, tt.wantErr)
 		}
+	}
+}
+
+func TestParseFlagsSYNGuard(t *testing.T) {
+	o, err := parseFlags([]string{"--config", "x.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.synGuard.Rate != 2000 || o.synGuard.Burst != 200 || o.synGuard.Trust != time.Hour {
+		t.Errorf("default SYN guard %+v, want 2000/s, 200 at once, trust 1h", o.synGuard)
+	}
+	o, err = parseFlags([]string{"--config", "x.yaml", "--syn-guard-rate", "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.synGuard.Rate != 5 || o.synGuard.Burst != 1 {
+		t.Errorf("SYN guard %+v, want 5/s, 1 at once", o.synGuard)
 	}
 }
 

@@ -26,10 +26,12 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 )
 
@@ -64,6 +66,8 @@ type options struct {
 	// kernelTrips: the datapath ejects a backend at its deciding failure
 	// (the agent adopts it); off, the agent's accrual alone does.
 	kernelTrips bool
+	// synGuard: the SYN guard's budget and trust (Rate 0: no guard).
+	synGuard maps.SYNGuard
 }
 
 func main() {
@@ -121,22 +125,32 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
 	fs.BoolVar(&o.kernelTrips, "kernel-trips", true, "the datapath ejects an endpoint itself at the failure that decides it, before the agent reacts; false: the agent alone ejects (about a millisecond later, new flows still reach the endpoint meanwhile)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Func("syn-guard-rate", fmt.Sprintf("in flood mode, SYNs opening new flows from sources that have not proved themselves lately (no backend sent them payload within --syn-guard-trust) that each CPU admits a second (a node admits up to its CPUs times this); the rest are dropped in XDP. 0: no guard, every SYN is forwarded (default %d)", defaultSYNGuardRate), func(s string) error {
+		v, err := strconv.ParseUint(s, 10, 32)
+		if err != nil || v > maxSYNGuardRate {
+			return fmt.Errorf("want an integer from 0 to %d, got %q", maxSYNGuardRate, s)
+		}
+		o.synGuard.Rate = uint32(v)
+		return nil
+	})
+	fs.DurationVar(&o.synGuard.Trust, "syn-guard-trust", time.Hour, "how long a source stays trusted by the SYN guard after a backend last sent it payload")
+	o.synGuard.Rate = defaultSYNGuardRate
 	max := func(p *uint32, name string, def uint32, help string) {
 		fs.Func(name, fmt.Sprintf("%s (default %d)", help, def), func(s string) error {
-			var v uint32
-			if _, err := fmt.Sscan(s, &v); err != nil || v == 0 {
+			v, err := strconv.ParseUint(s, 10, 32)
+			if err != nil || v == 0 {
 				return fmt.Errorf("want a positive integer, got %q", s)
 			}
-			*p = v
+			*p = uint32(v)
 			return nil
 		})
 	}
 	fs.Func("max-inflight-default", "live flows a service may hold unless it sets its own limit (config defaults.maxInflight, annotation penaltybox.io/max-inflight); 0: no limit (default 0)", func(s string) error {
-		var v uint32
-		if _, err := fmt.Sscan(s, &v); err != nil {
+		v, err := strconv.ParseUint(s, 10, 32)
+		if err != nil {
 			return fmt.Errorf("want a non-negative integer, got %q", s)
 		}
-		o.maxInflightDefault = v
+		o.maxInflightDefault = uint32(v)
 		return nil
 	})
 	max(&o.dp.MaxServices, "max-services", datapath.DefaultMaxServices, "size of the services maps")
@@ -171,9 +185,28 @@ func parseFlags(args []string) (options, error) {
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
 	}
+	if o.synGuard.Trust <= 0 {
+		return o, fmt.Errorf("--syn-guard-trust %v: must be positive", o.synGuard.Trust)
+	}
+	// A tenth of a second's budget at once: a short burst of new clients
+	// is not cut to the rate's spacing.
+	o.synGuard.Burst = o.synGuard.Rate / 10
+	if o.synGuard.Burst == 0 {
+		o.synGuard.Burst = 1
+	}
 	o.dp.Root = o.bpffsRoot
 	return o, nil
 }
+
+// defaultSYNGuardRate: a flood's untrusted SYNs that reach the backends
+// per CPU a second while the guard is on; a few thousand cost a node
+// little (the handshakes a small web server makes anyway) and leave new
+// clients a way in.
+const defaultSYNGuardRate = 2000
+
+// maxSYNGuardRate: beyond a million a second per CPU the guard would
+// admit all a CPU can receive anyway.
+const maxSYNGuardRate = 1000000
 
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level

@@ -23,7 +23,8 @@ type node struct {
 // serves HTTP.
 func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (*node, error) {
 	an, err := agent.Open(agent.NodeOptions{Datapath: o.dp, Log: log,
-		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault, NoKernelTrips: !o.kernelTrips})
+		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault, NoKernelTrips: !o.kernelTrips,
+		SYNGuard: o.synGuard})
 	if re := (*datapath.RootError)(nil); errors.As(err, &re) {
 		return nil, fmt.Errorf("--bpffs-root %w", err)
 	}

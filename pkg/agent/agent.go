@@ -31,6 +31,7 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/metrics"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 	"github.com/penaltybox/penaltybox/pkg/reconcile"
@@ -41,6 +42,7 @@ type Stats interface {
 	GlobalStats() (bpf.LbGlobalStats, error)
 	ServiceStats(id uint32) (bpf.LbSvcStats, error)
 	BackendStats(id uint32) (bpf.LbBeStats, error)
+	SYNGuardStats() (bpf.LbSynGuardCpu, error)
 }
 
 // Inflight reads the circuit breaker's live flow counts (maps.Inflight).
@@ -113,6 +115,9 @@ type Config struct {
 	// failed writes (default 2s); SweepEvery how often it sweeps conntrack
 	// (default 10s).
 	ProbeCheck, SweepEvery time.Duration
+	// SYNGuard is the SYN guard's budget and trust, on while the agent is
+	// in flood mode (Rate 0: never on). Its Lease is the agent's to set.
+	SYNGuard maps.SYNGuard
 }
 
 // Replayer replays the SYN client sent to vip, which backend refused
@@ -192,7 +197,15 @@ type Agent struct {
 		on          bool
 		since, last time.Time
 		withheld    uint64
+		// dropped: the SYN guard's drops at the last look (looked), and
+		// when flood mode began.
+		dropped, droppedAtStart uint64
+		looked                  time.Time
 	}
+	// guard: the SYN guard's settings (evidence.go); guardErr: its last
+	// write failed (logged once).
+	guard    maps.SYNGuard
+	guardErr bool
 }
 
 // New builds an agent over maps that may hold a previous agent's state:
@@ -247,6 +260,7 @@ func New(c Config) (*Agent, error) {
 		tripsHandled:       map[uint32]uint64{},
 		handshakes:         map[uint32]*handshakes{},
 		monoOffset:         outcomes.MonoOffset(),
+		guard:              c.SYNGuard,
 	}
 	a.every.probes, a.every.sweep = c.ProbeCheck, c.SweepEvery
 	if swept.Expired > 0 || swept.Released > 0 {
@@ -291,6 +305,8 @@ func (a *Agent) Begin(ev Events) {
 	if gs, err := a.stats.GlobalStats(); err == nil {
 		a.lostSeen = gs.EventsLost
 	}
+	// A guard a previous agent left on is not this one's flood.
+	a.setGuard(false)
 	a.mu.Unlock()
 	a.ready.Store(true)
 }

@@ -29,8 +29,9 @@ type NodeOptions struct {
 	Log      *slog.Logger
 	// TableSize and MaxInflightDefault: see Config.
 	TableSize, MaxInflightDefault uint32
-	// NoKernelTrips: see Config.
+	// NoKernelTrips, SYNGuard: see Config.
 	NoKernelTrips bool
+	SYNGuard      maps.SYNGuard
 }
 
 // Open loads (or adopts) the datapath and builds the agent over it.
@@ -59,6 +60,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		Writer: n.maps, Stats: n.maps, Inflight: n.inflight, Sweeper: reaper, Hooks: n.Datapath,
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
 		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault, NoKernelTrips: o.NoKernelTrips,
+		SYNGuard: o.SYNGuard,
 		Replayer: replay.New(n.Datapath.PbXdp, n.maps),
 	})
 	if err != nil {

@@ -1,6 +1,10 @@
 package agent
 
-import "time"
+import (
+	"time"
+
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
 
 // Evidence rules for the agent's own connect deadlines. The kernel's
 // signals (a RST, a SYN-ACK, a retransmitted SYN) are evidence when they
@@ -19,6 +23,16 @@ import "time"
 // that went unanswered says nothing about the endpoint; nor does a SYN on a
 // half-open tuple, which a flood walking its source ports sends again and
 // again. Refusals and resets, the endpoint's own answers, still count.
+//
+// Flood mode also turns the datapath's SYN guard on: a SYN opening a flow
+// from a source that has not lately proved itself real (a backend sent it
+// payload) gets a small per-CPU budget and is dropped in XDP beyond it.
+// A spoofed flood then costs the node one XDP pass per SYN instead of a
+// handshake with a backend, two more passes and the client's RST, which
+// is what saturated the veths and cost legit connects before. Sources
+// that proved themselves keep connecting as before; new ones share the
+// budget until the flood ends. Drops over the budget are a sign of flood,
+// so the guard holds for as long as the flood lasts.
 
 // floodPending is how many connects awaiting a verdict are a sign of
 // flood: a busy node has as many as new flows a second times the time a
@@ -74,9 +88,43 @@ func (a *Agent) floodSign(now time.Time, why string) {
 		return
 	}
 	a.flood.on, a.flood.since, a.flood.withheld = true, now, a.withheldTotal()
+	if s, err := a.stats.SYNGuardStats(); err == nil {
+		a.flood.dropped, a.flood.droppedAtStart = s.Dropped, s.Dropped
+	}
+	a.flood.looked = now
 	a.metrics.FloodMode.Set(1)
+	a.setGuard(true)
 	a.log.Warn("flood mode: connect deadlines judge only connections whose events all arrived",
-		"cause", why, "pending_connects", a.tracker.PendingConnects())
+		"cause", why, "pending_connects", a.tracker.PendingConnects(),
+		"syn_guard_rate_per_cpu", a.guard.Rate)
+}
+
+// guardLease is how long the SYN guard stays on unless renewed: a few of
+// Maintain's rounds, each of which renews it while flood mode lasts. A
+// dead agent's guard ends by itself.
+func (a *Agent) guardLease() time.Duration { return 5 * a.every.probes }
+
+// setGuard turns the SYN guard on for a lease (renewing it) or off. With
+// no rate configured it is only ever turned off. Called with mu held.
+func (a *Agent) setGuard(on bool) {
+	var g maps.SYNGuard
+	if on {
+		if a.guard.Rate == 0 {
+			return
+		}
+		g = a.guard
+		g.Lease = a.guardLease()
+	}
+	if err := a.rec.SetSYNGuard(g); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		if !a.guardErr {
+			a.log.Error("writing the SYN guard", "on", on, "err", err)
+		}
+		a.guardErr = true
+		return
+	}
+	a.guardErr = false
+	a.metrics.SYNGuard.Set(map[bool]float64{false: 0, true: 1}[on])
 }
 
 // withheldTotal counts connect timeouts withheld for any reason.
@@ -89,10 +137,28 @@ func (a *Agent) withheldTotal() uint64 {
 // Called with mu held.
 func (a *Agent) floodCheck(now time.Time) {
 	a.judgeUpTo(now)
-	if a.flood.on && now.Sub(a.flood.last) > floodQuiet {
-		a.flood.on = false
-		a.metrics.FloodMode.Set(0)
-		a.log.Info("flood mode ended", "lasted", now.Sub(a.flood.since).Round(time.Millisecond).String(),
-			"timeouts_withheld", a.withheldTotal()-a.flood.withheld)
+	if !a.flood.on {
+		return
 	}
+	// The guard dropping more than a CPU's budget since the last look:
+	// untrusted SYNs come at over twice the rate it admits, the flood
+	// goes on, though the guard keeps it from showing anywhere else. Fewer
+	// drops (a burst of new clients) do not hold flood mode.
+	if s, err := a.stats.SYNGuardStats(); err == nil {
+		budget := float64(a.guard.Rate) * now.Sub(a.flood.looked).Seconds()
+		if float64(s.Dropped-a.flood.dropped) > budget {
+			a.floodSign(now, "SYNs from untrusted sources over the SYN guard's budget")
+		}
+		a.flood.dropped, a.flood.looked = s.Dropped, now
+	}
+	if now.Sub(a.flood.last) <= floodQuiet {
+		a.setGuard(true)
+		return
+	}
+	a.flood.on = false
+	a.metrics.FloodMode.Set(0)
+	a.setGuard(false)
+	a.log.Info("flood mode ended", "lasted", now.Sub(a.flood.since).Round(time.Millisecond).String(),
+		"timeouts_withheld", a.withheldTotal()-a.flood.withheld,
+		"syns_dropped", a.flood.dropped-a.flood.droppedAtStart)
 }

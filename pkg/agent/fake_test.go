@@ -30,6 +30,9 @@ type fakeMaps struct {
 	redirect  []uint32
 	config    uint32
 	lost      uint64 // pb_stats events_lost
+	// guards: the SYN guard as written, in order; guardDropped its drops.
+	guards       []pbmaps.SYNGuard
+	guardDropped uint64
 	// fail makes the next n calls of a method fail.
 	fail map[string]int
 	// tableWrites records every table a service went live with, in order;
@@ -225,6 +228,15 @@ func (f *fakeMaps) SetRedirect(ids []uint32) error {
 func (f *fakeMaps) SetConfig(flags uint32) error {
 	f.config = flags
 	return f.failing("SetConfig")
+}
+
+func (f *fakeMaps) SetSYNGuard(g pbmaps.SYNGuard) error {
+	f.guards = append(f.guards, g)
+	return f.failing("SetSYNGuard")
+}
+
+func (f *fakeMaps) SYNGuardStats() (bpf.LbSynGuardCpu, error) {
+	return bpf.LbSynGuardCpu{Dropped: f.guardDropped}, nil
 }
 
 // Stats, all zero.

@@ -39,6 +39,8 @@ type env struct {
 	port  uint16 // the client's next source port
 	// noTrips: the agents built run with --kernel-trips=false.
 	noTrips bool
+	// guard: the agents' SYN guard settings.
+	guard pbmaps.SYNGuard
 }
 
 func newEnv(t testing.TB) *env {
@@ -66,6 +68,7 @@ func (e *env) restart() {
 			return idx, e.veths[name], nil
 		},
 		MaxServices: 64, MaxBackends: 256, TableSize: 31, NoKernelTrips: e.noTrips,
+		SYNGuard: e.guard,
 	})
 	if err != nil {
 		e.t.Fatalf("New: %v", err)

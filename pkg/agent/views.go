@@ -30,6 +30,9 @@ func (a *Agent) Accrual() []accrual.ServiceSnapshot { return a.engine.Snapshot()
 // GlobalStats implements metrics.Source.
 func (a *Agent) GlobalStats() (bpf.LbGlobalStats, error) { return a.stats.GlobalStats() }
 
+// SYNGuardStats implements metrics.Source.
+func (a *Agent) SYNGuardStats() (bpf.LbSynGuardCpu, error) { return a.stats.SYNGuardStats() }
+
 // ServiceStats implements metrics.Source.
 func (a *Agent) ServiceStats(id uint32) (bpf.LbSvcStats, error) { return a.stats.ServiceStats(id) }
 

@@ -199,8 +199,10 @@ func lostOnRecreate(name string) string {
 		return "established flows (they will be re-balanced, most break)"
 	case bpf.LbMapPbEvents:
 		return "undelivered outcome events"
-	case bpf.LbMapPbStats, bpf.LbMapPbSvcStats, bpf.LbMapPbBeStats:
+	case bpf.LbMapPbStats, bpf.LbMapPbSvcStats, bpf.LbMapPbBeStats, bpf.LbMapPbSynGuardCpu:
 		return "kernel counters (they restart from 0, which Prometheus reads as a reset)"
+	case bpf.LbMapPbSrcTrust:
+		return "the SYN guard's trusted sources (each proves itself again with its next connection)"
 	default:
 		return "nothing: the agent rewrites it from the desired state"
 	}

@@ -43,6 +43,7 @@ type Source interface {
 	GlobalStats() (bpf.LbGlobalStats, error)
 	ServiceStats(id uint32) (bpf.LbSvcStats, error)
 	BackendStats(id uint32) (bpf.LbBeStats, error)
+	SYNGuardStats() (bpf.LbSynGuardCpu, error)
 }
 
 // Metrics holds the agent's event-driven metrics and its registry.
@@ -61,6 +62,7 @@ type Metrics struct {
 	PendingOverflow    prometheus.Counter
 	Withheld           *prometheus.CounterVec
 	FloodMode          prometheus.Gauge
+	SYNGuard           prometheus.Gauge
 	ProbeRegrants      *prometheus.CounterVec
 	InvalidSettings    *prometheus.CounterVec
 	ConntrackEntries   prometheus.Gauge
@@ -135,6 +137,10 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "flood_mode",
 			Help: "1 while events are lost or read late, or too many connects are pending (a SYN flood, or the agent starved of CPU): connect deadlines then judge only connections whose events all arrived.",
 		}),
+		SYNGuard: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "syn_guard_active",
+			Help: "1 while the SYN guard is on (flood mode, with --syn-guard-rate above 0): SYNs opening new flows from sources without a recent proof of a real connection get a per-CPU budget, and the rest are dropped in XDP.",
+		}),
 		ProbeRegrants: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "probe_regrants_total",
 			Help: "Fresh probes the probation watchdog granted, by reason: no_verdict (the kernel admitted a probe and no verdict came: its events were lost, or the datapath saw no answer), state_drift (the kernel's entry was not in probation).",
@@ -198,7 +204,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
-		m.Withheld, m.FloodMode, m.ProbeRegrants,
+		m.Withheld, m.FloodMode, m.SYNGuard, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
 		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.FleetReportWrites, m.FleetVerdictWrites, m.FleetAggregator, m.FleetCondemned, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -242,6 +248,7 @@ var (
 	dRepicked     = desc("datapath_repicked_flows_total", "Unanswered flows moved to another backend on the client's SYN retransmission because theirs was ejected.")
 	dCTFail       = desc("datapath_conntrack_insert_failures_total", "Conntrack inserts that failed.")
 	dICMP         = desc("datapath_icmp_translated_total", "ICMP errors about a NATed flow (fragmentation needed, port unreachable, time exceeded) translated so that their receiver matches them: quoting the VIP to the client, the backend to the backend.")
+	dSYNGuard     = desc("datapath_syn_guard_syns_total", "SYNs opening new flows while the SYN guard was on, by verdict: trusted (the source proved itself lately: a backend sent it payload), admitted (untrusted, within the per-CPU budget), dropped (untrusted, over the budget: dropped in XDP).", "verdict")
 	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")
 	dEndpoints    = desc("endpoints", "Endpoints by failure-accrual state.", "service", "state")
 	dEpState      = desc("endpoint_state", "1 for the endpoint's current failure-accrual state.", "service", "endpoint", "state")
@@ -269,7 +276,7 @@ type collector struct {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcNoBackend, dCBRejected, dBePackets, dBeBytes,
 		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked, dRescued, dRetried,
-		dCTFail, dMalformed, dICMP, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
+		dCTFail, dMalformed, dICMP, dSYNGuard, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
 		dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow, dFailOpen, dFailOpenEps, dCBMax, dInflight} {
 		ch <- d
 	}
@@ -301,6 +308,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dICMP, gs.IcmpTranslated)
 	} else {
 		c.log.Warn("metrics: read pb_stats", "err", err)
+	}
+	if g, err := c.src.SYNGuardStats(); err == nil {
+		counter(ch, dSYNGuard, g.Trusted, "trusted")
+		counter(ch, dSYNGuard, g.Admitted, "admitted")
+		counter(ch, dSYNGuard, g.Dropped, "dropped")
+	} else {
+		c.log.Warn("metrics: read pb_syn_guard_cpu", "err", err)
 	}
 
 	names := map[uint32]string{}

@@ -715,6 +715,8 @@ func (f *fakeWriter) SetConfig(flags uint32) error {
 	return nil
 }
 
+func (f *fakeWriter) SetSYNGuard(pbmaps.SYNGuard) error { return f.failing("SetSYNGuard") }
+
 // tripSetting is a pb_svc_trip entry as the agent writes it.
 type tripSetting struct {
 	pbmaps.TripSettings

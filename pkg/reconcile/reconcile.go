@@ -66,6 +66,9 @@ type Writer interface {
 	SetPartialIfaces([]uint32) error
 	SetRedirect([]uint32) error
 	SetConfig(flags uint32) error
+
+	// The SYN guard (synguard.go).
+	SetSYNGuard(maps.SYNGuard) error
 }
 
 // Service is the reconciler's view of one programmed service.

@@ -14,25 +14,34 @@ import (
 // ones with the flood's, and the backends answer with SYN cookies).
 const floodRate = 120000
 
-// A SYN flood does not make healthy endpoints look sick: with three
-// healthy backends, 100 legit connections a second and six long-lived
-// connections through the VIP, 10 s of new flows from four more client
-// addresses at floodRate eject no endpoint and cut no long-lived
-// connection. The machine itself drops packets at this rate, so legit
-// connects time out on every endpoint alike: the agent withholds those
-// timeouts (service-wide) instead of ejecting endpoints one by one.
+// A SYN flood does not make healthy endpoints look sick, nor cost legit
+// clients their connections: with three healthy backends, 100 legit
+// connections a second and six long-lived connections through the VIP,
+// 10 s of new flows from four more client addresses at floodRate eject no
+// endpoint and cut no long-lived connection. The flood puts the agent in
+// flood mode, which turns the SYN guard on: the flood's sources never
+// proved themselves (no backend sent them payload), so their SYNs beyond
+// a small budget are dropped at the first XDP pass, and the legit client,
+// trusted from its connections before the flood, keeps connecting. Without
+// the guard the machine drops packets at this rate, legit ones with the
+// flood's (one slow hour: 50% of legit connects ok without it, 94% with).
 func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 	e := newEnv(t, 3)
 	a := e.startAgent(config(e.topo, all(3), ""))
 	long, first := e.longLived(6)
+	drops := e.topo.Client.TxDrops("eth0")
 	rs, fr, floodStart := e.floodDuringLoad(floodRate)
+	drops = e.topo.Client.TxDrops("eth0") - drops
 	during := rs.Since(floodStart)
 	m := e.metrics()
 	ejections := m.Get("penaltybox_accrual_transitions_total", "service", "web", "reason", "consecutive-failures")
 	withheld := m.Get("penaltybox_connect_timeouts_withheld_total", "reason", "service_wide") + m.Get("penaltybox_connect_timeouts_withheld_total", "reason", "flood") +
 		m.Get("penaltybox_connect_timeouts_withheld_total", "reason", "events_lost")
-	t.Logf("flood: %d SYNs in %v (%.0f/s); legit connections during it: %d, %.2f%% ok (%v); ejections %v; timeouts withheld %v",
-		fr.Sent, fr.Elapsed.Round(time.Millisecond), fr.Rate(), len(during), 100*during.SuccessRate(), during.Counts(), ejections, withheld)
+	dropped := m.Get("penaltybox_datapath_syn_guard_syns_total", "verdict", "dropped")
+	trusted := m.Get("penaltybox_datapath_syn_guard_syns_total", "verdict", "trusted")
+	t.Logf("flood: %d SYNs in %v (%.0f/s); legit connections during it: %d, %.2f%% ok (%v); ejections %v; timeouts withheld %v; SYN guard: %v dropped, %v trusted, %v admitted; client veth drops %d",
+		fr.Sent, fr.Elapsed.Round(time.Millisecond), fr.Rate(), len(during), 100*during.SuccessRate(), during.Counts(), ejections, withheld,
+		dropped, trusted, m.Get("penaltybox_datapath_syn_guard_syns_total", "verdict", "admitted"), drops)
 	if ejections != 0 || a.LogContains("endpoint ejected") {
 		t.Errorf("%v healthy endpoints ejected during the flood", ejections)
 	}
@@ -48,6 +57,24 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 	if fr.Rate() < floodRate/2 {
 		t.Fatalf("the flood reached only %.0f SYNs/s: the test did not flood", fr.Rate())
 	}
+	// The guard's budget is 2,000 SYNs a second per CPU: of the flood's
+	// 1.2 million, all but some tens of thousands (and those sent before
+	// flood mode began) are dropped. Half is a margin no working guard
+	// misses.
+	if dropped < float64(fr.Sent)/2 {
+		t.Errorf("the SYN guard dropped %v of the flood's %d SYNs, want most", dropped, fr.Sent)
+	}
+	if trusted < float64(len(during))/2 {
+		t.Errorf("%v SYNs from trusted sources while the guard was on, for %d legit connects", trusted, len(during))
+	}
+	// What legit connects still lose are SYNs the client's veth dropped
+	// before XDP (its 256-entry ring overflows while the NAPI that drains
+	// it waits on a busy CPU): 5-6% in a slow hour, when without the guard
+	// half of them failed. 90% is the margin of this noisy machine; make
+	// bench measures against the 99.9% target.
+	if during.SuccessRate() < 0.90 {
+		t.Errorf("legit connections during the flood %.2f%% ok, want >= 90%%", 100*during.SuccessRate())
+	}
 }
 
 // Half-open flows cannot cut established ones, even through a conntrack
@@ -58,7 +85,8 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 // ejected).
 func TestSYNFloodThroughTinyConntrackCutsNoConnection(t *testing.T) {
 	e := newEnv(t, 3)
-	a := e.startAgent(config(e.topo, all(3), ""), "--conntrack-size", "4096")
+	// No SYN guard: the flood is to go through conntrack.
+	a := e.startAgent(config(e.topo, all(3), ""), "--conntrack-size", "4096", "--syn-guard-rate", "0")
 	long, first := e.longLived(6)
 	rs, fr, _ := e.floodDuringLoad(30000)
 	t.Logf("flood: %.0f SYNs/s; legit %.2f%% ok (%v)", fr.Rate(), 100*rs.SuccessRate(), rs.Counts())

@@ -1,0 +1,184 @@
+package datapath_test
+
+import (
+	"net/netip"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+var spoofed = netip.MustParseAddr("198.18.0.77")
+
+// syns sends n SYNs opening new flows from src (ports from port up) and
+// counts those the datapath forwarded.
+func (f *fixture) syns(src netip.Addr, port uint16, n int) int {
+	f.t.Helper()
+	passed := 0
+	for i := range n {
+		ret, _, _ := f.run(bpftest.TCP(netip.AddrPortFrom(src, port+uint16(i)), vip, bpftest.SYN, nil))
+		switch ret {
+		case bpftest.XDPPass:
+			passed++
+		case bpftest.XDPDrop:
+		default:
+			f.t.Fatalf("verdict %d", ret)
+		}
+	}
+	f.events()
+	return passed
+}
+
+// While the SYN guard is on, a source without a proof of a real connection
+// gets the per-CPU budget and no more; a trusted source is not limited;
+// the guard off, or its lease run out, limits nothing.
+func TestSYNGuardLimitsOnlyUntrustedSources(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	oneCPU(t) // the budget is per CPU
+
+	if n := f.syns(spoofed, 1000, 20); n != 20 {
+		t.Fatalf("guard off: %d of 20 SYNs forwarded", n)
+	}
+
+	// One SYN a second, three at once: the test takes far less than a
+	// second, and each second it might take admits one more.
+	start := time.Now()
+	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Lease: time.Minute, Rate: 1, Burst: 3, Trust: time.Hour}))
+	f.must(f.Maps.TrustSource(client.Addr()))
+	admitted := f.syns(spoofed, 2000, 20)
+	trusted := f.syns(client.Addr(), 2000, 20)
+	slack := int(time.Since(start)/time.Second) + 1
+	if admitted < 3 || admitted > 3+slack {
+		t.Errorf("guard on: %d of 20 untrusted SYNs forwarded, want 3 (the burst)", admitted)
+	}
+	if trusted != 20 {
+		t.Errorf("guard on: %d of 20 trusted SYNs forwarded, want all", trusted)
+	}
+	s, err := f.Maps.SYNGuardStats()
+	f.must(err)
+	if want := (bpf.LbSynGuardCpu{Trusted: 20, Admitted: uint64(admitted), Dropped: uint64(20 - admitted)}); s != want {
+		t.Errorf("guard counters = %+v, want %+v", s, want)
+	}
+
+	// A SYN on a tuple conntrack knows is judged as a new one: again on a
+	// half-open flow the guard admitted, or on one that ended (a flood's
+	// walking ports wrap around), it finds the budget spent; a trusted
+	// source's passes.
+	if ret, _, _ := f.run(bpftest.TCP(netip.AddrPortFrom(spoofed, 2000), vip, bpftest.SYN, nil)); ret != bpftest.XDPDrop {
+		t.Errorf("SYN again on an untrusted half-open flow: verdict %d, want XDP_DROP", ret)
+	}
+	f.run(bpftest.TCP(be1, netip.AddrPortFrom(spoofed, 2001), bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(netip.AddrPortFrom(spoofed, 2001), vip, bpftest.RST, nil))
+	if ret, _, _ := f.run(bpftest.TCP(netip.AddrPortFrom(spoofed, 2001), vip, bpftest.SYN, nil)); ret != bpftest.XDPDrop {
+		t.Errorf("SYN on an untrusted tuple whose flow ended: verdict %d, want XDP_DROP", ret)
+	}
+	if ret, _, _ := f.run(bpftest.TCP(netip.AddrPortFrom(client.Addr(), 2000), vip, bpftest.SYN, nil)); ret != bpftest.XDPPass {
+		t.Errorf("SYN again on a trusted half-open flow: verdict %d, want XDP_PASS", ret)
+	}
+	// A SYN on an open flow starts nothing: not the guard's.
+	f.run(bpftest.TCP(be1, netip.AddrPortFrom(spoofed, 2002), bpftest.SYNACK, nil))
+	if ret, _, _ := f.run(bpftest.TCP(netip.AddrPortFrom(spoofed, 2002), vip, bpftest.SYN, nil)); ret != bpftest.XDPPass {
+		t.Errorf("SYN on an untrusted established flow: verdict %d, want XDP_PASS", ret)
+	}
+	f.events()
+
+	// Trust ends: the same source is limited once its proof is older
+	// than the guard's trust (this one is from the kernel clock's zero).
+	var k bpf.LbSrcKey
+	k.Addr.Bytes, k.Family = maps.Addr16(client.Addr()), maps.Family(client.Addr())
+	f.must(f.PbSrcTrust.Put(k, uint64(0)))
+	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Lease: time.Minute, Rate: 1, Burst: 1, Trust: time.Millisecond}))
+	if n := f.syns(client.Addr(), 3000, 20); n > 1+slack {
+		t.Errorf("trust expired: %d of 20 SYNs forwarded", n)
+	}
+
+	// A lease the agent did not renew ends the guard by itself.
+	f.must(f.PbSynGuard.Put(uint32(0), bpf.LbSynGuard{UntilNs: 1, IntervalNs: uint64(time.Second), TrustNs: 1}))
+	if n := f.syns(spoofed, 4000, 20); n != 20 {
+		t.Errorf("lease over: %d of 20 SYNs forwarded", n)
+	}
+	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{}))
+	if n := f.syns(spoofed, 5000, 20); n != 20 {
+		t.Errorf("guard off again: %d of 20 SYNs forwarded", n)
+	}
+}
+
+// A source earns trust when a backend sends payload on one of its flows,
+// not from a SYN-ACK (a spoofed source gets those too) nor from its own
+// ACK (a blind one can be forged).
+func TestBackendPayloadTrustsTheClient(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	c := netip.AddrPortFrom(spoofed, 41000)
+
+	f.run(bpftest.TCP(c, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, c, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(c, vip, bpftest.ACK, nil))
+	f.run(bpftest.TCP(c, vip, bpftest.ACK, []byte("GET / HTTP/1.1\r\n\r\n")))
+	if _, ok := f.Maps.TrustedSince(spoofed); ok {
+		t.Fatal("trusted before any payload from the backend")
+	}
+	f.run(bpftest.TCP(be1, c, bpftest.ACK, []byte("HTTP/1.1 200 OK\r\n\r\n")))
+	first, ok := f.Maps.TrustedSince(spoofed)
+	if !ok {
+		t.Fatal("not trusted after the backend's payload")
+	}
+	if now := coarseNow(); first > now || now-first > uint64(time.Second) {
+		t.Errorf("trusted since %d, now is %d", first, now)
+	}
+	if _, ok := f.Maps.TrustedSince(client.Addr()); ok {
+		t.Error("an address that sent nothing is trusted")
+	}
+
+	// The proof is renewed by the next flow's first payload, not by every
+	// packet of a flow.
+	var k bpf.LbSrcKey
+	k.Addr.Bytes, k.Family = maps.Addr16(spoofed), maps.Family(spoofed)
+	old := coarseNow() - uint64(2*time.Second)
+	f.must(f.PbSrcTrust.Put(k, old))
+	f.run(bpftest.TCP(be1, c, bpftest.ACK, []byte("more")))
+	if again, _ := f.Maps.TrustedSince(spoofed); again != old {
+		t.Errorf("trust renewed by a flow's second payload: %d, then %d", old, again)
+	}
+	c2 := netip.AddrPortFrom(spoofed, 41001)
+	f.run(bpftest.TCP(c2, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be1, c2, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(be1, c2, bpftest.ACK, []byte("HTTP/1.1 200 OK\r\n\r\n")))
+	if again, _ := f.Maps.TrustedSince(spoofed); again <= old {
+		t.Errorf("trust not renewed by a new flow's payload: %d, then %d", old, again)
+	}
+}
+
+func coarseNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
+	return uint64(ts.Nano())
+}
+
+// oneCPU keeps the test, and the program runs it makes, on one CPU.
+func oneCPU(t *testing.T) {
+	runtime.LockOSThread()
+	var was, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		t.Fatal(err)
+	}
+	for cpu := range 1024 {
+		if was.IsSet(cpu) {
+			one.Set(cpu)
+			break
+		}
+	}
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unix.SchedSetaffinity(0, &was)
+		runtime.UnlockOSThread()
+	})
+}
