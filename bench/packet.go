@@ -183,6 +183,10 @@ func (r *packetRig) program() error {
 		be(63, pkBackend6[1], 22, maps.BackendActive),
 		be(64, pkBackend6[2], 22, maps.BackendActive),
 		m.SetPorts(nil, map[uint16]uint8{80: maps.PortVIP | maps.PortBackend, 8080: maps.PortBackend}),
+		// The SYN guard as the agent sets it, but never arming: these
+		// runs open millions of new flows a second on one CPU, which
+		// would arm it and time its drops instead of the new-flow path.
+		m.SetSYNGuard(maps.SYNGuard{Rate: 2000, Burst: 200, Trust: time.Hour}),
 	)
 	const lim = 1 << 30 // a limit that is configured but never reached
 	svcs := []svcDef{

@@ -982,21 +982,34 @@ static __always_inline void trust_source(const union addr *addr, __u8 family)
 }
 
 /* syn_guard_drops says whether the SYN opening flow fk is to be dropped:
- * the guard is on (a flood), its source has no recent proof of a real
- * connection, and this CPU's budget for such SYNs is spent. The budget is
- * a GCRA: one SYN per interval_ns, up to burst_ns ahead. */
+ * the guard is on (a flood: the agent's lease, or this CPU armed it), its
+ * source has no recent proof of a real connection, and this CPU's budget
+ * for such SYNs is spent. The budget is a GCRA: one SYN per interval_ns,
+ * up to burst_ns ahead. */
 static __always_inline int syn_guard_drops(const struct ct_key *fk)
 {
 	__u32 zero = 0;
 	struct syn_guard *g = bpf_map_lookup_elem(&pb_syn_guard, &zero);
-	if (!g || !g->until_ns)
+	if (!g || !g->interval_ns)
 		return 0;
-	__u64 now = bpf_ktime_get_coarse_ns();
-	if (now >= g->until_ns)
-		return 0; /* the agent stopped renewing it: off */
 	struct syn_guard_cpu *c = bpf_map_lookup_elem(&pb_syn_guard_cpu, &zero);
 	if (!c)
 		return 0;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	/* Every SYN opening a flow counts toward arming, dropped ones too:
+	 * the guard stays armed while the flood lasts. */
+	if (now - c->window_ns >= PB_SYN_WINDOW_NS) {
+		c->window_ns = now;
+		c->window_syns = 0;
+	}
+	c->window_syns++;
+	if (g->arm_syns && c->window_syns > g->arm_syns) {
+		if (now >= c->armed_until_ns)
+			c->armed++;
+		c->armed_until_ns = now + PB_SYN_ARM_HOLD_NS;
+	}
+	if (now >= g->until_ns && now >= c->armed_until_ns)
+		return 0; /* neither leased nor armed: off */
 	struct src_key k = {};
 	k.addr = fk->src;
 	k.family = fk->family;

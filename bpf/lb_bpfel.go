@@ -290,14 +290,19 @@ type LbSynGuard struct {
 	IntervalNs uint64
 	BurstNs    uint64
 	TrustNs    uint64
+	ArmSyns    uint64
 }
 
 type LbSynGuardCpu struct {
-	_        structs.HostLayout
-	TatNs    uint64
-	Trusted  uint64
-	Admitted uint64
-	Dropped  uint64
+	_            structs.HostLayout
+	TatNs        uint64
+	Trusted      uint64
+	Admitted     uint64
+	Dropped      uint64
+	WindowNs     uint64
+	WindowSyns   uint64
+	ArmedUntilNs uint64
+	Armed        uint64
 }
 
 // Names of all BPF objects in the ELF.

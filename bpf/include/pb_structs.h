@@ -165,24 +165,33 @@ struct config {
 };
 
 /* pb_syn_guard[0]: the SYN guard, written by the agent. While it is on,
- * a SYN opening a new flow from a source without a recent proof of a real
+ * a SYN opening a flow from a source without a recent proof of a real
  * connection (pb_src_trust) takes a token of a per-CPU budget, and is
  * dropped when none is left: a flood of spoofed SYNs is stopped at the
  * first XDP pass instead of costing the backends, the veths and the
- * agent a handshake each. Times are bpf_ktime_get_coarse_ns. */
+ * agent a handshake each. It is on while the agent's lease lasts (flood
+ * mode), and on a CPU that has armed it itself: more than arm_syns SYNs
+ * opening flows in one PB_SYN_WINDOW_NS, which a flood reaches within
+ * milliseconds, before the agent can tell. Times are
+ * bpf_ktime_get_coarse_ns. interval_ns 0: no guard at all. */
 struct syn_guard {
-	__u64 until_ns;    /* on while now < until_ns (0: off); the agent renews it */
+	__u64 until_ns;    /* the agent's lease: on while now < until_ns */
 	__u64 interval_ns; /* 1e9 / untrusted SYNs admitted per second per CPU */
 	__u64 burst_ns;    /* how far ahead of now the budget may be spent */
 	__u64 trust_ns;    /* a source stays trusted this long after its proof */
+	__u64 arm_syns;    /* SYNs per CPU and window that arm it (0: never) */
 };
 
 /* pb_syn_guard_cpu[0], per CPU: the guard's budget and its verdicts. */
 struct syn_guard_cpu {
-	__u64 tat_ns;  /* when this CPU's budget is next free (GCRA) */
-	__u64 trusted; /* SYNs admitted while on: trusted source */
-	__u64 admitted; /* ... untrusted, within the budget */
-	__u64 dropped; /* ... untrusted, over the budget: dropped */
+	__u64 tat_ns;         /* when this CPU's budget is next free (GCRA) */
+	__u64 trusted;        /* SYNs admitted while on: trusted source */
+	__u64 admitted;       /* ... untrusted, within the budget */
+	__u64 dropped;        /* ... untrusted, over the budget: dropped */
+	__u64 window_ns;      /* start of this CPU's current window */
+	__u64 window_syns;    /* SYNs opening flows in it */
+	__u64 armed_until_ns; /* armed by this CPU until then */
+	__u64 armed;          /* times this CPU armed it (from disarmed) */
 };
 
 /* pb_src_trust key: a client address. */

@@ -43,8 +43,8 @@ func TestParseFlagsSYNGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.synGuard.Rate != 2000 || o.synGuard.Burst != 200 || o.synGuard.Trust != time.Hour {
-		t.Errorf("default SYN guard %+v, want 2000/s, 200 at once, trust 1h", o.synGuard)
+	if o.synGuard.Rate != 2000 || o.synGuard.Burst != 200 || o.synGuard.Trust != time.Hour || o.synGuard.ArmRate != 20000 {
+		t.Errorf("default SYN guard %+v, want 2000/s, 200 at once, trust 1h, armed at 20000/s", o.synGuard)
 	}
 	o, err = parseFlags([]string{"--config", "x.yaml", "--syn-guard-rate", "5"})
 	if err != nil {

@@ -134,7 +134,15 @@ func parseFlags(args []string) (options, error) {
 		return nil
 	})
 	fs.DurationVar(&o.synGuard.Trust, "syn-guard-trust", time.Hour, "how long a source stays trusted by the SYN guard after a backend last sent it payload")
-	o.synGuard.Rate = defaultSYNGuardRate
+	fs.Func("syn-guard-arm-rate", fmt.Sprintf("SYNs opening flows per second on one CPU (over 100 ms) at which that CPU turns the SYN guard on by itself, before the agent's flood mode can; 0: only flood mode turns it on (default %d)", defaultSYNGuardArmRate), func(s string) error {
+		v, err := strconv.ParseUint(s, 10, 32)
+		if err != nil {
+			return fmt.Errorf("want a non-negative integer, got %q", s)
+		}
+		o.synGuard.ArmRate = uint32(v)
+		return nil
+	})
+	o.synGuard.Rate, o.synGuard.ArmRate = defaultSYNGuardRate, defaultSYNGuardArmRate
 	max := func(p *uint32, name string, def uint32, help string) {
 		fs.Func(name, fmt.Sprintf("%s (default %d)", help, def), func(s string) error {
 			v, err := strconv.ParseUint(s, 10, 32)
@@ -203,6 +211,11 @@ func parseFlags(args []string) (options, error) {
 // little (the handshakes a small web server makes anyway) and leave new
 // clients a way in.
 const defaultSYNGuardRate = 2000
+
+// defaultSYNGuardArmRate: new flows a second on one CPU that only a flood
+// (or a node far busier than most) reaches; it limits only sources no
+// backend has sent payload to lately.
+const defaultSYNGuardArmRate = 20000
 
 // maxSYNGuardRate: beyond a million a second per CPU the guard would
 // admit all a CPU can receive anyway.

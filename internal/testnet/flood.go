@@ -96,6 +96,11 @@ func (n *NS) SYNFlood(ctx context.Context, spec FloodSpec) (FloodResult, error) 
 		// Everything due by now, then a breath.
 		due := min(total, int(float64(spec.Rate)*time.Since(start).Seconds())+1)
 		for ; sent < due; sent++ {
+			// A sender that fell behind stops at the duration all the
+			// same, instead of catching up past it.
+			if sent%256 == 0 && time.Since(start) >= spec.Duration {
+				break
+			}
 			k := i % len(pkts)
 			i++
 			ports[k]++

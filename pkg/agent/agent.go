@@ -201,6 +201,8 @@ type Agent struct {
 		// when flood mode began.
 		dropped, droppedAtStart uint64
 		looked                  time.Time
+		// armed: the datapath's own armings at the last look.
+		armed uint64
 	}
 	// guard: the SYN guard's settings (evidence.go); guardErr: its last
 	// write failed (logged once).
@@ -305,8 +307,12 @@ func (a *Agent) Begin(ev Events) {
 	if gs, err := a.stats.GlobalStats(); err == nil {
 		a.lostSeen = gs.EventsLost
 	}
-	// A guard a previous agent left on is not this one's flood.
+	// A guard a previous agent left on is not this one's flood; a CPU
+	// that sees one arms it meanwhile. Armings before now are no news.
 	a.setGuard(false)
+	if s, err := a.stats.SYNGuardStats(); err == nil {
+		a.flood.armed = s.Armed
+	}
 	a.mu.Unlock()
 	a.ready.Store(true)
 }

@@ -1,10 +1,6 @@
 package agent
 
-import (
-	"time"
-
-	"github.com/penaltybox/penaltybox/pkg/maps"
-)
+import "time"
 
 // Evidence rules for the agent's own connect deadlines. The kernel's
 // signals (a RST, a SYN-ACK, a retransmitted SYN) are evidence when they
@@ -104,15 +100,16 @@ func (a *Agent) floodSign(now time.Time, why string) {
 // dead agent's guard ends by itself.
 func (a *Agent) guardLease() time.Duration { return 5 * a.every.probes }
 
-// setGuard turns the SYN guard on for a lease (renewing it) or off. With
-// no rate configured it is only ever turned off. Called with mu held.
+// setGuard turns the SYN guard on for a lease (renewing it) or off; off,
+// a CPU that sees a flood's rate still arms it itself. With no rate
+// configured there is no guard at all. Called with mu held.
 func (a *Agent) setGuard(on bool) {
-	var g maps.SYNGuard
+	if on && a.guard.Rate == 0 {
+		return
+	}
+	g := a.guard
+	g.Lease = 0
 	if on {
-		if a.guard.Rate == 0 {
-			return
-		}
-		g = a.guard
 		g.Lease = a.guardLease()
 	}
 	if err := a.rec.SetSYNGuard(g); err != nil {
@@ -137,6 +134,15 @@ func (a *Agent) withheldTotal() uint64 {
 // Called with mu held.
 func (a *Agent) floodCheck(now time.Time) {
 	a.judgeUpTo(now)
+	// A CPU armed the guard itself since the last look: a flood, seen
+	// first by the datapath.
+	s, serr := a.stats.SYNGuardStats()
+	if serr == nil {
+		if s.Armed > a.flood.armed {
+			a.floodSign(now, "the datapath armed the SYN guard: SYNs opening flows over --syn-guard-arm-rate")
+		}
+		a.flood.armed = s.Armed
+	}
 	if !a.flood.on {
 		return
 	}
@@ -144,7 +150,7 @@ func (a *Agent) floodCheck(now time.Time) {
 	// untrusted SYNs come at over twice the rate it admits, the flood
 	// goes on, though the guard keeps it from showing anywhere else. Fewer
 	// drops (a burst of new clients) do not hold flood mode.
-	if s, err := a.stats.SYNGuardStats(); err == nil {
+	if serr == nil {
 		budget := float64(a.guard.Rate) * now.Sub(a.flood.looked).Seconds()
 		if float64(s.Dropped-a.flood.dropped) > budget {
 			a.floodSign(now, "SYNs from untrusted sources over the SYN guard's budget")

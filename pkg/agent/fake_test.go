@@ -31,8 +31,8 @@ type fakeMaps struct {
 	config    uint32
 	lost      uint64 // pb_stats events_lost
 	// guards: the SYN guard as written, in order; guardDropped its drops.
-	guards       []pbmaps.SYNGuard
-	guardDropped uint64
+	guards                   []pbmaps.SYNGuard
+	guardDropped, guardArmed uint64
 	// fail makes the next n calls of a method fail.
 	fail map[string]int
 	// tableWrites records every table a service went live with, in order;
@@ -236,7 +236,7 @@ func (f *fakeMaps) SetSYNGuard(g pbmaps.SYNGuard) error {
 }
 
 func (f *fakeMaps) SYNGuardStats() (bpf.LbSynGuardCpu, error) {
-	return bpf.LbSynGuardCpu{Dropped: f.guardDropped}, nil
+	return bpf.LbSynGuardCpu{Dropped: f.guardDropped, Armed: f.guardArmed}, nil
 }
 
 // Stats, all zero.

@@ -83,6 +83,30 @@ func TestFloodModeHoldsTheSYNGuard(t *testing.T) {
 	}
 }
 
+// A CPU that armed the guard itself (the datapath saw the flood first)
+// puts the agent in flood mode at its next look, which leases the guard.
+func TestDatapathArmingStartsFloodMode(t *testing.T) {
+	e := newEnv(t)
+	e.guard = pbmaps.SYNGuard{Rate: 100, Burst: 10, Trust: time.Hour, ArmRate: 20000}
+	e.f.guardArmed = 3 // before this agent: no news
+	e.restart()
+	e.start(state(web(80, 2, settings())))
+	if g := e.lastGuard(); g.Lease != 0 || g.ArmRate != 20000 {
+		t.Fatalf("a starting agent wrote %+v, want the guard's settings without a lease", g)
+	}
+	e.clk.Step(2 * time.Second)
+	e.a.Maintain()
+	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 0 {
+		t.Fatal("old armings started flood mode")
+	}
+	e.f.guardArmed++
+	e.clk.Step(2 * time.Second)
+	e.a.Maintain()
+	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 1 || e.lastGuard().Lease == 0 {
+		t.Fatalf("arming did not start flood mode with a lease (guard %+v)", e.lastGuard())
+	}
+}
+
 // Without a rate (--syn-guard-rate 0) flood mode never turns the guard on,
 // and a failed write is counted, not fatal.
 func TestSYNGuardOffAndFailing(t *testing.T) {

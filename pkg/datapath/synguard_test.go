@@ -109,6 +109,49 @@ func TestSYNGuardLimitsOnlyUntrustedSources(t *testing.T) {
 	}
 }
 
+// A CPU that sees more SYNs opening flows in one window than the guard's
+// arm_syns turns the guard on by itself, without the agent's lease: the
+// SYNs up to the threshold pass, then the budget applies; a trusted
+// source is never limited.
+func TestSYNGuardArmsItself(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	oneCPU(t)
+	// 100 SYNs a second over 100 ms: armed at the 11th.
+	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Rate: 1, Burst: 3, Trust: time.Hour, ArmRate: 100}))
+	f.must(f.Maps.TrustSource(client.Addr()))
+	start := time.Now()
+	passed := f.syns(spoofed, 1000, 200)
+	trusted := f.syns(client.Addr(), 1000, 50)
+	// The 10 before arming, then the burst of 3; a window that ran out
+	// before the 11th (a test preempted for 100 ms) lets 10 more through,
+	// and each second the test takes one more.
+	slack := int(time.Since(start)/time.Second) + 1
+	if passed < 13 || passed > 23+slack {
+		t.Errorf("%d of 200 untrusted SYNs forwarded, want 13 (10 before arming, a burst of 3)", passed)
+	}
+	if trusted != 50 {
+		t.Errorf("%d of 50 trusted SYNs forwarded once armed, want all", trusted)
+	}
+	s, err := f.Maps.SYNGuardStats()
+	f.must(err)
+	if s.Armed != 1 || s.Dropped != uint64(200-passed) {
+		t.Errorf("guard counters = %+v, want armed once and %d dropped", s, 200-passed)
+	}
+
+	// Without arm_syns (--syn-guard-arm-rate 0) only the lease turns it on.
+	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Rate: 1, Burst: 3, Trust: time.Hour}))
+	var per []bpf.LbSynGuardCpu
+	f.must(f.PbSynGuardCpu.Lookup(uint32(0), &per))
+	for i := range per {
+		per[i].ArmedUntilNs = 0
+	}
+	f.must(f.PbSynGuardCpu.Put(uint32(0), per))
+	if n := f.syns(spoofed, 3000, 200); n != 200 {
+		t.Errorf("never armed: %d of 200 SYNs forwarded", n)
+	}
+}
+
 // A source earns trust when a backend sends payload on one of its flows,
 // not from a SYN-ACK (a spoofed source gets those too) nor from its own
 // ACK (a blind one can be forged).

@@ -12,16 +12,23 @@ import (
 
 // SYNGuard is what pb_syn_guard holds, in Go terms.
 type SYNGuard struct {
-	// Lease is how long the guard stays on unless written again (0: off).
-	// A lease, not a switch: an agent that dies with the guard on leaves
-	// it on for at most this long.
+	// Lease is how long the guard stays on unless written again (0: on
+	// only where a CPU arms it). A lease, not a switch: an agent that dies
+	// with the guard on leaves it on for at most this long.
 	Lease time.Duration
 	// Rate is how many SYNs from untrusted sources each CPU admits a
-	// second while the guard is on; Burst how many at once.
+	// second while the guard is on; Burst how many at once. Rate 0: no
+	// guard at all.
 	Rate, Burst uint32
 	// Trust is how long a source stays trusted after its last proof.
 	Trust time.Duration
+	// ArmRate is the rate of SYNs opening flows, per CPU and second over
+	// one window, at which a CPU turns the guard on by itself (0: never).
+	ArmRate uint32
 }
+
+// synWindow is PB_SYN_WINDOW_NS, the window of ArmRate.
+const synWindow = 100 * time.Millisecond
 
 // minBurst is the least burst_ns: the coarse clock's tick, with a margin.
 const minBurst = uint64(10 * time.Millisecond)
@@ -37,16 +44,21 @@ func coarseNow() uint64 {
 // kernel's clock.
 func (m *Maps) SetSYNGuard(g SYNGuard) error {
 	var v bpf.LbSynGuard
-	if g.Lease > 0 && g.Rate > 0 {
+	if g.Rate > 0 {
 		interval := max(uint64(time.Second)/uint64(g.Rate), 1)
 		v = bpf.LbSynGuard{
-			UntilNs:    coarseNow() + uint64(g.Lease),
 			IntervalNs: interval,
 			// A burst of n admits n SYNs at once: the n-th is n-1 intervals
 			// ahead of now. At least a tick of the coarse clock (4 ms at
 			// HZ=250), which advances the budget in steps of one.
 			BurstNs: max(interval*uint64(max(g.Burst, 1)-1), minBurst),
 			TrustNs: uint64(g.Trust),
+		}
+		if g.Lease > 0 {
+			v.UntilNs = coarseNow() + uint64(g.Lease)
+		}
+		if g.ArmRate > 0 {
+			v.ArmSyns = max(uint64(g.ArmRate)*uint64(synWindow)/uint64(time.Second), 1)
 		}
 	}
 	if err := m.m.PbSynGuard.Put(uint32(0), v); err != nil {
@@ -55,7 +67,8 @@ func (m *Maps) SetSYNGuard(g SYNGuard) error {
 	return nil
 }
 
-// SYNGuardStats sums pb_syn_guard_cpu[0]'s counters over CPUs.
+// SYNGuardStats sums pb_syn_guard_cpu[0]'s counters over CPUs (the
+// window and budget fields are per CPU and left 0).
 func (m *Maps) SYNGuardStats() (bpf.LbSynGuardCpu, error) {
 	var per []bpf.LbSynGuardCpu
 	var s bpf.LbSynGuardCpu
@@ -66,6 +79,7 @@ func (m *Maps) SYNGuardStats() (bpf.LbSynGuardCpu, error) {
 		s.Trusted += c.Trusted
 		s.Admitted += c.Admitted
 		s.Dropped += c.Dropped
+		s.Armed += c.Armed
 	}
 	return s, nil
 }

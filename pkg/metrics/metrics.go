@@ -249,6 +249,7 @@ var (
 	dCTFail       = desc("datapath_conntrack_insert_failures_total", "Conntrack inserts that failed.")
 	dICMP         = desc("datapath_icmp_translated_total", "ICMP errors about a NATed flow (fragmentation needed, port unreachable, time exceeded) translated so that their receiver matches them: quoting the VIP to the client, the backend to the backend.")
 	dSYNGuard     = desc("datapath_syn_guard_syns_total", "SYNs opening new flows while the SYN guard was on, by verdict: trusted (the source proved itself lately: a backend sent it payload), admitted (untrusted, within the per-CPU budget), dropped (untrusted, over the budget: dropped in XDP).", "verdict")
+	dSYNArmed     = desc("datapath_syn_guard_armed_total", "Times a CPU turned the SYN guard on by itself: more SYNs opening flows in 100 ms than --syn-guard-arm-rate allows (a flood, seen before the agent can tell); it stays on there for 1 s past the last such window.")
 	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")
 	dEndpoints    = desc("endpoints", "Endpoints by failure-accrual state.", "service", "state")
 	dEpState      = desc("endpoint_state", "1 for the endpoint's current failure-accrual state.", "service", "endpoint", "state")
@@ -276,7 +277,7 @@ type collector struct {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcNoBackend, dCBRejected, dBePackets, dBeBytes,
 		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked, dRescued, dRetried,
-		dCTFail, dMalformed, dICMP, dSYNGuard, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
+		dCTFail, dMalformed, dICMP, dSYNGuard, dSYNArmed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
 		dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow, dFailOpen, dFailOpenEps, dCBMax, dInflight} {
 		ch <- d
 	}
@@ -313,6 +314,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dSYNGuard, g.Trusted, "trusted")
 		counter(ch, dSYNGuard, g.Admitted, "admitted")
 		counter(ch, dSYNGuard, g.Dropped, "dropped")
+		counter(ch, dSYNArmed, g.Armed)
 	} else {
 		c.log.Warn("metrics: read pb_syn_guard_cpu", "err", err)
 	}

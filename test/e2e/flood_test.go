@@ -18,13 +18,14 @@ const floodRate = 120000
 // clients their connections: with three healthy backends, 100 legit
 // connections a second and six long-lived connections through the VIP,
 // 10 s of new flows from four more client addresses at floodRate eject no
-// endpoint and cut no long-lived connection. The flood puts the agent in
-// flood mode, which turns the SYN guard on: the flood's sources never
-// proved themselves (no backend sent them payload), so their SYNs beyond
-// a small budget are dropped at the first XDP pass, and the legit client,
-// trusted from its connections before the flood, keeps connecting. Without
-// the guard the machine drops packets at this rate, legit ones with the
-// flood's (one slow hour: 50% of legit connects ok without it, 94% with).
+// endpoint and cut no long-lived connection. Within milliseconds the CPU
+// taking the flood arms the SYN guard itself (the agent's flood mode then
+// leases it): the flood's sources never proved themselves (no backend sent
+// them payload), so their SYNs beyond a small budget are dropped at the
+// first XDP pass, and the legit client, trusted from its connections
+// before the flood, keeps connecting. Without the guard the machine drops
+// packets at this rate, legit ones with the flood's (one slow hour: 50% of
+// legit connects ok without it, 99.8-99.9% with it).
 func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 	e := newEnv(t, 3)
 	a := e.startAgent(config(e.topo, all(3), ""))
@@ -58,22 +59,24 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 		t.Fatalf("the flood reached only %.0f SYNs/s: the test did not flood", fr.Rate())
 	}
 	// The guard's budget is 2,000 SYNs a second per CPU: of the flood's
-	// 1.2 million, all but some tens of thousands (and those sent before
-	// flood mode began) are dropped. Half is a margin no working guard
-	// misses.
+	// 1.2 million, all but some tens of thousands are dropped (1.15 million
+	// measured). Half is a margin no working guard misses.
 	if dropped < float64(fr.Sent)/2 {
 		t.Errorf("the SYN guard dropped %v of the flood's %d SYNs, want most", dropped, fr.Sent)
 	}
 	if trusted < float64(len(during))/2 {
 		t.Errorf("%v SYNs from trusted sources while the guard was on, for %d legit connects", trusted, len(during))
 	}
+	if armed := m.Get("penaltybox_datapath_syn_guard_armed_total"); armed < 1 {
+		t.Errorf("the datapath never armed the SYN guard itself")
+	}
 	// What legit connects still lose are SYNs the client's veth dropped
 	// before XDP (its 256-entry ring overflows while the NAPI that drains
-	// it waits on a busy CPU): 5-6% in a slow hour, when without the guard
-	// half of them failed. 90% is the margin of this noisy machine; make
-	// bench measures against the 99.9% target.
-	if during.SuccessRate() < 0.90 {
-		t.Errorf("legit connections during the flood %.2f%% ok, want >= 90%%", 100*during.SuccessRate())
+	// it waits on a busy CPU): 1 or 2 of 1,099 in a slow hour, when without
+	// the guard half of them failed. 99% leaves five times that for this
+	// noisy machine; make bench measures against the 99.9% target.
+	if during.SuccessRate() < 0.99 {
+		t.Errorf("legit connections during the flood %.2f%% ok, want >= 99%%", 100*during.SuccessRate())
 	}
 }
 
