@@ -996,25 +996,36 @@ static __always_inline int syn_guard_drops(const struct ct_key *fk)
 	if (!c)
 		return 0;
 	__u64 now = bpf_ktime_get_coarse_ns();
-	/* Every SYN opening a flow counts toward arming, dropped ones too:
-	 * the guard stays armed while the flood lasts. */
+	/* Arming: every SYN opening a flow counts, dropped ones too, so the
+	 * guard stays armed while the flood lasts. Past arm_syns in a window
+	 * the CPU is busy, and only then is each SYN's source looked up with
+	 * the guard off: it arms once a quarter of arm_syns more come from
+	 * untrusted sources, so a busy node's known clients do not arm it, and
+	 * a quiet one pays no lookup. */
 	if (now - c->window_ns >= PB_SYN_WINDOW_NS) {
 		c->window_ns = now;
 		c->window_syns = 0;
+		c->window_untrusted = 0;
 	}
 	c->window_syns++;
-	if (g->arm_syns && c->window_syns > g->arm_syns) {
-		if (now >= c->armed_until_ns)
-			c->armed++;
-		c->armed_until_ns = now + PB_SYN_ARM_HOLD_NS;
-	}
-	if (now >= g->until_ns && now >= c->armed_until_ns)
-		return 0; /* neither leased nor armed: off */
+	int on = now < g->until_ns || now < c->armed_until_ns;
+	int busy = g->arm_syns && c->window_syns > g->arm_syns;
+	if (!on && !busy)
+		return 0;
 	struct src_key k = {};
 	k.addr = fk->src;
 	k.family = fk->family;
 	__u64 *seen = bpf_map_lookup_elem(&pb_src_trust, &k);
-	if (seen && now - *seen < g->trust_ns) {
+	int trusted = seen && now - *seen < g->trust_ns;
+	if (busy && !trusted && ++c->window_untrusted > g->arm_syns / 4) {
+		if (now >= c->armed_until_ns)
+			c->armed++;
+		c->armed_until_ns = now + PB_SYN_ARM_HOLD_NS;
+		on = 1;
+	}
+	if (!on)
+		return 0;
+	if (trusted) {
 		c->trusted++;
 		return 0;
 	}
@@ -1062,13 +1073,14 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	/* The SYN guard judges a SYN on a known tuple as it judges one on a
 	 * new tuple: a flood that reuses tuples (walking ports wrap around)
 	 * or repeats half-open ones gets no more through than one that does
-	 * not. Not judged: a SYN on an open established flow (it starts
-	 * nothing), the agent's replay, and the retransmission of a refused
-	 * SYN that was kept from its client (the flow was admitted, and
-	 * refused). */
+	 * not. Not judged: a SYN on an open flow whose client completed the
+	 * handshake (it starts nothing; a SYN-ACK alone would let a spoofed
+	 * SYN's tuple pass freely), the agent's replay, and the
+	 * retransmission of a refused SYN that was kept from its client (the
+	 * flow was admitted, and refused). */
 	if (!move_off) {
-		__u32 c = rv ? rv->flags : 0;
-		int open = (c & (PB_CT_ESTABLISHED | PB_CT_CLOSED)) == PB_CT_ESTABLISHED;
+		__u32 c = rv ? rv->flags : PB_CT_CLOSED;
+		int open = (fv->flags & PB_CT_CLIENT_ACKED) && !(c & PB_CT_CLOSED);
 		int rescued = (c & (PB_CT_CLOSED | PB_CT_RESCUED | PB_CT_RETRY)) == (PB_CT_CLOSED | PB_CT_RESCUED);
 		if (!open && !rescued && syn_guard_drops(fk))
 			return PB_SYN_GUARDED;
@@ -1406,9 +1418,6 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	if (!ct && p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN &&
 	    syn_guard_drops(fk))
 		return XDP_DROP;
-	if ((svc->flags & PB_SVC_F_RETRY_REFUSED) && p->proto == IPPROTO_TCP &&
-	    (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN)) == TCP_SYN)
-		keep_syn(ctx, p);
 	if (ct) {
 		*fv = *ct;
 		rc = client_control(p, svc, fk, fv, move_off, gs);
@@ -1425,6 +1434,11 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 		return reject(ctx, p, gs);
 	if (rc < 0)
 		return XDP_DROP; /* no backend: a VIP has nowhere else to go */
+	/* Kept only once it goes to a backend: a SYN dropped here (the
+	 * guard's, or with nowhere to go) must not take another flow's slot. */
+	if ((svc->flags & PB_SVC_F_RETRY_REFUSED) && p->proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN)) == TCP_SYN)
+		keep_syn(ctx, p);
 	return to_backend(ctx, p, &fv->nat_addr, fv->nat_port, fv->svc_id, fv->backend_id, gs);
 }
 

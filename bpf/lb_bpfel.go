@@ -294,15 +294,16 @@ type LbSynGuard struct {
 }
 
 type LbSynGuardCpu struct {
-	_            structs.HostLayout
-	TatNs        uint64
-	Trusted      uint64
-	Admitted     uint64
-	Dropped      uint64
-	WindowNs     uint64
-	WindowSyns   uint64
-	ArmedUntilNs uint64
-	Armed        uint64
+	_               structs.HostLayout
+	TatNs           uint64
+	Trusted         uint64
+	Admitted        uint64
+	Dropped         uint64
+	WindowNs        uint64
+	WindowSyns      uint64
+	WindowUntrusted uint64
+	ArmedUntilNs    uint64
+	Armed           uint64
 }
 
 // Names of all BPF objects in the ELF.

@@ -171,8 +171,9 @@ struct config {
  * first XDP pass instead of costing the backends, the veths and the
  * agent a handshake each. It is on while the agent's lease lasts (flood
  * mode), and on a CPU that has armed it itself: more than arm_syns SYNs
- * opening flows in one PB_SYN_WINDOW_NS, which a flood reaches within
- * milliseconds, before the agent can tell. Times are
+ * opening flows in one PB_SYN_WINDOW_NS, then a quarter of that again from
+ * untrusted sources, which a flood reaches within milliseconds, before the
+ * agent can tell. Times are
  * bpf_ktime_get_coarse_ns. interval_ns 0: no guard at all. */
 struct syn_guard {
 	__u64 until_ns;    /* the agent's lease: on while now < until_ns */
@@ -190,6 +191,7 @@ struct syn_guard_cpu {
 	__u64 dropped;        /* ... untrusted, over the budget: dropped */
 	__u64 window_ns;      /* start of this CPU's current window */
 	__u64 window_syns;    /* SYNs opening flows in it */
+	__u64 window_untrusted; /* ... from untrusted sources, past arm_syns */
 	__u64 armed_until_ns; /* armed by this CPU until then */
 	__u64 armed;          /* times this CPU armed it (from disarmed) */
 };

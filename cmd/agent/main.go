@@ -134,7 +134,7 @@ func parseFlags(args []string) (options, error) {
 		return nil
 	})
 	fs.DurationVar(&o.synGuard.Trust, "syn-guard-trust", time.Hour, "how long a source stays trusted by the SYN guard after a backend last sent it payload")
-	fs.Func("syn-guard-arm-rate", fmt.Sprintf("SYNs opening flows per second on one CPU (over 100 ms) at which that CPU turns the SYN guard on by itself, before the agent's flood mode can; 0: only flood mode turns it on (default %d)", defaultSYNGuardArmRate), func(s string) error {
+	fs.Func("syn-guard-arm-rate", fmt.Sprintf("SYNs opening flows per second on one CPU (counted over 100 ms) beyond which that CPU turns the SYN guard on by itself, before the agent's flood mode can, once a quarter as many again come from untrusted sources; 0: only flood mode turns it on; no effect with --syn-guard-rate 0 (default %d)", defaultSYNGuardArmRate), func(s string) error {
 		v, err := strconv.ParseUint(s, 10, 32)
 		if err != nil {
 			return fmt.Errorf("want a non-negative integer, got %q", s)

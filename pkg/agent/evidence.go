@@ -149,8 +149,9 @@ func (a *Agent) floodCheck(now time.Time) {
 	// The guard dropping more than a CPU's budget since the last look:
 	// untrusted SYNs come at over twice the rate it admits, the flood
 	// goes on, though the guard keeps it from showing anywhere else. Fewer
-	// drops (a burst of new clients) do not hold flood mode.
-	if serr == nil {
+	// drops (a burst of new clients) do not hold flood mode. (A flood mode
+	// that began just now read the counters after s: nothing to compare.)
+	if serr == nil && s.Dropped >= a.flood.dropped {
 		budget := float64(a.guard.Rate) * now.Sub(a.flood.looked).Seconds()
 		if float64(s.Dropped-a.flood.dropped) > budget {
 			a.floodSign(now, "SYNs from untrusted sources over the SYN guard's budget")

@@ -81,9 +81,16 @@ func TestSYNGuardLimitsOnlyUntrustedSources(t *testing.T) {
 	if ret, _, _ := f.run(bpftest.TCP(netip.AddrPortFrom(client.Addr(), 2000), vip, bpftest.SYN, nil)); ret != bpftest.XDPPass {
 		t.Errorf("SYN again on a trusted half-open flow: verdict %d, want XDP_PASS", ret)
 	}
-	// A SYN on an open flow starts nothing: not the guard's.
-	f.run(bpftest.TCP(be1, netip.AddrPortFrom(spoofed, 2002), bpftest.SYNACK, nil))
-	if ret, _, _ := f.run(bpftest.TCP(netip.AddrPortFrom(spoofed, 2002), vip, bpftest.SYN, nil)); ret != bpftest.XDPPass {
+	// A SYN on an open flow starts nothing: not the guard's, once the
+	// client completed the handshake (a SYN-ACK alone opens nothing: a
+	// spoofed SYN gets one too).
+	sp := netip.AddrPortFrom(spoofed, 2002)
+	f.run(bpftest.TCP(be1, sp, bpftest.SYNACK, nil))
+	if ret, _, _ := f.run(bpftest.TCP(sp, vip, bpftest.SYN, nil)); ret != bpftest.XDPDrop {
+		t.Errorf("SYN on an untrusted flow its backend answered: verdict %d, want XDP_DROP", ret)
+	}
+	f.run(bpftest.TCP(sp, vip, bpftest.ACK, nil))
+	if ret, _, _ := f.run(bpftest.TCP(sp, vip, bpftest.SYN, nil)); ret != bpftest.XDPPass {
 		t.Errorf("SYN on an untrusted established flow: verdict %d, want XDP_PASS", ret)
 	}
 	f.events()
@@ -109,26 +116,71 @@ func TestSYNGuardLimitsOnlyUntrustedSources(t *testing.T) {
 	}
 }
 
+// A SYN the guard drops takes no pb_syns_v2 slot: with retryRefused a
+// flood reusing tuples would otherwise overwrite the copies legit flows'
+// replays need.
+func TestSYNGuardDropKeepsNoSYNCopy(t *testing.T) {
+	f := newFixture(t)
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.writeService()
+	f.table(id1)
+	oneCPU(t)
+	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Lease: time.Minute, Rate: 1, Burst: 1, Trust: time.Hour}))
+	c := netip.AddrPortFrom(spoofed, 3000)
+	if ret, _, _ := f.run(bpftest.LinuxSYN(c, vip, 100)); ret != bpftest.XDPPass {
+		t.Fatalf("the budget's one SYN: verdict %d", ret)
+	}
+	// Again on the same (half-open) tuple, with another sequence number:
+	// over the budget, dropped, and the copy is still the first SYN's.
+	if ret, _, _ := f.run(bpftest.LinuxSYN(c, vip, 200)); ret != bpftest.XDPDrop {
+		t.Fatalf("over the budget: verdict %d, want XDP_DROP", ret)
+	}
+	// And a new tuple's, dropped, takes no slot either.
+	d := netip.AddrPortFrom(spoofed, 3001)
+	f.run(bpftest.LinuxSYN(d, vip, 300))
+	var cp bpf.LbSynCopy
+	f.must(f.LbMaps.PbSynsV2.Lookup(maps.SynSlot(c.Addr(), c.Port()), &cp))
+	if maps.Port(cp.ClientPort) != c.Port() || cp.Seq != htonl(100) {
+		t.Errorf("the kept SYN is port %d seq %d, want the admitted one's (%d, 100)", maps.Port(cp.ClientPort), htonl(cp.Seq), c.Port())
+	}
+	f.must(f.LbMaps.PbSynsV2.Lookup(maps.SynSlot(d.Addr(), d.Port()), &cp))
+	if maps.Port(cp.ClientPort) == d.Port() {
+		t.Errorf("a dropped SYN took its slot: %+v", cp)
+	}
+	f.events()
+}
+
+func htonl(v uint32) uint32 { return v>>24 | v>>8&0xff00 | v<<8&0xff0000 | v<<24 }
+
 // A CPU that sees more SYNs opening flows in one window than the guard's
-// arm_syns turns the guard on by itself, without the agent's lease: the
-// SYNs up to the threshold pass, then the budget applies; a trusted
-// source is never limited.
+// arm_syns, and then a quarter of that again from untrusted sources, turns
+// the guard on by itself, without the agent's lease; a busy node's trusted
+// clients do not arm it, and are never limited.
 func TestSYNGuardArmsItself(t *testing.T) {
 	f := newFixture(t)
 	f.table(id1)
 	oneCPU(t)
-	// 100 SYNs a second over 100 ms: armed at the 11th.
+	// 100 SYNs a second over 100 ms: 10 a window, then 2 more untrusted
+	// ones, and the 3rd arms.
 	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Rate: 1, Burst: 3, Trust: time.Hour, ArmRate: 100}))
 	f.must(f.Maps.TrustSource(client.Addr()))
+	if n := f.syns(client.Addr(), 1000, 200); n != 200 {
+		t.Errorf("busy with trusted clients: %d of 200 SYNs forwarded, want all", n)
+	}
+	if s, _ := f.Maps.SYNGuardStats(); s.Armed != 0 {
+		t.Errorf("trusted clients armed the guard: %+v", s)
+	}
+
+	f.resetGuardCPU()
 	start := time.Now()
 	passed := f.syns(spoofed, 1000, 200)
-	trusted := f.syns(client.Addr(), 1000, 50)
-	// The 10 before arming, then the burst of 3; a window that ran out
-	// before the 11th (a test preempted for 100 ms) lets 10 more through,
-	// and each second the test takes one more.
+	trusted := f.syns(client.Addr(), 2000, 50)
+	// 12 before arming, then the burst of 3; a window that ran out before
+	// (a test preempted for 100 ms) lets up to 12 more through, and each
+	// second the test takes one more.
 	slack := int(time.Since(start)/time.Second) + 1
-	if passed < 13 || passed > 23+slack {
-		t.Errorf("%d of 200 untrusted SYNs forwarded, want 13 (10 before arming, a burst of 3)", passed)
+	if passed < 15 || passed > 27+slack {
+		t.Errorf("%d of 200 untrusted SYNs forwarded, want 15 (12 before arming, a burst of 3)", passed)
 	}
 	if trusted != 50 {
 		t.Errorf("%d of 50 trusted SYNs forwarded once armed, want all", trusted)
@@ -141,15 +193,21 @@ func TestSYNGuardArmsItself(t *testing.T) {
 
 	// Without arm_syns (--syn-guard-arm-rate 0) only the lease turns it on.
 	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Rate: 1, Burst: 3, Trust: time.Hour}))
-	var per []bpf.LbSynGuardCpu
-	f.must(f.PbSynGuardCpu.Lookup(uint32(0), &per))
-	for i := range per {
-		per[i].ArmedUntilNs = 0
-	}
-	f.must(f.PbSynGuardCpu.Put(uint32(0), per))
+	f.resetGuardCPU()
 	if n := f.syns(spoofed, 3000, 200); n != 200 {
 		t.Errorf("never armed: %d of 200 SYNs forwarded", n)
 	}
+}
+
+// resetGuardCPU clears the guard's per-CPU state: windows, arming, budget.
+func (f *fixture) resetGuardCPU() {
+	f.t.Helper()
+	var per []bpf.LbSynGuardCpu
+	f.must(f.PbSynGuardCpu.Lookup(uint32(0), &per))
+	for i := range per {
+		per[i] = bpf.LbSynGuardCpu{}
+	}
+	f.must(f.PbSynGuardCpu.Put(uint32(0), per))
 }
 
 // A source earns trust when a backend sends payload on one of its flows,
