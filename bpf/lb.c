@@ -1413,11 +1413,6 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 		return XDP_PASS;
 	struct ct_value *fv = &sc->fv;
 	int rc;
-	/* A SYN that opens a flow: the SYN guard's to judge first (a flood's
-	 * SYN costs nothing more than this). */
-	if (!ct && p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN &&
-	    syn_guard_drops(fk))
-		return XDP_DROP;
 	if (ct) {
 		*fv = *ct;
 		rc = client_control(p, svc, fk, fv, move_off, gs);
@@ -1426,6 +1421,10 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
+		/* A TCP SYN that opens a flow: the SYN guard's to judge first (a
+		 * flood's SYN costs nothing more than this). */
+		if (p->proto == IPPROTO_TCP && syn && syn_guard_drops(fk))
+			return XDP_DROP;
 		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, 0, fv, gs);
 	}
 	if (rc == PB_REPLAY_STAYS || rc == PB_SYN_GUARDED)

@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -125,42 +126,30 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
 	fs.BoolVar(&o.kernelTrips, "kernel-trips", true, "the datapath ejects an endpoint itself at the failure that decides it, before the agent reacts; false: the agent alone ejects (about a millisecond later, new flows still reach the endpoint meanwhile)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.Func("syn-guard-rate", fmt.Sprintf("in flood mode, SYNs opening new flows from sources that have not proved themselves lately (no backend sent them payload within --syn-guard-trust) that each CPU admits a second (a node admits up to its CPUs times this); the rest are dropped in XDP. 0: no guard, every SYN is forwarded (default %d)", defaultSYNGuardRate), func(s string) error {
-		v, err := strconv.ParseUint(s, 10, 32)
-		if err != nil || v > maxSYNGuardRate {
-			return fmt.Errorf("want an integer from 0 to %d, got %q", maxSYNGuardRate, s)
-		}
-		o.synGuard.Rate = uint32(v)
-		return nil
-	})
-	fs.DurationVar(&o.synGuard.Trust, "syn-guard-trust", time.Hour, "how long a source stays trusted by the SYN guard after a backend last sent it payload")
-	fs.Func("syn-guard-arm-rate", fmt.Sprintf("SYNs opening flows per second on one CPU (counted over 100 ms) beyond which that CPU turns the SYN guard on by itself, before the agent's flood mode can, once a quarter as many again come from untrusted sources; 0: only flood mode turns it on; no effect with --syn-guard-rate 0 (default %d)", defaultSYNGuardArmRate), func(s string) error {
-		v, err := strconv.ParseUint(s, 10, 32)
-		if err != nil {
-			return fmt.Errorf("want a non-negative integer, got %q", s)
-		}
-		o.synGuard.ArmRate = uint32(v)
-		return nil
-	})
-	o.synGuard.Rate, o.synGuard.ArmRate = defaultSYNGuardRate, defaultSYNGuardArmRate
-	max := func(p *uint32, name string, def uint32, help string) {
-		fs.Func(name, fmt.Sprintf("%s (default %d)", help, def), func(s string) error {
-			v, err := strconv.ParseUint(s, 10, 32)
-			if err != nil || v == 0 {
+	// uintFlag parses flag name as a uint32 from lo to hi into p.
+	uintFlag := func(p *uint32, name, help string, lo, hi uint64) {
+		fs.Func(name, help, func(s string) error {
+			if v, err := strconv.ParseUint(s, 10, 32); err == nil && v >= lo && v <= hi {
+				*p = uint32(v)
+				return nil
+			}
+			switch {
+			case hi < math.MaxUint32:
+				return fmt.Errorf("want an integer from %d to %d, got %q", lo, hi, s)
+			case lo > 0:
 				return fmt.Errorf("want a positive integer, got %q", s)
 			}
-			*p = uint32(v)
-			return nil
+			return fmt.Errorf("want a non-negative integer, got %q", s)
 		})
 	}
-	fs.Func("max-inflight-default", "live flows a service may hold unless it sets its own limit (config defaults.maxInflight, annotation penaltybox.io/max-inflight); 0: no limit (default 0)", func(s string) error {
-		v, err := strconv.ParseUint(s, 10, 32)
-		if err != nil {
-			return fmt.Errorf("want a non-negative integer, got %q", s)
-		}
-		o.maxInflightDefault = uint32(v)
-		return nil
-	})
+	uintFlag(&o.synGuard.Rate, "syn-guard-rate", fmt.Sprintf("in flood mode, SYNs opening new flows from sources that have not proved themselves lately (no backend sent them payload within --syn-guard-trust) that each CPU admits a second (a node admits up to its CPUs times this); the rest are dropped in XDP. 0: no guard, every SYN is forwarded (default %d)", defaultSYNGuardRate), 0, maxSYNGuardRate)
+	fs.DurationVar(&o.synGuard.Trust, "syn-guard-trust", time.Hour, "how long a source stays trusted by the SYN guard after a backend last sent it payload")
+	uintFlag(&o.synGuard.ArmRate, "syn-guard-arm-rate", fmt.Sprintf("SYNs opening flows per second on one CPU (counted over 100 ms) beyond which that CPU turns the SYN guard on by itself, before the agent's flood mode can, once a quarter as many again come from untrusted sources; 0: only flood mode turns it on; no effect with --syn-guard-rate 0 (default %d)", defaultSYNGuardArmRate), 0, math.MaxUint32)
+	o.synGuard.Rate, o.synGuard.ArmRate = defaultSYNGuardRate, defaultSYNGuardArmRate
+	max := func(p *uint32, name string, def uint32, help string) {
+		uintFlag(p, name, fmt.Sprintf("%s (default %d)", help, def), 1, math.MaxUint32)
+	}
+	uintFlag(&o.maxInflightDefault, "max-inflight-default", "live flows a service may hold unless it sets its own limit (config defaults.maxInflight, annotation penaltybox.io/max-inflight); 0: no limit (default 0)", 0, math.MaxUint32)
 	max(&o.dp.MaxServices, "max-services", datapath.DefaultMaxServices, "size of the services maps")
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
 	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")

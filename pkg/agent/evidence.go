@@ -121,7 +121,11 @@ func (a *Agent) setGuard(on bool) {
 		return
 	}
 	a.guardErr = false
-	a.metrics.SYNGuard.Set(map[bool]float64{false: 0, true: 1}[on])
+	active := 0.0
+	if on {
+		active = 1
+	}
+	a.metrics.SYNGuard.Set(active)
 }
 
 // withheldTotal counts connect timeouts withheld for any reason.

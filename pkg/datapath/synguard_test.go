@@ -10,6 +10,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -256,11 +257,8 @@ func TestBackendPayloadTrustsTheClient(t *testing.T) {
 	}
 }
 
-func coarseNow() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
-	return uint64(ts.Nano())
-}
+// coarseNow reads the guard's clock (bpf_ktime_get_coarse_ns).
+func coarseNow() uint64 { return uint64(conntrack.KernelClocks().Coarse()) }
 
 // oneCPU keeps the test, and the program runs it makes, on one CPU.
 func oneCPU(t *testing.T) {
