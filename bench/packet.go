@@ -648,6 +648,86 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 	return median(durs), nil
 }
 
+// guardDrops runs n SYNs of distinct new flows from distinct untrusted
+// sources while the SYN guard is on and its budget spent (one SYN a
+// second): a spoofed flood's SYN, dropped at its first XDP pass. It returns
+// the median kernel-measured ns of the dropped runs. The few the budget
+// admits are checked as new flows and forgotten; the guard's drop counter
+// must have moved by exactly the drops, and nothing else may count a flow.
+func (r *packetRig) guardDrops(n int) (float64, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const svc = 1
+	vip := pkVIPNew
+	if err := r.m.SetSYNGuard(maps.SYNGuard{Lease: time.Minute, Rate: 1, Burst: 1, Trust: time.Hour}); err != nil {
+		return 0, err
+	}
+	g0, err := r.m.SYNGuardStats()
+	if err != nil {
+		return 0, err
+	}
+	before, err := r.snapshot([]uint32{svc}, nil)
+	if err != nil {
+		return 0, err
+	}
+	pkt := tcpFrame(pkClient, vip, bpftest.SYN)
+	durs := make([]float64, 0, n)
+	var clients, picked []netip.AddrPort
+	for range n {
+		c := r.nextClient()
+		pkt.setSrc(c)
+		ret, sz, ns, err := testRun(r.dp.PbXdp, pkt, r.out, 1)
+		if err != nil {
+			return 0, err
+		}
+		switch ret {
+		case bpftest.XDPDrop:
+			durs = append(durs, float64(ns))
+		case bpftest.XDPPass: // the budget's one a second
+			clients = append(clients, c)
+			picked = append(picked, dstOf(r.out[:sz]))
+		default:
+			return 0, fmt.Errorf("guarded SYN: verdict %d", ret)
+		}
+	}
+	// The rig's guard again: off, and never arming.
+	if err := r.m.SetSYNGuard(maps.SYNGuard{Rate: 2000, Burst: 200, Trust: time.Hour}); err != nil {
+		return 0, err
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for r.read.Load()-before.events < uint64(len(clients)) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	g1, err := r.m.SYNGuardStats()
+	if err != nil {
+		return 0, err
+	}
+	after, err := r.snapshot([]uint32{svc}, nil)
+	if err != nil {
+		return 0, err
+	}
+	bad := []string{}
+	if len(durs) < n*99/100 {
+		bad = append(bad, fmt.Sprintf("%d of %d dropped", len(durs), n))
+	}
+	if d := g1.Dropped - g0.Dropped; d != uint64(len(durs)) {
+		bad = append(bad, fmt.Sprintf("guard counted %d drops, want %d", d, len(durs)))
+	}
+	if d := after.svc[svc].Flows - before.svc[svc].Flows; d != uint64(len(clients)) {
+		bad = append(bad, fmt.Sprintf("%d new flows counted, want %d (the admitted)", d, len(clients)))
+	}
+	if d := after.g.EventsLost - before.g.EventsLost; d != 0 {
+		bad = append(bad, fmt.Sprintf("%d events lost", d))
+	}
+	if len(bad) > 0 {
+		return 0, fmt.Errorf("guarded SYNs: %w: %v", errPath, bad)
+	}
+	if err := r.forget(vip, clients, picked, false, svc); err != nil {
+		return 0, err
+	}
+	return median(durs), nil
+}
+
 // fillCT fills conntrack to its size with flows of service 1, so every
 // further insert evicts.
 func (r *packetRig) fillCT() error {
@@ -821,6 +901,7 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		// The tail of the row above's calls, in the same round.
 		{"packet", fFullP99, "", func() (float64, error) { return r.fullP99, nil }},
 		{"packet", "new flow SYN, retryRefused (the SYN copied for a replay)", fNew, func() (float64, error) { return r.newFlows(nfReplay, o.NewFlows) }},
+		{"packet", "flood SYN the SYN guard drops (untrusted source, budget spent)", fDNAT1, func() (float64, error) { return r.guardDrops(o.NewFlows) }},
 		{"packet", fEst6, fEst, func() (float64, error) {
 			return counted(func() (float64, error) { return r.established(pkClient6, pkA6, pkB6, 20, 21, rep) })
 		}},

@@ -981,7 +981,8 @@ static __always_inline void trust_source(const union addr *addr, __u8 family)
 	bpf_map_update_elem(&pb_src_trust, &k, &now, BPF_NOEXIST);
 }
 
-/* syn_guard_drops says whether the SYN opening flow fk is to be dropped:
+/* syn_guard_drops says whether the SYN for flow fk is to be dropped (it
+ * runs before conntrack is read: a dropped SYN costs no bucket walk):
  * the guard is on (a flood: the agent's lease, or this CPU armed it), its
  * source has no recent proof of a real connection, and this CPU's budget
  * for such SYNs is spent. The budget is a GCRA: one SYN per interval_ns,
@@ -996,7 +997,7 @@ static __always_inline int syn_guard_drops(const struct ct_key *fk)
 	if (!c)
 		return 0;
 	__u64 now = bpf_ktime_get_coarse_ns();
-	/* Arming: every SYN opening a flow counts, dropped ones too, so the
+	/* Arming: every SYN to a service counts, dropped ones too, so the
 	 * guard stays armed while the flood lasts. Past arm_syns in a window
 	 * the CPU is busy, and only then is each SYN's source looked up with
 	 * the guard off: it arms once a quarter of arm_syns more come from
@@ -1069,22 +1070,6 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	}
 	if ((f & (TCP_SYN | TCP_ACK)) != TCP_SYN)
 		return 0;
-
-	/* The SYN guard judges a SYN on a known tuple as it judges one on a
-	 * new tuple: a flood that reuses tuples (walking ports wrap around)
-	 * or repeats half-open ones gets no more through than one that does
-	 * not. Not judged: a SYN on an open flow whose client completed the
-	 * handshake (it starts nothing; a SYN-ACK alone would let a spoofed
-	 * SYN's tuple pass freely), the agent's replay, and the
-	 * retransmission of a refused SYN that was kept from its client (the
-	 * flow was admitted, and refused). */
-	if (!move_off) {
-		__u32 c = rv ? rv->flags : PB_CT_CLOSED;
-		int open = (fv->flags & PB_CT_CLIENT_ACKED) && !(c & PB_CT_CLOSED);
-		int rescued = (c & (PB_CT_CLOSED | PB_CT_RESCUED | PB_CT_RETRY)) == (PB_CT_CLOSED | PB_CT_RESCUED);
-		if (!open && !rescued && syn_guard_drops(fk))
-			return PB_SYN_GUARDED;
-	}
 
 	/* A SYN on a known tuple. One new_flow call below serves every case
 	 * that starts the flow again (each inlined copy costs the verifier
@@ -1421,20 +1406,16 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
-		/* A TCP SYN that opens a flow: the SYN guard's to judge first (a
-		 * flood's SYN costs nothing more than this). */
-		if (p->proto == IPPROTO_TCP && syn && syn_guard_drops(fk))
-			return XDP_DROP;
 		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, 0, fv, gs);
 	}
-	if (rc == PB_REPLAY_STAYS || rc == PB_SYN_GUARDED)
+	if (rc == PB_REPLAY_STAYS)
 		return XDP_DROP;
 	if (rc == PB_OVER_LIMIT)
 		return reject(ctx, p, gs);
 	if (rc < 0)
 		return XDP_DROP; /* no backend: a VIP has nowhere else to go */
-	/* Kept only once it goes to a backend: a SYN dropped here (the
-	 * guard's, or with nowhere to go) must not take another flow's slot. */
+	/* Kept only once it goes to a backend: a SYN dropped (the guard's,
+	 * or with nowhere to go) must not take another flow's slot. */
 	if ((svc->flags & PB_SVC_F_RETRY_REFUSED) && p->proto == IPPROTO_TCP &&
 	    (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN)) == TCP_SYN)
 		keep_syn(ctx, p);
@@ -2046,17 +2027,28 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 		fk.proto = p.proto;
 		fk.dir = PB_DIR_FWD;
 		fk.family = p.family;
-		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
-		int control = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST));
-		if (ct && !control)
-			return established(ctx, &p, &fk, ct, gstats());
-
 		struct svc_key sk = {};
 		sk.vip = fk.dst;
 		sk.port = p.ports[1];
 		sk.proto = p.proto;
 		sk.family = p.family;
-		struct svc_value *svcp = bpf_map_lookup_elem(&pb_services, &sk);
+		struct svc_value *svcp = 0;
+		if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN) {
+			/* A SYN to a service is the SYN guard's to judge before
+			 * conntrack is read: a flood's SYN costs the service lookup
+			 * and the guard, not a cold conntrack bucket. The agent's
+			 * replays are its own, not the guard's. */
+			svcp = bpf_map_lookup_elem(&pb_services, &sk);
+			if (svcp && !replay_move_off(ctx) && syn_guard_drops(&fk))
+				return XDP_DROP;
+		}
+		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
+		int control = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST));
+		if (ct && !control)
+			return established(ctx, &p, &fk, ct, gstats());
+
+		if (!svcp)
+			svcp = bpf_map_lookup_elem(&pb_services, &sk);
 		if (svcp)
 			return handle_forward(ctx, &p, svcp, &fk, ct);
 		if (ct)

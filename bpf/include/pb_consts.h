@@ -57,7 +57,6 @@
 /* client_control: the agent's replay could not be moved; drop it, the
  * flow stays as it was. */
 #define PB_REPLAY_STAYS -3
-#define PB_SYN_GUARDED -4 /* the SYN guard dropped it */
 
 /* Backend admission state, written by the agent. */
 enum pb_backend_state {

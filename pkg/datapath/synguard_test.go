@@ -82,17 +82,18 @@ func TestSYNGuardLimitsOnlyUntrustedSources(t *testing.T) {
 	if ret, _, _ := f.run(bpftest.TCP(netip.AddrPortFrom(client.Addr(), 2000), vip, bpftest.SYN, nil)); ret != bpftest.XDPPass {
 		t.Errorf("SYN again on a trusted half-open flow: verdict %d, want XDP_PASS", ret)
 	}
-	// A SYN on an open flow starts nothing: not the guard's, once the
-	// client completed the handshake (a SYN-ACK alone opens nothing: a
-	// spoofed SYN gets one too).
+	// The guard judges a SYN before conntrack is read (a flood's SYN
+	// costs no conntrack bucket), so a SYN on a flow its untrusted client
+	// completed is judged too: such a SYN starts nothing a client needs.
 	sp := netip.AddrPortFrom(spoofed, 2002)
 	f.run(bpftest.TCP(be1, sp, bpftest.SYNACK, nil))
-	if ret, _, _ := f.run(bpftest.TCP(sp, vip, bpftest.SYN, nil)); ret != bpftest.XDPDrop {
-		t.Errorf("SYN on an untrusted flow its backend answered: verdict %d, want XDP_DROP", ret)
-	}
 	f.run(bpftest.TCP(sp, vip, bpftest.ACK, nil))
-	if ret, _, _ := f.run(bpftest.TCP(sp, vip, bpftest.SYN, nil)); ret != bpftest.XDPPass {
-		t.Errorf("SYN on an untrusted established flow: verdict %d, want XDP_PASS", ret)
+	if ret, _, _ := f.run(bpftest.TCP(sp, vip, bpftest.SYN, nil)); ret != bpftest.XDPDrop {
+		t.Errorf("SYN on an untrusted established flow: verdict %d, want XDP_DROP", ret)
+	}
+	// Its other packets are not the guard's.
+	if ret, _, _ := f.run(bpftest.TCP(sp, vip, bpftest.ACK, nil)); ret != bpftest.XDPPass {
+		t.Errorf("ACK on an untrusted established flow: verdict %d, want XDP_PASS", ret)
 	}
 	f.events()
 
