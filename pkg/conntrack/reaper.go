@@ -126,6 +126,13 @@ func (r *Reaper) Sweep() (Result, error) {
 		}
 		fk := ForwardKey(e.Key, e.Value)
 		f := fwd[fk]
+		if f != nil && f.Value.CreatedNs != e.Value.CreatedNs {
+			// The two halves of a flow share its start. A forward entry
+			// with another start is another flow's: the one the agent's
+			// replay moved off this entry's backend (PB_CT_MOVED), which
+			// lives on with its own reverse entry.
+			f = nil
+		}
 		last := e.Value.LastSeenNs
 		if f != nil && f.Value.LastSeenNs > last {
 			last = f.Value.LastSeenNs

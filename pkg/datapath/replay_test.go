@@ -5,11 +5,13 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/replay"
 )
@@ -169,5 +171,54 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	// The new backend's answer goes through.
 	if _, p, _ := f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil)); p.Src != vip {
 		t.Fatalf("new backend's SYN-ACK: %v", p.Src)
+	}
+}
+
+// A flow the agent's replay moved keeps the entry of the backend it left
+// (PB_CT_MOVED, for that backend's late answer). That entry expires on the
+// opening timeout while the moved flow lives on: its expiry must take
+// only itself, not the live flow's forward entry (which a reverse entry's
+// VIP names too), or the flow's next packet is picked up midstream and
+// may land on the backend it was moved off.
+func TestMovedOffEntryExpiresAlone(t *testing.T) {
+	f := newFixture(t)
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.svc.BackendCount = 2
+	f.writeService()
+	f.table(id1)
+	f.must(f.Maps.SetServiceBackends(svcID, nil, []uint32{id1, id2}))
+	syn := bpftest.LinuxSYN(client, vip, 42)
+	f.run(syn)
+	f.table(id2) // where the re-pick lands; backend 1 stays active
+	meta := make([]byte, 8)
+	binary.NativeEndian.PutUint32(meta[0:], 0x70627270)
+	binary.NativeEndian.PutUint32(meta[4:], id1)
+	data := append(append([]byte{}, meta...), syn...)
+	out := make([]byte, len(data)+256)
+	_, err := f.PbXdp.Run(&ebpf.RunOptions{Data: data, DataOut: out, Repeat: 1,
+		Context: [6]uint32{uint32(len(meta)), uint32(len(data)), 0, 1, 0, 0}})
+	f.must(err)
+	// The moved flow completes with its new backend; the old one never
+	// answers.
+	f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(client, vip, bpftest.ACK, nil))
+	f.events()
+	// The table goes back to backend 1, as after a heal: a flow that lost
+	// its forward entry would be picked up there.
+	f.table(id1)
+
+	// Past the opening timeout, well inside the established one.
+	r := &conntrack.Reaper{Maps: f.Maps, Inflight: f.inflight(), Timeouts: conntrack.DefaultTimeouts(),
+		Clocks: laterClocks(2 * time.Minute)}
+	res, err := r.Sweep()
+	f.must(err)
+	if res.Expired != 1 {
+		t.Errorf("sweep expired %d flows, want 1 (the moved-off backend's entry)", res.Expired)
+	}
+	if _, p, _ := f.run(bpftest.TCP(client, vip, bpftest.ACK, []byte("x"))); p.Dst != be2 {
+		t.Fatalf("the moved flow's next packet went to %v, want %v", p.Dst, be2)
+	}
+	if _, p, _ := f.run(bpftest.TCP(be2, client, bpftest.ACK, nil)); p.Src != vip {
+		t.Errorf("the moved flow's reply is not reverse-NATed: from %v", p.Src)
 	}
 }
