@@ -648,12 +648,14 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 	return median(durs), nil
 }
 
-// guardDrops runs n SYNs of distinct new flows from distinct untrusted
-// sources while the SYN guard is on and its budget spent (one SYN a
-// second): a spoofed flood's SYN, dropped at its first XDP pass. It returns
-// the median kernel-measured ns of the dropped runs. The few the budget
-// admits are checked as new flows and forgotten; the guard's drop counter
-// must have moved by exactly the drops, and nothing else may count a flow.
+// guardDrops runs n SYNs of distinct new flows from untrusted sources
+// (the source address changes every 32,768 ports, so the trust lookup
+// misses on a warm bucket: a spoofed flood from random addresses costs a
+// little more) while the SYN guard is on and its budget spent (one SYN a
+// second): a flood's SYN, dropped at its first XDP pass. It returns the
+// median kernel-measured ns of the dropped runs. The few the budget admits
+// are forgotten; the guard's drop counter must have moved by exactly the
+// drops, and nothing else may count a flow.
 func (r *packetRig) guardDrops(n int) (float64, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

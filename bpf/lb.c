@@ -1371,15 +1371,23 @@ static __always_inline int syn_kept(struct pkt *p, const struct ct_key *fk)
 	       bpf_ntohl(c->seq) + 1 == bpf_ntohl(tcp->ack_seq);
 }
 
-/* replay_move_off reads the agent's replay metadata (struct replay_meta):
- * the backend to move the flow off, or 0. */
-static __always_inline __u32 replay_move_off(struct xdp_md *ctx)
+/* replay_meta is the agent's replay metadata (struct replay_meta), or
+ * NULL for a frame that arrived on an interface (no metadata). */
+static __always_inline struct replay_meta *replay_meta(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	struct replay_meta *m = (void *)(long)ctx->data_meta;
 	if ((void *)(m + 1) > data || m->magic != PB_REPLAY_MAGIC)
 		return 0;
-	return m->backend_id;
+	return m;
+}
+
+/* replay_move_off is the backend an agent's replay moves the flow off,
+ * or 0. */
+static __always_inline __u32 replay_move_off(struct xdp_md *ctx)
+{
+	struct replay_meta *m = replay_meta(ctx);
+	return m ? m->backend_id : 0;
 }
 
 /* handle_forward handles a client packet to a service that is not the
@@ -2039,7 +2047,7 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 			 * and the guard, not a cold conntrack bucket. The agent's
 			 * replays are its own, not the guard's. */
 			svcp = bpf_map_lookup_elem(&pb_services, &sk);
-			if (svcp && !replay_move_off(ctx) && syn_guard_drops(&fk))
+			if (svcp && !replay_meta(ctx) && syn_guard_drops(&fk))
 				return XDP_DROP;
 		}
 		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);

@@ -125,9 +125,9 @@ struct syn_copy {
 	__u8 opts[PB_SYN_MAX_OPTS];
 };
 
-/* The metadata of a SYN the agent replays because its backend left it
- * unanswered past the service's replay deadline: move the flow off
- * backend_id. */
+/* The metadata of every SYN the agent replays: backend_id is the backend
+ * to move the flow off (its SYN left unanswered past the service's replay
+ * deadline), or 0 (a refused SYN, retried where the table sends it). */
 struct replay_meta {
 	__u32 magic; /* PB_REPLAY_MAGIC */
 	__u32 backend_id;

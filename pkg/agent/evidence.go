@@ -143,7 +143,7 @@ func (a *Agent) floodCheck(now time.Time) {
 	s, serr := a.stats.SYNGuardStats()
 	if serr == nil {
 		if s.Armed > a.flood.armed {
-			a.floodSign(now, "the datapath armed the SYN guard: SYNs opening flows over --syn-guard-arm-rate")
+			a.floodSign(now, "the datapath armed the SYN guard: SYNs to services over --syn-guard-arm-rate")
 		}
 		a.flood.armed = s.Armed
 	}

@@ -123,18 +123,10 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	// dropped and the flow stays.
 	f.svc.BackendCount = 1
 	f.table(id2) // where a re-pick lands; backend 1 stays active
-	meta := make([]byte, 8)
-	binary.NativeEndian.PutUint32(meta[0:], 0x70627270)
-	binary.NativeEndian.PutUint32(meta[4:], id1)
+	meta := replay.Meta(id1)
 	run := func(meta []byte) netip.AddrPort {
 		t.Helper()
-		data := append(append([]byte{}, meta...), syn...)
-		out := make([]byte, len(data)+256)
-		_, err := f.PbXdp.Run(&ebpf.RunOptions{Data: data, DataOut: out, Repeat: 1,
-			Context: [6]uint32{uint32(len(meta)), uint32(len(data)), 0, 1, 0, 0}})
-		f.must(err)
-		p, err := bpftest.Parse(out[len(meta):]) // the output starts at the metadata
-		f.must(err)
+		_, p := f.runMeta(meta, syn)
 		return p.Dst
 	}
 	// Without metadata it is the client's retransmission: it stays (the
@@ -172,6 +164,20 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	if _, p, _ := f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil)); p.Src != vip {
 		t.Fatalf("new backend's SYN-ACK: %v", p.Src)
 	}
+}
+
+// runMeta runs the datapath on pkt with meta as its XDP metadata, as the
+// agent's replays arrive (ingress ifindex 1).
+func (f *fixture) runMeta(meta, pkt []byte) (uint32, bpftest.Parsed) {
+	f.t.Helper()
+	data := append(append([]byte{}, meta...), pkt...)
+	out := make([]byte, len(data)+256)
+	ret, err := f.PbXdp.Run(&ebpf.RunOptions{Data: data, DataOut: out, Repeat: 1,
+		Context: [6]uint32{uint32(len(meta)), uint32(len(data)), 0, 1, 0, 0}})
+	f.must(err)
+	p, err := bpftest.Parse(out[len(meta):]) // the output starts at the metadata
+	f.must(err)
+	return ret, p
 }
 
 // A flow the agent's replay moved keeps the entry of the backend it left

@@ -12,6 +12,7 @@ import (
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/replay"
 )
 
 var spoofed = netip.MustParseAddr("198.18.0.77")
@@ -152,9 +153,46 @@ func TestSYNGuardDropKeepsNoSYNCopy(t *testing.T) {
 	f.events()
 }
 
+// The agent's replay of a refused SYN is not judged by the guard: the
+// client's SYN took the budget once, and its refusal was kept from it on
+// the promise of that replay. The client's own retransmission is judged.
+func TestSYNGuardLetsTheAgentsReplaysThrough(t *testing.T) {
+	f := newFixture(t)
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.writeService()
+	f.table(id1)
+	oneCPU(t)
+	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Lease: time.Minute, Rate: 1, Burst: 1, Trust: time.Hour}))
+	c := netip.AddrPortFrom(spoofed, 3100)
+	syn := bpftest.LinuxSYN(c, vip, 100)
+	if ret, _, _ := f.run(syn); ret != bpftest.XDPPass {
+		t.Fatalf("the budget's one SYN: verdict %d", ret)
+	}
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, c, 100)); ret != bpftest.XDPDrop {
+		t.Fatalf("refusal verdict %d, want it kept from the client", ret)
+	}
+	before, err := f.Maps.SYNGuardStats()
+	f.must(err)
+	f.table(id2)
+	if ret, p := f.runMeta(replay.Meta(0), syn); ret != bpftest.XDPPass || p.Dst != be2 {
+		t.Fatalf("the agent's replay, budget spent: verdict %d to %v, want XDP_PASS to %v", ret, p.Dst, be2)
+	}
+	after, err := f.Maps.SYNGuardStats()
+	f.must(err)
+	if after != before {
+		t.Errorf("the replay was counted by the guard: %+v, then %+v", before, after)
+	}
+	// Not the agent's (no metadata): the client's retransmission of that
+	// SYN, over the budget.
+	if ret, _, _ := f.run(syn); ret != bpftest.XDPDrop {
+		t.Errorf("the client's retransmission, budget spent: verdict %d, want XDP_DROP", ret)
+	}
+	f.events()
+}
+
 func htonl(v uint32) uint32 { return v>>24 | v>>8&0xff00 | v<<8&0xff0000 | v<<24 }
 
-// A CPU that sees more SYNs opening flows in one window than the guard's
+// A CPU that sees more SYNs to services in one window than the guard's
 // arm_syns, and then a quarter of that again from untrusted sources, turns
 // the guard on by itself, without the agent's lease; a busy node's trusted
 // clients do not arm it, and are never limited.

@@ -22,7 +22,7 @@ type SYNGuard struct {
 	Rate, Burst uint32
 	// Trust is how long a source stays trusted after its last proof.
 	Trust time.Duration
-	// ArmRate is the rate of SYNs opening flows, per CPU and second over
+	// ArmRate is the rate of SYNs to services, per CPU and second over
 	// one window, at which a CPU turns the guard on by itself (0: never).
 	ArmRate uint32
 }

@@ -139,7 +139,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}),
 		SYNGuard: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "syn_guard_active",
-			Help: "1 while flood mode holds the SYN guard on (its lease; --syn-guard-rate above 0): SYNs opening flows from sources without a recent proof of a real connection get a per-CPU budget, and the rest are dropped in XDP. A CPU that armed the guard itself is counted in datapath_syn_guard_armed_total, not here.",
+			Help: "1 while flood mode holds the SYN guard on (its lease; --syn-guard-rate above 0): SYNs to services from sources without a recent proof of a real connection get a per-CPU budget, and the rest are dropped in XDP. A CPU that armed the guard itself is counted in datapath_syn_guard_armed_total, not here.",
 		}),
 		ProbeRegrants: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "probe_regrants_total",
@@ -248,8 +248,8 @@ var (
 	dRepicked     = desc("datapath_repicked_flows_total", "Unanswered flows moved to another backend on the client's SYN retransmission because theirs was ejected.")
 	dCTFail       = desc("datapath_conntrack_insert_failures_total", "Conntrack inserts that failed.")
 	dICMP         = desc("datapath_icmp_translated_total", "ICMP errors about a NATed flow (fragmentation needed, port unreachable, time exceeded) translated so that their receiver matches them: quoting the VIP to the client, the backend to the backend.")
-	dSYNGuard     = desc("datapath_syn_guard_syns_total", "SYNs opening flows (on new tuples or on known, closed or half-open ones) while the SYN guard was on, by verdict: trusted (the source proved itself lately: a backend sent it payload), admitted (untrusted, within the per-CPU budget), dropped (untrusted, over the budget: dropped in XDP).", "verdict")
-	dSYNArmed     = desc("datapath_syn_guard_armed_total", "Times a CPU turned the SYN guard on by itself: in 100 ms more SYNs opening flows than --syn-guard-arm-rate allows, and a quarter as many again from untrusted sources (a flood, seen before the agent can tell); it stays on there for 1 s past the last such window.")
+	dSYNGuard     = desc("datapath_syn_guard_syns_total", "SYNs to services while the SYN guard was on (pure SYNs from clients, whatever conntrack holds for their tuple; not the agent's replays), by verdict: trusted (the source proved itself lately: a backend sent it payload), admitted (untrusted, within the per-CPU budget), dropped (untrusted, over the budget: dropped in XDP).", "verdict")
+	dSYNArmed     = desc("datapath_syn_guard_armed_total", "Times a CPU turned the SYN guard on by itself: in 100 ms more SYNs to services than --syn-guard-arm-rate allows, and a quarter as many again from untrusted sources (a flood, seen before the agent can tell); it stays on there for 1 s past the last such window.")
 	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")
 	dEndpoints    = desc("endpoints", "Endpoints by failure-accrual state.", "service", "state")
 	dEpState      = desc("endpoint_state", "1 for the endpoint's current failure-accrual state.", "service", "endpoint", "state")

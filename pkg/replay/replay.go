@@ -63,7 +63,7 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 	if flags&(maps.CTClosed|maps.CTRescued|maps.CTRetry) != maps.CTClosed|maps.CTRescued {
 		return ErrStale
 	}
-	return r.send(client, vip, nil)
+	return r.send(client, vip, Meta(0))
 }
 
 // flowFlags are the flags of client's flow with backend (its reverse
@@ -91,10 +91,18 @@ func (r *Replayer) ReplayUnanswered(client, vip, backend netip.AddrPort, backend
 	if flags&(maps.CTEstablished|maps.CTClosed|maps.CTRetry) != 0 {
 		return ErrStale
 	}
-	var meta [8]byte
+	return r.send(client, vip, Meta(backendID))
+}
+
+// Meta is the XDP metadata (struct replay_meta) of a replayed SYN: it
+// tells the datapath the SYN is the agent's, not a client's (the SYN guard
+// does not judge it again), and which backend to move the flow off (0:
+// none, the table picks).
+func Meta(moveOff uint32) []byte {
+	meta := make([]byte, 8)
 	binary.NativeEndian.PutUint32(meta[0:], replayMagic)
-	binary.NativeEndian.PutUint32(meta[4:], backendID)
-	return r.send(client, vip, meta[:])
+	binary.NativeEndian.PutUint32(meta[4:], moveOff)
+	return meta
 }
 
 // replayMagic is PB_REPLAY_MAGIC ("pbrp").
