@@ -36,7 +36,7 @@ func runFlood(res *Results, o floodOpts, agentBin string, logf func(string, ...a
 	if err := r.topo.Client.AddAddrs(testnet.FloodSources...); err != nil {
 		return err
 	}
-	const vPB, vPBR, vPBNoGuard, vNft = "penaltybox", "penaltybox, XDP_REDIRECT", "penaltybox, no SYN guard", "nftables DNAT"
+	const vPB, vPBR, vPBNative, vPBNoGuard, vNft = "penaltybox", "penaltybox, XDP_REDIRECT", "penaltybox, native XDP on the veths", "penaltybox, no SYN guard", "nftables DNAT"
 	variants := []struct {
 		name  string
 		start func() (lb, error)
@@ -44,6 +44,8 @@ func runFlood(res *Results, o floodOpts, agentBin string, logf func(string, ...a
 		{vNft, r.nftables},
 		{vPB, func() (lb, error) { return r.penaltybox(false, "") }},
 		{vPBR, func() (lb, error) { return r.penaltybox(true, "") }},
+		// What generic XDP on veths (--xdp-mode auto) is worth.
+		{vPBNative, func() (lb, error) { return r.penaltybox(false, "", "--xdp-mode", "native") }},
 		// What the guard is worth, in the same run.
 		{vPBNoGuard, func() (lb, error) {
 			a, err := r.startAgent(r.pbConfig(false, ""), "--syn-guard-rate", "0")
@@ -113,7 +115,7 @@ func runFlood(res *Results, o floodOpts, agentBin string, logf func(string, ...a
 		res.target("flood", pre+"legit connections ≥ 99.9% ok during the flood", res.median("flood", pre+vPB+": legit connections ok during the flood"), 99.9, false, "%.2f%%")
 	}
 	res.note("flood", "Same topology as part 2, three healthy backends. Each run: %d long-lived keep-alive connections opened, %.0f legit new connections per second for %v (client connect timeout 1 s), and from 1 s in a SYN flood for %v from four more addresses of the client's namespace (a raw-socket sender, every SYN a new flow: source ports walk; the client's kernel answers the backends' SYN-ACKs with RST), then one more request on each long-lived connection. \"legit ok\" counts the legit connections started during the flood. Client veth drops: packets the client's veth dropped (its TX queue into the node: legit SYNs go with the flood's). penaltybox with default accrual (7 consecutive failures, connect timeout 1 s).", longConns, o.Legit, o.Duration, floodFor)
-	res.note("flood", "Past what the machine can carry the veths drop packets whichever load balancer is in front: nftables slows the sender down (each SYN runs the whole netfilter path in the sender's own softirq), while a veth with native XDP queues the sender's packets in a 256-entry ring that its NAPI drains, on whichever CPU scheduled it; when that CPU is busy the ring overflows and legit SYNs are dropped with the flood's, before any XDP program runs. Without the SYN guard, XDP also forwards every SYN, so the backends answer each (SYN cookies) and the client's RSTs come back through the same ring. With it (the default) SYNs from sources no backend has sent payload to are dropped at the first XDP pass beyond 2,000 a second per CPU, from the moment the CPU taking the flood sees more than 2,000 SYNs opening flows in 100 ms (it arms the guard itself; the agent's flood mode then holds it). \"SYNs sent per second\" below the offered rate is what the sender managed: the machine's ceiling, reached at the highest offered rate.")
+	res.note("flood", "How the sender is held back decides what the veths drop. nftables and generic XDP (penaltybox's default on veths, `--xdp-mode auto`) run in the receive path of the sender's own softirq, behind the per-CPU backlog: the sender pays for each SYN before it sends the next, so nothing overflows, and what differs is the price (the whole netfilter path per SYN, against a drop in XDP). A veth with native XDP (the \"native XDP on the veths\" rows, `--xdp-mode native`) instead queues the sender's packets in a 256-entry ring that its NAPI drains, on whichever CPU scheduled it; when that CPU is busy the ring overflows and legit SYNs are dropped with the flood's, before any XDP program runs. Without the SYN guard, XDP also forwards every SYN, so the backends answer each (SYN cookies) and the client's RSTs come back through the same path. With it (the default) SYNs from sources no backend has sent payload to are dropped at the first XDP pass beyond 2,000 a second per CPU, from the moment the CPU taking the flood sees more than 2,000 SYNs to the service in 100 ms (it arms the guard itself; the agent's flood mode then holds it). \"SYNs sent per second\" below the offered rate is what the sender managed: the machine's ceiling, reached at the highest offered rate.")
 	return nil
 }
 

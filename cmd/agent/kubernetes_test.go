@@ -26,6 +26,8 @@ func TestParseFlagsModes(t *testing.T) {
 		{args: []string{"--config", "x.yaml", "--syn-guard-rate", "1000001"}, wantErr: "want an integer from 0 to 1000000"},
 		{args: []string{"--config", "x.yaml", "--syn-guard-trust", "0s"}, wantErr: "--syn-guard-trust 0s: must be positive"},
 		{args: []string{"--config", "x.yaml", "--conntrack-size", "4k"}, wantErr: "want a positive integer"},
+		{args: []string{"--config", "x.yaml", "--xdp-mode", "generic"}},
+		{args: []string{"--config", "x.yaml", "--xdp-mode", "drv"}, wantErr: `--xdp-mode: "drv": want auto, native or generic`},
 	}
 	for _, tt := range tests {
 		_, err := parseFlags(tt.args)

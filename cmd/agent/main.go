@@ -144,7 +144,7 @@ func parseFlags(args []string) (options, error) {
 	}
 	uintFlag(&o.synGuard.Rate, "syn-guard-rate", fmt.Sprintf("in flood mode, SYNs opening new flows from sources that have not proved themselves lately (no backend sent them payload within --syn-guard-trust) that each CPU admits a second (a node admits up to its CPUs times this); the rest are dropped in XDP. 0: no guard, every SYN is forwarded (default %d)", defaultSYNGuardRate), 0, maxSYNGuardRate)
 	fs.DurationVar(&o.synGuard.Trust, "syn-guard-trust", time.Hour, "how long a source stays trusted by the SYN guard after a backend last sent it payload")
-	uintFlag(&o.synGuard.ArmRate, "syn-guard-arm-rate", fmt.Sprintf("SYNs opening flows per second on one CPU (counted over 100 ms) beyond which that CPU turns the SYN guard on by itself, before the agent's flood mode can, once a quarter as many again come from untrusted sources; 0: only flood mode turns it on; no effect with --syn-guard-rate 0 (default %d)", defaultSYNGuardArmRate), 0, math.MaxUint32)
+	uintFlag(&o.synGuard.ArmRate, "syn-guard-arm-rate", fmt.Sprintf("SYNs to services per second on one CPU (counted over 100 ms) beyond which that CPU turns the SYN guard on by itself, before the agent's flood mode can, once a quarter as many again come from untrusted sources; 0: only flood mode turns it on; no effect with --syn-guard-rate 0 (default %d)", defaultSYNGuardArmRate), 0, math.MaxUint32)
 	o.synGuard.Rate, o.synGuard.ArmRate = defaultSYNGuardRate, defaultSYNGuardArmRate
 	max := func(p *uint32, name string, def uint32, help string) {
 		uintFlag(p, name, fmt.Sprintf("%s (default %d)", help, def), 1, math.MaxUint32)
@@ -154,6 +154,7 @@ func parseFlags(args []string) (options, error) {
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
 	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")
 	max(&o.dp.EventsBytes, "events-bytes", datapath.DefaultEventsBytes, "ring buffer bytes for outcome events (power of two)")
+	fs.StringVar(&o.dp.XDPMode, "xdp-mode", datapath.XDPAuto, `how the program attaches: "auto" generic XDP on veths (no NAPI ring to overflow under a flood), native elsewhere; "native" native wherever the driver has it, veths included; "generic" generic everywhere. A pinned link the agent adopts keeps its mode`)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -181,6 +182,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
+	}
+	if err := datapath.CheckXDPMode(o.dp.XDPMode); err != nil {
+		return o, fmt.Errorf("--xdp-mode: %w", err)
 	}
 	if o.synGuard.Trust <= 0 {
 		return o, fmt.Errorf("--syn-guard-trust %v: must be positive", o.synGuard.Trust)

@@ -19,6 +19,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 
 	"github.com/penaltybox/penaltybox/bpf"
 )
@@ -35,7 +37,53 @@ type Options struct {
 	MaxBackends   uint32
 	ConntrackSize uint32 // entries; each flow takes two
 	EventsBytes   uint32 // ring buffer size, a power of two multiple of the page size
+	XDPMode       string // XDPAuto (the default), XDPNative or XDPGeneric
 	Logger        *slog.Logger
+}
+
+// XDP attach modes (--xdp-mode).
+const (
+	// XDPAuto attaches generic XDP to veths and native XDP elsewhere
+	// (generic where the driver has no native XDP, as VXLAN devices).
+	// Native XDP on a veth hands every packet the peer sends to a
+	// 256-entry ring that the veth's NAPI drains in a second softirq
+	// pass; when the CPU it runs on is busy (a SYN flood) the ring
+	// overflows and packets are dropped before any program sees them.
+	// Generic XDP runs in the receive path the packet takes anyway, in
+	// the sender's softirq, behind the per-CPU backlog (where tc
+	// programs run): the sender pays for what it sends.
+	XDPAuto = "auto"
+	// XDPNative attaches native XDP wherever the driver has it, veths
+	// included (generic where not).
+	XDPNative = "native"
+	// XDPGeneric attaches generic XDP everywhere.
+	XDPGeneric = "generic"
+)
+
+// CheckXDPMode says whether mode is one of the XDP attach modes.
+func CheckXDPMode(mode string) error {
+	switch mode {
+	case XDPAuto, XDPNative, XDPGeneric:
+		return nil
+	}
+	return fmt.Errorf("%q: want %s, %s or %s", mode, XDPAuto, XDPNative, XDPGeneric)
+}
+
+// xdpAttempts are the attach modes to try, in order, for an interface of
+// netlink link type kind ("veth", "vxlan", "device", ...) under mode.
+func xdpAttempts(mode, kind string) []link.XDPAttachFlags {
+	switch {
+	case mode == XDPGeneric, mode == XDPAuto && kind == "veth":
+		return []link.XDPAttachFlags{link.XDPGenericMode}
+	}
+	return []link.XDPAttachFlags{link.XDPDriverMode, link.XDPGenericMode}
+}
+
+func xdpModeName(f link.XDPAttachFlags) string {
+	if f == link.XDPGenericMode {
+		return "generic"
+	}
+	return "driver"
 }
 
 const (
@@ -60,6 +108,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.EventsBytes == 0 {
 		o.EventsBytes = DefaultEventsBytes
+	}
+	if o.XDPMode == "" {
+		o.XDPMode = XDPAuto
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -116,6 +167,9 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 // opts.Root (mounting a bpffs when needed).
 func Load(opts Options) (*Datapath, error) {
 	opts.setDefaults()
+	if err := CheckXDPMode(opts.XDPMode); err != nil {
+		return nil, fmt.Errorf("datapath: XDP mode %w", err)
+	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("datapath: memlock: %w", err)
 	}
@@ -240,6 +294,14 @@ func (d *Datapath) Attach(ifname string) error {
 		return fmt.Errorf("attach %s: %w", ifname, err)
 	}
 	pin := d.linkPin(ifname)
+	kind, attached := "", -1
+	if nlink, err := netlink.LinkByIndex(iface.Index); err == nil {
+		kind = nlink.Type()
+		if x := nlink.Attrs().Xdp; x != nil && x.Attached {
+			attached = int(x.AttachMode)
+		}
+	}
+	attempts := xdpAttempts(d.Opts.XDPMode, kind)
 
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		if linkIfindex(l) == iface.Index {
@@ -248,7 +310,15 @@ func (d *Datapath) Attach(ifname string) error {
 				return fmt.Errorf("attach %s: update pinned link: %w", ifname, err)
 			}
 			d.links[ifname] = l
-			d.log.Info("adopted XDP link", "interface", ifname, "ifindex", iface.Index)
+			mode := map[int]string{nl.XDP_ATTACHED_DRV: "driver", nl.XDP_ATTACHED_SKB: "generic"}[attached]
+			d.log.Info("adopted XDP link", "interface", ifname, "ifindex", iface.Index, "mode", mode)
+			// Native and generic XDP cannot be attached at once: changing
+			// the mode would leave the interface without a program for a
+			// moment, so an adopted link keeps the mode it has.
+			if want := xdpModeName(attempts[0]); mode != "" && mode != want {
+				d.log.Warn("XDP link kept in the mode it was attached in; detach it (remove the interface from the agent's interfaces) or recreate the interface to change it",
+					"interface", ifname, "mode", mode, "xdpMode", d.Opts.XDPMode, "wouldAttach", want)
+			}
 			return nil
 		}
 		// The interface was recreated under the same name: the old link is defunct.
@@ -256,22 +326,24 @@ func (d *Datapath) Attach(ifname string) error {
 		l.Close()
 	}
 
-	mode := "driver"
-	l, err := link.AttachXDP(link.XDPOptions{Program: d.PbXdp, Interface: iface.Index, Flags: link.XDPDriverMode})
-	if err != nil {
-		mode = "generic"
-		var gerr error
-		l, gerr = link.AttachXDP(link.XDPOptions{Program: d.PbXdp, Interface: iface.Index, Flags: link.XDPGenericMode})
-		if gerr != nil {
-			return fmt.Errorf("attach %s: driver mode: %v; generic mode: %w", ifname, err, gerr)
+	var l link.Link
+	var errs []string
+	for _, f := range attempts {
+		if l, err = link.AttachXDP(link.XDPOptions{Program: d.PbXdp, Interface: iface.Index, Flags: f}); err == nil {
+			break
 		}
+		errs = append(errs, fmt.Sprintf("%s mode: %v", xdpModeName(f), err))
 	}
+	if l == nil {
+		return fmt.Errorf("attach %s (--xdp-mode %s): %s", ifname, d.Opts.XDPMode, strings.Join(errs, "; "))
+	}
+	mode := xdpModeName(attempts[len(errs)])
 	if err := l.Pin(pin); err != nil {
 		l.Close()
 		return fmt.Errorf("attach %s: pin link: %w", ifname, err)
 	}
 	d.links[ifname] = l
-	d.log.Info("attached XDP", "interface", ifname, "ifindex", iface.Index, "mode", mode)
+	d.log.Info("attached XDP", "interface", ifname, "ifindex", iface.Index, "kind", kind, "mode", mode, "xdpMode", d.Opts.XDPMode)
 	return nil
 }
 

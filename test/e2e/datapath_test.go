@@ -17,10 +17,25 @@ import (
 )
 
 // Every new connection through the VIP reaches a real server, and Maglev
-// spreads them over the three backends.
+// spreads them over the three backends: with generic XDP on the veths
+// (--xdp-mode auto, the default) and with native XDP on them.
 func TestConnectionsThroughVIPSpreadEvenly(t *testing.T) {
+	for _, tc := range []struct{ mode, ipLink string }{
+		{"auto", " xdpgeneric "}, // how `ip link` names each attach mode
+		{"native", " xdp "},
+	} {
+		t.Run(tc.mode, func(t *testing.T) { connectionsSpreadEvenly(t, tc.mode, tc.ipLink) })
+	}
+}
+
+func connectionsSpreadEvenly(t *testing.T, mode, ipLink string) {
 	e := newEnv(t, 3)
-	e.startAgent(config(e.topo, all(3), ""))
+	e.startAgent(config(e.topo, all(3), ""), "--xdp-mode", mode)
+	for _, ifname := range e.topo.NodeIfaces() {
+		if link, err := e.topo.Node.Run("ip", "link", "show", ifname); err != nil || !strings.Contains(link, ipLink) {
+			t.Fatalf("--xdp-mode %s: %s is not attached as %q: %v\n%s", mode, ifname, ipLink, err, link)
+		}
+	}
 
 	// A 3 s connect timeout survives one lost SYN (retransmitted at 1 s):
 	// on a busy 2-core machine a veth can drop one, which is no fault of
