@@ -119,20 +119,33 @@ func TestSYNGuardLimitsOnlyUntrustedSources(t *testing.T) {
 	}
 }
 
-// A SYN the guard drops takes no pb_syns_v2 slot: with retryRefused a
-// flood reusing tuples would otherwise overwrite the copies legit flows'
-// replays need.
-func TestSYNGuardDropKeepsNoSYNCopy(t *testing.T) {
+// guardedRetryFixture is a retryRefused service on one CPU with the SYN
+// guard on and a budget of one SYN at once, one a second.
+func guardedRetryFixture(t *testing.T) *fixture {
 	f := newFixture(t)
 	f.svc.Flags = maps.ServiceRetryRefused
 	f.writeService()
 	f.table(id1)
 	oneCPU(t)
 	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Lease: time.Minute, Rate: 1, Burst: 1, Trust: time.Hour}))
-	c := netip.AddrPortFrom(spoofed, 3000)
-	if ret, _, _ := f.run(bpftest.LinuxSYN(c, vip, 100)); ret != bpftest.XDPPass {
-		t.Fatalf("the budget's one SYN: verdict %d", ret)
+	return f
+}
+
+// spendBudget sends syn, the budget's one SYN, which must pass.
+func (f *fixture) spendBudget(syn []byte) {
+	f.t.Helper()
+	if ret, _, _ := f.run(syn); ret != bpftest.XDPPass {
+		f.t.Fatalf("the budget's one SYN: verdict %d", ret)
 	}
+}
+
+// A SYN the guard drops takes no pb_syns_v2 slot: with retryRefused a
+// flood reusing tuples would otherwise overwrite the copies legit flows'
+// replays need.
+func TestSYNGuardDropKeepsNoSYNCopy(t *testing.T) {
+	f := guardedRetryFixture(t)
+	c := netip.AddrPortFrom(spoofed, 3000)
+	f.spendBudget(bpftest.LinuxSYN(c, vip, 100))
 	// Again on the same (half-open) tuple, with another sequence number:
 	// over the budget, dropped, and the copy is still the first SYN's.
 	if ret, _, _ := f.run(bpftest.LinuxSYN(c, vip, 200)); ret != bpftest.XDPDrop {
@@ -157,17 +170,10 @@ func TestSYNGuardDropKeepsNoSYNCopy(t *testing.T) {
 // client's SYN took the budget once, and its refusal was kept from it on
 // the promise of that replay. The client's own retransmission is judged.
 func TestSYNGuardLetsTheAgentsReplaysThrough(t *testing.T) {
-	f := newFixture(t)
-	f.svc.Flags = maps.ServiceRetryRefused
-	f.writeService()
-	f.table(id1)
-	oneCPU(t)
-	f.must(f.Maps.SetSYNGuard(maps.SYNGuard{Lease: time.Minute, Rate: 1, Burst: 1, Trust: time.Hour}))
+	f := guardedRetryFixture(t)
 	c := netip.AddrPortFrom(spoofed, 3100)
 	syn := bpftest.LinuxSYN(c, vip, 100)
-	if ret, _, _ := f.run(syn); ret != bpftest.XDPPass {
-		t.Fatalf("the budget's one SYN: verdict %d", ret)
-	}
+	f.spendBudget(syn)
 	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, c, 100)); ret != bpftest.XDPDrop {
 		t.Fatalf("refusal verdict %d, want it kept from the client", ret)
 	}
