@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -678,11 +679,15 @@ func runE2E(res *Results, o e2eOpts, agentBin string, logf func(string, ...any))
 	}
 	res.note("e2e", "Failed requests (not counted in connections/s; a run fails above 1%%): %s.", strings.Join(fl, "; "))
 	res.note("e2e", "On 2 cores the client and the servers take most of the CPU, so connections/s is bounded by them for every variant; the CPU per connection shows what the load balancer adds.")
-	pb := max(res.median("e2e", vPB+": connections/s"), res.median("e2e", vPBRed+": connections/s"), res.median("e2e", vPBNat+": connections/s"))
+	// Best mode: the best of penaltybox's variants, figure by figure.
+	pb, cpuRatio, own := 0.0, math.Inf(1), math.Inf(1)
+	for _, v := range []string{vPB, vPBRed, vPBNat} {
+		pb = max(pb, res.median("e2e", v+": connections/s"))
+		cpuRatio = min(cpuRatio, res.ratio("e2e", v+": machine CPU per connection"))
+		own = min(own, res.median("e2e", v+": "+ownRow))
+	}
 	res.target("e2e", "penaltybox connections/s ≥ nftables DNAT's (best mode, ratio)", pb/res.median("e2e", vNft+": connections/s"), 1, false, "%.2f×")
-	cpuRatio := min(res.ratio("e2e", vPB+": machine CPU per connection"), res.ratio("e2e", vPBRed+": machine CPU per connection"), res.ratio("e2e", vPBNat+": machine CPU per connection"))
 	res.target("e2e", "penaltybox machine CPU per connection ≤ 0.95× nftables DNAT's (best mode, ratio)", cpuRatio, 0.95, true, "%.2f×")
-	own := min(res.median("e2e", vPB+": "+ownRow), res.median("e2e", vPBRed+": "+ownRow), res.median("e2e", vPBNat+": "+ownRow))
 	res.target("e2e", "agent CPU per healthy connection ≤ 3 µs (best mode)", own, 3, true, "%.1f µs")
 	return nil
 }

@@ -86,6 +86,20 @@ func xdpModeName(f link.XDPAttachFlags) string {
 	return "driver"
 }
 
+// attachedMode names the mode of the XDP program netlink reports on an
+// interface as xdpModeName does; "" when none is attached (or offloaded).
+func attachedMode(x *netlink.LinkXdp) string {
+	switch {
+	case x == nil || !x.Attached:
+		return ""
+	case x.AttachMode == nl.XDP_ATTACHED_DRV:
+		return xdpModeName(link.XDPDriverMode)
+	case x.AttachMode == nl.XDP_ATTACHED_SKB:
+		return xdpModeName(link.XDPGenericMode)
+	}
+	return ""
+}
+
 const (
 	DefaultMaxServices   = 65536
 	DefaultMaxBackends   = 262144
@@ -294,12 +308,9 @@ func (d *Datapath) Attach(ifname string) error {
 		return fmt.Errorf("attach %s: %w", ifname, err)
 	}
 	pin := d.linkPin(ifname)
-	kind, attached := "", -1
+	kind, attached := "", ""
 	if nlink, err := netlink.LinkByIndex(iface.Index); err == nil {
-		kind = nlink.Type()
-		if x := nlink.Attrs().Xdp; x != nil && x.Attached {
-			attached = int(x.AttachMode)
-		}
+		kind, attached = nlink.Type(), attachedMode(nlink.Attrs().Xdp)
 	}
 	attempts := xdpAttempts(d.Opts.XDPMode, kind)
 
@@ -310,14 +321,13 @@ func (d *Datapath) Attach(ifname string) error {
 				return fmt.Errorf("attach %s: update pinned link: %w", ifname, err)
 			}
 			d.links[ifname] = l
-			mode := map[int]string{nl.XDP_ATTACHED_DRV: "driver", nl.XDP_ATTACHED_SKB: "generic"}[attached]
-			d.log.Info("adopted XDP link", "interface", ifname, "ifindex", iface.Index, "mode", mode)
+			d.log.Info("adopted XDP link", "interface", ifname, "ifindex", iface.Index, "mode", attached)
 			// Native and generic XDP cannot be attached at once: changing
 			// the mode would leave the interface without a program for a
 			// moment, so an adopted link keeps the mode it has.
-			if want := xdpModeName(attempts[0]); mode != "" && mode != want {
+			if want := xdpModeName(attempts[0]); attached != "" && attached != want {
 				d.log.Warn("XDP link kept in the mode it was attached in; detach it (remove the interface from the agent's interfaces) or recreate the interface to change it",
-					"interface", ifname, "mode", mode, "xdpMode", d.Opts.XDPMode, "wouldAttach", want)
+					"interface", ifname, "mode", attached, "xdpMode", d.Opts.XDPMode, "wouldAttach", want)
 			}
 			return nil
 		}

@@ -2,7 +2,6 @@ package datapath_test
 
 import (
 	"bytes"
-	"encoding/binary"
 	"net/netip"
 	"testing"
 	"time"
@@ -196,14 +195,7 @@ func TestMovedOffEntryExpiresAlone(t *testing.T) {
 	syn := bpftest.LinuxSYN(client, vip, 42)
 	f.run(syn)
 	f.table(id2) // where the re-pick lands; backend 1 stays active
-	meta := make([]byte, 8)
-	binary.NativeEndian.PutUint32(meta[0:], 0x70627270)
-	binary.NativeEndian.PutUint32(meta[4:], id1)
-	data := append(append([]byte{}, meta...), syn...)
-	out := make([]byte, len(data)+256)
-	_, err := f.PbXdp.Run(&ebpf.RunOptions{Data: data, DataOut: out, Repeat: 1,
-		Context: [6]uint32{uint32(len(meta)), uint32(len(data)), 0, 1, 0, 0}})
-	f.must(err)
+	f.runMeta(replay.Meta(id1), syn)
 	// The moved flow completes with its new backend; the old one never
 	// answers.
 	f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil))
