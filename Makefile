@@ -18,9 +18,10 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         nginx:nginx haproxy:haproxy ethtool:ethtool /usr/include/bpf/bpf_helpers.h:libbpf-dev \
         /usr/include/x86_64-linux-gnu/asm/types.h:linux-libc-dev promtool:prometheus \
         buildah:buildah runc:runc /usr/lib/cni/bridge:containernetworking-plugins openssl:openssl \
-        iptables:iptables
+        iptables:iptables qemu-system-x86_64:qemu-system-x86 /usr/share/doc/busybox-static:busybox-static \
+        cpio:cpio depmod:kmod
 
-.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools test k8s-tools demo cluster-demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
 
 all: build
 
@@ -76,9 +77,17 @@ check-rules: deps
 # not include building the API server.
 test: deps check-generated vet check-rules build k8s-tools prometheus-tools containerd-tools
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
+	$(MAKE) --no-print-directory kernel-matrix
 	@# The network tests one package at a time: on two cores, two of them
 	@# side by side would measure each other.
 	$(GO) test -race -count=1 -timeout 12m -p 1 ./test/... ./bench/...
+
+# The BPF suites (pkg/datapath, internal/testnet) on the kernels clusters
+# run (Debian's 6.1 and 6.12), each booted under qemu, side by side
+# (scripts/kernel-matrix.sh; kernels cached like the Kubernetes binaries).
+# About 2 minutes under TCG on 2 cores.
+kernel-matrix: deps
+	scripts/kernel-matrix.sh
 
 # Prometheus and promtool with Kubernetes service discovery (Debian's lack
 # it) for test/e2e/k8s, built from the Go module proxy and cached outside

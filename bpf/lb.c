@@ -144,7 +144,7 @@ static __always_inline int parse_l4(struct pkt *p, void *l4, __u32 l4len, void *
 		struct udphdr *udp = l4;
 		if ((void *)(udp + 1) > data_end)
 			return -1;
-		__u32 ulen = bpf_ntohs(udp->len);
+		__u32 ulen = be16_len(udp->len);
 		if (ulen < sizeof(*udp) || ulen > l4len)
 			return -1;
 		p->ports = (__be16 *)udp;
@@ -223,7 +223,7 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *p, struct ethh
 		return 1;
 	if ((r >> 16) == IPPROTO_ICMPV6)
 		return 2; /* see icmp6_error */
-	__u32 plen = bpf_ntohs(ip6->payload_len);
+	__u32 plen = be16_len(ip6->payload_len);
 	p->family = PB_AF_INET6;
 	/* A jumbogram (payload length 0) or a length past the frame: not ours
 	 * to touch. */
@@ -265,7 +265,7 @@ static __always_inline int parse(struct xdp_md *ctx, struct pkt *p, const __u64 
 		return 1;
 
 	__u32 ihl = ip->ihl * 4;
-	__u32 len = bpf_ntohs(ip->tot_len);
+	__u32 len = be16_len(ip->tot_len);
 	p->family = PB_AF_INET;
 	if (len < ihl || (void *)ip + len > data_end)
 		return -1;
@@ -1333,12 +1333,14 @@ static __always_inline void keep_syn(struct xdp_md *ctx, struct pkt *p)
 		return;
 	__u32 off = (void *)(tcp + 1) - (void *)(long)ctx->data;
 	if (opt_len) {
-		/* Bounded on both sides in the register the helper gets: older
-		 * verifiers learn nothing from "!= 0", and a zero length is
-		 * refused. */
-		__u32 n = opt_len;
+		/* Bounded on both sides in the register the helper gets, with
+		 * signed compares: older verifiers learn nothing from "!= 0",
+		 * clang turns an unsigned "n < 1" into "n == 0", which 6.1's
+		 * verifier does not take as a lower bound, and a zero size is
+		 * refused there. */
+		__s32 n = opt_len;
 		barrier_var(n);
-		if (n < 1 || n > PB_SYN_MAX_OPTS)
+		if (n <= 0 || n > PB_SYN_MAX_OPTS)
 			return;
 		if (bpf_xdp_load_bytes(ctx, off, c->opts, n))
 			return;
@@ -1729,7 +1731,7 @@ static __always_inline int parse_icmp(struct xdp_md *ctx, struct icmp_quote *q)
 	q->icmp = icmp;
 	q->in = in;
 	q->ports = ports;
-	q->l4csum = quoted_l4csum(in->protocol, ports, data_end, (void *)ip + bpf_ntohs(ip->tot_len));
+	q->l4csum = quoted_l4csum(in->protocol, ports, data_end, (void *)ip + be16_len(ip->tot_len));
 	return 0;
 }
 
@@ -1883,7 +1885,7 @@ static __always_inline int parse_icmp6(struct xdp_md *ctx, struct icmp6_quote *q
 	q->icmp = icmp;
 	q->in = in;
 	q->ports = ports;
-	q->l4csum = quoted_l4csum(in->nexthdr, ports, data_end, (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len));
+	q->l4csum = quoted_l4csum(in->nexthdr, ports, data_end, (void *)(ip6 + 1) + be16_len(ip6->payload_len));
 	return 0;
 }
 

@@ -4,6 +4,7 @@
 #define PB_HELPERS_H
 
 #include <linux/types.h>
+#include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
 #ifndef likely
@@ -17,6 +18,19 @@
 #ifndef READ_ONCE
 #define READ_ONCE(x) (*(volatile __typeof__(x) *)&(x))
 #endif
+
+/* be16_len reads a big-endian 16-bit length or offset as a bounded
+ * host-order number. The verifiers of 6.1 and 6.12 forget a register's
+ * bounds across a byte swap, so a bpf_ntohs result added to a packet
+ * pointer is refused there ("unbounded min value", "out of bounds"); the
+ * mask puts the bounds back, and the barrier keeps the compiler from
+ * folding the mask away as redundant. */
+static __always_inline __u32 be16_len(__be16 v)
+{
+	__u32 n = bpf_ntohs(v);
+	barrier_var(n);
+	return n & 0xffff;
+}
 
 static __always_inline __u16 csum_fold32(__u32 s)
 {

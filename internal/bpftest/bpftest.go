@@ -63,7 +63,7 @@ func Load(tb testing.TB) *Loaded {
 	tb.Helper()
 	RequireRoot(tb)
 	root := TempBPFFS(tb)
-	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 256, MaxBackends: 256, ConntrackSize: 4096, EventsBytes: 1 << 16})
+	d, err := datapath.Load(loadOptions(root))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -73,6 +73,11 @@ func Load(tb testing.TB) *Loaded {
 		tb.Fatal(err)
 	}
 	return &Loaded{Datapath: d, Maps: m}
+}
+
+// loadOptions are the small maps tests load with, pinned under root.
+func loadOptions(root string) datapath.Options {
+	return datapath.Options{Root: root, MaxServices: 256, MaxBackends: 256, ConntrackSize: 4096, EventsBytes: 1 << 16}
 }
 
 // Run runs one packet through the program and returns the verdict and the

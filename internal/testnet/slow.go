@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/internal/csum"
@@ -26,9 +27,12 @@ const resendMark = 0x5ac4
 type handshakeDelayer struct {
 	objs synackdelay.DelayObjects
 	tcx  link.Link
-	rd   *ringbuf.Reader
-	fd   int
-	wg   sync.WaitGroup
+	// tc: the clsact qdisc holding the program where tcx is missing
+	// (before 6.6), deleted in the backend's namespace on close.
+	tc func()
+	rd *ringbuf.Reader
+	fd int
+	wg sync.WaitGroup
 }
 
 // DelayHandshakes makes the backend's handshakes take d longer: every
@@ -67,7 +71,14 @@ func (b *Backend) startDelay(d time.Duration) (*handshakeDelayer, error) {
 		var err error
 		// Both the attachment's ifindex and the socket belong to the
 		// backend's namespace.
-		if hd.tcx, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: hd.objs.HoldSynack, Attach: ebpf.AttachTCXEgress}); err != nil {
+		hd.tcx, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: hd.objs.HoldSynack, Attach: ebpf.AttachTCXEgress})
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			var q netlink.Qdisc
+			if q, err = attachClsact(ifindex, hd.objs.HoldSynack); err == nil {
+				hd.tc = func() { b.Do(func() error { return netlink.QdiscDel(q) }) }
+			}
+		}
+		if err != nil {
 			return err
 		}
 		if hd.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0); err != nil {
@@ -117,11 +128,37 @@ func (hd *handshakeDelayer) close() {
 	if hd.tcx != nil {
 		hd.tcx.Close()
 	}
+	if hd.tc != nil {
+		hd.tc()
+	}
 	hd.wg.Wait() // the held frames go out first
 	if hd.fd >= 0 {
 		unix.Close(hd.fd)
 	}
 	hd.objs.Close()
+}
+
+// attachClsact attaches prog to ifindex's egress the way tc does before
+// tcx (6.6): a clsact qdisc, deleted to detach it, and a direct-action bpf
+// filter. It runs in the caller's namespace.
+func attachClsact(ifindex int, prog *ebpf.Program) (netlink.Qdisc, error) {
+	q := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := netlink.QdiscAdd(q); err != nil {
+		return nil, fmt.Errorf("clsact qdisc: %w", err)
+	}
+	f := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: netlink.HANDLE_MIN_EGRESS, Handle: 1,
+			Protocol: unix.ETH_P_ALL, Priority: 1},
+		Fd: prog.FD(), Name: "hold_synack", DirectAction: true,
+	}
+	if err := netlink.FilterAdd(f); err != nil {
+		netlink.QdiscDel(q)
+		return nil, fmt.Errorf("tc filter: %w", err)
+	}
+	return q, nil
 }
 
 // heldFrame decodes one ring record (struct frame: len, then the bytes),

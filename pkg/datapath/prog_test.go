@@ -61,7 +61,7 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T) *fixture {
-	l := bpftest.Load(t)
+	l := bpftest.Shared(t)
 	rb, err := ringbuf.NewReader(l.PbEvents)
 	if err != nil {
 		t.Fatal(err)

@@ -47,6 +47,20 @@ type tables struct {
 	keys     []uint32 // 0..n-1: slot numbers for batch fills
 }
 
+// InstalledTables lists the pb_maglev keys and the pb_maglev_fb service
+// ids of the tables installed through m.
+func (m *Maps) InstalledTables() (main, fallback []uint32) {
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	for k := range m.t.main {
+		main = append(main, k)
+	}
+	for k := range m.t.fallback {
+		fallback = append(fallback, k)
+	}
+	return main, fallback
+}
+
 func (t *tables) init() {
 	t.main = map[uint32]*table{}
 	t.fallback = map[uint32]*table{}

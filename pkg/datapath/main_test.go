@@ -1,0 +1,16 @@
+package datapath_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/penaltybox/penaltybox/internal/bpftest"
+)
+
+// TestMain unmounts the bpffs of the datapath the tests share
+// (bpftest.Shared).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	bpftest.ReleaseShared()
+	os.Exit(code)
+}
