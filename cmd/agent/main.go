@@ -103,6 +103,11 @@ func main() {
 // run starts the agent in the mode the flags select and runs its loop
 // until ctx ends.
 func run(ctx context.Context, o options, log *slog.Logger) error {
+	// Pre-flight: a kernel without what the datapath uses is refused in
+	// one line, before the verifier's dump would say it less clearly.
+	if err := datapath.CheckKernel(datapath.KernelFeatures); err != nil {
+		return err
+	}
 	if o.configPath != "" {
 		return runStandalone(ctx, o, log)
 	}
