@@ -735,7 +735,7 @@ func (r *packetRig) guardDrops(n int) (float64, error) {
 func (r *packetRig) fillCT() error {
 	pkt := tcpFrame(pkClient, pkVIPNew, bpftest.SYN)
 	read0 := r.read.Load()
-	n := r.dp.PbCt.MaxEntries() / 2
+	n := r.dp.PbCtV2.MaxEntries() / 2
 	for range n {
 		pkt.setSrc(r.nextClient())
 		if ret, _, _, err := testRun(r.dp.PbXdp, pkt, r.out, 1); err != nil || ret != bpftest.XDPPass {
@@ -751,7 +751,7 @@ func (r *packetRig) fillCT() error {
 func (r *packetRig) resetCT() error {
 	var keys []bpf.LbCtKey
 	var k bpf.LbCtKey
-	it := r.dp.PbCt.Iterate()
+	it := r.dp.PbCtV2.Iterate()
 	var v bpf.LbCtValue
 	for it.Next(&k, &v) {
 		keys = append(keys, k)
@@ -761,7 +761,7 @@ func (r *packetRig) resetCT() error {
 	}
 	for len(keys) > 0 {
 		n := min(len(keys), 4096)
-		if _, err := r.dp.PbCt.BatchDelete(keys[:n], nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if _, err := r.dp.PbCtV2.BatchDelete(keys[:n], nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("emptying conntrack: %w", err)
 		}
 		keys = keys[n:]
@@ -795,7 +795,7 @@ func (r *packetRig) forget(vip netip.AddrPort, clients, picked []netip.AddrPort,
 		keys = append(keys, f, rv)
 		fwd = append(fwd, f)
 	}
-	if n, err := r.dp.PbCt.BatchDelete(keys, nil); err != nil || n != len(keys) {
+	if n, err := r.dp.PbCtV2.BatchDelete(keys, nil); err != nil || n != len(keys) {
 		return fmt.Errorf("conntrack cleanup: deleted %d of %d: %v (an LRU eviction during the run?)", n, len(keys), err)
 	}
 	if limited {
@@ -1065,7 +1065,7 @@ func (r *packetRig) newFlows6(n int) (float64, error) {
 	if d := after.g.EventsLost - before.g.EventsLost; d != 0 {
 		return 0, fmt.Errorf("IPv6 new flow: %w: %d events lost", errPath, d)
 	}
-	if got, err := r.dp.PbCt.BatchDelete(keys, nil); err != nil || got != len(keys) {
+	if got, err := r.dp.PbCtV2.BatchDelete(keys, nil); err != nil || got != len(keys) {
 		return 0, fmt.Errorf("IPv6 conntrack cleanup: deleted %d of %d: %v", got, len(keys), err)
 	}
 	return median(durs), nil

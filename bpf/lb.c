@@ -106,17 +106,158 @@ static __always_inline void pkt_addrs(const struct pkt *p, union addr *src, unio
 static __always_inline struct global_stats *gstats(void)
 {
 	__u32 k = 0;
-	return bpf_map_lookup_elem(&pb_stats, &k);
+	return bpf_map_lookup_elem(&pb_stats_v2, &k);
 }
 
 /* scratch is this CPU's room for the largest temporaries. XDP runs to the
  * end on its CPU without another XDP program interleaving (softirq, or
  * BPF_PROG_RUN's live frames with bottom halves off), so one per CPU is
  * enough. */
+_Static_assert(sizeof(((struct scratch *)0)->fib) == sizeof(struct bpf_fib_lookup), "scratch fib");
+
 static __always_inline struct scratch *scratch(void)
 {
 	__u32 k = 0;
 	return bpf_map_lookup_elem(&pb_scratch, &k);
+}
+
+static __always_inline struct config *config(void)
+{
+	__u32 k = 0;
+	return bpf_map_lookup_elem(&pb_config_v2, &k);
+}
+
+/* partial_iface says whether a local sender on ifindex may leave its L4
+ * checksum to the device (PB_IF_PARTIAL). */
+static __always_inline int partial_iface(__u32 ifindex)
+{
+	struct iface *i = bpf_map_lookup_elem(&pb_ifaces, &ifindex);
+	return i && (i->flags & PB_IF_PARTIAL);
+}
+
+/* pb_csum is the ones' complement sum, folded to 16 bits but not
+ * inverted, of len bytes of the packet at off; -1 when len is 0 or over
+ * PB_CSUM_MAX or the bytes are not all in the packet. A global function:
+ * the verifier checks it once, not at each caller. */
+__noinline int pb_csum(struct xdp_md *ctx, __u32 off, __u32 len)
+{
+	struct scratch *sc = scratch();
+	if (!sc)
+		return -1;
+	/* Signed, behind a barrier: see keep_syn. */
+	__s32 n = len;
+	barrier_var(n);
+	if (n <= 0 || n > PB_CSUM_MAX)
+		return -1;
+	if (bpf_xdp_load_bytes(ctx, off, sc->buf, n))
+		return -1;
+	/* bpf_csum_diff sums whole 32-bit words, at most 512 bytes a call:
+	 * the bytes up to the next word are zeros (RFC 1071's padding). */
+	sc->buf[n] = 0;
+	sc->buf[n + 1] = 0;
+	sc->buf[n + 2] = 0;
+	__u32 words = ((__u32)n + 3) & ~3u;
+	__s64 sum;
+	if (words <= 512) {
+		sum = bpf_csum_diff(0, 0, (__be32 *)sc->buf, words, 0);
+	} else {
+		sum = bpf_csum_diff(0, 0, (__be32 *)sc->buf, 512, 0);
+		if (sum < 0)
+			return -1;
+		words -= 512;
+		if (words > 512)
+			return -1;
+		sum = bpf_csum_diff(0, 0, (__be32 *)(sc->buf + 512), words, (__u32)sum);
+	}
+	if (sum < 0)
+		return -1;
+	return csum_fold32((__u32)sum);
+}
+
+#define TCPOPT_MD5SIG 19
+#define TCPOPT_AO 29
+
+/* pb_tcp_opts_rejected says whether the TCP options at off, len bytes,
+ * hold a signature option (TCP-MD5, TCP-AO): a listener without the key
+ * drops such a SYN without an answer. */
+__noinline int pb_tcp_opts_rejected(struct xdp_md *ctx, __u32 off, __u32 len)
+{
+	struct scratch *sc = scratch();
+	if (!sc)
+		return 0;
+	__s32 n = len;
+	barrier_var(n);
+	if (n <= 0 || n > PB_SYN_MAX_OPTS)
+		return 0;
+	if (bpf_xdp_load_bytes(ctx, off, sc->buf, n))
+		return 0;
+	__u32 pos = 0;
+	for (int i = 0; i < PB_SYN_MAX_OPTS; i++) {
+		if (pos >= (__u32)n)
+			break;
+		__u8 kind = sc->buf[pos & 63];
+		if (kind == 0) /* end of options */
+			break;
+		if (kind == 1) { /* no-op */
+			pos++;
+			continue;
+		}
+		if (kind == TCPOPT_MD5SIG || kind == TCPOPT_AO)
+			return 1;
+		__u8 l = sc->buf[(pos + 1) & 63];
+		if (l < 2)
+			break;
+		pos += l;
+	}
+	return 0;
+}
+
+/* pb_reverse_path_ok applies the strict reverse-path rule (rp_filter=1)
+ * to the packet in ctx, an IPv4 (family PB_AF_INET) or IPv6 one: the node's
+ * route back to its source leaves by the interface it arrived on, or by
+ * that interface's master (a bridged pod is routed through the bridge). A
+ * pod cannot pass it with another's address unless the two share a
+ * segment. Where the lookup fails (no route, forwarding off) it fails. */
+__noinline int pb_reverse_path_ok(struct xdp_md *ctx, __u32 family)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 ifindex = ctx->ingress_ifindex;
+	struct scratch *sc = scratch();
+	if (!sc)
+		return 0;
+	struct bpf_fib_lookup *fib = (void *)sc->fib;
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->ifindex = ifindex;
+	if (family == PB_AF_INET6) {
+		struct pb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+		if ((void *)(ip6 + 1) > data_end)
+			return 0;
+		fib->family = AF_INET6;
+		__builtin_memcpy(fib->ipv6_src, &ip6->daddr, 16);
+		__builtin_memcpy(fib->ipv6_dst, &ip6->saddr, 16);
+	} else {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		if ((void *)(ip + 1) > data_end)
+			return 0;
+		fib->family = AF_INET;
+		fib->ipv4_src = ip->daddr;
+		fib->ipv4_dst = ip->saddr;
+	}
+	long rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return 0;
+	if (fib->ifindex == ifindex)
+		return 1;
+	struct iface *i = bpf_map_lookup_elem(&pb_ifaces, &ifindex);
+	return i && i->master && i->master == fib->ifindex;
+}
+
+/* seq_after: a is later than b in sequence space (RFC 793's modular
+ * compare). */
+static __always_inline int seq_after(__u32 a, __u32 b)
+{
+	return (__s32)(a - b) > 0;
 }
 
 /* parse_l4 checks the TCP or UDP header at l4, whose segment is l4len
@@ -221,6 +362,7 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *p, struct ethh
 	__u32 ext = r & 0xffff;
 	if (ext > PB_IPV6_MAX_EXT_BYTES)
 		return 1;
+	ext = ext_len(ext);
 	if ((r >> 16) == IPPROTO_ICMPV6)
 		return 2; /* see icmp6_error */
 	__u32 plen = be16_len(ip6->payload_len);
@@ -326,6 +468,53 @@ static __always_inline __u16 pkt_pseudo(const struct pkt *p, int dst, const unio
 	return pseudo_sum(sa, da, p->proto, p->l4len);
 }
 
+/* l4_csum_ok checks p's TCP or UDP checksum: 1 right, 0 wrong, -1 not
+ * checked (a segment over PB_CSUM_MAX bytes). On an interface where local
+ * senders leave the checksum to the device, the bare pseudo-header sum such
+ * a partial checksum holds is taken as right: XDP cannot tell it from a
+ * complete one that happens to hold the same value, but neither can the
+ * receiver, which finishes or trusts it likewise. */
+static __always_inline int l4_csum_ok(struct xdp_md *ctx, struct pkt *p)
+{
+	__u16 ps = pkt_pseudo(p, 0, 0);
+	if (*p->l4csum == ps && partial_iface(p->ifindex))
+		return 1;
+	if (p->proto == IPPROTO_UDP && *p->l4csum == 0 && p->family == PB_AF_INET)
+		return 1; /* no checksum */
+	int sum = pb_csum(ctx, (void *)p->ports - (void *)(long)ctx->data, p->l4len);
+	if (sum < 0)
+		return p->l4len > PB_CSUM_MAX ? -1 : 0;
+	return csum_fold32((__u32)sum + ps) == 0xffff;
+}
+
+/* syn_doomed says whether a client's SYN can never open a connection,
+ * whatever its backend's health: the stack or the backend drops it without
+ * an answer, and a timeout judged on it would be the client's doing, not
+ * the backend's. A SYN|FIN (Linux drops it); a TTL or hop limit that
+ * forwarding uses up; a bad IPv4 header or TCP checksum; a TCP-MD5 or
+ * TCP-AO option (a listener without the key drops the SYN). A SYN too long
+ * to check its checksum (data over PB_CSUM_MAX bytes) is not judged. */
+static __always_inline int syn_doomed(struct xdp_md *ctx, struct pkt *p)
+{
+	if (p->tcp_flags & TCP_FIN)
+		return 1;
+	void *data = (void *)(long)ctx->data;
+	if (p->family == PB_AF_INET6) {
+		if (p->ip6->hop_limit <= 1)
+			return 1;
+	} else {
+		if (p->ip->ttl <= 1)
+			return 1;
+		if (pb_csum(ctx, sizeof(struct ethhdr), p->ip->ihl * 4) != 0xffff)
+			return 1;
+	}
+	if (l4_csum_ok(ctx, p) == 0)
+		return 1;
+	struct tcphdr *tcp = (void *)p->ports;
+	__u32 opts = tcp->doff * 4 - sizeof(*tcp); /* parse: doff >= 5 */
+	return opts && pb_tcp_opts_rejected(ctx, (void *)(tcp + 1) - data, opts);
+}
+
 /* l4csum_replace updates the TCP/UDP checksum for a new source (dst 0) or
  * destination address and port.
  * A packet from a local sender on a veth usually carries only the
@@ -341,7 +530,7 @@ static __always_inline void l4csum_replace(struct pkt *p, int dst, const union a
 	/* A zero UDP checksum means "none" (IPv4); keep it that way. */
 	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
 		return;
-	if (*p->l4csum == pkt_pseudo(p, dst, 0) && bpf_map_lookup_elem(&pb_partial_ifaces, &p->ifindex)) {
+	if (*p->l4csum == pkt_pseudo(p, dst, 0) && partial_iface(p->ifindex)) {
 		p->partial = 1;
 		*p->l4csum = pkt_pseudo(p, dst, new_addr);
 		return;
@@ -396,28 +585,33 @@ static __always_inline void rewrite_src(struct pkt *p, const union addr *addr, _
 static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, struct global_stats *gs)
 {
 	__u32 k = 0;
-	struct config *cfg = bpf_map_lookup_elem(&pb_config, &k);
+	struct config *cfg = bpf_map_lookup_elem(&pb_config_v2, &k);
 	if (!cfg || !(cfg->flags & PB_CFG_REDIRECT))
 		goto pass;
 
-	struct bpf_fib_lookup fib = {};
-	fib.l4_protocol = p->proto;
-	fib.tot_len = p->len;
-	fib.ifindex = p->ifindex;
+	/* The lookup's parameters in the scratch: the stack has no room. */
+	struct scratch *sc = scratch();
+	if (!sc)
+		goto pass;
+	struct bpf_fib_lookup *fib = (void *)sc->fib;
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->l4_protocol = p->proto;
+	fib->tot_len = p->len;
+	fib->ifindex = p->ifindex;
 	if (p->family == PB_AF_INET6) {
-		fib.family = AF_INET6;
-		__builtin_memcpy(fib.ipv6_src, &p->ip6->saddr, 16);
-		__builtin_memcpy(fib.ipv6_dst, &p->ip6->daddr, 16);
+		fib->family = AF_INET6;
+		__builtin_memcpy(fib->ipv6_src, &p->ip6->saddr, 16);
+		__builtin_memcpy(fib->ipv6_dst, &p->ip6->daddr, 16);
 	} else {
-		fib.family = AF_INET;
-		fib.tos = p->ip->tos;
-		fib.ipv4_src = p->ip->saddr;
-		fib.ipv4_dst = p->ip->daddr;
+		fib->family = AF_INET;
+		fib->tos = p->ip->tos;
+		fib->ipv4_src = p->ip->saddr;
+		fib->ipv4_dst = p->ip->daddr;
 	}
 
-	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
+	if (bpf_fib_lookup(ctx, fib, sizeof(*fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
 		goto pass;
-	if (!bpf_map_lookup_elem(&pb_redirect, &fib.ifindex))
+	if (!bpf_map_lookup_elem(&pb_redirect, &fib->ifindex))
 		goto pass;
 	/* A redirected frame loses the skb's note that its checksum is still to
 	 * be finished; only the stack can carry a partial checksum on. */
@@ -435,11 +629,11 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, struct glo
 		ip->ttl--;
 		csum_replace2(&ip->check, old, *(__be16 *)&ip->ttl);
 	}
-	__builtin_memcpy(p->eth->h_dest, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(p->eth->h_source, fib.smac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, fib->smac, ETH_ALEN);
 	if (gs)
 		gs->redirected++;
-	return bpf_redirect_map(&pb_redirect, fib.ifindex, XDP_PASS);
+	return bpf_redirect_map(&pb_redirect, fib->ifindex, XDP_PASS);
 pass:
 	if (gs)
 		gs->passed_after_nat++;
@@ -583,7 +777,7 @@ static __always_inline __u32 scan_count(struct svc_value *svc)
  * list. avoid (0: none) is never picked while another active backend
  * exists: the backend a retried flow leaves. Only when nothing else is
  * found is the flow sent to the slot's backend anyway. */
-static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int may_probe,
+static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, __u32 seed, int may_probe,
 					__u32 avoid, struct pick *out, struct global_stats *gs)
 {
 	__u32 size = svc->table_size;
@@ -619,7 +813,7 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, int m
 
 #pragma unroll
 	for (__u32 i = 1; i <= PB_STEER_TRIES; i++) {
-		alt = table_lookup(&pb_maglev, table_key(svc), jhash_3words(hash, i, 0, PB_HASH_SEED) % size,
+		alt = table_lookup(&pb_maglev, table_key(svc), jhash_3words(hash, i, 0, seed) % size,
 				   &alt_id, svc->id);
 		if (alt && alt->state == PB_BE_ACTIVE && alt_id != avoid)
 			goto steered;
@@ -777,12 +971,16 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 		return PB_OVER_LIMIT;
 	}
 
+	/* The hash's seed is the cluster's secret (pb_config_v2): a client
+	 * that knows the tables cannot pick its backend by its source port. */
+	struct config *cfg = config();
+	__u32 seed = PB_HASH_SEED ^ (cfg ? cfg->hash_seed : 0);
 	__u32 hash = jhash_3words(addr_fold(&fk->src, fk->family), addr_fold(&fk->dst, fk->family),
-				  ((__u32)fk->sport << 16) | fk->dport, PB_HASH_SEED ^ fk->proto);
+				  ((__u32)fk->sport << 16) | fk->dport, seed ^ fk->proto);
 	struct pick pk = {};
 	/* A retried client has been refused once: it is not our experiment. */
 	int may_probe = !midstream && !(ct_flags & PB_CT_RETRY);
-	if (pick_backend(svc, hash, may_probe, avoid, &pk, gs) < 0) {
+	if (pick_backend(svc, hash, seed, may_probe, avoid, &pk, gs) < 0) {
 		if (limited)
 			inflight_add(&pb_svc_inflight, svc->id, -1);
 		if (gs)
@@ -832,6 +1030,10 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	fv->backend_id = pk.id;
 	fv->created_ns = now;
 	fv->last_seen_ns = bpf_ktime_get_coarse_ns();
+	/* The ISN the backend's answers must acknowledge (see handle_reply). */
+	struct tcphdr *syn = (void *)p->ports;
+	if (p->proto == IPPROTO_TCP && !midstream && (void *)(syn + 1) <= p->end)
+		fv->client_isn = bpf_ntohl(syn->seq);
 
 	/* The reverse entry is built in the per-CPU scratch: the stack
 	 * (512 bytes for the whole inlined program) has no room for it. */
@@ -850,16 +1052,16 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 		 * stays, marked, so a late SYN-ACK is reported (it answered, late:
 		 * no timeout) and kept from the client. The slot went with the
 		 * flow. */
-		struct ct_value *o = bpf_map_lookup_elem(&pb_ct, old_rev);
+		struct ct_value *o = bpf_map_lookup_elem(&pb_ct_v2, old_rev);
 		if (o) {
 			__sync_fetch_and_and(&o->flags, ~PB_CT_COUNTED);
 			__sync_fetch_and_or(&o->flags, PB_CT_MOVED);
 		}
 	} else if (old_rev) {
-		bpf_map_delete_elem(&pb_ct, old_rev);
+		bpf_map_delete_elem(&pb_ct_v2, old_rev);
 	}
-	if (bpf_map_update_elem(&pb_ct, fk, fv, BPF_ANY) ||
-	    bpf_map_update_elem(&pb_ct, rk, rv, BPF_ANY)) {
+	if (bpf_map_update_elem(&pb_ct_v2, fk, fv, BPF_ANY) ||
+	    bpf_map_update_elem(&pb_ct_v2, rk, rv, BPF_ANY)) {
 		if (gs)
 			gs->ct_create_failed++;
 	}
@@ -951,6 +1153,10 @@ static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
 		return;
 	if (old & PB_CT_COUNTED)
 		release(fk);
+	/* A void end (PB_EVF_VOID) is no verdict, and the agent must hear of
+	 * it, or its deadline would judge the flow. */
+	if (ev_flags & PB_EVF_VOID)
+		goto report;
 	/* A clean end of an established flow is a success for every settle
 	 * rule (a client's RST is the client's doing, not the backend's). */
 	if ((old & PB_CT_ESTABLISHED) && !(old & PB_CT_MIDSTREAM))
@@ -960,6 +1166,7 @@ static __always_inline void close_flow(struct ct_value *rv, __u8 ev_flags,
 	if ((old & PB_CT_QUIET_END) && (old & PB_CT_ESTABLISHED) &&
 	    (old & (PB_CT_QUIET_DATA | PB_CT_BACKEND_DATA)))
 		return;
+report:
 	emit(PB_EV_FLOW_END, ev_flags, rv->svc_id, rv->backend_id, &fk->src, fk->family, fk->sport, gs);
 }
 
@@ -1042,6 +1249,41 @@ static __always_inline int syn_guard_drops(const struct ct_key *fk)
 	return 0;
 }
 
+/* client_rst_ok says whether a client's RST resets the backend's end of
+ * flow rv, so the flow may end and give its breaker slot back: RFC 5961 3.2
+ * resets only on the sequence number the backend expects next, its last
+ * acknowledgment (before it answered, the client's ISN plus one); any
+ * other RST in the window earns a challenge ACK, which a client whose
+ * socket is gone answers with the exact RST, and one outside is dropped. A
+ * flow picked up midstream before the backend acknowledged anything is
+ * taken at its word, as before: nothing is known of its sequence. */
+static __always_inline int client_rst_ok(const struct ct_value *rv, __u32 seq)
+{
+	__u32 cur = rv->flags;
+	if (cur & PB_CT_ACK_SEEN)
+		return seq == rv->backend_ack;
+	if (cur & PB_CT_MIDSTREAM)
+		return 1;
+	return seq == rv->client_isn + 1;
+}
+
+/* client_acked judges the client's first segment after the backend's
+ * SYN-ACK: a reset from the backend counts only if that segment
+ * acknowledged the SYN-ACK (PB_CT_ACK_OK); otherwise the backend answered
+ * the client's own mistake. Returns whether it judged (the SYN-ACK was
+ * seen). */
+static __always_inline int client_acked(struct pkt *p, struct ct_value *rv)
+{
+	__u32 cur = rv->flags;
+	if (!(cur & PB_CT_ESTABLISHED))
+		return 0;
+	struct tcphdr *tcp = (void *)p->ports;
+	if ((p->tcp_flags & TCP_ACK) && !(cur & PB_CT_MIDSTREAM) && (void *)(tcp + 1) <= p->end &&
+	    bpf_ntohl(tcp->ack_seq) == rv->backend_isn + 1)
+		__sync_fetch_and_or(&rv->flags, PB_CT_ACK_OK);
+	return 1;
+}
+
 /* client_control handles SYN, FIN and RST from the client on a known flow.
  * Returns 0 to forward with *fv, or new_flow's refusal. */
 static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
@@ -1050,18 +1292,31 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 {
 	struct ct_key rk = {};
 	rev_key(&rk, fk, fv);
-	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &rk);
+	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct_v2, &rk);
 	__u8 f = p->tcp_flags;
+	struct tcphdr *tcp = (void *)p->ports;
+	if ((void *)(tcp + 1) > p->end)
+		return 0;
+	__u32 seq = bpf_ntohl(tcp->seq);
 
 	if (f & TCP_RST) {
-		if (rv)
+		if (rv) {
+			if (!client_rst_ok(rv, seq)) {
+				/* Forwarded: the backend decides, and the flow
+				 * keeps its slot while it lives. */
+				if (gs)
+					gs->client_rst_ignored++;
+				return 0;
+			}
 			close_flow(rv, PB_EVF_CLIENT, fk, gs);
-		else if (fv->flags & PB_CT_COUNTED)
+		} else if (fv->flags & PB_CT_COUNTED) {
 			release(fk); /* reverse half evicted: nobody else will */
+		}
 		return 0;
 	}
 	if (f & TCP_FIN) {
 		if (rv) {
+			client_acked(p, rv); /* a FIN may complete the handshake too */
 			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_FWD);
 			if ((old & PB_CT_FIN_REV) && !(old & PB_CT_CLOSED))
 				close_flow(rv, PB_EVF_CLIENT, fk, gs);
@@ -1115,8 +1370,21 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 		goto again;
 	}
 
-	/* ...otherwise the client is retransmitting its SYN: the backend has not
-	 * answered within the client's retransmission timeout. Report it once. */
+	/* ...otherwise the client sends its SYN again. Its retransmission (the
+	 * same ISN, at least syn_retrans_min_ns after the first) says the
+	 * backend has not answered within the client's retransmission timeout.
+	 * An earlier copy is a duplicate (the network's or a client's own), and
+	 * a SYN with another ISN another attempt on the tuple, which the
+	 * backend answers with a challenge ACK: both go on to the backend and
+	 * decide nothing. */
+	struct config *cfg = config();
+	__u64 min_age = cfg && cfg->syn_retrans_min_ns ? cfg->syn_retrans_min_ns : PB_SYN_RETRANS_MIN_NS;
+	if (seq != fv->client_isn || bpf_ktime_get_ns() - fv->created_ns < min_age) {
+		if (gs)
+			gs->syn_duplicate++;
+		return 0;
+	}
+	/* The backend has not answered: report it once. */
 	__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_TIMEOUT_SEEN);
 	if (!(old & PB_CT_TIMEOUT_SEEN))
 		emit(PB_EV_SYN_RETRANS, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, fv->svc_id,
@@ -1169,8 +1437,9 @@ static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct glob
 	struct tcphdr *tcp = (void *)p->ports;
 	if ((void *)(tcp + 1) > p->end)
 		return XDP_DROP;
-	/* SEG.SEQ + SEG.LEN: the SYN, the payload, and a FIN if any. */
-	__u32 ack = bpf_ntohl(tcp->seq) + 1 + p->payload + !!(p->tcp_flags & TCP_FIN);
+	/* SEG.SEQ + SEG.LEN: the SYN and the payload (a SYN|FIN never gets
+	 * here: syn_doomed passes it on). */
+	__u32 ack = bpf_ntohl(tcp->seq) + 1 + p->payload;
 
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -1279,27 +1548,41 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 				       struct ct_value *ct, struct global_stats *gs)
 {
 	/* The client completed the handshake: an established flow for the
-	 * reaper's timeouts (a SYN-ACK alone does not make one). */
-	if (unlikely(!(ct->flags & PB_CT_CLIENT_ACKED)))
-		__sync_fetch_and_or(&ct->flags, PB_CT_CLIENT_ACKED);
+	 * reaper's timeouts (a SYN-ACK alone does not make one), and its ACK
+	 * is judged (client_acked) once the SYN-ACK it answers was seen. */
+	if (unlikely(!(ct->flags & PB_CT_CLIENT_ACKED))) {
+		int judged = 1;
+		struct scratch *sc = scratch();
+		if (p->proto == IPPROTO_TCP && sc) {
+			rev_key(&sc->rk, fk, ct);
+			struct ct_value *rv = bpf_map_lookup_elem(&pb_ct_v2, &sc->rk);
+			if (rv)
+				judged = client_acked(p, rv);
+		}
+		if (judged)
+			__sync_fetch_and_or(&ct->flags, PB_CT_CLIENT_ACKED);
+	}
 	__u64 now = bpf_ktime_get_coarse_ns();
 	/* Refresh at most once a second: keeps the line clean. Then also make
 	 * sure the reverse half is there: the LRU may have evicted it, and
 	 * without it replies are not reverse-NATed and the flow's end is
-	 * never seen. */
+	 * never seen. Built in the scratch: the stack has no room for it. */
 	if (now - ct->last_seen_ns > 1000000000ULL) {
 		ct->last_seen_ns = now;
-		struct ct_value fv = *ct;
-		struct ct_key rk = {};
-		rev_key(&rk, fk, &fv);
-		if (!bpf_map_lookup_elem(&pb_ct, &rk)) {
-			struct ct_value rv = fv;
-			rv.nat_addr = fk->dst;
-			rv.nat_port = fk->dport;
-			rv.flags = (fv.flags & (PB_CT_COUNTED | PB_CT_PROBE)) | PB_CT_ESTABLISHED |
-				   PB_CT_MIDSTREAM;
-			rv.last_seen_ns = now;
-			bpf_map_update_elem(&pb_ct, &rk, &rv, BPF_NOEXIST);
+		struct scratch *sc = scratch();
+		if (sc) {
+			rev_key(&sc->rk, fk, ct);
+			if (!bpf_map_lookup_elem(&pb_ct_v2, &sc->rk)) {
+				struct ct_value *rv = &sc->rv;
+				*rv = *ct;
+				rv->nat_addr = fk->dst;
+				rv->nat_port = fk->dport;
+				rv->flags = (ct->flags & (PB_CT_COUNTED | PB_CT_PROBE)) | PB_CT_ESTABLISHED |
+					    PB_CT_MIDSTREAM;
+				rv->last_seen_ns = now;
+				rv->reply_ifindex = 0;
+				bpf_map_update_elem(&pb_ct_v2, &sc->rk, rv, BPF_NOEXIST);
+			}
 		}
 	}
 	return to_backend(ctx, p, &ct->nat_addr, ct->nat_port, ct->svc_id, ct->backend_id, gs);
@@ -1398,16 +1681,25 @@ static __always_inline __u32 replay_move_off(struct xdp_md *ctx)
 static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, struct svc_value *svcp,
 				     struct ct_key *fk, struct ct_value *ct)
 {
-	/* A copy: the agent flips tables by rewriting this value. */
-	struct svc_value copy = *svcp;
-	struct svc_value *svc = &copy;
 	struct global_stats *gs = gstats();
 	__u32 move_off = replay_move_off(ctx);
 	struct scratch *sc = scratch();
 	if (!sc)
 		return XDP_PASS;
+	/* A copy: the agent flips tables by rewriting this value. */
+	struct svc_value *svc = &sc->svc;
+	*svc = *svcp;
 	struct ct_value *fv = &sc->fv;
 	int rc;
+	/* A SYN the backend could not accept is not its to answer: it passes
+	 * as it came (the stack or the backend drops it), and no flow or
+	 * verdict starts on it. The agent's replays are rebuilt whole. */
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN &&
+	    !replay_meta(ctx) && syn_doomed(ctx, p)) {
+		if (gs)
+			gs->syn_doomed++;
+		return XDP_PASS;
+	}
 	if (ct) {
 		*fv = *ct;
 		rc = client_control(p, svc, fk, fv, move_off, gs);
@@ -1432,47 +1724,129 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	return to_backend(ctx, p, &fv->nat_addr, fv->nat_port, fv->svc_id, fv->backend_id, gs);
 }
 
+/* reply_side_ok says whether a reply of flow rv arrived where the node
+ * routes its backend (pb_reverse_path_ok), unless the check is off: what
+ * arrives from elsewhere carries another sender's claim, not the
+ * backend's. The interface that passed is kept in the flow, so the route
+ * is looked up once per flow, not per packet. */
+static __always_inline int reply_side_ok(struct xdp_md *ctx, __u32 ifindex, __u32 family, struct ct_value *rv)
+{
+	if (rv->reply_ifindex == ifindex)
+		return 1;
+	struct config *cfg = config();
+	if (cfg && (cfg->flags & PB_CFG_RPF) && !pb_reverse_path_ok(ctx, family))
+		return 0;
+	rv->reply_ifindex = ifindex;
+	return 1;
+}
+
 /* handle_reply reverse-NATs a backend's reply and turns its TCP flags into
- * outcome events. Returns -1 when the packet belongs to no flow of ours. */
+ * outcome events. Returns -1 when the packet belongs to no flow of ours, or
+ * comes from where no reply of the flow can (it passes unchanged).
+ *
+ * Evidence no client can forge: a reply decides something only if the
+ * backend alone could have sent it, about a connection the client conducted
+ * right. It must arrive on the backend's side of the node (reply_side_ok);
+ * a RST or SYN-ACK must carry a right checksum (a receiver drops it
+ * otherwise); a SYN-ACK and a refusal must acknowledge the client's SYN
+ * (ISN + 1), and a reset after the SYN-ACK counts only if the client's
+ * handshake ACK acknowledged the backend's (PB_CT_ACK_OK): a backend resets
+ * a half-open connection whose client sends a wrong ACK, as RFC 9293 says
+ * it must. What fails is forwarded as it is, and decides nothing. */
 static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 					struct global_stats *gs)
 {
-	struct ct_key rk = {};
-	pkt_addrs(p, &rk.src, &rk.dst);
-	rk.sport = p->ports[0];
-	rk.dport = p->ports[1];
-	rk.proto = p->proto;
-	rk.dir = PB_DIR_REV;
-	rk.family = p->family;
+	/* Keys in the scratch: the stack has no room for them. */
+	struct scratch *sc = scratch();
+	if (!sc)
+		return -1;
+	struct ct_key *rk = &sc->rk;
+	__builtin_memset(rk, 0, sizeof(*rk));
+	pkt_addrs(p, &rk->src, &rk->dst);
+	rk->sport = p->ports[0];
+	rk->dport = p->ports[1];
+	rk->proto = p->proto;
+	rk->dir = PB_DIR_REV;
+	rk->family = p->family;
 
-	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &rk);
+	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct_v2, rk);
 	if (!rv)
 		return -1;
-	if (rv->flags & PB_CT_MOVED) {
-		/* The backend the flow was moved off answers after all: that is
-		 * its answer to the agent (late, not a timeout); the client has
-		 * its connection with another backend, so nothing goes on. */
-		if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK)) {
-			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
-			if (!(old & PB_CT_ESTABLISHED))
-				emit(PB_EV_ESTABLISHED, 0, rv->svc_id, rv->backend_id, &rk.dst, rk.family, rk.dport, gs);
-		}
-		return XDP_DROP;
+	if (!reply_side_ok(ctx, p->ifindex, p->family, rv)) {
+		if (gs)
+			gs->reply_wrong_side++;
+		return -1;
 	}
 
 	if (p->proto == IPPROTO_TCP) {
 		__u8 f = p->tcp_flags;
+		struct tcphdr *tcp = (void *)p->ports;
+		if ((void *)(tcp + 1) > p->end)
+			return -1;
+		__u32 seq = bpf_ntohl(tcp->seq), ack = bpf_ntohl(tcp->ack_seq);
+		int synack = (f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK);
+		if ((f & TCP_RST) || synack) {
+			if (l4_csum_ok(ctx, p) != 1) {
+				if (gs)
+					gs->reply_bad_checksum++;
+				goto nat;
+			}
+		}
+		/* The backend's acknowledgment: what a client's RST must carry
+		 * (client_rst_ok). */
+		if ((f & TCP_ACK) && (!(rv->flags & PB_CT_ACK_SEEN) || seq_after(ack, rv->backend_ack))) {
+			rv->backend_ack = ack;
+			if (!(rv->flags & PB_CT_ACK_SEEN))
+				__sync_fetch_and_or(&rv->flags, PB_CT_ACK_SEEN);
+		}
+		/* A SYN-ACK that does not acknowledge the client's SYN is not
+		 * its answer: the client's stack refuses it too. */
+		if (synack && !(rv->flags & PB_CT_ESTABLISHED) && !(rv->flags & PB_CT_MIDSTREAM) &&
+		    ack != rv->client_isn + 1) {
+			if (gs)
+				gs->reply_unacked++;
+			goto nat;
+		}
+		if (rv->flags & PB_CT_MOVED) {
+			/* The backend the flow was moved off answers after all:
+			 * that is its answer to the agent (late, not a timeout); the
+			 * client has its connection with another backend, so nothing
+			 * goes on. */
+			if (synack) {
+				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
+				if (!(old & PB_CT_ESTABLISHED))
+					emit(PB_EV_ESTABLISHED, 0, rv->svc_id, rv->backend_id, &rk->dst, rk->family, rk->dport, gs);
+			}
+			return XDP_DROP;
+		}
 		/* The forward key, as the client sent it. */
-		struct ct_key fk = {};
-		fk.src = rk.dst;
-		fk.dst = rv->nat_addr;
-		fk.sport = rk.dport;
-		fk.dport = rv->nat_port;
-		fk.proto = rk.proto;
-		fk.dir = PB_DIR_FWD;
-		fk.family = rk.family;
+		struct ct_key *fkp = &sc->fk;
+		__builtin_memset(fkp, 0, sizeof(*fkp));
+		fkp->src = rk->dst;
+		fkp->dst = rv->nat_addr;
+		fkp->sport = rk->dport;
+		fkp->dport = rv->nat_port;
+		fkp->proto = rk->proto;
+		fkp->dir = PB_DIR_FWD;
+		fkp->family = rk->family;
 
 		if (f & TCP_RST) {
+			__u32 cur = rv->flags;
+			if (!(cur & PB_CT_MIDSTREAM)) {
+				int valid = (cur & PB_CT_ESTABLISHED) ? !!(cur & PB_CT_ACK_OK)
+								       : (f & TCP_ACK) && ack == rv->client_isn + 1;
+				if (!valid) {
+					if (gs)
+						gs->reply_unacked++;
+					/* After the SYN-ACK, the backend dropped the half-open
+					 * connection the client's wrong ACK was answered for: the
+					 * flow ends without a verdict. Before it, the RST is not
+					 * about the client's SYN, which the backend still holds. */
+					if (cur & PB_CT_ESTABLISHED)
+						close_flow(rv, PB_EVF_VOID, fkp, gs);
+					goto nat;
+				}
+			}
 			/* A refused probe is our experiment on a real client: it
 			 * failed, the client need not. With retryRefused any
 			 * refused flow gets the same. The RST is kept from the
@@ -1482,7 +1856,6 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			 * (ESTABLISHED is checked again below), so the decision
 			 * goes in with CLOSED, in one atomic update. */
 			__u32 set = PB_CT_CLOSED;
-			__u32 cur = rv->flags;
 			if ((cur & (PB_CT_PROBE | PB_CT_RETRYABLE)) &&
 			    !(cur & (PB_CT_ESTABLISHED | PB_CT_MIDSTREAM | PB_CT_RETRY)))
 				set |= PB_CT_RESCUED;
@@ -1500,7 +1873,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			} else {
 				int rescue = 0;
 				if (old & PB_CT_COUNTED)
-					release(&fk);
+					release(fkp);
 				__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
 				if (old & PB_CT_MIDSTREAM) {
 					/* picked up without its handshake: not an outcome */
@@ -1509,11 +1882,11 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 							   rv->created_ns);
 					if (set & PB_CT_RESCUED) {
 						rescue = (old & PB_CT_PROBE) ? 1 : 2;
-						if (syn_kept(p, &fk))
+						if (syn_kept(p, fkp))
 							evf |= PB_EVF_RESCUED;
 					}
 					emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id,
-					     &fk.src, fk.family, fk.sport, gs);
+					     &fkp->src, fkp->family, fkp->sport, gs);
 				} else {
 					if (old & PB_CT_BACKEND_DATA)
 						evf |= PB_EVF_BACKEND_DATA;
@@ -1522,7 +1895,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 										      : PB_TRIP_RESET,
 							   rv->created_ns);
 					emit(PB_EV_RESET, evf, rv->svc_id, rv->backend_id,
-					     &fk.src, fk.family, fk.sport, gs);
+					     &fkp->src, fkp->family, fkp->sport, gs);
 				}
 				/* No FLOW_END: the REFUSED or RESET just sent is the
 				 * verdict, and a flow picked up midstream has none. */
@@ -1540,8 +1913,11 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				}
 			}
 		} else {
-			if ((f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
-			    !(rv->flags & PB_CT_ESTABLISHED)) {
+			if (synack && !(rv->flags & PB_CT_ESTABLISHED)) {
+				/* Kept before ESTABLISHED is set: the client's ACK is
+				 * judged against it once ESTABLISHED is seen
+				 * (client_acked). */
+				rv->backend_isn = seq;
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
 				if (!(old & (PB_CT_ESTABLISHED | PB_CT_CLOSED))) {
 					/* QUIET_DATA: the SYN-ACK is the success. */
@@ -1549,7 +1925,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 						streak_over(rv->backend_id);
 					emit(PB_EV_ESTABLISHED,
 					     (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
-					     rv->backend_id, &fk.src, fk.family, fk.sport, gs);
+					     rv->backend_id, &fkp->src, fkp->family, fkp->sport, gs);
 				}
 			}
 			/* The first payload byte settles a connection as working: a reset
@@ -1559,22 +1935,24 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				/* Any flow's, midstream too: a backend sends payload
 				 * only on a connection it accepted. */
 				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED)))
-					trust_source(&fk.src, fk.family);
+					trust_source(&fkp->src, fkp->family);
 				if (!(old & (PB_CT_BACKEND_DATA | PB_CT_CLOSED | PB_CT_MIDSTREAM | PB_CT_QUIET_DATA))) {
 					/* QUIET_END without QUIET_DATA: the first data is
 					 * the success (a reset before it is a failure). */
 					if (old & PB_CT_QUIET_END)
 						streak_over(rv->backend_id);
 					emit(PB_EV_FIRST_DATA, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0,
-					     rv->svc_id, rv->backend_id, &fk.src, fk.family, fk.sport, gs);
+					     rv->svc_id, rv->backend_id, &fkp->src, fkp->family, fkp->sport, gs);
 				}
 			}
 			if (f & TCP_FIN) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_REV);
 				if ((old & PB_CT_FIN_FWD) && !(old & PB_CT_CLOSED))
-					close_flow(rv, 0, &fk, gs);
+					close_flow(rv, 0, fkp, gs);
 			}
 		}
+	} else if (rv->flags & PB_CT_MOVED) {
+		return XDP_DROP;
 	}
 
 	if (p->proto == IPPROTO_UDP && !(rv->flags & PB_CT_ESTABLISHED)) {
@@ -1583,10 +1961,11 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		if (!(old & (PB_CT_ESTABLISHED | PB_CT_CLOSED))) {
 			streak_over(rv->backend_id);
 			emit(PB_EV_ESTABLISHED, (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0, rv->svc_id,
-			     rv->backend_id, &rk.dst, rk.family, rk.dport, gs);
+			     rv->backend_id, &rk->dst, rk->family, rk->dport, gs);
 		}
 	}
 
+nat:;
 	__u64 now = bpf_ktime_get_coarse_ns();
 	if (now - rv->last_seen_ns > 1000000000ULL)
 		rv->last_seen_ns = now;
@@ -1645,13 +2024,13 @@ static __always_inline void udp_refused(struct ct_value *rv, const struct ct_key
 	fk.family = rk->family;
 	/* The forward entry only if it is still this flow's: the LRU may have
 	 * evicted it, and the tuple's next datagram made another flow's. */
-	struct ct_value *fv = bpf_map_lookup_elem(&pb_ct, &fk);
+	struct ct_value *fv = bpf_map_lookup_elem(&pb_ct_v2, &fk);
 	if (fv && fv->backend_id == rv->backend_id && fv->created_ns == rv->created_ns) {
 		if (old & PB_CT_COUNTED)
 			release(&fk);
-		bpf_map_delete_elem(&pb_ct, &fk);
+		bpf_map_delete_elem(&pb_ct_v2, &fk);
 	}
-	bpf_map_delete_elem(&pb_ct, rk);
+	bpf_map_delete_elem(&pb_ct_v2, rk);
 }
 
 /* An ICMP error (destination unreachable, time exceeded) quotes the packet
@@ -1772,7 +2151,7 @@ static __always_inline void outer_rewrite(struct iphdr *ip, int dst, __be32 addr
 	*a = addr;
 }
 
-static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *gs)
+static __always_inline int icmp_error(struct xdp_md *ctx, __u32 ifindex, struct global_stats *gs)
 {
 	struct icmp_quote q;
 	if (parse_icmp(ctx, &q))
@@ -1791,7 +2170,7 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 		fk.proto = in->protocol;
 		fk.dir = PB_DIR_FWD;
 		fk.family = PB_AF_INET;
-		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
+		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct_v2, &fk);
 		if (ct) {
 			__be32 be = ct->nat_addr.v4;
 			quote_rewrite(&q, 0, be, ct->nat_port);
@@ -1813,7 +2192,7 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 	rk.proto = in->protocol;
 	rk.dir = PB_DIR_REV;
 	rk.family = PB_AF_INET;
-	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &rk);
+	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct_v2, &rk);
 	if (!rv || (rv->flags & PB_CT_MOVED))
 		return XDP_PASS;
 	__be32 vip = rv->nat_addr.v4;
@@ -1821,9 +2200,21 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct global_stats *g
 	int from_backend = q.ip->saddr == in->daddr;
 	if (from_backend && in->protocol == IPPROTO_UDP && q.icmp->type == PB_ICMP_DEST_UNREACH &&
 	    q.icmp->code == PB_ICMP_PORT_UNREACH) {
-		union addr c = {}; /* all 16 bytes: it goes into a key */
-		c.v4 = in->saddr;
-		udp_refused(rv, &rk, &c, q.ports[0], gs);
+		/* A refusal only from the backend's side, and whole. */
+		if (!reply_side_ok(ctx, ifindex, PB_AF_INET, rv)) {
+			if (gs)
+				gs->reply_wrong_side++;
+			return XDP_PASS;
+		}
+		void *data = (void *)(long)ctx->data;
+		int sum = pb_csum(ctx, (void *)q.icmp - data, be16_len(q.ip->tot_len) - q.ip->ihl * 4);
+		if (sum == 0xffff) {
+			union addr c = {}; /* all 16 bytes: it goes into a key */
+			c.v4 = in->saddr;
+			udp_refused(rv, &rk, &c, q.ports[0], gs);
+		} else if (gs) {
+			gs->reply_bad_checksum++;
+		}
 	}
 	quote_rewrite(&q, 1, vip, vport);
 	if (from_backend)
@@ -1867,6 +2258,7 @@ static __always_inline int parse_icmp6(struct xdp_md *ctx, struct icmp6_quote *q
 	__u32 off = r & 0xffff;
 	if (off > PB_IPV6_MAX_EXT_BYTES)
 		return -1;
+	off = ext_len(off);
 	struct pb_icmphdr *icmp = (void *)(ip6 + 1) + off;
 	if ((void *)(icmp + 1) > data_end)
 		return -1;
@@ -1930,7 +2322,7 @@ static __always_inline void outer6_rewrite(struct icmp6_quote *q, int dst, const
 	}
 }
 
-static __always_inline int icmp6_error(struct xdp_md *ctx, struct global_stats *gs)
+static __always_inline int icmp6_error(struct xdp_md *ctx, __u32 ifindex, struct global_stats *gs)
 {
 	struct icmp6_quote q;
 	if (parse_icmp6(ctx, &q))
@@ -1947,7 +2339,7 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct global_stats *
 		k.sport = q.ports[1];
 		k.dport = q.ports[0];
 		k.dir = PB_DIR_FWD;
-		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &k);
+		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct_v2, &k);
 		if (ct && addr_eq(&q.ip6->daddr, &in->saddr)) {
 			quote6_rewrite(&q, 0, &ct->nat_addr, ct->nat_port);
 			outer6_rewrite(&q, 1, &ct->nat_addr);
@@ -1965,17 +2357,30 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct global_stats *
 	k.sport = q.ports[1];
 	k.dport = q.ports[0];
 	k.dir = PB_DIR_REV;
-	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct, &k);
+	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct_v2, &k);
 	if (!rv || (rv->flags & PB_CT_MOVED))
 		return XDP_PASS;
 	int from_backend = addr_eq(&q.ip6->saddr, &in->daddr);
 	if (from_backend && in->nexthdr == IPPROTO_UDP && q.icmp->type == PB_ICMP6_DEST_UNREACH &&
 	    q.icmp->code == PB_ICMP6_PORT_UNREACH) {
+		/* A refusal only from the backend's side, and whole (the
+		 * ICMPv6 checksum covers the outer addresses too). */
+		if (!reply_side_ok(ctx, ifindex, PB_AF_INET6, rv)) {
+			if (gs)
+				gs->reply_wrong_side++;
+			return XDP_PASS;
+		}
+		void *data = (void *)(long)ctx->data;
+		__u32 mlen = be16_len(q.ip6->payload_len) - ((void *)q.icmp - (void *)(q.ip6 + 1));
+		int sum = pb_csum(ctx, (void *)q.icmp - data, mlen);
 		/* The translation reads the VIP from the entry udp_refused
 		 * deletes: a copy first. */
 		union addr vip6 = rv->nat_addr;
 		__be16 vport6 = rv->nat_port;
-		udp_refused(rv, &k, &in->saddr, q.ports[0], gs);
+		if (sum >= 0 && csum_fold32((__u32)sum + pseudo_sum6(&q.ip6->saddr, &q.ip6->daddr, IPPROTO_ICMPV6, mlen)) == 0xffff)
+			udp_refused(rv, &k, &in->saddr, q.ports[0], gs);
+		else if (gs)
+			gs->reply_bad_checksum++;
 		quote6_rewrite(&q, 1, &vip6, vport6);
 		outer6_rewrite(&q, 0, &vip6);
 		if (gs)
@@ -2002,7 +2407,7 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 	p.family = family;
 	int rc = parse(ctx, &p, family);
 	if (rc == 2)
-		return family == PB_AF_INET6 ? icmp6_error(ctx, gstats()) : icmp_error(ctx, gstats());
+		return family == PB_AF_INET6 ? icmp6_error(ctx, ifindex, gstats()) : icmp_error(ctx, ifindex, gstats());
 	if (rc > 0)
 		return XDP_PASS;
 
@@ -2052,7 +2457,7 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 			if (svcp && !replay_meta(ctx) && syn_guard_drops(&fk))
 				return XDP_DROP;
 		}
-		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct, &fk);
+		struct ct_value *ct = bpf_map_lookup_elem(&pb_ct_v2, &fk);
 		int control = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST));
 		if (ct && !control)
 			return established(ctx, &p, &fk, ct, gstats());

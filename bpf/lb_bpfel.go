@@ -44,9 +44,10 @@ type LbBeTrip struct {
 }
 
 type LbConfig struct {
-	_     structs.HostLayout
-	Flags uint32
-	Pad   uint32
+	_               structs.HostLayout
+	Flags           uint32
+	HashSeed        uint32
+	SynRetransMinNs uint64
 }
 
 type LbCtKey struct {
@@ -73,13 +74,17 @@ type LbCtValue struct {
 		_     structs.HostLayout
 		Bytes [16]uint8
 	}
-	NatPort    uint16
-	Pad        uint16
-	Flags      uint32
-	SvcId      uint32
-	BackendId  uint32
-	CreatedNs  uint64
-	LastSeenNs uint64
+	NatPort      uint16
+	Pad          uint16
+	Flags        uint32
+	SvcId        uint32
+	BackendId    uint32
+	CreatedNs    uint64
+	LastSeenNs   uint64
+	ClientIsn    uint32
+	BackendIsn   uint32
+	BackendAck   uint32
+	ReplyIfindex uint32
 }
 
 type LbEndpointHealth struct {
@@ -141,6 +146,18 @@ type LbGlobalStats struct {
 	RefusedRescued    uint64
 	Retried           uint64
 	IcmpTranslated    uint64
+	SynDoomed         uint64
+	SynDuplicate      uint64
+	ReplyWrongSide    uint64
+	ReplyBadChecksum  uint64
+	ReplyUnacked      uint64
+	ClientRstIgnored  uint64
+}
+
+type LbIface struct {
+	_      structs.HostLayout
+	Flags  uint32
+	Master uint32
 }
 
 type LbInflight struct {
@@ -166,6 +183,7 @@ const (
 	LbPbEventFlagPB_EVF_CLIENT       LbPbEventFlag = 8
 	LbPbEventFlagPB_EVF_TRIPPED      LbPbEventFlag = 16
 	LbPbEventFlagPB_EVF_RESCUED      LbPbEventFlag = 32
+	LbPbEventFlagPB_EVF_VOID         LbPbEventFlag = 64
 )
 
 type LbPbEventType uint32
@@ -197,10 +215,15 @@ const (
 )
 
 type LbScratch struct {
-	_  structs.HostLayout
-	Rk LbCtKey
-	Rv LbCtValue
-	Fv LbCtValue
+	_   structs.HostLayout
+	Rk  LbCtKey
+	Rv  LbCtValue
+	Fv  LbCtValue
+	Fk  LbCtKey
+	Svc LbSvcValue
+	Fib [8]uint64
+	Buf [1028]uint8
+	_   [4]byte
 }
 
 type LbSrcKey struct {
@@ -314,20 +337,20 @@ const (
 	LbMapPbBeInflight       = "pb_be_inflight"
 	LbMapPbBeStats          = "pb_be_stats"
 	LbMapPbBeTrip           = "pb_be_trip"
-	LbMapPbConfig           = "pb_config"
-	LbMapPbCt               = "pb_ct"
+	LbMapPbConfigV2         = "pb_config_v2"
+	LbMapPbCtV2             = "pb_ct_v2"
 	LbMapPbEvents           = "pb_events"
 	LbMapPbFlows            = "pb_flows"
 	LbMapPbHealth           = "pb_health"
+	LbMapPbIfaces           = "pb_ifaces"
 	LbMapPbMaglev           = "pb_maglev"
 	LbMapPbMaglevFb         = "pb_maglev_fb"
-	LbMapPbPartialIfaces    = "pb_partial_ifaces"
 	LbMapPbPorts            = "pb_ports"
 	LbMapPbRedirect         = "pb_redirect"
 	LbMapPbScratch          = "pb_scratch"
 	LbMapPbServices         = "pb_services"
 	LbMapPbSrcTrust         = "pb_src_trust"
-	LbMapPbStats            = "pb_stats"
+	LbMapPbStatsV2          = "pb_stats_v2"
 	LbMapPbSvcBackends      = "pb_svc_backends"
 	LbMapPbSvcInflight      = "pb_svc_inflight"
 	LbMapPbSvcStats         = "pb_svc_stats"
@@ -394,32 +417,32 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
-	PbBackends      *ebpf.MapSpec `ebpf:"pb_backends"`
-	PbBeInflight    *ebpf.MapSpec `ebpf:"pb_be_inflight"`
-	PbBeStats       *ebpf.MapSpec `ebpf:"pb_be_stats"`
-	PbBeTrip        *ebpf.MapSpec `ebpf:"pb_be_trip"`
-	PbConfig        *ebpf.MapSpec `ebpf:"pb_config"`
-	PbCt            *ebpf.MapSpec `ebpf:"pb_ct"`
-	PbEvents        *ebpf.MapSpec `ebpf:"pb_events"`
-	PbFlows         *ebpf.MapSpec `ebpf:"pb_flows"`
-	PbHealth        *ebpf.MapSpec `ebpf:"pb_health"`
-	PbMaglev        *ebpf.MapSpec `ebpf:"pb_maglev"`
-	PbMaglevFb      *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
-	PbPartialIfaces *ebpf.MapSpec `ebpf:"pb_partial_ifaces"`
-	PbPorts         *ebpf.MapSpec `ebpf:"pb_ports"`
-	PbRedirect      *ebpf.MapSpec `ebpf:"pb_redirect"`
-	PbScratch       *ebpf.MapSpec `ebpf:"pb_scratch"`
-	PbServices      *ebpf.MapSpec `ebpf:"pb_services"`
-	PbSrcTrust      *ebpf.MapSpec `ebpf:"pb_src_trust"`
-	PbStats         *ebpf.MapSpec `ebpf:"pb_stats"`
-	PbSvcBackends   *ebpf.MapSpec `ebpf:"pb_svc_backends"`
-	PbSvcInflight   *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
-	PbSvcStats      *ebpf.MapSpec `ebpf:"pb_svc_stats"`
-	PbSvcTrip       *ebpf.MapSpec `ebpf:"pb_svc_trip"`
-	PbSynGuard      *ebpf.MapSpec `ebpf:"pb_syn_guard"`
-	PbSynGuardCpu   *ebpf.MapSpec `ebpf:"pb_syn_guard_cpu"`
-	PbSynsV2        *ebpf.MapSpec `ebpf:"pb_syns_v2"`
-	PbVipSlots      *ebpf.MapSpec `ebpf:"pb_vip_slots"`
+	PbBackends    *ebpf.MapSpec `ebpf:"pb_backends"`
+	PbBeInflight  *ebpf.MapSpec `ebpf:"pb_be_inflight"`
+	PbBeStats     *ebpf.MapSpec `ebpf:"pb_be_stats"`
+	PbBeTrip      *ebpf.MapSpec `ebpf:"pb_be_trip"`
+	PbConfigV2    *ebpf.MapSpec `ebpf:"pb_config_v2"`
+	PbCtV2        *ebpf.MapSpec `ebpf:"pb_ct_v2"`
+	PbEvents      *ebpf.MapSpec `ebpf:"pb_events"`
+	PbFlows       *ebpf.MapSpec `ebpf:"pb_flows"`
+	PbHealth      *ebpf.MapSpec `ebpf:"pb_health"`
+	PbIfaces      *ebpf.MapSpec `ebpf:"pb_ifaces"`
+	PbMaglev      *ebpf.MapSpec `ebpf:"pb_maglev"`
+	PbMaglevFb    *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
+	PbPorts       *ebpf.MapSpec `ebpf:"pb_ports"`
+	PbRedirect    *ebpf.MapSpec `ebpf:"pb_redirect"`
+	PbScratch     *ebpf.MapSpec `ebpf:"pb_scratch"`
+	PbServices    *ebpf.MapSpec `ebpf:"pb_services"`
+	PbSrcTrust    *ebpf.MapSpec `ebpf:"pb_src_trust"`
+	PbStatsV2     *ebpf.MapSpec `ebpf:"pb_stats_v2"`
+	PbSvcBackends *ebpf.MapSpec `ebpf:"pb_svc_backends"`
+	PbSvcInflight *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
+	PbSvcStats    *ebpf.MapSpec `ebpf:"pb_svc_stats"`
+	PbSvcTrip     *ebpf.MapSpec `ebpf:"pb_svc_trip"`
+	PbSynGuard    *ebpf.MapSpec `ebpf:"pb_syn_guard"`
+	PbSynGuardCpu *ebpf.MapSpec `ebpf:"pb_syn_guard_cpu"`
+	PbSynsV2      *ebpf.MapSpec `ebpf:"pb_syns_v2"`
+	PbVipSlots    *ebpf.MapSpec `ebpf:"pb_vip_slots"`
 }
 
 // LbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -454,32 +477,32 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
-	PbBackends      *ebpf.Map `ebpf:"pb_backends"`
-	PbBeInflight    *ebpf.Map `ebpf:"pb_be_inflight"`
-	PbBeStats       *ebpf.Map `ebpf:"pb_be_stats"`
-	PbBeTrip        *ebpf.Map `ebpf:"pb_be_trip"`
-	PbConfig        *ebpf.Map `ebpf:"pb_config"`
-	PbCt            *ebpf.Map `ebpf:"pb_ct"`
-	PbEvents        *ebpf.Map `ebpf:"pb_events"`
-	PbFlows         *ebpf.Map `ebpf:"pb_flows"`
-	PbHealth        *ebpf.Map `ebpf:"pb_health"`
-	PbMaglev        *ebpf.Map `ebpf:"pb_maglev"`
-	PbMaglevFb      *ebpf.Map `ebpf:"pb_maglev_fb"`
-	PbPartialIfaces *ebpf.Map `ebpf:"pb_partial_ifaces"`
-	PbPorts         *ebpf.Map `ebpf:"pb_ports"`
-	PbRedirect      *ebpf.Map `ebpf:"pb_redirect"`
-	PbScratch       *ebpf.Map `ebpf:"pb_scratch"`
-	PbServices      *ebpf.Map `ebpf:"pb_services"`
-	PbSrcTrust      *ebpf.Map `ebpf:"pb_src_trust"`
-	PbStats         *ebpf.Map `ebpf:"pb_stats"`
-	PbSvcBackends   *ebpf.Map `ebpf:"pb_svc_backends"`
-	PbSvcInflight   *ebpf.Map `ebpf:"pb_svc_inflight"`
-	PbSvcStats      *ebpf.Map `ebpf:"pb_svc_stats"`
-	PbSvcTrip       *ebpf.Map `ebpf:"pb_svc_trip"`
-	PbSynGuard      *ebpf.Map `ebpf:"pb_syn_guard"`
-	PbSynGuardCpu   *ebpf.Map `ebpf:"pb_syn_guard_cpu"`
-	PbSynsV2        *ebpf.Map `ebpf:"pb_syns_v2"`
-	PbVipSlots      *ebpf.Map `ebpf:"pb_vip_slots"`
+	PbBackends    *ebpf.Map `ebpf:"pb_backends"`
+	PbBeInflight  *ebpf.Map `ebpf:"pb_be_inflight"`
+	PbBeStats     *ebpf.Map `ebpf:"pb_be_stats"`
+	PbBeTrip      *ebpf.Map `ebpf:"pb_be_trip"`
+	PbConfigV2    *ebpf.Map `ebpf:"pb_config_v2"`
+	PbCtV2        *ebpf.Map `ebpf:"pb_ct_v2"`
+	PbEvents      *ebpf.Map `ebpf:"pb_events"`
+	PbFlows       *ebpf.Map `ebpf:"pb_flows"`
+	PbHealth      *ebpf.Map `ebpf:"pb_health"`
+	PbIfaces      *ebpf.Map `ebpf:"pb_ifaces"`
+	PbMaglev      *ebpf.Map `ebpf:"pb_maglev"`
+	PbMaglevFb    *ebpf.Map `ebpf:"pb_maglev_fb"`
+	PbPorts       *ebpf.Map `ebpf:"pb_ports"`
+	PbRedirect    *ebpf.Map `ebpf:"pb_redirect"`
+	PbScratch     *ebpf.Map `ebpf:"pb_scratch"`
+	PbServices    *ebpf.Map `ebpf:"pb_services"`
+	PbSrcTrust    *ebpf.Map `ebpf:"pb_src_trust"`
+	PbStatsV2     *ebpf.Map `ebpf:"pb_stats_v2"`
+	PbSvcBackends *ebpf.Map `ebpf:"pb_svc_backends"`
+	PbSvcInflight *ebpf.Map `ebpf:"pb_svc_inflight"`
+	PbSvcStats    *ebpf.Map `ebpf:"pb_svc_stats"`
+	PbSvcTrip     *ebpf.Map `ebpf:"pb_svc_trip"`
+	PbSynGuard    *ebpf.Map `ebpf:"pb_syn_guard"`
+	PbSynGuardCpu *ebpf.Map `ebpf:"pb_syn_guard_cpu"`
+	PbSynsV2      *ebpf.Map `ebpf:"pb_syns_v2"`
+	PbVipSlots    *ebpf.Map `ebpf:"pb_vip_slots"`
 }
 
 func (m *LbMaps) Close() error {
@@ -488,20 +511,20 @@ func (m *LbMaps) Close() error {
 		m.PbBeInflight,
 		m.PbBeStats,
 		m.PbBeTrip,
-		m.PbConfig,
-		m.PbCt,
+		m.PbConfigV2,
+		m.PbCtV2,
 		m.PbEvents,
 		m.PbFlows,
 		m.PbHealth,
+		m.PbIfaces,
 		m.PbMaglev,
 		m.PbMaglevFb,
-		m.PbPartialIfaces,
 		m.PbPorts,
 		m.PbRedirect,
 		m.PbScratch,
 		m.PbServices,
 		m.PbSrcTrust,
-		m.PbStats,
+		m.PbStatsV2,
 		m.PbSvcBackends,
 		m.PbSvcInflight,
 		m.PbSvcStats,

@@ -53,6 +53,8 @@
 #define PB_CT_QUIET_DATA 0x2000    /* its service had PB_SVC_F_QUIET_DATA when the flow began */
 #define PB_CT_QUIET_END 0x4000     /* its service had PB_SVC_F_QUIET_END when the flow began */
 #define PB_CT_MOVED 0x8000         /* REV entry of the backend an unanswered flow was moved off: its late answer is reported, then dropped */
+#define PB_CT_ACK_OK 0x10000       /* the client's handshake ACK acknowledged the backend's SYN-ACK: a reset is the backend's */
+#define PB_CT_ACK_SEEN 0x20000     /* backend_ack holds an acknowledgment the backend sent */
 
 /* client_control: the agent's replay could not be moved; drop it, the
  * flow stays as it was. */
@@ -98,6 +100,7 @@ enum pb_event_flag {
 	PB_EVF_CLIENT = 0x08,       /* FLOW_END: the client ended it */
 	PB_EVF_TRIPPED = 0x10,      /* REFUSED, RESET: this failure made the datapath eject the backend (pb_be_trip) */
 	PB_EVF_RESCUED = 0x20,      /* REFUSED: the RST was kept from the client and pb_syns holds the SYN it answered: replay it */
+	PB_EVF_VOID = 0x40,         /* FLOW_END: the backend reset a flow the client had not conducted right: no verdict */
 };
 
 /* pb_svc_trip.kinds: the failures the datapath counts towards a trip. */
@@ -123,8 +126,20 @@ enum pb_trip_kind {
  * frames; no packet from a wire carries metadata). */
 #define PB_REPLAY_MAGIC 0x70627270u /* "pbrp" */
 
-/* pb_config.flags */
+/* pb_config_v2.flags */
 #define PB_CFG_REDIRECT 0x1 /* try bpf_fib_lookup + redirect after NAT */
+#define PB_CFG_RPF 0x2      /* evidence only from where the node routes its sender (strict reverse path) */
+
+/* A pending flow's SYN seen again this soon is a duplicate, not the
+ * client's retransmission (unless pb_config_v2 says otherwise): Linux's
+ * smallest retransmission timeout. */
+#define PB_SYN_RETRANS_MIN_NS 200000000ULL
+
+/* pb_ifaces flags */
+#define PB_IF_PARTIAL 0x1 /* local senders may leave the L4 checksum to the device (a pod's veth) */
+
+/* The longest segment or ICMP message whose checksum the datapath checks. */
+#define PB_CSUM_MAX 1024
 
 #define PB_HASH_SEED 0x9e3779b9u
 

@@ -32,6 +32,16 @@ static __always_inline __u32 be16_len(__be16 v)
 	return n & 0xffff;
 }
 
+/* ext_len is the extension headers' length pb_ipv6_l4 returned (at most
+ * PB_IPV6_MAX_EXT_BYTES, checked by the caller) in a register whose bounds
+ * every verifier keeps: 6.1's loses a bound checked on a 32-bit copy of
+ * the value by the time the 64-bit one is added to a packet pointer. */
+static __always_inline __u32 ext_len(__u32 ext)
+{
+	barrier_var(ext);
+	return ext & 0x3ff; /* PB_IPV6_MAX_EXT_BYTES < 1024 */
+}
+
 static __always_inline __u16 csum_fold32(__u32 s)
 {
 	s = (s & 0xffff) + (s >> 16);

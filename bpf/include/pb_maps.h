@@ -69,14 +69,15 @@ struct {
 } pb_backends SEC(".maps");
 
 /* Connection tracking, two entries per flow (FWD and REV). Written by the
- * datapath; the agent reaps idle entries. */
+ * datapath; the agent reaps idle entries. _v2: the flow's sequence numbers
+ * (the agent copies a pb_ct it finds into it). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
 	__uint(max_entries, PB_CT_SIZE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pb_ct SEC(".maps");
+} pb_ct_v2 SEC(".maps");
 
 /* L4 outcomes for the agent. */
 struct {
@@ -117,24 +118,27 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_redirect SEC(".maps");
 
-/* Ingress interfaces on which a local sender may hand us a CHECKSUM_PARTIAL
- * packet (veths of local pods). Elsewhere a complete checksum is never
- * mistaken for a partial one. */
+/* ifindex -> struct iface: the interfaces the program is attached to that
+ * need telling apart. PB_IF_PARTIAL: a local sender may hand us a
+ * CHECKSUM_PARTIAL packet there (veths of local pods); elsewhere a complete
+ * checksum is never mistaken for a partial one. master: the reverse-path
+ * check's other acceptable interface. Written by the agent. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
-	__type(value, __u8);
+	__type(value, struct iface);
 	__uint(max_entries, 4096);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pb_partial_ifaces SEC(".maps");
+} pb_ifaces SEC(".maps");
 
+/* Runtime settings (struct config). Written by the agent. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct config);
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pb_config SEC(".maps");
+} pb_config_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -142,7 +146,7 @@ struct {
 	__type(value, struct global_stats);
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pb_stats SEC(".maps");
+} pb_stats_v2 SEC(".maps");
 
 /* pb_scratch[0], per CPU: the datapath's room for temporaries too large
  * for its stack. Not pinned: nothing outside one program run reads it. */

@@ -64,6 +64,8 @@ struct ct_key {
 	__u8 pad;
 };
 
+/* pb_ct_v2 value. The sequence numbers are what the evidence rules check a
+ * packet against before it counts (see handle_reply): host order. */
 struct ct_value {
 	union addr nat_addr; /* FWD: backend address; REV: VIP */
 	__be16 nat_port;        /* FWD: backend port;    REV: VIP port */
@@ -73,13 +75,23 @@ struct ct_value {
 	__u32 backend_id;
 	__u64 created_ns;       /* bpf_ktime_get_ns at flow start */
 	__u64 last_seen_ns;     /* coarse clock, refreshed at most once a second */
+	__u32 client_isn;       /* the client's SYN's sequence number (a flow a SYN opened) */
+	__u32 backend_isn;      /* REV: the backend's SYN-ACK's sequence number */
+	__u32 backend_ack;      /* REV: the highest acknowledgment the backend sent (PB_CT_ACK_SEEN) */
+	__u32 reply_ifindex;    /* REV: the interface the backend's replies passed the reverse-path check on */
 };
 
 /* pb_scratch value: temporaries of one program run (see scratch()). */
 struct scratch {
-	struct ct_key rk;   /* new_flow: the reverse entry's key */
-	struct ct_value rv; /* new_flow: the reverse entry */
+	struct ct_key rk;   /* new_flow, established, handle_reply: a reverse entry's key */
+	struct ct_value rv; /* new_flow, established: a reverse entry */
 	struct ct_value fv; /* handle_forward: the flow's forward entry */
+	struct ct_key fk;   /* handle_reply: the flow's forward key */
+	struct svc_value svc; /* handle_forward: the service, as it was when the packet came */
+	/* forward, pb_reverse_path_ok: a struct bpf_fib_lookup (as words: its
+	 * anonymous unions have no Go twin in bpf2go's bindings) */
+	__u64 fib[8];
+	__u8 buf[PB_CSUM_MAX + 4]; /* pb_csum, pb_tcp_opts_rejected: bytes copied out of the packet */
 };
 
 /* One L4 outcome, sent to the agent on pb_events. */
@@ -158,10 +170,21 @@ struct inflight {
 	__s64 count;
 };
 
-/* pb_config[0]: runtime switches written by the agent. */
+/* pb_config_v2[0]: runtime settings written by the agent. */
 struct config {
-	__u32 flags; /* PB_CFG_* */
-	__u32 pad;
+	__u32 flags;              /* PB_CFG_* */
+	__u32 hash_seed;          /* the flow hash's secret seed, shared by the cluster's nodes */
+	__u64 syn_retrans_min_ns; /* a SYN seen again this soon after the first is a duplicate, not the
+				   * client's retransmission (0: PB_SYN_RETRANS_MIN_NS) */
+};
+
+/* pb_ifaces value: what the datapath knows of an interface it is attached
+ * to, by ifindex. Written by the agent. */
+struct iface {
+	__u32 flags;  /* PB_IF_* */
+	__u32 master; /* its master's ifindex (a bridge port's bridge), 0: none. The node routes
+		       * to a bridged pod through the bridge: a reply arriving on the port
+		       * passes the reverse-path check when the route names the bridge */
 };
 
 /* pb_syn_guard[0]: the SYN guard, written by the agent. While it is on,
@@ -223,6 +246,14 @@ struct global_stats {
 	__u64 refused_rescued;     /* other refused flows' RST kept (retryRefused) */
 	__u64 retried;             /* rescued non-probe flows re-picked on their retransmitted SYN */
 	__u64 icmp_translated;     /* ICMP errors about a NATed flow, translated */
+	/* Evidence no client can forge: what was not counted, and why. */
+	__u64 syn_doomed;          /* SYNs the backend could not accept (bad checksum, SYN|FIN, TTL <= 1,
+				    * TCP-MD5/AO option): passed unchanged, no flow */
+	__u64 syn_duplicate;       /* a pending flow's SYN again, too soon or with another ISN: no timeout */
+	__u64 reply_wrong_side;    /* a backend's reply from where the node does not route it: passed unchanged */
+	__u64 reply_bad_checksum;  /* a RST, SYN-ACK or ICMP error with a bad checksum: not counted */
+	__u64 reply_unacked;       /* a RST or SYN-ACK not acknowledging what the client sent: not counted */
+	__u64 client_rst_ignored;  /* a client's RST out of the backend's sequence: the flow and its slot kept */
 };
 
 /* pb_svc_stats[svc_id], per CPU. */

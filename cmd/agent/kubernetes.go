@@ -30,6 +30,16 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	// the HTTP server started below stops with it.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The flow hash's seed, the cluster's: every node picks alike, and no
+	// client can tell where its source port lands. Without it (RBAC, an
+	// API server away), the node keeps the seed its datapath has.
+	if o.evidence.HashSeed == 0 {
+		if seed, err := k8s.HashSeed(ctx, clients.Core, o.leaseNamespace); err != nil {
+			log.Warn("no cluster hash seed: this node keeps its own (picks differ across nodes)", "err", err)
+		} else {
+			o.evidence.HashSeed = seed
+		}
+	}
 	n, err := start(ctx, o, log, config.DefaultMaglevTableSize)
 	if err != nil {
 		return err

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/k8s"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 )
@@ -69,6 +70,11 @@ type options struct {
 	kernelTrips bool
 	// synGuard: the SYN guard's budget and trust (Rate 0: no guard).
 	synGuard maps.SYNGuard
+	// evidence: what the datapath takes as a backend's answer, and the
+	// flow hash's seed (0: Kubernetes mode, the cluster's Secret;
+	// standalone, the pinned datapath's or a random one).
+	evidence     maps.Config
+	hashSeedFile string
 }
 
 func main() {
@@ -159,6 +165,9 @@ func parseFlags(args []string) (options, error) {
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
 	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")
 	max(&o.dp.EventsBytes, "events-bytes", datapath.DefaultEventsBytes, "ring buffer bytes for outcome events (power of two)")
+	fs.BoolVar(&o.evidence.ReversePath, "reverse-path-check", true, "a backend's reply counts as its answer (refused, reset, accepted) only if it arrived where the node routes that backend, as the kernel's strict rp_filter rule has it: no pod can answer for another; false only where replies come back another way (asymmetric routing)")
+	fs.DurationVar(&o.evidence.SYNRetransMinAge, "syn-retransmit-min-age", 200*time.Millisecond, "a pending connection's SYN seen again sooner than this after the first is a duplicate, not the client's retransmission, and no timeout (Linux retransmits a SYN after 1s; 200ms is its smallest retransmission timeout)")
+	fs.StringVar(&o.hashSeedFile, "hash-seed-file", "", "a file whose bytes seed the flow hash, the same on every node (default: Kubernetes mode, the Secret penaltybox-hash-seed in the agent's namespace, created when missing; standalone, the seed the pinned datapath has, or a random one)")
 	fs.StringVar(&o.dp.XDPMode, "xdp-mode", datapath.XDPAuto, `how the program attaches: "auto" generic XDP on veths (no NAPI ring to overflow under a flood), native elsewhere; "native" native wherever the driver has it, veths included; "generic" generic everywhere. A pinned link the agent adopts keeps its mode`)
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -190,6 +199,19 @@ func parseFlags(args []string) (options, error) {
 	}
 	if err := datapath.CheckXDPMode(o.dp.XDPMode); err != nil {
 		return o, fmt.Errorf("--xdp-mode: %w", err)
+	}
+	if a := o.evidence.SYNRetransMinAge; a < 10*time.Millisecond || a > 3*time.Second {
+		return o, fmt.Errorf("--syn-retransmit-min-age %v: want 10ms to 3s (a SYN is first retransmitted after 1s)", a)
+	}
+	if o.hashSeedFile != "" {
+		b, err := os.ReadFile(o.hashSeedFile)
+		if err != nil {
+			return o, fmt.Errorf("--hash-seed-file: %w", err)
+		}
+		if len(b) < 4 {
+			return o, fmt.Errorf("--hash-seed-file %s: %d bytes, want at least 4", o.hashSeedFile, len(b))
+		}
+		o.evidence.HashSeed = k8s.SeedOf(b)
 	}
 	if o.synGuard.Trust <= 0 {
 		return o, fmt.Errorf("--syn-guard-trust %v: must be positive", o.synGuard.Trust)

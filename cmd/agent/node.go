@@ -24,7 +24,7 @@ type node struct {
 func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (*node, error) {
 	an, err := agent.Open(agent.NodeOptions{Datapath: o.dp, Log: log,
 		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault, NoKernelTrips: !o.kernelTrips,
-		SYNGuard: o.synGuard})
+		SYNGuard: o.synGuard, Evidence: o.evidence})
 	if re := (*datapath.RootError)(nil); errors.As(err, &re) {
 		return nil, fmt.Errorf("--bpffs-root %w", err)
 	}

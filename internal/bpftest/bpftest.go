@@ -128,14 +128,33 @@ func ipLayer(src, dst netip.Addr, proto layers.IPProtocol) interface {
 	return &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: proto, SrcIP: src.AsSlice(), DstIP: dst.AsSlice(), Id: 1}
 }
 
+// ISN is the initial sequence number of both ends of the connections TCP
+// crafts: a SYN carries it, every later segment ISN+1, and an ACK
+// acknowledges the other end's ISN+1, as a handshake leaves them. The
+// datapath counts a reply only if it acknowledges what the client sent.
+const ISN = 1000
+
 // TCP crafts an Ethernet/IPv4/TCP packet (Ethernet/IPv6/TCP for IPv6
-// addresses) with valid checksums.
+// addresses) with valid checksums, numbered as ISN says.
 func TCP(src, dst netip.AddrPort, f TCPFlags, payload []byte) []byte {
+	return TCPSeq(src, dst, f, payload, seqFor(f), ISN+1)
+}
+
+func seqFor(f TCPFlags) uint32 {
+	if f.SYN {
+		return ISN
+	}
+	return ISN + 1
+}
+
+// TCPSeq is TCP with the sequence and acknowledgment numbers given (ack is
+// sent only with the ACK flag).
+func TCPSeq(src, dst netip.AddrPort, f TCPFlags, payload []byte, seq, ack uint32) []byte {
 	ip := ipLayer(src.Addr(), dst.Addr(), layers.IPProtocolTCP)
 	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()),
-		SYN: f.SYN, ACK: f.ACK, RST: f.RST, FIN: f.FIN, PSH: f.PSH, Seq: 1000, Window: 65535}
+		SYN: f.SYN, ACK: f.ACK, RST: f.RST, FIN: f.FIN, PSH: f.PSH, Seq: seq, Window: 65535}
 	if f.ACK {
-		tcp.Ack = 2000
+		tcp.Ack = ack
 	}
 	tcp.SetNetworkLayerForChecksum(ip)
 	return serialize(ip, tcp, payload)

@@ -95,9 +95,8 @@ type Config struct {
 	Inflight Inflight
 	Sweeper  Sweeper
 	Hooks    Hooks
-	// Link resolves an interface name to its index and tells whether it is
-	// a veth (nil: netlink).
-	Link func(name string) (index int, veth bool, err error)
+	// Link resolves an interface by name (nil: netlink).
+	Link func(name string) (LinkInfo, error)
 
 	MaxServices, MaxBackends uint32
 	// TableSize is the largest Maglev table a service gets.
@@ -134,7 +133,7 @@ type Agent struct {
 	inflight Inflight
 	sweeper  Sweeper
 	hooks    Hooks
-	link     func(string) (int, bool, error)
+	link     func(string) (LinkInfo, error)
 	metrics  *metrics.Metrics
 	every    struct{ probes, sweep time.Duration }
 

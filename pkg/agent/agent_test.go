@@ -389,8 +389,8 @@ func TestApplyConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !slices.Equal(e.hooks.Attached(), []string{"b1", "cl0"}) || !slices.Equal(e.f.partial, []uint32{5}) ||
-		!slices.Equal(e.f.redirect, []uint32{6}) || e.f.config&pbmaps.ConfigRedirect == 0 {
-		t.Fatalf("attached %v, partial %v, redirect %v, config %#x", e.hooks.Attached(), e.f.partial, e.f.redirect, e.f.config)
+		!slices.Equal(e.f.redirect, []uint32{6}) || !e.f.config.Redirect {
+		t.Fatalf("attached %v, partial %v, redirect %v, config %+v", e.hooks.Attached(), e.f.partial, e.f.redirect, e.f.config)
 	}
 	if got := e.a.ServicesView().Interfaces; !slices.Equal(got, cfg.Interfaces) {
 		t.Fatalf("/admin/services interfaces %v", got)
@@ -400,8 +400,8 @@ func TestApplyConfig(t *testing.T) {
 	if err := e.a.ApplyConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(e.hooks.Attached(), []string{"cl0"}) || len(e.f.redirect) != 0 || e.f.config != 0 {
-		t.Fatalf("attached %v, redirect %v, config %#x", e.hooks.Attached(), e.f.redirect, e.f.config)
+	if !slices.Equal(e.hooks.Attached(), []string{"cl0"}) || len(e.f.redirect) != 0 || e.f.config.Redirect {
+		t.Fatalf("attached %v, redirect %v, config %+v", e.hooks.Attached(), e.f.redirect, e.f.config)
 	}
 }
 

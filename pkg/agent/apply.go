@@ -10,6 +10,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
@@ -169,7 +170,7 @@ func (a *Agent) checkInterfaces(cfg *config.Config) error {
 		names []string
 	}{{"interfaces", cfg.Interfaces}, {"redirectInterfaces", cfg.RedirectInterfaces}} {
 		for i, n := range f.names {
-			if _, _, err := a.link(n); err != nil {
+			if _, err := a.link(n); err != nil {
 				errs = append(errs, fmt.Errorf("%s[%d]: %q: %w", f.field, i, n, err))
 			}
 		}
@@ -196,23 +197,23 @@ func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 			}
 		}
 	}
-	var partial []uint32
+	var known []maps.Iface
 	for _, n := range ifaces {
-		if idx, veth, err := a.link(n); err == nil && veth {
-			partial = append(partial, uint32(idx))
+		if l, err := a.link(n); err == nil {
+			known = append(known, l.iface(l.Veth))
 		}
 	}
 	var idx []uint32
 	for _, n := range redirect {
-		i, _, err := a.link(n)
+		l, err := a.link(n)
 		if err != nil {
 			return fmt.Errorf("redirectInterfaces: %q: %w", n, err)
 		}
-		idx = append(idx, uint32(i))
+		idx = append(idx, uint32(l.Index))
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.rec.SetPartialInterfaces(partial); err != nil {
+	if err := a.rec.SetInterfaces(known); err != nil {
 		return err
 	}
 	if err := a.rec.SetRedirectInterfaces(idx); err != nil {
@@ -222,13 +223,44 @@ func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 	return nil
 }
 
-// netlinkLink resolves an interface by name: its index, and whether it is
-// a veth.
-func netlinkLink(name string) (int, bool, error) {
+// SetDatapathConfig writes the datapath's settings (pb_config_v2) but
+// redirecting, which follows the interfaces.
+func (a *Agent) SetDatapathConfig(c maps.Config) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.rec.SetDatapathConfig(c); err != nil {
+		return err
+	}
+	a.log.Info("datapath settings", "reverse_path_check", c.ReversePath,
+		"syn_retransmit_min_age", c.SYNRetransMinAge.String(), "hash_seed_set", c.HashSeed != 0)
+	return nil
+}
+
+// LinkInfo is what the agent needs to know of an interface it attaches to.
+type LinkInfo struct {
+	Index int
+	// Veth: a veth, whose local sender may leave the L4 checksum to the
+	// device.
+	Veth bool
+	// Master is its master's index (a bridge port's bridge), 0: none.
+	Master int
+}
+
+// iface is l as the datapath's pb_ifaces entry; partial says whether its
+// packets may carry a partial checksum.
+func (l LinkInfo) iface(partial bool) maps.Iface {
+	return maps.Iface{Index: uint32(l.Index), Partial: partial, Master: uint32(l.Master)}
+}
+
+// netlinkLink resolves an interface by name.
+func netlinkLink(name string) (LinkInfo, error) {
 	ifc, err := net.InterfaceByName(name)
 	if err != nil {
-		return 0, false, err
+		return LinkInfo{}, err
 	}
 	l, err := netlink.LinkByIndex(ifc.Index)
-	return ifc.Index, err == nil && l.Type() == "veth", nil
+	if err != nil {
+		return LinkInfo{Index: ifc.Index}, nil
+	}
+	return LinkInfo{Index: ifc.Index, Veth: l.Type() == "veth", Master: l.Attrs().MasterIndex}, nil
 }

@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
 	"log/slog"
 
 	"k8s.io/utils/clock"
@@ -32,6 +35,11 @@ type NodeOptions struct {
 	// NoKernelTrips, SYNGuard: see Config.
 	NoKernelTrips bool
 	SYNGuard      maps.SYNGuard
+	// Evidence: the datapath's settings for what it takes as a backend's
+	// answer (the reverse-path check, the SYN retransmission's minimum
+	// age) and the flow hash's seed. A zero HashSeed keeps the seed the
+	// pinned datapath has, or draws a random one for a new datapath.
+	Evidence maps.Config
 }
 
 // Open loads (or adopts) the datapath and builds the agent over it.
@@ -66,7 +74,29 @@ func Open(o NodeOptions) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	c := o.Evidence
+	if c.HashSeed == 0 {
+		if c.HashSeed, err = n.keptSeed(); err != nil {
+			return nil, err
+		}
+	}
+	if err := n.Agent.SetDatapathConfig(c); err != nil {
+		return nil, err
+	}
 	return n, nil
+}
+
+// keptSeed is the flow hash's seed the pinned datapath holds (a restart
+// keeps every pick), or a random one for a new datapath.
+func (n *Node) keptSeed() (uint32, error) {
+	if c, err := n.maps.Config(); err == nil && c.HashSeed != 0 {
+		return c.HashSeed, nil
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("hash seed: %w", err)
+	}
+	return binary.NativeEndian.Uint32(b[:]) | 1, nil
 }
 
 // Begin is called once the first desired state is programmed and XDP is

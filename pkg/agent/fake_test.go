@@ -27,8 +27,9 @@ type fakeMaps struct {
 	vipSlots  map[uint32]bool
 	health    map[uint32]bpf.LbEndpointHealth
 	partial   []uint32
+	masters   map[uint32]uint32 // pb_ifaces masters
 	redirect  []uint32
-	config    uint32
+	config    pbmaps.Config
 	lost      uint64 // pb_stats events_lost
 	// guards: the SYN guard as written, in order; guardDropped its drops.
 	guards                   []pbmaps.SYNGuard
@@ -215,9 +216,17 @@ func (f *fakeMaps) Health() (map[uint32]bpf.LbEndpointHealth, error) {
 	return maps.Clone(f.health), f.failing("Health")
 }
 
-func (f *fakeMaps) SetPartialIfaces(ids []uint32) error {
-	f.partial = slices.Clone(ids)
-	return f.failing("SetPartialIfaces")
+func (f *fakeMaps) SetIfaces(ifs []pbmaps.Iface) error {
+	f.partial, f.masters = nil, map[uint32]uint32{}
+	for _, i := range ifs {
+		if i.Partial {
+			f.partial = append(f.partial, i.Index)
+		}
+		if i.Master != 0 {
+			f.masters[i.Index] = i.Master
+		}
+	}
+	return f.failing("SetIfaces")
 }
 
 func (f *fakeMaps) SetRedirect(ids []uint32) error {
@@ -225,8 +234,8 @@ func (f *fakeMaps) SetRedirect(ids []uint32) error {
 	return f.failing("SetRedirect")
 }
 
-func (f *fakeMaps) SetConfig(flags uint32) error {
-	f.config = flags
+func (f *fakeMaps) SetConfig(c pbmaps.Config) error {
+	f.config = c
 	return f.failing("SetConfig")
 }
 

@@ -60,12 +60,12 @@ func (e *env) restart() {
 	a, err := New(Config{
 		Log:   slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Clock: e.clk, Writer: e.f, Stats: e.f, Inflight: noInflight{}, Sweeper: e.sweep, Hooks: e.hooks,
-		Link: func(name string) (int, bool, error) {
+		Link: func(name string) (LinkInfo, error) {
 			idx, ok := e.links[name]
 			if !ok {
-				return 0, false, &netErr{name}
+				return LinkInfo{}, &netErr{name}
 			}
-			return idx, e.veths[name], nil
+			return LinkInfo{Index: idx, Veth: e.veths[name]}, nil
 		},
 		MaxServices: 64, MaxBackends: 256, TableSize: 31, NoKernelTrips: e.noTrips,
 		SYNGuard: e.guard,

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 )
 
@@ -43,22 +44,26 @@ func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
 		a.links[l.Name] = l.Index
 	}
 	names := make([]string, 0, len(a.links))
-	var pods []uint32
+	var known []maps.Iface
 	for _, l := range ls {
 		if _, ok := a.links[l.Name]; ok {
 			names = append(names, l.Name)
-			if l.Pod {
-				pods = append(pods, uint32(l.Index))
+			// Pods' packets arrive with their L4 checksum left to the
+			// device: the datapath must know which interfaces can hand it
+			// such packets. Not tunnels: what they decapsulate came off a
+			// NIC, its checksums whole. A bridged pod's veth has the
+			// bridge for master, which the node routes the pod through.
+			info := LinkInfo{Index: l.Index}
+			if r, err := a.link(l.Name); err == nil && r.Index == l.Index {
+				info.Master = r.Master
 			}
+			known = append(known, info.iface(l.Pod))
 		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// Pods' packets arrive with their L4 checksum left to the device: the
-	// datapath must know which interfaces can hand it such packets. Not
-	// tunnels: what they decapsulate came off a NIC, its checksums whole.
-	if err := a.rec.SetPartialInterfaces(pods); err != nil {
-		a.log.Error("pb_partial_ifaces", "err", err)
+	if err := a.rec.SetInterfaces(known); err != nil {
+		a.log.Error("pb_ifaces", "err", err)
 	}
 	a.interfaces = names
 	return len(a.links)

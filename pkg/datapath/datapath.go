@@ -6,6 +6,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -163,7 +164,7 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		bpf.LbMapPbHealth:      opts.MaxBackends,
 		bpf.LbMapPbBeTrip:      opts.MaxBackends,
 		bpf.LbMapPbSvcBackends: opts.MaxBackends,
-		bpf.LbMapPbCt:          opts.ConntrackSize,
+		bpf.LbMapPbCtV2:          opts.ConntrackSize,
 		bpf.LbMapPbFlows:       max(opts.ConntrackSize/2, 1), // a flow takes two conntrack entries
 		bpf.LbMapPbEvents:      opts.EventsBytes,
 	}
@@ -217,6 +218,7 @@ func Load(opts Options) (*Datapath, error) {
 		}
 		return nil, fmt.Errorf("datapath: load: %w", err)
 	}
+	d.migrateConntrack()
 	return d, nil
 }
 
@@ -258,16 +260,70 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
 }
 
 // retiredPins are maps a layout change gave a new name: pb_syns became
-// pb_syns_v2 (16-byte addresses).
-var retiredPins = []string{"pb_syns"}
+// pb_syns_v2 (16-byte addresses), pb_config pb_config_v2 (the hash seed,
+// the reverse-path check), pb_partial_ifaces pb_ifaces (masters),
+// pb_stats pb_stats_v2 (the evidence counters). pb_ct, now pb_ct_v2 (the
+// flows' sequence numbers), is copied over first (migrateConntrack).
+var retiredPins = []string{"pb_syns", "pb_config", "pb_partial_ifaces", "pb_stats"}
+
+// ctValueV1 is pb_ct's value before pb_ct_v2.
+type ctValueV1 struct {
+	NatAddr    [16]byte
+	NatPort    uint16
+	Pad        uint16
+	Flags      uint32
+	SvcID      uint32
+	BackendID  uint32
+	CreatedNs  uint64
+	LastSeenNs uint64
+}
+
+// ctMidstream is PB_CT_MIDSTREAM.
+const ctMidstream = 0x0080
+
+// migrateConntrack copies the flows of a previous version's pb_ct into
+// pb_ct_v2 and removes its pin, so an upgrade keeps every flow on its
+// backend. Their sequence numbers were never kept: the copies are marked
+// midstream, as flows picked up without their handshake, and decide no
+// outcome. Flows the old program creates between the copy and the switch
+// of the links to this one are picked up midstream by it.
+func (d *Datapath) migrateConntrack() {
+	path := filepath.Join(d.Opts.Root, "pb_ct")
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return
+	}
+	defer old.Close()
+	n, failed := 0, 0
+	if old.ValueSize() == uint32(binary.Size(ctValueV1{})) {
+		var k bpf.LbCtKey
+		var v ctValueV1
+		it := old.Iterate()
+		for it.Next(&k, &v) {
+			nv := bpf.LbCtValue{NatPort: v.NatPort, Flags: v.Flags | ctMidstream, SvcId: v.SvcID,
+				BackendId: v.BackendID, CreatedNs: v.CreatedNs, LastSeenNs: v.LastSeenNs}
+			nv.NatAddr.Bytes = v.NatAddr
+			if err := d.PbCtV2.Update(k, nv, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				failed++
+				continue
+			}
+			n++
+		}
+	}
+	if err := os.Remove(path); err != nil {
+		d.log.Warn("remove a retired pin", "map", "pb_ct", "err", err)
+	}
+	d.log.Info("copied the flows of the previous version's conntrack", "from", "pb_ct", "to", bpf.LbMapPbCtV2,
+		"flows", n, "failed", failed)
+}
 
 func lostOnRecreate(name string) string {
 	switch name {
-	case bpf.LbMapPbCt:
+	case bpf.LbMapPbCtV2:
 		return "established flows (they will be re-balanced, most break)"
 	case bpf.LbMapPbEvents:
 		return "undelivered outcome events"
-	case bpf.LbMapPbStats, bpf.LbMapPbSvcStats, bpf.LbMapPbBeStats, bpf.LbMapPbSynGuardCpu:
+	case bpf.LbMapPbStatsV2, bpf.LbMapPbSvcStats, bpf.LbMapPbBeStats, bpf.LbMapPbSynGuardCpu:
 		return "kernel counters (they restart from 0, which Prometheus reads as a reset)"
 	case bpf.LbMapPbSrcTrust:
 		return "the SYN guard's trusted sources (each proves itself again with its next connection)"

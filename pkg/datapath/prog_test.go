@@ -180,6 +180,23 @@ func (f *fixture) wantEvents(want ...event) {
 	}
 }
 
+// handshake runs a connection's opening through the datapath: the
+// client's SYN, the backend's SYN-ACK and the client's ACK of it (a reset
+// counts only after a right one).
+func (f *fixture) handshake(c, be netip.AddrPort) {
+	f.t.Helper()
+	f.run(bpftest.TCP(c, vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(be, c, bpftest.SYNACK, nil))
+	f.run(bpftest.TCP(c, vip, bpftest.ACK, nil))
+}
+
+// noRetransMinAge makes a SYN seen again a retransmission however soon it
+// comes (the datapath's 200 ms minimum has a test of its own).
+func (f *fixture) noRetransMinAge() {
+	f.t.Helper()
+	f.must(f.Maps.SetConfig(maps.Config{SYNRetransMinAge: time.Nanosecond}))
+}
+
 func ev(typ, flags uint8, be uint32, c netip.AddrPort) event {
 	return event{Type: typ, Flags: flags, Svc: svcID, BE: be, Client: c}
 }
@@ -289,15 +306,13 @@ func TestOutcomeEvents(t *testing.T) {
 
 	// The client reuses the tuple: a new flow. Reset after the handshake,
 	// before any payload from the backend.
-	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
-	f.run(bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+	f.handshake(client, be1)
 	f.run(bpftest.TCP(be1, client, bpftest.RST, nil))
 	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evEstablished, 0, id1, client),
 		ev(evReset, 0, id1, client))
 
 	// Reset after the backend sent data carries the flag.
-	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
-	f.run(bpftest.TCP(be1, client2, bpftest.SYNACK, nil))
+	f.handshake(client2, be1)
 	f.run(bpftest.TCP(be1, client2, bpftest.ACK, []byte("hello")))
 	f.run(bpftest.TCP(be1, client2, bpftest.RST, nil))
 	f.run(bpftest.TCP(be1, client2, bpftest.RST, nil)) // a second RST reports nothing
@@ -356,6 +371,7 @@ func TestQuietFlags(t *testing.T) {
 
 func TestSynRetransmitIsReportedOnce(t *testing.T) {
 	f := newFixture(t)
+	f.noRetransMinAge()
 	f.table(id1)
 	for range 3 {
 		_, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
@@ -373,6 +389,7 @@ func TestSynRetransmitIsReportedOnce(t *testing.T) {
 
 func TestRetransmittedSynLeavesEjectedBackend(t *testing.T) {
 	f := newFixture(t)
+	f.noRetransMinAge()
 	f.table(id1)
 	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
 
@@ -583,7 +600,7 @@ func finish(pkt []byte, csumOff int) {
 func TestPartialChecksumFromLocalSenders(t *testing.T) {
 	f := newFixture(t)
 	f.table(id1)
-	f.must(f.Maps.Raw().PbPartialIfaces.Put(uint32(1), uint8(1))) // BPF_PROG_TEST_RUN's ingress (lo)
+	f.must(f.Maps.SetIfaces([]maps.Iface{{Index: 1, Partial: true}})) // BPF_PROG_TEST_RUN's ingress (lo)
 	const tcpCsum = 14 + 20 + 16
 	for _, c := range []struct {
 		name string

@@ -83,15 +83,16 @@ func TestSynCopyRebuildsTheClientSYNIPv6(t *testing.T) {
 	}
 }
 
-// A refusal that does not acknowledge the kept SYN (the slot holds another
-// connection's, or the RST answers something else) is not replayable: the
-// client's own retransmission is moved instead.
+// A refusal of a SYN other than the one kept (the client tried again on
+// the tuple with another ISN, and the slot now holds that one) is not
+// replayable: the client's own retransmission is moved instead.
 func TestRefusalOfAnotherSYNIsNotReplayable(t *testing.T) {
 	f := newFixture(t)
 	f.svc.Flags = maps.ServiceRetryRefused
 	f.table(id1)
 	f.run(bpftest.LinuxSYN(client, vip, 5000))
-	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, client, 7000)); ret != bpftest.XDPDrop {
+	f.run(bpftest.LinuxSYN(client, vip, 7000))
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, client, 5000)); ret != bpftest.XDPDrop {
 		t.Fatalf("refusal verdict %d, want it kept from the client", ret)
 	}
 	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evRefused, 0, id1, client))
@@ -154,13 +155,13 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	f.events()
 	// The first backend answers late: its answer is reported (no timeout
 	// for it) and kept from the client, which has its connection already.
-	ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCP(be1, client, bpftest.SYNACK, nil))
+	ret, _ := bpftest.Run(t, f.PbXdp, bpftest.TCPSeq(be1, client, bpftest.SYNACK, nil, bpftest.ISN, 43))
 	if ret != bpftest.XDPDrop {
 		t.Fatalf("late SYN-ACK verdict %d, want it dropped", ret)
 	}
 	f.wantEvents(ev(evEstablished, 0, id1, client))
 	// The new backend's answer goes through.
-	if _, p, _ := f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil)); p.Src != vip {
+	if _, p, _ := f.run(bpftest.TCPSeq(be2, client, bpftest.SYNACK, nil, bpftest.ISN, 43)); p.Src != vip {
 		t.Fatalf("new backend's SYN-ACK: %v", p.Src)
 	}
 }
@@ -198,8 +199,8 @@ func TestMovedOffEntryExpiresAlone(t *testing.T) {
 	f.runMeta(replay.Meta(id1), syn)
 	// The moved flow completes with its new backend; the old one never
 	// answers.
-	f.run(bpftest.TCP(be2, client, bpftest.SYNACK, nil))
-	f.run(bpftest.TCP(client, vip, bpftest.ACK, nil))
+	f.run(bpftest.TCPSeq(be2, client, bpftest.SYNACK, nil, bpftest.ISN, 43))
+	f.run(bpftest.TCPSeq(client, vip, bpftest.ACK, nil, 43, bpftest.ISN+1))
 	f.events()
 	// The table goes back to backend 1, as after a heal: a flow that lost
 	// its forward entry would be picked up there.

@@ -1,6 +1,7 @@
 package datapath_test
 
 import (
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -33,7 +34,7 @@ func TestMapSizesFollowOptions(t *testing.T) {
 		bpf.LbMapPbBeInflight:  700,
 		bpf.LbMapPbHealth:      700,
 		bpf.LbMapPbSvcBackends: 700,
-		bpf.LbMapPbCt:          5000,
+		bpf.LbMapPbCtV2:          5000,
 		bpf.LbMapPbFlows:       2500,
 		bpf.LbMapPbEvents:      1 << 17,
 	}
@@ -70,5 +71,54 @@ func TestRetiredPinsAreRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "pb_syns_v2")); err != nil {
 		t.Errorf("pb_syns_v2 not pinned: %v", err)
+	}
+}
+
+// An upgrade from a datapath whose conntrack was pb_ct (no sequence
+// numbers) keeps its flows: they are copied into pb_ct_v2, marked
+// midstream (they decide no outcome), and the old pin goes.
+func TestConntrackIsCopiedToV2(t *testing.T) {
+	bpftest.RequireRoot(t)
+	root := bpftest.TempBPFFS(t)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 40, ValueSize: 48, MaxEntries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	var k bpf.LbCtKey
+	k.Src.Bytes = [16]byte{198, 18, 0, 2}
+	k.Dst.Bytes = [16]byte{198, 18, 100, 1}
+	k.Sport, k.Dport, k.Proto, k.Family = 0x409c, 0x5000, 6, 4
+	v := make([]byte, 48)
+	copy(v, []byte{198, 18, 1, 2})
+	binary.NativeEndian.PutUint16(v[16:], 0x901f)    // nat_port
+	binary.NativeEndian.PutUint32(v[20:], 0x0101)    // flags: established, client acked
+	binary.NativeEndian.PutUint32(v[24:], 3)         // svc_id
+	binary.NativeEndian.PutUint32(v[28:], 11)        // backend_id
+	binary.NativeEndian.PutUint64(v[32:], 123456789) // created_ns
+	if err := old.Put(k, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(filepath.Join(root, "pb_ct")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 16, MaxBackends: 16, ConntrackSize: 64, EventsBytes: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := os.Stat(filepath.Join(root, "pb_ct")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pb_ct still pinned after the load: %v", err)
+	}
+	var got bpf.LbCtValue
+	if err := d.PbCtV2.Lookup(k, &got); err != nil {
+		t.Fatalf("the flow is not in pb_ct_v2: %v", err)
+	}
+	if got.NatAddr.Bytes != [16]byte{198, 18, 1, 2} || got.NatPort != 0x901f || got.SvcId != 3 ||
+		got.BackendId != 11 || got.CreatedNs != 123456789 || got.Flags != 0x0101|0x0080 {
+		t.Errorf("copied entry %+v", got)
 	}
 }

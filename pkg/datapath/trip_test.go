@@ -122,8 +122,7 @@ func TestKernelTripLimits(t *testing.T) {
 		}
 		// A reset after the handshake does.
 		c := clientN(1)
-		f.run(bpftest.TCP(c, vip, bpftest.SYN, nil))
-		f.run(bpftest.TCP(be1, c, bpftest.SYNACK, nil))
+		f.handshake(c, be1)
 		f.run(bpftest.TCP(be1, c, bpftest.RST, nil))
 		evs := f.events()
 		if len(evs) != 3 || evs[2].Type != evReset || evs[2].Flags&evfTripped == 0 {
@@ -225,8 +224,7 @@ func TestKernelTripIgnoresResetsOfSettledFlows(t *testing.T) {
 	f := tripFixture(t, 1, maps.TripReset, 5)
 	f.Maps.SetServiceTrip(svcID, maps.TripSettings{MaxFailures: 1, Kinds: maps.TripReset, Settle: time.Nanosecond}, 5)
 	c := clientN(1)
-	f.run(bpftest.TCP(c, vip, bpftest.SYN, nil))
-	f.run(bpftest.TCP(be1, c, bpftest.SYNACK, nil))
+	f.handshake(c, be1)
 	f.run(bpftest.TCP(be1, c, bpftest.RST, nil))
 	evs := f.events()
 	if len(evs) != 3 || evs[2].Type != evReset || evs[2].Flags&evfTripped != 0 {

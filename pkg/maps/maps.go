@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -63,7 +64,10 @@ const (
 	FamilyIPv4 uint8 = 4 // PB_AF_INET
 	FamilyIPv6 uint8 = 6 // PB_AF_INET6
 
-	ConfigRedirect uint32 = 0x1
+	configRedirect    uint32 = 0x1 // PB_CFG_REDIRECT
+	configReversePath uint32 = 0x2 // PB_CFG_RPF
+
+	ifacePartial uint32 = 0x1 // PB_IF_PARTIAL
 )
 
 // Flow state bits of pb_ct_value.flags (PB_CT_*).
@@ -508,9 +512,45 @@ func (m *Maps) VIPSlots() (map[uint32]bool, error) {
 	return out, nil
 }
 
-// SetConfig writes pb_config[0].
-func (m *Maps) SetConfig(flags uint32) error {
-	return m.m.PbConfig.Put(uint32(0), bpf.LbConfig{Flags: flags})
+// Config is pb_config_v2[0]: the datapath's runtime settings.
+type Config struct {
+	// Redirect: forward with bpf_fib_lookup and XDP_REDIRECT where the
+	// egress interface takes redirected frames (pb_redirect).
+	Redirect bool
+	// ReversePath: a reply decides an outcome only if it arrived where the
+	// node routes its sender (the strict reverse-path rule).
+	ReversePath bool
+	// HashSeed is the flow hash's secret seed.
+	HashSeed uint32
+	// SYNRetransMinAge: a pending flow's SYN seen again sooner is a
+	// duplicate, not the client's retransmission (0: the datapath's 200 ms).
+	SYNRetransMinAge time.Duration
+}
+
+// SetConfig writes pb_config_v2[0].
+func (m *Maps) SetConfig(c Config) error {
+	v := bpf.LbConfig{HashSeed: c.HashSeed, SynRetransMinNs: uint64(c.SYNRetransMinAge.Nanoseconds())}
+	if c.Redirect {
+		v.Flags |= configRedirect
+	}
+	if c.ReversePath {
+		v.Flags |= configReversePath
+	}
+	if err := m.m.PbConfigV2.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("pb_config_v2: %w", err)
+	}
+	return nil
+}
+
+// Config reads pb_config_v2[0] (a restarted agent keeps the hash seed the
+// datapath has).
+func (m *Maps) Config() (Config, error) {
+	var v bpf.LbConfig
+	if err := m.m.PbConfigV2.Lookup(uint32(0), &v); err != nil {
+		return Config{}, fmt.Errorf("pb_config_v2: %w", err)
+	}
+	return Config{Redirect: v.Flags&configRedirect != 0, ReversePath: v.Flags&configReversePath != 0,
+		HashSeed: v.HashSeed, SYNRetransMinAge: time.Duration(v.SynRetransMinNs)}, nil
 }
 
 // SetRedirect makes pb_redirect hold exactly ifindexes.
@@ -606,29 +646,47 @@ func (m *Maps) ServiceBackends(svcID uint32, n uint32) ([]uint32, error) {
 	return out, nil
 }
 
-// SetPartialIfaces makes pb_partial_ifaces hold exactly ifindexes: the
-// interfaces (veths) on which a local sender may hand the datapath a packet
-// whose L4 checksum the device is still to finish.
-func (m *Maps) SetPartialIfaces(ifindexes []uint32) error {
-	want := map[uint32]bool{}
-	for _, i := range ifindexes {
-		want[i] = true
+// Iface is what the datapath knows of an interface it is attached to
+// (pb_ifaces).
+type Iface struct {
+	Index uint32
+	// Partial: a local sender may hand the datapath a packet whose L4
+	// checksum the device is still to finish (a pod's veth).
+	Partial bool
+	// Master is the interface's master (a bridge port's bridge), 0: none:
+	// the node routes a bridged pod through the bridge, so its replies pass
+	// the reverse-path check on the port when the route names the bridge.
+	Master uint32
+}
+
+// SetIfaces makes pb_ifaces hold exactly ifs (those with something to
+// say: a partial checksum or a master).
+func (m *Maps) SetIfaces(ifs []Iface) error {
+	want := map[uint32]bpf.LbIface{}
+	for _, i := range ifs {
+		v := bpf.LbIface{Master: i.Master}
+		if i.Partial {
+			v.Flags |= ifacePartial
+		}
+		if v != (bpf.LbIface{}) {
+			want[i.Index] = v
+		}
 	}
 	var k uint32
-	var v uint8
+	var v bpf.LbIface
 	var stale []uint32
-	it := m.m.PbPartialIfaces.Iterate()
+	it := m.m.PbIfaces.Iterate()
 	for it.Next(&k, &v) {
-		if !want[k] {
+		if _, ok := want[k]; !ok {
 			stale = append(stale, k)
 		}
 	}
 	for _, k := range stale {
-		_ = m.m.PbPartialIfaces.Delete(k)
+		_ = m.m.PbIfaces.Delete(k)
 	}
-	for i := range want {
-		if err := m.m.PbPartialIfaces.Put(i, uint8(1)); err != nil {
-			return fmt.Errorf("pb_partial_ifaces[%d]: %w", i, err)
+	for i, v := range want {
+		if err := m.m.PbIfaces.Put(i, v); err != nil {
+			return fmt.Errorf("pb_ifaces[%d]: %w", i, err)
 		}
 	}
 	return nil

@@ -3,40 +3,36 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/penaltybox/penaltybox/bpf"
 )
 
-// GlobalStats sums pb_stats over CPUs.
+// GlobalStats sums pb_stats_v2 over CPUs.
 func (m *Maps) GlobalStats() (bpf.LbGlobalStats, error) {
 	var per []bpf.LbGlobalStats
-	var s bpf.LbGlobalStats
-	if err := m.m.PbStats.Lookup(uint32(0), &per); err != nil {
-		return s, fmt.Errorf("pb_stats: %w", err)
+	if err := m.m.PbStatsV2.Lookup(uint32(0), &per); err != nil {
+		return bpf.LbGlobalStats{}, fmt.Errorf("pb_stats_v2: %w", err)
 	}
-	for _, c := range per {
-		s.EventsLost += c.EventsLost
-		s.Redirected += c.Redirected
-		s.PassedAfterNat += c.PassedAfterNat
-		s.NoBackend += c.NoBackend
-		s.ProbeAdmitted += c.ProbeAdmitted
-		s.Steered += c.Steered
-		s.SteerFailed += c.SteerFailed
-		s.Repicked += c.Repicked
-		s.CtCreateFailed += c.CtCreateFailed
-		s.Malformed += c.Malformed
-		s.InflightRejected += c.InflightRejected
-		s.InflightUntracked += c.InflightUntracked
-		s.RejectRstTx += c.RejectRstTx
-		s.RejectRstPass += c.RejectRstPass
-		s.ProbeRescued += c.ProbeRescued
-		s.RefusedRescued += c.RefusedRescued
-		s.Retried += c.Retried
-		s.IcmpTranslated += c.IcmpTranslated
+	return sumCounters(per), nil
+}
+
+// sumCounters adds up per-CPU copies of a struct of uint64 counters, field
+// by field: a counter added to the C struct is summed without a line here.
+func sumCounters[T any](per []T) T {
+	var sum T
+	out := reflect.ValueOf(&sum).Elem()
+	for i := range per {
+		v := reflect.ValueOf(per[i])
+		for f := range out.NumField() {
+			if out.Field(f).Kind() == reflect.Uint64 {
+				out.Field(f).SetUint(out.Field(f).Uint() + v.Field(f).Uint())
+			}
+		}
 	}
-	return s, nil
+	return sum
 }
 
 // ServiceStats sums pb_svc_stats[id] over CPUs.
@@ -108,7 +104,7 @@ func (m *Maps) Conntrack(limit int) ([]CTEntry, error) {
 	vals := make([]bpf.LbCtValue, chunk)
 	var cursor ebpf.MapBatchCursor
 	for {
-		n, err := m.m.PbCt.BatchLookup(&cursor, keys, vals, nil)
+		n, err := m.m.PbCtV2.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < n; i++ {
 			out = append(out, CTEntry{keys[i], vals[i]})
 			if limit > 0 && len(out) >= limit {
@@ -127,13 +123,13 @@ func (m *Maps) Conntrack(limit int) ([]CTEntry, error) {
 // CTEntry reads one conntrack entry.
 func (m *Maps) CTEntry(k bpf.LbCtKey) (bpf.LbCtValue, error) {
 	var v bpf.LbCtValue
-	err := m.m.PbCt.Lookup(k, &v)
+	err := m.m.PbCtV2.Lookup(k, &v)
 	return v, err
 }
 
 // DeleteCT removes one conntrack entry; absence is not an error.
 func (m *Maps) DeleteCT(k bpf.LbCtKey) error {
-	if err := m.m.PbCt.Delete(k); err != nil && err != ebpf.ErrKeyNotExist {
+	if err := m.m.PbCtV2.Delete(k); err != nil && err != ebpf.ErrKeyNotExist {
 		return err
 	}
 	return nil

@@ -251,6 +251,7 @@ var (
 	dSYNGuard     = desc("datapath_syn_guard_syns_total", "SYNs to services while the SYN guard was on (pure SYNs from clients, whatever conntrack holds for their tuple; not the agent's replays), by verdict: trusted (the source proved itself lately: a backend sent it payload), admitted (untrusted, within the per-CPU budget), dropped (untrusted, over the budget: dropped in XDP).", "verdict")
 	dSYNArmed     = desc("datapath_syn_guard_armed_total", "Times a CPU turned the SYN guard on by itself: in 100 ms more SYNs to services than --syn-guard-arm-rate allows, and a quarter as many again from untrusted sources (a flood, seen before the agent can tell); it stays on there for 1 s past the last such window.")
 	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")
+	dUnproven     = desc("datapath_unproven_packets_total", "Packets the datapath did not take as evidence of a backend's health, because a client (or a pod spoofing a backend) could have sent them, by reason: syn_doomed (a SYN no backend can accept: bad checksum, SYN|FIN, TTL <= 1, TCP-MD5/AO; passed unchanged, no flow), syn_duplicate (a pending flow's SYN again too soon or with another ISN: no timeout), reply_wrong_side (a reply from where the node does not route its backend: passed unchanged), reply_bad_checksum (a RST, SYN-ACK or ICMP error with a bad checksum), reply_unacked (a RST or SYN-ACK not acknowledging what the client sent, or a reset after a wrong handshake ACK), client_rst_ignored (a client's RST out of the backend's sequence: the flow keeps its breaker slot).", "reason")
 	dEndpoints    = desc("endpoints", "Endpoints by failure-accrual state.", "service", "state")
 	dEpState      = desc("endpoint_state", "1 for the endpoint's current failure-accrual state.", "service", "endpoint", "state")
 	dEpFailures   = desc("endpoint_failures_total", "L4 failures seen per endpoint, by kind (counted or not).", "service", "endpoint", "kind")
@@ -277,7 +278,7 @@ type collector struct {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcNoBackend, dCBRejected, dBePackets, dBeBytes,
 		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked, dRescued, dRetried,
-		dCTFail, dMalformed, dICMP, dSYNGuard, dSYNArmed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
+		dCTFail, dMalformed, dUnproven, dICMP, dSYNGuard, dSYNArmed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
 		dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow, dFailOpen, dFailOpenEps, dCBMax, dInflight} {
 		ch <- d
 	}
@@ -307,8 +308,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dCTFail, gs.CtCreateFailed)
 		counter(ch, dMalformed, gs.Malformed)
 		counter(ch, dICMP, gs.IcmpTranslated)
+		counter(ch, dUnproven, gs.SynDoomed, "syn_doomed")
+		counter(ch, dUnproven, gs.SynDuplicate, "syn_duplicate")
+		counter(ch, dUnproven, gs.ReplyWrongSide, "reply_wrong_side")
+		counter(ch, dUnproven, gs.ReplyBadChecksum, "reply_bad_checksum")
+		counter(ch, dUnproven, gs.ReplyUnacked, "reply_unacked")
+		counter(ch, dUnproven, gs.ClientRstIgnored, "client_rst_ignored")
 	} else {
-		c.log.Warn("metrics: read pb_stats", "err", err)
+		c.log.Warn("metrics: read pb_stats_v2", "err", err)
 	}
 	if g, err := c.src.SYNGuardStats(); err == nil {
 		counter(ch, dSYNGuard, g.Trusted, "trusted")

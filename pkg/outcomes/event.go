@@ -69,6 +69,9 @@ const (
 	FlagTripped = uint8(bpf.LbPbEventFlagPB_EVF_TRIPPED)
 	// FlagRescued: a refusal kept from the client; its SYN may be replayed.
 	FlagRescued = uint8(bpf.LbPbEventFlagPB_EVF_RESCUED)
+	// FlagVoid: a flow ended with no verdict (the backend reset a
+	// connection whose client sent a wrong handshake ACK).
+	FlagVoid = uint8(bpf.LbPbEventFlagPB_EVF_VOID)
 )
 
 // Event is one decoded struct event.

@@ -279,6 +279,17 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		}
 		return o, false
 	case FlowEnd:
+		// A void end decides nothing: the backend reset a connection the
+		// client had not conducted right. A probe's is inconclusive, and
+		// accrual grants a new one.
+		if ev.Flags&FlagVoid != 0 {
+			t.drop(key)
+			if known && o.Probe {
+				o.Inconclusive = true
+				return o, true
+			}
+			return o, false
+		}
 		// A reset ends a flow too, but its Reset event came first and took
 		// the pending entry; what is left here closed normally.
 		if known && p.phase == settling {

@@ -81,6 +81,14 @@ func TestTrackerVerdicts(t *testing.T) {
 			[]string{"refused@2ms", "success@4ms"}},
 		{"verdict without a seen new flow (agent restarted)", all, []step{{5 * ms, Refused, 0, 1}},
 			[]string{"refused@5ms"}},
+		// The backend reset a connection whose client sent a wrong
+		// handshake ACK: no success, no failure, and no deadline after.
+		{"a void end decides nothing", all, []step{
+			{0, NewFlow, 0, 1}, {2 * ms, Established, 0, 1}, {3 * ms, FlowEnd, FlagVoid, 1}, {5 * time.Second, 0, 0, 0}},
+			nil},
+		{"a probe's void end is inconclusive", all, []step{
+			{0, NewFlow, FlagProbe, 1}, {2 * ms, Established, 0, 1}, {3 * ms, FlowEnd, FlagVoid, 1}, {5 * time.Second, 0, 0, 0}},
+			[]string{"probe-inconclusive@3ms"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -89,7 +97,10 @@ func TestTrackerVerdicts(t *testing.T) {
 			var got []string
 			record := func(o accrual.Outcome) {
 				s := "success"
-				if !o.Success {
+				switch {
+				case o.Inconclusive:
+					s = "inconclusive"
+				case !o.Success:
 					s = o.Kind.String()
 				}
 				if o.Probe {

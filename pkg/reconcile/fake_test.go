@@ -96,9 +96,10 @@ type fakeWriter struct {
 	vipSlots  map[uint32]bool          // array: absent == 0
 	listed    map[uint32][]uint32      // pb_svc_backends: service id -> active backends
 	health    map[uint32]bpf.LbEndpointHealth
-	partial   []uint32 // pb_partial_ifaces
+	partial   []uint32 // pb_ifaces entries with PB_IF_PARTIAL
+	masters   map[uint32]uint32 // pb_ifaces masters
 	redirect  []uint32 // pb_redirect
-	config    uint32   // pb_config flags
+	config    pbmaps.Config // pb_config_v2
 	// trips are the pb_svc_trip settings written; tripResets counts the
 	// pb_be_trip streaks started afresh, by backend.
 	trips      map[uint32]tripSetting
@@ -691,11 +692,19 @@ func (f *fakeWriter) Health() (map[uint32]bpf.LbEndpointHealth, error) {
 	return maps.Clone(f.health), nil
 }
 
-func (f *fakeWriter) SetPartialIfaces(ids []uint32) error {
-	if err := f.failing("SetPartialIfaces"); err != nil {
+func (f *fakeWriter) SetIfaces(ifs []pbmaps.Iface) error {
+	if err := f.failing("SetIfaces"); err != nil {
 		return err
 	}
-	f.partial = slices.Clone(ids)
+	f.partial, f.masters = nil, map[uint32]uint32{}
+	for _, i := range ifs {
+		if i.Partial {
+			f.partial = append(f.partial, i.Index)
+		}
+		if i.Master != 0 {
+			f.masters[i.Index] = i.Master
+		}
+	}
 	return nil
 }
 
@@ -707,11 +716,11 @@ func (f *fakeWriter) SetRedirect(ids []uint32) error {
 	return nil
 }
 
-func (f *fakeWriter) SetConfig(flags uint32) error {
+func (f *fakeWriter) SetConfig(c pbmaps.Config) error {
 	if err := f.failing("SetConfig"); err != nil {
 		return err
 	}
-	f.config = flags
+	f.config = c
 	return nil
 }
 

@@ -69,16 +69,25 @@ func TestRedirectInterfacesSetTheConfigFlag(t *testing.T) {
 	if err := e.r.SetRedirectInterfaces([]uint32{4, 7}); err != nil {
 		t.Fatal(err)
 	}
-	if e.f.config&pbmaps.ConfigRedirect == 0 || len(e.f.redirect) != 2 {
-		t.Fatalf("redirect %v, config %#x", e.f.redirect, e.f.config)
+	if !e.f.config.Redirect || len(e.f.redirect) != 2 {
+		t.Fatalf("redirect %v, config %+v", e.f.redirect, e.f.config)
+	}
+	// The other settings stay as they were set, whatever the interfaces.
+	set := pbmaps.Config{ReversePath: true, HashSeed: 7, SYNRetransMinAge: time.Second}
+	if err := e.r.SetDatapathConfig(set); err != nil {
+		t.Fatal(err)
+	}
+	if want := (pbmaps.Config{Redirect: true, ReversePath: true, HashSeed: 7, SYNRetransMinAge: time.Second}); e.f.config != want {
+		t.Fatalf("config %+v after the settings, want %+v", e.f.config, want)
 	}
 	if err := e.r.SetRedirectInterfaces(nil); err != nil {
 		t.Fatal(err)
 	}
-	if e.f.config != 0 || len(e.f.redirect) != 0 {
-		t.Fatalf("redirect %v, config %#x after clearing", e.f.redirect, e.f.config)
+	if want := (pbmaps.Config{ReversePath: true, HashSeed: 7, SYNRetransMinAge: time.Second}); e.f.config != want || len(e.f.redirect) != 0 {
+		t.Fatalf("redirect %v, config %+v after clearing, want %+v", e.f.redirect, e.f.config, want)
 	}
-	if err := e.r.SetPartialInterfaces([]uint32{9}); err != nil || len(e.f.partial) != 1 {
-		t.Fatalf("partial %v, err %v", e.f.partial, err)
+	if err := e.r.SetInterfaces([]pbmaps.Iface{{Index: 9, Partial: true}, {Index: 10, Master: 3}}); err != nil ||
+		len(e.f.partial) != 1 || e.f.masters[10] != 3 {
+		t.Fatalf("partial %v, masters %v, err %v", e.f.partial, e.f.masters, err)
 	}
 }

@@ -6,30 +6,44 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
-// SetPartialInterfaces makes pb_partial_ifaces hold exactly ifindexes: the
-// interfaces (veths) whose packets may arrive with their L4 checksum left
-// to the device, which the datapath must finish before rewriting them.
-func (r *Reconciler) SetPartialInterfaces(ifindexes []uint32) error {
-	if err := r.w.SetPartialIfaces(ifindexes); err != nil {
-		return fmt.Errorf("pb_partial_ifaces: %w", err)
+// SetInterfaces makes pb_ifaces describe exactly ifs: the interfaces
+// (veths) whose packets may arrive with their L4 checksum left to the
+// device, which the datapath must finish before rewriting them, and each
+// interface's master, the reverse-path check's other acceptable interface.
+func (r *Reconciler) SetInterfaces(ifs []maps.Iface) error {
+	if err := r.w.SetIfaces(ifs); err != nil {
+		return fmt.Errorf("pb_ifaces: %w", err)
 	}
 	return nil
 }
 
 // SetRedirectInterfaces makes pb_redirect hold exactly ifindexes, the
 // egress interfaces that take XDP_REDIRECT, and turns redirecting on in
-// pb_config when there is any (otherwise packets go through the stack
+// pb_config_v2 when there is any (otherwise packets go through the stack
 // after NAT, XDP_PASS).
 func (r *Reconciler) SetRedirectInterfaces(ifindexes []uint32) error {
 	if err := r.w.SetRedirect(ifindexes); err != nil {
 		return fmt.Errorf("pb_redirect: %w", err)
 	}
-	var flags uint32
-	if len(ifindexes) > 0 {
-		flags |= maps.ConfigRedirect
+	c := r.config
+	c.Redirect = len(ifindexes) > 0
+	return r.writeConfig(c)
+}
+
+// SetDatapathConfig writes the datapath's settings but redirecting, which
+// follows the interfaces (SetRedirectInterfaces).
+func (r *Reconciler) SetDatapathConfig(c maps.Config) error {
+	c.Redirect = r.config.Redirect
+	return r.writeConfig(c)
+}
+
+// DatapathConfig is the datapath's settings as last written.
+func (r *Reconciler) DatapathConfig() maps.Config { return r.config }
+
+func (r *Reconciler) writeConfig(c maps.Config) error {
+	if err := r.w.SetConfig(c); err != nil {
+		return err
 	}
-	if err := r.w.SetConfig(flags); err != nil {
-		return fmt.Errorf("pb_config: %w", err)
-	}
+	r.config = c
 	return nil
 }

@@ -62,10 +62,10 @@ type Writer interface {
 	DeleteHealth(uint32) error
 	Health() (map[uint32]bpf.LbEndpointHealth, error)
 
-	// Interfaces (interfaces.go).
-	SetPartialIfaces([]uint32) error
+	// Interfaces and settings (interfaces.go).
+	SetIfaces([]maps.Iface) error
 	SetRedirect([]uint32) error
-	SetConfig(flags uint32) error
+	SetConfig(maps.Config) error
 
 	// The SYN guard (synguard.go).
 	SetSYNGuard(maps.SYNGuard) error
@@ -109,6 +109,7 @@ type Backend struct {
 // owns it.
 type Reconciler struct {
 	w        Writer
+	config   maps.Config // pb_config_v2 as last written
 	log      *slog.Logger
 	clk      clock.PassiveClock
 	cooldown time.Duration

@@ -357,16 +357,16 @@ func TestKubernetesMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		partial, err := ebpf.LoadPinnedMap(filepath.Join(w.agent.BPFFSRoot, bpf.LbMapPbPartialIfaces), nil)
+		partial, err := ebpf.LoadPinnedMap(filepath.Join(w.agent.BPFFSRoot, bpf.LbMapPbIfaces), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer partial.Close()
 		var idx uint32
 		fmt.Sscan(strings.TrimSpace(ifc), &idx)
-		w.eventually(2*time.Second, "b99 in pb_partial_ifaces", func() bool {
-			var v uint8
-			return partial.Lookup(idx, &v) == nil
+		w.eventually(2*time.Second, "b99 in pb_ifaces, partial", func() bool {
+			var v bpf.LbIface
+			return partial.Lookup(idx, &v) == nil && v.Flags&1 != 0
 		})
 		if _, err := w.topo.Node.Run("ip", "link", "del", "b99"); err != nil {
 			t.Fatal(err)
