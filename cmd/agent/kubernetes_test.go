@@ -28,6 +28,11 @@ func TestParseFlagsModes(t *testing.T) {
 		{args: []string{"--config", "x.yaml", "--conntrack-size", "4k"}, wantErr: "want a positive integer"},
 		{args: []string{"--config", "x.yaml", "--xdp-mode", "generic"}},
 		{args: []string{"--config", "x.yaml", "--xdp-mode", "drv"}, wantErr: `--xdp-mode: "drv": want auto, native or generic`},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "256Mi"}},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "1048576"}},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "1Ki"}, wantErr: `-tracker-memory: want a quantity from 1Mi to 16Gi, got "1Ki"`},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "lots"}, wantErr: `want a quantity from 1Mi to 16Gi, got "lots"`},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "1Ti"}, wantErr: "want a quantity from 1Mi to 16Gi"},
 	}
 	for _, tt := range tests {
 		_, err := parseFlags(tt.args)

@@ -31,9 +31,13 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/penaltybox/penaltybox/pkg/agent"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
 // defaultMemoryLimit is the agent's soft heap limit (GOMEMLIMIT overrides).
@@ -69,6 +73,8 @@ type options struct {
 	kernelTrips bool
 	// synGuard: the SYN guard's budget and trust (Rate 0: no guard).
 	synGuard maps.SYNGuard
+	// trackerMemory: the ceiling of the tracked flows' memory, in bytes.
+	trackerMemory int64
 }
 
 func main() {
@@ -87,7 +93,9 @@ func main() {
 	}
 	log := newLogger(opts.logLevel)
 	// A soft heap limit keeps the agent's footprint steady on a node; an
-	// operator's GOMEMLIMIT wins. The GC works harder near it, never fails.
+	// operator's GOMEMLIMIT wins (the DaemonSet's is the container's
+	// limit, which fitMemoryLimit narrows to the Go runtime's share once
+	// the maps are loaded). The GC works harder near it, never fails.
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
@@ -154,6 +162,16 @@ func parseFlags(args []string) (options, error) {
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
 	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")
 	max(&o.dp.EventsBytes, "events-bytes", datapath.DefaultEventsBytes, "ring buffer bytes for outcome events (power of two)")
+	o.trackerMemory = agent.DefaultTrackerMemory
+	fs.Func("tracker-memory", fmt.Sprintf("ceiling of the memory of the flows the agent tracks (connects waiting for an answer, connections settling), as a Kubernetes quantity (64Mi) or bytes: %d bytes a flow, a sixteenth of them for each service at most; beyond it new flows are judged only by the kernel's signals (default %s)",
+		outcomes.EntryBytes, resource.NewQuantity(agent.DefaultTrackerMemory, resource.BinarySI)), func(s string) error {
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Value() < minTrackerMemory || q.Value() > maxTrackerMemory {
+			return fmt.Errorf("want a quantity from 1Mi to 16Gi, got %q", s)
+		}
+		o.trackerMemory = q.Value()
+		return nil
+	})
 	fs.StringVar(&o.dp.XDPMode, "xdp-mode", datapath.XDPAuto, `how the program attaches: "auto" generic XDP on veths (no NAPI ring to overflow under a flood), native elsewhere; "native" native wherever the driver has it, veths included; "generic" generic everywhere. A pinned link the agent adopts keeps its mode`)
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -213,6 +231,13 @@ const defaultSYNGuardArmRate = 20000
 // maxSYNGuardRate: beyond a million a second per CPU the guard would
 // admit all a CPU can receive anyway.
 const maxSYNGuardRate = 1000000
+
+// The --tracker-memory range: below 1Mi (1,638 flows) a busy service
+// would go untracked; beyond 16Gi it bounds nothing a node has.
+const (
+	minTrackerMemory = 1 << 20
+	maxTrackerMemory = 16 << 30
+)
 
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level

@@ -24,7 +24,7 @@ type node struct {
 func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (*node, error) {
 	an, err := agent.Open(agent.NodeOptions{Datapath: o.dp, Log: log,
 		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault, NoKernelTrips: !o.kernelTrips,
-		SYNGuard: o.synGuard})
+		SYNGuard: o.synGuard, TrackerMemory: o.trackerMemory})
 	if re := (*datapath.RootError)(nil); errors.As(err, &re) {
 		return nil, fmt.Errorf("--bpffs-root %w", err)
 	}
@@ -32,6 +32,9 @@ func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (
 		return nil, err
 	}
 	n := &node{Node: an, log: log}
+	// The maps are charged to the container's cgroup now: fit the Go
+	// runtime's share of its limit.
+	fitMemoryLimit("/sys/fs/cgroup", log)
 	srv := admin.New(n.Metrics().Registry, n.Ready, log)
 	srv.JSON("/admin/services", func() any { return n.ServicesView() })
 	srv.JSON("/admin/endpoints", func() any { return n.EndpointsView() })
