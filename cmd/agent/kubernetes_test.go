@@ -45,6 +45,25 @@ func TestParseFlagsModes(t *testing.T) {
 	}
 }
 
+// The HTTP addresses: metrics on every interface (standalone's old
+// default), the admin views on loopback only, or nowhere.
+func TestParseFlagsHTTP(t *testing.T) {
+	o, err := parseFlags([]string{"--config", "x.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.metricsAddr != ":9464" || o.adminAddr != "127.0.0.1:9465" || o.trackerMemory != 64<<20 {
+		t.Errorf("defaults: metrics %q admin %q tracker memory %d", o.metricsAddr, o.adminAddr, o.trackerMemory)
+	}
+	o, err = parseFlags([]string{"--config", "x.yaml", "--metrics-addr", "[198.18.0.1]:9464", "--admin-addr", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.metricsAddr != "[198.18.0.1]:9464" || o.adminAddr != "" {
+		t.Errorf("metrics %q admin %q", o.metricsAddr, o.adminAddr)
+	}
+}
+
 func TestParseFlagsSYNGuard(t *testing.T) {
 	o, err := parseFlags([]string{"--config", "x.yaml"})
 	if err != nil {

@@ -4,7 +4,7 @@
 // out of their service for a penalty that backs off, until one real
 // connection proves them healthy again.
 //
-//	agent --config FILE [--metrics-addr :9464]   standalone
+//	agent --config FILE [--metrics-addr :9464]   standalone (/admin/* on 127.0.0.1:9465)
 //	agent --node-name NODE [--kubeconfig FILE]   Kubernetes (a DaemonSet)
 //	agent teardown [--bpffs-root DIR]           detach and unpin everything
 //
@@ -62,6 +62,7 @@ type options struct {
 	fleetInterval time.Duration
 
 	metricsAddr string
+	adminAddr   string
 	bpffsRoot   string
 	logLevel    string
 	dp          datapath.Options
@@ -130,7 +131,8 @@ func parseFlags(args []string) (options, error) {
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
 	tunnelIfaces := fs.String("tunnel-interfaces", nodelinks.DefaultTunnelPatterns, `Kubernetes mode: globs of the overlay pod network's VXLAN devices (replies from pods on other nodes arrive there), comma-separated; "" none`)
-	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz, /readyz and /admin/*")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz and /readyz (every interface by default; the DaemonSet binds the pod's IP)")
+	fs.StringVar(&o.adminAddr, "admin-addr", "127.0.0.1:9465", `address for the read-only, unauthenticated /admin/* JSON views: loopback by default (kubectl port-forward reaches it); "" serves none`)
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
 	fs.BoolVar(&o.kernelTrips, "kernel-trips", true, "the datapath ejects an endpoint itself at the failure that decides it, before the agent reacts; false: the agent alone ejects (about a millisecond later, new flows still reach the endpoint meanwhile)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")

@@ -39,13 +39,17 @@ func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (
 	srv.JSON("/admin/services", func() any { return n.ServicesView() })
 	srv.JSON("/admin/endpoints", func() any { return n.EndpointsView() })
 	srv.JSON("/admin/circuit_breakers", func() any { return n.CircuitBreakersView() })
-	addr, httpDone, err := srv.Serve(ctx, o.metricsAddr)
+	addrs, httpDone, err := srv.Serve(ctx, o.metricsAddr, o.adminAddr)
 	if err != nil {
 		n.Close()
-		return nil, fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
+		return nil, err
 	}
 	n.httpDone = httpDone
-	log.Info("serving metrics and admin", "addr", addr.String())
+	args := []any{"metrics_addr", addrs.Metrics.String()}
+	if addrs.Admin != nil {
+		args = append(args, "admin_addr", addrs.Admin.String())
+	}
+	log.Info("serving metrics and probes, and the admin views", args...)
 	return n, nil
 }
 
