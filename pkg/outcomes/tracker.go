@@ -217,8 +217,8 @@ type Tracker struct {
 	// awaiting a verdict (connecting or settling): beyond it that
 	// service's new flows are not tracked, as beyond MaxPending, so one
 	// tenant's idle or half-open connections cannot take the node's
-	// ceiling. Probes are always tracked: an endpoint in probation needs
-	// its verdict.
+	// ceiling. Probes are exempt from it: an endpoint in probation needs
+	// its probe's verdict.
 	MaxPendingPerService int
 	// svcs: per service, what it has waiting and what was shed.
 	svcs map[uint32]*svcCount
