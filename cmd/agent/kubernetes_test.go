@@ -28,6 +28,11 @@ func TestParseFlagsModes(t *testing.T) {
 		{args: []string{"--config", "x.yaml", "--conntrack-size", "4k"}, wantErr: "want a positive integer"},
 		{args: []string{"--config", "x.yaml", "--xdp-mode", "generic"}},
 		{args: []string{"--config", "x.yaml", "--xdp-mode", "drv"}, wantErr: `--xdp-mode: "drv": want auto, native or generic`},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "256Mi"}},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "1048576"}},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "1Ki"}, wantErr: `-tracker-memory: want a quantity from 1Mi to 16Gi, got "1Ki"`},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "lots"}, wantErr: `want a quantity from 1Mi to 16Gi, got "lots"`},
+		{args: []string{"--config", "x.yaml", "--tracker-memory", "1Ti"}, wantErr: "want a quantity from 1Mi to 16Gi"},
 	}
 	for _, tt := range tests {
 		_, err := parseFlags(tt.args)
@@ -37,6 +42,25 @@ func TestParseFlagsModes(t *testing.T) {
 		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
 			t.Errorf("%v: error %v, want one containing %q", tt.args, err, tt.wantErr)
 		}
+	}
+}
+
+// The HTTP addresses: metrics on every interface (standalone's old
+// default), the admin views on loopback only, or nowhere.
+func TestParseFlagsHTTP(t *testing.T) {
+	o, err := parseFlags([]string{"--config", "x.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.metricsAddr != ":9464" || o.adminAddr != "127.0.0.1:9465" || o.trackerMemory != 64<<20 {
+		t.Errorf("defaults: metrics %q admin %q tracker memory %d", o.metricsAddr, o.adminAddr, o.trackerMemory)
+	}
+	o, err = parseFlags([]string{"--config", "x.yaml", "--metrics-addr", "[198.18.0.1]:9464", "--admin-addr", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.metricsAddr != "[198.18.0.1]:9464" || o.adminAddr != "" {
+		t.Errorf("metrics %q admin %q", o.metricsAddr, o.adminAddr)
 	}
 }
 

@@ -4,7 +4,7 @@
 // out of their service for a penalty that backs off, until one real
 // connection proves them healthy again.
 //
-//	agent --config FILE [--metrics-addr :9464]   standalone
+//	agent --config FILE [--metrics-addr :9464]   standalone (/admin/* on 127.0.0.1:9465)
 //	agent --node-name NODE [--kubeconfig FILE]   Kubernetes (a DaemonSet)
 //	agent teardown [--bpffs-root DIR]           detach and unpin everything
 //
@@ -31,10 +31,14 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/penaltybox/penaltybox/pkg/agent"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/k8s"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
 // defaultMemoryLimit is the agent's soft heap limit (GOMEMLIMIT overrides).
@@ -59,6 +63,7 @@ type options struct {
 	fleetInterval time.Duration
 
 	metricsAddr string
+	adminAddr   string
 	bpffsRoot   string
 	logLevel    string
 	dp          datapath.Options
@@ -75,6 +80,8 @@ type options struct {
 	// standalone, the pinned datapath's or a random one).
 	evidence     maps.Config
 	hashSeedFile string
+	// trackerMemory: the ceiling of the tracked flows' memory, in bytes.
+	trackerMemory int64
 }
 
 func main() {
@@ -93,7 +100,9 @@ func main() {
 	}
 	log := newLogger(opts.logLevel)
 	// A soft heap limit keeps the agent's footprint steady on a node; an
-	// operator's GOMEMLIMIT wins. The GC works harder near it, never fails.
+	// operator's GOMEMLIMIT wins (the DaemonSet's is the container's
+	// limit, which fitMemoryLimit narrows to the Go runtime's share once
+	// the maps are loaded). The GC works harder near it, never fails.
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
@@ -133,7 +142,8 @@ func parseFlags(args []string) (options, error) {
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
 	tunnelIfaces := fs.String("tunnel-interfaces", nodelinks.DefaultTunnelPatterns, `Kubernetes mode: globs of the overlay pod network's VXLAN devices (replies from pods on other nodes arrive there), comma-separated; "" none`)
-	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz, /readyz and /admin/*")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz and /readyz (every interface by default; the DaemonSet binds the pod's IP)")
+	fs.StringVar(&o.adminAddr, "admin-addr", "127.0.0.1:9465", `address for the read-only, unauthenticated /admin/* JSON views: loopback by default (kubectl port-forward reaches it); "" serves none`)
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
 	fs.BoolVar(&o.kernelTrips, "kernel-trips", true, "the datapath ejects an endpoint itself at the failure that decides it, before the agent reacts; false: the agent alone ejects (about a millisecond later, new flows still reach the endpoint meanwhile)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -168,6 +178,16 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.evidence.ReversePath, "reverse-path-check", true, "a backend's reply counts as its answer (refused, reset, accepted) only if it arrived where the node routes that backend, as the kernel's strict rp_filter rule has it: no pod can answer for another; false only where replies come back another way (asymmetric routing)")
 	fs.DurationVar(&o.evidence.SYNRetransMinAge, "syn-retransmit-min-age", 200*time.Millisecond, "a pending connection's SYN seen again sooner than this after the first is a duplicate, not the client's retransmission, and no timeout (Linux retransmits a SYN after 1s; 200ms is its smallest retransmission timeout)")
 	fs.StringVar(&o.hashSeedFile, "hash-seed-file", "", "a file whose bytes seed the flow hash, the same on every node (default: Kubernetes mode, the Secret penaltybox-hash-seed in the agent's namespace, created when missing; standalone, the seed the pinned datapath has, or a random one)")
+	o.trackerMemory = agent.DefaultTrackerMemory
+	fs.Func("tracker-memory", fmt.Sprintf("ceiling of the memory of the flows the agent tracks (connects waiting for an answer, connections settling), as a Kubernetes quantity (64Mi) or bytes: %d bytes a flow, a sixteenth of them for each service at most; beyond it new flows are judged only by the kernel's signals (default %s)",
+		outcomes.EntryBytes, resource.NewQuantity(agent.DefaultTrackerMemory, resource.BinarySI)), func(s string) error {
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Value() < minTrackerMemory || q.Value() > maxTrackerMemory {
+			return fmt.Errorf("want a quantity from 1Mi to 16Gi, got %q", s)
+		}
+		o.trackerMemory = q.Value()
+		return nil
+	})
 	fs.StringVar(&o.dp.XDPMode, "xdp-mode", datapath.XDPAuto, `how the program attaches: "auto" generic XDP on veths (no NAPI ring to overflow under a flood), native elsewhere; "native" native wherever the driver has it, veths included; "generic" generic everywhere. A pinned link the agent adopts keeps its mode`)
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -240,6 +260,13 @@ const defaultSYNGuardArmRate = 20000
 // maxSYNGuardRate: beyond a million a second per CPU the guard would
 // admit all a CPU can receive anyway.
 const maxSYNGuardRate = 1000000
+
+// The --tracker-memory range: below 1Mi (1,638 flows) a busy service
+// would go untracked; beyond 16Gi it bounds nothing a node has.
+const (
+	minTrackerMemory = 1 << 20
+	maxTrackerMemory = 16 << 30
+)
 
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level

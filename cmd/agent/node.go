@@ -24,7 +24,7 @@ type node struct {
 func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (*node, error) {
 	an, err := agent.Open(agent.NodeOptions{Datapath: o.dp, Log: log,
 		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault, NoKernelTrips: !o.kernelTrips,
-		SYNGuard: o.synGuard, Evidence: o.evidence})
+		SYNGuard: o.synGuard, TrackerMemory: o.trackerMemory, Evidence: o.evidence})
 	if re := (*datapath.RootError)(nil); errors.As(err, &re) {
 		return nil, fmt.Errorf("--bpffs-root %w", err)
 	}
@@ -32,17 +32,24 @@ func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (
 		return nil, err
 	}
 	n := &node{Node: an, log: log}
+	// The maps are charged to the container's cgroup now: fit the Go
+	// runtime's share of its limit.
+	fitMemoryLimit("/sys/fs/cgroup", log)
 	srv := admin.New(n.Metrics().Registry, n.Ready, log)
 	srv.JSON("/admin/services", func() any { return n.ServicesView() })
 	srv.JSON("/admin/endpoints", func() any { return n.EndpointsView() })
 	srv.JSON("/admin/circuit_breakers", func() any { return n.CircuitBreakersView() })
-	addr, httpDone, err := srv.Serve(ctx, o.metricsAddr)
+	addrs, httpDone, err := srv.Serve(ctx, o.metricsAddr, o.adminAddr)
 	if err != nil {
 		n.Close()
-		return nil, fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
+		return nil, err
 	}
 	n.httpDone = httpDone
-	log.Info("serving metrics and admin", "addr", addr.String())
+	args := []any{"metrics_addr", addrs.Metrics.String()}
+	if addrs.Admin != nil {
+		args = append(args, "admin_addr", addrs.Admin.String())
+	}
+	log.Info("serving metrics and probes, and the admin views", args...)
 	return n, nil
 }
 

@@ -376,7 +376,7 @@ func (d *demo) printSetup(took time.Duration) {
 		maxFailures, minPenalty, maxPenalty, jitterRatio, connectTimeout)
 	p.line("  agent       %s --config %s", d.agent.Binary, d.agent.ConfigPath)
 	p.line("              pins in %s, log %s", d.agent.BPFFSRoot, d.agent.LogPath())
-	p.line("              /metrics and /admin/* on 127.0.0.1:%d inside the node namespace", agentrun.MetricsPort)
+	p.line("              /metrics on 127.0.0.1:%d, /admin/* on 127.0.0.1:%d inside the node namespace", agentrun.MetricsPort, agentrun.AdminPort)
 }
 
 func (d *demo) printKeep() {
@@ -384,7 +384,7 @@ func (d *demo) printKeep() {
 	p := d.p
 	p.section("Still running (--keep): have a look, then press Ctrl-C to remove everything")
 	p.line("  ip netns exec %s curl -s http://%s/", t.Client.Name, testnet.VIP)
-	p.line("  ip netns exec %s curl -s http://127.0.0.1:%d/admin/endpoints", t.Node.Name, agentrun.MetricsPort)
+	p.line("  ip netns exec %s curl -s http://127.0.0.1:%d/admin/endpoints", t.Node.Name, agentrun.AdminPort)
 	p.line("  ip netns exec %s curl -s http://127.0.0.1:%d/metrics | grep ^penaltybox_", t.Node.Name, agentrun.MetricsPort)
 	p.line("  ip netns exec %s bpftool net show", t.Node.Name)
 	p.line("  ls %s; bpftool map dump pinned %s/pb_backends", d.agent.BPFFSRoot, d.agent.BPFFSRoot)

@@ -26,8 +26,12 @@ import (
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
-// MetricsPort is where the agent serves HTTP inside the node namespace.
-const MetricsPort = 9464
+// MetricsPort is where the agent serves /metrics and the probes inside the
+// node namespace, AdminPort the /admin views (both on its 127.0.0.1).
+const (
+	MetricsPort = 9464
+	AdminPort   = 9465
+)
 
 // Build compiles the agent into a new temporary directory named after
 // prefix and returns the binary's path; remove filepath.Dir of it when
@@ -156,7 +160,8 @@ func (a *Agent) StartNoWait() error {
 	if err != nil {
 		return err
 	}
-	args := []string{"--bpffs-root", a.BPFFSRoot, "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", MetricsPort)}
+	args := []string{"--bpffs-root", a.BPFFSRoot, "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", MetricsPort),
+		"--admin-addr", fmt.Sprintf("127.0.0.1:%d", AdminPort)}
 	if a.ConfigPath != "" {
 		args = append(args, "--config", a.ConfigPath)
 	}
@@ -301,10 +306,20 @@ func (a *Agent) Close() error {
 	return errors.Join(errs...)
 }
 
-// Get fetches path from the agent's HTTP server.
+// Get fetches path from the agent's metrics listener (/metrics, /healthz,
+// /readyz).
 func (a *Agent) Get(ctx context.Context, path string) (int, []byte, error) {
+	return a.get(ctx, MetricsPort, path)
+}
+
+// GetAdmin fetches path from the agent's admin listener (/admin/*).
+func (a *Agent) GetAdmin(ctx context.Context, path string) (int, []byte, error) {
+	return a.get(ctx, AdminPort, path)
+}
+
+func (a *Agent) get(ctx context.Context, port int, path string) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
-		fmt.Sprintf("http://127.0.0.1:%d%s", MetricsPort, path), nil)
+		fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -319,7 +334,7 @@ func (a *Agent) Get(ctx context.Context, path string) (int, []byte, error) {
 
 // JSON decodes an /admin/ view into v.
 func (a *Agent) JSON(ctx context.Context, path string, v any) error {
-	code, b, err := a.Get(ctx, path)
+	code, b, err := a.GetAdmin(ctx, path)
 	if err != nil {
 		return err
 	}

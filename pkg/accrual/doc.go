@@ -35,6 +35,10 @@
 // Linkerd does, so a penalty may exceed MaxPenalty by up to JitterRatio:
 // capping after jitter would pile every long-failing endpoint of a fleet onto
 // the same instant, which is exactly what the jitter exists to prevent.
+// Validate bounds MaxPenalty (MaxPenaltyLimit) and JitterRatio (≤ 1), and
+// SetService clamps settings that skipped it to the same bounds, so the
+// longest penalty is 48h and no doubling, jitter or deadline wraps; a
+// penalty restored from disk is clamped too.
 //
 // Probation. The datapath admits exactly one new flow to an endpoint in
 // probation and flags its outcomes Probe=true. A probe success returns the

@@ -133,18 +133,16 @@ func New(clk clock.PassiveClock, rnd func() float64) *Engine {
 // validate before they get here; clamping instead of failing keeps a bad
 // value from taking down the agent's event loop.
 func sanitize(s Settings) Settings {
-	if s.MaxFailures < 1 {
-		s.MaxFailures = 1
-	}
-	if s.MaxFailures > math.MaxUint32 {
-		s.MaxFailures = math.MaxUint32
-	}
+	s.MaxFailures = min(max(s.MaxFailures, 1), MaxFailuresLimit)
 	if s.MinPenalty <= 0 {
 		s.MinPenalty = Defaults().MinPenalty
 	}
-	if s.MaxPenalty < s.MinPenalty {
-		s.MaxPenalty = s.MinPenalty
+	s.MinPenalty = min(s.MinPenalty, MaxPenaltyLimit)
+	s.MaxPenalty = min(max(s.MaxPenalty, s.MinPenalty), MaxPenaltyLimit)
+	if s.ConnectTimeout <= 0 {
+		s.ConnectTimeout = Defaults().ConnectTimeout
 	}
+	s.ConnectTimeout = min(s.ConnectTimeout, ConnectTimeoutLimit)
 	if !(s.JitterRatio >= 0) { // also NaN
 		s.JitterRatio = 0
 	}
@@ -156,6 +154,7 @@ func sanitize(s Settings) Settings {
 	if s.Window < WindowBuckets*time.Millisecond {
 		s.Window = d.Window
 	}
+	s.Window = min(s.Window, WindowLimit)
 	s.WindowCalls = min(max(s.WindowCalls, 0), maxWindowCalls)
 	s.MinCalls = min(max(s.MinCalls, 1), maxWindowCalls)
 	if !(s.FailureRateThreshold > 0 && s.FailureRateThreshold < 1) {
@@ -168,7 +167,7 @@ func sanitize(s Settings) Settings {
 	if !(s.OutlierStdevFactor > 0) || math.IsInf(s.OutlierStdevFactor, 0) {
 		s.OutlierStdevFactor = d.OutlierStdevFactor
 	}
-	s.OutlierMinHosts = max(s.OutlierMinHosts, 2)
+	s.OutlierMinHosts = min(max(s.OutlierMinHosts, 2), maxWindowCalls)
 	s.OutlierMinCalls = min(max(s.OutlierMinCalls, 1), maxWindowCalls)
 	return s
 }

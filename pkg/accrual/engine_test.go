@@ -1200,3 +1200,43 @@ func TestConcurrentReaders(t *testing.T) {
 		}
 	}
 }
+
+// TestPenaltyJitterNoOverflow: settings that bypassed Validate (the
+// engine clamps, it does not fail) with a penalty of the largest Duration
+// and jitter: a draw above the base used to wrap negative, so the endpoint
+// came back at once. It stays positive and within the clamped cap.
+func TestPenaltyJitterNoOverflow(t *testing.T) {
+	for _, r := range []float64{0.999999, 0, 0.5} {
+		h := newHarness(t, func() float64 { return r })
+		h.set(1, testSettings(func(s *Settings) {
+			s.MinPenalty, s.MaxPenalty, s.JitterRatio, s.MaxFailures = time.Duration(math.MaxInt64), time.Duration(math.MaxInt64), 0.5, 1
+		}), 0, 1)
+		tr := h.eject(0, 1)
+		if tr.Penalty <= 0 || tr.Penalty > MaxPenaltyLimit*3/2 {
+			t.Fatalf("rnd %v: penalty %v, want within (0, %v]", r, tr.Penalty, MaxPenaltyLimit*3/2)
+		}
+		if !tr.ProbationAt.After(h.clk.Now()) {
+			t.Fatalf("rnd %v: probation at %v, not after now", r, tr.ProbationAt)
+		}
+	}
+}
+
+// TestRestoreClampsPenalty: a record's penalty (read back from disk) that
+// is negative or huge is clamped like its probation time, so the ejected-at
+// time derived from it cannot wrap.
+func TestRestoreClampsPenalty(t *testing.T) {
+	for _, p := range []time.Duration{math.MinInt64, -time.Second, math.MaxInt64} {
+		h := newHarness(t, nil)
+		h.set(7, testSettings(), 0, 1)
+		ts, _ := h.e.Restore([]Record{{Service: 7, Endpoint: 0, State: Ejected, Penalty: p, ProbationAt: t0.Add(time.Second)}})
+		wantReasons(t, ts, ReasonRestored)
+		checkInvariants(t, h.e)
+		ep := h.e.eps.at(0)
+		if ep.penalty < 0 || ep.penalty > time.Minute {
+			t.Fatalf("restored penalty %v from %v, want within [0, maxPenalty]", ep.penalty, p)
+		}
+		if ep.ejectedAt.After(ep.probationAt) || ep.probationAt.Sub(ep.ejectedAt) > time.Minute {
+			t.Fatalf("restored penalty %v: ejected at %v, probation at %v", p, ep.ejectedAt, ep.probationAt)
+		}
+	}
+}

@@ -31,8 +31,18 @@ func clampLevel(s *Settings, level uint8) uint8 {
 // maxDrawn is the longest penalty the settings can draw; used to clamp
 // penalties drawn under other settings or restored from disk.
 func maxDrawn(s *Settings) time.Duration {
-	f := float64(s.MaxPenalty) * (1 + s.JitterRatio)
-	if f >= math.MaxInt64 {
+	return saturate(float64(s.MaxPenalty) * (1 + s.JitterRatio))
+}
+
+// saturate converts f nanoseconds to a Duration, clamped to [0, the
+// largest Duration]: converting a float beyond int64's range is
+// implementation-defined in Go (on amd64 it yields the most negative
+// int64, a penalty that has ended before it began).
+func saturate(f float64) time.Duration {
+	switch {
+	case !(f > 0): // also NaN
+		return 0
+	case f >= math.MaxInt64:
 		return math.MaxInt64
 	}
 	return time.Duration(f)
@@ -49,5 +59,5 @@ func (e *Engine) drawPenalty(p time.Duration, j float64) time.Duration {
 	} else if r > 1 {
 		r = 1
 	}
-	return time.Duration(float64(p) * (1 + j*(2*r-1)))
+	return saturate(float64(p) * (1 + j*(2*r-1)))
 }

@@ -180,6 +180,38 @@ func Defaults() Settings {
 	}
 }
 
+// Upper bounds of the settings a tenant controls (a Service's annotations,
+// a BackendPolicy). They keep every product of them far from overflow and
+// keep one tenant from holding node-shared state for long; README's
+// annotation table gives the same reasons.
+const (
+	// MaxPenaltyLimit: an ejection longer than a day is an outage to fix,
+	// not a penalty to wait out. The longest penalty drawn is twice it
+	// (jitter ≤ 1): 48h, nowhere near a Duration's 292 years, so doubling,
+	// jitter and deadlines (now + penalty) cannot wrap.
+	MaxPenaltyLimit = 24 * time.Hour
+	// MaxFailuresLimit: the datapath counts a streak in 32 bits; a streak
+	// of a million failures is never waited for in practice (and the CRD's
+	// schema says the same).
+	MaxFailuresLimit = 1_000_000
+	// ConnectTimeoutLimit: a connection is tracked for up to a connect
+	// timeout (its SYN-ACK, then its settling), remembered for ten more
+	// after a timeout, and the datapath keeps a reset's judgement open as
+	// long: the one setting that holds node memory per connection. Linux
+	// gives up a connect after ~127s (6 SYN retries), Envoy's and Linkerd's
+	// connect timeouts are seconds (5s, 1s); by 30s a client has sent its
+	// SYN five times (at 0, 1, 3, 7 and 15s), so an endpoint that answered
+	// none of them is not answering. 30s bounds what one idle connection
+	// costs without judging a slow handshake that real clients would wait
+	// for.
+	ConnectTimeoutLimit = 30 * time.Second
+	// WindowLimit: a failure rate over more than an hour says nothing of
+	// an endpoint now, and the window also sets how long a relapse doubles
+	// the penalty and how long the fleet's reports and verdicts hold (two
+	// windows).
+	WindowLimit = time.Hour
+)
+
 // maxWindowCalls bounds a count-based window (a bit per connection and
 // rule: 25 kB at most per endpoint) and the call minimums, so a typo cannot
 // make a window remember connections it will never judge, or wrap.
@@ -207,11 +239,17 @@ func (s Settings) Validate() error {
 	if s.MaxFailures < 1 {
 		return &FieldError{"maxFailures", s.MaxFailures, "must be at least 1"}
 	}
+	if s.MaxFailures > MaxFailuresLimit {
+		return &FieldError{"maxFailures", s.MaxFailures, fmt.Sprintf("must be at most %d", MaxFailuresLimit)}
+	}
 	if s.MinPenalty <= 0 {
 		return &FieldError{"minPenalty", s.MinPenalty, "must be positive"}
 	}
 	if s.MaxPenalty <= 0 {
 		return &FieldError{"maxPenalty", s.MaxPenalty, "must be positive"}
+	}
+	if s.MaxPenalty > MaxPenaltyLimit {
+		return &FieldError{"maxPenalty", s.MaxPenalty, fmt.Sprintf("must be at most %v", MaxPenaltyLimit)}
 	}
 	if s.MinPenalty > s.MaxPenalty {
 		return &FieldError{"minPenalty", s.MinPenalty, fmt.Sprintf("must not exceed maxPenalty (%v)", s.MaxPenalty)}
@@ -221,6 +259,9 @@ func (s Settings) Validate() error {
 	}
 	if s.ConnectTimeout <= 0 {
 		return &FieldError{"connectTimeout", s.ConnectTimeout, "must be positive"}
+	}
+	if s.ConnectTimeout > ConnectTimeoutLimit {
+		return &FieldError{"connectTimeout", s.ConnectTimeout, fmt.Sprintf("must be at most %v", ConnectTimeoutLimit)}
 	}
 	if s.FailureKinds == 0 && s.Mode == ModeConsecutive {
 		return &FieldError{"failureKinds", "[]", "must name at least one kind"}
@@ -268,6 +309,9 @@ func (s Settings) validateWindow() error {
 	if s.Window < WindowBuckets*time.Millisecond {
 		return &FieldError{"window", s.Window, "must be at least 10ms (ten buckets of at least 1ms)"}
 	}
+	if s.Window > WindowLimit {
+		return &FieldError{"window", s.Window, fmt.Sprintf("must be at most %v", WindowLimit)}
+	}
 	if s.WindowCalls < 0 || s.WindowCalls > maxWindowCalls {
 		return &FieldError{"windowCalls", s.WindowCalls, fmt.Sprintf("must be within [0, %d] (0: a time-based window)", maxWindowCalls)}
 	}
@@ -294,6 +338,9 @@ func (s Settings) validateWindow() error {
 	}
 	if s.OutlierMinHosts < 2 {
 		return &FieldError{"outlierMinHosts", s.OutlierMinHosts, "must be at least 2 (an outlier needs peers)"}
+	}
+	if s.OutlierMinHosts > maxWindowCalls {
+		return &FieldError{"outlierMinHosts", s.OutlierMinHosts, fmt.Sprintf("must be at most %d", maxWindowCalls)}
 	}
 	if s.OutlierMinCalls < 1 || s.OutlierMinCalls > maxWindowCalls {
 		return &FieldError{"outlierMinCalls", s.OutlierMinCalls, fmt.Sprintf("must be within [1, %d]", maxWindowCalls)}

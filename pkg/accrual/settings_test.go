@@ -2,6 +2,8 @@ package accrual
 
 import (
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -68,6 +70,50 @@ func TestValidate(t *testing.T) {
 			t.Errorf("unexpected error %v", err)
 		case tc.field != "" && (!errors.As(err, &fe) || fe.Field != tc.field):
 			t.Errorf("want error on %s, got %v", tc.field, err)
+		}
+	}
+}
+
+// TestValidateBounds: every field a tenant sets has an upper bound, so no
+// arithmetic on it (doubling, jitter, deadline products) can wrap, and the
+// error names the field and the value.
+func TestValidateBounds(t *testing.T) {
+	tests := []struct {
+		field string
+		mut   func(*Settings)
+	}{
+		{"maxPenalty", func(s *Settings) { s.MaxPenalty = MaxPenaltyLimit + time.Nanosecond }},
+		{"maxPenalty", func(s *Settings) { s.MaxPenalty = time.Duration(math.MaxInt64) }},
+		{"", func(s *Settings) { s.MinPenalty, s.MaxPenalty = MaxPenaltyLimit, MaxPenaltyLimit }},
+		{"maxFailures", func(s *Settings) { s.MaxFailures = MaxFailuresLimit + 1 }},
+		{"maxFailures", func(s *Settings) { s.MaxFailures = math.MaxInt }},
+		{"", func(s *Settings) { s.MaxFailures = MaxFailuresLimit }},
+		{"jitterRatio", func(s *Settings) { s.JitterRatio = math.NaN() }},
+		{"jitterRatio", func(s *Settings) { s.JitterRatio = math.Inf(1) }},
+		{"connectTimeout", func(s *Settings) { s.ConnectTimeout = ConnectTimeoutLimit + time.Nanosecond }},
+		{"connectTimeout", func(s *Settings) { s.ConnectTimeout = time.Duration(math.MaxInt64) }},
+		{"", func(s *Settings) { s.ConnectTimeout = ConnectTimeoutLimit }},
+		{"", func(s *Settings) {
+			s.ConnectTimeout, s.SlowConnectThreshold = ConnectTimeoutLimit, ConnectTimeoutLimit-1
+		}},
+		{"window", func(s *Settings) { s.Window = WindowLimit + time.Nanosecond }},
+		{"window", func(s *Settings) { s.Window = time.Duration(math.MaxInt64) }},
+		{"", func(s *Settings) { s.Window = WindowLimit }},
+		{"outlierMinHosts", func(s *Settings) { s.OutlierMinHosts = maxWindowCalls + 1 }},
+		{"outlierStdevFactor", func(s *Settings) { s.OutlierStdevFactor = math.NaN() }},
+	}
+	for _, tc := range tests {
+		s := Defaults()
+		tc.mut(&s)
+		err := s.Validate()
+		var fe *FieldError
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("unexpected error %v", err)
+		case tc.field != "" && (!errors.As(err, &fe) || fe.Field != tc.field):
+			t.Errorf("want error on %s, got %v", tc.field, err)
+		case tc.field != "" && !strings.Contains(err.Error(), tc.field+": "):
+			t.Errorf("error %q does not name the field", err)
 		}
 	}
 }

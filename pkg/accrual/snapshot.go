@@ -289,7 +289,9 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
 		} else {
 			ep.level = clampLevel(&s.st, r.PenaltyLevel)
-			ep.penalty = r.Penalty
+			// Clamped as the probation time is, so that ejectedAt below
+			// (probation − penalty) cannot wrap.
+			ep.penalty = min(max(r.Penalty, 0), maxDrawn(&s.st))
 			ep.probationAt = r.ProbationAt
 			if ep.probationAt.IsZero() {
 				ep.probationAt = now

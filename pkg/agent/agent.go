@@ -117,6 +117,30 @@ type Config struct {
 	// SYNGuard is the SYN guard's budget and trust, on while the agent is
 	// in flood mode (Rate 0: never on). Its Lease is the agent's to set.
 	SYNGuard maps.SYNGuard
+	// TrackerMemory is the node's ceiling on the memory of the flows the
+	// agent tracks, in bytes (0: DefaultTrackerMemory); see TrackerLimits.
+	TrackerMemory int64
+}
+
+// DefaultTrackerMemory is the default ceiling of the tracked flows'
+// memory: 104,857 flows at outcomes.EntryBytes, ten times the connects a
+// flood mode needs and far more than a busy node waits on, within the
+// agent's default soft memory limit (96 MiB).
+const DefaultTrackerMemory = 64 << 20
+
+// servicesToFill is how many services at their cap fill the node's
+// tracker: each service may have this fraction of the ceiling waiting
+// for a verdict.
+const servicesToFill = 16
+
+// TrackerLimits are the tracker's ceiling (flows) for memory bytes, and
+// each service's cap on flows waiting for a verdict.
+func TrackerLimits(memory int64) (flows, perService int) {
+	if memory <= 0 {
+		memory = DefaultTrackerMemory
+	}
+	flows = int(max(memory/outcomes.EntryBytes, 1))
+	return flows, max(flows/servicesToFill, 1)
 }
 
 // Replayer replays the SYN client sent to vip, which backend refused
@@ -192,6 +216,9 @@ type Agent struct {
 	withheldHere                            uint64 // withheld by observe: flood, service-wide
 	// timeouts: per service, which endpoints timed out lately (peers.go).
 	timeouts map[uint32]*svcTimeouts
+	// shedding: services whose new flows the tracker's caps leave
+	// untracked lately (outcomes.go).
+	shedding map[shedKey]*shedSpell
 	flood    struct {
 		on          bool
 		since, last time.Time
@@ -256,6 +283,7 @@ func New(c Config) (*Agent, error) {
 		deadlines:          make(chan struct{}, 1),
 		retry:              map[uint32]bool{},
 		timeouts:           map[uint32]*svcTimeouts{},
+		shedding:           map[shedKey]*shedSpell{},
 		maxInflightDefault: c.MaxInflightDefault,
 		replayer:           c.Replayer,
 		tripsHandled:       map[uint32]uint64{},
@@ -269,7 +297,10 @@ func New(c Config) (*Agent, error) {
 	}
 	a.tracker = outcomes.NewTracker(a.policyOf)
 	a.tracker.OnUnanswered = a.unansweredDatagram
+	a.tracker.MaxPending, a.tracker.MaxPendingPerService = TrackerLimits(c.TrackerMemory)
+	a.tracker.SetConnectShare(floodShare)
 	a.metrics = metrics.New(a, a.log)
+	a.metrics.TrackedFlowsLimit.Set(float64(a.tracker.MaxPending))
 	a.metrics.MaxInflightDefault.Set(float64(a.maxInflightDefault))
 	for _, t := range []outcomes.Type{outcomes.NewFlow, outcomes.Established, outcomes.Refused,
 		outcomes.Reset, outcomes.SynRetrans, outcomes.FlowEnd, outcomes.FirstData} {

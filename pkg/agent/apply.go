@@ -81,6 +81,7 @@ func (a *Agent) apply(st desired.State) {
 // setPolicy makes s's settings judge its backends' outcomes.
 func (a *Agent) setPolicy(s *reconcile.Service) {
 	pol := outcomes.PolicyFor(s.Spec.Accrual, s.Spec.Key.Protocol == desired.TCP)
+	pol.Service = s.ID
 	if a.replaysUnanswered() {
 		pol.Replay = replayAfter(&s.Spec, a.handshakes[s.ID])
 	}

@@ -32,9 +32,10 @@ type NodeOptions struct {
 	Log      *slog.Logger
 	// TableSize and MaxInflightDefault: see Config.
 	TableSize, MaxInflightDefault uint32
-	// NoKernelTrips, SYNGuard: see Config.
+	// NoKernelTrips, SYNGuard, TrackerMemory: see Config.
 	NoKernelTrips bool
 	SYNGuard      maps.SYNGuard
+	TrackerMemory int64
 	// Evidence: the datapath's settings for what it takes as a backend's
 	// answer (the reverse-path check, the SYN retransmission's minimum
 	// age) and the flow hash's seed. A zero HashSeed keeps the seed the
@@ -68,7 +69,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		Writer: n.maps, Stats: n.maps, Inflight: n.inflight, Sweeper: reaper, Hooks: n.Datapath,
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
 		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault, NoKernelTrips: o.NoKernelTrips,
-		SYNGuard: o.SYNGuard,
+		SYNGuard: o.SYNGuard, TrackerMemory: o.TrackerMemory,
 		Replayer: replay.New(n.Datapath.PbXdp, n.maps),
 	})
 	if err != nil {

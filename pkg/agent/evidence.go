@@ -12,13 +12,19 @@ import "time"
 //   - lost events: a connection that waited while the datapath dropped
 //     events (pb_stats events_lost grew) gets no timeout from its deadline
 //     (counted in connect_timeouts_withheld_total).
-// While either happens, or more than floodPending connects await a verdict,
-// the agent is in flood mode (a gauge, a log line when it starts and
-// ends), and no timeout counts (except a probe's): a node under a SYN
-// flood drops packets, SYNs and the backends' answers alike, so a connect
-// that went unanswered says nothing about the endpoint; nor does a SYN on a
-// half-open tuple, which a flood walking its source ports sends again and
-// again. Refusals and resets, the endpoint's own answers, still count.
+// While either happens, or more than floodPending connects await their
+// backend's first answer, the agent is in flood mode (a gauge, a log line
+// when it starts and ends), and no timeout counts (except a probe's). Only
+// connects still waiting for a SYN-ACK count (an established connection
+// that is settling is no sign of flood), and each service's up to
+// floodShare: one service's half-open connections, which one tenant can
+// open at will, cannot hold the node in flood mode alone (a flood of one
+// service shows in the datapath's SYN rate, which arms the SYN guard and
+// flood mode below). A node under a SYN flood drops packets, SYNs and the
+// backends' answers alike, so a connect that went unanswered says nothing
+// about the endpoint; nor does a SYN on a half-open tuple, which a flood
+// walking its source ports sends again and again. Refusals and resets, the
+// endpoint's own answers, still count.
 //
 // Flood mode also turns the datapath's SYN guard on: a SYN opening a flow
 // from a source that has not lately proved itself real (a backend sent it
@@ -30,11 +36,15 @@ import "time"
 // budget until the flood ends. Drops over the budget are a sign of flood,
 // so the guard holds for as long as the flood lasts.
 
-// floodPending is how many connects awaiting a verdict are a sign of
-// flood: a busy node has as many as new flows a second times the time a
-// handshake and its settling take, hundreds; a SYN flood has its rate
+// floodPending is how many connects waiting for their backend's first
+// answer are a sign of flood: a busy node has as many as new flows a
+// second times a handshake's time, hundreds; a SYN flood has its rate
 // times the connect timeout.
 const floodPending = 10000
+
+// floodShare is the most one service's pending connects count toward
+// floodPending: at least five services must be flooded together.
+const floodShare = floodPending / 4
 
 // floodQuiet is how long flood mode outlasts its last sign.
 const floodQuiet = 10 * time.Second
@@ -91,7 +101,7 @@ func (a *Agent) floodSign(now time.Time, why string) {
 	a.metrics.FloodMode.Set(1)
 	a.setGuard(true)
 	a.log.Warn("flood mode: connect deadlines judge only connections whose events all arrived",
-		"cause", why, "pending_connects", a.tracker.PendingConnects(),
+		"cause", why, "pending_connects", a.tracker.PendingConnects(), "flood_connects", a.tracker.FloodConnects(),
 		"syn_guard_rate_per_cpu", a.guard.Rate)
 }
 

@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
@@ -228,26 +231,100 @@ func TestBacklogFromBeforeStartIsNoTimeout(t *testing.T) {
 	}
 }
 
-// More connects awaiting a verdict than a busy node ever has put the agent
-// in flood mode before the first of their deadlines passes; the deadlines
-// then judge nothing.
+// More connects awaiting a verdict than a busy node ever has, spread over
+// services as a real flood's are, put the agent in flood mode before the
+// first of their deadlines passes; the deadlines then judge nothing.
 func TestManyPendingConnectsAreAFlood(t *testing.T) {
 	e := newEnv(t)
-	s := web(80, 2, settings())
-	e.start(state(s))
-	svc, be := e.ids(s)
-	batch := make([]outcomes.Event, 0, floodPending+1)
-	for range floodPending + 1 {
-		batch = append(batch, e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), 0))
+	var svcs []desired.Service
+	for i := range 5 {
+		s := web(uint16(80+i), 2, settings())
+		s.Name = fmt.Sprintf("web%d", i)
+		svcs = append(svcs, s)
 	}
-	e.a.HandleEvents(batch)
-	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 1 {
-		t.Fatal("not in flood mode")
+	e.start(state(svcs...))
+	per := floodPending/5 + 1 // under each service's share: together, over the threshold
+	for i, s := range svcs {
+		svc, be := e.ids(s)
+		batch := make([]outcomes.Event, 0, per)
+		for range per {
+			batch = append(batch, e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), 0))
+		}
+		e.a.HandleEvents(batch)
+		if on := testutil.ToFloat64(e.a.Metrics().FloodMode) == 1; on != (i == len(svcs)-1) {
+			t.Fatalf("flood mode %v after %d services' %d connects each", on, i+1, per)
+		}
 	}
 	e.clk.Step(time.Second)
 	e.a.Advance()
-	if ep := e.endpoint(be[0]); ep.State != "ready" || ep.Counters.Failures.Timeout != 0 {
-		t.Fatalf("endpoint %s with %d timeouts judged by deadlines in flood mode", ep.State, ep.Counters.Failures.Timeout)
+	for _, s := range svcs {
+		_, be := e.ids(s)
+		if ep := e.endpoint(be[0]); ep.State != "ready" || ep.Counters.Failures.Timeout != 0 {
+			t.Fatalf("endpoint %s with %d timeouts judged by deadlines in flood mode", ep.State, ep.Counters.Failures.Timeout)
+		}
+	}
+}
+
+// One tenant cannot hold the node in flood mode: a service's 10,000 idle
+// connections (established, settling under a 30 s connect timeout) and
+// 10,000 half-open ones (no SYN-ACK) leave flood mode off, its endpoints'
+// deadlines judge as ever, and another service's connections are tracked
+// and judged as ever. What the tenant's service has beyond its cap is not
+// tracked, and counted.
+func TestOneServiceCannotHoldFloodMode(t *testing.T) {
+	e := newEnv(t)
+	idle := web(80, 2, settings(func(s *accrual.Settings) { s.ConnectTimeout = 30 * time.Second }))
+	other := web(81, 2, settings())
+	other.Name = "api"
+	e.start(state(idle, other))
+	svc, be := e.ids(idle)
+	osvc, obe := e.ids(other)
+	capacity := e.a.tracker.MaxPendingPerService
+	if capacity <= 0 || capacity >= 10000 {
+		t.Fatalf("per-service cap %d: the test wants one below 10,000", capacity)
+	}
+	batch := make([]outcomes.Event, 0, 3*10000)
+	for range 10000 {
+		p := e.nextPort()
+		batch = append(batch, e.event(outcomes.NewFlow, svc, be[0], p, 0), e.event(outcomes.Established, svc, be[0], p, 0))
+	}
+	e.a.HandleEvents(batch)
+	batch = batch[:0]
+	for range 10000 {
+		batch = append(batch, e.event(outcomes.NewFlow, svc, be[1], e.nextPort(), 0))
+	}
+	e.a.HandleEvents(batch)
+	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 0 {
+		t.Fatal("one service's idle and half-open connections put the node in flood mode")
+	}
+	// The cap was full with the idle ones: the half-open were all shed.
+	shed := testutil.ToFloat64(e.a.Metrics().UntrackedFlows.WithLabelValues("web", "service_cap"))
+	if want := float64(20000 - capacity); shed != want {
+		t.Fatalf("untracked{service_cap} %v, want %v", shed, want)
+	}
+	if got := e.a.tracker.Pending(); got != capacity {
+		t.Fatalf("tracker holds %d flows, want the cap %d", got, capacity)
+	}
+	// Another service is tracked and judged as ever: its silent endpoint
+	// times out and is ejected.
+	e.timeOut(osvc, obe[1], 3)
+	e.wantState(obe[1], "ejected")
+	e.served(osvc, obe[0], false)
+	if ep := e.endpoint(obe[0]); ep.Counters.Successes != 1 {
+		t.Fatalf("the other service's served connection: %d successes, want 1", ep.Counters.Successes)
+	}
+	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 0 {
+		t.Fatal("flood mode on")
+	}
+	// The spell of shedding is logged when it starts and when it ends, a
+	// quiet spell later.
+	if len(e.a.shedding) != 1 {
+		t.Fatalf("shedding spells %v, want the idle service's", e.a.shedding)
+	}
+	e.clk.Step(floodQuiet + time.Second)
+	e.a.Maintain()
+	if len(e.a.shedding) != 0 {
+		t.Fatalf("shedding spells %v after a quiet spell, want none", e.a.shedding)
 	}
 }
 

@@ -14,6 +14,7 @@ func (a *Agent) Maintain() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.floodCheck(a.clk.Now())
+	a.endShedding(a.clk.Now())
 	a.serviceWideCheck(a.clk.Now())
 	a.watchProbes()
 	a.findLostTrips()

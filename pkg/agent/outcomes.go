@@ -201,16 +201,74 @@ func (a *Agent) replay(ev *outcomes.Event) {
 	a.countReplay("refused", s.Spec.Name, ev.Client, a.replayer.Replay(ev.Client, vip, b.Addr))
 }
 
+// countShed counts a service's flows the tracker left untracked, and logs
+// when a spell of it starts (endShedding logs its end).
+func (a *Agent) countShed(svc uint32, overCap, overMemory uint64) {
+	name := a.serviceName(svc)
+	now := a.clk.Now()
+	for _, r := range []struct {
+		n      uint64
+		reason string
+	}{{overCap, "service_cap"}, {overMemory, "memory_limit"}} {
+		if r.n == 0 {
+			continue
+		}
+		a.metrics.UntrackedFlows.WithLabelValues(name, r.reason).Add(float64(r.n))
+		key := shedKey{svc, r.reason}
+		sp := a.shedding[key]
+		if sp == nil {
+			sp = &shedSpell{name: name, since: now}
+			a.shedding[key] = sp
+			a.log.Warn("not tracking some new flows of a service: the kernel's signals (RST, retransmitted SYN) still judge them, connect deadlines and settling do not",
+				"service", name, "reason", r.reason, "tracked_flows", a.tracker.Pending(),
+				"per_service_cap", a.tracker.MaxPendingPerService, "limit", a.tracker.MaxPending)
+		}
+		sp.last = now
+		sp.flows += r.n
+	}
+}
+
+// shedKey is a service and the reason its flows went untracked.
+type shedKey struct {
+	svc    uint32
+	reason string
+}
+
+// shedSpell is a time a service's new flows were not all tracked.
+type shedSpell struct {
+	name        string
+	since, last time.Time
+	flows       uint64
+}
+
+// endShedding ends the spells with no untracked flow for floodQuiet, one
+// log line each. Called with mu held.
+func (a *Agent) endShedding(now time.Time) {
+	for key, sp := range a.shedding {
+		if now.Sub(sp.last) <= floodQuiet {
+			continue
+		}
+		delete(a.shedding, key)
+		a.log.Info("tracking every new flow of a service again", "service", sp.name, "reason", key.reason,
+			"lasted", sp.last.Sub(sp.since).Round(time.Millisecond).String(), "untracked_flows", sp.flows)
+	}
+}
+
 // syncCounters carries counts kept outside Prometheus into it.
 func (a *Agent) syncCounters() {
-	if a.tracker.PendingConnects() > floodPending {
+	if a.tracker.FloodConnects() > floodPending {
 		a.floodSign(a.clk.Now(), "too many connects awaiting a verdict")
 	}
+	// Flows the tracker's caps left untracked are counted, not a flood
+	// sign: a service over its cap is a tenant's doing (its connects count
+	// toward flood mode up to its share all the same), and the node's
+	// ceiling is memory, reached first by connections that are no connects.
 	if d := a.tracker.Overflow - a.overflowSeen; d > 0 {
-		a.floodSign(a.clk.Now(), "too many pending connects")
 		a.metrics.PendingOverflow.Add(float64(d))
 		a.overflowSeen = a.tracker.Overflow
 	}
+	a.tracker.DrainShed(a.countShed)
+	a.metrics.TrackedFlows.Set(float64(a.tracker.Pending()))
 	if d := a.tracker.Withheld - a.withheldSeen; d > 0 {
 		a.metrics.Withheld.WithLabelValues("events_lost").Add(float64(d))
 		a.withheldSeen = a.tracker.Withheld

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"slices"
+
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/admin"
@@ -43,7 +45,8 @@ func (a *Agent) BackendStats(id uint32) (bpf.LbBeStats, error) { return a.stats.
 func (a *Agent) ServicesView() admin.ServicesView {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	out := admin.ServicesView{Interfaces: a.interfaces, Services: []admin.Service{}}
+	// Cloned: the view is encoded after the lock is released.
+	out := admin.ServicesView{Interfaces: slices.Clone(a.interfaces), Services: []admin.Service{}}
 	if gs, err := a.stats.GlobalStats(); err == nil {
 		out.Datapath = admin.NewDatapathCounters(gs)
 	}

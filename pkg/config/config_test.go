@@ -331,6 +331,19 @@ func TestErrors(t *testing.T) {
 		{"negative ejection percent", "interfaces: [a]\ndefaults: {failureAccrual: {maxEjectionPercent: -1}}",
 			"defaults.failureAccrual.maxEjectionPercent", "-1", "must be within [0, 100]"},
 
+		// upper bounds: nothing a service sets can overflow a penalty or
+		// hold tracker memory for long
+		{"max penalty beyond a day", "interfaces: [a]\ndefaults: {failureAccrual: {maxPenalty: 2562047h}}",
+			"defaults.failureAccrual.maxPenalty", `"2562047h"`, "must be at most 24h0m0s"},
+		{"max failures beyond the limit", "interfaces: [a]\ndefaults: {failureAccrual: {maxFailures: 9223372036854775807}}",
+			"defaults.failureAccrual.maxFailures", "9223372036854775807", "must be at most 1000000"},
+		{"connect timeout beyond 30s", svc(", failureAccrual: {connectTimeout: 1h}"),
+			"services[0].failureAccrual.connectTimeout", `"1h"`, "must be at most 30s"},
+		{"window beyond an hour", svc(", failureAccrual: {window: 2h}"),
+			"services[0].failureAccrual.window", `"2h"`, "must be at most 1h0m0s"},
+		{"outlier hosts beyond the limit", svc(", failureAccrual: {outlierMinHosts: 100001}"),
+			"services[0].failureAccrual.outlierMinHosts", "100001", "must be at most 100000"},
+
 		// service failureAccrual, validated on the merged result
 		{"service jitter", svc(", failureAccrual: {jitterRatio: 1.5}"),
 			"services[0].failureAccrual.jitterRatio", "1.5", "must be within [0, 1]"},

@@ -86,6 +86,12 @@ func TestApplyPolicyErrorsNameTheField(t *testing.T) {
 		// Valid alone, invalid over the annotation's maxPenalty 30s.
 		{"against the annotation", policy("a", 0, `{"minPenalty":"1m"}`, "web"), "spec.failureAccrual.minPenalty", "30s"},
 		{"unknown mode", policy("b", 0, `{"mode":"sometimes"}`, "web"), "spec.failureAccrual.mode", `"sometimes"`},
+		// Past the bounds that keep a tenant's numbers from overflowing or
+		// holding node state.
+		{"max penalty beyond a day", policy("d", 0, `{"maxPenalty":"2562047h"}`, "web"), "spec.failureAccrual.maxPenalty", `"2562047h"`},
+		{"connect timeout beyond 30s", policy("e", 0, `{"connectTimeout":"1h"}`, "web"), "spec.failureAccrual.connectTimeout", "at most 30s"},
+		{"max failures beyond the limit", policy("f", 0, `{"maxFailures":2000000}`, "web"), "spec.failureAccrual.maxFailures", "at most 1000000"},
+		{"window beyond an hour", policy("g", 0, `{"window":"90m"}`, "web"), "spec.failureAccrual.window", "at most 1h0m0s"},
 		{"limit out of range", func() *BackendPolicy {
 			p := policy("c", 0, "", "web")
 			p.Spec.CircuitBreaker = &PolicyCircuitBreaker{MaxInflightRequestsPerEndpoint: ptr.To[int64](-1)}

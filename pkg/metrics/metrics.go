@@ -60,6 +60,9 @@ type Metrics struct {
 	Transitions        *prometheus.CounterVec
 	PendingConnects    prometheus.Gauge
 	PendingOverflow    prometheus.Counter
+	TrackedFlows       prometheus.Gauge
+	TrackedFlowsLimit  prometheus.Gauge
+	UntrackedFlows     *prometheus.CounterVec
 	Withheld           *prometheus.CounterVec
 	FloodMode          prometheus.Gauge
 	SYNGuard           prometheus.Gauge
@@ -123,12 +126,24 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}, []string{"service", "reason"}),
 		PendingConnects: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "pending_connects",
-			Help: "New TCP flows waiting for the backend's first answer (SYN-ACK or RST), each under its connect deadline.",
+			Help: "New TCP flows waiting for the backend's first answer (SYN-ACK or RST), each under its connect deadline. Flood mode counts each service's up to a quarter of its threshold, so one service's half-open connections cannot hold it.",
 		}),
 		PendingOverflow: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "pending_connects_overflow_total",
-			Help: "New flows not given a connect deadline because too many were pending (SYN flood); the kernel's retransmitted-SYN signal still applies.",
+			Help: "New flows not tracked because the node's tracker memory ceiling (--tracker-memory) was reached: untracked_flows_total{reason=\"memory_limit\"} summed over services.",
 		}),
+		TrackedFlows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "tracked_flows",
+			Help: "Flows the agent tracks: connects waiting for an answer, established connections settling, and decided ones remembered so a late event is no second verdict.",
+		}),
+		TrackedFlowsLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "tracked_flows_limit",
+			Help: "The node's ceiling on tracked flows: --tracker-memory over the bytes a tracked flow costs at most. Beyond it new flows are not tracked.",
+		}),
+		UntrackedFlows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "untracked_flows_total",
+			Help: "New flows the agent did not track, by service and reason: service_cap (the service already had its share of the node's tracked flows waiting for a verdict: one tenant's idle or half-open connections cannot take the node's) or memory_limit (the node's ceiling, --tracker-memory). The kernel's signals (a RST, a retransmitted SYN) still judge them; a SYN-ACK is their success, with no settling.",
+		}, []string{"service", "reason"}),
 		Withheld: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "connect_timeouts_withheld_total",
 			Help: "Connect timeouts not counted against their endpoint, by reason: events_lost (events were lost while the connection waited: its SYN-ACK may have been among them), service_wide (most of the service's endpoints were timing out at once: the service, or the node, is degraded, not the endpoint), before_start (the connect started before this agent did: its events may have been lost unseen), flood (seen in flood mode).",
@@ -203,7 +218,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		}),
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
-		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow,
+		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow, m.TrackedFlows, m.TrackedFlowsLimit, m.UntrackedFlows,
 		m.Withheld, m.FloodMode, m.SYNGuard, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
 		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.FleetReportWrites, m.FleetVerdictWrites, m.FleetAggregator, m.FleetCondemned, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays,

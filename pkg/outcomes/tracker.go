@@ -1,6 +1,7 @@
 package outcomes
 
 import (
+	"math"
 	"net/netip"
 	"time"
 
@@ -33,6 +34,9 @@ type Policy struct {
 	// backend that accepts and then resets every connection must not
 	// alternate success and failure, or it would never be ejected.
 	Settle Settle
+	// Service is the backend's service: the tracker's per-service caps
+	// (Tracker.MaxPendingPerService, SetConnectShare) count by it.
+	Service uint32
 }
 
 // Settle says when a connection's success is decided.
@@ -51,7 +55,9 @@ const (
 
 // PolicyFor derives a Policy from accrual settings.
 func PolicyFor(s accrual.Settings, tcp bool) Policy {
-	p := Policy{Tracked: s.Mode != accrual.ModeNone, Datagram: !tcp, ConnectTimeout: s.ConnectTimeout}
+	// Clamped as the accrual engine clamps it: settings that skipped
+	// Validate must not make a tracked flow live for ever.
+	p := Policy{Tracked: s.Mode != accrual.ModeNone, Datagram: !tcp, ConnectTimeout: min(s.ConnectTimeout, accrual.ConnectTimeoutLimit)}
 	switch {
 	case !tcp:
 		// No resets in UDP: the reply is the success.
@@ -85,16 +91,55 @@ const (
 // a second verdict.
 const timedOutMemory = 10
 
+// memory is how long a decided flow is remembered under connect timeout
+// d: timedOutMemory × d, saturating, so that no setting wraps it into the
+// past (and a late event into a second verdict).
+func memory(d time.Duration) time.Duration {
+	if d > math.MaxInt64/timedOutMemory {
+		return math.MaxInt64
+	}
+	return timedOutMemory * d
+}
+
 type pending struct {
 	seq   uint64
 	gen   uint64    // Tracker.gen when the connection started waiting
 	start time.Time // the connection's first event (its SYN)
 	// handshake: SYN to SYN-ACK, for a settling connection (0: unknown).
 	handshake time.Duration
+	svc       uint32 // Policy.Service when it started waiting
 	phase     phase
 	probe     bool
 	settle    Settle
 	datagram  bool // a datagram flow waiting for its reply (see Tracker.datagrams)
+}
+
+// waiting reports whether p awaits a verdict (the per-service cap counts
+// these), as opposed to remembering one.
+func (p pending) waiting() bool { return p.phase == connecting || p.phase == settling }
+
+// connect reports whether p is a TCP connect still waiting for its
+// backend's first answer: the only entries that say anything of a SYN
+// flood (a settling connection is established; a datagram flow is no
+// connect).
+func (p pending) connect() bool { return p.phase == connecting && !p.datagram }
+
+// EntryBytes is what one tracked flow costs the agent at most: its map
+// entry (key, value and the map's overhead) and the deadlines queued for
+// it (a connect or settle deadline, a replay deadline, and the decided
+// ones the queues hold until compacted), with the slack of the slices'
+// growth: about 480 bytes measured at worst (just past a growth of the
+// map), rounded up. TestEntryBytes checks it; the node's tracker memory
+// ceiling (--tracker-memory) is divided by it.
+const EntryBytes = 640
+
+// svcCount is what one service has in the tracker.
+type svcCount struct {
+	waiting  int // connecting and settling entries
+	connects int // TCP connects waiting for their first answer
+	// shed: new flows not tracked, over the service's cap and over the
+	// node's ceiling, since the last DrainShed.
+	shedCap, shedMemory uint64
 }
 
 type deadline struct {
@@ -111,6 +156,24 @@ type fifo struct {
 }
 
 func (f *fifo) push(d deadline) { f.q = append(f.q, d) }
+
+func (f *fifo) len() int { return len(f.q) - f.head }
+
+// keep drops the queued deadlines live says no, keeping the order.
+func (f *fifo) keep(live func(deadline) bool) {
+	n := 0
+	for _, d := range f.q[f.head:] {
+		if live(d) {
+			f.q[n] = d
+			n++
+		}
+	}
+	clear(f.q[n:])
+	f.q, f.head = f.q[:n], 0
+	if cap(f.q) > 4096 && n < cap(f.q)/4 {
+		f.q = append([]deadline(nil), f.q...) // give a flood's backing array back
+	}
+}
 
 func (f *fifo) peek() (deadline, bool) {
 	if f.head == len(f.q) {
@@ -142,10 +205,27 @@ type Tracker struct {
 	// queued by length like the connect deadlines.
 	replays map[time.Duration]*fifo
 	seq     uint64
-	// MaxPending bounds memory under a SYN flood; beyond it new flows get
-	// only the kernel's retransmission signal. Overflow counts them.
+	// queued counts the deadlines in queues and replays, decided ones
+	// included (compact drops those).
+	queued int
+	// MaxPending is the node's ceiling on tracked flows (memory: EntryBytes
+	// each); beyond it new flows are not tracked and get only the kernel's
+	// signals (a RST, a retransmitted SYN). Overflow counts them.
 	MaxPending int
 	Overflow   uint64
+	// MaxPendingPerService (> 0) caps the flows one service may have
+	// awaiting a verdict (connecting or settling): beyond it that
+	// service's new flows are not tracked, as beyond MaxPending, so one
+	// tenant's idle or half-open connections cannot take the node's
+	// ceiling. Probes are exempt from it: an endpoint in probation needs
+	// its probe's verdict.
+	MaxPendingPerService int
+	// svcs: per service, what it has waiting and what was shed.
+	svcs map[uint32]*svcCount
+	// connects counts the TCP connects waiting for a first answer;
+	// floodConnects is their sum over services with each service's share
+	// capped at share (SetConnectShare).
+	connects, floodConnects, share int
 	// gen counts event losses the agent reported (EventsLost): a connect
 	// deadline of a connection that waited across one is no evidence, as
 	// its SYN-ACK may be among the lost events. Withheld counts those.
@@ -178,47 +258,190 @@ func NewTracker(policy PolicyFunc) *Tracker {
 		queues:     map[time.Duration]*fifo{},
 		replays:    map[time.Duration]*fifo{},
 		MaxPending: 1 << 20,
+		svcs:       map[uint32]*svcCount{},
+	}
+}
+
+// SetConnectShare caps what each service adds to FloodConnects at n
+// (0: no cap).
+func (t *Tracker) SetConnectShare(n int) {
+	t.share = n
+	t.floodConnects = 0
+	for _, c := range t.svcs {
+		t.floodConnects += t.capped(c.connects)
+	}
+}
+
+func (t *Tracker) capped(n int) int {
+	if t.share > 0 {
+		return min(n, t.share)
+	}
+	return n
+}
+
+// count adds (d = 1) or removes (d = −1) p from the per-service counts.
+func (t *Tracker) count(p pending, d int) {
+	if p.datagram {
+		t.datagrams += d
+	}
+	if !p.waiting() {
+		return
+	}
+	c := t.svcs[p.svc]
+	if c == nil {
+		c = &svcCount{}
+		t.svcs[p.svc] = c
+	}
+	c.waiting += d
+	if p.connect() {
+		before := t.capped(c.connects)
+		c.connects += d
+		t.connects += d
+		t.floodConnects += t.capped(c.connects) - before
+	}
+	if c.waiting == 0 && c.shedCap == 0 && c.shedMemory == 0 {
+		delete(t.svcs, p.svc)
 	}
 }
 
 // drop forgets key's pending entry.
 func (t *Tracker) drop(key flowKey) {
-	if p, ok := t.pending[key]; ok && p.datagram {
-		t.datagrams--
+	if p, ok := t.pending[key]; ok {
+		t.count(p, -1)
+		delete(t.pending, key)
 	}
-	delete(t.pending, key)
 }
 
-// Pending is the number of connections without a verdict yet.
+// Pending is the number of flows the tracker holds: those without a
+// verdict yet and those whose verdict it remembers.
 func (t *Tracker) Pending() int { return len(t.pending) }
 
-// PendingConnects is Pending without the datagram flows waiting for a
-// reply: those are no connects (a fire-and-forget UDP service has one per
-// flow), so they tell nothing of a SYN flood.
-func (t *Tracker) PendingConnects() int { return len(t.pending) - t.datagrams }
+// PendingConnects is the number of TCP connects waiting for their
+// backend's first answer (SYN-ACK or RST). Established connections still
+// settling, datagram flows waiting for a reply (a fire-and-forget UDP
+// service has one per flow) and remembered verdicts are none: they tell
+// nothing of a SYN flood.
+func (t *Tracker) PendingConnects() int { return t.connects }
 
-func (t *Tracker) wait(key flowKey, p pending, at time.Time, d time.Duration) bool {
-	if len(t.pending) >= t.MaxPending {
+// FloodConnects is PendingConnects with each service's share capped
+// (SetConnectShare): what may count as a sign of flood. One service's
+// half-open connections, a tenant's doing, cannot reach a node-wide
+// threshold above the cap alone; the datapath's SYN-rate signals judge a
+// flood of one service.
+func (t *Tracker) FloodConnects() int { return t.floodConnects }
+
+// DrainShed hands f, per service, the new flows not tracked since the
+// last call: over the service's cap (MaxPendingPerService) and over the
+// node's ceiling (MaxPending).
+func (t *Tracker) DrainShed(f func(service uint32, overCap, overMemory uint64)) {
+	for id, c := range t.svcs {
+		if c.shedCap == 0 && c.shedMemory == 0 {
+			continue
+		}
+		f(id, c.shedCap, c.shedMemory)
+		c.shedCap, c.shedMemory = 0, 0
+		if c.waiting == 0 {
+			delete(t.svcs, id)
+		}
+	}
+}
+
+// shed counts a new flow of service svc that wait did not track.
+func (t *Tracker) shed(svc uint32, r shedReason) {
+	if r == tracked {
+		return
+	}
+	c := t.svcs[svc]
+	if c == nil {
+		c = &svcCount{}
+		t.svcs[svc] = c
+	}
+	if r == overMemory {
+		c.shedMemory++
 		t.Overflow++
-		return false
+	} else {
+		c.shedCap++
+	}
+}
+
+// Why wait did not track a flow.
+type shedReason uint8
+
+const (
+	tracked    shedReason = iota
+	overCap               // its service's MaxPendingPerService
+	overMemory            // the node's MaxPending
+)
+
+// wait makes key's entry p, with a deadline d after at. A new entry is
+// refused over the node's ceiling, or over its service's cap if it awaits
+// a verdict and is no probe; replacing key's entry always succeeds, as it
+// takes no more room. The caller counts what was refused (shed), once per
+// flow.
+func (t *Tracker) wait(key flowKey, p pending, at time.Time, d time.Duration) shedReason {
+	old, replace := t.pending[key]
+	if !replace {
+		if len(t.pending) >= t.MaxPending {
+			return overMemory
+		}
+		if t.MaxPendingPerService > 0 && p.waiting() && !p.probe {
+			if c := t.svcs[p.svc]; c != nil && c.waiting >= t.MaxPendingPerService {
+				return overCap
+			}
+		}
 	}
 	t.seq++
 	p.seq = t.seq
 	p.gen = t.gen
-	if old, ok := t.pending[key]; ok && old.datagram {
-		t.datagrams--
+	if replace {
+		t.count(old, -1)
 	}
-	if p.datagram {
-		t.datagrams++
-	}
+	t.count(p, 1)
 	t.pending[key] = p
-	q := t.queues[d]
+	t.enqueue(t.queues, d, deadline{key: key, seq: t.seq, at: at.Add(d)})
+	return tracked
+}
+
+// enqueue queues dl in qs under its length d, compacting the queues when
+// decided deadlines have piled up.
+func (t *Tracker) enqueue(qs map[time.Duration]*fifo, d time.Duration, dl deadline) {
+	// Nearly every flow is decided long before its deadline, which stays
+	// queued until it comes up: at a high rate of new flows the queues
+	// would hold rate × deadline entries whatever MaxPending says. Live
+	// deadlines are at most two per entry (its own and a replay's), so
+	// past three per entry and then some, drop the decided ones: the next
+	// compaction is at least an entry's worth of pushes away, amortised
+	// O(1) a push.
+	if t.queued > 3*len(t.pending)+4096 {
+		t.compact()
+	}
+	q := qs[d]
 	if q == nil {
 		q = &fifo{}
-		t.queues[d] = q
+		qs[d] = q
 	}
-	q.push(deadline{key: key, seq: t.seq, at: at.Add(d)})
-	return true
+	q.push(dl)
+	t.queued++
+}
+
+// compact drops every decided deadline, and the queues left empty.
+func (t *Tracker) compact() {
+	t.queued = 0
+	for _, qs := range []map[time.Duration]*fifo{t.queues, t.replays} {
+		for d, q := range qs {
+			q.keep(func(dl deadline) bool { return !t.decided(dl) })
+			if q.len() == 0 {
+				delete(qs, d)
+			}
+			t.queued += q.len()
+		}
+	}
+}
+
+// pop takes q's head.
+func (t *Tracker) pop(q *fifo) {
+	q.pop()
+	t.queued--
 }
 
 // Classify turns one event into an outcome. ok is false when the event
@@ -248,14 +471,10 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		// client's own retry): it gets none of its own. A probe gets one:
 		// its client need not wait for our experiment (its verdict is
 		// still the connect deadline's).
-		if t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At, datagram: pol.Datagram}, ev.At, pol.ConnectTimeout) &&
-			pol.Replay > 0 && pol.Replay < pol.ConnectTimeout && ev.Flags&FlagRepick == 0 {
-			q := t.replays[pol.Replay]
-			if q == nil {
-				q = &fifo{}
-				t.replays[pol.Replay] = q
-			}
-			q.push(deadline{key: key, seq: t.seq, at: ev.At.Add(pol.Replay)})
+		r := t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At, datagram: pol.Datagram, svc: pol.Service}, ev.At, pol.ConnectTimeout)
+		t.shed(pol.Service, r)
+		if r == tracked && pol.Replay > 0 && pol.Replay < pol.ConnectTimeout && ev.Flags&FlagRepick == 0 {
+			t.enqueue(t.replays, pol.Replay, deadline{key: key, seq: t.seq, at: ev.At.Add(pol.Replay)})
 		}
 		return o, false
 	case Established:
@@ -264,8 +483,13 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		if known && p.phase == connecting && ev.At.After(p.start) {
 			o.Handshake = ev.At.Sub(p.start)
 		}
+		// A connection the caps left untracked is a success at its
+		// SYN-ACK, as one whose resets do not count: counting its resets
+		// and none of its successes would turn a healthy endpoint's odd
+		// reset into a streak.
+		// (Counted as shed at its SYN, if it was.)
 		if pol.Settle != SettleOnSynAck &&
-			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle, start: o.Started, handshake: o.Handshake}, ev.At, pol.ConnectTimeout) {
+			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle, start: o.Started, handshake: o.Handshake, svc: pol.Service}, ev.At, pol.ConnectTimeout) == tracked {
 			return o, false
 		}
 		t.drop(key)
@@ -317,7 +541,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		// verdict on the same connection, as after our own deadline.
 		o.Kind = accrual.KindTimeout
 		t.drop(key)
-		t.wait(key, pending{phase: timedOut}, ev.At, timedOutMemory*pol.ConnectTimeout)
+		t.wait(key, pending{phase: timedOut, svc: pol.Service}, ev.At, memory(pol.ConnectTimeout))
 		return o, true
 	case Reset:
 		o.Kind = accrual.KindReset
@@ -343,7 +567,7 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 			if !ok || d.at.After(now) {
 				break
 			}
-			q.pop()
+			t.pop(q)
 			if t.decided(d) {
 				continue
 			}
@@ -373,14 +597,14 @@ func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
 					// A probe no refusal answered: the port is open.
 					// Remembered, so a late refusal is no second verdict.
 					o.Success = true
-					t.wait(d.key, pending{phase: settled}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
+					t.wait(d.key, pending{phase: settled, svc: p.svc}, d.at, memory(t.policy(d.key.backend).ConnectTimeout))
 					break
 				}
 				o.Kind = accrual.KindTimeout
-				t.wait(d.key, pending{phase: timedOut}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
+				t.wait(d.key, pending{phase: timedOut, svc: p.svc}, d.at, memory(t.policy(d.key.backend).ConnectTimeout))
 			case settling:
 				o.Success, o.Handshake = true, p.handshake
-				t.wait(d.key, pending{phase: settled}, d.at, timedOutMemory*t.policy(d.key.backend).ConnectTimeout)
+				t.wait(d.key, pending{phase: settled, svc: p.svc}, d.at, memory(t.policy(d.key.backend).ConnectTimeout))
 			default:
 				continue
 			}
@@ -399,7 +623,7 @@ func (t *Tracker) DueReplays(now time.Time, emit func(backend uint32, client net
 			if !ok || d.at.After(now) {
 				break
 			}
-			q.pop()
+			t.pop(q)
 			if t.decided(d) || t.pending[d.key].phase != connecting {
 				continue
 			}
@@ -431,7 +655,7 @@ func (t *Tracker) NextDeadline() (time.Time, bool) {
 					break
 				}
 				if t.decided(d) {
-					q.pop()
+					t.pop(q)
 					continue
 				}
 				if !found || d.at.Before(best) {

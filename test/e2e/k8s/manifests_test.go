@@ -81,8 +81,8 @@ func TestManifestsDryRun(t *testing.T) {
 
 	apply("-f", f("namespace.yaml"))
 	dryRun("namespace.yaml", "backendpolicy-crd.yaml", "fleet-crd.yaml", "fleet-admission.yaml", "rbac.yaml", "daemonset.yaml")
-	if out := apply("--dry-run=server", "-k", deploy); strings.Count(out, "(server dry run)") != 14 {
-		t.Errorf("kubectl apply -k deploy/ --dry-run=server: want 14 objects:\n%s", out)
+	if out := apply("--dry-run=server", "-k", deploy); strings.Count(out, "(server dry run)") != 16 {
+		t.Errorf("kubectl apply -k deploy/ --dry-run=server: want 16 objects:\n%s", out)
 	}
 
 	// The PodMonitor, once its CRD is known.
