@@ -164,7 +164,7 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		bpf.LbMapPbHealth:      opts.MaxBackends,
 		bpf.LbMapPbBeTrip:      opts.MaxBackends,
 		bpf.LbMapPbSvcBackends: opts.MaxBackends,
-		bpf.LbMapPbCtV2:          opts.ConntrackSize,
+		bpf.LbMapPbCtV2:        opts.ConntrackSize,
 		bpf.LbMapPbFlows:       max(opts.ConntrackSize/2, 1), // a flow takes two conntrack entries
 		bpf.LbMapPbEvents:      opts.EventsBytes,
 	}

@@ -75,9 +75,9 @@ func TestRSTNotAckingTheSYNIsNoRefusal(t *testing.T) {
 	f.table(id1)
 	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
 	for _, rst := range [][]byte{
-		bpftest.TCPSeq(be1, client, bpftest.RST, nil, 5, bpftest.ISN+2),        // wrong ack
-		bpftest.TCPSeq(be1, client, bpftest.TCPFlags{RST: true}, nil, 5, 0),    // no ack at all
-		bpftest.TCPSeq(be1, client, bpftest.RST, nil, 5, bpftest.ISN),          // the ISN itself
+		bpftest.TCPSeq(be1, client, bpftest.RST, nil, 5, bpftest.ISN+2),       // wrong ack
+		bpftest.TCPSeq(be1, client, bpftest.TCPFlags{RST: true}, nil, 5, 0),   // no ack at all
+		bpftest.TCPSeq(be1, client, bpftest.RST, nil, 5, bpftest.ISN),         // the ISN itself
 		bpftest.TCPSeq(be1, client, bpftest.RST, nil, 5, bpftest.ISN+1+1<<20), // far ahead
 	} {
 		ret, p, _ := f.run(rst)

@@ -34,7 +34,7 @@ func TestMapSizesFollowOptions(t *testing.T) {
 		bpf.LbMapPbBeInflight:  700,
 		bpf.LbMapPbHealth:      700,
 		bpf.LbMapPbSvcBackends: 700,
-		bpf.LbMapPbCtV2:          5000,
+		bpf.LbMapPbCtV2:        5000,
 		bpf.LbMapPbFlows:       2500,
 		bpf.LbMapPbEvents:      1 << 17,
 	}

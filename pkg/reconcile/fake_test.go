@@ -96,10 +96,10 @@ type fakeWriter struct {
 	vipSlots  map[uint32]bool          // array: absent == 0
 	listed    map[uint32][]uint32      // pb_svc_backends: service id -> active backends
 	health    map[uint32]bpf.LbEndpointHealth
-	partial   []uint32 // pb_ifaces entries with PB_IF_PARTIAL
+	partial   []uint32          // pb_ifaces entries with PB_IF_PARTIAL
 	masters   map[uint32]uint32 // pb_ifaces masters
-	redirect  []uint32 // pb_redirect
-	config    pbmaps.Config // pb_config_v2
+	redirect  []uint32          // pb_redirect
+	config    pbmaps.Config     // pb_config_v2
 	// trips are the pb_svc_trip settings written; tripResets counts the
 	// pb_be_trip streaks started afresh, by backend.
 	trips      map[uint32]tripSetting
