@@ -24,6 +24,11 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: not root; these tests need network namespaces and BPF (CI runs as root)")
 		os.Exit(m.Run())
 	}
+	// PB_E2E_AGENT runs the suite against another build of the agent (an
+	// A/B against an earlier version: which tests it fails).
+	if agentBin = os.Getenv("PB_E2E_AGENT"); agentBin != "" {
+		os.Exit(m.Run())
+	}
 	var err error
 	agentBin, err = agentrun.Build("pb-e2e-bin-")
 	if err != nil {
