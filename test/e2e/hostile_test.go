@@ -319,7 +319,9 @@ func TestHostileDoomedSYNs(t *testing.T) {
 			f[14+11] ^= 0x5a
 			return f
 		},
-		func(c netip.AddrPort) []byte { return bpftest.TCP(c, vipTCP, bpftest.TCPFlags{SYN: true, FIN: true}, nil) },
+		func(c netip.AddrPort) []byte {
+			return bpftest.TCP(c, vipTCP, bpftest.TCPFlags{SYN: true, FIN: true}, nil)
+		},
 		func(c netip.AddrPort) []byte { return ttl1(bpftest.LinuxSYN(c, vipTCP, rand.Uint32())) },
 	}
 	for i, c := range tuples(240) {
