@@ -77,6 +77,9 @@ check-rules: deps
 # not include building the API server.
 test: deps check-generated vet check-rules build k8s-tools prometheus-tools containerd-tools
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
+	@# The datapath under arbitrary frames from a client (pkg/datapath
+	@# FuzzXDP's invariants), for a bounded time.
+	$(GO) test -run='^$$' -fuzz=FuzzXDP -fuzztime=30s ./pkg/datapath
 	$(MAKE) --no-print-directory kernel-matrix
 	@# The network tests one package at a time: on two cores, two of them
 	@# side by side would measure each other.

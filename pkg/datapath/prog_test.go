@@ -52,7 +52,7 @@ const (
 
 type fixture struct {
 	*bpftest.Loaded
-	t  *testing.T
+	t  testing.TB
 	rb *ringbuf.Reader
 	// svc is the service's pb_services value as last written; proto its
 	// protocol.
@@ -60,7 +60,7 @@ type fixture struct {
 	proto uint8
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	l := bpftest.Shared(t)
 	rb, err := ringbuf.NewReader(l.PbEvents)
 	if err != nil {
