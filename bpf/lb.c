@@ -1267,23 +1267,6 @@ static __always_inline int client_rst_ok(const struct ct_value *rv, __u32 seq)
 	return seq == rv->client_isn + 1;
 }
 
-/* client_acked judges the client's first segment after the backend's
- * SYN-ACK: a reset from the backend counts only if that segment
- * acknowledged the SYN-ACK (PB_CT_ACK_OK); otherwise the backend answered
- * the client's own mistake. Returns whether it judged (the SYN-ACK was
- * seen). */
-static __always_inline int client_acked(struct pkt *p, struct ct_value *rv)
-{
-	__u32 cur = rv->flags;
-	if (!(cur & PB_CT_ESTABLISHED))
-		return 0;
-	struct tcphdr *tcp = (void *)p->ports;
-	if ((p->tcp_flags & TCP_ACK) && !(cur & PB_CT_MIDSTREAM) && (void *)(tcp + 1) <= p->end &&
-	    bpf_ntohl(tcp->ack_seq) == rv->backend_isn + 1)
-		__sync_fetch_and_or(&rv->flags, PB_CT_ACK_OK);
-	return 1;
-}
-
 /* client_control handles SYN, FIN and RST from the client on a known flow.
  * Returns 0 to forward with *fv, or new_flow's refusal. */
 static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
@@ -1316,7 +1299,6 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	}
 	if (f & TCP_FIN) {
 		if (rv) {
-			client_acked(p, rv); /* a FIN may complete the handshake too */
 			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_FWD);
 			if ((old & PB_CT_FIN_REV) && !(old & PB_CT_CLOSED))
 				close_flow(rv, PB_EVF_CLIENT, fk, gs);
@@ -1435,6 +1417,9 @@ static __always_inline int reject(struct xdp_md *ctx, struct pkt *p, struct glob
 	if (v6 ? (void *)p->ports != (void *)(p->ip6 + 1) : p->ip->ihl != 5)
 		return XDP_DROP;
 	struct tcphdr *tcp = (void *)p->ports;
+	/* Opaque to the compiler: knowing it equals ip6 + 1 (above), it would
+	 * read through that pointer, whose range the check below never sets. */
+	barrier_var(tcp);
 	if ((void *)(tcp + 1) > p->end)
 		return XDP_DROP;
 	/* SEG.SEQ + SEG.LEN: the SYN and the payload (a SYN|FIN never gets
@@ -1548,20 +1533,9 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 				       struct ct_value *ct, struct global_stats *gs)
 {
 	/* The client completed the handshake: an established flow for the
-	 * reaper's timeouts (a SYN-ACK alone does not make one), and its ACK
-	 * is judged (client_acked) once the SYN-ACK it answers was seen. */
-	if (unlikely(!(ct->flags & PB_CT_CLIENT_ACKED))) {
-		int judged = 1;
-		struct scratch *sc = scratch();
-		if (p->proto == IPPROTO_TCP && sc) {
-			rev_key(&sc->rk, fk, ct);
-			struct ct_value *rv = bpf_map_lookup_elem(&pb_ct_v2, &sc->rk);
-			if (rv)
-				judged = client_acked(p, rv);
-		}
-		if (judged)
-			__sync_fetch_and_or(&ct->flags, PB_CT_CLIENT_ACKED);
-	}
+	 * reaper's timeouts (a SYN-ACK alone does not make one). */
+	if (unlikely(!(ct->flags & PB_CT_CLIENT_ACKED)))
+		__sync_fetch_and_or(&ct->flags, PB_CT_CLIENT_ACKED);
 	__u64 now = bpf_ktime_get_coarse_ns();
 	/* Refresh at most once a second: keeps the line clean. Then also make
 	 * sure the reverse half is there: the LRU may have evicted it, and
@@ -1724,6 +1698,25 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	return to_backend(ctx, p, &fv->nat_addr, fv->nat_port, fv->svc_id, fv->backend_id, gs);
 }
 
+/* rst_is_backends says whether a backend's RST on a flow (flags cur, the
+ * RST's flags f, sequence and acknowledgment numbers) is the backend's own
+ * failure rather than its answer to a client's mistake:
+ * - before the SYN-ACK, a refusal acknowledges the client's SYN (ACK of
+ *   ISN+1), as the client's stack requires of it;
+ * - after it, a reset of a connection the client completed right: either
+ *   RST|ACK (a socket's abort: the application's reset, or its close with
+ *   data unread), or the listener's bare RST of the client's right
+ *   handshake ACK, whose sequence is the ACK's, the backend's ISN+1 (a
+ *   full accept queue with tcp_abort_on_overflow). A wrong handshake ACK
+ *   earns a bare RST with the wrong number (RFC 9293 3.10.7.3), which
+ *   decides nothing about the backend. */
+static __always_inline int rst_is_backends(__u32 cur, __u8 f, __u32 seq, __u32 ack, const struct ct_value *rv)
+{
+	if (!(cur & PB_CT_ESTABLISHED))
+		return (f & TCP_ACK) && ack == rv->client_isn + 1;
+	return (f & TCP_ACK) || (!(cur & PB_CT_BACKEND_DATA) && seq == rv->backend_isn + 1);
+}
+
 /* reply_side_ok says whether a reply of flow rv arrived where the node
  * routes its backend (pb_reverse_path_ok), unless the check is off: what
  * arrives from elsewhere carries another sender's claim, not the
@@ -1749,10 +1742,9 @@ static __always_inline int reply_side_ok(struct xdp_md *ctx, __u32 ifindex, __u3
  * right. It must arrive on the backend's side of the node (reply_side_ok);
  * a RST or SYN-ACK must carry a right checksum (a receiver drops it
  * otherwise); a SYN-ACK and a refusal must acknowledge the client's SYN
- * (ISN + 1), and a reset after the SYN-ACK counts only if the client's
- * handshake ACK acknowledged the backend's (PB_CT_ACK_OK): a backend resets
- * a half-open connection whose client sends a wrong ACK, as RFC 9293 says
- * it must. What fails is forwarded as it is, and decides nothing. */
+ * (ISN + 1), and a reset after the SYN-ACK counts only if it is not the
+ * backend's answer to a client's wrong handshake ACK (rst_is_backends).
+ * What fails is forwarded as it is, and decides nothing. */
 static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 					struct global_stats *gs)
 {
@@ -1832,20 +1824,16 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 
 		if (f & TCP_RST) {
 			__u32 cur = rv->flags;
-			if (!(cur & PB_CT_MIDSTREAM)) {
-				int valid = (cur & PB_CT_ESTABLISHED) ? !!(cur & PB_CT_ACK_OK)
-								       : (f & TCP_ACK) && ack == rv->client_isn + 1;
-				if (!valid) {
-					if (gs)
-						gs->reply_unacked++;
-					/* After the SYN-ACK, the backend dropped the half-open
-					 * connection the client's wrong ACK was answered for: the
-					 * flow ends without a verdict. Before it, the RST is not
-					 * about the client's SYN, which the backend still holds. */
-					if (cur & PB_CT_ESTABLISHED)
-						close_flow(rv, PB_EVF_VOID, fkp, gs);
-					goto nat;
-				}
+			if (!(cur & PB_CT_MIDSTREAM) && !rst_is_backends(cur, f, seq, ack, rv)) {
+				if (gs)
+					gs->reply_unacked++;
+				/* After the SYN-ACK, the backend answered the client's
+				 * wrong ACK: the flow ends without a verdict. Before it,
+				 * the RST is not about the client's SYN, which the
+				 * backend still holds. */
+				if (cur & PB_CT_ESTABLISHED)
+					close_flow(rv, PB_EVF_VOID, fkp, gs);
+				goto nat;
 			}
 			/* A refused probe is our experiment on a real client: it
 			 * failed, the client need not. With retryRefused any
@@ -1914,9 +1902,8 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			}
 		} else {
 			if (synack && !(rv->flags & PB_CT_ESTABLISHED)) {
-				/* Kept before ESTABLISHED is set: the client's ACK is
-				 * judged against it once ESTABLISHED is seen
-				 * (client_acked). */
+				/* Kept before ESTABLISHED is set: a bare RST after it is
+				 * judged against it (rst_is_backends). */
 				rv->backend_isn = seq;
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_ESTABLISHED);
 				if (!(old & (PB_CT_ESTABLISHED | PB_CT_CLOSED))) {
@@ -2403,6 +2390,10 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, __u32 ifindex, struct
 static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64 family)
 {
 	struct pkt p = {};
+	/* p stays in memory: promoted to registers, its fields became values
+	 * that every early return of parse carried along, a dozen
+	 * instructions at each check of the path most packets take. */
+	asm volatile("" : : "r"(&p) : "memory");
 	p.ifindex = ifindex;
 	p.family = family;
 	int rc = parse(ctx, &p, family);

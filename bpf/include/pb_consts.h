@@ -53,7 +53,6 @@
 #define PB_CT_QUIET_DATA 0x2000    /* its service had PB_SVC_F_QUIET_DATA when the flow began */
 #define PB_CT_QUIET_END 0x4000     /* its service had PB_SVC_F_QUIET_END when the flow began */
 #define PB_CT_MOVED 0x8000         /* REV entry of the backend an unanswered flow was moved off: its late answer is reported, then dropped */
-#define PB_CT_ACK_OK 0x10000       /* the client's handshake ACK acknowledged the backend's SYN-ACK: a reset is the backend's */
 #define PB_CT_ACK_SEEN 0x20000     /* backend_ack holds an acknowledgment the backend sent */
 
 /* client_control: the agent's replay could not be moved; drop it, the
