@@ -1249,6 +1249,24 @@ static __always_inline int syn_guard_drops(const struct ct_key *fk)
 	return 0;
 }
 
+/* handed_over says whether new flows go to kube-proxy instead: the agent
+ * is uninstalling (PB_CFG_DRAIN), or its heartbeat is older than the
+ * dead-man's bound (it crashed, hangs or was removed without a clean-up):
+ * the maps it last wrote no longer follow the endpoints. Flows already
+ * here finish where they are. */
+static __always_inline int handed_over(void)
+{
+	struct config *cfg = config();
+	if (!cfg)
+		return 0;
+	if (cfg->flags & PB_CFG_DRAIN)
+		return 1;
+	/* Signed: the coarse clock lags the agent's reading by up to a tick,
+	 * so a fresh heartbeat can be a little ahead of it. */
+	return cfg->dead_man_ns && cfg->heartbeat_ns &&
+	       (__s64)(bpf_ktime_get_coarse_ns() - cfg->heartbeat_ns) > (__s64)cfg->dead_man_ns;
+}
+
 /* client_rst_ok says whether a client's RST resets the backend's end of
  * flow rv, so the flow may end and give its breaker slot back: RFC 5961 3.2
  * resets only on the sequence number the backend expects next, its last
@@ -1314,6 +1332,13 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	__u8 evf = 0;
 	__u32 avoid = 0, ct_flags = 0;
 	int retry = 0, moved = 0;
+	/* A new flow on the tuple (its reverse entry lost, or the flow over)
+	 * is kube-proxy's while the datapath hands new flows over. */
+	if ((!rv || (rv->flags & PB_CT_CLOSED)) && handed_over()) {
+		if (gs)
+			gs->handed_over++;
+		return PB_HANDED_OVER;
+	}
 	if (!rv)
 		goto again; /* reverse entry lost: a new flow */
 	__u32 cur = rv->flags;
@@ -1677,6 +1702,18 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	if (ct) {
 		*fv = *ct;
 		rc = client_control(p, svc, fk, fv, move_off, gs);
+	} else if (handed_over()) {
+		/* The agent is away (or the install is going): a datapath that
+		 * cannot be told of endpoint changes takes no new flow. */
+		if (gs)
+			gs->handed_over++;
+		return XDP_PASS;
+	} else if ((svc->flags & PB_SVC_F_TAKEN_OVER) && p->proto == IPPROTO_TCP &&
+		   !(p->tcp_flags & TCP_SYN)) {
+		/* A flow kube-proxy began before the service was ours. */
+		if (gs)
+			gs->kube_proxy_midstream++;
+		return XDP_PASS;
 	} else {
 		int syn = p->proto == IPPROTO_UDP ||
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
@@ -1686,6 +1723,8 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	}
 	if (rc == PB_REPLAY_STAYS)
 		return XDP_DROP;
+	if (rc == PB_HANDED_OVER)
+		return XDP_PASS;
 	if (rc == PB_OVER_LIMIT)
 		return reject(ctx, p, gs);
 	if (rc < 0)

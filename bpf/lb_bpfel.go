@@ -48,6 +48,8 @@ type LbConfig struct {
 	Flags           uint32
 	HashSeed        uint32
 	SynRetransMinNs uint64
+	HeartbeatNs     uint64
+	DeadManNs       uint64
 }
 
 type LbCtKey struct {
@@ -127,31 +129,33 @@ type LbFlowValue struct {
 }
 
 type LbGlobalStats struct {
-	_                 structs.HostLayout
-	EventsLost        uint64
-	Redirected        uint64
-	PassedAfterNat    uint64
-	NoBackend         uint64
-	ProbeAdmitted     uint64
-	Steered           uint64
-	SteerFailed       uint64
-	Repicked          uint64
-	CtCreateFailed    uint64
-	Malformed         uint64
-	InflightRejected  uint64
-	InflightUntracked uint64
-	RejectRstTx       uint64
-	RejectRstPass     uint64
-	ProbeRescued      uint64
-	RefusedRescued    uint64
-	Retried           uint64
-	IcmpTranslated    uint64
-	SynDoomed         uint64
-	SynDuplicate      uint64
-	ReplyWrongSide    uint64
-	ReplyBadChecksum  uint64
-	ReplyUnacked      uint64
-	ClientRstIgnored  uint64
+	_                  structs.HostLayout
+	EventsLost         uint64
+	Redirected         uint64
+	PassedAfterNat     uint64
+	NoBackend          uint64
+	ProbeAdmitted      uint64
+	Steered            uint64
+	SteerFailed        uint64
+	Repicked           uint64
+	CtCreateFailed     uint64
+	Malformed          uint64
+	InflightRejected   uint64
+	InflightUntracked  uint64
+	RejectRstTx        uint64
+	RejectRstPass      uint64
+	ProbeRescued       uint64
+	RefusedRescued     uint64
+	Retried            uint64
+	IcmpTranslated     uint64
+	SynDoomed          uint64
+	SynDuplicate       uint64
+	ReplyWrongSide     uint64
+	ReplyBadChecksum   uint64
+	ReplyUnacked       uint64
+	ClientRstIgnored   uint64
+	HandedOver         uint64
+	KubeProxyMidstream uint64
 }
 
 type LbIface struct {
@@ -204,6 +208,7 @@ const (
 	LbPbSvcFlagPB_SVC_F_RETRY_REFUSED LbPbSvcFlag = 1
 	LbPbSvcFlagPB_SVC_F_QUIET_DATA    LbPbSvcFlag = 2
 	LbPbSvcFlagPB_SVC_F_QUIET_END     LbPbSvcFlag = 4
+	LbPbSvcFlagPB_SVC_F_TAKEN_OVER    LbPbSvcFlag = 8
 )
 
 type LbPbTripKind uint32

@@ -58,6 +58,9 @@
 /* client_control: the agent's replay could not be moved; drop it, the
  * flow stays as it was. */
 #define PB_REPLAY_STAYS -3
+/* client_control: a new flow on the tuple while new flows go to
+ * kube-proxy (handed_over): the packet passes as it came. */
+#define PB_HANDED_OVER -4
 
 /* Backend admission state, written by the agent. */
 enum pb_backend_state {
@@ -88,6 +91,8 @@ enum pb_svc_flag {
 	PB_SVC_F_QUIET_DATA = 0x2,    /* no FIRST_DATA: a success is not decided by data */
 	PB_SVC_F_QUIET_END = 0x4,     /* no FLOW_END once the flow is decided (SYN-ACK seen, and
 				       * first data too unless QUIET_DATA) */
+	PB_SVC_F_TAKEN_OVER = 0x8,    /* just taken from kube-proxy: a mid-stream packet without a flow
+				       * here is one of kube-proxy's flows, left to it */
 };
 
 /* struct event.flags bits. An enum, not #defines, so bpf2go generates them
@@ -128,6 +133,7 @@ enum pb_trip_kind {
 /* pb_config_v2.flags */
 #define PB_CFG_REDIRECT 0x1 /* try bpf_fib_lookup + redirect after NAT */
 #define PB_CFG_RPF 0x2      /* evidence only from where the node routes its sender (strict reverse path) */
+#define PB_CFG_DRAIN 0x4    /* uninstalling: new flows go to kube-proxy, established ones finish */
 
 /* A pending flow's SYN seen again this soon is a duplicate, not the
  * client's retransmission (unless pb_config_v2 says otherwise): Linux's

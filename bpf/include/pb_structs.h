@@ -176,6 +176,8 @@ struct config {
 	__u32 hash_seed;          /* the flow hash's secret seed, shared by the cluster's nodes */
 	__u64 syn_retrans_min_ns; /* a SYN seen again this soon after the first is a duplicate, not the
 				   * client's retransmission (0: PB_SYN_RETRANS_MIN_NS) */
+	__u64 heartbeat_ns;       /* CLOCK_MONOTONIC of the agent's last heartbeat (every second) */
+	__u64 dead_man_ns;        /* a heartbeat older than this hands new flows to kube-proxy (0: never) */
 };
 
 /* pb_ifaces value: what the datapath knows of an interface it is attached
@@ -254,6 +256,8 @@ struct global_stats {
 	__u64 reply_bad_checksum;  /* a RST, SYN-ACK or ICMP error with a bad checksum: not counted */
 	__u64 reply_unacked;       /* a RST or SYN-ACK not acknowledging what the client sent: not counted */
 	__u64 client_rst_ignored;  /* a client's RST out of the backend's sequence: the flow and its slot kept */
+	__u64 handed_over;         /* new flows left to kube-proxy: the agent away (dead-man's switch) or uninstalling */
+	__u64 kube_proxy_midstream; /* mid-stream packets of a service just taken over, left to kube-proxy's flow */
 };
 
 /* pb_svc_stats[svc_id], per CPU. */

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"k8s.io/klog/v2"
 
@@ -26,18 +27,19 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// The agent stops when ctx ends or when the controller fails for good;
-	// the HTTP server started below stops with it.
+	// The agent stops when ctx ends (a signal) or when the controller
+	// fails for good; the HTTP server started below stops with it.
+	signalled := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// The flow hash's seed, the cluster's: every node picks alike, and no
 	// client can tell where its source port lands. Without it (RBAC, an
 	// API server away), the node keeps the seed its datapath has.
-	if o.evidence.HashSeed == 0 {
+	if o.dpConfig.HashSeed == 0 {
 		if seed, err := k8s.HashSeed(ctx, clients.Core, o.leaseNamespace); err != nil {
 			log.Warn("no cluster hash seed: this node keeps its own (picks differ across nodes)", "err", err)
 		} else {
-			o.evidence.HashSeed = seed
+			o.dpConfig.HashSeed = seed
 		}
 	}
 	n, err := start(ctx, o, log, config.DefaultMaglevTableSize)
@@ -71,6 +73,7 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 		NodeName:        o.nodeName,
 		MaxInflight:     o.maxInflightDefault,
 		InvalidSettings: n.Metrics().InvalidSettings,
+		Scope:           k8s.Scope(o.scope),
 		Logger:          log.With("component", "kubernetes"),
 	}
 	switch served, err := k8s.PoliciesServed(clients.Core.Discovery()); {
@@ -170,5 +173,22 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	}()
 	n.Run(ctx, nil, states)
 	close(loopDone)
+
+	// 6. Told to stop: a restart keeps the datapath (flows go on, the
+	// next agent adopts it); the install being removed takes it away.
+	if signalled.Err() != nil && o.podName != "" {
+		qctx, qcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		removed, why := k8s.InstallRemoved(qctx, clients.Core, o.leaseNamespace, o.podName)
+		qcancel()
+		if removed {
+			log.Info("the install is being removed: new flows go to kube-proxy, then the datapath goes",
+				"why", why, "drain", o.uninstallWait.String())
+			if err := n.Uninstall(o.uninstallWait); err != nil {
+				log.Error("uninstall", "err", err)
+			}
+			return n.waitHTTP()
+		}
+		log.Info("stopping for a restart", "why", why)
+	}
 	return n.stop()
 }

@@ -75,11 +75,21 @@ type options struct {
 	kernelTrips bool
 	// synGuard: the SYN guard's budget and trust (Rate 0: no guard).
 	synGuard maps.SYNGuard
-	// evidence: what the datapath takes as a backend's answer, and the
-	// flow hash's seed (0: Kubernetes mode, the cluster's Secret;
-	// standalone, the pinned datapath's or a random one).
-	evidence     maps.Config
+	// dpConfig: the datapath's settings: what it takes as a backend's
+	// answer, the flow hash's seed (0: Kubernetes mode, the cluster's
+	// Secret; standalone, the pinned datapath's or a random one), the
+	// dead-man's bound.
+	dpConfig     maps.Config
 	hashSeedFile string
+	// Kubernetes mode: scope (scopeOptIn or scopeAll), how long a service
+	// just taken from kube-proxy leaves its old flows to it, and how long
+	// an uninstall waits for the flows here to end.
+	scope         string
+	takeoverGrace time.Duration
+	uninstallWait time.Duration
+	// podName is the agent's pod (asked on SIGTERM whether its DaemonSet
+	// is being deleted).
+	podName string
 	// trackerMemory: the ceiling of the tracked flows' memory, in bytes.
 	trackerMemory int64
 }
@@ -175,8 +185,13 @@ func parseFlags(args []string) (options, error) {
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
 	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")
 	max(&o.dp.EventsBytes, "events-bytes", datapath.DefaultEventsBytes, "ring buffer bytes for outcome events (power of two)")
-	fs.BoolVar(&o.evidence.ReversePath, "reverse-path-check", true, "a backend's reply counts as its answer (refused, reset, accepted) only if it arrived where the node routes that backend, as the kernel's strict rp_filter rule has it: no pod can answer for another; false only where replies come back another way (asymmetric routing)")
-	fs.DurationVar(&o.evidence.SYNRetransMinAge, "syn-retransmit-min-age", 200*time.Millisecond, "a pending connection's SYN seen again sooner than this after the first is a duplicate, not the client's retransmission, and no timeout (Linux retransmits a SYN after 1s; 200ms is its smallest retransmission timeout)")
+	fs.BoolVar(&o.dpConfig.ReversePath, "reverse-path-check", true, "a backend's reply counts as its answer (refused, reset, accepted) only if it arrived where the node routes that backend, as the kernel's strict rp_filter rule has it: no pod can answer for another; false only where replies come back another way (asymmetric routing)")
+	fs.DurationVar(&o.dpConfig.SYNRetransMinAge, "syn-retransmit-min-age", 200*time.Millisecond, "a pending connection's SYN seen again sooner than this after the first is a duplicate, not the client's retransmission, and no timeout (Linux retransmits a SYN after 1s; 200ms is its smallest retransmission timeout)")
+	fs.DurationVar(&o.dpConfig.DeadMan, "dead-man-timeout", 30*time.Second, "with no heartbeat from the agent for this long (it crashed, hangs or was removed without a clean-up), the datapath hands every new flow to kube-proxy and lets the flows it has finish; the agent takes new flows back once it runs again. Longer than any restart; 0: never")
+	fs.StringVar(&o.scope, "scope", scopeOptIn, `Kubernetes mode: which Services the agent serves: "opt-in", those labelled penaltybox.io/enabled: "true", in a namespace so labelled, or targeted by a BackendPolicy (a Service labelled "false" never); "all", every eligible Service. The rest are left to kube-proxy`)
+	fs.DurationVar(&o.takeoverGrace, "takeover-grace", 6*time.Hour, "Kubernetes mode: for this long after a Service is first served, a TCP packet of a flow the datapath has no entry for is left to kube-proxy (a connection kube-proxy began before); 0: taken at once (such connections break)")
+	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Kubernetes mode: this agent's pod (default $POD_NAME, from the downward API): told to stop, the agent looks up its DaemonSet to tell a restart (the datapath stays) from the install's removal (it goes); none: every stop is a restart")
+	fs.DurationVar(&o.uninstallWait, "uninstall-drain", 20*time.Second, "Kubernetes mode: when the agent's DaemonSet is deleted, how long the agent hands new flows to kube-proxy and waits for the flows here to end before it removes the datapath (keep it under the pod's terminationGracePeriodSeconds)")
 	fs.StringVar(&o.hashSeedFile, "hash-seed-file", "", "a file whose bytes seed the flow hash, the same on every node (default: Kubernetes mode, the Secret penaltybox-hash-seed in the agent's namespace, created when missing; standalone, the seed the pinned datapath has, or a random one)")
 	o.trackerMemory = agent.DefaultTrackerMemory
 	fs.Func("tracker-memory", fmt.Sprintf("ceiling of the memory of the flows the agent tracks (connects waiting for an answer, connections settling), as a Kubernetes quantity (64Mi) or bytes: %d bytes a flow, a sixteenth of them for each service at most; beyond it new flows are judged only by the kernel's signals (default %s)",
@@ -220,7 +235,16 @@ func parseFlags(args []string) (options, error) {
 	if err := datapath.CheckXDPMode(o.dp.XDPMode); err != nil {
 		return o, fmt.Errorf("--xdp-mode: %w", err)
 	}
-	if a := o.evidence.SYNRetransMinAge; a < 10*time.Millisecond || a > 3*time.Second {
+	if o.scope != scopeOptIn && o.scope != scopeAll {
+		return o, fmt.Errorf("--scope %q: want %s or %s", o.scope, scopeOptIn, scopeAll)
+	}
+	if o.dpConfig.DeadMan < 0 || (o.dpConfig.DeadMan > 0 && o.dpConfig.DeadMan < 5*time.Second) {
+		return o, fmt.Errorf("--dead-man-timeout %v: want 0 (never) or at least 5s (the heartbeat is every second; a restart takes seconds)", o.dpConfig.DeadMan)
+	}
+	if o.takeoverGrace < 0 || o.uninstallWait < 0 {
+		return o, errors.New("--takeover-grace and --uninstall-drain must not be negative")
+	}
+	if a := o.dpConfig.SYNRetransMinAge; a < 10*time.Millisecond || a > 3*time.Second {
 		return o, fmt.Errorf("--syn-retransmit-min-age %v: want 10ms to 3s (a SYN is first retransmitted after 1s)", a)
 	}
 	if o.hashSeedFile != "" {
@@ -231,7 +255,7 @@ func parseFlags(args []string) (options, error) {
 		if len(b) < 4 {
 			return o, fmt.Errorf("--hash-seed-file %s: %d bytes, want at least 4", o.hashSeedFile, len(b))
 		}
-		o.evidence.HashSeed = k8s.SeedOf(b)
+		o.dpConfig.HashSeed = k8s.SeedOf(b)
 	}
 	if o.synGuard.Trust <= 0 {
 		return o, fmt.Errorf("--syn-guard-trust %v: must be positive", o.synGuard.Trust)
@@ -245,6 +269,12 @@ func parseFlags(args []string) (options, error) {
 	o.dp.Root = o.bpffsRoot
 	return o, nil
 }
+
+// --scope values.
+const (
+	scopeOptIn = "opt-in"
+	scopeAll   = "all"
+)
 
 // defaultSYNGuardRate: a flood's untrusted SYNs that reach the backends
 // per CPU a second while the guard is on; a few thousand cost a node

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/admin"
 	"github.com/penaltybox/penaltybox/pkg/agent"
@@ -22,9 +23,14 @@ type node struct {
 // start loads (or adopts) the datapath, builds the agent over it and
 // serves HTTP.
 func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (*node, error) {
+	// Standalone, there is no kube-proxy to leave a service's old flows to.
+	var takeover time.Duration
+	if o.nodeName != "" {
+		takeover = o.takeoverGrace
+	}
 	an, err := agent.Open(agent.NodeOptions{Datapath: o.dp, Log: log,
 		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault, NoKernelTrips: !o.kernelTrips,
-		SYNGuard: o.synGuard, TrackerMemory: o.trackerMemory, Evidence: o.evidence})
+		SYNGuard: o.synGuard, TrackerMemory: o.trackerMemory, Config: o.dpConfig, TakeoverGrace: takeover})
 	if re := (*datapath.RootError)(nil); errors.As(err, &re) {
 		return nil, fmt.Errorf("--bpffs-root %w", err)
 	}
@@ -56,6 +62,10 @@ func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (
 // stop waits for the HTTP server after the loop returned.
 func (n *node) stop() error {
 	n.log.Info("agent stopping; pinned datapath keeps forwarding", "bpffs_root", n.Datapath.Opts.Root)
+	return n.waitHTTP()
+}
+
+func (n *node) waitHTTP() error {
 	if n.httpDone != nil {
 		return <-n.httpDone
 	}

@@ -20,7 +20,10 @@ type ServicesView struct {
 
 // Service is one programmed service.
 type Service struct {
-	Name     string `json:"name"`
+	Name string `json:"name"`
+	// Served says why the service is served (Kubernetes mode: the scope,
+	// a label, a BackendPolicy); a service not listed is kube-proxy's.
+	Served   string `json:"served,omitempty"`
 	ID       uint32 `json:"id"`
 	VIP      string `json:"vip"`
 	Port     uint16 `json:"port"`

@@ -120,6 +120,8 @@ type Config struct {
 	// TrackerMemory is the node's ceiling on the memory of the flows the
 	// agent tracks, in bytes (0: DefaultTrackerMemory); see TrackerLimits.
 	TrackerMemory int64
+	// TakeoverGrace: see reconcile.Options.TakeoverGrace.
+	TakeoverGrace time.Duration
 }
 
 // DefaultTrackerMemory is the default ceiling of the tracked flows'
@@ -180,8 +182,10 @@ type Agent struct {
 	interfaces []string
 	events     Events
 	monoOffset int64
-	eventTypes [16]interface{ Inc() }
-	replayer   Replayer
+	// heartbeatErr: the last heartbeat write failed (logged once).
+	heartbeatErr bool
+	eventTypes   [16]interface{ Inc() }
+	replayer     Replayer
 	// replayErr: a replay failure has been logged (the metric counts the
 	// rest).
 	replayErr bool
@@ -264,6 +268,7 @@ func New(c Config) (*Agent, error) {
 	rec, err := reconcile.New(c.Writer, reconcile.Options{
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, TableSize: c.TableSize,
 		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse, NoKernelTrips: c.NoKernelTrips,
+		TakeoverGrace: c.TakeoverGrace,
 	})
 	if err != nil {
 		return nil, err

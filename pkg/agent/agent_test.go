@@ -431,3 +431,30 @@ func TestProbeResetByItsClientIsInconclusive(t *testing.T) {
 	e.refused(svc, be[0], true)
 	e.wantState(be[0], "ejected")
 }
+
+// The heartbeat carries the agent's time on the kernel's monotonic
+// clock, each beat later than the last; Drain hands new flows to
+// kube-proxy and keeps every other setting.
+func TestHeartbeatAndDrain(t *testing.T) {
+	e := newEnv(t)
+	if err := e.a.SetDatapathConfig(pbmaps.Config{ReversePath: true, HashSeed: 9, DeadMan: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	e.a.Heartbeat()
+	first := e.f.config.Heartbeat
+	if first == 0 {
+		t.Fatal("no heartbeat written")
+	}
+	e.clk.Step(time.Second)
+	e.a.Heartbeat()
+	if got := e.f.config.Heartbeat; got != first+uint64(time.Second) {
+		t.Fatalf("heartbeat %d a second later, want %d", got, first+uint64(time.Second))
+	}
+	if err := e.a.Drain(); err != nil {
+		t.Fatal(err)
+	}
+	want := pbmaps.Config{ReversePath: true, HashSeed: 9, DeadMan: 30 * time.Second, Heartbeat: first + uint64(time.Second), Drain: true}
+	if e.f.config != want {
+		t.Fatalf("config %+v after Drain, want %+v", e.f.config, want)
+	}
+}

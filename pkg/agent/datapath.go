@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"k8s.io/utils/clock"
 
@@ -36,11 +37,14 @@ type NodeOptions struct {
 	NoKernelTrips bool
 	SYNGuard      maps.SYNGuard
 	TrackerMemory int64
-	// Evidence: the datapath's settings for what it takes as a backend's
+	// Config: the datapath's settings, what it takes as a backend's
 	// answer (the reverse-path check, the SYN retransmission's minimum
-	// age) and the flow hash's seed. A zero HashSeed keeps the seed the
-	// pinned datapath has, or draws a random one for a new datapath.
-	Evidence maps.Config
+	// age), the flow hash's seed and the dead-man's bound. A zero HashSeed
+	// keeps the seed the pinned datapath has, or draws a random one for a
+	// new datapath.
+	Config maps.Config
+	// TakeoverGrace: see reconcile.Options.TakeoverGrace.
+	TakeoverGrace time.Duration
 }
 
 // Open loads (or adopts) the datapath and builds the agent over it.
@@ -69,29 +73,97 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		Writer: n.maps, Stats: n.maps, Inflight: n.inflight, Sweeper: reaper, Hooks: n.Datapath,
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
 		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault, NoKernelTrips: o.NoKernelTrips,
-		SYNGuard: o.SYNGuard, TrackerMemory: o.TrackerMemory,
+		SYNGuard: o.SYNGuard, TakeoverGrace: o.TakeoverGrace, TrackerMemory: o.TrackerMemory,
 		Replayer: replay.New(n.Datapath.PbXdp, n.maps),
 	})
 	if err != nil {
 		return nil, err
 	}
-	c := o.Evidence
+	c := o.Config
+	pinned, _ := n.maps.Config()
 	if c.HashSeed == 0 {
-		if c.HashSeed, err = n.keptSeed(); err != nil {
+		if c.HashSeed, err = keptSeed(pinned); err != nil {
 			return nil, err
 		}
 	}
+	// The previous agent's heartbeat stays until this one's loop runs,
+	// after the first desired state is in the maps: a datapath handing
+	// new flows to kube-proxy goes on doing so until the maps it would
+	// take them with are current again.
+	c.Heartbeat = pinned.Heartbeat
+	n.reportAbsence(pinned)
 	if err := n.Agent.SetDatapathConfig(c); err != nil {
 		return nil, err
 	}
 	return n, nil
 }
 
+// Uninstall removes the datapath because the install is being deleted:
+// new flows go to kube-proxy at once, the flows here are given up to wait
+// to end (a download finishing where it began), then the program is
+// detached and every pin removed, leaving the node as it was. A flow
+// still passing packets when wait runs out is cut, as kube-proxy would
+// cut it after a change of endpoints. n is closed.
+func (n *Node) Uninstall(wait time.Duration) error {
+	if err := n.Agent.Drain(); err != nil {
+		n.log.Error("draining before the uninstall", "err", err)
+	}
+	start := time.Now()
+	live := -1
+	for {
+		coarse := uint64(conntrack.KernelClocks().Coarse())
+		if entries, err := n.maps.Conntrack(0); err == nil {
+			live = liveFlows(entries, coarse)
+		}
+		if live == 0 || time.Since(start) >= wait {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	n.log.Info("uninstalling: detaching the datapath and removing its pins",
+		"waited", time.Since(start).Round(time.Millisecond).String(), "flows_left", live)
+	root := n.Datapath.Opts.Root
+	n.Close()
+	return datapath.Teardown(root, n.log)
+}
+
+// liveFlows counts the flows of entries still open and passing packets
+// (their reverse entry refreshed within the last 3 s: it is refreshed
+// once a second while packets flow), at coarse (CLOCK_MONOTONIC_COARSE).
+func liveFlows(entries []maps.CTEntry, coarse uint64) int {
+	n := 0
+	for _, e := range entries {
+		if e.Key.Dir == 1 && e.Value.Flags&maps.CTClosed == 0 && coarse-e.Value.LastSeenNs < uint64(3*time.Second) {
+			n++
+		}
+	}
+	return n
+}
+
+// reportAbsence says, once, whether the datapath handed new flows to
+// kube-proxy while no agent ran: its heartbeat (pinned, the previous
+// agent's) is older than its dead-man's bound.
+func (n *Node) reportAbsence(pinned maps.Config) {
+	if pinned.Heartbeat == 0 || pinned.DeadMan == 0 {
+		return
+	}
+	away := time.Duration(outcomes.MonoNow() - int64(pinned.Heartbeat))
+	if away <= pinned.DeadMan {
+		return
+	}
+	var handed uint64
+	if gs, err := n.maps.GlobalStats(); err == nil {
+		handed = gs.HandedOver
+	}
+	n.log.Warn("no agent for longer than the dead-man's bound: the datapath handed new flows to kube-proxy meanwhile; taking them back once the maps are current",
+		"away", away.Round(time.Second).String(), "dead_man", pinned.DeadMan.String(), "handed_over_total", handed)
+}
+
 // keptSeed is the flow hash's seed the pinned datapath holds (a restart
 // keeps every pick), or a random one for a new datapath.
-func (n *Node) keptSeed() (uint32, error) {
-	if c, err := n.maps.Config(); err == nil && c.HashSeed != 0 {
-		return c.HashSeed, nil
+func keptSeed(pinned maps.Config) (uint32, error) {
+	if pinned.HashSeed != 0 {
+		return pinned.HashSeed, nil
 	}
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -123,14 +195,18 @@ func (n *Node) Begin() error {
 func (n *Node) Close() {
 	if n.reader != nil {
 		n.reader.Close()
+		n.reader = nil
 	}
 	if n.inflight != nil {
 		n.inflight.Close()
+		n.inflight = nil
 	}
 	if n.maps != nil {
 		n.maps.Close()
+		n.maps = nil
 	}
 	if n.Datapath != nil {
 		n.Datapath.Close()
+		n.Datapath = nil
 	}
 }

@@ -26,6 +26,11 @@ func (a *Agent) Run(ctx context.Context, configs <-chan *config.Config, states <
 	sweeping := false
 	probes := a.clk.NewTicker(a.every.probes)
 	defer probes.Stop()
+	// The heartbeat the datapath's dead-man's switch watches: written
+	// from the loop itself, so a loop that hangs stops it too.
+	heartbeat := a.clk.NewTicker(time.Second)
+	defer heartbeat.Stop()
+	a.Heartbeat()
 	for {
 		select {
 		case <-ctx.Done():
@@ -49,6 +54,8 @@ func (a *Agent) Run(ctx context.Context, configs <-chan *config.Config, states <
 			}
 		case <-probes.C():
 			a.Maintain()
+		case <-heartbeat.C():
+			a.Heartbeat()
 		case inUse := <-sweepDone:
 			sweeping = false
 			a.SweepDone(inUse)

@@ -18,6 +18,9 @@ func (a *Agent) Maintain() {
 	a.serviceWideCheck(a.clk.Now())
 	a.watchProbes()
 	a.findLostTrips()
+	for _, s := range a.rec.EndTakeovers() {
+		a.log.Info("takeover grace over: the service takes every flow, kube-proxy's old ones too", "service", s.Spec.Name)
+	}
 	for id := range a.retry {
 		a.program(id)
 	}
@@ -93,4 +96,35 @@ func (a *Agent) SweepDone(inUse conntrack.InUse) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.rec.Sweep(inUse)
+}
+
+// Heartbeat tells the datapath the agent is alive (see
+// maps.Config.DeadMan): its time, on the kernel's monotonic clock.
+func (a *Agent) Heartbeat() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.rec.Heartbeat(uint64(a.clk.Now().UnixNano() - a.monoOffset)); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		if !a.heartbeatErr {
+			a.log.Error("writing the heartbeat", "err", err)
+		}
+		a.heartbeatErr = true
+		return
+	}
+	a.heartbeatErr = false
+}
+
+// Drain hands every new flow to kube-proxy from now on, the flows already
+// here finishing where they are: the install is going (see
+// cmd/agent's uninstall).
+func (a *Agent) Drain() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.rec.DatapathConfig()
+	c.Drain = true
+	if err := a.rec.SetDatapathConfig(c); err != nil {
+		return err
+	}
+	a.log.Info("draining: new flows go to kube-proxy; the flows here finish")
+	return nil
 }

@@ -16,7 +16,7 @@ func (a *Agent) Services() []metrics.ServiceView {
 	var out []metrics.ServiceView
 	for _, s := range a.rec.Services() {
 		v := metrics.ServiceView{ID: s.ID, Name: s.Spec.Name, MaxInflight: s.Spec.MaxInflight,
-			Inflight: a.inflight.Service(s.ID)}
+			Inflight: a.inflight.Service(s.ID), Served: s.Spec.Served}
 		for _, id := range s.Backends {
 			b, _ := a.rec.Backend(id)
 			v.Backends = append(v.Backends, metrics.BackendView{ID: id, Endpoint: b.Addr.String()})
@@ -51,7 +51,7 @@ func (a *Agent) ServicesView() admin.ServicesView {
 		out.Datapath = admin.NewDatapathCounters(gs)
 	}
 	for _, s := range a.rec.Services() {
-		sj := admin.Service{Name: s.Spec.Name, ID: s.ID, VIP: s.Spec.Key.VIP.String(), Port: s.Spec.Key.Port,
+		sj := admin.Service{Name: s.Spec.Name, Served: s.Spec.Served, ID: s.ID, VIP: s.Spec.Key.VIP.String(), Port: s.Spec.Key.Port,
 			Protocol: s.Spec.Key.Protocol.String(), FailOpen: s.FailOpen, RetryRefused: s.Spec.RetryRefused,
 			Backends: []admin.Backend{}}
 		if st, err := a.stats.ServiceStats(s.ID); err == nil {

@@ -66,6 +66,10 @@ type Service struct {
 	// its client; its SYN retransmission (about a second later) goes to
 	// another backend, once.
 	RetryRefused bool
+	// Served says why the source serves the service (Kubernetes mode:
+	// the scope, a label, a BackendPolicy; "" from a config file, where
+	// every service listed is served).
+	Served string
 }
 
 // State is everything the agent must program.

@@ -39,6 +39,32 @@ import (
 // proxy implementation handles; kube-proxy skips them, and so do we.
 const labelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 
+// LabelEnabled opts a Service, or every Service of a namespace, in to
+// penaltybox ("true"); on a Service, "false" opts it out whatever its
+// namespace says (and under ScopeAll too).
+const LabelEnabled = "penaltybox.io/enabled"
+
+// Scope says which Services the agent serves. The rest are left to
+// kube-proxy: the datapath passes their packets untouched.
+type Scope string
+
+const (
+	// ScopeOptIn serves the Services that ask: labelled LabelEnabled
+	// "true", in a namespace so labelled, or targeted by a BackendPolicy.
+	ScopeOptIn Scope = "opt-in"
+	// ScopeAll serves every eligible Service (but those labelled "false").
+	ScopeAll Scope = "all"
+)
+
+// Why a Service is served (desired.Service.Served): the scope, its own
+// label, its namespace's, or "backend-policy:" and the policy's key.
+const (
+	ServedAll       = "scope-all"
+	ServedService   = "service-label"
+	ServedNamespace = "namespace-label"
+	ServedPolicy    = "backend-policy:"
+)
+
 // Event reasons on Services.
 const (
 	ReasonInvalidAnnotation  = "InvalidAnnotation"
@@ -78,7 +104,9 @@ type Options struct {
 	// Recorder writes Events; nil means one writing to the API server with
 	// client-go's spam filter and aggregation (see NewRecorder).
 	Recorder record.EventRecorder
-	Logger   *slog.Logger
+	// Scope: which Services are served (default ScopeOptIn).
+	Scope  Scope
+	Logger *slog.Logger
 }
 
 // Controller turns Services and EndpointSlices into the agent's desired
@@ -92,11 +120,15 @@ type Controller struct {
 	factory  informers.SharedInformerFactory
 	services corelisters.ServiceLister
 	slices   discoverylisters.EndpointSliceLister
-	synced   []cache.InformerSynced
-	queue    workqueue.TypedRateLimitingInterface[string]
-	recorder record.EventRecorder
-	stopRec  func()
-	notes    chan Transition
+	// namespaces are watched for LabelEnabled (ScopeOptIn only; nil
+	// otherwise).
+	nsFactory  informers.SharedInformerFactory
+	namespaces corelisters.NamespaceLister
+	synced     []cache.InformerSynced
+	queue      workqueue.TypedRateLimitingInterface[string]
+	recorder   record.EventRecorder
+	stopRec    func()
+	notes      chan Transition
 	// policyStore holds the BackendPolicies as the API server has them
 	// (nil without Options.Policies); statusQueue has the keys of those
 	// whose status may need a write.
@@ -131,6 +163,9 @@ type entry struct {
 	// badPolicy is the "namespace/name@generation" of the invalid policy
 	// last announced, so it is announced once.
 	badPolicy string
+	// served says why the Service is served ("": it is not, kube-proxy
+	// has it), as last logged.
+	served string
 }
 
 // New builds a controller on client. Nothing runs until Run.
@@ -143,6 +178,9 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.Scope == "" {
+		opts.Scope = ScopeOptIn
 	}
 	// kube-proxy's selection: Services another proxy handles, and the
 	// slices of headless Services, never reach us.
@@ -188,6 +226,24 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 		DeleteFunc: c.enqueueSlice,
 	})
 	c.synced = []cache.InformerSynced{svcInformer.HasSynced, sliceInformer.HasSynced}
+	if opts.Scope == ScopeOptIn {
+		// A namespace labelled or unlabelled changes all its Services.
+		c.nsFactory = informers.NewSharedInformerFactory(client, opts.Resync)
+		nsInformer := c.nsFactory.Core().V1().Namespaces().Informer()
+		c.namespaces = c.nsFactory.Core().V1().Namespaces().Lister()
+		nsInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: c.enqueueNamespace,
+			UpdateFunc: func(old, obj any) {
+				o, _ := old.(*corev1.Namespace)
+				n, _ := obj.(*corev1.Namespace)
+				if o == nil || n == nil || o.Labels[LabelEnabled] != n.Labels[LabelEnabled] {
+					c.enqueueNamespace(obj)
+				}
+			},
+			DeleteFunc: c.enqueueNamespace,
+		})
+		c.synced = append(c.synced, nsInformer.HasSynced)
+	}
 	if opts.Policies != nil {
 		c.watchPolicies(opts.Policies)
 	}
@@ -204,6 +260,45 @@ func (c *Controller) enqueueService(obj any) {
 	// A Service appearing, going or changing its annotations can change
 	// the verdicts of the policies that target it.
 	c.policyStatusFor(key)
+}
+
+// enqueueNamespace queues every Service of a namespace whose label may
+// have changed.
+func (c *Controller) enqueueNamespace(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	ns, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return
+	}
+	svcs, _ := c.services.Services(ns.Name).List(labels.Everything())
+	for _, s := range svcs {
+		c.queue.Add(s.Namespace + "/" + s.Name)
+	}
+}
+
+// servedBecause says why the Service is served under the controller's
+// scope, or "" when it is left to kube-proxy. Called with mu held.
+func (c *Controller) servedBecause(svc *corev1.Service, key string) string {
+	switch svc.Labels[LabelEnabled] {
+	case "false":
+		return ""
+	case "true":
+		return ServedService
+	}
+	if c.opts.Scope == ScopeAll {
+		return ServedAll
+	}
+	if c.namespaces != nil {
+		if ns, err := c.namespaces.Get(svc.Namespace); err == nil && ns.Labels[LabelEnabled] == "true" {
+			return ServedNamespace
+		}
+	}
+	if p := Winner(c.targetingLocked(key)); p != nil {
+		return ServedPolicy + p.Key()
+	}
+	return ""
 }
 
 // enqueueSlice queues the Service a slice belongs to.
@@ -233,6 +328,10 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	go c.eventLoop(ctx)
 	c.factory.Start(ctx.Done())
 	defer c.factory.Shutdown()
+	if c.nsFactory != nil {
+		c.nsFactory.Start(ctx.Done())
+		defer c.nsFactory.Shutdown()
+	}
 	if c.dynFactory != nil {
 		c.dynFactory.Start(ctx.Done())
 		defer c.dynFactory.Shutdown()
@@ -369,7 +468,23 @@ func (c *Controller) sync(key string) error {
 		c.entries[key] = e
 	}
 	settings := c.withPolicy(key, c.settings(svc, key, e), e)
-	services, hostLocal := Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Addrs: c.local})
+	served := c.servedBecause(svc, key)
+	if served != e.served {
+		if served == "" {
+			c.log.Info("service left to kube-proxy: not opted in", "service", key)
+		} else {
+			c.log.Info("service served", "service", key, "because", served)
+		}
+		e.served = served
+	}
+	var services []desired.Service
+	var hostLocal []string
+	if served != "" {
+		services, hostLocal = Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Addrs: c.local})
+		for i := range services {
+			services[i].Served = served
+		}
+	}
 	if !slices.Equal(hostLocal, e.hostLocal) {
 		if len(hostLocal) > 0 {
 			c.log.Info("ports with a backend in this node's own network namespace are left to kube-proxy",

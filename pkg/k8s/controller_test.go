@@ -62,8 +62,10 @@ func newHarnessWith(t *testing.T, debounce time.Duration, tweak func(*harness, *
 	for _, o := range objs {
 		h.create(o)
 	}
+	// Every Service, as before opt-in scope existed: the scope has tests
+	// of its own (TestControllerOptInScope).
 	opts := Options{
-		NodeName: "n1", Debounce: debounce, InvalidSettings: h.invalid,
+		NodeName: "n1", Debounce: debounce, InvalidSettings: h.invalid, Scope: ScopeAll,
 		Recorder: h.rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if tweak != nil {
@@ -88,6 +90,8 @@ func (h *harness) create(o any) {
 		_, err = h.client.CoreV1().Services(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
 	case *discoveryv1.EndpointSlice:
 		_, err = h.client.DiscoveryV1().EndpointSlices(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
+	case *corev1.Namespace:
+		_, err = h.client.CoreV1().Namespaces().Create(h.ctx, o, metav1.CreateOptions{})
 	}
 	if err != nil {
 		h.t.Fatal(err)

@@ -26,6 +26,10 @@ type policyHarness struct {
 }
 
 func newPolicyHarness(t *testing.T, policies []*BackendPolicy, objs ...any) *policyHarness {
+	return newPolicyHarnessScope(t, ScopeAll, policies, objs...)
+}
+
+func newPolicyHarnessScope(t *testing.T, scope Scope, policies []*BackendPolicy, objs ...any) *policyHarness {
 	ph := &policyHarness{
 		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 			map[schema.GroupVersionResource]string{PolicyGVR: "BackendPolicyList"}),
@@ -37,6 +41,7 @@ func newPolicyHarness(t *testing.T, policies []*BackendPolicy, objs ...any) *pol
 	}
 	ph.harness = newHarnessWith(t, debounce, func(h *harness, o *Options) {
 		o.Policies = ph.dyn
+		o.Scope = scope
 		o.Status = &StatusOptions{Client: h.client, Namespace: "penaltybox-system", Identity: "n1",
 			Leader: ph.leader, Writes: ph.writes}
 	}, objs...)

@@ -54,6 +54,10 @@ const (
 	// ServiceQuietEnd: no FLOW_END for a flow whose verdict is known (its
 	// SYN-ACK seen, and its first data unless ServiceQuietData).
 	ServiceQuietEnd = uint32(bpf.LbPbSvcFlagPB_SVC_F_QUIET_END)
+	// ServiceTakenOver: the service was kube-proxy's until lately: a TCP
+	// packet of a flow the datapath has no entry for is one of
+	// kube-proxy's flows, and passes to it.
+	ServiceTakenOver = uint32(bpf.LbPbSvcFlagPB_SVC_F_TAKEN_OVER)
 )
 
 // Values of pb_ports bits, PB_AF_*, pb_config flags and event types.
@@ -66,6 +70,7 @@ const (
 
 	configRedirect    uint32 = 0x1 // PB_CFG_REDIRECT
 	configReversePath uint32 = 0x2 // PB_CFG_RPF
+	configDrain       uint32 = 0x4 // PB_CFG_DRAIN
 
 	ifacePartial uint32 = 0x1 // PB_IF_PARTIAL
 )
@@ -525,16 +530,29 @@ type Config struct {
 	// SYNRetransMinAge: a pending flow's SYN seen again sooner is a
 	// duplicate, not the client's retransmission (0: the datapath's 200 ms).
 	SYNRetransMinAge time.Duration
+	// Heartbeat is the agent's last heartbeat, in CLOCK_MONOTONIC
+	// nanoseconds (the kernel's bpf_ktime_get_ns).
+	Heartbeat uint64
+	// DeadMan: once the heartbeat is older, new flows go to kube-proxy
+	// (0: never).
+	DeadMan time.Duration
+	// Drain: the install is going; new flows go to kube-proxy, the flows
+	// here finish.
+	Drain bool
 }
 
 // SetConfig writes pb_config_v2[0].
 func (m *Maps) SetConfig(c Config) error {
-	v := bpf.LbConfig{HashSeed: c.HashSeed, SynRetransMinNs: uint64(c.SYNRetransMinAge.Nanoseconds())}
+	v := bpf.LbConfig{HashSeed: c.HashSeed, SynRetransMinNs: uint64(c.SYNRetransMinAge.Nanoseconds()),
+		HeartbeatNs: c.Heartbeat, DeadManNs: uint64(c.DeadMan.Nanoseconds())}
 	if c.Redirect {
 		v.Flags |= configRedirect
 	}
 	if c.ReversePath {
 		v.Flags |= configReversePath
+	}
+	if c.Drain {
+		v.Flags |= configDrain
 	}
 	if err := m.m.PbConfigV2.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("pb_config_v2: %w", err)
@@ -550,7 +568,8 @@ func (m *Maps) Config() (Config, error) {
 		return Config{}, fmt.Errorf("pb_config_v2: %w", err)
 	}
 	return Config{Redirect: v.Flags&configRedirect != 0, ReversePath: v.Flags&configReversePath != 0,
-		HashSeed: v.HashSeed, SYNRetransMinAge: time.Duration(v.SynRetransMinNs)}, nil
+		HashSeed: v.HashSeed, SYNRetransMinAge: time.Duration(v.SynRetransMinNs),
+		Heartbeat: v.HeartbeatNs, DeadMan: time.Duration(v.DeadManNs), Drain: v.Flags&configDrain != 0}, nil
 }
 
 // SetRedirect makes pb_redirect hold exactly ifindexes.

@@ -7,6 +7,7 @@ package metrics
 import (
 	"log/slog"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -26,6 +27,9 @@ type ServiceView struct {
 	// live counted flows (counted only while some limit is set).
 	MaxInflight uint32
 	Inflight    int64
+	// Served says why the service is served (desired.Service.Served; ""
+	// from a config file).
+	Served string
 }
 
 // BackendView is one backend of a service.
@@ -266,6 +270,7 @@ var (
 	dSYNGuard     = desc("datapath_syn_guard_syns_total", "SYNs to services while the SYN guard was on (pure SYNs from clients, whatever conntrack holds for their tuple; not the agent's replays), by verdict: trusted (the source proved itself lately: a backend sent it payload), admitted (untrusted, within the per-CPU budget), dropped (untrusted, over the budget: dropped in XDP).", "verdict")
 	dSYNArmed     = desc("datapath_syn_guard_armed_total", "Times a CPU turned the SYN guard on by itself: in 100 ms more SYNs to services than --syn-guard-arm-rate allows, and a quarter as many again from untrusted sources (a flood, seen before the agent can tell); it stays on there for 1 s past the last such window.")
 	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")
+	dKubeProxy    = desc("datapath_kube_proxy_flows_total", "Packets the datapath left to kube-proxy, by why: handed_over (a new flow while the agent is away longer than --dead-man-timeout, or uninstalling), taken_over (a mid-stream packet of a flow kube-proxy began before the service was taken over, within --takeover-grace).", "why")
 	dUnproven     = desc("datapath_unproven_packets_total", "Packets the datapath did not take as evidence of a backend's health, because a client (or a pod spoofing a backend) could have sent them, by reason: syn_doomed (a SYN no backend can accept: bad checksum, SYN|FIN, TTL <= 1, TCP-MD5/AO; passed unchanged, no flow), syn_duplicate (a pending flow's SYN again too soon or with another ISN: no timeout), reply_wrong_side (a reply from where the node does not route its backend: passed unchanged), reply_bad_checksum (a RST, SYN-ACK or ICMP error with a bad checksum), reply_unacked (a RST or SYN-ACK not acknowledging what the client sent, or a reset after a wrong handshake ACK), client_rst_ignored (a client's RST out of the backend's sequence: the flow keeps its breaker slot).", "reason")
 	dEndpoints    = desc("endpoints", "Endpoints by failure-accrual state.", "service", "state")
 	dEpState      = desc("endpoint_state", "1 for the endpoint's current failure-accrual state.", "service", "endpoint", "state")
@@ -280,6 +285,7 @@ var (
 	dEpWinRate    = desc("endpoint_window_failure_rate", "Share of counted failures in the endpoint's accrual window, as the failure-rate rule judges it.", "service", "endpoint")
 	dEpWinSlow    = desc("endpoint_window_slow_rate", "Share of slow connects in the endpoint's accrual window.", "service", "endpoint")
 	dCBMax        = desc("circuit_breaker_max_inflight", "Live flows the service may hold (0: no limit).", "service")
+	dServed       = desc("service_served", "1 for each service the agent serves, by why: scope-all, service-label, namespace-label, backend-policy (Kubernetes mode), config (a config file). A Service not listed is kube-proxy's.", "service", "reason")
 	dInflight     = desc("inflight_connections", "Live flows of the service counted by its circuit breaker (0 while it has no limit).", "service")
 	dFailOpen     = desc("service_fail_open", "1 while the service fails open (no endpoint ready: new flows go to all endpoints).", "service")
 	dFailOpenEps  = desc("service_fail_open_episodes_total", "Times the service started failing open.", "service")
@@ -293,8 +299,8 @@ type collector struct {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcNoBackend, dCBRejected, dBePackets, dBeBytes,
 		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked, dRescued, dRetried,
-		dCTFail, dMalformed, dUnproven, dICMP, dSYNGuard, dSYNArmed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
-		dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow, dFailOpen, dFailOpenEps, dCBMax, dInflight} {
+		dCTFail, dMalformed, dUnproven, dKubeProxy, dICMP, dSYNGuard, dSYNArmed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
+		dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow, dFailOpen, dFailOpenEps, dCBMax, dServed, dInflight} {
 		ch <- d
 	}
 }
@@ -323,6 +329,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dCTFail, gs.CtCreateFailed)
 		counter(ch, dMalformed, gs.Malformed)
 		counter(ch, dICMP, gs.IcmpTranslated)
+		counter(ch, dKubeProxy, gs.HandedOver, "handed_over")
+		counter(ch, dKubeProxy, gs.KubeProxyMidstream, "taken_over")
 		counter(ch, dUnproven, gs.SynDoomed, "syn_doomed")
 		counter(ch, dUnproven, gs.SynDuplicate, "syn_duplicate")
 		counter(ch, dUnproven, gs.ReplyWrongSide, "reply_wrong_side")
@@ -346,6 +354,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.src.Services() {
 		names[s.ID] = s.Name
 		gauge(ch, dCBMax, float64(s.MaxInflight), s.Name)
+		reason, _, _ := strings.Cut(s.Served, ":")
+		if reason == "" {
+			reason = "config"
+		}
+		gauge(ch, dServed, 1, s.Name, reason)
 		gauge(ch, dInflight, float64(s.Inflight), s.Name)
 		if st, err := c.src.ServiceStats(s.ID); err == nil {
 			counter(ch, dSvcPackets, st.Packets, s.Name)

@@ -32,6 +32,11 @@ func (r *Reconciler) adopt() error {
 			continue
 		}
 		s := &Service{ID: v.Id, Spec: desired.Service{Key: key}, value: v}
+		if v.Flags&maps.ServiceTakenOver != 0 {
+			// Taken over before the restart, when is not kept: the
+			// grace starts again.
+			s.takenOver = r.clk.Now()
+		}
 		if s.sizes, err = r.w.TableSizes(v.Id); err != nil {
 			return fmt.Errorf("adopt service %s: tables: %w", key, err)
 		}

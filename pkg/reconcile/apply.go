@@ -51,6 +51,9 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 			r.w.ResetServiceStats(id)
 			r.w.ResetServiceTrip(id)
 			s = &Service{ID: id}
+			if r.takeover > 0 {
+				s.takenOver = now
+			}
 			r.services[spec.Key] = s
 			r.byID[id] = s
 		}

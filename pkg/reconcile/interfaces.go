@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -46,4 +47,36 @@ func (r *Reconciler) writeConfig(c maps.Config) error {
 	}
 	r.config = c
 	return nil
+}
+
+// Heartbeat writes the agent's heartbeat (CLOCK_MONOTONIC nanoseconds):
+// while it is fresher than the dead-man's bound, the datapath takes new
+// flows.
+func (r *Reconciler) Heartbeat(monotonic uint64) error {
+	c := r.config
+	c.Heartbeat = monotonic
+	return r.writeConfig(c)
+}
+
+// EndTakeovers lets the services whose takeover grace is over take every
+// flow they have no entry for (maps.ServiceTakenOver cleared). It returns
+// the services it rewrote.
+func (r *Reconciler) EndTakeovers() []*Service {
+	var done []*Service
+	for _, s := range r.services {
+		if s.takenOver.IsZero() || r.clk.Since(s.takenOver) < r.takeover {
+			continue
+		}
+		// Written without the flag now that the grace is over; kept
+		// until the write succeeds, to be tried again at the next look.
+		if s.value.Id != 0 {
+			if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
+				r.log.Warn("ending a service's takeover grace", "service", s.Spec.Name, "err", err)
+				continue
+			}
+			done = append(done, s)
+		}
+		s.takenOver = time.Time{}
+	}
+	return done
 }

@@ -255,6 +255,9 @@ func (r *Reconciler) writeService(s *Service, n, tableSize uint32) error {
 		v.Flags |= maps.ServiceRetryRefused
 	}
 	v.Flags |= quietFlags(spec)
+	if !s.takenOver.IsZero() && r.clk.Since(s.takenOver) < r.takeover {
+		v.Flags |= maps.ServiceTakenOver
+	}
 	if v == s.value {
 		return nil
 	}

@@ -81,9 +81,12 @@ type Service struct {
 	Active, Probation []uint32
 	FailOpen          bool
 
-	value  bpf.LbSvcValue // last written pb_services value
-	listed []uint32       // last written pb_svc_backends list
-	sizes  [2]uint32      // slots of the service's two installed tables (0: none)
+	value bpf.LbSvcValue // last written pb_services value
+	// takenOver: when the service was taken from kube-proxy (first served,
+	// or adopted with ServiceTakenOver set); zero once the grace is over.
+	takenOver time.Time
+	listed    []uint32  // last written pb_svc_backends list
+	sizes     [2]uint32 // slots of the service's two installed tables (0: none)
 	// hasFallback: the service has a fallback table, holding a table over
 	// fallback (the active backends when it was last written).
 	hasFallback  bool
@@ -114,6 +117,7 @@ type Reconciler struct {
 	clk      clock.PassiveClock
 	cooldown time.Duration
 	noTrips  bool
+	takeover time.Duration // Options.TakeoverGrace
 
 	maxTableSize uint32
 	builders     map[uint32]*maglev.Builder
@@ -172,6 +176,11 @@ type Options struct {
 	// agent's accrual alone decides (an operator's switch, and the
 	// baseline kernel trips are measured against).
 	NoKernelTrips bool
+	// TakeoverGrace is how long a service newly served (taken from
+	// kube-proxy) leaves the TCP flows it has no entry for to kube-proxy:
+	// they are kube-proxy's, begun before (maps.ServiceTakenOver). 0: none
+	// (standalone: no kube-proxy to leave them to).
+	TakeoverGrace time.Duration
 	Clock         clock.PassiveClock
 	Logger        *slog.Logger
 }
@@ -196,6 +205,7 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		clk:          opts.Clock,
 		cooldown:     opts.Cooldown,
 		noTrips:      opts.NoKernelTrips,
+		takeover:     opts.TakeoverGrace,
 		maxTableSize: opts.TableSize,
 		builders:     map[uint32]*maglev.Builder{},
 		slots:        map[uint32][]int32{},

@@ -448,6 +448,11 @@ func startK8sAgent(t *testing.T, ctx context.Context, ns *testnet.NS, kubeconfig
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every Service, unless the test says: the scenarios here predate the
+	// opt-in scope, which has tests of its own.
+	if !slices.Contains(args, "--scope") {
+		args = append([]string{"--scope", "all"}, args...)
+	}
 	a.Args = append([]string{"--node-name", node, "--kubeconfig", kubeconfig, "--log-level", "debug"}, args...)
 	t.Cleanup(func() {
 		if t.Failed() {
