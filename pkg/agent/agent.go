@@ -43,6 +43,7 @@ type Stats interface {
 	ServiceStats(id uint32) (bpf.LbSvcStats, error)
 	BackendStats(id uint32) (bpf.LbBeStats, error)
 	SYNGuardStats() (bpf.LbSynGuardCpu, error)
+	AffinityFill() (entries, capacity int, err error)
 }
 
 // Inflight reads the circuit breaker's live flow counts (maps.Inflight).
