@@ -936,6 +936,47 @@ static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, __u32
 #define PB_NO_BACKEND -1
 #define PB_OVER_LIMIT -2
 
+/* affinity_pick: for a service with sessionAffinity ClientIP, the backend
+ * of the client's last new flow, when that was less than the service's
+ * timeout ago and the backend is still an active one of the service (not
+ * avoid). Accrual wins over affinity: an ejected or probation backend is
+ * not returned, the flow gets a fresh pick, and the client is pinned to
+ * that one (affinity_set). The key is left in the scratch's ak. */
+static __always_inline int affinity_pick(struct scratch *sc, struct svc_value *svc, const struct ct_key *fk,
+					 __u32 avoid, __u64 now, struct pick *out)
+{
+	struct affinity_key *k = &sc->ak;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->client = fk->src;
+	k->svc_id = svc->id;
+	k->family = fk->family;
+	struct affinity_value *v = bpf_map_lookup_elem(&pb_affinity, k);
+	if (!v)
+		return -1;
+	/* Signed: another CPU may have stamped it a moment after now. */
+	if ((__s64)(now - v->last_ns) >= (__s64)svc->affinity_timeout_s * 1000000000LL)
+		return -1;
+	__u32 id = v->backend_id;
+	if (!id || id == avoid)
+		return -1;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
+	if (!be || !be->family || be->svc_id != svc->id || be->state != PB_BE_ACTIVE)
+		return -1;
+	out->id = id;
+	out->be = be;
+	out->probe = 0;
+	return 0;
+}
+
+/* affinity_set pins the client of key sc->ak to backend id from now on. */
+static __always_inline void affinity_set(struct scratch *sc, __u32 id, __u64 now)
+{
+	sc->av.backend_id = id;
+	sc->av.pad = 0;
+	sc->av.last_ns = now;
+	bpf_map_update_elem(&pb_affinity, &sc->ak, &sc->av, BPF_ANY);
+}
+
 static __always_inline void count_refused(struct svc_value *svc, int over_limit)
 {
 	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
@@ -981,7 +1022,19 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	struct pick pk = {};
 	/* A retried client has been refused once: it is not our experiment. */
 	int may_probe = !midstream && !(ct_flags & PB_CT_RETRY);
-	if (pick_backend(svc, hash, seed, may_probe, avoid, &pk, gs) < 0) {
+	/* The reverse entry and the affinity key are built in the per-CPU
+	 * scratch: the stack (512 bytes for the whole inlined program) has no
+	 * room for them. */
+	struct scratch *sc = scratch();
+	if (!sc) {
+		if (limited)
+			inflight_add(&pb_svc_inflight, svc->id, -1);
+		return PB_NO_BACKEND;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	int sticky = svc->affinity_timeout_s != 0;
+	if ((!sticky || affinity_pick(sc, svc, fk, avoid, now, &pk) < 0) &&
+	    pick_backend(svc, hash, seed, may_probe, avoid, &pk, gs) < 0) {
 		if (limited)
 			inflight_add(&pb_svc_inflight, svc->id, -1);
 		if (gs)
@@ -990,7 +1043,6 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 		return PB_NO_BACKEND;
 	}
 
-	__u64 now = bpf_ktime_get_ns();
 	__u32 flags = ct_flags;
 	if (limited) {
 		if (backend_slot(svc, hash, avoid, &pk)) {
@@ -1012,6 +1064,10 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 		}
 	}
 
+	/* Where the flow goes now, past the breaker's moves, is where the
+	 * client's next flows go. */
+	if (sticky)
+		affinity_set(sc, pk.id, now);
 	if (pk.probe)
 		flags |= PB_CT_PROBE;
 	if (svc->flags & PB_SVC_F_RETRY_REFUSED)
@@ -1036,11 +1092,6 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	if (p->proto == IPPROTO_TCP && !midstream && (void *)(syn + 1) <= p->end)
 		fv->client_isn = bpf_ntohl(syn->seq);
 
-	/* The reverse entry is built in the per-CPU scratch: the stack
-	 * (512 bytes for the whole inlined program) has no room for it. */
-	struct scratch *sc = scratch();
-	if (!sc)
-		return PB_NO_BACKEND;
 	struct ct_key *rk = &sc->rk;
 	struct ct_value *rv = &sc->rv;
 	rev_key(rk, fk, fv);

@@ -9,6 +9,7 @@
 #define PB_MAX_BACKENDS 262144
 #define PB_CT_SIZE 262144
 #define PB_TRUST_SIZE 65536 /* pb_src_trust: client addresses remembered */
+#define PB_AFFINITY_SIZE 65536 /* pb_affinity: (service, client) pairs remembered; the loader may resize it */
 #define PB_SYN_WINDOW_NS 100000000ULL /* the SYN guard's arming window: 100 ms */
 #define PB_SYN_ARM_HOLD_NS 1000000000ULL /* armed for 1 s past the last window over */
 #define PB_EVENTS_BYTES (1 << 20)

@@ -330,14 +330,15 @@ func (m *Maps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
 	return nil
 }
 
-// DeleteService removes a pb_services entry and the service's tables.
+// DeleteService removes a pb_services entry, the service's tables and its
+// clients' affinity.
 func (m *Maps) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	err := m.m.PbServices.Delete(k)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("pb_services: delete: %w", err)
 	}
 	m.DeleteTables(id)
-	return nil
+	return m.ForgetAffinity(id)
 }
 
 func (m *Maps) deleteOuter(outer *ebpf.Map, id uint32) {
