@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/penaltybox/penaltybox/internal/csum"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 	"github.com/penaltybox/penaltybox/internal/testnet/synackdelay"
 )
 
