@@ -198,24 +198,24 @@ func (f *fakeMaps) ServiceBackends(svcID uint32, n uint32) ([]uint32, error) {
 	return slices.Clone(l[:min(int(n), len(l))]), f.failing("ServiceBackends")
 }
 
-func (f *fakeMaps) PutHealth(id uint32, h bpf.LbEndpointHealth) error {
-	if err := f.failing("PutHealth"); err != nil {
+func (f *fakeMaps) PutPersisted(id uint32, h bpf.LbEndpointHealth) error {
+	if err := f.failing("PutPersisted"); err != nil {
 		return err
 	}
 	f.health[id] = h
 	return nil
 }
 
-func (f *fakeMaps) DeleteHealth(id uint32) error {
-	if err := f.failing("DeleteHealth"); err != nil {
+func (f *fakeMaps) DeletePersisted(id uint32) error {
+	if err := f.failing("DeletePersisted"); err != nil {
 		return err
 	}
 	delete(f.health, id)
 	return nil
 }
 
-func (f *fakeMaps) Health() (map[uint32]bpf.LbEndpointHealth, error) {
-	return maps.Clone(f.health), f.failing("Health")
+func (f *fakeMaps) Persisted() (map[uint32]bpf.LbEndpointHealth, error) {
+	return maps.Clone(f.health), f.failing("Persisted")
 }
 
 func (f *fakeMaps) SetIfaces(ifs []pbmaps.Iface) error {

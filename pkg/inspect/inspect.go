@@ -29,7 +29,7 @@ import (
 type Reader interface {
 	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
 	Backends() (map[uint32]bpf.LbBackend, error)
-	Health() (map[uint32]bpf.LbEndpointHealth, error)
+	Persisted() (map[uint32]bpf.LbEndpointHealth, error)
 	Table(svcID, n uint32) ([]uint32, error)
 	GlobalStats() (bpf.LbGlobalStats, error)
 	ServiceStats(id uint32) (bpf.LbSvcStats, error)
@@ -140,7 +140,7 @@ func Read(r Reader, now time.Time, monotonic uint64) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pb_backends: %w", err)
 	}
-	health, err := r.Health()
+	health, err := r.Persisted()
 	if err != nil {
 		return nil, fmt.Errorf("pb_health: %w", err)
 	}

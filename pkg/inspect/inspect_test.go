@@ -30,9 +30,9 @@ type fakeReader struct {
 
 func (f *fakeReader) Config() (maps.Config, error) { return f.cfg, nil }
 
-func (f *fakeReader) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) { return f.svcs, nil }
-func (f *fakeReader) Backends() (map[uint32]bpf.LbBackend, error)        { return f.bes, nil }
-func (f *fakeReader) Health() (map[uint32]bpf.LbEndpointHealth, error)   { return f.health, nil }
+func (f *fakeReader) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)  { return f.svcs, nil }
+func (f *fakeReader) Backends() (map[uint32]bpf.LbBackend, error)         { return f.bes, nil }
+func (f *fakeReader) Persisted() (map[uint32]bpf.LbEndpointHealth, error) { return f.health, nil }
 func (f *fakeReader) Table(svc, n uint32) ([]uint32, error) {
 	if f.tableErr != nil {
 		return nil, f.tableErr

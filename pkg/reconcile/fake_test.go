@@ -679,24 +679,24 @@ func (f *fakeWriter) Backend(id uint32) (bpf.LbBackend, error) {
 	return f.backends[id], nil
 }
 
-func (f *fakeWriter) PutHealth(id uint32, h bpf.LbEndpointHealth) error {
-	if err := f.failing("PutHealth"); err != nil {
+func (f *fakeWriter) PutPersisted(id uint32, h bpf.LbEndpointHealth) error {
+	if err := f.failing("PutPersisted"); err != nil {
 		return err
 	}
 	f.health[id] = h
 	return nil
 }
 
-func (f *fakeWriter) DeleteHealth(id uint32) error {
-	if err := f.failing("DeleteHealth"); err != nil {
+func (f *fakeWriter) DeletePersisted(id uint32) error {
+	if err := f.failing("DeletePersisted"); err != nil {
 		return err
 	}
 	delete(f.health, id)
 	return nil
 }
 
-func (f *fakeWriter) Health() (map[uint32]bpf.LbEndpointHealth, error) {
-	if err := f.failing("Health"); err != nil {
+func (f *fakeWriter) Persisted() (map[uint32]bpf.LbEndpointHealth, error) {
+	if err := f.failing("Persisted"); err != nil {
 		return nil, err
 	}
 	return maps.Clone(f.health), nil

@@ -59,9 +59,9 @@ type Writer interface {
 	ResetBackendTrip(id uint32)
 
 	// Accrual state kept across restarts (health.go).
-	PutHealth(uint32, bpf.LbEndpointHealth) error
-	DeleteHealth(uint32) error
-	Health() (map[uint32]bpf.LbEndpointHealth, error)
+	PutPersisted(uint32, bpf.LbEndpointHealth) error
+	DeletePersisted(uint32) error
+	Persisted() (map[uint32]bpf.LbEndpointHealth, error)
 
 	// Interfaces and settings (interfaces.go).
 	SetIfaces([]maps.Iface) error
