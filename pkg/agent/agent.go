@@ -7,7 +7,7 @@
 //	kernel ─► HandleEvents ─► outcomes ─► accrual ─► reconcile ─► maps
 //	Advance (deadlines), Maintain (retries, probe watchdog), Sweep (ids)
 //
-// Every entry point (Apply, ApplyConfig, HandleEvents, Advance, Maintain,
+// Every entry point (Apply, HandleEvents, Advance, Maintain,
 // SweepDone, the views) takes the agent's one mutex, mu, for as long as it
 // looks at or changes the reconciler, the accrual engine or the outcome
 // tracker: the ring-buffer reader's goroutine calls HandleEvents itself (a

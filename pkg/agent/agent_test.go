@@ -10,7 +10,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
-	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
@@ -382,9 +381,10 @@ func TestApplyConfig(t *testing.T) {
 	e := newEnv(t)
 	e.links = map[string]int{"cl0": 4, "b1": 5, "eth9": 6}
 	e.veths = map[string]bool{"b1": true}
-	cfg := &config.Config{Interfaces: []string{"cl0", "nope0"}, MaglevTableSize: 31,
-		Services: []config.Service{{Name: "web", VIP: vip, Port: 80, Protocol: desired.TCP, Accrual: settings()}}}
-	err := e.a.ApplyConfig(cfg)
+	node := &desired.Node{Interfaces: []string{"cl0", "nope0"}, TableSize: 31}
+	cfg := desired.State{Node: node,
+		Services: []desired.Service{{Name: "web", Key: desired.Key{VIP: vip, Port: 80, Protocol: desired.TCP}, Accrual: settings()}}}
+	err := e.a.Apply(cfg)
 	if err == nil || !strings.Contains(err.Error(), `interfaces[1]: "nope0"`) {
 		t.Fatalf("err = %v, want interfaces[1] named", err)
 	}
@@ -394,21 +394,21 @@ func TestApplyConfig(t *testing.T) {
 	if got := testutil.ToFloat64(e.a.Metrics().ConfigReloads.WithLabelValues("error")); got != 1 {
 		t.Fatalf("config errors %v, want 1", got)
 	}
-	cfg.Interfaces = []string{"cl0", "b1"}
-	cfg.RedirectInterfaces = []string{"eth9"}
-	if err := e.a.ApplyConfig(cfg); err != nil {
+	node.Interfaces = []string{"cl0", "b1"}
+	node.RedirectInterfaces = []string{"eth9"}
+	if err := e.a.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(e.hooks.Attached(), []string{"b1", "cl0"}) || !slices.Equal(e.f.partial, []uint32{5}) ||
 		!slices.Equal(e.f.redirect, []uint32{6}) || !e.f.config.Redirect {
 		t.Fatalf("attached %v, partial %v, redirect %v, config %+v", e.hooks.Attached(), e.f.partial, e.f.redirect, e.f.config)
 	}
-	if got := e.a.ServicesView().Interfaces; !slices.Equal(got, cfg.Interfaces) {
+	if got := e.a.ServicesView().Interfaces; !slices.Equal(got, node.Interfaces) {
 		t.Fatalf("/admin/services interfaces %v", got)
 	}
 	// Dropping an interface detaches it.
-	cfg.Interfaces, cfg.RedirectInterfaces = []string{"cl0"}, nil
-	if err := e.a.ApplyConfig(cfg); err != nil {
+	node.Interfaces, node.RedirectInterfaces = []string{"cl0"}, nil
+	if err := e.a.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(e.hooks.Attached(), []string{"cl0"}) || len(e.f.redirect) != 0 || e.f.config.Redirect {

@@ -8,7 +8,6 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
-	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
@@ -16,11 +15,26 @@ import (
 )
 
 // Apply programs a desired state: services and backends, accrual's view
-// of them, then each service's table.
-func (a *Agent) Apply(st desired.State) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.apply(st)
+// of them, then each service's table. A state with Node (a config
+// file's) also sets the table size and the interfaces; one that cannot be
+// applied whole changes nothing it can check beforehand (table size,
+// interfaces), and its outcome is counted as a config reload.
+func (a *Agent) Apply(st desired.State) error {
+	if st.Node == nil {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.apply(st)
+		return nil
+	}
+	if err := a.applyNode(st); err != nil {
+		a.metrics.ConfigReloads.WithLabelValues("error").Inc()
+		a.metrics.ConfigLastOK.Set(0)
+		return err
+	}
+	a.metrics.ConfigReloads.WithLabelValues("success").Inc()
+	a.metrics.ConfigLastOK.Set(1)
+	a.metrics.ConfigLastSuccess.SetToCurrentTime()
+	return nil
 }
 
 func (a *Agent) apply(st desired.State) {
@@ -112,21 +126,6 @@ func (a *Agent) PrefiltersWritten() error {
 	return nil
 }
 
-// ApplyConfig applies a config file (services, then interfaces) and
-// counts the outcome. A file that cannot be applied whole changes nothing
-// it can check beforehand (table size, interfaces).
-func (a *Agent) ApplyConfig(cfg *config.Config) error {
-	if err := a.applyConfig(cfg); err != nil {
-		a.metrics.ConfigReloads.WithLabelValues("error").Inc()
-		a.metrics.ConfigLastOK.Set(0)
-		return err
-	}
-	a.metrics.ConfigReloads.WithLabelValues("success").Inc()
-	a.metrics.ConfigLastOK.Set(1)
-	a.metrics.ConfigLastSuccess.SetToCurrentTime()
-	return nil
-}
-
 // ConfigRejected counts and logs a config file that did not load: the
 // last good one stays in force.
 func (a *Agent) ConfigRejected(err error) {
@@ -135,41 +134,38 @@ func (a *Agent) ConfigRejected(err error) {
 	a.log.Error("config reload rejected; the last good config stays in force", "err", err)
 }
 
-func (a *Agent) applyConfig(cfg *config.Config) error {
+// applyNode applies a state with its node's settings (a config file's).
+func (a *Agent) applyNode(st desired.State) error {
+	n := st.Node
 	// What the file cannot promise (that its interfaces exist) is checked
 	// before anything is applied: a typo leaves the running config whole.
-	if err := a.checkInterfaces(cfg); err != nil {
+	if err := a.checkInterfaces(n); err != nil {
 		return err
 	}
 	a.mu.Lock()
-	if cfg.MaglevTableSize != a.rec.TableSize() {
-		if err := a.rec.SetTableSize(cfg.MaglevTableSize); err != nil {
+	if n.TableSize != a.rec.TableSize() {
+		if err := a.rec.SetTableSize(n.TableSize); err != nil {
 			a.mu.Unlock()
-			return fmt.Errorf("maglev.tableSize: %d: %w", cfg.MaglevTableSize, err)
+			return fmt.Errorf("maglev.tableSize: %d: %w", n.TableSize, err)
 		}
 	}
-	// The file's defaults.maxInflight, else the flag's (the caller fills
-	// it in when loading).
-	a.maxInflightDefault = 0
-	if cfg.MaxInflight != nil {
-		a.maxInflightDefault = *cfg.MaxInflight
-	}
+	a.maxInflightDefault = n.MaxInflightDefault
 	a.metrics.MaxInflightDefault.Set(float64(a.maxInflightDefault))
-	a.apply(cfg.Desired())
+	a.apply(st)
 	a.mu.Unlock()
 	if err := a.PrefiltersWritten(); err != nil {
 		return err
 	}
-	return a.applyInterfaces(cfg.Interfaces, cfg.RedirectInterfaces)
+	return a.applyInterfaces(n.Interfaces, n.RedirectInterfaces)
 }
 
 // checkInterfaces resolves every interface a config file names.
-func (a *Agent) checkInterfaces(cfg *config.Config) error {
+func (a *Agent) checkInterfaces(n *desired.Node) error {
 	var errs []error
 	for _, f := range []struct {
 		field string
 		names []string
-	}{{"interfaces", cfg.Interfaces}, {"redirectInterfaces", cfg.RedirectInterfaces}} {
+	}{{"interfaces", n.Interfaces}, {"redirectInterfaces", n.RedirectInterfaces}} {
 		for i, n := range f.names {
 			if _, err := a.link(n); err != nil {
 				errs = append(errs, fmt.Errorf("%s[%d]: %q: %w", f.field, i, n, err))

@@ -6,17 +6,16 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
 // Run is the agent's loop until ctx ends: it applies desired state as it
-// changes (a config file's, or Kubernetes'), runs deadlines as they fall
-// due, and maintains the maps. Outcome events arrive through HandleEvents
-// on the reader's goroutine meanwhile.
-func (a *Agent) Run(ctx context.Context, configs <-chan *config.Config, states <-chan desired.State) {
+// changes (a config file's, or Kubernetes', both as desired.State), runs
+// deadlines as they fall due, and maintains the maps. Outcome events
+// arrive through HandleEvents on the reader's goroutine meanwhile.
+func (a *Agent) Run(ctx context.Context, states <-chan desired.State) {
 	timer := a.clk.NewTimer(time.Hour)
 	defer timer.Stop()
 	a.rearm(timer) // sets armed, which HandleEvents compares against
@@ -35,12 +34,11 @@ func (a *Agent) Run(ctx context.Context, configs <-chan *config.Config, states <
 		select {
 		case <-ctx.Done():
 			return
-		case cfg := <-configs:
-			if err := a.ApplyConfig(cfg); err != nil {
+		case st := <-states:
+			// Only a config file's node settings can fail to apply.
+			if err := a.Apply(st); err != nil {
 				a.log.Error("config reload failed to apply", "err", err)
 			}
-		case st := <-states:
-			a.Apply(st)
 		case <-timer.C():
 			a.Advance()
 		case <-a.deadlines:
