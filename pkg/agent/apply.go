@@ -1,11 +1,7 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
-	"net"
-
-	"github.com/vishvananda/netlink"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
@@ -47,38 +43,41 @@ func (a *Agent) apply(st desired.State) {
 	for _, c := range changes {
 		for _, id := range c.Retired {
 			gone[id] = true
-			delete(a.probeSeen, id)
+			delete(a.probes.seen, id)
 			if int(id) < len(a.policy) {
 				a.policy[id] = outcomes.Policy{}
 			}
 		}
 		if c.Removed {
-			a.handleTransitions(a.engine.RemoveService(c.Service.ID))
+			a.trans.handle(a.engine.RemoveService(c.Service.ID))
 			// Its id may be handed to another service: nothing carries over.
-			delete(a.handshakes, c.Service.ID)
-			delete(a.tripsHandled, c.Service.ID)
+			delete(a.replays.handshakes, c.Service.ID)
+			a.trips.forget(c.Service.ID)
 		}
 	}
 	a.tracker.Forget(gone)
 	services := a.rec.Services()
-	if !a.restored {
+	if !a.persisted.restored {
 		// The first desired state after a start: accrual adopts what the
 		// previous agent persisted before any table is written, so the
 		// first table already leaves out an endpoint that was ejected when
 		// it died (programming first would admit it for a moment).
-		a.restored = true
+		a.persisted.restored = true
 		var trs []accrual.Transition
 		for _, s := range services {
 			a.setPolicy(s)
 			trs = append(trs, a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends)...)
 		}
-		a.restoreHealth()
-		a.handleTransitions(trs)
+		restored, recs := a.persisted.restore()
+		a.trans.handle(restored)
+		// Stale records belong to endpoints that are gone.
+		a.persisted.prune(recs)
+		a.trans.handle(trs)
 	}
 	for _, s := range services {
 		a.setPolicy(s)
-		a.handleTransitions(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
-		a.program(s.ID)
+		a.trans.handle(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
+		a.trans.program(s.ID)
 		// At 0 from the start, so that a rate over them is 0, not absent,
 		// and a first increment shows in increase().
 		a.metrics.FlowsToEjected.WithLabelValues(s.Spec.Name)
@@ -96,8 +95,8 @@ func (a *Agent) apply(st desired.State) {
 func (a *Agent) setPolicy(s *reconcile.Service) {
 	pol := outcomes.PolicyFor(s.Spec.Accrual, s.Spec.Key.Protocol == desired.TCP)
 	pol.Service = s.ID
-	if a.replaysUnanswered() {
-		pol.Replay = replayAfter(&s.Spec, a.handshakes[s.ID])
+	if a.replays.unansweredToo() {
+		pol.Replay = a.replays.after(s)
 	}
 	for _, id := range s.Backends {
 		if n := int(id) + 1; n > len(a.policy) {
@@ -159,67 +158,6 @@ func (a *Agent) applyNode(st desired.State) error {
 	return a.applyInterfaces(n.Interfaces, n.RedirectInterfaces)
 }
 
-// checkInterfaces resolves every interface a config file names.
-func (a *Agent) checkInterfaces(n *desired.Node) error {
-	var errs []error
-	for _, f := range []struct {
-		field string
-		names []string
-	}{{"interfaces", n.Interfaces}, {"redirectInterfaces", n.RedirectInterfaces}} {
-		for i, n := range f.names {
-			if _, err := a.link(n); err != nil {
-				errs = append(errs, fmt.Errorf("%s[%d]: %q: %w", f.field, i, n, err))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// applyInterfaces attaches XDP where listed and detaches it elsewhere, and
-// tells the datapath which interfaces are veths and which take redirects.
-func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
-	a.hooksMu.Lock()
-	defer a.hooksMu.Unlock()
-	want := map[string]bool{}
-	for _, n := range ifaces {
-		want[n] = true
-		if err := a.hooks.Attach(n); err != nil {
-			return err
-		}
-	}
-	for _, n := range a.hooks.Attached() {
-		if !want[n] {
-			if err := a.hooks.Detach(n); err != nil {
-				a.log.Error("detach", "interface", n, "err", err)
-			}
-		}
-	}
-	var known []maps.Iface
-	for _, n := range ifaces {
-		if l, err := a.link(n); err == nil {
-			known = append(known, l.iface(l.Veth))
-		}
-	}
-	var idx []uint32
-	for _, n := range redirect {
-		l, err := a.link(n)
-		if err != nil {
-			return fmt.Errorf("redirectInterfaces: %q: %w", n, err)
-		}
-		idx = append(idx, uint32(l.Index))
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err := a.rec.SetInterfaces(known); err != nil {
-		return err
-	}
-	if err := a.rec.SetRedirectInterfaces(idx); err != nil {
-		return err
-	}
-	a.interfaces = ifaces
-	return nil
-}
-
 // SetDatapathConfig writes the datapath's settings (pb_config_v2) but
 // redirecting, which follows the interfaces.
 func (a *Agent) SetDatapathConfig(c maps.Config) error {
@@ -231,33 +169,4 @@ func (a *Agent) SetDatapathConfig(c maps.Config) error {
 	a.log.Info("datapath settings", "reverse_path_check", c.ReversePath,
 		"syn_retransmit_min_age", c.SYNRetransMinAge.String(), "hash_seed_set", c.HashSeed != 0)
 	return nil
-}
-
-// LinkInfo is what the agent needs to know of an interface it attaches to.
-type LinkInfo struct {
-	Index int
-	// Veth: a veth, whose local sender may leave the L4 checksum to the
-	// device.
-	Veth bool
-	// Master is its master's index (a bridge port's bridge), 0: none.
-	Master int
-}
-
-// iface is l as the datapath's pb_ifaces entry; partial says whether its
-// packets may carry a partial checksum.
-func (l LinkInfo) iface(partial bool) maps.Iface {
-	return maps.Iface{Index: uint32(l.Index), Partial: partial, Master: uint32(l.Master)}
-}
-
-// netlinkLink resolves an interface by name.
-func netlinkLink(name string) (LinkInfo, error) {
-	ifc, err := net.InterfaceByName(name)
-	if err != nil {
-		return LinkInfo{}, err
-	}
-	l, err := netlink.LinkByIndex(ifc.Index)
-	if err != nil {
-		return LinkInfo{Index: ifc.Index}, nil
-	}
-	return LinkInfo{Index: ifc.Index, Veth: l.Type() == "veth", Master: l.Attrs().MasterIndex}, nil
 }

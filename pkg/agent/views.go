@@ -64,7 +64,7 @@ func (a *Agent) ServicesView() admin.ServicesView {
 		if st, err := a.stats.ServiceStats(s.ID); err == nil {
 			sj.Counters = admin.NewServiceCounters(st)
 		}
-		if d := replayAfter(&s.Spec, a.handshakes[s.ID]); d > 0 {
+		if d := a.replays.after(s); d > 0 {
 			sj.ReplayAfter = d.String()
 		}
 		sj.KernelTrips = admin.NewKernelTrips(a.rec.ServiceTrip(s.ID))

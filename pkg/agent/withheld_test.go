@@ -318,13 +318,13 @@ func TestOneServiceCannotHoldFloodMode(t *testing.T) {
 	}
 	// The spell of shedding is logged when it starts and when it ends, a
 	// quiet spell later.
-	if len(e.a.shedding) != 1 {
-		t.Fatalf("shedding spells %v, want the idle service's", e.a.shedding)
+	if len(e.a.shed.spells) != 1 {
+		t.Fatalf("shedding spells %v, want the idle service's", e.a.shed.spells)
 	}
 	e.clk.Step(floodQuiet + time.Second)
 	e.a.Maintain()
-	if len(e.a.shedding) != 0 {
-		t.Fatalf("shedding spells %v after a quiet spell, want none", e.a.shedding)
+	if len(e.a.shed.spells) != 0 {
+		t.Fatalf("shedding spells %v after a quiet spell, want none", e.a.shed.spells)
 	}
 }
 
