@@ -77,7 +77,7 @@ type Config struct {
 	Log      *slog.Logger
 	Clock    clock.WithTicker
 	Writer   reconcile.Writer
-	Stats    Stats
+	Stats    maps.Counters
 	Inflight Inflight
 	Sweeper  Sweeper
 	Hooks    Hooks
@@ -212,18 +212,19 @@ func New(c Config) (*Agent, error) {
 	rec, err := reconcile.New(c.Writer, reconcile.Options{
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, TableSize: c.TableSize,
 		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse, NoKernelTrips: c.NoKernelTrips,
-		TakeoverGrace: c.TakeoverGrace, HandBack: handBack,
+		TakeoverGrace: c.TakeoverGrace, HandBack: handBack, SYNGuard: c.SYNGuard,
 	})
 	if err != nil {
 		return nil, err
 	}
 	a := &Agent{
 		core: core{
-			log:    c.Log,
-			clk:    c.Clock,
-			stats:  c.Stats,
-			rec:    rec,
-			engine: accrual.New(c.Clock, nil),
+			log:      c.Log,
+			clk:      c.Clock,
+			stats:    c.Stats,
+			tripMaps: c.Writer,
+			rec:      rec,
+			engine:   accrual.New(c.Clock, nil),
 		},
 		inflight:           c.Inflight,
 		sweeper:            c.Sweeper,
@@ -237,7 +238,7 @@ func New(c Config) (*Agent, error) {
 	if swept.Expired > 0 || swept.Released > 0 {
 		a.log.Info("expired stale flows", "flows", swept.Expired, "released", swept.Released)
 	}
-	a.metrics = metrics.New(a, a.log)
+	a.metrics = metrics.New(a, c.Stats, a.log)
 	a.wire(c)
 	a.tracker = outcomes.NewTracker(a.policyOf)
 	a.tracker.OnUnanswered = a.counts.unansweredDatagram

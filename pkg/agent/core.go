@@ -9,23 +9,12 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/metrics"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
-
-// Stats reads the datapath's counters (pkg/maps implements it).
-type Stats interface {
-	GlobalStats() (bpf.LbGlobalStats, error)
-	ServiceStats(id uint32) (bpf.LbSvcStats, error)
-	BackendStats(id uint32) (bpf.LbBeStats, error)
-	SYNGuardStats() (bpf.LbSynGuardCpu, error)
-	NFForgotten() (maps.NFForgotten, error)
-	AffinityFill() (entries, capacity int, err error)
-}
 
 // Events is the ring buffer reader, as far as the agent needs it.
 type Events interface {
@@ -49,7 +38,10 @@ type core struct {
 	log     *slog.Logger
 	clk     clock.WithTicker
 	metrics *metrics.Metrics
-	stats   Stats
+	// stats: the datapath's counters; tripMaps: its kernel-trip arrays
+	// (read here, written through the reconciler).
+	stats    maps.Counters
+	tripMaps maps.TripReader
 
 	rec     *reconcile.Reconciler
 	engine  *accrual.Engine

@@ -148,12 +148,11 @@ func (f *floodMode) setGuard(on bool) {
 	if on && f.guard.Rate == 0 {
 		return
 	}
-	g := f.guard
-	g.Lease = 0
+	lease := time.Duration(0)
 	if on {
-		g.Lease = f.lease
+		lease = f.lease
 	}
-	if err := f.rec.SetSYNGuard(g); err != nil {
+	if err := f.rec.GuardSYNs(lease); err != nil {
 		f.metrics.ProgramErrors.Inc()
 		if !f.guardErr {
 			f.log.Error("writing the SYN guard", "on", on, "err", err)

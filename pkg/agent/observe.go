@@ -43,7 +43,7 @@ func (ob *observer) observe(o accrual.Outcome) {
 // failures ends here too, as accrual's does.
 func (ob *observer) observeSettled(o accrual.Outcome) {
 	if o.Success {
-		ob.rec.ResetBackendTrip(o.Endpoint)
+		ob.rec.EndKernelStreak(o.Endpoint)
 	}
 	ob.observe(o)
 }

@@ -114,7 +114,7 @@ func (k *kernelTrips) budget(id uint32) int64 {
 	if room == 0 {
 		return 0
 	}
-	made := k.rec.ServiceTrip(id).Trips
+	made := k.tripMaps.ServiceTrip(id).Trips
 	handled := k.handled[id]
 	if made < handled { // a recycled id: its counter started again
 		k.handled[id], handled = made, made
@@ -128,7 +128,7 @@ func (k *kernelTrips) budget(id uint32) int64 {
 // if its event had come. Called with mu held.
 func (k *kernelTrips) findLost() {
 	for _, s := range k.rec.Services() {
-		made := k.rec.ServiceTrip(s.ID).Trips
+		made := k.tripMaps.ServiceTrip(s.ID).Trips
 		if made <= k.handled[s.ID] {
 			continue
 		}

@@ -216,14 +216,14 @@ func tripSettings(s *desired.Service) maps.TripSettings {
 	return maps.TripSettings{MaxFailures: uint32(min(a.MaxFailures, math.MaxUint32)), Kinds: kinds, Settle: a.ConnectTimeout}
 }
 
-// BackendTrip reads a backend's kernel streak.
-func (r *Reconciler) BackendTrip(id uint32) bpf.LbBeTrip { return r.w.BackendTrip(id) }
-
-// ResetBackendTrip starts a backend's kernel streak afresh.
-func (r *Reconciler) ResetBackendTrip(id uint32) { r.w.ResetBackendTrip(id) }
-
-// ServiceTrip reads a service's kernel-trip entry (its trips counted).
-func (r *Reconciler) ServiceTrip(id uint32) bpf.LbSvcTrip { return r.w.ServiceTrip(id) }
+// EndKernelStreak starts backend id's kernel streak afresh: a success the
+// datapath never sees (one judged by a deadline) ends the streak, as it
+// ends accrual's.
+func (r *Reconciler) EndKernelStreak(id uint32) {
+	if _, ok := r.backends[id]; ok {
+		r.w.ResetBackendTrip(id)
+	}
+}
 
 // KernelEjected lists the backends of service id that the kernel holds
 // ejected while the reconciler last wrote them active: kernel trips whose
