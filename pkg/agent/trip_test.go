@@ -27,15 +27,15 @@ func (e *env) kernelTrip(svc, be uint32) {
 // kernelTripLost: the datapath ejected be on its own, and the event that
 // says so was lost.
 func (e *env) kernelTripLost(svc, be uint32) {
-	b := e.f.backends[be]
+	b := e.f.PbBackends[be]
 	b.State = uint8(pbmaps.BackendEjected)
-	e.f.backends[be] = b
-	t := e.f.trips[svc]
+	e.f.PbBackends[be] = b
+	t := e.f.PbSvcTrip[svc]
 	t.Trips++
 	if t.Budget > 0 {
 		t.Budget--
 	}
-	e.f.trips[svc] = t
+	e.f.PbSvcTrip[svc] = t
 }
 
 // The agent writes each service's trip settings and budget: its
@@ -46,18 +46,18 @@ func TestKernelTripSettings(t *testing.T) {
 	s := web(80, 4, settings(func(s *accrual.Settings) { s.MaxEjectionPercent = 50 }))
 	e.start(state(s))
 	svc, bes := e.ids(s)
-	tr := e.f.trips[svc]
+	tr := e.f.PbSvcTrip[svc]
 	if tr.MaxFailures != 3 || tr.Kinds != pbmaps.TripRefused|pbmaps.TripReset || tr.Budget != 2 {
 		t.Fatalf("pb_svc_trip %+v: want maxFailures 3, refused|reset, budget 2 (50%% of 4)", tr)
 	}
 	e.eject(svc, bes[0], 3)
-	if tr := e.f.trips[svc]; tr.Budget != 1 {
+	if tr := e.f.PbSvcTrip[svc]; tr.Budget != 1 {
 		t.Errorf("budget %d after one ejection, want 1", tr.Budget)
 	}
 	// A mode without a consecutive rule: no kernel trips.
 	s.Accrual.Mode = accrual.ModeFailureRate
 	e.a.Apply(state(s))
-	if tr := e.f.trips[svc]; tr.MaxFailures != 0 || tr.Budget != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.MaxFailures != 0 || tr.Budget != 0 {
 		t.Errorf("failure-rate mode: pb_svc_trip %+v, want trips off", tr)
 	}
 }
@@ -92,7 +92,7 @@ func TestKernelTripAdoptedOrUndone(t *testing.T) {
 	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "undone")); got != 1 {
 		t.Errorf("kernel_trips_total{undone} = %v", got)
 	}
-	if tr := e.f.trips[svc]; tr.Budget != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.Budget != 0 {
 		t.Errorf("budget %d with the cap full, want 0", tr.Budget)
 	}
 }
@@ -127,7 +127,7 @@ func TestKernelTripWithoutItsEvent(t *testing.T) {
 	// Something else reprograms the service first: the unread trip is
 	// not handed back as budget.
 	e.eject(svc, bes[0], 3)
-	if tr := e.f.trips[svc]; tr.Budget != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.Budget != 0 {
 		t.Fatalf("budget %d with one ejection read and one trip unread (cap 2), want 0", tr.Budget)
 	}
 	e.a.Maintain()
@@ -205,11 +205,11 @@ func TestKernelTripsOff(t *testing.T) {
 	s := web(80, 3, settings())
 	e.start(state(s))
 	svc, bes := e.ids(s)
-	if tr := e.f.trips[svc]; tr.MaxFailures != 0 || tr.Kinds != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.MaxFailures != 0 || tr.Kinds != 0 {
 		t.Fatalf("pb_svc_trip %+v with kernel trips off, want no max_failures, no kinds", tr)
 	}
 	e.eject(svc, bes[0], 3)
-	if tr := e.f.trips[svc]; tr.MaxFailures != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.MaxFailures != 0 {
 		t.Errorf("pb_svc_trip %+v after an ejection, want trips still off", tr)
 	}
 }

@@ -65,7 +65,7 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 	for range 3 {
 		e.unanswered(svc, be[1])
 	}
-	e.f.lost += 1000 // the ring overflowed meanwhile
+	e.f.Global.EventsLost += 1000 // the ring overflowed meanwhile
 	e.clk.Step(time.Second)
 	e.a.Advance()
 	if ep := e.endpoint(be[1]); ep.State != "ready" || ep.Counters.Failures.Timeout != 0 {
@@ -110,7 +110,7 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 // news.
 func TestOldLossesAreNoNews(t *testing.T) {
 	e := newEnv(t)
-	e.f.lost = 5000
+	e.f.Global.EventsLost = 5000
 	s := web(80, 2, settings())
 	e.start(state(s))
 	svc, be := e.ids(s)
