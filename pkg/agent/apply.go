@@ -34,11 +34,28 @@ func (a *Agent) Apply(st desired.State) error {
 }
 
 func (a *Agent) apply(st desired.State) {
-	changes, err := a.rec.Apply(st)
-	if err != nil {
+	// Apply leaves the maps complete: services, backends, and each
+	// service's table as accrual admits it (adoption, below).
+	if _, err := a.rec.Apply(st, adoption{a}); err != nil {
 		a.metrics.ProgramErrors.Inc()
 		a.log.Error("programming services", "err", err)
 	}
+	// Spare tables for the changes to come, in one batch.
+	if err := a.rec.PrepareTables(); err != nil {
+		a.metrics.ProgramErrors.Inc()
+		a.log.Error("preparing spare tables", "err", err)
+	}
+}
+
+// adoption is accrual's side of reconcile's Apply: accrual hears of the
+// services as the desired state leaves them, then each is programmed as
+// accrual admits it.
+type adoption struct{ a *Agent }
+
+// Adopt gives accrual the services Apply left, before any table of theirs
+// is written. Called with mu held.
+func (ad adoption) Adopt(changes []reconcile.Change, services []*reconcile.Service) {
+	a := ad.a
 	gone := map[uint32]bool{}
 	for _, c := range changes {
 		for _, id := range c.Retired {
@@ -56,7 +73,6 @@ func (a *Agent) apply(st desired.State) {
 		}
 	}
 	a.tracker.Forget(gone)
-	services := a.rec.Services()
 	if !a.persisted.restored {
 		// The first desired state after a start: accrual adopts what the
 		// previous agent persisted before any table is written, so the
@@ -77,19 +93,17 @@ func (a *Agent) apply(st desired.State) {
 	for _, s := range services {
 		a.setPolicy(s)
 		a.trans.handle(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
-		a.trans.program(s.ID)
 		// At 0 from the start, so that a rate over them is 0, not absent,
 		// and a first increment shows in increase().
 		a.metrics.FlowsToEjected.WithLabelValues(s.Spec.Name)
 		a.metrics.KernelTrips.WithLabelValues(s.Spec.Name, "adopted")
 		a.metrics.KernelTrips.WithLabelValues(s.Spec.Name, "undone")
 	}
-	// Spare tables for the changes to come, in one batch.
-	if err := a.rec.PrepareTables(); err != nil {
-		a.metrics.ProgramErrors.Inc()
-		a.log.Error("preparing spare tables", "err", err)
-	}
 }
+
+// Program writes one service's admission (a failure is retried by
+// Maintain).
+func (ad adoption) Program(id uint32) { ad.a.trans.program(id) }
 
 // setPolicy makes s's settings judge its backends' outcomes.
 func (a *Agent) setPolicy(s *reconcile.Service) {

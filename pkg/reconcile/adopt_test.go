@@ -513,7 +513,7 @@ func TestPrefiltersAfterUpgradeAndFailedWrites(t *testing.T) {
 	// A write that fails part way: the record is read back, not trusted.
 	api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
 	e.f.FailAfter = errInjected
-	if _, err := e.r.Apply(state(web, api)); !errors.Is(err, errInjected) {
+	if _, err := e.r.Apply(state(web, api), e.acc); !errors.Is(err, errInjected) {
 		t.Fatalf("Apply: %v, want the injected error", err)
 	}
 	// (The write had landed: read back, the record matches and nothing is

@@ -193,6 +193,59 @@ func (e *env) programAll() {
 	}
 }
 
+// admitAll is failure accrual with every endpoint ready: Apply programs
+// each service with all its backends active.
+type admitAll struct {
+	r       *Reconciler
+	adopted []Change
+}
+
+func (a *admitAll) Adopt(changes []Change, _ []*Service) { a.adopted = append(a.adopted, changes...) }
+
+func (a *admitAll) Program(id uint32) {
+	s, _ := a.r.Service(id)
+	if err := a.r.ProgramService(id, s.Backends, nil, false, 0); err != nil {
+		panic(err)
+	}
+}
+
+// One Apply leaves the maps complete: accrual hears of every change
+// before any table is written, then every service is live with its table,
+// which a new flow can use at once; nothing is left for a later call.
+func TestApplyLeavesTheMapsComplete(t *testing.T) {
+	e := newEnv(t)
+	acc := &admitAll{r: e.r}
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	dns := svc("dns", vip2, 53, ep("198.19.2.1:5353"))
+	dns.Key.Protocol = desired.UDP
+	if _, err := e.r.Apply(state(web, dns), acc); err != nil {
+		t.Fatal(err)
+	}
+	if len(acc.adopted) != 2 {
+		t.Fatalf("accrual heard of %d changes, want 2", len(acc.adopted))
+	}
+	ops := e.f.TakeOps()
+	for _, spec := range []desired.Service{web, dns} {
+		s := e.service(spec.Key)
+		if got := e.wantTable(e.r.sizeFor(len(s.Backends)), s.Backends); !slices.Equal(e.liveTable(spec.Key), got) {
+			t.Errorf("service %s: live table is not the table of its endpoints", spec.Name)
+		}
+		inOrder(t, ops, "its backends written before its table goes live", is(opSetBackend, s.Backends[0]), is(opUpsertService, s.ID))
+	}
+	e.checkKernel()
+
+	// An endpoint more: one Apply, and the table holds it.
+	web.Endpoints = append(web.Endpoints, ep("198.19.1.3:8080"))
+	if _, err := e.r.Apply(state(web, dns), acc); err != nil {
+		t.Fatal(err)
+	}
+	s := e.service(web.Key)
+	if got := e.wantTable(e.r.sizeFor(3), s.Backends); !slices.Equal(e.liveTable(web.Key), got) {
+		t.Errorf("after adding an endpoint, the live table is not the table of the three")
+	}
+	e.checkKernel()
+}
+
 func TestApplyTwiceWritesNothing(t *testing.T) {
 	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
 	api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
@@ -667,7 +720,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 	b := svc("bravo", vip2, 80, ep("198.19.2.1:8080"), ep("198.19.2.2:8080"))
 	c := svc("charlie", vip3, 80)
 
-	changes, err := e.r.Apply(state(a, b, c))
+	changes, err := e.r.Apply(state(a, b, c), e.acc)
 	if err == nil {
 		t.Fatal("Apply: no error")
 	}
@@ -708,7 +761,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 
 	// Retrying without freeing fails the same way, and writes nothing new.
 	e.f.TakeOps()
-	if _, err := e.r.Apply(state(a, b, c)); err == nil || !strings.Contains(err.Error(), "198.19.2.2:8080") {
+	if _, err := e.r.Apply(state(a, b, c), e.acc); err == nil || !strings.Contains(err.Error(), "198.19.2.2:8080") {
 		t.Errorf("retry: err = %v", err)
 	}
 	if ops := e.f.TakeOps(); count(ops, kindIs(opSetBackend, opUpsertService)) != 0 {
@@ -717,7 +770,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 
 	// Free one of alpha's ids: bravo gets its endpoint.
 	a.Endpoints = a.Endpoints[:1]
-	if _, err := e.r.Apply(state(a, b, c)); err == nil {
+	if _, err := e.r.Apply(state(a, b, c), e.acc); err == nil {
 		t.Error("no error while the removed backend still holds its id")
 	}
 	// As the agent does after every Apply: alpha's table loses the
@@ -725,7 +778,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 	e.programAll()
 	e.clk.Step(testCooldown)
 	e.r.Sweep(InUse{})
-	changes, err = e.r.Apply(state(a, b, c))
+	changes, err = e.r.Apply(state(a, b, c), e.acc)
 	if err != nil {
 		t.Fatalf("Apply after freeing an id: %v", err)
 	}
@@ -745,7 +798,7 @@ func TestServiceIDExhaustion(t *testing.T) {
 	a := svc("alpha", vip1, 80, ep("198.19.1.1:8080"))
 	b := svc("bravo", vip2, 80, ep("198.19.2.1:8080"))
 	c := svc("charlie", vip3, 80, ep("198.19.3.1:8080"))
-	changes, err := e.r.Apply(state(a, b, c))
+	changes, err := e.r.Apply(state(a, b, c), e.acc)
 	if err == nil || !strings.Contains(err.Error(), "charlie") {
 		t.Fatalf("err = %v, want one naming charlie", err)
 	}
@@ -778,7 +831,7 @@ func TestApplyBackendWriteFailure(t *testing.T) {
 	}
 	e.f.Fail[opSetBackends] = 1
 	e.f.Fail[opSetBackend] = 1
-	changes, err := e.r.Apply(state(web()))
+	changes, err := e.r.Apply(state(web()), e.acc)
 	if err == nil || !strings.Contains(err.Error(), "198.19.1.1:8080") {
 		t.Fatalf("err = %v, want one naming the endpoint", err)
 	}
@@ -794,7 +847,7 @@ func TestApplyBackendWriteFailure(t *testing.T) {
 	}
 	e.wantKernelState(s.Backends[0], pbmaps.BackendActive, 0)
 	// Both ids are still available (MaxBackends 3: ids 1 and 2).
-	if _, err := e.r.Apply(state(web())); err != nil {
+	if _, err := e.r.Apply(state(web()), e.acc); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
 	if got := e.service(web().Key).Spec.Endpoints; !slices.Equal(got, web().Endpoints) {
@@ -816,7 +869,7 @@ func TestApplyServiceWriteFailureStillReportsRetired(t *testing.T) {
 	web.Endpoints = web.Endpoints[:1]
 	web.MaxInflight = 7 // the service value changes too, and its write fails
 	e.f.Fail[opUpsertService] = 1
-	changes, err := e.r.Apply(state(web))
+	changes, err := e.r.Apply(state(web), e.acc)
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -827,7 +880,7 @@ func TestApplyServiceWriteFailureStillReportsRetired(t *testing.T) {
 
 	// The next Apply writes the service value.
 	e.f.TakeOps()
-	if _, err := e.r.Apply(state(web)); err != nil {
+	if _, err := e.r.Apply(state(web), e.acc); err != nil {
 		t.Fatal(err)
 	}
 	if ops := e.f.TakeOps(); len(ops) != 1 || ops[0].Kind != opUpsertService {

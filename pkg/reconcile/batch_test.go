@@ -209,7 +209,7 @@ func TestApplyBackendBatchFallback(t *testing.T) {
 		rejectAddrs(e.f, bad) // the batch fails at it, then its own write
 		// (Expectations use fresh mk() states: see
 		// TestKnownBugBackendFallbackMutatesDesiredState.)
-		changes, err := e.r.Apply(state(mk()...))
+		changes, err := e.r.Apply(state(mk()...), e.acc)
 		ops, calls := e.f.TakeOps(), e.f.TakeCalls()
 		if err == nil || !strings.Contains(err.Error(), bad) {
 			t.Fatalf("err = %v, want one naming %s", err, bad)
@@ -477,7 +477,7 @@ func TestBackendFallbackLeavesDesiredStateAlone(t *testing.T) {
 	st := state(web)
 	want := slices.Clone(web.Endpoints)
 	rejectAddrs(e.f, beA)
-	if _, err := e.r.Apply(st); err == nil {
+	if _, err := e.r.Apply(st, e.acc); err == nil {
 		t.Fatal("no error")
 	}
 	if got := st.Services[0].Endpoints; !slices.Equal(got, want) {
@@ -492,7 +492,7 @@ func TestBackendFallbackLeavesDesiredStateAlone(t *testing.T) {
 			t.Errorf("Apply of the same desired state again panicked: %v", p)
 		}
 	}()
-	if _, err := e.r.Apply(st); err != nil {
+	if _, err := e.r.Apply(st, e.acc); err != nil {
 		t.Errorf("retry: %v", err)
 	}
 	s := e.service(web.Key)

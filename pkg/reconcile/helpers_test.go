@@ -65,8 +65,12 @@ const (
 )
 
 type env struct {
-	t    *testing.T
-	f    *mapsfake.Maps
+	t *testing.T
+	f *mapsfake.Maps
+	// acc is the accrual the tests' Apply hears from: it admits nothing
+	// itself, so that each test programs the services step by step
+	// (e.program) and reads the writes of each step apart.
+	acc  heard
 	clk  *testingclock.FakeClock
 	opts Options
 	r    *Reconciler
@@ -124,10 +128,17 @@ func keyOf(k desired.Key) bpf.LbSvcKey {
 	return pbmaps.ServiceKey(k.VIP, k.Port, uint8(k.Protocol))
 }
 
+// heard is failure accrual that leaves the tables to the test: Apply's
+// programming of every service is e.program's, one step at a time.
+type heard struct{}
+
+func (heard) Adopt([]Change, []*Service) {}
+func (heard) Program(uint32)             {}
+
 // apply applies the services and fails the test on error.
 func (e *env) apply(svcs ...desired.Service) []Change {
 	e.t.Helper()
-	ch, err := e.r.Apply(state(svcs...))
+	ch, err := e.r.Apply(state(svcs...), e.acc)
 	if err != nil {
 		e.t.Fatalf("Apply: %v", err)
 	}

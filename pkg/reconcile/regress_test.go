@@ -151,7 +151,7 @@ func TestKnownBugFailedDeleteServiceNotRetried(t *testing.T) {
 	apiID := e.service(api.Key).ID
 
 	e.f.Fail[opDeleteService] = 1
-	if _, err := e.r.Apply(state(web)); err == nil {
+	if _, err := e.r.Apply(state(web), e.acc); err == nil {
 		t.Fatal("no error")
 	}
 	// The next Apply (or PrepareTables) finishes the removal.
@@ -195,7 +195,7 @@ func TestKnownBugAdoptedTableIndexOutOfRange(t *testing.T) {
 			t.Errorf("panic: %v", p)
 		}
 	}()
-	if _, err := r.Apply(state(svc("web", vip1, 80, ep(beA)))); err != nil {
+	if _, err := r.Apply(state(svc("web", vip1, 80, ep(beA))), heard{}); err != nil {
 		t.Error(err)
 	}
 	if err := r.ProgramService(5, []uint32{7}, nil, false, 0); err != nil {
