@@ -11,6 +11,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
@@ -94,6 +95,69 @@ func TestKernelTripAdoptedOrUndone(t *testing.T) {
 	}
 	if tr := e.f.PbSvcTrip[svc]; tr.Budget != 0 {
 		t.Errorf("budget %d with the cap full, want 0", tr.Budget)
+	}
+}
+
+// One RST, one programming of its service: the refusal that trips the
+// endpoint in the kernel is the failure that ejects it here too, and
+// adopting the trip writes nothing more. Each write is counted: the
+// service's trip budget once, its table flipped once, the endpoint's
+// state once. The same when the failures before were lost (accrual
+// ejects on the trip itself), and when accrual keeps the endpoint in (the
+// trip is undone: the entry rewritten once, active again).
+func TestOneRSTProgramsItsServiceOnce(t *testing.T) {
+	writes := func(e *env, svc, be uint32) (budgets, flips, states int) {
+		calls := e.f.TakeCalls()
+		for _, o := range e.f.TakeOps() {
+			switch {
+			case o.Kind == mapsfake.OpUpsertService && o.ID == svc:
+				flips++
+			case o.Kind == mapsfake.OpSetBackend && o.ID == be:
+				states++
+			}
+		}
+		return calls["SetServiceTrip"], flips, states
+	}
+	for _, c := range []struct {
+		name  string
+		seen  int // refusals accrual saw before the tripping one
+		cap   int // maxEjectionPercent
+		state string
+	}{
+		{"adopted", 2, 100, "ejected"},
+		{"adopted, earlier failures lost", 0, 100, "ejected"},
+		{"undone", 2, 34, "ready"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			s := web(80, 3, settings(func(s *accrual.Settings) { s.MaxEjectionPercent = c.cap }))
+			e.start(state(s))
+			svc, bes := e.ids(s)
+			if c.state == "ready" {
+				e.eject(svc, bes[2], 3) // the cap's one ejection taken
+			}
+			for range c.seen {
+				e.refused(svc, bes[0], false)
+			}
+			writes(e, svc, bes[0])
+
+			e.kernelTrip(svc, bes[0])
+			e.wantState(bes[0], c.state)
+			budgets, flips, states := writes(e, svc, bes[0])
+			if budgets != 1 {
+				t.Errorf("the service's trip budget written %d times for one RST, want once", budgets)
+			}
+			wantFlips := 1
+			if c.state == "ready" {
+				wantFlips = 0 // the table keeps the endpoint as it is
+			}
+			if flips != wantFlips {
+				t.Errorf("the service's table went live %d times for one RST, want %d", flips, wantFlips)
+			}
+			if states != 1 {
+				t.Errorf("the endpoint's entry written %d times for one RST, want once", states)
+			}
+		})
 	}
 }
 
