@@ -135,6 +135,19 @@ type heard struct{}
 func (heard) Adopt([]Change, []*Service) {}
 func (heard) Program(uint32)             {}
 
+// applyBack applies the services, with back handed back (they exist, no
+// longer served), and fails the test on error.
+func (e *env) applyBack(back []desired.Key, svcs ...desired.Service) []Change {
+	e.t.Helper()
+	st := state(svcs...)
+	st.HandBack = back
+	ch, err := e.r.Apply(st, e.acc)
+	if err != nil {
+		e.t.Fatalf("Apply: %v", err)
+	}
+	return ch
+}
+
 // apply applies the services and fails the test on error.
 func (e *env) apply(svcs ...desired.Service) []Change {
 	e.t.Helper()
