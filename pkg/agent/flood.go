@@ -8,7 +8,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
-// Evidence rules for the agent's own connect deadlines. The kernel's
+// Flood mode, and when the agent's own connect deadlines count. The kernel's
 // signals (a RST, a SYN-ACK, a retransmitted SYN) are evidence when they
 // arrive; the agent's deadline is evidence only of what did not arrive,
 // so it is judged only when nothing can still be on its way:

@@ -266,7 +266,7 @@ func (r *Reconciler) retire(b *Backend, now time.Time) {
 	if err := r.w.SetBackend(b.ID, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
 		r.log.Error("mark backend removed", "backend", b.Addr, "id", b.ID, "err", err)
 	}
-	r.forgetHealth(b.ID)
+	r.forgetPersisted(b.ID)
 }
 
 // retryDeletes deletes the pb_services entries of removed services whose

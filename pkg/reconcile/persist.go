@@ -57,14 +57,14 @@ func (r *Reconciler) PersistedEndpoints() ([]accrual.Record, error) {
 func (r *Reconciler) PruneEndpoints(recs []accrual.Record) {
 	for _, rec := range recs {
 		if b, ok := r.backends[rec.Endpoint]; !ok || b.Service != rec.Service || b.State == maps.BackendRemoved {
-			r.forgetHealth(rec.Endpoint)
+			r.forgetPersisted(rec.Endpoint)
 		}
 	}
 }
 
-// forgetHealth deletes a backend's record: its endpoint left the service,
+// forgetPersisted deletes a backend's record: its endpoint left the service,
 // and a recycled id must not inherit its penalty.
-func (r *Reconciler) forgetHealth(id uint32) {
+func (r *Reconciler) forgetPersisted(id uint32) {
 	if err := r.w.DeletePersisted(id); err != nil {
 		r.log.Error("delete persisted endpoint state", "id", id, "err", err)
 	}
