@@ -158,7 +158,7 @@ func TestAdoption(t *testing.T) {
 				}
 				w.Table = v.Table
 				after.services[k] = w
-				if got, _ := e.f.Table(v.Id, 1-v.Table); !slices.Equal(got, liveBefore[v.Id]) {
+				if got, _ := e.f.Installed(v.Id, 1-v.Table); !slices.Equal(got, liveBefore[v.Id]) {
 					t.Errorf("service %d: live table differs from the one before the restart", v.Id)
 				}
 			}
@@ -237,7 +237,7 @@ func TestAdoptionThenRemoval(t *testing.T) {
 		t.Error("api still in pb_services")
 	}
 	for n := range uint32(2) {
-		if _, ok := e.f.Table(apiID, n); ok {
+		if _, ok := e.f.Installed(apiID, n); ok {
 			t.Errorf("api's table %d still there", n)
 		}
 	}
@@ -284,7 +284,7 @@ func TestAdoptionOfInconsistentMaps(t *testing.T) {
 		t.Error("service with an unusable id kept in pb_services")
 	}
 	for n := range uint32(2) {
-		if _, ok := f.Table(100, n); ok {
+		if _, ok := f.Installed(100, n); ok {
 			t.Errorf("table %d of the dropped service kept", n)
 		}
 	}
@@ -416,7 +416,7 @@ func TestAdoptionPreparesSpares(t *testing.T) {
 				t.Errorf("pb_services changed before ProgramService")
 			}
 			for id, live := range lives {
-				if got, _ := e.f.Table(id, 0); !slices.Equal(got, live) {
+				if got, _ := e.f.Installed(id, 0); !slices.Equal(got, live) {
 					t.Errorf("service %d: live table written before ProgramService", id)
 				}
 			}

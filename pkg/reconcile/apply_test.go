@@ -63,10 +63,10 @@ func TestApplyNewServices(t *testing.T) {
 		}
 		// Its first table is installed, empty, for ProgramService to fill;
 		// no entry points at it yet.
-		if tbl, ok := e.f.Table(s.ID, 0); !ok || len(tbl) != testTableSize || slices.ContainsFunc(tbl, func(id uint32) bool { return id != 0 }) {
+		if tbl, ok := e.f.Installed(s.ID, 0); !ok || len(tbl) != testTableSize || slices.ContainsFunc(tbl, func(id uint32) bool { return id != 0 }) {
 			t.Errorf("service %s: table 0 = %v (present %v), want %d empty slots", spec.Name, tbl, ok, testTableSize)
 		}
-		if _, ok := e.f.Table(s.ID, 1); ok {
+		if _, ok := e.f.Installed(s.ID, 1); ok {
 			t.Errorf("service %s: table 1 installed before table 0 was ever live", spec.Name)
 		}
 		if count(ops, is(opResetSvcStats, s.ID)) != 1 {
@@ -595,7 +595,7 @@ func TestRemoveService(t *testing.T) {
 		t.Fatal("setup: no fallback table")
 	}
 	for n := range uint32(2) {
-		if _, ok := e.f.Table(id, n); !ok {
+		if _, ok := e.f.Installed(id, n); !ok {
 			t.Fatalf("setup: no table %d", n)
 		}
 	}
@@ -608,7 +608,7 @@ func TestRemoveService(t *testing.T) {
 		t.Error("pb_services entry still there")
 	}
 	for n := range uint32(2) {
-		if _, ok := e.f.Table(id, n); ok {
+		if _, ok := e.f.Installed(id, n); ok {
 			t.Errorf("Maglev table %d still there", n)
 		}
 	}

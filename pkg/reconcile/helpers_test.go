@@ -430,7 +430,7 @@ func (e *env) checkKernel() {
 		}
 		// The reconciler's idea of the tables' sizes is the kernel's.
 		for n := range uint32(2) {
-			tbl, _ := f.Table(s.ID, n)
+			tbl, _ := f.Installed(s.ID, n)
 			if s.sizes[n] != uint32(len(tbl)) {
 				t.Errorf("service %s: reconciler believes table %d has %d slots, kernel %d", s.Spec.Name, n, s.sizes[n], len(tbl))
 			}

@@ -552,7 +552,7 @@ func TestProgramServiceNoEndpoints(t *testing.T) {
 		for _, failOpen := range []bool{false, true} {
 			e.program(id, nil, nil, failOpen)
 			for n := range uint32(2) {
-				if _, ok := e.f.Table(id, n); ok {
+				if _, ok := e.f.Installed(id, n); ok {
 					t.Errorf("table %d for a service without endpoints", n)
 				}
 			}
@@ -760,7 +760,7 @@ func TestProgramServiceAlternatesTables(t *testing.T) {
 			t.Errorf("step %d: %d pb_services writes, want the flip only: %s", i, n, opsString(ops))
 		}
 		if old != nil {
-			if got, _ := e.f.Table(id, 1-want); !slices.Equal(got, old) {
+			if got, _ := e.f.Installed(id, 1-want); !slices.Equal(got, old) {
 				t.Errorf("step %d: the table that was live was written", i)
 			}
 		}

@@ -224,7 +224,7 @@ func TestSetTableSize(t *testing.T) {
 			fresh := svc("fresh", "198.18.0.20", 80, ep("198.19.4.1:8080"))
 			e.apply(web, api, empty, fresh)
 			fs := e.service(fresh.Key)
-			if tbl, ok := e.f.Table(fs.ID, 0); !ok || len(tbl) != int(tc.size) {
+			if tbl, ok := e.f.Installed(fs.ID, 0); !ok || len(tbl) != int(tc.size) {
 				t.Errorf("new service's table 0 has %d slots (present %v), want %d", len(tbl), ok, tc.size)
 			}
 			e.f.TakeOps()
@@ -306,7 +306,7 @@ func TestSetTableSizeInstallFailure(t *testing.T) {
 	if err := e.r.SetTableSize(13); err == nil {
 		t.Error("no error")
 	}
-	if tbl, _ := e.f.Table(id, 1); len(tbl) != testTableSize {
+	if tbl, _ := e.f.Installed(id, 1); len(tbl) != testTableSize {
 		t.Errorf("spare table has %d slots after the failed batch", len(tbl))
 	}
 	e.program(id, bes, nil, false)
@@ -375,7 +375,7 @@ func TestResizeOnSpareTable(t *testing.T) {
 		t.Errorf("fallback has %d slots, want 2039", len(fb))
 	}
 	// The old table, now the spare, is untouched until the next flip.
-	if tbl, _ := e.f.Table(id, 0); !slices.Equal(tbl, live) {
+	if tbl, _ := e.f.Installed(id, 0); !slices.Equal(tbl, live) {
 		t.Error("the previously live table was written")
 	}
 

@@ -121,10 +121,17 @@ type Maps struct {
 	// Guards is every write of pb_syn_guard, in order.
 	Guards []pbmaps.SYNGuard
 
-	// The counters, as a test sets them: pb_stats (GlobalStats) and the
-	// SYN guard's (SYNGuardStats); the others read zero.
-	Global     bpf.LbGlobalStats
-	GuardStats bpf.LbSynGuardCpu
+	// The counters, as a test sets them: pb_stats (GlobalStats), the SYN
+	// guard's (SYNGuardStats), each service's and backend's, each
+	// backend's kernel streak (pb_be_trip), the circuit breaker's live
+	// flows (pb_inflight); what is not set reads zero.
+	Global      bpf.LbGlobalStats
+	GuardStats  bpf.LbSynGuardCpu
+	SvcStats    map[uint32]bpf.LbSvcStats
+	BeStats     map[uint32]bpf.LbBeStats
+	PbBeTrip    map[uint32]bpf.LbBeTrip
+	SvcInflight map[uint32]int64
+	BeInflight  map[uint32]int64
 
 	// TableWrites records every table a service went live with, in order;
 	// StateWrites every state written to a backend's entry.
@@ -136,9 +143,10 @@ type Maps struct {
 	// ones included: a batch (SetBackends, ResetBackendStats) records one
 	// op per entry, so only calls tell how many batches there were.
 	Calls map[string]int
-	// Fail makes the next n calls of a kind fail with ErrInjected, changing
-	// nothing.
+	// Fail makes the next n calls of a kind fail, changing nothing: with
+	// Err's error for the kind, else ErrInjected.
 	Fail map[string]int
+	Err  map[string]error
 	// FailAfter makes the next SetVIPSlots write its entries and then
 	// return the error (once), as a batch that failed part way may.
 	FailAfter error
@@ -169,8 +177,14 @@ func New(t testing.TB) *Maps {
 		TripResets:    map[uint32]int{},
 		TableWrites:   map[uint32][][]uint32{},
 		StateWrites:   map[uint32][]pbmaps.BackendState{},
+		SvcStats:      map[uint32]bpf.LbSvcStats{},
+		BeStats:       map[uint32]bpf.LbBeStats{},
+		PbBeTrip:      map[uint32]bpf.LbBeTrip{},
+		SvcInflight:   map[uint32]int64{},
+		BeInflight:    map[uint32]int64{},
 		Calls:         map[string]int{},
 		Fail:          map[string]int{},
+		Err:           map[string]error{},
 		Check:         KernelInvariants,
 	}
 }
@@ -184,6 +198,9 @@ func (f *Maps) failing(kind string) error {
 	f.Calls[kind]++
 	if f.Fail[kind] > 0 {
 		f.Fail[kind]--
+		if err := f.Err[kind]; err != nil {
+			return err
+		}
 		return fmt.Errorf("%s: %w", kind, ErrInjected)
 	}
 	return nil
@@ -536,10 +553,20 @@ func OpsString(ops []Op) string {
 	return "[" + strings.Join(s, ", ") + "]"
 }
 
-// Table reads table n of a service (nil, false when it has none).
-func (f *Maps) Table(svcID, n uint32) ([]uint32, bool) {
+// Installed reads table n of a service (nil, false when it has none).
+func (f *Maps) Installed(svcID, n uint32) ([]uint32, bool) {
 	t, ok := f.PbMaglev[pbmaps.TableKey(svcID, n)]
 	return t, ok
+}
+
+// Table reads table n of a service as maps.Maps.Table does: nil when it
+// has none.
+func (f *Maps) Table(svcID, n uint32) ([]uint32, error) {
+	if err := f.failing("Table"); err != nil {
+		return nil, err
+	}
+	t, _ := f.Installed(svcID, n)
+	return slices.Clone(t), nil
 }
 
 // Live reads the table the service's pb_services entry points at (nil,
@@ -549,7 +576,7 @@ func (f *Maps) Live(k bpf.LbSvcKey) ([]uint32, bool) {
 	if !ok || v.TableSize == 0 {
 		return nil, false
 	}
-	return f.Table(v.Id, v.Table)
+	return f.Installed(v.Id, v.Table)
 }
 
 // lookup is the datapath's table_lookup: outer[key] -> slot -> backend id
@@ -656,7 +683,7 @@ func KernelInvariants(f *Maps, after Op) {
 		if v.TableSize == 0 {
 			continue
 		}
-		t, ok := f.Table(v.Id, v.Table)
+		t, ok := f.Installed(v.Id, v.Table)
 		if !ok {
 			f.T.Errorf("after %s: service %d: live table %d (pb_maglev[%d]) does not exist", after, v.Id, v.Table, pbmaps.TableKey(v.Id, v.Table))
 			continue
@@ -786,8 +813,8 @@ func (f *Maps) SetServiceTrip(id uint32, s pbmaps.TripSettings, budget int64) {
 // trips a test counts in.
 func (f *Maps) ServiceTrip(id uint32) bpf.LbSvcTrip { return f.PbSvcTrip[id] }
 
-// BackendTrip reads zero: the fake datapath keeps no streaks.
-func (f *Maps) BackendTrip(id uint32) bpf.LbBeTrip { return bpf.LbBeTrip{} }
+// BackendTrip reads a backend's streak as a test set it.
+func (f *Maps) BackendTrip(id uint32) bpf.LbBeTrip { return f.PbBeTrip[id] }
 
 func (f *Maps) ResetServiceTrip(id uint32) { delete(f.PbSvcTrip, id) }
 
@@ -796,11 +823,20 @@ func (f *Maps) ResetBackendTrip(id uint32) { f.TripResets[id]++ }
 // The counters: those a test set, the rest zero.
 
 func (f *Maps) GlobalStats() (bpf.LbGlobalStats, error)          { return f.Global, nil }
-func (f *Maps) ServiceStats(uint32) (bpf.LbSvcStats, error)      { return bpf.LbSvcStats{}, nil }
-func (f *Maps) BackendStats(uint32) (bpf.LbBeStats, error)       { return bpf.LbBeStats{}, nil }
+func (f *Maps) ServiceStats(id uint32) (bpf.LbSvcStats, error)   { return f.SvcStats[id], nil }
+func (f *Maps) BackendStats(id uint32) (bpf.LbBeStats, error)    { return f.BeStats[id], nil }
 func (f *Maps) SYNGuardStats() (bpf.LbSynGuardCpu, error)        { return f.GuardStats, nil }
 func (f *Maps) NFForgotten() (pbmaps.NFForgotten, error)         { return pbmaps.NFForgotten{}, nil }
 func (f *Maps) AffinityFill() (entries, capacity int, err error) { return 0, 65536, nil }
+
+// InflightCounts reads the circuit breaker's live flows of a service and
+// of one of its backends.
+func (f *Maps) InflightCounts(svcID, backendID uint32) (svc, be int64, err error) {
+	return f.SvcInflight[svcID], f.BeInflight[backendID], nil
+}
+
+// Config reads pb_config_v2.
+func (f *Maps) Config() (pbmaps.Config, error) { return f.PbConfig, nil }
 
 // Reachable is what a new flow to the service could be sent to: the
 // distinct backends of its live table whose entry admits new flows.
