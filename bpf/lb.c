@@ -72,6 +72,9 @@ struct pb_ipv6hdr {
 struct pkt {
 	struct ethhdr *eth;
 	struct iphdr *ip;
+	/* The outer header of an IPIP packet whose inner one is ip (a reply
+	 * that came through a pod network's tunnel); 0 for anything else. */
+	struct iphdr *outer;
 	struct pb_ipv6hdr *ip6;
 	__be16 *ports;    /* [0] source, [1] destination */
 	void *end;        /* the packet's end, for reads beyond what every path checked */
@@ -134,6 +137,15 @@ static __always_inline int partial_iface(__u32 ifindex)
 {
 	struct iface *i = bpf_map_lookup_elem(&pb_ifaces, &ifindex);
 	return i && (i->flags & PB_IF_PARTIAL);
+}
+
+/* decap_iface says whether IPIP packets arriving on ifindex are a pod
+ * network's tunnel traffic, to be parsed inside (a node's uplink; never a
+ * pod's veth, where a pod could wrap what it likes). */
+static __always_inline int decap_iface(__u32 ifindex)
+{
+	struct iface *i = bpf_map_lookup_elem(&pb_ifaces, &ifindex);
+	return i && (i->flags & PB_IF_DECAP);
 }
 
 /* pb_csum is the ones' complement sum, folded to 16 bits but not
@@ -219,7 +231,7 @@ __noinline int pb_tcp_opts_rejected(struct xdp_md *ctx, __u32 off, __u32 len)
  * that interface's master (a bridged pod is routed through the bridge). A
  * pod cannot pass it with another's address unless the two share a
  * segment. Where the lookup fails (no route, forwarding off) it fails. */
-__noinline int pb_reverse_path_ok(struct xdp_md *ctx, __u32 family)
+__noinline int pb_reverse_path_ok(struct xdp_md *ctx, __u32 family, __u32 outer_saddr)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -238,7 +250,9 @@ __noinline int pb_reverse_path_ok(struct xdp_md *ctx, __u32 family)
 		__builtin_memcpy(fib->ipv6_src, &ip6->daddr, 16);
 		__builtin_memcpy(fib->ipv6_dst, &ip6->saddr, 16);
 	} else {
-		struct iphdr *ip = data + sizeof(struct ethhdr);
+		/* Inside an IPIP packet (see parse): its outer header has no
+		 * options. */
+		struct iphdr *ip = data + sizeof(struct ethhdr) + (outer_saddr ? sizeof(struct iphdr) : 0);
 		if ((void *)(ip + 1) > data_end)
 			return 0;
 		fib->family = AF_INET;
@@ -248,6 +262,13 @@ __noinline int pb_reverse_path_ok(struct xdp_md *ctx, __u32 family)
 	long rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return 0;
+	if (outer_saddr) {
+		/* Tunnelled: the node routes the backend through an IPIP
+		 * tunnel to the node the packet came from (the lookup leaves
+		 * the route's gateway in ipv4_dst). */
+		struct iface *t = bpf_map_lookup_elem(&pb_ifaces, &fib->ifindex);
+		return t && (t->flags & PB_IF_IPIP) && fib->ipv4_dst == outer_saddr;
+	}
 	if (fib->ifindex == ifindex)
 		return 1;
 	struct iface *i = bpf_map_lookup_elem(&pb_ifaces, &ifindex);
@@ -401,8 +422,24 @@ static __always_inline int parse(struct xdp_md *ctx, struct pkt *p, const __u64 
 		return 1;
 	if (ip->version != 4 || ip->ihl < 5)
 		return 1;
+	if (ip->protocol == IPPROTO_IPIP) {
+		/* A pod network's IPIP tunnel (Calico's tunl0): a backend's
+		 * reply from another node. Its inner packet is rewritten in
+		 * place; the stack decapsulates it as before. Only on an
+		 * uplink, and only unfragmented, with no outer options (what
+		 * the kernel's tunnels send). ICMP inside is left alone. */
+		if (ip->ihl != 5 || (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)) || !decap_iface(p->ifindex))
+			return 1;
+		struct iphdr *in = (void *)(ip + 1);
+		if ((void *)(in + 1) > data_end)
+			return 1;
+		if (in->version != 4 || in->ihl < 5)
+			return 1;
+		p->outer = ip;
+		ip = in;
+	}
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-		return ip->protocol == IPPROTO_ICMP ? 2 : 1;
+		return ip->protocol == IPPROTO_ICMP && !p->outer ? 2 : 1;
 	/* Fragments carry no ports (or only the first does): not ours. */
 	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 		return 1;
@@ -587,7 +624,8 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, struct glo
 {
 	__u32 k = 0;
 	struct config *cfg = bpf_map_lookup_elem(&pb_config_v2, &k);
-	if (!cfg || !(cfg->flags & PB_CFG_REDIRECT))
+	/* A tunnelled reply goes on encapsulated, for the stack to unwrap. */
+	if (!cfg || !(cfg->flags & PB_CFG_REDIRECT) || p->outer)
 		goto pass;
 
 	/* The lookup's parameters in the scratch: the stack has no room. */
@@ -1923,15 +1961,19 @@ static __always_inline int rst_is_backends(__u32 cur, __u8 f, __u32 seq, __u32 a
  * routes its backend (pb_reverse_path_ok), unless the check is off: what
  * arrives from elsewhere carries another sender's claim, not the
  * backend's. The interface that passed is kept in the flow, so the route
- * is looked up once per flow, not per packet. */
-static __always_inline int reply_side_ok(struct xdp_md *ctx, __u32 ifindex, __u32 family, struct ct_value *rv)
+ * is looked up once per flow, not per packet; not for a reply that came
+ * through a tunnel (outer_saddr, its outer source): the uplink it arrived
+ * on carries every node's, so it is looked up each time. */
+static __always_inline int reply_side_ok(struct xdp_md *ctx, __u32 ifindex, __u32 family, __u32 outer_saddr,
+					 struct ct_value *rv)
 {
-	if (rv->reply_ifindex == ifindex)
+	if (!outer_saddr && rv->reply_ifindex == ifindex)
 		return 1;
 	struct config *cfg = config();
-	if (cfg && (cfg->flags & PB_CFG_RPF) && !pb_reverse_path_ok(ctx, family))
+	if (cfg && (cfg->flags & PB_CFG_RPF) && !pb_reverse_path_ok(ctx, family, outer_saddr))
 		return 0;
-	rv->reply_ifindex = ifindex;
+	if (!outer_saddr)
+		rv->reply_ifindex = ifindex;
 	return 1;
 }
 
@@ -1966,7 +2008,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 	struct ct_value *rv = bpf_map_lookup_elem(&pb_ct_v2, rk);
 	if (!rv)
 		return -1;
-	if (!reply_side_ok(ctx, p->ifindex, p->family, rv)) {
+	if (!reply_side_ok(ctx, p->ifindex, p->family, p->outer ? p->outer->saddr : 0, rv)) {
 		if (gs)
 			gs->reply_wrong_side++;
 		return -1;
@@ -2390,7 +2432,7 @@ static __always_inline int icmp_error(struct xdp_md *ctx, __u32 ifindex, struct 
 	if (from_backend && in->protocol == IPPROTO_UDP && q.icmp->type == PB_ICMP_DEST_UNREACH &&
 	    q.icmp->code == PB_ICMP_PORT_UNREACH) {
 		/* A refusal only from the backend's side, and whole. */
-		if (!reply_side_ok(ctx, ifindex, PB_AF_INET, rv)) {
+		if (!reply_side_ok(ctx, ifindex, PB_AF_INET, 0, rv)) {
 			if (gs)
 				gs->reply_wrong_side++;
 			return XDP_PASS;
@@ -2554,7 +2596,7 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, __u32 ifindex, struct
 	    q.icmp->code == PB_ICMP6_PORT_UNREACH) {
 		/* A refusal only from the backend's side, and whole (the
 		 * ICMPv6 checksum covers the outer addresses too). */
-		if (!reply_side_ok(ctx, ifindex, PB_AF_INET6, rv)) {
+		if (!reply_side_ok(ctx, ifindex, PB_AF_INET6, 0, rv)) {
 			if (gs)
 				gs->reply_wrong_side++;
 			return XDP_PASS;
@@ -2607,6 +2649,8 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 	/* A malformed packet still has readable ports if parse got that far;
 	 * count it only when it looked like ours, and never touch it. */
 	if (rc < 0) {
+		if (p.outer)
+			return XDP_PASS; /* inside a tunnel: not counted */
 		void *data_end = (void *)(long)ctx->data_end;
 		void *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
 		__be16 *ports = ip + (p.family == PB_AF_INET6 ? sizeof(struct pb_ipv6hdr) : sizeof(struct iphdr));
@@ -2620,7 +2664,9 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 
 	/* Two array reads decide for most traffic that is not ours: a
 	 * destination port no service uses, or an address no VIP hashes to. */
-	if (port_role(p.ports[1]) & PB_PORT_VIP) {
+	/* From a tunnel only replies are ours: the client side of a flow is
+	 * always on this node. */
+	if (!p.outer && (port_role(p.ports[1]) & PB_PORT_VIP)) {
 		/* The key is zeroed here, not for every packet: most traffic is
 		 * not to a VIP port. */
 		struct ct_key fk = {};
