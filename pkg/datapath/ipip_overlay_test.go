@@ -3,11 +3,13 @@
 package datapath_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -170,27 +172,38 @@ func TestIPIPOverlay(t *testing.T) {
 	}
 
 	t.Run("a tunnelled reply from a node the route does not name decides nothing", func(t *testing.T) {
-		before := f.stats().ReplyWrongSide
-		// A pod on node 3 (or node 3 itself) claims node 2's backend:
-		// its IPIP packet's outer source is node 3.
 		c, err := o.client.Dialer(2*time.Second).DialContext(context.Background(), "tcp", vip.String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		local := netip.MustParseAddrPort(c.LocalAddr().String())
-		for _, be := range []netip.AddrPort{o.addr2, o.addr3} {
-			forged := bpftest.TCPSeq(be, local, bpftest.RST, nil, 1, 0)[14:]
-			f.must(o.fleet.Node(3).Do(func() error { return sendIPIP(o.fleet.Node(1).Addr, forged) }))
+		first, err := keepAliveGet(c)
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond) // the frames cross three namespaces
-		if d := f.stats().ReplyWrongSide - before; d < 1 {
-			t.Errorf("unproven reply_wrong_side grew by %d, want at least 1 (node 3 claiming node 2's backend)", d)
+		// The backend's RST (RST|ACK: it would count from its own node),
+		// sent through the tunnel from the other node, as a pod there
+		// could.
+		be, other := o.addr2, o.fleet.Node(3)
+		if first == n3 {
+			be, other = o.addr3, o.fleet.Node(2)
+		}
+		f.events()
+		before := f.stats().ReplyWrongSide
+		local := netip.MustParseAddrPort(c.LocalAddr().String())
+		forged := bpftest.TCPSeq(be, local, bpftest.RST, nil, 1, 0)[14:]
+		f.must(other.Do(func() error { return sendIPIP(o.fleet.Node(1).Addr, forged) }))
+		time.Sleep(200 * time.Millisecond) // the frame crosses three namespaces
+		if d := f.stats().ReplyWrongSide - before; d != 1 {
+			t.Errorf("unproven reply_wrong_side grew by %d, want 1 (node %d claiming %v)", d, other.Index, be)
 		}
 		for _, e := range f.events() {
 			if e.Type == evRefused || e.Type == evReset {
 				t.Errorf("a forged tunnelled RST made a verdict: %+v", e)
 			}
+		}
+		if again, err := keepAliveGet(c); err != nil || again != first {
+			t.Errorf("the connection after the forged RST: %q, %v (was on %s)", again, err, first)
 		}
 	})
 
@@ -255,6 +268,22 @@ func TestIPIPOverlay(t *testing.T) {
 			t.Fatalf("%s is %v, want ejected", n3, st)
 		}
 	})
+}
+
+// keepAliveGet sends one HTTP/1.1 request on c and returns the backend's
+// name, leaving the connection open.
+func keepAliveGet(c net.Conn) (string, error) {
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: vip\r\n\r\n"); err != nil {
+		return "", err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b)), err
 }
 
 func hasEvent(evs []event, typ uint8, be uint32) bool {
