@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 	"github.com/penaltybox/penaltybox/pkg/maps"
@@ -44,7 +46,7 @@ const (
 
 func newIPIPOverlay(t *testing.T) *ipipOverlay {
 	bpftest.RequireRoot(t)
-	fl, err := testnet.BuildFleet(testnet.FleetOptions{Nodes: 3, PodsPerNode: 1, Network: testnet.IPIP})
+	fl, err := testnet.BuildFleet(testnet.FleetOptions{Nodes: 3, PodsPerNode: 2, Network: testnet.IPIP})
 	if err != nil && strings.Contains(err.Error(), "no ipip module") {
 		t.Skipf("%v: this kernel cannot carry IPIP (CONFIG_NET_IPIP); make kernel-matrix runs this test on 6.1 and 6.12", err)
 	}
@@ -66,49 +68,85 @@ func newIPIPOverlay(t *testing.T) *ipipOverlay {
 		}
 	}
 	f := o.fixture
-	f.must(f.Maps.SetBackend(idNode2, maps.NewBackend(o.addr2, svcID, maps.BackendActive, 0)))
-	f.must(f.Maps.SetBackend(idNode3, maps.NewBackend(o.addr3, svcID, maps.BackendActive, 0)))
-	f.must(f.Maps.SetServiceBackends(svcID, nil, []uint32{idNode2, idNode3}))
 	f.svc.BackendCount = 2
-	f.alternate(idNode2, idNode3)
-	f.must(f.Maps.SetConfig(maps.Config{ReversePath: true}))
+	overlayService(t, f.Loaded, map[uint32]netip.AddrPort{idNode2: o.addr2, idNode3: o.addr3})
+	f.svc.Table, f.svc.TableSize = 0, size
 	t.Cleanup(func() {
-		f.must(f.Maps.SetConfig(maps.Config{}))
-		f.must(f.Maps.SetIfaces(nil))
 		f.must(f.Maps.SetServiceBackends(svcID, []uint32{idNode2, idNode3}, nil))
 		f.Maps.SetServiceTrip(svcID, maps.TripSettings{}, 0)
 	})
+	attachOverlay(t, f.Loaded, fl.Node(1), "veth1")
+	f.events()
+	return o
+}
 
-	// As the agent does on node 1: XDP on the uplink and the pod's veth,
-	// pb_ifaces saying which is which.
-	n1 := fl.Node(1)
+// overlayService programs the service (vip, port 80) over backends, its
+// table alternating them, with the reverse-path check on, into l.
+func overlayService(t *testing.T, l *bpftest.Loaded, backends map[uint32]netip.AddrPort) {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ids []uint32
+	for id, a := range backends {
+		must(l.Maps.SetBackend(id, maps.NewBackend(a, svcID, maps.BackendActive, 0)))
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	must(l.Maps.SetPorts(nil, map[uint16]uint8{80: maps.PortVIP, 8080: maps.PortBackend}))
+	must(l.Maps.SetVIPSlots(nil, map[uint32]bool{maps.VIPSlot(vip.Addr()): true}))
+	must(l.Maps.InstallTables([]maps.TableInstall{{SvcID: svcID, N: 0, Size: size}}))
+	must(l.Maps.SetServiceBackends(svcID, nil, ids))
+	slots := make([]uint32, size)
+	for i := range slots {
+		slots[i] = ids[i%len(ids)]
+	}
+	must(l.Maps.FillTable(svcID, 0, slots))
+	must(l.Maps.UpsertService(maps.ServiceKey(vip.Addr(), vip.Port(), 6),
+		bpf.LbSvcValue{Id: svcID, Table: 0, TableSize: size, BackendCount: uint32(len(ids))}))
+	must(l.Maps.SetConfig(maps.Config{ReversePath: true}))
+	t.Cleanup(func() { must(l.Maps.SetConfig(maps.Config{})) })
+}
+
+// attachOverlay sets l up on node as the agent does: XDP on the node's
+// uplink and on the client pod's veth, pb_ifaces saying which is which,
+// tunl0 known, not attached.
+func attachOverlay(t *testing.T, l *bpftest.Loaded, node *testnet.FleetNode, clientVeth string) {
+	t.Helper()
 	var ifs []maps.Iface
-	f.must(n1.Do(func() error {
+	err := node.Do(func() error {
 		idx := map[string]int{}
-		for _, name := range []string{"eth0", "veth1", "cbr0", testnet.IPIPTunnel} {
+		for _, name := range []string{"eth0", clientVeth, "cbr0", testnet.IPIPTunnel} {
 			i, err := net.InterfaceByName(name)
 			if err != nil {
 				return err
 			}
 			idx[name] = i.Index
 		}
-		for _, name := range []string{"eth0", "veth1"} {
-			l, err := link.AttachXDP(link.XDPOptions{Program: f.PbXdp, Interface: idx[name], Flags: link.XDPGenericMode})
+		for _, name := range []string{"eth0", clientVeth} {
+			xl, err := link.AttachXDP(link.XDPOptions{Program: l.PbXdp, Interface: idx[name], Flags: link.XDPGenericMode})
 			if err != nil {
 				return fmt.Errorf("attach to %s: %w", name, err)
 			}
-			t.Cleanup(func() { l.Close() })
+			t.Cleanup(func() { xl.Close() })
 		}
 		ifs = []maps.Iface{
 			{Index: uint32(idx["eth0"]), Decap: true},
-			{Index: uint32(idx["veth1"]), Partial: true, Master: uint32(idx["cbr0"])},
+			{Index: uint32(idx[clientVeth]), Partial: true, Master: uint32(idx["cbr0"])},
 			{Index: uint32(idx[testnet.IPIPTunnel]), IPIP: true},
 		}
 		return nil
-	}))
-	f.must(f.Maps.SetIfaces(ifs))
-	f.events()
-	return o
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Maps.SetIfaces(ifs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Maps.SetIfaces(nil) })
 }
 
 // get opens a connection from the client pod to the VIP, sends one
@@ -284,6 +322,32 @@ func keepAliveGet(c net.Conn) (string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return strings.TrimSpace(string(b)), err
+}
+
+// The other way, with a datapath of its own on node 2 (as each node's
+// agent has): its second pod reaches a backend on node 1 through the
+// tunnel, and the reply is rewritten on node 2's uplink.
+func TestIPIPOverlayOtherWay(t *testing.T) {
+	o := newIPIPOverlay(t)
+	l := bpftest.Load(t)
+	be := o.fleet.Node(1).Pods[1]
+	if err := be.ServeHTTP(8080); err != nil {
+		t.Fatal(err)
+	}
+	overlayService(t, l, map[uint32]netip.AddrPort{31: netip.MustParseAddrPort("198.18.251.3:8080")})
+	attachOverlay(t, l, o.fleet.Node(2), "veth2")
+	client := o.fleet.Node(2).Pods[1]
+	for i := range 10 {
+		c, err := client.Dialer(2*time.Second).DialContext(context.Background(), "tcp", vip.String())
+		if err != nil {
+			t.Fatalf("connection %d from node 2 to a backend on node 1: %v", i, err)
+		}
+		name, err := keepAliveGet(c)
+		c.Close()
+		if err != nil || name != be.Name {
+			t.Fatalf("connection %d: %q, %v; want %s", i, name, err, be.Name)
+		}
+	}
 }
 
 func hasEvent(evs []event, typ uint8, be uint32) bool {
