@@ -96,7 +96,7 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		if seen[key] {
 			continue
 		}
-		if err := r.handBackOrDelete(key, s, now); err != nil {
+		if err := r.handBackOrDelete(key, s, now, slices.Contains(st.HandBack, key)); err != nil {
 			errs = append(errs, err)
 		}
 		for _, id := range s.Backends {
@@ -110,6 +110,7 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		changes = append(changes, Change{Service: s, Removed: true, Retired: retired})
 		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String(), "handed_back", r.handingBack[s.ID] != nil)
 	}
+	r.endGoneHandBacks(st.HandBack, now)
 
 	errs = append(errs, r.retryDeletes(), r.prepareTables())
 	if err := r.syncPrefilters(); err != nil {

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/desired"
@@ -24,11 +25,13 @@ type handBack struct {
 }
 
 // handBackOrDelete takes removed service s (key) out of the datapath's
-// hands: flagged and kept while its flows may linger in the kernel's
-// conntrack, or deleted when there is nothing to hand back (no entry
-// written, no HandBack) or flagging it failed.
-func (r *Reconciler) handBackOrDelete(key desired.Key, s *Service, now time.Time) error {
-	if r.handBackFor > 0 && s.value.Id != 0 {
+// hands: when it is to be handed back (it still exists, kube-proxy's now),
+// flagged and kept while its flows may linger in the kernel's conntrack;
+// deleted when it is gone, when there is nothing to hand back (no entry
+// written, no HandBack time) or flagging it failed. A deleted service's
+// flows finish all the same (conntrack needs no service).
+func (r *Reconciler) handBackOrDelete(key desired.Key, s *Service, now time.Time, back bool) error {
+	if back && r.handBackFor > 0 && s.value.Id != 0 {
 		// No live table: it picks for no new flow, and holds backends
 		// that are retired now and cleared once their flows end.
 		v := s.value
@@ -88,14 +91,32 @@ func (r *Reconciler) endHandBacks(inUse InUse, now time.Time) {
 		if now.Sub(hb.lastLive) < r.handBackFor {
 			continue
 		}
-		if err := r.w.DeleteService(maps.ServiceKey(hb.key.VIP, hb.key.Port, uint8(hb.key.Protocol)), id); err != nil {
-			r.log.Warn("deleting a service handed back", "service", hb.key.String(), "err", err)
-			continue
-		}
-		delete(r.handingBack, id)
-		r.retiredSvc[id] = now
-		r.retiredKey[id] = hb.key
+		r.endHandBack(id, hb, now)
 	}
+}
+
+// endGoneHandBacks deletes the entries of services handed back that are
+// gone now (no longer in the desired state's HandBack: the Service was
+// deleted).
+func (r *Reconciler) endGoneHandBacks(back []desired.Key, now time.Time) {
+	for id, hb := range r.handingBack {
+		if !slices.Contains(back, hb.key) {
+			r.endHandBack(id, hb, now)
+		}
+	}
+}
+
+// endHandBack deletes the entry of service id, handed back; its id then
+// cools down like any removed service's. On error it stays handed back
+// and is tried again later.
+func (r *Reconciler) endHandBack(id uint32, hb *handBack, now time.Time) {
+	if err := r.w.DeleteService(maps.ServiceKey(hb.key.VIP, hb.key.Port, uint8(hb.key.Protocol)), id); err != nil {
+		r.log.Warn("deleting a service handed back", "service", hb.key.String(), "err", err)
+		return
+	}
+	delete(r.handingBack, id)
+	r.retiredSvc[id] = now
+	r.retiredKey[id] = hb.key
 }
 
 // HandingBack is how many removed services are still handed back.

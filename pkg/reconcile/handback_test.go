@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/penaltybox/penaltybox/pkg/desired"
+
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -18,11 +20,11 @@ func (e *env) kernelFlags(id uint32) (flags uint32, found bool) {
 	return 0, false
 }
 
-// A service no longer desired is handed back to kube-proxy: its entry
-// stays, flagged, while its flows live and for the hand-back time after
-// the last, then goes and its id cools down as any removed service's.
-// Desired again before that, it is the same service (same id), taken over
-// anew, unflagged.
+// A service no longer served, which still exists, is handed back to
+// kube-proxy: its entry stays, flagged, while its flows live and for the
+// hand-back time after the last, then goes and its id cools down as any
+// removed service's. Desired again before that, it is the same service
+// (same id), taken over anew, unflagged.
 func TestHandBack(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.TakeoverGrace = time.Hour; o.HandBack = 5 * time.Minute })
 	web := svc("web", vip1, 80, ep("198.19.0.1:8080"))
@@ -35,7 +37,8 @@ func TestHandBack(t *testing.T) {
 	e.clk.Step(2 * time.Hour)
 	e.r.EndTakeovers()
 
-	changes := e.apply(api)
+	back := []desired.Key{web.Key}
+	changes := e.applyBack(back, api)
 	if len(changes) != 1 || !changes[0].Removed || changes[0].Service.ID != webID {
 		t.Fatalf("changes %+v, want web removed", changes)
 	}
@@ -70,7 +73,7 @@ func TestHandBack(t *testing.T) {
 	e.apply(web, api)
 	id := e.service(web.Key).ID
 	e.program(id, e.service(web.Key).Backends, nil, false)
-	e.apply(api)
+	e.applyBack(back, api)
 	e.apply(web, api)
 	s := e.service(web.Key)
 	e.program(s.ID, s.Backends, nil, false)
@@ -85,27 +88,51 @@ func TestHandBack(t *testing.T) {
 
 	// A restart adopts a service handed back: not desired, it is handed
 	// back again; its hand-back time starts over.
-	e.apply(api)
+	e.applyBack(back, api)
 	e.restart()
-	e.apply(api)
+	e.applyBack(back, api)
 	if f, ok := e.kernelFlags(id); !ok || f&pbmaps.ServiceHandedBack == 0 {
 		t.Fatalf("after a restart: entry present %v, flags %#x", ok, f)
 	}
 	e.checkKernel()
-}
 
-// Without a hand-back time a removed service's entry goes at once.
-func TestNoHandBack(t *testing.T) {
-	e := newEnv(t)
-	web := svc("web", vip1, 80, ep("198.19.0.1:8080"))
-	e.apply(web)
-	s := e.service(web.Key)
-	e.program(s.ID, s.Backends, nil, false)
-	e.apply()
-	if _, ok := e.kernelFlags(s.ID); ok {
-		t.Fatal("entry kept with no hand-back time")
+	// Deleted, not handed back: the entry goes at once (its flows finish
+	// on conntrack alone), also when it was being handed back.
+	e.apply(api)
+	if _, ok := e.kernelFlags(id); ok || e.r.HandingBack() != 0 {
+		t.Fatalf("a service handed back, then deleted: entry present %v, %d handed back", ok, e.r.HandingBack())
 	}
 	e.checkKernel()
+}
+
+// Without a hand-back time a removed service's entry goes at once; with
+// one, a service gone (deleted, not handed back) goes at once too.
+func TestNoHandBack(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opt  func(*Options)
+		back bool
+	}{
+		{"no hand-back time", func(*Options) {}, true},
+		{"deleted", func(o *Options) { o.HandBack = 5 * time.Minute }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, c.opt)
+			web := svc("web", vip1, 80, ep("198.19.0.1:8080"))
+			e.apply(web)
+			s := e.service(web.Key)
+			e.program(s.ID, s.Backends, nil, false)
+			var back []desired.Key
+			if c.back {
+				back = []desired.Key{web.Key}
+			}
+			e.applyBack(back)
+			if _, ok := e.kernelFlags(s.ID); ok || e.r.HandingBack() != 0 {
+				t.Fatalf("entry kept (%d handed back)", e.r.HandingBack())
+			}
+			e.checkKernel()
+		})
+	}
 }
 
 // After the dead-man's switch tripped, every service is taken over anew,

@@ -91,6 +91,19 @@ func keyOf(k desired.Key) bpf.LbSvcKey {
 	return pbmaps.ServiceKey(k.VIP, k.Port, uint8(k.Protocol))
 }
 
+// applyBack applies the services, with back handed back (they exist, no
+// longer served), and fails the test on error.
+func (e *env) applyBack(back []desired.Key, svcs ...desired.Service) []Change {
+	e.t.Helper()
+	st := state(svcs...)
+	st.HandBack = back
+	ch, err := e.r.Apply(st)
+	if err != nil {
+		e.t.Fatalf("Apply: %v", err)
+	}
+	return ch
+}
+
 // apply applies the services and fails the test on error.
 func (e *env) apply(svcs ...desired.Service) []Change {
 	e.t.Helper()
