@@ -153,6 +153,8 @@ enum pb_trip_kind {
 
 /* pb_ifaces flags */
 #define PB_IF_PARTIAL 0x1 /* local senders may leave the L4 checksum to the device (a pod's veth) */
+#define PB_IF_DECAP 0x2   /* a node's uplink: an IPIP packet arriving here is a pod network's, a backend's reply inside is parsed */
+#define PB_IF_IPIP 0x4    /* an IPIP tunnel device (Calico's tunl0): routes through it name the remote node as gateway */
 
 /* The longest segment or ICMP message whose checksum the datapath checks. */
 #define PB_CSUM_MAX 1024

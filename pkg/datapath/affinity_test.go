@@ -20,13 +20,7 @@ func affinityFixture(t *testing.T) *fixture {
 	t.Cleanup(func() { f.must(f.Maps.SetConfig(maps.Config{})) })
 	f.must(f.Maps.ForgetAffinity(svcID))
 	t.Cleanup(func() { f.must(f.Maps.ForgetAffinity(svcID)) })
-	slots := make([]uint32, size)
-	for i := range slots {
-		slots[i] = []uint32{id1, id2}[i%2]
-	}
-	f.must(f.Maps.FillTable(svcID, 0, slots))
-	f.svc.Table, f.svc.TableSize = 0, size
-	f.writeService()
+	f.alternate(id1, id2)
 	return f
 }
 
