@@ -27,8 +27,11 @@ all: build
 
 build: bin/agent
 
-bin/agent: $(shell find cmd pkg bpf -name '*.go' -o -name '*.o' 2>/dev/null) go.mod go.sum
-	$(GO) build -o $@ ./cmd/agent
+# Stamped with the version and revision (scripts/version.sh: the git tag,
+# else CHANGELOG.md's top release plus -dev+<commit>); `bin/agent version`
+# prints them.
+bin/agent: $(shell find cmd pkg internal bpf -name '*.go' -o -name '*.o' 2>/dev/null) go.mod go.sum CHANGELOG.md
+	$(GO) build -ldflags "$$(scripts/version.sh --ldflags)" -o $@ ./cmd/agent
 
 # deps installs what is missing, and nothing when all is there.
 deps:

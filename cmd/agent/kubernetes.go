@@ -23,7 +23,7 @@ import (
 func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	// client-go logs through klog: keep the agent's log one JSON stream.
 	klog.SetSlogLogger(log)
-	clients, err := k8s.NewClients(o.kubeconfig, o.nodeName)
+	clients, err := k8s.NewClients(o.kubeconfig)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@
 //	agent --config FILE [--metrics-addr :9464]   standalone (/admin/* on 127.0.0.1:9465)
 //	agent --node-name NODE [--kubeconfig FILE]   Kubernetes (a DaemonSet)
 //	agent teardown [--bpffs-root DIR]           detach and unpin everything
+//	agent version                               version, git revision, Go version
 //
 // This package holds only flags, the wiring of the two modes and the
 // process's lifecycle; the decisions are pkg/agent's. Read top-down:
@@ -101,6 +102,8 @@ func main() {
 			os.Exit(teardown(os.Args[2:]))
 		case "inspect":
 			os.Exit(inspectCmd(os.Args[2:], os.Stdout, os.Stderr))
+		case "version":
+			os.Exit(versionCmd(os.Args[2:], os.Stdout, os.Stderr))
 		}
 	}
 	opts, err := parseFlags(os.Args[1:])

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/internal/version"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 )
 
@@ -87,6 +88,9 @@ type Metrics struct {
 	FleetVerdictWrites *prometheus.CounterVec
 	FleetAggregator    prometheus.Gauge
 	FleetCondemned     prometheus.Gauge
+	// BuildInfo is 1, labelled with the build's version, git revision and
+	// Go version (internal/version): which agents run which build.
+	BuildInfo *prometheus.GaugeVec
 }
 
 // New registers every metric. src may be nil in tests that only need the
@@ -220,16 +224,21 @@ func New(src Source, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "fleet_condemned_endpoints",
 			Help: "Endpoints the fleet's evidence condemns in the unexpired EndpointVerdicts this agent sees.",
 		}),
+		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "build_info",
+			Help: "1, labelled with the agent's version, git revision and Go version.",
+		}, []string{"version", "revision", "goversion"}),
 	}
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow, m.TrackedFlows, m.TrackedFlowsLimit, m.UntrackedFlows,
 		m.Withheld, m.FloodMode, m.SYNGuard, m.ProbeRegrants,
 		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
-		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.FleetReportWrites, m.FleetVerdictWrites, m.FleetAggregator, m.FleetCondemned, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays,
+		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.FleetReportWrites, m.FleetVerdictWrites, m.FleetAggregator, m.FleetCondemned, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
 		r.MustRegister(&collector{src: src, log: log})
 	}
+	m.BuildInfo.WithLabelValues(version.Version(), version.Revision(), version.GoVersion()).Set(1)
 	// Every replay series exists from the start, so that the first replay
 	// of each kind shows in increase().
 	for _, reason := range []string{"refused", "unanswered"} {
