@@ -21,7 +21,7 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         iptables:iptables qemu-system-x86_64:qemu-system-x86 /usr/share/doc/busybox-static:busybox-static \
         cpio:cpio depmod:kmod
 
-.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools helm-tools test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
 
 all: build
 
@@ -78,7 +78,7 @@ check-rules: deps
 # Every test, under the race detector. BPF and network tests need root
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server.
-test: deps check-generated vet check-rules build k8s-tools prometheus-tools containerd-tools
+test: deps check-generated vet check-rules build k8s-tools prometheus-tools containerd-tools helm-tools
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
 	@# The datapath under arbitrary frames from a client (pkg/datapath
 	@# FuzzXDP's invariants), for a bounded time.
@@ -100,6 +100,11 @@ kernel-matrix: deps
 # the clone (scripts/prometheus-tools.sh).
 prometheus-tools:
 	bash scripts/prometheus-tools.sh >/dev/null
+
+# helm (v4) for the chart's tests, the cluster test's install and `make
+# release`, cached like the Kubernetes binaries (scripts/helm-tools.sh).
+helm-tools:
+	scripts/helm-tools.sh >/dev/null
 
 # containerd 2 for the cluster test (scripts/containerd-tools.sh says why
 # not Debian's 1.6), cached like the Kubernetes binaries.
