@@ -23,7 +23,7 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         iptables:iptables qemu-system-x86_64:qemu-system-x86 /usr/share/doc/busybox-static:busybox-static \
         cpio:cpio depmod:kmod
 
-.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools helm-tools release release-check test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools helm-tools controller-gen-tools generate-crds check-crds release release-check test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
 
 all: build
 
@@ -51,13 +51,32 @@ generate: deps
 	cd bench/xdpbase && $(GO) generate ./...
 	cd internal/testnet/synackdelay && $(GO) generate ./...
 
+# The BackendPolicy CRD and deep-copy functions from the Go types in
+# pkg/apis (controller-gen, built from the Go module proxy and cached:
+# scripts/controller-gen-tools.sh).
+generate-crds:
+	scripts/generate-crds.sh
+
+controller-gen-tools:
+	scripts/controller-gen-tools.sh >/dev/null
+
+# check-crds fails when the committed CRD or deep-copy functions differ from
+# what the types generate.
+check-crds:
+	@if ! git rev-parse --git-dir >/dev/null 2>&1; then \
+	  echo "check-crds: skipped: not a git checkout (it compares with the committed files)"; exit 0; fi; \
+	scripts/generate-crds.sh 2>/dev/null || exit 1; \
+	if ! git diff --quiet -- deploy/backendpolicy-crd.yaml pkg/apis; then \
+	  echo "the committed BackendPolicy CRD or deep-copy functions differ from what pkg/apis generates."; \
+	  echo "Commit the regenerated files ('make generate-crds'):"; git --no-pager diff --stat -- deploy/backendpolicy-crd.yaml pkg/apis; exit 1; fi
+
 # check-generated fails when the committed BPF objects or bindings differ
 # from what the C sources compile to. The objects are byte for byte what
 # clang $(BPF_CLANG_MAJOR) (Debian 12's, this project's CI) makes of them; another
 # clang compiles the same sources to other, equally valid bytes, so the
 # check only runs where the comparison means something.
 BPF_CLANG_MAJOR := 14
-check-generated: deps
+check-generated: deps check-crds
 	@if ! git rev-parse --git-dir >/dev/null 2>&1; then \
 	  echo "check-generated: skipped: not a git checkout (it compares with the committed objects)"; exit 0; fi; \
 	have=$$(clang --version | sed -n '1s/.*clang version \([0-9]*\).*/\1/p'); \

@@ -166,6 +166,9 @@ type entry struct {
 	// served says why the Service is served ("": it is not, kube-proxy
 	// has it), as last logged.
 	served string
+	// badSections: per port name, the invalid sectionName policy last
+	// announced ("namespace/name@generation"); see withSections.
+	badSections map[string]string
 }
 
 // New builds a controller on client. Nothing runs until Run.
@@ -467,7 +470,7 @@ func (c *Controller) sync(key string) error {
 		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight)}
 		c.entries[key] = e
 	}
-	settings := c.withPolicy(key, c.settings(svc, key, e), e)
+	settings := c.withSections(svc, key, c.withPolicy(key, c.settings(svc, key, e), e), e)
 	served := c.servedBecause(svc, key)
 	if served != e.served {
 		if served == "" {
@@ -559,7 +562,7 @@ func (c *Controller) forget(key string, e *entry) {
 // invalid-settings metric; its status says why (written by the status
 // leader). Called with mu held.
 func (c *Controller) withPolicy(key string, annotated Settings, e *entry) Settings {
-	p := Winner(c.targetingLocked(key))
+	p := WinnerFor(c.targetingLocked(key), key, "")
 	if p == nil {
 		e.goodPolicy, e.badPolicy = nil, ""
 		return annotated
