@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command agent is penaltybox's node agent. It programs the XDP datapath
 // from a desired state (a config file, or Kubernetes), watches the L4
 // outcome of every new connection, and takes endpoints that keep failing

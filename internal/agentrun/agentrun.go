@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agentrun runs the agent binary inside a testnet node namespace
 // for end-to-end tests, the demo and benchmarks: a private bpffs for its
 // pins, a config file it can reload, and clients for its HTTP surface.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package promcheck is what the end-to-end tests ask of a running
 // Prometheus and of the agent's exposition: which alerts fire, whether
 // every query of the shipped Grafana dashboard returns data, and whether

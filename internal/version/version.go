@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package version says which build of penaltybox this is. The release
 // build stamps it (scripts/version.sh computes the values, the Makefile and
 // scripts/release.sh pass them with -ldflags -X); an unstamped build (go

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package metrics exposes the agent on Prometheus: kernel counters and
 // failure-accrual state are read at scrape time (so they cost nothing
 // between scrapes), agent events are counted as they happen. Every name is

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cluster runs penaltybox the way its users meet it: the Helm chart
 // (charts/penaltybox, which renders deploy/'s objects) installed with `helm
 // install` on a one-node cluster of real components

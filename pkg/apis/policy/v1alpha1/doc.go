@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package v1alpha1 holds the BackendPolicy API (policy.penaltybox.io/v1alpha1):
 // the Go types with the kubebuilder markers that controller-gen turns into
 // deploy/backendpolicy-crd.yaml and zz_generated.deepcopy.go (`make
