@@ -15,7 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,6 +34,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
 // labelServiceProxyName marks Services (and their slices) that another
@@ -96,7 +96,7 @@ type Options struct {
 	// InvalidSettings counts rejected annotations by service and key, and
 	// rejected policies by service and "BackendPolicy namespace/name"
 	// (penaltybox_invalid_settings_total); may be nil.
-	InvalidSettings *prometheus.CounterVec
+	InvalidSettings *metrics.ServiceCounterVec
 	// Policies reads BackendPolicies when set (nil: the CRD is not
 	// installed, and Services are configured by annotations alone).
 	Policies dynamic.Interface
@@ -551,7 +551,7 @@ func (c *Controller) forget(key string, e *entry) {
 		}
 	}
 	if c.opts.InvalidSettings != nil {
-		c.opts.InvalidSettings.DeletePartialMatch(prometheus.Labels{"service": key})
+		c.opts.InvalidSettings.DeleteService(key)
 	}
 }
 
