@@ -6,6 +6,7 @@
 #   make test     every test (root, as in CI)
 #   make bench    benchmarks, writes bench/RESULTS.md (root)
 #   make generate rebuild the BPF objects and Go bindings (needs clang)
+#   make docs     regenerate the reference tables in docs/reference/ from the code
 #   make release  agents (amd64, arm64), the multi-arch OCI image archive, the
 #                 chart and SHA256SUMS into dist/, reproducibly
 
@@ -23,7 +24,7 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         iptables:iptables qemu-system-x86_64:qemu-system-x86 /usr/share/doc/busybox-static:busybox-static \
         cpio:cpio depmod:kmod
 
-.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools helm-tools controller-gen-tools generate-crds check-crds release release-check test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools helm-tools controller-gen-tools generate-crds check-crds docs release release-check test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
 
 all: build
 
@@ -108,6 +109,14 @@ test: deps check-generated vet check-rules release-check build k8s-tools prometh
 	@# The network tests one package at a time: on two cores, two of them
 	@# side by side would measure each other.
 	$(GO) test -race -count=1 -timeout 12m -p 1 ./test/... ./bench/...
+
+# The generated tables of docs/reference/ (flags, metrics, maps, the
+# BackendPolicy's fields), rewritten from the code. make test fails when
+# they are stale (the same tests, without PENALTYBOX_UPDATE_DOCS), and
+# checks every relative link and anchor of every Markdown file
+# (internal/repocheck).
+docs:
+	PENALTYBOX_UPDATE_DOCS=1 $(GO) test -count=1 -run '^(TestFlagsReference|TestMetricsReference|TestMapsReference|TestBackendPolicyReference)$$' ./cmd/agent ./pkg/metrics ./internal/repocheck
 
 # A release into dist/ (scripts/release.sh): the static agents for
 # linux/amd64 and linux/arm64, an OCI image archive holding both (buildah,
