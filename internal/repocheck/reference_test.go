@@ -178,9 +178,6 @@ func walk(out *strings.Builder, path string, p prop, required bool) {
 	if p.Items != nil && p.Items.Properties != nil {
 		sub, req = p.Items.Properties, p.Items.Required
 		path += "[]"
-		for _, v := range p.Items.XKubernetesValidations {
-			_ = v // item rules are shown on the list itself
-		}
 	}
 	var keys []string
 	for k := range sub {
