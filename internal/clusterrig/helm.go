@@ -35,10 +35,26 @@ func (r *Rig) InstallChart(ctx context.Context) error {
 	return err
 }
 
-// UninstallChart removes the release (`helm uninstall --wait`).
+// UninstallChart removes the release as docs/install.md says (`helm
+// uninstall --wait`), and waits until the agents' pods are gone: helm
+// waits for the release's objects, not for the pods the DaemonSet leaves
+// to the garbage collector, and each agent drains and removes its
+// datapath before its pod goes (up to --uninstall-drain).
 func (r *Rig) UninstallChart(ctx context.Context) error {
-	_, err := r.Helm(ctx, "uninstall", ChartRelease, "--namespace", AgentNamespace, "--wait", "--timeout", "120s")
-	return err
+	if _, err := r.Helm(ctx, "uninstall", ChartRelease, "--namespace", AgentNamespace, "--wait", "--timeout", "120s"); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 120*time.Second)
+	defer cancel()
+	var left string
+	if err := Wait(wctx, func() bool {
+		out, err := r.Kubectl(wctx, "-n", AgentNamespace, "get", "pods", "-l", "app.kubernetes.io/name=penaltybox", "-o", "name")
+		left = strings.TrimSpace(out)
+		return err == nil && left == ""
+	}); err != nil {
+		return fmt.Errorf("the agents' pods are not gone after helm uninstall: %q: %w", left, err)
+	}
+	return nil
 }
 
 // Helm runs helm (scripts/helm-tools.sh's, cached) on the node, as the

@@ -16,6 +16,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 // fakeSource is two services of a node: a Kubernetes Service port with
@@ -49,6 +50,7 @@ func (fakeSource) GlobalStats() (bpf.LbGlobalStats, error)     { return bpf.LbGl
 func (fakeSource) ServiceStats(uint32) (bpf.LbSvcStats, error) { return bpf.LbSvcStats{}, nil }
 func (fakeSource) BackendStats(uint32) (bpf.LbBeStats, error)  { return bpf.LbBeStats{}, nil }
 func (fakeSource) SYNGuardStats() (bpf.LbSynGuardCpu, error)   { return bpf.LbSynGuardCpu{}, nil }
+func (fakeSource) NFForgotten() (maps.NFForgotten, error)      { return maps.NFForgotten{}, nil }
 
 // targetLabels are what the Prometheus Operator (and Kubernetes service
 // discovery, and Prometheus itself) set on a target: a series of ours with

@@ -333,8 +333,13 @@ func (f *fakeWriter) mixes(t []uint32) bool {
 func (e *env) checkKernel() {
 	t, r, f := e.t, e.r, e.f
 	t.Helper()
-	if len(f.services) != len(r.byID) {
-		t.Errorf("pb_services has %d entries, reconciler %d services", len(f.services), len(r.byID))
+	if len(f.services) != len(r.byID)+len(r.handingBack) {
+		t.Errorf("pb_services has %d entries, reconciler %d services and %d handed back", len(f.services), len(r.byID), len(r.handingBack))
+	}
+	for id, hb := range r.handingBack {
+		if v, ok := f.services[keyOf(hb.key)]; !ok || v.Id != id || v.Flags&pbmaps.ServiceHandedBack == 0 {
+			t.Errorf("service %d handed back: pb_services entry %+v (present %v), want it flagged", id, v, ok)
+		}
 	}
 	for _, s := range r.Services() {
 		v, ok := f.services[keyOf(s.Spec.Key)]
@@ -413,13 +418,14 @@ func (e *env) checkKernel() {
 			}
 		}
 	}
+	known := func(id uint32) bool { _, ok := r.byID[id]; return ok || r.handingBack[id] != nil }
 	for key := range f.tables {
-		if _, ok := r.byID[key/2]; !ok {
+		if !known(key / 2) {
 			t.Errorf("pb_maglev[%d] holds table %d for unknown service %d", key, key%2, key/2)
 		}
 	}
 	for id := range f.fallbacks {
-		if _, ok := r.byID[id]; !ok {
+		if !known(id) {
 			t.Errorf("pb_maglev_fb holds a table for unknown service %d", id)
 		}
 	}
@@ -452,7 +458,7 @@ func (e *env) checkKernel() {
 	// Removed services keep their VIP port and address marked until their
 	// id is freed, and any VIP conntrack held flows to at the last sweep.
 	for id, k := range r.retiredKey {
-		if _, ok := r.retiredSvc[id]; !ok {
+		if _, ok := r.retiredSvc[id]; !ok && r.handingBack[id] == nil {
 			t.Errorf("retired key %v kept for service %d, whose id is free", k, id)
 		}
 		want[k.Port] |= pbmaps.PortVIP
