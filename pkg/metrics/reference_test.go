@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -35,7 +36,9 @@ func TestMetricsReference(t *testing.T) {
 	basic := []*prometheus.Desc{dEpEjected, dEpEjections, dEpRestores, dEpSuccesses, dEpFailures}
 	detailed := []*prometheus.Desc{dEpFailKinds, dEpProbes, dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow,
 		dBePackets, dBeBytes, dBeFlows, dBeRPackets, dBeRBytes}
-	re := regexp.MustCompile(`^Desc\{fqName: "([^"]+)", help: "(.*)", constLabels: \{[^}]*\}, variableLabels: \{([^}]*)\}\}$`)
+	// Desc.String quotes help and unit with %q (client_golang 1.21 added
+	// the unit): read the help as a Go string literal.
+	re := regexp.MustCompile(`^Desc\{fqName: "([^"]+)", help: ("(?:[^"\\]|\\.)*")(?:, unit: "(?:[^"\\]|\\.)*")?, constLabels: \{[^}]*\}, variableLabels: \{([^}]*)\}\}$`)
 	type row struct{ name, labels, level, help string }
 	var rows []row
 	seen := map[string]bool{} // the Registry field describes them all again
@@ -56,7 +59,10 @@ func TestMetricsReference(t *testing.T) {
 			level = "detailed"
 		}
 		labels := strings.ReplaceAll(s[3], ",", ", ")
-		help := strings.ReplaceAll(s[2], `\"`, `"`)
+		help, err := strconv.Unquote(s[2])
+		if err != nil {
+			t.Fatalf("%s: help %s: %v", s[1], s[2], err)
+		}
 		rows = append(rows, row{s[1], labels, level, help})
 	}
 	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.name, b.name) })
