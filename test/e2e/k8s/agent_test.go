@@ -64,8 +64,8 @@ type world struct {
 // in Kubernetes mode, with only the DaemonSet's capabilities and only the
 // RBAC of deploy/, load-balances its ClusterIP; a refusing endpoint is
 // ejected with a Warning Event; annotations retune it live; pod veths are
-// attached and released as they come and go; a deleted Service leaves the
-// maps.
+// attached and released as they come and go; a deleted Service is handed
+// back to kube-proxy in the maps.
 func TestKubernetesMode(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for network namespaces and BPF (CI runs as root)")
@@ -379,7 +379,7 @@ func TestKubernetesMode(t *testing.T) {
 		})
 	})
 
-	step("a deleted Service leaves the maps", func(t *testing.T) {
+	step("a deleted Service is handed back to kube-proxy", func(t *testing.T) {
 		v := w.services()
 		var ids, backends []uint32
 		for _, s := range v.Services {
@@ -745,11 +745,17 @@ func (c *httpConn) get() string {
 }
 
 // checkMapsWithout asserts, on the pinned maps themselves, that a deleted
-// Service left them: no pb_services key holds its ClusterIP, no Maglev
-// table remains, and its backends are retired (kept only for flows still
-// using them, freed by the sweep after a cooldown). What is left in
-// pb_services is exactly what the agent reports: the API server's own
-// default/kubernetes Service, which has no endpoints here.
+// Service left the datapath's hands. Each of its pb_services entries is
+// handed back to kube-proxy: flagged maps.ServiceHandedBack, with no live
+// table (it picks a backend for no new flow; its flows finish), and kept
+// while the kernel's conntrack may still remember its flows, 6 minutes
+// after the last (pkg/reconcile's handBack; TestHandBack checks that the
+// entry then goes). No other entry holds its ClusterIP, its backends are
+// retired (kept only for flows still using them, freed by the sweep after
+// a cooldown), and what else is in pb_services is exactly what the agent
+// reports, the API server's own default/kubernetes Service, which has no
+// endpoints here, and entries handed back before. Maglev tables are left
+// only under handed-back ids.
 func (w *world) checkMapsWithout(vip netip.Addr, ids, backends []uint32) {
 	t := w.t
 	root := w.agent.BPFFSRoot
@@ -762,22 +768,43 @@ func (w *world) checkMapsWithout(vip netip.Addr, ids, backends []uint32) {
 		return m
 	}
 	svcs := open(bpf.LbMapPbServices)
-	var key, value []byte
-	n := 0
+	var key []byte
+	var value bpf.LbSvcValue
+	n, ofVIP := 0, 0
+	handedBack := map[uint32]bool{}
 	ip := vip.As4()
-	for it := svcs.Iterate(); it.Next(&key, &value); {
-		n++
-		if bytes.Contains(key, ip[:]) {
-			t.Errorf("pb_services still has a key with %s: % x", vip, key)
+	it := svcs.Iterate()
+	for it.Next(&key, &value) {
+		back := value.Flags&maps.ServiceHandedBack != 0
+		if back {
+			handedBack[value.Id] = true
+		} else {
+			n++
+		}
+		if !bytes.Contains(key, ip[:]) {
+			continue
+		}
+		ofVIP++
+		if !back || value.TableSize != 0 || !slices.Contains(ids, value.Id) {
+			t.Errorf("pb_services entry of %s (% x): id %d (the Service's: %v), flags %#x, table size %d; want handed back (%#x), no table",
+				vip, key, value.Id, ids, value.Flags, value.TableSize, maps.ServiceHandedBack)
 		}
 	}
-	if want := len(w.services().Services); n != want {
-		t.Errorf("pb_services has %d entries, the agent reports %d services", n, want)
+	if err := it.Err(); err != nil {
+		t.Fatalf("pb_services: %v", err)
 	}
-	// Only default/kubernetes is left, and it has no endpoints: no Maglev
-	// table may remain at all.
-	if n := w.maglevTables(); n != 0 {
-		t.Errorf("pb_maglev holds %d tables after the only Service with endpoints was deleted", n)
+	if ofVIP == 0 {
+		t.Errorf("pb_services has no entry of %s handed back to kube-proxy", vip)
+	}
+	if want := len(w.services().Services); n != want {
+		t.Errorf("pb_services has %d entries not handed back, the agent reports %d services", n, want)
+	}
+	outer := open(bpf.LbMapPbMaglev)
+	var k, inner uint32
+	for it := outer.Iterate(); it.Next(&k, &inner); {
+		if !handedBack[k/2] {
+			t.Errorf("pb_maglev holds table %d of service %d, which is not handed back, after the only Service with endpoints was deleted", k, k/2)
+		}
 	}
 	bes := open(bpf.LbMapPbBackends)
 	for _, id := range backends {
@@ -789,8 +816,8 @@ func (w *world) checkMapsWithout(vip netip.Addr, ids, backends []uint32) {
 			t.Errorf("backend %d of the deleted Service is %v, want removed", id, st)
 		}
 	}
-	t.Logf("pinned maps: pb_services has %d entries (none for %s), no Maglev table, backends %v (of service ids %v) retired",
-		n, vip, backends, ids)
+	t.Logf("pinned maps: pb_services has %d entries served, %d of %s handed back to kube-proxy (ids handed back: %v), backends %v (of service ids %v) retired",
+		n, ofVIP, vip, handedBack, backends, ids)
 }
 
 // maglevTables counts the tables in pb_maglev (populated slots: no
