@@ -6,6 +6,9 @@
 #   make test     every test (root, as in CI)
 #   make bench    benchmarks, writes bench/RESULTS.md (root)
 #   make generate rebuild the BPF objects and Go bindings (needs clang)
+#   make docs     regenerate the reference tables in docs/reference/ from the code
+#   make release  agents (amd64, arm64), the multi-arch OCI image archive, the
+#                 chart and SHA256SUMS into dist/, reproducibly
 
 SHELL := /bin/bash
 GO ?= go
@@ -21,14 +24,17 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         iptables:iptables qemu-system-x86_64:qemu-system-x86 /usr/share/doc/busybox-static:busybox-static \
         cpio:cpio depmod:kmod
 
-.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools helm-tools controller-gen-tools generate-crds check-crds docs release release-check test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
 
 all: build
 
 build: bin/agent
 
-bin/agent: $(shell find cmd pkg bpf -name '*.go' -o -name '*.o' 2>/dev/null) go.mod go.sum
-	$(GO) build -o $@ ./cmd/agent
+# Stamped with the version and revision (scripts/version.sh: the git tag,
+# else CHANGELOG.md's top release plus -dev+<commit>); `bin/agent version`
+# prints them.
+bin/agent: $(shell find cmd pkg internal bpf -name '*.go' -o -name '*.o' 2>/dev/null) go.mod go.sum CHANGELOG.md
+	$(GO) build -ldflags "$$(scripts/version.sh --ldflags)" -o $@ ./cmd/agent
 
 # deps installs what is missing, and nothing when all is there.
 deps:
@@ -46,13 +52,32 @@ generate: deps
 	cd bench/xdpbase && $(GO) generate ./...
 	cd internal/testnet/synackdelay && $(GO) generate ./...
 
+# The BackendPolicy CRD and deep-copy functions from the Go types in
+# pkg/apis (controller-gen, built from the Go module proxy and cached:
+# scripts/controller-gen-tools.sh).
+generate-crds:
+	scripts/generate-crds.sh
+
+controller-gen-tools:
+	scripts/controller-gen-tools.sh >/dev/null
+
+# check-crds fails when the committed CRD or deep-copy functions differ from
+# what the types generate.
+check-crds:
+	@if ! git rev-parse --git-dir >/dev/null 2>&1; then \
+	  echo "check-crds: skipped: not a git checkout (it compares with the committed files)"; exit 0; fi; \
+	scripts/generate-crds.sh 2>/dev/null || exit 1; \
+	if ! git diff --quiet -- deploy/backendpolicy-crd.yaml pkg/apis; then \
+	  echo "the committed BackendPolicy CRD or deep-copy functions differ from what pkg/apis generates."; \
+	  echo "Commit the regenerated files ('make generate-crds'):"; git --no-pager diff --stat -- deploy/backendpolicy-crd.yaml pkg/apis; exit 1; fi
+
 # check-generated fails when the committed BPF objects or bindings differ
 # from what the C sources compile to. The objects are byte for byte what
 # clang $(BPF_CLANG_MAJOR) (Debian 12's, this project's CI) makes of them; another
 # clang compiles the same sources to other, equally valid bytes, so the
 # check only runs where the comparison means something.
 BPF_CLANG_MAJOR := 14
-check-generated: deps
+check-generated: deps check-crds
 	@if ! git rev-parse --git-dir >/dev/null 2>&1; then \
 	  echo "check-generated: skipped: not a git checkout (it compares with the committed objects)"; exit 0; fi; \
 	have=$$(clang --version | sed -n '1s/.*clang version \([0-9]*\).*/\1/p'); \
@@ -75,7 +100,7 @@ check-rules: deps
 # Every test, under the race detector. BPF and network tests need root
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server.
-test: deps check-generated vet check-rules build k8s-tools prometheus-tools containerd-tools
+test: deps check-generated vet check-rules release-check build k8s-tools prometheus-tools containerd-tools helm-tools
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
 	@# The datapath under arbitrary frames from a client (pkg/datapath
 	@# FuzzXDP's invariants), for a bounded time.
@@ -84,6 +109,25 @@ test: deps check-generated vet check-rules build k8s-tools prometheus-tools cont
 	@# The network tests one package at a time: on two cores, two of them
 	@# side by side would measure each other.
 	$(GO) test -race -count=1 -timeout 12m -p 1 ./test/... ./bench/...
+
+# The generated tables of docs/reference/ (flags, metrics, maps, the
+# BackendPolicy's fields), rewritten from the code. make test fails when
+# they are stale (the same tests, without PENALTYBOX_UPDATE_DOCS), and
+# checks every relative link and anchor of every Markdown file
+# (internal/repocheck).
+docs:
+	PENALTYBOX_UPDATE_DOCS=1 $(GO) test -count=1 -run '^(TestFlagsReference|TestMetricsReference|TestMapsReference|TestBackendPolicyReference)$$' ./cmd/agent ./pkg/metrics ./internal/repocheck
+
+# A release into dist/ (scripts/release.sh): the static agents for
+# linux/amd64 and linux/arm64, an OCI image archive holding both (buildah,
+# no engine, no registry), the Helm chart and SHA256SUMS. Two runs on one
+# commit give the same digests; release-check (in make test, ~40 s warm)
+# proves it by building twice.
+release: deps
+	scripts/release.sh dist
+
+release-check: deps
+	scripts/release-check.sh
 
 # The BPF suites (pkg/datapath, internal/testnet) on the kernels clusters
 # run (Debian's 6.1 and 6.12), each booted under qemu, side by side
@@ -97,6 +141,11 @@ kernel-matrix: deps
 # the clone (scripts/prometheus-tools.sh).
 prometheus-tools:
 	bash scripts/prometheus-tools.sh >/dev/null
+
+# helm (v4) for the chart's tests, the cluster test's install and `make
+# release`, cached like the Kubernetes binaries (scripts/helm-tools.sh).
+helm-tools:
+	scripts/helm-tools.sh >/dev/null
 
 # containerd 2 for the cluster test (scripts/containerd-tools.sh says why
 # not Debian's 1.6), cached like the Kubernetes binaries.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -73,7 +75,7 @@ func runFlood(res *Results, o floodOpts, agentBin string, logf func(string, ...a
 					if merr != nil {
 						err = merr
 					}
-					ejected = m.Get("penaltybox_accrual_transitions_total", "service", "web", "reason", "consecutive-failures")
+					ejected = m.Get("penaltybox_accrual_transitions_total", "svc_name", "web", "reason", "consecutive-failures")
 					guarded = m.Get("penaltybox_datapath_syn_guard_syns_total", "verdict", "dropped")
 				}
 				if serr := l.stop(); err == nil {

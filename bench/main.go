@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command bench measures penaltybox beside the alternatives a user would
 // pick instead, on the same machine in the same run, and writes the
 // results as markdown (bench/RESULTS.md via `make bench`):

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -293,9 +295,9 @@ func runAdmitted(r *rig, res *Results, o reactionOpts, logf func(string, ...any)
 			var leaked, ejections, trips float64
 			for i := range o.Services {
 				svc := fmt.Sprintf("svc%d", i)
-				leaked += m.Get("penaltybox_new_flows_to_ejected_total", "service", svc)
-				trips += m.Get("penaltybox_kernel_trips_total", "service", svc, "result", "adopted")
-				ejections += m.Get("penaltybox_accrual_transitions_total", "service", svc, "reason", "consecutive-failures")
+				leaked += m.Get("penaltybox_new_flows_to_ejected_total", "svc_name", svc)
+				trips += m.Get("penaltybox_kernel_trips_total", "svc_name", svc, "result", "adopted")
+				ejections += m.Get("penaltybox_accrual_transitions_total", "svc_name", svc, "reason", "consecutive-failures")
 			}
 			if err := a.Close(); err != nil {
 				return err

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package bpf holds the XDP datapath's C sources and the Go bindings that
 // bpf2go generates from them. The generated lb_bpfel.go and lb_bpfel.o are
 // committed, so building the agent needs no clang; `make generate` rebuilds

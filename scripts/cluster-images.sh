@@ -48,10 +48,10 @@ if [ "$(id -u)" = 0 ]; then
     sh "${B[@]}")
 fi
 
-# gobuild PKG OUTFILE builds a static, stripped binary.
+# gobuild PKG OUTFILE [LDFLAGS] builds a static, stripped binary.
 gobuild() {
   (cd "$ROOT" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
-    go build -trimpath -ldflags='-s -w' -o "$2" "$1")
+    go build -trimpath -ldflags="-s -w ${3:-}" -o "$2" "$1")
 }
 
 # push IMAGE NAME writes IMAGE to OUT/NAME.tar, by way of TMP so that an
@@ -69,7 +69,9 @@ report() { # report NAME START, START an $EPOCHREALTIME
 start=$EPOCHREALTIME
 log "building agent"
 mkdir "$TMP/agent"
-gobuild ./cmd/agent "$TMP/agent/agent"
+# Stamped like bin/agent: `agent version` and penaltybox_build_info say
+# which checkout the cluster runs.
+gobuild ./cmd/agent "$TMP/agent/agent" "$("$ROOT/scripts/version.sh" --ldflags)"
 "${B[@]}" bud --quiet -f "$ROOT/Dockerfile.offline" -t localhost/penaltybox/agent:test "$TMP/agent" >/dev/null
 push localhost/penaltybox/agent:test agent
 # The binary too: the test runs `agent inspect` on the node while no agent runs.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package xdpbase holds the baseline XDP programs the per-packet benchmark
 // measures beside the datapath in the same run: one that only returns
 // XDP_PASS, and a minimal DNAT (parse, one hash lookup, rewrite, incremental

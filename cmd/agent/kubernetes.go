@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -28,7 +30,7 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	if err := preflightNode(ctx, o, log); err != nil {
 		return err
 	}
-	clients, err := k8s.NewClients(o.kubeconfig, o.nodeName)
+	clients, err := k8s.NewClients(o.kubeconfig)
 	if err != nil {
 		return err
 	}

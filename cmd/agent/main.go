@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command agent is penaltybox's node agent. It programs the XDP datapath
 // from a desired state (a config file, or Kubernetes), watches the L4
 // outcome of every new connection, and takes endpoints that keep failing
@@ -7,6 +9,7 @@
 //	agent --config FILE [--metrics-addr :9464]   standalone (/admin/* on 127.0.0.1:9465)
 //	agent --node-name NODE [--kubeconfig FILE]   Kubernetes (a DaemonSet)
 //	agent teardown [--bpffs-root DIR] [--then-wait]  detach and unpin everything
+//	agent version                               version, git revision, Go version
 //
 // This package holds only flags, the wiring of the two modes and the
 // process's lifecycle; the decisions are pkg/agent's. Read top-down:
@@ -37,6 +40,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/k8s"
 	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/metrics"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
@@ -96,6 +100,8 @@ type options struct {
 	podName string
 	// trackerMemory: the ceiling of the tracked flows' memory, in bytes.
 	trackerMemory int64
+	// backendMetrics: how many series each backend gets (--backend-metrics).
+	backendMetrics metrics.BackendDetail
 }
 
 func main() {
@@ -105,6 +111,8 @@ func main() {
 			os.Exit(teardown(os.Args[2:]))
 		case "inspect":
 			os.Exit(inspectCmd(os.Args[2:], os.Stdout, os.Stderr))
+		case "version":
+			os.Exit(versionCmd(os.Args[2:], os.Stdout, os.Stderr))
 		}
 	}
 	opts, err := parseFlags(os.Args[1:])
@@ -162,6 +170,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
 	fs.BoolVar(&o.kernelTrips, "kernel-trips", true, "the datapath ejects an endpoint itself at the failure that decides it, before the agent reacts; false: the agent alone ejects (about a millisecond later, new flows still reach the endpoint meanwhile)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Func("backend-metrics", `series per backend (a service's endpoint) on /metrics: "basic", 5 (ejected now, ejections, restores, connects, failures); "detailed", also failures by kind, probes, ejections by reason, slow connects, window rates and traffic (20 more, 23 with window rules); "none", only the per-service series (default basic)`,
+		func(s string) (err error) { o.backendMetrics, err = metrics.ParseBackendDetail(s); return err })
 	// uintFlag parses flag name as a uint32 from lo to hi into p.
 	uintFlag := func(p *uint32, name, help string, lo, hi uint64) {
 		fs.Func(name, help, func(s string) error {

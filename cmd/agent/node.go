@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -38,6 +40,7 @@ func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (
 		return nil, err
 	}
 	n := &node{Node: an, log: log}
+	n.Metrics().SetBackendDetail(o.backendMetrics)
 	// The maps are charged to the container's cgroup now: fit the Go
 	// runtime's share of its limit.
 	fitMemoryLimit("/sys/fs/cgroup", log)

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command cluster-demo tells the seed story on a one-node Kubernetes
 // cluster of real components (scripts/cluster.sh): deploy/ applied with
 // `kubectl apply -k`, two good backend pods and one that passes its

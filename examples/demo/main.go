@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command demo is `make demo`: penaltybox's main story, told on this machine
 // in network namespaces with real servers, in well under a minute.
 //

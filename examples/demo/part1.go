@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -60,10 +62,10 @@ func (d *demo) part1(ctx context.Context) error {
 	p.line("  The agent's counters (from /metrics, read from the datapath's BPF maps and the ring buffer):")
 	t = p.table()
 	for _, s := range allSeries(m, "penaltybox_service_flows_total") {
-		t.row(s.name("penaltybox_service_flows_total", "service"), num(s.value))
+		t.row(s.name("penaltybox_service_flows_total", "svc_name"), num(s.value))
 	}
 	for _, s := range allSeries(m, "penaltybox_backend_flows_total") {
-		t.row(s.name("penaltybox_backend_flows_total", "endpoint"), num(s.value))
+		t.row(s.name("penaltybox_backend_flows_total", "backend"), num(s.value))
 	}
 	var zero []string
 	for _, s := range allSeries(m, "penaltybox_events_total") {
@@ -74,7 +76,7 @@ func (d *demo) part1(ctx context.Context) error {
 		t.row(s.name("penaltybox_events_total", "type"), num(s.value))
 	}
 	t.row("penaltybox_datapath_events_lost_total", num(m.Get("penaltybox_datapath_events_lost_total")))
-	t.row(`penaltybox_endpoints{state="ready"}`, num(m.Get("penaltybox_endpoints", "service", service, "state", "ready")))
+	t.row(`penaltybox_endpoints{state="ready"}`, num(m.Get("penaltybox_endpoints", "svc_name", service, "state", "ready")))
 	t.flush()
 	if len(zero) > 0 {
 		p.line("  (penaltybox_events_total is 0 for type %s)", strings.Join(zero, ", "))
@@ -82,7 +84,7 @@ func (d *demo) part1(ctx context.Context) error {
 	if lost := m.Get("penaltybox_datapath_events_lost_total"); lost != 0 {
 		d.problem("the datapath lost %v outcome events", lost)
 	}
-	if got := m.Get("penaltybox_service_flows_total", "service", service); got < float64(len(rs)) {
+	if got := m.Get("penaltybox_service_flows_total", "svc_name", service); got < float64(len(rs)) {
 		d.problem("penaltybox_service_flows_total = %v, fewer than the %d connections sent", got, len(rs))
 	}
 	return nil

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -318,22 +320,17 @@ func (d *demo) part2(ctx context.Context) error {
 	p.line("")
 	p.line("  The agent's metrics for b3 (/metrics):")
 	t = p.table()
-	t.row(fmt.Sprintf("penaltybox_endpoint_ejections_total{endpoint=%q}", ep),
-		num(m.Get("penaltybox_endpoint_ejections_total", "endpoint", ep)))
+	t.row(fmt.Sprintf("penaltybox_endpoint_ejections_total{backend=%q}", ep),
+		num(m.Get("penaltybox_endpoint_ejections_total", "backend", ep)))
 	for _, r := range []string{"success", "failure", "inconclusive"} {
-		t.row(fmt.Sprintf("penaltybox_endpoint_probes_total{endpoint=%q,result=%q}", ep, r),
-			num(m.Get("penaltybox_endpoint_probes_total", "endpoint", ep, "result", r)))
+		t.row(fmt.Sprintf("penaltybox_endpoint_probes_total{backend=%q,result=%q}", ep, r),
+			num(m.Get("penaltybox_endpoint_probes_total", "backend", ep, "result", r)))
 	}
 	t.row("penaltybox_datapath_probe_flows_total (probes the kernel admitted)", num(m.Get("penaltybox_datapath_probe_flows_total")))
-	t.row(fmt.Sprintf("penaltybox_endpoint_failures_total{endpoint=%q,kind=\"refused\"}", ep),
-		num(m.Get("penaltybox_endpoint_failures_total", "endpoint", ep, "kind", "refused")))
-	var now string
-	for _, s := range []string{"ready", "ejected", "probation"} {
-		if m.Get("penaltybox_endpoint_state", "endpoint", ep, "state", s) == 1 {
-			now = s
-		}
-	}
-	t.row(fmt.Sprintf("penaltybox_endpoint_state{endpoint=%q}", ep), "state="+now)
+	t.row(fmt.Sprintf("penaltybox_endpoint_failures_by_kind_total{backend=%q,kind=\"refused\"}", ep),
+		num(m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", ep, "kind", "refused")))
+	t.row(fmt.Sprintf("penaltybox_endpoint_ejected{backend=%q} (1: out of rotation)", ep),
+		num(m.Get("penaltybox_endpoint_ejected", "backend", ep)))
 	if n, sum, ok := histogram(m, "penaltybox_ejection_reaction_seconds"); ok {
 		t.row("penaltybox_ejection_reaction_seconds_count", n)
 		t.row("penaltybox_ejection_reaction_seconds_sum", fmt.Sprintf("%.6f", sum))
@@ -343,8 +340,8 @@ func (d *demo) part2(ctx context.Context) error {
 	}
 	t.row("penaltybox_datapath_events_lost_total", num(m.Get("penaltybox_datapath_events_lost_total")))
 	t.flush()
-	if now != "ready" {
-		d.problem("b3 ends in state %q, want ready", now)
+	if m.Get("penaltybox_endpoint_ejected", "backend", ep) != 0 {
+		d.problem("b3 ends out of rotation, want ready")
 	}
 
 	p.line("")

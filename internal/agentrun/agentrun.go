@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agentrun runs the agent binary inside a testnet node namespace
 // for end-to-end tests, the demo and benchmarks: a private bpffs for its
 // pins, a config file it can reload, and clients for its HTTP surface.
@@ -160,8 +162,10 @@ func (a *Agent) StartNoWait() error {
 	if err != nil {
 		return err
 	}
+	// Every per-backend series (the tests read probes, failures by kind,
+	// ejections by reason); a test's own Args may set another detail.
 	args := []string{"--bpffs-root", a.BPFFSRoot, "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", MetricsPort),
-		"--admin-addr", fmt.Sprintf("127.0.0.1:%d", AdminPort)}
+		"--admin-addr", fmt.Sprintf("127.0.0.1:%d", AdminPort), "--backend-metrics=detailed"}
 	if a.ConfigPath != "" {
 		args = append(args, "--config", a.ConfigPath)
 	}

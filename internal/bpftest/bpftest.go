@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package bpftest loads the datapath into a private bpffs for tests and
 // benchmarks, crafts packets with gopacket and runs them through the
 // program with BPF_PROG_TEST_RUN.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package clientlog is the output of the cluster test's client
 // (test/cluster/images/client): one JSON line per second, written by the
 // client and read by the test and the demo.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package clusterrig drives scripts/cluster.sh, the one-node Kubernetes
 // cluster made of real components (etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, kube-proxy, a kubelet, containerd

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package promcheck is what the end-to-end tests ask of a running
 // Prometheus and of the agent's exposition: which alerts fire, whether
 // every query of the shipped Grafana dashboard returns data, and whether
@@ -6,6 +8,7 @@ package promcheck
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -101,12 +104,27 @@ func DashboardQueries(file string, rateInterval time.Duration) ([]Query, error) 
 		return nil, err
 	}
 	var dash struct {
-		Panels []panel `json:"panels"`
+		Panels     []panel `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name     string `json:"name"`
+				Type     string `json:"type"`
+				AllValue string `json:"allValue"`
+			} `json:"list"`
+		} `json:"templating"`
 	}
 	if err := json.Unmarshal(b, &dash); err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
-	vars := strings.NewReplacer("$service", ".*", "$instance", ".*", "$__rate_interval", rateInterval.String())
+	// Every query variable at its "All" value; $__rate_interval last, so
+	// no variable's name is a prefix of another's replaced first.
+	subst := []string{"$__rate_interval", rateInterval.String()}
+	for _, v := range dash.Templating.List {
+		if v.Type == "query" {
+			subst = append(subst, "$"+v.Name, cmp.Or(v.AllValue, ".*"))
+		}
+	}
+	vars := strings.NewReplacer(subst...)
 	var out []Query
 	var walk func([]panel)
 	walk = func(ps []panel) {

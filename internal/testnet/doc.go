@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package testnet builds the network that penaltybox's BPF end-to-end tests,
 // `make demo` and the benchmarks run on: a "node" network namespace (where
 // the agent runs and XDP attaches to cl0, b1..bN) wired by veth pairs to a

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package accrual is penaltybox's failure-accrual engine: for every endpoint
 // of every service it runs the state machine
 //

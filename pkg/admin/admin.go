@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package admin is the agent's HTTP surface: Prometheus metrics, health
 // and readiness probes, and JSON views of what the agent programmed, for
 // people and scrapers alike.

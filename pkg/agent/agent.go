@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agent is penaltybox's decision loop as a library: it applies a
 // desired state to the datapath, judges the outcome events the datapath
 // reports, and writes failure accrual's decisions back, through

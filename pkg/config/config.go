@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package config reads the standalone agent's YAML config file: the
 // interfaces to attach to, the Maglev table size, failure-accrual defaults
 // and the services to balance. Parse validates everything up front and

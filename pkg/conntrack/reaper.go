@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package conntrack expires idle flows from the datapath's conntrack map
 // and releases their circuit-breaker slots. The kernel ends most flows
 // itself (FIN both ways, RST); this covers the rest: clients that vanish,

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package csum computes the internet checksum (RFC 1071) of packets that
 // tests and benchmarks craft or capture, and of the SYNs pkg/replay
 // rebuilds.

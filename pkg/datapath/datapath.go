@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package datapath loads the XDP program and its maps, pins them under a
 // bpffs directory and attaches the program to interfaces through pinned
 // bpf_links. Pins outlive the agent: a restarted agent adopts the maps it

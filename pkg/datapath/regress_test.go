@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Regression tests for problems a review of the datapath found: each
 // reproduced the problem before its fix.
 package datapath_test

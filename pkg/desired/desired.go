@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package desired is the agent's desired state: the services it must
 // load-balance and how. The config file and Kubernetes both produce it; the
 // reconciler turns it into map contents. It holds no kernel or API types.

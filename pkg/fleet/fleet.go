@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package fleet judges endpoints on the evidence of every node, for the
 // endpoints that each node alone sees too little of to judge (the
 // distributed pod dilemma: fifty client nodes each see a fiftieth of an

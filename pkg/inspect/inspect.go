@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package inspect reads a node's pinned datapath state and says it in
 // human terms: services with their VIPs, endpoints with their datapath and
 // accrual states, penalty left, probe grants, in-flight counts and

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -64,6 +66,18 @@ type Settings struct {
 	MaxInflight            uint32
 	MaxInflightPerEndpoint uint32
 	RetryRefused           bool
+	// Ports holds the settings of the Service ports (by name) that a
+	// BackendPolicy with sectionName targets; the others have these.
+	Ports map[string]Settings
+}
+
+// ForPort returns the settings of the Service port named name.
+func (s Settings) ForPort(name string) Settings {
+	if p, ok := s.Ports[name]; ok {
+		return p
+	}
+	s.Ports = nil
+	return s
 }
 
 // DefaultSettings are the settings of a Service without annotations:

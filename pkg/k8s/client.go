@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -11,6 +13,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/penaltybox/penaltybox/internal/version"
 )
 
 // Clients are the agent's connections to the API server.
@@ -25,7 +29,7 @@ type Clients struct {
 
 // NewClients connects with the kubeconfig file at path, or, when path is
 // empty, with the pod's service account (in-cluster config).
-func NewClients(path, nodeName string) (Clients, error) {
+func NewClients(path string) (Clients, error) {
 	var cfg *rest.Config
 	var err error
 	if path != "" {
@@ -36,7 +40,9 @@ func NewClients(path, nodeName string) (Clients, error) {
 	if err != nil {
 		return Clients{}, fmt.Errorf("kubernetes client config: %w", err)
 	}
-	cfg.UserAgent = "penaltybox-agent/" + nodeName
+	// "penaltybox-agent/0.1.0 (9f29218c0a1b)": audit logs and API
+	// priority and fairness can tell the agent's versions apart.
+	cfg.UserAgent = version.UserAgent()
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return Clients{}, fmt.Errorf("kubernetes client: %w", err)

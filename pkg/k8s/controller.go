@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -13,7 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -34,6 +35,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
 // labelServiceProxyName marks Services (and their slices) that another
@@ -95,7 +97,7 @@ type Options struct {
 	// InvalidSettings counts rejected annotations by service and key, and
 	// rejected policies by service and "BackendPolicy namespace/name"
 	// (penaltybox_invalid_settings_total); may be nil.
-	InvalidSettings *prometheus.CounterVec
+	InvalidSettings *metrics.ServiceCounterVec
 	// Policies reads BackendPolicies when set (nil: the CRD is not
 	// installed, and Services are configured by annotations alone).
 	Policies dynamic.Interface
@@ -175,6 +177,9 @@ type entry struct {
 	// unserved are the keys of the Service's ports while it is not served
 	// (desired.State.HandBack).
 	unserved []desired.Key
+	// badSections: per port name, the invalid sectionName policy last
+	// announced ("namespace/name@generation"); see withSections.
+	badSections map[string]string
 }
 
 // New builds a controller on client. Nothing runs until Run.
@@ -521,7 +526,7 @@ func (c *Controller) sync(key string) error {
 		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight)}
 		c.entries[key] = e
 	}
-	settings := c.withPolicy(key, c.settings(svc, key, e), e)
+	settings := c.withSections(svc, key, c.withPolicy(key, c.settings(svc, key, e), e), e)
 	served := c.servedBecause(svc, key)
 	if served != e.served {
 		if served == "" {
@@ -607,7 +612,7 @@ func (c *Controller) forget(key string, e *entry) {
 		}
 	}
 	if c.opts.InvalidSettings != nil {
-		c.opts.InvalidSettings.DeletePartialMatch(prometheus.Labels{"service": key})
+		c.opts.InvalidSettings.DeleteService(key)
 	}
 }
 
@@ -620,7 +625,7 @@ func (c *Controller) forget(key string, e *entry) {
 // invalid-settings metric; its status says why (written by the status
 // leader). Called with mu held.
 func (c *Controller) withPolicy(key string, annotated Settings, e *entry) Settings {
-	p := Winner(c.targetingLocked(key))
+	p := WinnerFor(c.targetingLocked(key), key, "")
 	if p == nil {
 		e.goodPolicy, e.badPolicy = nil, ""
 		return annotated

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -21,6 +23,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
 // harness runs a Controller on a fake clientset.
@@ -30,7 +33,7 @@ type harness struct {
 	client  *fake.Clientset
 	ctrl    *Controller
 	rec     *record.FakeRecorder
-	invalid *prometheus.CounterVec
+	invalid *metrics.ServiceCounterVec
 	states  chan desired.State
 	done    chan error
 }
@@ -55,7 +58,7 @@ func newHarnessWith(t *testing.T, debounce time.Duration, tweak func(*harness, *
 	h := &harness{
 		t: t, ctx: ctx,
 		rec:     record.NewFakeRecorder(100),
-		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "invalid_settings_total"}, []string{"service", "key"}),
+		invalid: metrics.NewServiceCounterVec(prometheus.CounterOpts{Name: "invalid_settings_total"}, "key"),
 		states:  make(chan desired.State),
 		done:    make(chan error, 1),
 	}

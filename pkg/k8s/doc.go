@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package k8s feeds the agent from the Kubernetes API: Services and
 // discovery.k8s.io/v1 EndpointSlices become the same desired state the
 // config file produces (one desired service per ClusterIP port, its

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -53,12 +55,14 @@ type BackendPolicySpec struct {
 	RetryRefused   *bool                 `json:"retryRefused,omitempty"`
 }
 
-// TargetRef is a Gateway API LocalPolicyTargetReference: a Service in the
-// policy's namespace.
+// TargetRef is a Gateway API LocalPolicyTargetReferenceWithSectionName: a
+// Service in the policy's namespace, or with SectionName one of its ports
+// (by name).
 type TargetRef struct {
-	Group string `json:"group"`
-	Kind  string `json:"kind"`
-	Name  string `json:"name"`
+	Group       string `json:"group"`
+	Kind        string `json:"kind"`
+	Name        string `json:"name"`
+	SectionName string `json:"sectionName,omitempty"`
 }
 
 // PolicyCircuitBreaker: live flows each targeted Service (each of its
@@ -82,12 +86,13 @@ type PolicyAncestorStatus struct {
 }
 
 // AncestorRef is the Gateway API's ParentReference, as far as a Service
-// target needs it.
+// target (or one of its ports) needs it.
 type AncestorRef struct {
-	Group     string `json:"group"`
-	Kind      string `json:"kind"`
-	Namespace string `json:"namespace,omitempty"`
-	Name      string `json:"name"`
+	Group       string `json:"group"`
+	Kind        string `json:"kind"`
+	Namespace   string `json:"namespace,omitempty"`
+	Name        string `json:"name"`
+	SectionName string `json:"sectionName,omitempty"`
 }
 
 // The condition a policy reports per target, with the Gateway API's
@@ -132,6 +137,33 @@ func (p *BackendPolicy) Targets() []string {
 	return out
 }
 
+// Target is one thing a policy applies to: a Service ("namespace/name"),
+// the whole of it (Section "") or the port named Section.
+type Target struct {
+	Service string
+	Section string
+}
+
+// Refs returns what p targets, each once, in order.
+func (p *BackendPolicy) Refs() []Target {
+	var out []Target
+	for _, r := range p.Spec.TargetRefs {
+		if r.Group != "" || r.Kind != "Service" || r.Name == "" {
+			continue
+		}
+		t := Target{Service: p.Namespace + "/" + r.Name, Section: r.SectionName}
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// targets reports whether p targets svc's section ("" the whole Service).
+func (p *BackendPolicy) targets(svc, section string) bool {
+	return slices.Contains(p.Refs(), Target{Service: svc, Section: section})
+}
+
 // older orders policies the way GEP-713 resolves conflicts: the oldest by
 // creation time wins, then the first by "namespace/name".
 func older(a, b *BackendPolicy) int {
@@ -141,13 +173,29 @@ func older(a, b *BackendPolicy) int {
 	return cmp.Compare(a.Key(), b.Key())
 }
 
-// Winner returns the policy in force on a Service among those targeting
-// it (nil when there are none); the others are Conflicted.
+// Winner returns the oldest of the policies targeting a Service, whole or
+// a port of it (nil when there are none): the one a Service served because
+// a policy targets it names.
 func Winner(targeting []*BackendPolicy) *BackendPolicy {
 	if len(targeting) == 0 {
 		return nil
 	}
 	return slices.MinFunc(targeting, older)
+}
+
+// WinnerFor returns the policy in force on svc's section ("" the whole
+// Service) among targeting: the oldest that targets exactly that (GEP-713);
+// the others that do are Conflicted. A section's policy is layered over
+// the whole Service's (see Controller.withSections), so the two never
+// conflict.
+func WinnerFor(targeting []*BackendPolicy, svc, section string) *BackendPolicy {
+	var w *BackendPolicy
+	for _, p := range targeting {
+		if p.targets(svc, section) && (w == nil || older(p, w) < 0) {
+			w = p
+		}
+	}
+	return w
 }
 
 // ApplyPolicy overlays the fields p sets onto base, the Service's settings
@@ -190,34 +238,42 @@ func ApplyPolicy(p *BackendPolicy, base Settings) (Settings, error) {
 // Verdict is what one policy is, on one target.
 type Verdict struct {
 	Target   string // "namespace/name" of the Service
+	Section  string // the port's name, for a targetRef with sectionName
 	Accepted bool
 	Reason   string // ReasonAccepted, ReasonConflicted, ReasonInvalid, ReasonTargetNotFound
 	Message  string
 }
 
 // Judge says what p is on each of its targets. exists reports whether a
-// Service exists; targeting lists the policies targeting a Service;
+// Service exists, and with a section whether it has a port of that name;
+// targeting lists the policies targeting a Service (whole or a port);
 // annotated gives a Service's settings before any policy (its annotations
 // over the defaults). It is a pure function of the cluster's objects, so
 // every agent reaches the same verdicts.
-func Judge(p *BackendPolicy, exists func(svc string) bool, targeting func(svc string) []*BackendPolicy,
+func Judge(p *BackendPolicy, exists func(svc, section string) bool, targeting func(svc string) []*BackendPolicy,
 	annotated func(svc string) Settings) []Verdict {
 	var out []Verdict
-	for _, t := range p.Targets() {
-		v := Verdict{Target: t, Reason: ReasonAccepted}
-		switch w := Winner(targeting(t)); {
-		case !exists(t):
-			v.Reason, v.Message = ReasonTargetNotFound, "Service "+t+" not found, or not one penaltybox balances (headless, or labelled for another proxy)"
+	for _, t := range p.Refs() {
+		v := Verdict{Target: t.Service, Section: t.Section, Reason: ReasonAccepted}
+		what := "Service " + t.Service
+		if t.Section != "" {
+			what += " port " + t.Section
+		}
+		switch w := WinnerFor(targeting(t.Service), t.Service, t.Section); {
+		case !exists(t.Service, ""):
+			v.Reason, v.Message = ReasonTargetNotFound, "Service "+t.Service+" not found, or not one penaltybox balances (headless, or labelled for another proxy)"
+		case !exists(t.Service, t.Section):
+			v.Reason, v.Message = ReasonTargetNotFound, "Service "+t.Service+" has no port named "+t.Section
 		case w != nil && w.Key() != p.Key():
 			v.Reason = ReasonConflicted
-			v.Message = fmt.Sprintf("Service %s is already targeted by BackendPolicy %s, created earlier (%s); that one is in force",
-				t, w.Key(), w.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"))
+			v.Message = fmt.Sprintf("%s is already targeted by BackendPolicy %s, created earlier (%s); that one is in force",
+				what, w.Key(), w.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"))
 		default:
-			if _, err := ApplyPolicy(p, annotated(t)); err != nil {
+			if _, err := ApplyPolicy(p, annotated(t.Service)); err != nil {
 				v.Reason, v.Message = ReasonInvalid, err.Error()
 				break
 			}
-			v.Accepted, v.Message = true, "in force on Service "+t
+			v.Accepted, v.Message = true, "in force on "+what
 		}
 		out = append(out, v)
 	}

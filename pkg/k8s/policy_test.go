@@ -1,8 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -70,7 +74,7 @@ func TestApplyPolicyPrecedence(t *testing.T) {
 		t.Errorf("maxInflightRequests 0, retryRefused false: got %d, %v", s.MaxInflight, s.RetryRefused)
 	}
 	// No policy fields at all: the annotated settings unchanged.
-	if s, err := ApplyPolicy(policy("empty", 0, "", "web"), annotated); err != nil || s != annotated {
+	if s, err := ApplyPolicy(policy("empty", 0, "", "web"), annotated); err != nil || !reflect.DeepEqual(s, annotated) {
 		t.Errorf("empty policy: %+v, %v", s, err)
 	}
 }
@@ -107,7 +111,7 @@ func TestApplyPolicyErrorsNameTheField(t *testing.T) {
 		if !strings.Contains(err.Error(), c.inText) {
 			t.Errorf("%s: %q does not mention %s", c.name, err, c.inText)
 		}
-		if s != annotated {
+		if !reflect.DeepEqual(s, annotated) {
 			t.Errorf("%s: settings changed on error", c.name)
 		}
 	}
@@ -140,7 +144,7 @@ func TestJudge(t *testing.T) {
 	newer := policy("newer", time.Hour, `{"maxFailures":3}`, "web", "api", "gone", "web")
 	bad := policy("bad", 0, `{"minPenalty":"2m"}`, "api2")
 	all := []*BackendPolicy{older, newer, bad}
-	exists := func(s string) bool { return s != "shop/gone" }
+	exists := func(s, _ string) bool { return s != "shop/gone" }
 	targeting := func(s string) []*BackendPolicy {
 		var out []*BackendPolicy
 		for _, p := range all {
@@ -234,5 +238,65 @@ func TestDecodePolicy(t *testing.T) {
 	}
 	if got := p.Targets(); len(got) != 1 || got[0] != "shop/web" {
 		t.Errorf("targets %v", got)
+	}
+}
+
+// sectionPolicy is policy with each target "name:port" a targetRef with
+// sectionName port.
+func sectionPolicy(name string, age time.Duration, accrualJSON string, targets ...string) *BackendPolicy {
+	p := policy(name, age, accrualJSON)
+	for _, t := range targets {
+		n, sec, _ := strings.Cut(t, ":")
+		p.Spec.TargetRefs = append(p.Spec.TargetRefs, TargetRef{Kind: "Service", Name: n, SectionName: sec})
+	}
+	return p
+}
+
+// GEP-713's sectionName: a policy on a port conflicts only with another
+// policy on the same port; the whole Service's policy and a port's are
+// both in force (layered); a port the Service lacks is TargetNotFound.
+func TestJudgeSectionName(t *testing.T) {
+	whole := policy("whole", 0, "", "web")
+	httpOld := sectionPolicy("http-old", time.Minute, "", "web:http")
+	httpNew := sectionPolicy("http-new", time.Hour, "", "web:http", "web:grpc", "web:nope")
+	all := []*BackendPolicy{whole, httpOld, httpNew}
+	exists := func(svc, section string) bool {
+		return svc == "shop/web" && (section == "" || section == "http" || section == "grpc")
+	}
+	targeting := func(s string) []*BackendPolicy {
+		var out []*BackendPolicy
+		for _, p := range all {
+			if slices.Contains(p.Targets(), s) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	annotated := func(string) Settings { return DefaultSettings(0) }
+	for _, p := range []*BackendPolicy{whole, httpOld} {
+		if v := Judge(p, exists, targeting, annotated); len(v) != 1 || !v[0].Accepted {
+			t.Errorf("%s: %+v, want Accepted (a whole-Service and a port's policy do not conflict)", p.Name, v)
+		}
+	}
+	got := Judge(httpNew, exists, targeting, annotated)
+	want := []struct{ section, reason string }{{"http", ReasonConflicted}, {"grpc", ReasonAccepted}, {"nope", ReasonTargetNotFound}}
+	if len(got) != len(want) {
+		t.Fatalf("verdicts %+v", got)
+	}
+	for i, w := range want {
+		if g := got[i]; g.Target != "shop/web" || g.Section != w.section || g.Reason != w.reason {
+			t.Errorf("verdict %d: %+v, want section %s %s", i, g, w.section, w.reason)
+		}
+	}
+	if !strings.Contains(got[0].Message, "port http") || !strings.Contains(got[0].Message, "shop/http-old") {
+		t.Errorf("conflict message %q", got[0].Message)
+	}
+	if !strings.Contains(got[2].Message, "no port named nope") {
+		t.Errorf("not-found message %q", got[2].Message)
+	}
+	// The status names the port.
+	st := ancestorStatus(nil, got, 1, metav1.NewTime(t0))
+	if st[1].AncestorRef.SectionName != "grpc" || st[1].AncestorRef.Name != "web" {
+		t.Errorf("ancestorRef %+v, want web, sectionName grpc", st[1].AncestorRef)
 	}
 }

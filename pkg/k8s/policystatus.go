@@ -1,12 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -157,7 +161,7 @@ func (c *Controller) writeStatus(ctx context.Context, key string) error {
 	}
 	if err == nil {
 		for _, v := range verdicts {
-			c.log.Info("BackendPolicy status", "policy", key, "service", v.Target, "accepted", v.Accepted, "reason", v.Reason)
+			c.log.Info("BackendPolicy status", "policy", key, "service", v.Target, "section", v.Section, "accepted", v.Accepted, "reason", v.Reason)
 		}
 	}
 	return err
@@ -179,7 +183,7 @@ func ancestorStatus(old []PolicyAncestorStatus, verdicts []Verdict, generation i
 			break
 		}
 		ns, name, _ := strings.Cut(v.Target, "/")
-		ref := AncestorRef{Group: "", Kind: "Service", Namespace: ns, Name: name}
+		ref := AncestorRef{Group: "", Kind: "Service", Namespace: ns, Name: name, SectionName: v.Section}
 		var conds []metav1.Condition
 		for _, a := range old {
 			if a.ControllerName == ControllerName && a.AncestorRef == ref {
@@ -199,10 +203,13 @@ func ancestorStatus(old []PolicyAncestorStatus, verdicts []Verdict, generation i
 
 // The Judge inputs, from the controller's caches.
 
-func (c *Controller) serviceExists(key string) bool {
+func (c *Controller) serviceExists(key, section string) bool {
 	ns, name, _ := strings.Cut(key, "/")
-	_, err := c.services.Services(ns).Get(name)
-	return err == nil
+	svc, err := c.services.Services(ns).Get(name)
+	if err != nil {
+		return false
+	}
+	return section == "" || slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == section })
 }
 
 func (c *Controller) targeting(key string) []*BackendPolicy {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -9,10 +11,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 )
 
@@ -225,5 +230,42 @@ func TestAncestorStatusFitsTheLimit(t *testing.T) {
 	}
 	if got := ancestorStatus(others, verdicts, 1, metav1.NewTime(t0)); len(got) != maxAncestors {
 		t.Errorf("%d ancestors, want the CRD's limit %d", len(got), maxAncestors)
+	}
+}
+
+// A policy with sectionName sets only that port's settings, layered over
+// the policy that targets the whole Service; the Service's other ports
+// keep the whole Service's.
+func TestControllerSectionNamePolicy(t *testing.T) {
+	svc := service(ports(
+		corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)},
+		corev1.ServicePort{Name: "admin", Port: 81, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8081)}))
+	svc.Annotations = map[string]string{AnnotationMaxFailures: "3"}
+	whole := policy("whole", 0, `{"minPenalty":"10s"}`, "web")
+	port := sectionPolicy("http-only", time.Minute, `{"maxFailures":9}`, "web:http")
+	port.Spec.CircuitBreaker = &PolicyCircuitBreaker{MaxInflightRequests: new(int64(20))}
+	sp := []discoveryv1.EndpointPort{sport("http", 8080, corev1.ProtocolTCP), sport("admin", 8081, corev1.ProtocolTCP)}
+	ph := newPolicyHarness(t, []*BackendPolicy{whole, port}, svc, slice("web-1", sp, readyEP("198.18.1.2", "web-a")))
+
+	got := byName(ph.next())
+	http, admin := got["shop/web:http"], got["shop/web:admin"]
+	if http.MaxInflight != 20 || http.Accrual.MaxFailures != 9 || http.Accrual.MinPenalty != 10*time.Second {
+		t.Errorf("port http: maxInflight %d, maxFailures %d, minPenalty %v; want 20 and 9 (its policy), 10s (the whole Service's)",
+			http.MaxInflight, http.Accrual.MaxFailures, http.Accrual.MinPenalty)
+	}
+	if admin.MaxInflight != 0 || admin.Accrual.MaxFailures != 3 || admin.Accrual.MinPenalty != 10*time.Second {
+		t.Errorf("port admin: maxInflight %d, maxFailures %d, minPenalty %v; want 0 (default), 3 (annotation), 10s (the whole Service's policy)",
+			admin.MaxInflight, admin.Accrual.MaxFailures, admin.Accrual.MinPenalty)
+	}
+	st := ph.status(t, "http-only", accepted(ReasonAccepted))
+	if st.Ancestors[0].AncestorRef.SectionName != "http" {
+		t.Errorf("status ancestorRef %+v, want sectionName http", st.Ancestors[0].AncestorRef)
+	}
+	ph.status(t, "whole", accepted(ReasonAccepted))
+
+	// The port's policy deleted: the port has the whole Service's again.
+	ph.deletePolicy(t, "http-only")
+	if s := byName(ph.next())["shop/web:http"]; s.MaxInflight != 0 || s.Accrual.MaxFailures != 3 {
+		t.Errorf("port policy deleted: maxInflight %d, maxFailures %d; want 0 and 3", s.MaxInflight, s.Accrual.MaxFailures)
 	}
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -99,16 +101,18 @@ func translateFamily(svc *corev1.Service, vip netip.Addr, second bool, epSlices 
 			hostLocal = append(hostLocal, name)
 			continue
 		}
+		// A BackendPolicy with sectionName may set this port's own.
+		ps := settings.ForPort(port.Name)
 		out = append(out, desired.Service{
 			Name:      name,
 			Key:       desired.Key{VIP: vip, Port: uint16(port.Port), Protocol: proto},
 			Endpoints: eps,
-			Accrual:   settings.Accrual,
+			Accrual:   ps.Accrual,
 			// Each port is its own desired service, so each gets the
 			// Service's limit.
-			MaxInflight:            settings.MaxInflight,
-			MaxInflightPerEndpoint: settings.MaxInflightPerEndpoint,
-			RetryRefused:           settings.RetryRefused,
+			MaxInflight:            ps.MaxInflight,
+			MaxInflightPerEndpoint: ps.MaxInflightPerEndpoint,
+			RetryRefused:           ps.RetryRefused,
 			Affinity:               affinity(svc),
 		})
 	}

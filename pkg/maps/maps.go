@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package maps is typed access to the datapath's pinned BPF maps: it turns
 // Go values (netip addresses, backend states, Maglev tables) into the C
 // layouts of bpf/include/pb_structs.h and back. It holds no policy; the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package metrics
 
 import (
@@ -48,6 +50,9 @@ func exportedNames(t *testing.T) map[string]bool {
 	ch := make(chan *prometheus.Desc, 1024)
 	v := reflect.ValueOf(m).Elem()
 	for i := range v.NumField() {
+		if !v.Type().Field(i).IsExported() {
+			continue
+		}
 		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok {
 			c.Describe(ch)
 		}
@@ -61,7 +66,7 @@ func exportedNames(t *testing.T) map[string]bool {
 			out[s[1]] = true
 		}
 	}
-	if !out["penaltybox_endpoint_state"] || !out["penaltybox_kernel_trips_total"] {
+	if !out["penaltybox_endpoint_ejected"] || !out["penaltybox_kernel_trips_total"] {
 		t.Fatalf("exported names incomplete: %v", out)
 	}
 	return out

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nfct clears the kernel's connection tracking (netfilter's
 // conntrack) of what the datapath's flows leave in it when the datapath
 // goes.

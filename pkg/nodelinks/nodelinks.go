@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nodelinks tells which of a Kubernetes node's network interfaces
 // carry Service traffic, as they come and go: the node's external
 // interfaces (by default those of its default routes) and the host side of

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package outcomes turns the datapath's ring buffer of per-flow events into
 // L4 outcomes for failure accrual: it reads and decodes the events, and it
 // classifies them, adding the agent's own connect deadline to the kernel's

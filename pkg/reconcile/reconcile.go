@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package reconcile turns the desired state and each endpoint's admission
 // (from failure accrual) into the contents of the datapath's maps: service
 // entries, backend entries with their states, Maglev tables, the

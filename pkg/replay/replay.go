@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package replay sends a refused connection's SYN again, at once, so that
 // the datapath moves it to another backend: the client's connect succeeds
 // one round trip later instead of failing (or, with the client's own

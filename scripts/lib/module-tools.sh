@@ -27,7 +27,9 @@ module_tools() {
 
   export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=readonly CGO_ENABLED=0
   # ok FILE: a binary that runs and reports the wanted version.
-  ok() { [[ -x $1 ]] && "$1" --version 2>&1 | grep -qF "$version"; }
+  local -a vargs
+  read -r -a vargs <<<"${MODULE_TOOLS_VERSION_ARGS:---version}"
+  ok() { [[ -x $1 ]] && "$1" "${vargs[@]}" 2>&1 | grep -qF "$version"; }
 
   mkdir -p "$bin" 2>/dev/null || die "cannot create $bin; set PENALTYBOX_CACHE to a writable directory"
   exec 9>"$bin/.lock"

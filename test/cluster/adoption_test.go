@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package cluster
 
 import (
@@ -12,6 +14,7 @@ import (
 	"github.com/penaltybox/penaltybox/internal/agentrun"
 	"github.com/penaltybox/penaltybox/internal/clientlog"
 	"github.com/penaltybox/penaltybox/internal/clusterrig"
+	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
 // The adoption story's Services (test/cluster/testdata/adoption.yaml):
@@ -30,7 +33,7 @@ func httpPort(ns string) string   { return ns + "/web:http" }
 func streamPort(ns string) string { return ns + "/web:stream" }
 
 // adoption is issue 32's story on the cluster, after the seed demo (the
-// agent installed from deploy/, which serves only Services that opt in):
+// agent installed from the chart, which serves only Services that opt in):
 // two teams' Services under load, neither served; one namespace labelled,
 // then unlabelled; the agent kept away past its dead-man's switch while
 // the endpoints change; the install deleted under load. Asserted: only
@@ -90,13 +93,13 @@ func adoption(t *testing.T, ctx context.Context, rig *clusterrig.Rig) {
 
 	deadMansSwitch(t, ctx, rig)
 
-	t.Log("--- uninstall under load: kubectl delete -k")
+	t.Log("--- uninstall under load: helm uninstall")
 	attached := penaltyboxOnNode(t, ctx, rig)
 	if len(attached.progs) == 0 {
 		t.Fatal("no penaltybox program attached on the node before the uninstall")
 	}
 	deleted := time.Now()
-	if err := rig.UninstallAgent(ctx); err != nil {
+	if err := rig.UninstallChart(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s: uninstalled in %v (deleted at %s)", time.Now().Format("15:04:05.000"), time.Since(deleted).Round(time.Second), deleted.Format("15:04:05.000"))
@@ -288,11 +291,11 @@ func waitServed(t *testing.T, ctx context.Context, rig *clusterrig.Rig, ns, reas
 // flowsGrow waits until the datapath admits new flows to service.
 func flowsGrow(t *testing.T, ctx context.Context, rig *clusterrig.Rig, service string) {
 	t.Helper()
-	first := agentMetrics(t, rig).Get("penaltybox_service_flows_total", "service", service)
+	first := agentMetrics(t, rig).Get("penaltybox_service_flows_total", serviceLabels(service)...)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := clusterrig.Wait(wctx, func() bool {
-		return agentMetrics(t, rig).Get("penaltybox_service_flows_total", "service", service) >= first+20
+		return agentMetrics(t, rig).Get("penaltybox_service_flows_total", serviceLabels(service)...) >= first+20
 	}); err != nil {
 		t.Fatalf("the datapath admits no new flows to %s", service)
 	}
@@ -307,18 +310,29 @@ func servedBy(t *testing.T, rig *clusterrig.Rig) map[string]string {
 		return out
 	}
 	for _, m := range fam.Metric {
-		var svc, reason string
+		var ns, name, port, reason string
 		for _, l := range m.Label {
 			switch l.GetName() {
-			case "service":
-				svc = l.GetValue()
+			case "svc_namespace":
+				ns = l.GetValue()
+			case "svc_name":
+				name = l.GetValue()
+			case "svc_port":
+				port = l.GetValue()
 			case "reason":
 				reason = l.GetValue()
 			}
 		}
-		out[svc] = reason
+		out[ns+"/"+name+":"+port] = reason
 	}
 	return out
+}
+
+// serviceLabels are the label pairs of a Service port "ns/name:port" on
+// the agent's series (svc_namespace, svc_name, svc_port).
+func serviceLabels(service string) []string {
+	ns, name, port := metrics.SplitService(service)
+	return []string{"svc_namespace", ns, "svc_name", name, "svc_port", port}
 }
 
 // agentMetrics scrapes the agent on the node (an empty set while it is

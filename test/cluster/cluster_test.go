@@ -1,5 +1,8 @@
-// Package cluster runs penaltybox the way its users meet it: deploy/ applied
-// with `kubectl apply -k` to a one-node cluster of real components
+// SPDX-License-Identifier: Apache-2.0
+
+// Package cluster runs penaltybox the way its users meet it: the Helm chart
+// (charts/penaltybox, which renders deploy/'s objects) installed with `helm
+// install` on a one-node cluster of real components
 // (scripts/cluster.sh), the agent's image built here, pulled by no one and
 // started by a kubelet, and the seed story told with real pods.
 package cluster
@@ -77,8 +80,10 @@ func TestSeedDemoOnACluster(t *testing.T) {
 		rig.Down()
 	})
 	t.Logf("cluster up with images loaded in %v", time.Since(start).Round(time.Second))
-	// deploy/ as a user applies it: only the image reference is overridden.
-	if err := rig.InstallAgent(ctx); err != nil {
+	// The chart as a user installs it (docs/install.md): only the image is
+	// overridden. (test/e2e/k8s checks that it renders deploy/'s objects,
+	// and that `kubectl apply -k deploy/` passes a server-side dry run.)
+	if err := rig.InstallChart(ctx); err != nil {
 		t.Fatal(err)
 	}
 	agentPod := onePod(t, ctx, rig, agentNS, "app.kubernetes.io/name=penaltybox")

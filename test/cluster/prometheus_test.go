@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package cluster
 
 import (
@@ -86,7 +88,7 @@ func (p *prometheus) alertFires(t *testing.T, ctx context.Context, ip string) {
 			return false
 		}
 		for _, l := range firing {
-			if strings.HasPrefix(l["endpoint"], ip+":") {
+			if strings.HasPrefix(l["backend"], ip+":") {
 				t.Logf("alert firing: %v", l)
 				return true
 			}

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -92,10 +94,10 @@ func TestRefusingBackendIsEjectedAndRejoins(t *testing.T) {
 		t.Fatalf("b3 is %s, want ejected", st)
 	}
 	m := e.metrics()
-	if got := m.Get("penaltybox_endpoints", "service", "web", "state", "ejected"); got != 1 {
+	if got := m.Get("penaltybox_endpoints", "svc_name", "web", "state", "ejected"); got != 1 {
 		t.Errorf("penaltybox_endpoints{state=ejected} = %v, want 1", got)
 	}
-	if got := m.Get("penaltybox_endpoint_failures_total", "endpoint", b3, "kind", "refused"); got < maxFailures {
+	if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3, "kind", "refused"); got < maxFailures {
 		t.Errorf("refused failures of b3 = %v, want >= %d", got, maxFailures)
 	}
 	if got := m.Get("penaltybox_ejection_reaction_seconds"); got < 1 {
@@ -132,7 +134,7 @@ func TestRefusingBackendIsEjectedAndRejoins(t *testing.T) {
 	if st, _ := e.state(b3); st != "ready" {
 		t.Fatalf("b3 is %s after a successful probe, want ready", st)
 	}
-	if got := e.metrics().Get("penaltybox_endpoint_probes_total", "endpoint", b3, "result", "success"); got != 1 {
+	if got := e.metrics().Get("penaltybox_endpoint_probes_total", "backend", b3, "result", "success"); got != 1 {
 		t.Errorf("successful probes = %v, want 1", got)
 	}
 	// Every state change is one line with the penalty: served, then reset.
@@ -156,7 +158,7 @@ func TestBlackholedBackendIsEjected(t *testing.T) {
 	rs := e.load(200, 7*time.Second, 3*time.Second)
 	checkProtected(t, rs)
 	m := e.metrics()
-	if got := m.Get("penaltybox_endpoint_failures_total", "endpoint", b3, "kind", "timeout"); got < maxFailures {
+	if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3, "kind", "timeout"); got < maxFailures {
 		t.Errorf("timeout failures of b3 = %v, want >= %d", got, maxFailures)
 	}
 	if got := m.Get("penaltybox_datapath_repicked_flows_total"); got < 1 {
@@ -182,7 +184,7 @@ func TestResettingBackendIsEjected(t *testing.T) {
 	if rate := after.SuccessRate(); rate < 0.995 {
 		t.Fatalf("success rate after ejection %.2f%%", 100*rate)
 	}
-	if got := e.metrics().Get("penaltybox_endpoint_failures_total", "endpoint", b3, "kind", "reset"); got < maxFailures {
+	if got := e.metrics().Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3, "kind", "reset"); got < maxFailures {
 		t.Errorf("reset failures of b3 = %v, want >= %d", got, maxFailures)
 	}
 	if st, _ := e.state(b3); st != "ejected" && st != "probation" {
@@ -228,8 +230,8 @@ func TestFlappingBackend(t *testing.T) {
 	rs := e.load(200, 12*time.Second, time.Second)
 	cancel()
 	m := e.metrics()
-	ejections := m.Get("penaltybox_endpoint_ejections_total", "endpoint", b3)
-	probesOK := m.Get("penaltybox_endpoint_probes_total", "endpoint", b3, "result", "success")
+	ejections := m.Get("penaltybox_endpoint_ejections_total", "backend", b3)
+	probesOK := m.Get("penaltybox_endpoint_probes_total", "backend", b3, "result", "success")
 	served := rs.ByBackend()["b3"]
 	t.Logf("%v; b3: %v ejections, %v successful probes", rs, ejections, probesOK)
 	// Serving phases 1, 3 and 5 lie wholly inside the load.
@@ -253,7 +255,7 @@ func TestFailOpenWhenNothingIsReady(t *testing.T) {
 	e.startAgent(config(e.topo, all(2), accrualYAML))
 	e.load(100, 2*time.Second, time.Second)
 	m := e.metrics()
-	if got := m.Get("penaltybox_service_fail_open", "service", "web"); got != 1 {
+	if got := m.Get("penaltybox_service_fail_open", "svc_name", "web"); got != 1 {
 		t.Fatalf("penaltybox_service_fail_open = %v, want 1", got)
 	}
 	if !e.agent.LogContains("service failing open") {
@@ -267,7 +269,7 @@ func TestFailOpenWhenNothingIsReady(t *testing.T) {
 		t.Fatalf("healed b1 got no traffic while failing open: %v", rs)
 	}
 	eventually(t, 3*time.Second, "fail-open to end", func() bool {
-		return e.metrics().Get("penaltybox_service_fail_open", "service", "web") == 0
+		return e.metrics().Get("penaltybox_service_fail_open", "svc_name", "web") == 0
 	})
 }
 
@@ -343,7 +345,7 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 	if got := m.Get("penaltybox_datapath_refused_retried_total", "result", "retried"); got < maxFailures {
 		t.Errorf("retried flows = %v, want >= %d", got, maxFailures)
 	}
-	if got := m.Get("penaltybox_endpoint_failures_total", "endpoint", b3, "kind", "refused"); got < maxFailures {
+	if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3, "kind", "refused"); got < maxFailures {
 		t.Errorf("refusals counted against b3 = %v, want >= %d", got, maxFailures)
 	}
 }

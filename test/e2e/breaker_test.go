@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -112,19 +114,19 @@ func TestCircuitBreakerCapsLiveConnections(t *testing.T) {
 				t.Fatalf("admin view: inflight %d, rejected %d (total %d); want 20 and 30", n, v.Services[0].Rejected, v.RejectedTotal)
 			}
 			m := e.metrics()
-			if got := m.Get("penaltybox_circuit_breaker_rejected_total", "service", "web"); got != 30 {
+			if got := m.Get("penaltybox_circuit_breaker_rejected_total", "svc_name", "web"); got != 30 {
 				t.Errorf("penaltybox_circuit_breaker_rejected_total = %v, want 30", got)
 			}
-			if got := m.Get("penaltybox_inflight_connections", "service", "web"); got != 20 {
+			if got := m.Get("penaltybox_inflight_connections", "svc_name", "web"); got != 20 {
 				t.Errorf("penaltybox_inflight_connections = %v, want 20", got)
 			}
-			if got := m.Get("penaltybox_circuit_breaker_max_inflight", "service", "web"); got != 20 {
+			if got := m.Get("penaltybox_circuit_breaker_max_inflight", "svc_name", "web"); got != 20 {
 				t.Errorf("penaltybox_circuit_breaker_max_inflight = %v, want 20", got)
 			}
 			// The node's refusals are not failures of any endpoint.
 			for i := 1; i <= 3; i++ {
 				ep := fmt.Sprintf("198.18.%d.2:8080", i)
-				if got := m.Get("penaltybox_endpoint_failures_total", "endpoint", ep, "kind", "refused"); got != 0 {
+				if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", ep, "kind", "refused"); got != 0 {
 					t.Errorf("%s charged with %v refusals", ep, got)
 				}
 			}

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -58,7 +60,7 @@ func connectionsSpreadEvenly(t *testing.T, mode, ipLink string) {
 		}
 	}
 	m := e.metrics()
-	if got := m.Get("penaltybox_service_flows_total", "service", "web"); got < float64(len(rs)) {
+	if got := m.Get("penaltybox_service_flows_total", "svc_name", "web"); got < float64(len(rs)) {
 		t.Errorf("penaltybox_service_flows_total = %v, want at least %d", got, len(rs))
 	}
 	// Successes reach the agent in batches (the datapath wakes it only for

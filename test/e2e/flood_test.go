@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -35,7 +37,7 @@ func TestSYNFloodEjectsNoHealthyEndpoint(t *testing.T) {
 	drops = e.topo.Client.TxDrops("eth0") - drops
 	during := rs.Since(floodStart)
 	m := e.metrics()
-	ejections := m.Get("penaltybox_accrual_transitions_total", "service", "web", "reason", "consecutive-failures")
+	ejections := m.Get("penaltybox_accrual_transitions_total", "svc_name", "web", "reason", "consecutive-failures")
 	withheld := m.Get("penaltybox_connect_timeouts_withheld_total", "reason", "service_wide") + m.Get("penaltybox_connect_timeouts_withheld_total", "reason", "flood") +
 		m.Get("penaltybox_connect_timeouts_withheld_total", "reason", "events_lost")
 	dropped := m.Get("penaltybox_datapath_syn_guard_syns_total", "verdict", "dropped")

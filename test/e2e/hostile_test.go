@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -109,8 +111,8 @@ func (h *hostileEnv) checkNothingCounted(unproven string, atLeast float64) {
 	m := h.metrics()
 	if got := m.Get("penaltybox_endpoint_failures_total"); got != 0 {
 		h.t.Errorf("%v failures counted against healthy backends (by kind: refused %v, timeout %v, reset %v)", got,
-			m.Get("penaltybox_endpoint_failures_total", "kind", "refused"), m.Get("penaltybox_endpoint_failures_total", "kind", "timeout"),
-			m.Get("penaltybox_endpoint_failures_total", "kind", "reset"))
+			m.Get("penaltybox_endpoint_failures_by_kind_total", "kind", "refused"), m.Get("penaltybox_endpoint_failures_by_kind_total", "kind", "timeout"),
+			m.Get("penaltybox_endpoint_failures_by_kind_total", "kind", "reset"))
 	}
 	if got := m.Get("penaltybox_endpoint_ejections_total"); got != 0 {
 		h.t.Errorf("%v ejections of healthy backends", got)
@@ -216,7 +218,7 @@ func TestHostileForgedSYNACKsHideNothing(t *testing.T) {
 	}()
 	start := time.Now()
 	for {
-		if h.metrics().Get("penaltybox_endpoint_ejections_total", "endpoint", b3) > 0 {
+		if h.metrics().Get("penaltybox_endpoint_ejections_total", "backend", b3) > 0 {
 			t.Logf("b3 ejected after %v", time.Since(start).Round(time.Millisecond))
 			break
 		}
@@ -230,7 +232,7 @@ func TestHostileForgedSYNACKsHideNothing(t *testing.T) {
 	cancel()
 	wg.Wait()
 	m := h.metrics()
-	if got := m.Get("penaltybox_endpoint_connects_total", "endpoint", b3); got != 0 {
+	if got := m.Get("penaltybox_endpoint_connects_total", "backend", b3); got != 0 {
 		t.Errorf("%v successful connects counted for a backend that answers nothing", got)
 	}
 	if got := m.Get("penaltybox_datapath_unproven_packets_total", "reason", "reply_wrong_side"); got < 1 {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -129,13 +131,13 @@ func udpEndpointDown(t *testing.T, v6 bool) {
 		t.Errorf("b3 is %s, want ejected", st)
 	}
 	m := e.metrics()
-	if got := m.Get("penaltybox_endpoint_failures_total", "endpoint", b3udp, "kind", "refused"); got < maxFailures {
+	if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3udp, "kind", "refused"); got < maxFailures {
 		t.Errorf("refused failures of b3 = %v, want >= %d", got, maxFailures)
 	}
 	if got := m.Get("penaltybox_datapath_icmp_translated_total"); got < maxFailures {
 		t.Errorf("ICMP errors translated = %v, want >= %d", got, maxFailures)
 	}
-	if got := m.Get("penaltybox_kernel_trips_total", "service", "dns", "result", "adopted"); got != 1 {
+	if got := m.Get("penaltybox_kernel_trips_total", "svc_name", "dns", "result", "adopted"); got != 1 {
 		t.Errorf("kernel trips adopted = %v, want 1", got)
 	}
 
@@ -156,7 +158,7 @@ func udpEndpointDown(t *testing.T, v6 bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := e.metrics().Get("penaltybox_endpoint_probes_total", "endpoint", b3udp, "result", "success"); got < 1 {
+	if got := e.metrics().Get("penaltybox_endpoint_probes_total", "backend", b3udp, "result", "success"); got < 1 {
 		t.Errorf("successful probes of b3 = %v, want >= 1", got)
 	}
 }

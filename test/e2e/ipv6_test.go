@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -84,10 +86,10 @@ func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 		t.Errorf("b3 is %s, want ejected", st)
 	}
 	m := e.metrics()
-	if got := m.Get("penaltybox_endpoint_failures_total", "endpoint", b3v6, "kind", "refused"); got < maxFailures {
+	if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3v6, "kind", "refused"); got < maxFailures {
 		t.Errorf("refused failures of b3 = %v, want >= %d", got, maxFailures)
 	}
-	if got := m.Get("penaltybox_endpoint_ejections_total", "endpoint", b3v6); got < 1 {
+	if got := m.Get("penaltybox_endpoint_ejections_total", "backend", b3v6); got < 1 {
 		t.Errorf("ejections of b3 = %v, want >= 1", got)
 	}
 	if got := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent"); got < 1 {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package e2e runs the agent binary in network namespaces against real
 // servers: the datapath, failure accrual and circuit breaking as a client
 // sees them. Every test builds its own topology (internal/testnet) and its

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -24,9 +26,9 @@ func TestEveryRefusedProbeIsJudged(t *testing.T) {
 	e.load(200, 15*time.Second, 3*time.Second)
 	m := e.metrics()
 	probes := m.Get("penaltybox_datapath_probe_flows_total")
-	failed := m.Get("penaltybox_accrual_transitions_total", "service", "web", "reason", "probe-failed")
-	inconclusive := m.Get("penaltybox_accrual_transitions_total", "service", "web", "reason", "probe-inconclusive")
-	refused := m.Get("penaltybox_endpoint_failures_total", "service", "web", "endpoint", b3, "kind", "refused")
+	failed := m.Get("penaltybox_accrual_transitions_total", "svc_name", "web", "reason", "probe-failed")
+	inconclusive := m.Get("penaltybox_accrual_transitions_total", "svc_name", "web", "reason", "probe-inconclusive")
+	refused := m.Get("penaltybox_endpoint_failures_by_kind_total", "svc_name", "web", "backend", b3, "kind", "refused")
 	t.Logf("probes admitted %v, failed %v, inconclusive %v, refusals of b3 %v", probes, failed, inconclusive, refused)
 	if probes < 20 {
 		t.Fatalf("only %v probes in 15 s: the test did not exercise probation", probes)

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -50,7 +52,7 @@ func TestPartlyRefusingEndpoint(t *testing.T) {
 			start := time.Now()
 			rs := e.load(rate, tc.d, time.Second)
 			m := e.metrics()
-			byRate := m.Get("penaltybox_endpoint_ejections_by_reason_total", "endpoint", b3, "reason", "failure-rate")
+			byRate := m.Get("penaltybox_endpoint_ejections_by_reason_total", "backend", b3, "reason", "failure-rate")
 			t.Logf("%v; b3 ejections for failure-rate: %v", rs, byRate)
 			if tc.mode == "consecutive" {
 				// About 1/3 × 30% = 10% of all connections fail; a rare run
@@ -97,9 +99,9 @@ func TestSlowHandshakesAreEjected(t *testing.T) {
 `))
 	rs := e.load(100, 4*time.Second, time.Second)
 	m := e.metrics()
-	slow := m.Get("penaltybox_endpoint_ejections_by_reason_total", "endpoint", b3, "reason", "slow-connects")
+	slow := m.Get("penaltybox_endpoint_ejections_by_reason_total", "backend", b3, "reason", "slow-connects")
 	t.Logf("%v; b3: %v ejections for slow connects, %v slow connects", rs, slow,
-		m.Get("penaltybox_endpoint_slow_connects_total", "endpoint", b3))
+		m.Get("penaltybox_endpoint_slow_connects_total", "backend", b3))
 	if slow < 1 {
 		t.Fatalf("b3 not ejected for its slow handshakes")
 	}
@@ -108,12 +110,12 @@ func TestSlowHandshakesAreEjected(t *testing.T) {
 	}
 	for _, ep := range []string{"198.18.1.2:8080", "198.18.2.2:8080", b3} {
 		for _, r := range []string{"consecutive-failures", "probe-failed", "failure-rate", "success-rate-outlier"} {
-			if n := m.Get("penaltybox_endpoint_ejections_by_reason_total", "endpoint", ep, "reason", r); n != 0 {
+			if n := m.Get("penaltybox_endpoint_ejections_by_reason_total", "backend", ep, "reason", r); n != 0 {
 				t.Errorf("%s ejected %v times for %s", ep, n, r)
 			}
 		}
 		if ep != b3 {
-			if n := m.Get("penaltybox_endpoint_ejections_total", "endpoint", ep); n != 0 {
+			if n := m.Get("penaltybox_endpoint_ejections_total", "backend", ep); n != 0 {
 				t.Errorf("%s (fast) ejected %v times", ep, n)
 			}
 		}

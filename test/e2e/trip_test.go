@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -38,10 +40,10 @@ func TestKernelTripWithoutTheAgent(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	m := e.metrics()
-	if got := m.Get("penaltybox_kernel_trips_total", "service", "web", "result", "adopted"); got != 1 {
+	if got := m.Get("penaltybox_kernel_trips_total", "svc_name", "web", "result", "adopted"); got != 1 {
 		t.Errorf("penaltybox_kernel_trips_total{adopted} = %v, want 1", got)
 	}
-	if got := m.Get("penaltybox_endpoint_ejections_total", "endpoint", b3); got != 1 {
+	if got := m.Get("penaltybox_endpoint_ejections_total", "backend", b3); got != 1 {
 		t.Errorf("ejections of b3 = %v, want 1", got)
 	}
 	if !e.agent.LogContains("endpoint ejected", b3, `"kernel_trip":true`) {
@@ -65,7 +67,7 @@ func TestKernelTripWithoutTheAgent(t *testing.T) {
 	}
 	// Every later flow went elsewhere, and the agent, reading their events
 	// in the datapath's order, saw none reach b3 once it was out.
-	if got := m.Get("penaltybox_new_flows_to_ejected_total", "service", "web"); got != 0 {
+	if got := m.Get("penaltybox_new_flows_to_ejected_total", "svc_name", "web"); got != 0 {
 		t.Errorf("penaltybox_new_flows_to_ejected_total = %v, want 0", got)
 	}
 }
@@ -94,10 +96,10 @@ func TestWithoutKernelTripsFlowsReachTheEjectedEndpoint(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	m := e.metrics()
-	if got := m.Get("penaltybox_new_flows_to_ejected_total", "service", "web"); got != float64(refused-maxFailures) {
+	if got := m.Get("penaltybox_new_flows_to_ejected_total", "svc_name", "web"); got != float64(refused-maxFailures) {
 		t.Errorf("penaltybox_new_flows_to_ejected_total = %v, want %d (the refusals after the fifth)", got, refused-maxFailures)
 	}
-	if got := m.Get("penaltybox_kernel_trips_total", "service", "web", "result", "adopted"); got != 0 {
+	if got := m.Get("penaltybox_kernel_trips_total", "svc_name", "web", "result", "adopted"); got != 0 {
 		t.Errorf("penaltybox_kernel_trips_total{adopted} = %v with kernel trips off, want 0", got)
 	}
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package synackdelay holds a test-only tc program that delays a
 // namespace's outgoing TCP SYN-ACKs (see delay.c and testnet's
 // Backend.DelayHandshakes). The generated files are committed, like the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -263,10 +265,10 @@ func TestKubernetesMode(t *testing.T) {
 			t.Errorf("kubectl describe service does not show the ejection:\n%s", out)
 		}
 		m := w.metrics()
-		if got := m.Get("penaltybox_endpoints", "service", httpSvc, "state", "ejected"); got != 1 {
+		if got := m.Get("penaltybox_endpoints", "svc_namespace", shop, "svc_name", "web", "svc_port", "http", "state", "ejected"); got != 1 {
 			t.Errorf(`penaltybox_endpoints{service=%q,state="ejected"} = %v, want 1`, httpSvc, got)
 		}
-		if got := m.Get("penaltybox_endpoint_ejections_total", "service", httpSvc, "endpoint", "198.18.3.2:8080"); got < 1 {
+		if got := m.Get("penaltybox_endpoint_ejections_total", "svc_namespace", shop, "svc_name", "web", "svc_port", "http", "backend", "198.18.3.2:8080"); got < 1 {
 			t.Errorf("penaltybox_endpoint_ejections_total of b3 = %v", got)
 		}
 		// Refused SYNs are replayed by default, through BPF_PROG_RUN in
@@ -299,7 +301,7 @@ func TestKubernetesMode(t *testing.T) {
 			t.Errorf("Event %q does not name the value", ev.Message)
 		}
 		w.eventually(5*time.Second, "the invalid-settings metric", func() bool {
-			return w.metrics().Get("penaltybox_invalid_settings_total", "service", "shop/web", "key", pbk8s.AnnotationMaxFailures) == 1
+			return w.metrics().Get("penaltybox_invalid_settings_total", "svc_namespace", "shop", "svc_name", "web", "key", pbk8s.AnnotationMaxFailures) == 1
 		})
 		if m := w.mode(httpSvc); m != "none" {
 			t.Errorf("mode %q, want the last good setting (none)", m)

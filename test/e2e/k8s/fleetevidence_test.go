@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -228,7 +230,7 @@ func TestFleetEvidence(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v := m.Get("penaltybox_endpoint_ejections_by_reason_total", "service", httpSvc, "endpoint", badEP, "reason", "fleet"); v < 1 {
+		if v := m.Get("penaltybox_endpoint_ejections_by_reason_total", "svc_namespace", shop, "svc_name", "web", "svc_port", "http", "backend", badEP, "reason", "fleet"); v < 1 {
 			t.Errorf("node %d: %v ejections for fleet, want at least 1", i+1, v)
 		}
 		if !a.LogContains("fleet evidence condemns endpoint", badEP) {
@@ -272,7 +274,7 @@ func TestFleetEvidence(t *testing.T) {
 		if err != nil {
 			return 0
 		}
-		return m.Get("penaltybox_endpoint_ejections_by_reason_total", "service", httpSvc, "endpoint", badEP, "reason", "fleet")
+		return m.Get("penaltybox_endpoint_ejections_by_reason_total", "svc_namespace", shop, "svc_name", "web", "svc_port", "http", "backend", badEP, "reason", "fleet")
 	}
 	renewedFrom := on.Add(slices.Max(ejectedAt)) // the last node's first ejection
 	waitFor(t, ctx, 90*time.Second, "a renewed condemnation (level 1) ejecting "+badEP+" again on every node", func() bool {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package k8s runs the agent in Kubernetes mode against a real
 // kube-apiserver backed by a real etcd, both started by the test inside the
 // node's network namespace: Services and EndpointSlices created through the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -276,7 +278,7 @@ func TestBackendPolicy(t *testing.T) {
 			t.Errorf("Invalid message %q does not name the field and value", msg)
 		}
 		w.eventually(5*time.Second, "the invalid-settings metric", func() bool {
-			return w.metrics().Get("penaltybox_invalid_settings_total", "service", "shop/web", "key", "BackendPolicy shop/slow") == 1
+			return w.metrics().Get("penaltybox_invalid_settings_total", "svc_namespace", "shop", "svc_name", "web", "key", "BackendPolicy shop/slow") == 1
 		})
 		if got := limit(); got != 0 {
 			t.Errorf("limit %d, want the one in force before (none)", got)

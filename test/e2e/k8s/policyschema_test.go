@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
@@ -58,5 +60,60 @@ func TestBackendPolicySchemaBounds(t *testing.T) {
 		case tc.field != "" && !strings.Contains(out, tc.field):
 			t.Errorf("%s refused without naming %s:\n%s", tc.accrual, tc.field, out)
 		}
+	}
+}
+
+// The generated CRD follows Gateway API policy attachment (GEP-713): the
+// Direct policy label, targetRefs with an optional sectionName (a Service
+// port's name), a Service named twice only with a different sectionName
+// each time, and status ancestors that name the port.
+func TestBackendPolicySchemaSectionName(t *testing.T) {
+	topo := testnet.New(t, testnet.Options{Backends: 1})
+	c := startCluster(t, topo.Node)
+	deploy := func(name string) string { return filepath.Join(repoRoot, "deploy", name) }
+	if out, err := c.kubectl("apply", "-f", deploy("namespace.yaml"), "-f", deploy("backendpolicy-crd.yaml")); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if out, err := c.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/backendpolicies.policy.penaltybox.io"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if out, err := c.kubectl("get", "crd", "-l", "gateway.networking.k8s.io/policy=Direct", "-o", "name"); err != nil ||
+		strings.TrimSpace(out) != "customresourcedefinition.apiextensions.k8s.io/backendpolicies.policy.penaltybox.io" {
+		t.Errorf("the CRD lacks the label gateway.networking.k8s.io/policy=Direct (err %v):\n%s", err, out)
+	}
+	dir := t.TempDir()
+	for i, tc := range []struct {
+		refs, refused string // refused "": accepted
+	}{
+		{`[{group: "", kind: Service, name: web, sectionName: http}]`, ""},
+		{`[{group: "", kind: Service, name: web, sectionName: http}, {group: "", kind: Service, name: web, sectionName: grpc}]`, ""},
+		{`[{group: "", kind: Service, name: web}, {group: "", kind: Service, name: api}]`, ""},
+		{`[{group: "", kind: Service, name: web}, {group: "", kind: Service, name: web}]`, "sectionName must be unique"},
+		{`[{group: "", kind: Service, name: web}, {group: "", kind: Service, name: web, sectionName: http}]`, "sectionName must be specified"},
+		{`[{group: "", kind: Service, name: web, sectionName: Not_A_Port}]`, "spec.targetRefs[0].sectionName"},
+		{`[{group: "", kind: Pod, name: web}]`, "spec.targetRefs[0].kind"},
+	} {
+		doc := fmt.Sprintf("apiVersion: policy.penaltybox.io/v1alpha1\nkind: BackendPolicy\nmetadata:\n  name: s%d\n  namespace: penaltybox-system\n"+
+			"spec:\n  targetRefs: %s\n", i, tc.refs)
+		f := filepath.Join(dir, fmt.Sprintf("s%d.yaml", i))
+		if err := os.WriteFile(f, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := c.kubectl("apply", "-f", f)
+		switch {
+		case tc.refused == "" && err != nil:
+			t.Errorf("%s refused: %v\n%s", tc.refs, err, out)
+		case tc.refused != "" && err == nil:
+			t.Errorf("%s accepted, want it refused (%s):\n%s", tc.refs, tc.refused, out)
+		case tc.refused != "" && !strings.Contains(out, tc.refused):
+			t.Errorf("%s refused without saying %q:\n%s", tc.refs, tc.refused, out)
+		}
+	}
+	// A status the agents write, naming a port, is accepted as the
+	// Gateway API shapes it.
+	status := `{"status":{"ancestors":[{"ancestorRef":{"group":"","kind":"Service","namespace":"penaltybox-system","name":"web","sectionName":"http"},` +
+		`"controllerName":"penaltybox.io/agent","conditions":[{"type":"Accepted","status":"True","reason":"Accepted","message":"in force","observedGeneration":1,"lastTransitionTime":"2026-12-04T00:00:00Z"}]}]}}`
+	if out, err := c.kubectl("patch", "backendpolicy", "s0", "-n", "penaltybox-system", "--subresource=status", "--type=merge", "-p", status); err != nil {
+		t.Errorf("status with sectionName refused: %v\n%s", err, out)
 	}
 }

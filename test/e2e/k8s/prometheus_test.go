@@ -1,10 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package k8s
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +43,8 @@ func (w *world) prometheusSD(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "penaltybox-agent-e2e", Labels: tmpl.Labels, Annotations: tmpl.Annotations},
 		Spec: corev1.PodSpec{NodeName: nodeName, HostNetwork: true, ServiceAccountName: tmpl.Spec.ServiceAccountName,
 			AutomountServiceAccountToken: ptr.To(false),
-			Containers:                   []corev1.Container{{Name: "agent", Image: "penaltybox/agent:e2e"}}},
+			Containers: []corev1.Container{{Name: tmpl.Spec.Containers[0].Name, Image: "penaltybox/agent:e2e",
+				Ports: tmpl.Spec.Containers[0].Ports}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -60,9 +66,18 @@ func (w *world) prometheusSD(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// And the job the Prometheus Operator generates for the shipped
+	// PodMonitor, with the same discovery.
+	sd := map[string]any{"api_server": "https://" + w.c.addr, "tls_config": map[string]any{"ca_file": w.c.caFile},
+		"authorization": map[string]any{"credentials_file": token}}
+	opJob, err := promcheck.OperatorJob(filepath.Join(repoRoot, "deploy", "podmonitor.yaml"), sd, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opJob["scrape_interval"] = "1s"
 	cfg, err := yaml.Marshal(map[string]any{
 		"global":         map[string]any{"scrape_interval": "1s"},
-		"scrape_configs": jobs,
+		"scrape_configs": append(slices.Clone(jobs), opJob),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +125,26 @@ func (w *world) prometheusSD(t *testing.T) {
 		n, serr = srv.Series(`penaltybox_endpoints{job="penaltybox-agent"}`)
 		return serr == nil && n > 0
 	})
+	// The PodMonitor's job finds the same pod, sets the Operator's target
+	// labels, and leaves every label of the agent's series as it is: no
+	// exported_*, and svc_* and backend as the agent wrote them.
+	podMonitorJob := ds.Namespace + "/penaltybox-agent"
+	w.eventually(40*time.Second, "the PodMonitor's job scrapes the agent with the Operator's target labels", func() bool {
+		n, serr = srv.Series(fmt.Sprintf(`penaltybox_endpoint_ejections_total{job=%q,namespace=%q,pod=%q,container="agent",endpoint="metrics",node=%q,svc_namespace=%q,svc_name="web",svc_port="http"}`,
+			podMonitorJob, ds.Namespace, pod.Name, nodeName, shop))
+		return serr == nil && n > 0
+	})
+	var labels struct {
+		Data []string `json:"data"`
+	}
+	if err := srv.Get("/api/v1/labels", url.Values{"match[]": {`{__name__=~"penaltybox_.+"}`}}, &labels); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range labels.Data {
+		if strings.HasPrefix(l, "exported_") {
+			t.Errorf("a penaltybox series has the label %s under the PodMonitor's job", l)
+		}
+	}
 	if err := w.c.Admin.CoreV1().Pods(ds.Namespace).Delete(w.ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command client is the cluster test's load generator. It opens --rate new
 // TCP connections per second to --target, evenly spaced, and reads each to
 // EOF. Every second, on the wall-clock second boundary, it prints one JSON

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pause is the pod sandbox's process for the cluster test, used in
 // place of registry.k8s.io/pause because no image registry is reachable there.
 //

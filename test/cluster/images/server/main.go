@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command server is the cluster test's backend pod. On its service port it
 // answers each TCP connection with its pod name, or fails it on purpose, and
 // an HTTP control port lets the test switch how:
