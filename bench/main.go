@@ -48,6 +48,8 @@ type options struct {
 	rounds int
 	quick  bool
 	agent  string
+	// variants: other builds of pb_xdp for the packet part (--pb-variant).
+	variants variantFlag
 }
 
 var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "fleet"}
@@ -63,6 +65,7 @@ func main() {
 	render := flag.String("render", "", "do not measure: re-render --out (and the table) from a JSON file written by --json")
 	spinPath := flag.String("spin", "", "instead of measuring, run one datapath path in a loop for a profiler: established, reply, passthrough, newflow, newflow-noreader, dnat")
 	spinFor := flag.Duration("spin-for", 10*time.Second, "how long --spin runs")
+	flag.Var(&o.variants, "pb-variant", "NAME=OBJECT: also measure this build of pb_xdp (bench/variants/build.sh) beside the datapath's in the packet part, with its maps; repeatable")
 	floorChild := flag.Bool(wakeFloorFlag, false, "internal: be the reaction part's wake-up floor process")
 	flag.Parse()
 	if *floorChild {
@@ -175,6 +178,7 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 	m.Parts = o.only
 	res := newResults()
 	sz := sizesFor(o.rounds, o.quick)
+	sz.packet.Variants = o.variants
 	var errs []string
 	for _, p := range o.only {
 		t0 := time.Now()

@@ -28,6 +28,37 @@ type BaseDnatValue struct {
 	Pad  uint16
 }
 
+type BaseLbBackend struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type BaseLbFlowKey struct {
+	_     structs.HostLayout
+	Src   uint32
+	Dst   uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type BaseLbVip struct {
+	_    structs.HostLayout
+	Base uint32
+	Size uint32
+}
+
+type BaseLbVipKey struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -35,7 +66,13 @@ const (
 	BaseMapDnat       = "dnat"
 	BaseMapEmitLost   = "emit_lost"
 	BaseMapEvents     = "events"
+	BaseMapLbBackends = "lb_backends"
+	BaseMapLbFlows    = "lb_flows"
+	BaseMapLbMaglev   = "lb_maglev"
+	BaseMapLbVips     = "lb_vips"
 	BaseProgEmitEvent = "emit_event"
+	BaseProgLbKnown   = "lb_known"
+	BaseProgLbNew     = "lb_new"
 	BaseProgMinDnat   = "min_dnat"
 	BaseProgXdpPass   = "xdp_pass"
 )
@@ -83,6 +120,8 @@ type BaseSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaseProgramSpecs struct {
 	EmitEvent *ebpf.ProgramSpec `ebpf:"emit_event"`
+	LbKnown   *ebpf.ProgramSpec `ebpf:"lb_known"`
+	LbNew     *ebpf.ProgramSpec `ebpf:"lb_new"`
 	MinDnat   *ebpf.ProgramSpec `ebpf:"min_dnat"`
 	XdpPass   *ebpf.ProgramSpec `ebpf:"xdp_pass"`
 }
@@ -91,9 +130,13 @@ type BaseProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaseMapSpecs struct {
-	Dnat     *ebpf.MapSpec `ebpf:"dnat"`
-	EmitLost *ebpf.MapSpec `ebpf:"emit_lost"`
-	Events   *ebpf.MapSpec `ebpf:"events"`
+	Dnat       *ebpf.MapSpec `ebpf:"dnat"`
+	EmitLost   *ebpf.MapSpec `ebpf:"emit_lost"`
+	Events     *ebpf.MapSpec `ebpf:"events"`
+	LbBackends *ebpf.MapSpec `ebpf:"lb_backends"`
+	LbFlows    *ebpf.MapSpec `ebpf:"lb_flows"`
+	LbMaglev   *ebpf.MapSpec `ebpf:"lb_maglev"`
+	LbVips     *ebpf.MapSpec `ebpf:"lb_vips"`
 }
 
 // BaseVariableSpecs contains global variables before they are loaded into the kernel.
@@ -122,9 +165,13 @@ func (o *BaseObjects) Close() error {
 //
 // It can be passed to LoadBaseObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BaseMaps struct {
-	Dnat     *ebpf.Map `ebpf:"dnat"`
-	EmitLost *ebpf.Map `ebpf:"emit_lost"`
-	Events   *ebpf.Map `ebpf:"events"`
+	Dnat       *ebpf.Map `ebpf:"dnat"`
+	EmitLost   *ebpf.Map `ebpf:"emit_lost"`
+	Events     *ebpf.Map `ebpf:"events"`
+	LbBackends *ebpf.Map `ebpf:"lb_backends"`
+	LbFlows    *ebpf.Map `ebpf:"lb_flows"`
+	LbMaglev   *ebpf.Map `ebpf:"lb_maglev"`
+	LbVips     *ebpf.Map `ebpf:"lb_vips"`
 }
 
 func (m *BaseMaps) Close() error {
@@ -132,6 +179,10 @@ func (m *BaseMaps) Close() error {
 		m.Dnat,
 		m.EmitLost,
 		m.Events,
+		m.LbBackends,
+		m.LbFlows,
+		m.LbMaglev,
+		m.LbVips,
 	)
 }
 
@@ -146,6 +197,8 @@ type BaseVariables struct {
 // It can be passed to LoadBaseObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BasePrograms struct {
 	EmitEvent *ebpf.Program `ebpf:"emit_event"`
+	LbKnown   *ebpf.Program `ebpf:"lb_known"`
+	LbNew     *ebpf.Program `ebpf:"lb_new"`
 	MinDnat   *ebpf.Program `ebpf:"min_dnat"`
 	XdpPass   *ebpf.Program `ebpf:"xdp_pass"`
 }
@@ -153,6 +206,8 @@ type BasePrograms struct {
 func (p *BasePrograms) Close() error {
 	return _BaseClose(
 		p.EmitEvent,
+		p.LbKnown,
+		p.LbNew,
 		p.MinDnat,
 		p.XdpPass,
 	)
