@@ -85,6 +85,11 @@ type packetRig struct {
 	fullP99 float64
 	// floorFullP99: the same for the floor (lb_new) into a full table.
 	floorFullP99 float64
+	// fullSlow, floorFullSlow: the share of those calls over 10 µs, %
+	// (the LRU's refills of a CPU's free list: see the floor part's note).
+	fullSlow, floorFullSlow float64
+	// fullP999, floorFullP999: their 99.9th percentiles, ns.
+	fullP999, floorFullP999 float64
 
 	unregister func() // the interrupt cleanup (the bpffs mount)
 }
@@ -490,15 +495,16 @@ func (r *packetRig) nextClient() netip.AddrPort {
 type newFlowKind int
 
 const (
-	nfPlain   newFlowKind = iota // 3 active backends
-	nfSteered                    // the slot's backend is in probation, no grant left
-	nfProbe                      // the slot's backend is in probation and has a grant
-	nfLimit                      // maxInflight configured
-	nfLimitBE                    // maxInflight and maxInflightPerBackend configured
-	nfFullCT                     // as nfPlain, into a full conntrack LRU (every insert evicts)
-	nfReplay                     // as nfPlain, with retryRefused: the SYN is copied to pb_syns
-	nfXDPPass                    // baseline: XDP_PASS only, same method
-	nfMinDNAT                    // baseline: minimal DNAT (a match), same method
+	nfPlain    newFlowKind = iota // 3 active backends
+	nfSteered                     // the slot's backend is in probation, no grant left
+	nfProbe                       // the slot's backend is in probation and has a grant
+	nfLimit                       // maxInflight configured
+	nfLimitBE                     // maxInflight and maxInflightPerBackend configured
+	nfFullCT                      // as nfPlain, into a full conntrack LRU (every insert evicts)
+	nfReplay                      // as nfPlain, with retryRefused: the SYN is copied to pb_syns
+	nfXDPPass                     // baseline: XDP_PASS only, same method
+	nfMinDNAT                     // baseline: minimal DNAT (a match), same method
+	nfLinuxSYN                    // as nfPlain, the SYN a Linux client sends (20 bytes of options)
 )
 
 // newFlows runs n SYNs of distinct new flows, one BPF_PROG_TEST_RUN
@@ -543,6 +549,8 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 		vip, svc = pkVIPLimBe, 4
 	case nfReplay:
 		vip, svc = pkVIPRep, 5
+	case nfLinuxSYN:
+		vip, svc = pkVIPNew, 1
 	case nfXDPPass:
 		prog, vip = r.base.XdpPass, pkA
 	case nfMinDNAT:
@@ -553,6 +561,9 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 		return 0, err
 	}
 	pkt := tcpFrame(pkClient, vip, bpftest.SYN)
+	if kind == nfLinuxSYN {
+		pkt = frame(bpftest.LinuxSYN(pkClient, vip, bpftest.ISN))
+	}
 	durs := make([]float64, 0, n)
 	clients := make([]netip.AddrPort, 0, n)
 	picked := make([]netip.AddrPort, 0, n)
@@ -647,6 +658,8 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 	}
 	if kind == nfFullCT {
 		r.fullP99 = percentile(durs, 99)
+		r.fullSlow = slowShare(durs)
+		r.fullP999 = percentile(durs, 99.9)
 		return median(durs), r.resetCT()
 	}
 	if err := r.forget(vip, clients, picked, kind == nfLimit || kind == nfLimitBE, svc); err != nil {
@@ -907,7 +920,8 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		{"packet", fEst, fDNAT, func() (float64, error) {
 			return counted(func() (float64, error) { return r.established(pkClient, pkA, pkB, 10, 11, rep) })
 		}},
-		{"floor", fFlKnown, "", func() (float64, error) { return r.floorKnown(rep) }},
+		{"floor", fFlKnown, "", func() (float64, error) { return r.floorKnown(rep, false) }},
+		{"floor", flKnownW, "", func() (float64, error) { return r.floorKnown(rep, true) }},
 		{"packet", fReply, fDNAT, func() (float64, error) { return counted(func() (float64, error) { return r.reply(rep) }) }},
 		{"packet", fPT, fDNATMiss, func() (float64, error) {
 			return counted(func() (float64, error) { return r.passThrough(frames.pass, rep) })
@@ -918,14 +932,20 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		{"packet", fPass1, "", func() (float64, error) { return r.newFlows(nfXDPPass, o.NewFlows) }},
 		{"packet", fDNAT1, "", func() (float64, error) { return r.newFlows(nfMinDNAT, o.NewFlows) }},
 		{"packet", fNew, fDNAT1, func() (float64, error) { return r.newFlows(nfPlain, o.NewFlows) }},
-		{"floor", fFlNew, "", func() (float64, error) { return r.floorNew(o.NewFlows, false) }},
+		{"floor", fFlNew, "", func() (float64, error) { return r.floorNew(o.NewFlows, false, false) }},
+		{"floor", flNewW, "", func() (float64, error) { return r.floorNew(o.NewFlows, false, true) }},
 		{"packet", fSteer, fDNAT1, func() (float64, error) { return r.newFlows(nfSteered, o.NewFlows) }},
 		{"packet", fProbe, fDNAT1, func() (float64, error) { return r.newFlows(nfProbe, o.NewFlows) }},
+		{"packet", "new flow, a Linux client's SYN (MSS, SACK, timestamps, window scale: 20 bytes of options)", fNew, func() (float64, error) { return r.newFlows(nfLinuxSYN, o.NewFlows) }},
 		{"packet", fFull, fDNAT1, func() (float64, error) { return r.newFlows(nfFullCT, o.NewFlows) }},
 		// The tail of the row above's calls, in the same round.
 		{"packet", fFullP99, "", func() (float64, error) { return r.fullP99, nil }},
-		{"floor", fFlFull, "", func() (float64, error) { return r.floorNew(o.NewFlows, true) }},
+		{"floor", fFlFull, "", func() (float64, error) { return r.floorNew(o.NewFlows, true, false) }},
 		{"floor", fFlFull99, "", func() (float64, error) { return r.floorFullP99, nil }},
+		{"floor", flFullSlowPB, "", func() (float64, error) { return r.fullSlow, nil }},
+		{"floor", flFullSlow, "", func() (float64, error) { return r.floorFullSlow, nil }},
+		{"floor", flFull999PB, "", func() (float64, error) { return r.fullP999, nil }},
+		{"floor", flFull999, "", func() (float64, error) { return r.floorFullP999, nil }},
 		{"packet", "new flow SYN, retryRefused (the SYN copied for a replay)", fNew, func() (float64, error) { return r.newFlows(nfReplay, o.NewFlows) }},
 		{"packet", "flood SYN the SYN guard drops (untrusted source, budget spent)", fDNAT1, func() (float64, error) { return r.guardDrops(o.NewFlows) }},
 		{"packet", fEst6, fEst, func() (float64, error) {

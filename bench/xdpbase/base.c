@@ -23,6 +23,11 @@
  *              Katran does), no clock, no counter, no event.
  *   lb_known   its known-flow twin: parse, one LRU_HASH lookup of the
  *              5-tuple, the rewrite, XDP_PASS; a miss passes untouched.
+ *   lb_new_wide, lb_known_wide
+ *              the same with the flow keyed as pb_ct_v2 keys it (40 bytes:
+ *              16-byte addresses of either family, ports, protocol,
+ *              direction, family) in a table of its own: a diagnostic of
+ *              what the key's size costs, not the floor.
  *   emit_event reserves, fills and submits one 40-byte outcome event on
  *              the ring buffer exactly as the datapath's emit() does, and
  *              nothing else: loaded with the datapath's pb_events in place
@@ -140,6 +145,18 @@ struct lb_backend {
 	__u16 pad;
 };
 
+/* pb_ct_v2's key layout (bpf/include/pb_structs.h struct ct_key). */
+struct lb_wide_key {
+	__u32 src[4];
+	__u32 dst[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u8 family;
+	__u8 pad;
+};
+
 #define LB_MAGLEV_SLOTS (4 * 16381)
 
 struct {
@@ -169,6 +186,25 @@ struct {
 	__type(value, struct lb_backend);
 	__uint(max_entries, 262144);
 } lb_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_wide_key);
+	__type(value, struct lb_backend);
+	__uint(max_entries, 262144);
+} lb_flows_wide SEC(".maps");
+
+/* The wide key of a flow key, as pb_xdp fills it (dir 0: forward, family
+ * 1: IPv4). */
+static __always_inline void wide_key(struct lb_wide_key *w, const struct lb_flow_key *k)
+{
+	w->src[0] = k->src;
+	w->dst[0] = k->dst;
+	w->sport = k->sport;
+	w->dport = k->dport;
+	w->proto = k->proto;
+	w->family = 1;
+}
 
 static __always_inline __u16 fold(__u32 s)
 {
@@ -265,6 +301,24 @@ static __always_inline void lb_rewrite(struct iphdr *ip, __be16 *ports, __sum16 
 	ports[1] = be->port;
 }
 
+/* lb_pick is lb_new up to the backend: the VIP lookup and the Maglev
+ * read. */
+static __always_inline struct lb_backend *lb_pick(const struct lb_flow_key *k)
+{
+	struct lb_vip_key vk = {.addr = k->dst, .port = k->dport, .proto = k->proto};
+	struct lb_vip *vip = bpf_map_lookup_elem(&lb_vips, &vk);
+	if (!vip || !vip->size)
+		return 0;
+	__u32 slot = vip->base + flow_hash(k) % vip->size;
+	__u32 *id = bpf_map_lookup_elem(&lb_maglev, &slot);
+	if (!id)
+		return 0;
+	struct lb_backend *be = bpf_map_lookup_elem(&lb_backends, id);
+	if (!be || !be->addr)
+		return 0;
+	return be;
+}
+
 SEC("xdp")
 int lb_new(struct xdp_md *ctx)
 {
@@ -274,17 +328,8 @@ int lb_new(struct xdp_md *ctx)
 	struct lb_flow_key k = {};
 	if (lb_parse(ctx, &ip, &ports, &l4csum, &k))
 		return XDP_PASS;
-
-	struct lb_vip_key vk = {.addr = k.dst, .port = k.dport, .proto = k.proto};
-	struct lb_vip *vip = bpf_map_lookup_elem(&lb_vips, &vk);
-	if (!vip || !vip->size)
-		return XDP_PASS;
-	__u32 slot = vip->base + flow_hash(&k) % vip->size;
-	__u32 *id = bpf_map_lookup_elem(&lb_maglev, &slot);
-	if (!id)
-		return XDP_PASS;
-	struct lb_backend *be = bpf_map_lookup_elem(&lb_backends, id);
-	if (!be || !be->addr)
+	struct lb_backend *be = lb_pick(&k);
+	if (!be)
 		return XDP_PASS;
 	bpf_map_update_elem(&lb_flows, &k, be, BPF_ANY);
 	lb_rewrite(ip, ports, l4csum, be);
@@ -301,6 +346,43 @@ int lb_known(struct xdp_md *ctx)
 	if (lb_parse(ctx, &ip, &ports, &l4csum, &k))
 		return XDP_PASS;
 	struct lb_backend *be = bpf_map_lookup_elem(&lb_flows, &k);
+	if (!be)
+		return XDP_PASS;
+	lb_rewrite(ip, ports, l4csum, be);
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int lb_new_wide(struct xdp_md *ctx)
+{
+	struct iphdr *ip;
+	__be16 *ports;
+	__sum16 *l4csum;
+	struct lb_flow_key k = {};
+	if (lb_parse(ctx, &ip, &ports, &l4csum, &k))
+		return XDP_PASS;
+	struct lb_backend *be = lb_pick(&k);
+	if (!be)
+		return XDP_PASS;
+	struct lb_wide_key w = {};
+	wide_key(&w, &k);
+	bpf_map_update_elem(&lb_flows_wide, &w, be, BPF_ANY);
+	lb_rewrite(ip, ports, l4csum, be);
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int lb_known_wide(struct xdp_md *ctx)
+{
+	struct iphdr *ip;
+	__be16 *ports;
+	__sum16 *l4csum;
+	struct lb_flow_key k = {};
+	if (lb_parse(ctx, &ip, &ports, &l4csum, &k))
+		return XDP_PASS;
+	struct lb_wide_key w = {};
+	wide_key(&w, &k);
+	struct lb_backend *be = bpf_map_lookup_elem(&lb_flows_wide, &w);
 	if (!be)
 		return XDP_PASS;
 	lb_rewrite(ip, ports, l4csum, be);

@@ -7,4 +7,4 @@
 // like the datapath's, so running the benchmarks needs no clang.
 package xdpbase
 
-//go:generate go tool bpf2go -tags linux -target bpfel -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -type dnat_key -type dnat_value -type lb_vip_key -type lb_vip -type lb_flow_key -type lb_backend Base base.c -- -I/usr/include/x86_64-linux-gnu
+//go:generate go tool bpf2go -tags linux -target bpfel -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -type dnat_key -type dnat_value -type lb_vip_key -type lb_vip -type lb_flow_key -type lb_wide_key -type lb_backend Base base.c -- -I/usr/include/x86_64-linux-gnu
