@@ -36,6 +36,7 @@ const enum pb_event_type *unused_event_type __attribute__((unused));
 const enum pb_event_flag *unused_event_flag __attribute__((unused));
 const enum pb_svc_flag *unused_svc_flag __attribute__((unused));
 const enum pb_trip_kind *unused_trip_kind __attribute__((unused));
+const enum pb_nf_why *unused_nf_why __attribute__((unused));
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -1267,6 +1268,102 @@ static __always_inline int handed_over(void)
 	       (__s64)(bpf_ktime_get_coarse_ns() - cfg->heartbeat_ns) > (__s64)cfg->dead_man_ns;
 }
 
+/* The kernel's conntrack (nf_conntrack) through its kfuncs (Linux 6.0),
+ * weak: a kernel without them (no nf_conntrack, no BTF) loads the program
+ * all the same, and nf_forget does nothing there. Only the fields the
+ * kfuncs check are declared: nf_conn is never read.
+ *
+ * pb_nf_kfuncs is set by the loader (pkg/datapath) when the kernel has
+ * them. A constant, so where it is 0 the verifier never reaches the calls
+ * (a missing weak kfunc's call is invalid); testing the kfunc's address
+ * instead (bpf_ksym_exists) is refused before Linux 6.3. */
+const volatile __u32 pb_nf_kfuncs = 0;
+
+struct nf_conn {};
+struct bpf_ct_opts {
+	__s32 netns_id;
+	__s32 error;
+	__u8 l4proto;
+	__u8 dir;
+	__u8 reserved[2];
+};
+extern struct nf_conn *bpf_xdp_ct_lookup(struct xdp_md *xdp_ctx, struct bpf_sock_tuple *bpf_tuple, __u32 tuple__sz,
+					  struct bpf_ct_opts *opts, __u32 opts__sz) __ksym __weak;
+extern void bpf_ct_release(struct nf_conn *nfct) __ksym __weak;
+extern int bpf_ct_change_timeout(struct nf_conn *nfct, __u32 timeout) __ksym __weak;
+
+/* nf_forget expires the kernel's conntrack entry holding the tuple in
+ * the scratch's nf_tuple (tuple_len bytes of it), in either of the entry's
+ * directions, so that a new connection on it starts clean. The kernel sees
+ * both paths a service's flows can take, in the forms it sees them:
+ * kube-proxy's as client -> VIP (DNATed by its rules), the datapath's as
+ * client -> backend (the DNAT done here) and, for the replies rewritten
+ * here, VIP -> client. When a client's port comes back within the minutes
+ * such an entry lingers (TIME_WAIT, or unacknowledged) and the new
+ * connection takes the other path, the old entry claims its packets: the
+ * reply tuple of a datapath flow is kube-proxy's finished flow's, so the
+ * kernel moves the flow's source port and its replies pass here
+ * unrecognised; a kube-proxy SYN matches the replies of a datapath flow
+ * and escapes kube-proxy's DNAT. Either way the connection fails. The
+ * datapath calls this only where the two paths meet (a service lately
+ * kube-proxy's, new flows handed to kube-proxy), for a flow's first packet
+ * (a TCP SYN, whose tuple no live connection of the client can hold; a UDP
+ * datagram with no flow here). */
+static __always_inline void nf_forget(struct xdp_md *ctx, struct scratch *sc, __u32 tuple_len, __u8 proto, __u32 why)
+{
+	struct bpf_ct_opts *o = (void *)sc->nf_opts;
+	__builtin_memset(o, 0, sizeof(*o));
+	o->netns_id = -1; /* the interface's namespace */
+	o->l4proto = proto;
+	struct nf_conn *ct = bpf_xdp_ct_lookup(ctx, (void *)sc->nf_tuple, tuple_len, o, sizeof(*o));
+	if (!ct)
+		return;
+	/* Expired now: the kernel drops it as soon as a lookup meets it. */
+	int err = bpf_ct_change_timeout(ct, 0);
+	bpf_ct_release(ct);
+	__u64 *n = bpf_map_lookup_elem(&pb_nf_stats, &why);
+	if (!err && n)
+		(*n)++;
+}
+
+/* nf_can_forget: p opens a flow (a TCP SYN; for UDP, the datapath calls
+ * this only for a datagram with no flow here) and the kernel has the
+ * conntrack kfuncs. */
+static __always_inline int nf_can_forget(const struct pkt *p)
+{
+	return pb_nf_kfuncs && (p->proto == IPPROTO_UDP ||
+				(p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN));
+}
+
+/* nf_forget_pkt: nf_forget for SYN p's own tuple, client -> VIP. Going
+ * to kube-proxy (handed over), a reply of a finished flow of ours, VIP ->
+ * client, holds it as its reply tuple. Coming to us (taken over),
+ * kube-proxy's finished flow from the same client port holds it as its
+ * original tuple, whichever backend kube-proxy picked: the replies of the
+ * new flow, rewritten to come from the VIP, would be that tuple's replies
+ * and the kernel would move their source port. One lookup finds either
+ * entry: the kernel keeps a tuple in one entry only. */
+static __always_inline void nf_forget_pkt(struct xdp_md *ctx, struct pkt *p, __u32 why)
+{
+	struct scratch *sc = scratch();
+	if (!sc || !nf_can_forget(p))
+		return;
+	struct bpf_sock_tuple *t = (void *)sc->nf_tuple;
+	if (p->family == PB_AF_INET6) {
+		__builtin_memcpy(t->ipv6.saddr, &p->ip6->saddr, 16);
+		__builtin_memcpy(t->ipv6.daddr, &p->ip6->daddr, 16);
+		t->ipv6.sport = p->ports[0];
+		t->ipv6.dport = p->ports[1];
+		nf_forget(ctx, sc, sizeof(t->ipv6), p->proto, why);
+		return;
+	}
+	t->ipv4.saddr = p->ip->saddr;
+	t->ipv4.daddr = p->ip->daddr;
+	t->ipv4.sport = p->ports[0];
+	t->ipv4.dport = p->ports[1];
+	nf_forget(ctx, sc, sizeof(t->ipv4), p->proto, why);
+}
+
 /* client_rst_ok says whether a client's RST resets the backend's end of
  * flow rv, so the flow may end and give its breaker slot back: RFC 5961 3.2
  * resets only on the sequence number the backend expects next, its last
@@ -1333,10 +1430,17 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 	__u32 avoid = 0, ct_flags = 0;
 	int retry = 0, moved = 0;
 	/* A new flow on the tuple (its reverse entry lost, or the flow over)
-	 * is kube-proxy's while the datapath hands new flows over. */
-	if ((!rv || (rv->flags & PB_CT_CLOSED)) && handed_over()) {
+	 * is kube-proxy's while the datapath hands new flows over, or the
+	 * service is kube-proxy's again. */
+	if ((!rv || (rv->flags & PB_CT_CLOSED)) && (handed_over() || (svc->flags & PB_SVC_F_HANDED_BACK))) {
 		if (gs)
 			gs->handed_over++;
+		/* The old flow's entries go: the replies of kube-proxy's flow on
+		 * the tuple must not be rewritten as the old flow's. */
+		if (!rv && (fv->flags & PB_CT_COUNTED))
+			release(fk);
+		bpf_map_delete_elem(&pb_ct_v2, &rk);
+		bpf_map_delete_elem(&pb_ct_v2, fk);
 		return PB_HANDED_OVER;
 	}
 	if (!rv)
@@ -1702,11 +1806,13 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	if (ct) {
 		*fv = *ct;
 		rc = client_control(p, svc, fk, fv, move_off, gs);
-	} else if (handed_over()) {
-		/* The agent is away (or the install is going): a datapath that
-		 * cannot be told of endpoint changes takes no new flow. */
+	} else if (handed_over() || (svc->flags & PB_SVC_F_HANDED_BACK)) {
+		/* The agent is away (or the install is going), or the service
+		 * is kube-proxy's again: a datapath that cannot be told of
+		 * endpoint changes takes no new flow. */
 		if (gs)
 			gs->handed_over++;
+		nf_forget_pkt(ctx, p, PB_NF_HANDED_OVER);
 		return XDP_PASS;
 	} else if ((svc->flags & PB_SVC_F_TAKEN_OVER) && p->proto == IPPROTO_TCP &&
 		   !(p->tcp_flags & TCP_SYN)) {
@@ -1723,8 +1829,10 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	}
 	if (rc == PB_REPLAY_STAYS)
 		return XDP_DROP;
-	if (rc == PB_HANDED_OVER)
+	if (rc == PB_HANDED_OVER) {
+		nf_forget_pkt(ctx, p, PB_NF_HANDED_OVER);
 		return XDP_PASS;
+	}
 	if (rc == PB_OVER_LIMIT)
 		return reject(ctx, p, gs);
 	if (rc < 0)
@@ -1734,6 +1842,10 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	if ((svc->flags & PB_SVC_F_RETRY_REFUSED) && p->proto == IPPROTO_TCP &&
 	    (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN)) == TCP_SYN)
 		keep_syn(ctx, p);
+	/* Lately kube-proxy's: the kernel may still hold one of its finished
+	 * flows from this client port (see nf_forget). */
+	if ((svc->flags & PB_SVC_F_TAKEN_OVER) && (!ct || p->proto == IPPROTO_TCP))
+		nf_forget_pkt(ctx, p, PB_NF_TAKEN_OVER);
 	return to_backend(ctx, p, &fv->nat_addr, fv->nat_port, fv->svc_id, fv->backend_id, gs);
 }
 

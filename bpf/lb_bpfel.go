@@ -202,6 +202,14 @@ const (
 	LbPbEventTypePB_EV_FIRST_DATA  LbPbEventType = 8
 )
 
+type LbPbNfWhy uint32
+
+const (
+	LbPbNfWhyPB_NF_TAKEN_OVER  LbPbNfWhy = 0
+	LbPbNfWhyPB_NF_HANDED_OVER LbPbNfWhy = 1
+	LbPbNfWhyPB_NF_WHYS        LbPbNfWhy = 2
+)
+
 type LbPbSvcFlag uint32
 
 const (
@@ -209,6 +217,7 @@ const (
 	LbPbSvcFlagPB_SVC_F_QUIET_DATA    LbPbSvcFlag = 2
 	LbPbSvcFlagPB_SVC_F_QUIET_END     LbPbSvcFlag = 4
 	LbPbSvcFlagPB_SVC_F_TAKEN_OVER    LbPbSvcFlag = 8
+	LbPbSvcFlagPB_SVC_F_HANDED_BACK   LbPbSvcFlag = 16
 )
 
 type LbPbTripKind uint32
@@ -220,15 +229,16 @@ const (
 )
 
 type LbScratch struct {
-	_   structs.HostLayout
-	Rk  LbCtKey
-	Rv  LbCtValue
-	Fv  LbCtValue
-	Fk  LbCtKey
-	Svc LbSvcValue
-	Fib [8]uint64
-	Buf [1028]uint8
-	_   [4]byte
+	_       structs.HostLayout
+	Rk      LbCtKey
+	Rv      LbCtValue
+	Fv      LbCtValue
+	Fk      LbCtKey
+	Svc     LbSvcValue
+	Fib     [8]uint64
+	Buf     [1028]uint8
+	NfTuple [10]uint32
+	NfOpts  [3]uint32
 }
 
 type LbSrcKey struct {
@@ -350,6 +360,7 @@ const (
 	LbMapPbIfaces           = "pb_ifaces"
 	LbMapPbMaglev           = "pb_maglev"
 	LbMapPbMaglevFb         = "pb_maglev_fb"
+	LbMapPbNfStats          = "pb_nf_stats"
 	LbMapPbPorts            = "pb_ports"
 	LbMapPbRedirect         = "pb_redirect"
 	LbMapPbScratch          = "pb_scratch"
@@ -365,10 +376,12 @@ const (
 	LbMapPbSynsV2           = "pb_syns_v2"
 	LbMapPbVipSlots         = "pb_vip_slots"
 	LbProgPbXdp             = "pb_xdp"
+	LbVarPbNfKfuncs         = "pb_nf_kfuncs"
 	LbVarUnusedBackendState = "unused_backend_state"
 	LbVarUnusedEvent        = "unused_event"
 	LbVarUnusedEventFlag    = "unused_event_flag"
 	LbVarUnusedEventType    = "unused_event_type"
+	LbVarUnusedNfWhy        = "unused_nf_why"
 	LbVarUnusedSvcFlag      = "unused_svc_flag"
 	LbVarUnusedTripKind     = "unused_trip_kind"
 )
@@ -434,6 +447,7 @@ type LbMapSpecs struct {
 	PbIfaces      *ebpf.MapSpec `ebpf:"pb_ifaces"`
 	PbMaglev      *ebpf.MapSpec `ebpf:"pb_maglev"`
 	PbMaglevFb    *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
+	PbNfStats     *ebpf.MapSpec `ebpf:"pb_nf_stats"`
 	PbPorts       *ebpf.MapSpec `ebpf:"pb_ports"`
 	PbRedirect    *ebpf.MapSpec `ebpf:"pb_redirect"`
 	PbScratch     *ebpf.MapSpec `ebpf:"pb_scratch"`
@@ -454,10 +468,12 @@ type LbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbVariableSpecs struct {
+	PbNfKfuncs         *ebpf.VariableSpec `ebpf:"pb_nf_kfuncs"`
 	UnusedBackendState *ebpf.VariableSpec `ebpf:"unused_backend_state"`
 	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlag    *ebpf.VariableSpec `ebpf:"unused_event_flag"`
 	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedNfWhy        *ebpf.VariableSpec `ebpf:"unused_nf_why"`
 	UnusedSvcFlag      *ebpf.VariableSpec `ebpf:"unused_svc_flag"`
 	UnusedTripKind     *ebpf.VariableSpec `ebpf:"unused_trip_kind"`
 }
@@ -494,6 +510,7 @@ type LbMaps struct {
 	PbIfaces      *ebpf.Map `ebpf:"pb_ifaces"`
 	PbMaglev      *ebpf.Map `ebpf:"pb_maglev"`
 	PbMaglevFb    *ebpf.Map `ebpf:"pb_maglev_fb"`
+	PbNfStats     *ebpf.Map `ebpf:"pb_nf_stats"`
 	PbPorts       *ebpf.Map `ebpf:"pb_ports"`
 	PbRedirect    *ebpf.Map `ebpf:"pb_redirect"`
 	PbScratch     *ebpf.Map `ebpf:"pb_scratch"`
@@ -524,6 +541,7 @@ func (m *LbMaps) Close() error {
 		m.PbIfaces,
 		m.PbMaglev,
 		m.PbMaglevFb,
+		m.PbNfStats,
 		m.PbPorts,
 		m.PbRedirect,
 		m.PbScratch,
@@ -545,10 +563,12 @@ func (m *LbMaps) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbVariables struct {
+	PbNfKfuncs         *ebpf.Variable `ebpf:"pb_nf_kfuncs"`
 	UnusedBackendState *ebpf.Variable `ebpf:"unused_backend_state"`
 	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlag    *ebpf.Variable `ebpf:"unused_event_flag"`
 	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedNfWhy        *ebpf.Variable `ebpf:"unused_nf_why"`
 	UnusedSvcFlag      *ebpf.Variable `ebpf:"unused_svc_flag"`
 	UnusedTripKind     *ebpf.Variable `ebpf:"unused_trip_kind"`
 }

@@ -93,6 +93,16 @@ enum pb_svc_flag {
 				       * first data too unless QUIET_DATA) */
 	PB_SVC_F_TAKEN_OVER = 0x8,    /* just taken from kube-proxy: a mid-stream packet without a flow
 				       * here is one of kube-proxy's flows, left to it */
+	PB_SVC_F_HANDED_BACK = 0x10,  /* no longer served: new flows go to kube-proxy, the flows here
+				       * finish (kept until the kernel's conntrack forgot them) */
+};
+
+/* pb_nf_stats indexes: why the datapath expired an entry of the kernel's
+ * conntrack (see nf_forget in lb.c). */
+enum pb_nf_why {
+	PB_NF_TAKEN_OVER = 0,  /* kube-proxy's finished flow on a new flow's tuple */
+	PB_NF_HANDED_OVER = 1, /* a finished flow of ours on the tuple of a new flow for kube-proxy */
+	PB_NF_WHYS = 2,
 };
 
 /* struct event.flags bits. An enum, not #defines, so bpf2go generates them

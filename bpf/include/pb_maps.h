@@ -148,6 +148,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_stats_v2 SEC(".maps");
 
+/* pb_nf_stats[PB_NF_*], per CPU: entries of the kernel's conntrack the
+ * datapath expired, by why (nf_forget). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, PB_NF_WHYS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_nf_stats SEC(".maps");
+
 /* pb_scratch[0], per CPU: the datapath's room for temporaries too large
  * for its stack. Not pinned: nothing outside one program run reads it. */
 struct {

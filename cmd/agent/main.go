@@ -6,7 +6,7 @@
 //
 //	agent --config FILE [--metrics-addr :9464]   standalone (/admin/* on 127.0.0.1:9465)
 //	agent --node-name NODE [--kubeconfig FILE]   Kubernetes (a DaemonSet)
-//	agent teardown [--bpffs-root DIR]           detach and unpin everything
+//	agent teardown [--bpffs-root DIR] [--then-wait]  detach and unpin everything
 //
 // This package holds only flags, the wiring of the two modes and the
 // process's lifecycle; the decisions are pkg/agent's. Read top-down:
@@ -87,6 +87,9 @@ type options struct {
 	scope         string
 	takeoverGrace time.Duration
 	uninstallWait time.Duration
+	// kubeProxyAddr is kube-proxy's metrics server, asked its mode at
+	// start ("": not asked).
+	kubeProxyAddr string
 	// podName is the agent's pod (asked on SIGTERM whether its DaemonSet
 	// is being deleted).
 	podName string
@@ -190,6 +193,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.dpConfig.DeadMan, "dead-man-timeout", 30*time.Second, "with no heartbeat from the agent for this long (it crashed, hangs or was removed without a clean-up), the datapath hands every new flow to kube-proxy and lets the flows it has finish; the agent takes new flows back once it runs again. Longer than any restart; 0: never")
 	fs.StringVar(&o.scope, "scope", scopeOptIn, `Kubernetes mode: which Services the agent serves: "opt-in", those labelled penaltybox.io/enabled: "true", in a namespace so labelled, or targeted by a BackendPolicy (a Service labelled "false" never); "all", every eligible Service. The rest are left to kube-proxy`)
 	fs.DurationVar(&o.takeoverGrace, "takeover-grace", 6*time.Hour, "Kubernetes mode: for this long after a Service is first served, a TCP packet of a flow the datapath has no entry for is left to kube-proxy (a connection kube-proxy began before); 0: taken at once (such connections break)")
+	fs.StringVar(&o.kubeProxyAddr, "kube-proxy-metrics-addr", "127.0.0.1:10249", "Kubernetes mode: kube-proxy's --metrics-bind-address on this node, asked at start which mode it runs in: the Services the agent does not serve, and new flows while its dead-man's switch has tripped, are left to kube-proxy, so a node without one gets a warning; empty: not asked")
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Kubernetes mode: this agent's pod (default $POD_NAME, from the downward API): told to stop, the agent looks up its DaemonSet to tell a restart (the datapath stays) from the install's removal (it goes); none: every stop is a restart")
 	fs.DurationVar(&o.uninstallWait, "uninstall-drain", 20*time.Second, "Kubernetes mode: when the agent's DaemonSet is deleted, how long the agent hands new flows to kube-proxy and waits for the flows here to end before it removes the datapath (keep it under the pod's terminationGracePeriodSeconds)")
 	fs.StringVar(&o.hashSeedFile, "hash-seed-file", "", "a file whose bytes seed the flow hash, the same on every node (default: Kubernetes mode, the Secret penaltybox-hash-seed in the agent's namespace, created when missing; standalone, the seed the pinned datapath has, or a random one)")
@@ -314,6 +318,7 @@ func newLogger(level string) *slog.Logger {
 func teardown(args []string) int {
 	fs := flag.NewFlagSet("agent teardown", flag.ContinueOnError)
 	root := fs.String("bpffs-root", datapath.DefaultRoot, "directory holding the pins")
+	wait := fs.Bool("then-wait", false, "once done, wait for SIGTERM or SIGINT instead of exiting (a DaemonSet's pod must keep running: deploy/cleanup)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -323,5 +328,10 @@ func teardown(args []string) int {
 		return 1
 	}
 	log.Info("teardown complete", "root", *root)
+	if *wait {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		defer stop()
+		<-ctx.Done()
+	}
 	return 0
 }

@@ -244,6 +244,8 @@ func (f *fakeMaps) SetSYNGuard(g pbmaps.SYNGuard) error {
 	return f.failing("SetSYNGuard")
 }
 
+func (f *fakeMaps) NFForgotten() (pbmaps.NFForgotten, error) { return pbmaps.NFForgotten{}, nil }
+
 func (f *fakeMaps) SYNGuardStats() (bpf.LbSynGuardCpu, error) {
 	return bpf.LbSynGuardCpu{Dropped: f.guardDropped, Armed: f.guardArmed}, nil
 }

@@ -175,6 +175,11 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		}
 		ms.MaxEntries = n
 	}
+	if HaveNFKfuncs() {
+		if err := spec.Variables[bpf.LbVarPbNfKfuncs].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("datapath: %s: %w", bpf.LbVarPbNfKfuncs, err)
+		}
+	}
 	return spec, nil
 }
 

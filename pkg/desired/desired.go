@@ -75,4 +75,10 @@ type Service struct {
 // State is everything the agent must program.
 type State struct {
 	Services []Service
+	// HandBack are services that still exist but are no longer served
+	// (Kubernetes: a Service opted out, or out of scope): kube-proxy takes
+	// their new flows while the flows the datapath admitted finish. A
+	// service that leaves Services without being listed here is gone (a
+	// Service deleted, a service removed from the config file).
+	HandBack []Key
 }

@@ -166,6 +166,9 @@ type entry struct {
 	// served says why the Service is served ("": it is not, kube-proxy
 	// has it), as last logged.
 	served string
+	// unserved are the keys of the Service's ports while it is not served
+	// (desired.State.HandBack).
+	unserved []desired.Key
 }
 
 // New builds a controller on client. Nothing runs until Run.
@@ -479,7 +482,10 @@ func (c *Controller) sync(key string) error {
 	}
 	var services []desired.Service
 	var hostLocal []string
-	if served != "" {
+	var unserved []desired.Key
+	if served == "" {
+		unserved = Keys(svc)
+	} else {
 		services, hostLocal = Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Addrs: c.local})
 		for i := range services {
 			services[i].Served = served
@@ -491,6 +497,10 @@ func (c *Controller) sync(key string) error {
 				"service", key, "ports", hostLocal)
 		}
 		e.hostLocal = hostLocal
+	}
+	if !slices.Equal(unserved, e.unserved) {
+		e.unserved = unserved
+		c.markDirty()
 	}
 	if reflect.DeepEqual(services, e.services) {
 		return nil
@@ -601,8 +611,10 @@ func (c *Controller) snapshot() desired.State {
 	var st desired.State
 	for _, e := range c.entries {
 		st.Services = append(st.Services, e.services...)
+		st.HandBack = append(st.HandBack, e.unserved...)
 	}
 	slices.SortFunc(st.Services, func(a, b desired.Service) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(st.HandBack, func(a, b desired.Key) int { return cmp.Compare(a.String(), b.String()) })
 	return st
 }
 

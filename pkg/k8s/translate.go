@@ -102,6 +102,21 @@ func translateFamily(svc *corev1.Service, vip netip.Addr, second bool, epSlices 
 	return out, hostLocal
 }
 
+// Keys are the datapath keys Translate would give the Service's ports
+// (every ClusterIP, TCP and UDP ports), endpoints or not: those of a
+// Service left to kube-proxy, which the datapath hands back.
+func Keys(svc *corev1.Service) []desired.Key {
+	var out []desired.Key
+	for _, vip := range clusterIPs(svc) {
+		for _, port := range svc.Spec.Ports {
+			if proto, ok := protocol(port.Protocol); ok {
+				out = append(out, desired.Key{VIP: vip, Port: uint16(port.Port), Protocol: proto})
+			}
+		}
+	}
+	return out
+}
+
 // Node is what Translate needs to know of the node it runs on.
 type Node struct {
 	Name string

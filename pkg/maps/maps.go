@@ -58,6 +58,9 @@ const (
 	// packet of a flow the datapath has no entry for is one of
 	// kube-proxy's flows, and passes to it.
 	ServiceTakenOver = uint32(bpf.LbPbSvcFlagPB_SVC_F_TAKEN_OVER)
+	// ServiceHandedBack: the service is no longer served: new flows pass
+	// to kube-proxy, the flows here finish.
+	ServiceHandedBack = uint32(bpf.LbPbSvcFlagPB_SVC_F_HANDED_BACK)
 )
 
 // Values of pb_ports bits, PB_AF_*, pb_config flags and event types.
@@ -539,6 +542,20 @@ type Config struct {
 	// Drain: the install is going; new flows go to kube-proxy, the flows
 	// here finish.
 	Drain bool
+}
+
+// HandedOver says why the datapath passes new flows to kube-proxy at
+// monotonic time now (CLOCK_MONOTONIC nanoseconds), as lb.c's handed_over()
+// decides: "uninstalling" (Drain), "agent-away" (the heartbeat older than
+// DeadMan), or "" (the datapath takes them).
+func (c Config) HandedOver(now uint64) string {
+	switch {
+	case c.Drain:
+		return "uninstalling"
+	case c.DeadMan > 0 && c.Heartbeat != 0 && int64(now-c.Heartbeat) > c.DeadMan.Nanoseconds():
+		return "agent-away"
+	}
+	return ""
 }
 
 // SetConfig writes pb_config_v2[0].
