@@ -51,6 +51,7 @@ var (
 	pkVIPLim   = netip.MustParseAddrPort("198.18.100.12:80") // maxInflight set
 	pkVIPLimBe = netip.MustParseAddrPort("198.18.100.13:80") // maxInflight and maxInflightPerBackend set
 	pkVIPRep   = netip.MustParseAddrPort("198.18.100.14:80") // retryRefused: each SYN copied for a replay
+	pkVIPTO    = netip.MustParseAddrPort("198.18.100.16:80") // lately kube-proxy's (PB_SVC_F_TAKEN_OVER)
 
 	pkNode = netip.MustParseAddrPort("198.18.0.1:22")
 
@@ -178,7 +179,8 @@ func (r *packetRig) program() error {
 			be(1+id, a, 1, maps.BackendActive),
 			be(7+id, a, 3, maps.BackendActive),
 			be(10+id, a, 4, maps.BackendActive),
-			be(30+id, a, 5, maps.BackendActive))
+			be(30+id, a, 5, maps.BackendActive),
+			be(50+id, a, 7, maps.BackendActive))
 	}
 	errs = append(errs,
 		be(4, "198.18.3.2:8080", 2, maps.BackendProbation),
@@ -207,6 +209,7 @@ func (r *packetRig) program() error {
 		{id: 3, vip: pkVIPLim, backends: []uint32{7, 8, 9}, limit: lim},
 		{id: 4, vip: pkVIPLimBe, backends: []uint32{10, 11, 12}, limit: lim, perBE: lim},
 		{id: 5, vip: pkVIPRep, backends: []uint32{30, 31, 32}, flags: maps.ServiceRetryRefused},
+		{id: 7, vip: pkVIPTO, backends: []uint32{50, 51, 52}, flags: maps.ServiceTakenOver},
 		{id: pkTripSvc, vip: pkVIPTrip, backends: []uint32{pkTripBEID}},
 		{id: 20, vip: pkA6, backends: []uint32{60}},
 		{id: 21, vip: pkB6, backends: []uint32{61}},
@@ -495,16 +498,17 @@ func (r *packetRig) nextClient() netip.AddrPort {
 type newFlowKind int
 
 const (
-	nfPlain    newFlowKind = iota // 3 active backends
-	nfSteered                     // the slot's backend is in probation, no grant left
-	nfProbe                       // the slot's backend is in probation and has a grant
-	nfLimit                       // maxInflight configured
-	nfLimitBE                     // maxInflight and maxInflightPerBackend configured
-	nfFullCT                      // as nfPlain, into a full conntrack LRU (every insert evicts)
-	nfReplay                      // as nfPlain, with retryRefused: the SYN is copied to pb_syns
-	nfXDPPass                     // baseline: XDP_PASS only, same method
-	nfMinDNAT                     // baseline: minimal DNAT (a match), same method
-	nfLinuxSYN                    // as nfPlain, the SYN a Linux client sends (20 bytes of options)
+	nfPlain     newFlowKind = iota // 3 active backends
+	nfSteered                      // the slot's backend is in probation, no grant left
+	nfProbe                        // the slot's backend is in probation and has a grant
+	nfLimit                        // maxInflight configured
+	nfLimitBE                      // maxInflight and maxInflightPerBackend configured
+	nfFullCT                       // as nfPlain, into a full conntrack LRU (every insert evicts)
+	nfReplay                       // as nfPlain, with retryRefused: the SYN is copied to pb_syns
+	nfXDPPass                      // baseline: XDP_PASS only, same method
+	nfMinDNAT                      // baseline: minimal DNAT (a match), same method
+	nfLinuxSYN                     // as nfPlain, the SYN a Linux client sends (20 bytes of options)
+	nfTakenOver                    // as nfPlain, to a service lately kube-proxy's (nf_conntrack looked up)
 )
 
 // newFlows runs n SYNs of distinct new flows, one BPF_PROG_TEST_RUN
@@ -551,6 +555,8 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 		vip, svc = pkVIPRep, 5
 	case nfLinuxSYN:
 		vip, svc = pkVIPNew, 1
+	case nfTakenOver:
+		vip, svc = pkVIPTO, 7
 	case nfXDPPass:
 		prog, vip = r.base.XdpPass, pkA
 	case nfMinDNAT:
@@ -937,6 +943,7 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		{"packet", fSteer, fDNAT1, func() (float64, error) { return r.newFlows(nfSteered, o.NewFlows) }},
 		{"packet", fProbe, fDNAT1, func() (float64, error) { return r.newFlows(nfProbe, o.NewFlows) }},
 		{"packet", "new flow, a Linux client's SYN (MSS, SACK, timestamps, window scale: 20 bytes of options)", fNew, func() (float64, error) { return r.newFlows(nfLinuxSYN, o.NewFlows) }},
+		{"packet", "new flow to a service lately kube-proxy's (the kernel's conntrack entry of the SYN's tuple looked up)", fNew, func() (float64, error) { return r.newFlows(nfTakenOver, o.NewFlows) }},
 		{"packet", fFull, fDNAT1, func() (float64, error) { return r.newFlows(nfFullCT, o.NewFlows) }},
 		// The tail of the row above's calls, in the same round.
 		{"packet", fFullP99, "", func() (float64, error) { return r.fullP99, nil }},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -71,6 +72,12 @@ func (r *packetRig) loadVariant(path string) (*ebpf.Program, error) {
 	}
 	for _, ms := range spec.Maps {
 		ms.Pinning = ebpf.PinNone
+	}
+	// The conntrack kfuncs where the datapath's loader turns them on.
+	if v, ok := spec.Variables[bpf.LbVarPbNfKfuncs]; ok && datapath.HaveNFKfuncs() {
+		if err := v.Set(uint32(1)); err != nil {
+			return nil, err
+		}
 	}
 	for name := range spec.Programs {
 		if name != bpf.LbProgPbXdp {
