@@ -13,6 +13,24 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type LbAffinityKey struct {
+	_      structs.HostLayout
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId  uint32
+	Family uint8
+	Pad    [3]uint8
+}
+
+type LbAffinityValue struct {
+	_         structs.HostLayout
+	BackendId uint32
+	Pad       uint32
+	LastNs    uint64
+}
+
 type LbBackend struct {
 	_    structs.HostLayout
 	Addr struct {
@@ -235,6 +253,8 @@ type LbScratch struct {
 	Fv      LbCtValue
 	Fk      LbCtKey
 	Svc     LbSvcValue
+	Ak      LbAffinityKey
+	Av      LbAffinityValue
 	Fib     [8]uint64
 	Buf     [1028]uint8
 	NfTuple [10]uint32
@@ -296,7 +316,7 @@ type LbSvcValue struct {
 	MaxInflightPerBackend uint32
 	BackendCount          uint32
 	Flags                 uint32
-	Pad                   uint32
+	AffinityTimeoutS      uint32
 }
 
 type LbSynCopy struct {
@@ -348,6 +368,7 @@ type LbSynGuardCpu struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	LbMapPbAffinity         = "pb_affinity"
 	LbMapPbBackends         = "pb_backends"
 	LbMapPbBeInflight       = "pb_be_inflight"
 	LbMapPbBeStats          = "pb_be_stats"
@@ -435,6 +456,7 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
+	PbAffinity    *ebpf.MapSpec `ebpf:"pb_affinity"`
 	PbBackends    *ebpf.MapSpec `ebpf:"pb_backends"`
 	PbBeInflight  *ebpf.MapSpec `ebpf:"pb_be_inflight"`
 	PbBeStats     *ebpf.MapSpec `ebpf:"pb_be_stats"`
@@ -498,6 +520,7 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
+	PbAffinity    *ebpf.Map `ebpf:"pb_affinity"`
 	PbBackends    *ebpf.Map `ebpf:"pb_backends"`
 	PbBeInflight  *ebpf.Map `ebpf:"pb_be_inflight"`
 	PbBeStats     *ebpf.Map `ebpf:"pb_be_stats"`
@@ -529,6 +552,7 @@ type LbMaps struct {
 
 func (m *LbMaps) Close() error {
 	return _LbClose(
+		m.PbAffinity,
 		m.PbBackends,
 		m.PbBeInflight,
 		m.PbBeStats,

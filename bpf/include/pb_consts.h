@@ -9,6 +9,7 @@
 #define PB_MAX_BACKENDS 262144
 #define PB_CT_SIZE 262144
 #define PB_TRUST_SIZE 65536 /* pb_src_trust: client addresses remembered */
+#define PB_AFFINITY_SIZE 65536 /* pb_affinity: (service, client) pairs remembered; the loader may resize it */
 #define PB_SYN_WINDOW_NS 100000000ULL /* the SYN guard's arming window: 100 ms */
 #define PB_SYN_ARM_HOLD_NS 1000000000ULL /* armed for 1 s past the last window over */
 #define PB_EVENTS_BYTES (1 << 20)
@@ -152,6 +153,8 @@ enum pb_trip_kind {
 
 /* pb_ifaces flags */
 #define PB_IF_PARTIAL 0x1 /* local senders may leave the L4 checksum to the device (a pod's veth) */
+#define PB_IF_DECAP 0x2   /* a node's uplink: an IPIP packet arriving here is a pod network's, a backend's reply inside is parsed */
+#define PB_IF_IPIP 0x4    /* an IPIP tunnel device (Calico's tunl0): routes through it name the remote node as gateway */
 
 /* The longest segment or ICMP message whose checksum the datapath checks. */
 #define PB_CSUM_MAX 1024

@@ -289,6 +289,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_src_trust SEC(".maps");
 
+/* (service, client address) -> the backend of the client's last new flow
+ * to a service with sessionAffinity ClientIP, and when. Written by the
+ * datapath on each new flow of such a service; the agent deletes a
+ * service's entries when it turns affinity off or removes the service.
+ * LRU: the least recently seen clients go first when it is full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_value);
+	__uint(max_entries, PB_AFFINITY_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_affinity SEC(".maps");
+
 /* backend id -> failure-accrual state. Written by the agent only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

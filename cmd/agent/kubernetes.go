@@ -233,5 +233,5 @@ func preflightNode(ctx context.Context, o options, log *slog.Logger) error {
 // linkOptions are the interfaces the flags select.
 func linkOptions(o options, log *slog.Logger) nodelinks.Options {
 	return nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
-		Tunnels: o.tunnelIfaces, Logger: log.With("component", "interfaces")}
+		Tunnels: o.tunnelIfaces, IPIP: o.ipipIfaces, Logger: log.With("component", "interfaces")}
 }

@@ -54,6 +54,7 @@ type options struct {
 	nodeIfacesAuto bool
 	podIfaces      []string
 	tunnelIfaces   []string
+	ipipIfaces     []string
 	// leaseNamespace holds the Lease that picks the one agent writing the
 	// BackendPolicies' status.
 	leaseNamespace string
@@ -154,6 +155,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: the pod's service account)")
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
+	ipipIfaces := fs.String("ipip-interfaces", nodelinks.DefaultIPIPPatterns, `Kubernetes mode: globs of the pod network's IPIP tunnel devices (Calico's tunl0): replies from pods on other nodes arrive on the node's uplinks inside IPIP packets, rewritten there, and must come from the node the route through the tunnel names; "" none`)
 	tunnelIfaces := fs.String("tunnel-interfaces", nodelinks.DefaultTunnelPatterns, `Kubernetes mode: globs of the overlay pod network's VXLAN devices (replies from pods on other nodes arrive there), comma-separated; "" none`)
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz and /readyz (every interface by default; the DaemonSet binds the pod's IP)")
 	fs.StringVar(&o.adminAddr, "admin-addr", "127.0.0.1:9465", `address for the read-only, unauthenticated /admin/* JSON views: loopback by default (kubectl port-forward reaches it); "" serves none`)
@@ -188,6 +190,7 @@ func parseFlags(args []string) (options, error) {
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
 	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")
 	max(&o.dp.EventsBytes, "events-bytes", datapath.DefaultEventsBytes, "ring buffer bytes for outcome events (power of two)")
+	max(&o.dp.AffinityClients, "affinity-clients", datapath.DefaultAffinityClients, "clients remembered for sessionAffinity ClientIP, one per service and client address; past it the least recently seen are forgotten")
 	fs.BoolVar(&o.dpConfig.ReversePath, "reverse-path-check", true, "a backend's reply counts as its answer (refused, reset, accepted) only if it arrived where the node routes that backend, as the kernel's strict rp_filter rule has it: no pod can answer for another; false only where replies come back another way (asymmetric routing)")
 	fs.DurationVar(&o.dpConfig.SYNRetransMinAge, "syn-retransmit-min-age", 200*time.Millisecond, "a pending connection's SYN seen again sooner than this after the first is a duplicate, not the client's retransmission, and no timeout (Linux retransmits a SYN after 1s; 200ms is its smallest retransmission timeout)")
 	fs.DurationVar(&o.dpConfig.DeadMan, "dead-man-timeout", 30*time.Second, "with no heartbeat from the agent for this long (it crashed, hangs or was removed without a clean-up), the datapath hands every new flow to kube-proxy and lets the flows it has finish; the agent takes new flows back once it runs again. Longer than any restart; 0: never")
@@ -232,6 +235,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.tunnelIfaces, err = nodelinks.ParsePatterns(*tunnelIfaces); err != nil {
 		return o, fmt.Errorf("--tunnel-interfaces: %w", err)
+	}
+	if o.ipipIfaces, err = nodelinks.ParsePatterns(*ipipIfaces); err != nil {
+		return o, fmt.Errorf("--ipip-interfaces: %w", err)
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err

@@ -44,6 +44,7 @@ type Stats interface {
 	BackendStats(id uint32) (bpf.LbBeStats, error)
 	SYNGuardStats() (bpf.LbSynGuardCpu, error)
 	NFForgotten() (maps.NFForgotten, error)
+	AffinityFill() (entries, capacity int, err error)
 }
 
 // Inflight reads the circuit breaker's live flow counts (maps.Inflight).

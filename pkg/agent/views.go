@@ -33,6 +33,9 @@ func (a *Agent) Accrual() []accrual.ServiceSnapshot { return a.engine.Snapshot()
 // GlobalStats implements metrics.Source.
 func (a *Agent) GlobalStats() (bpf.LbGlobalStats, error) { return a.stats.GlobalStats() }
 
+// AffinityFill implements metrics.Source.
+func (a *Agent) AffinityFill() (entries, capacity int, err error) { return a.stats.AffinityFill() }
+
 // SYNGuardStats implements metrics.Source.
 func (a *Agent) SYNGuardStats() (bpf.LbSynGuardCpu, error) { return a.stats.SYNGuardStats() }
 

@@ -2,17 +2,14 @@ package datapath_test
 
 import (
 	"errors"
-	"net"
 	"net/netip"
-	"os"
-	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/internal/testnet"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -24,41 +21,12 @@ type kernelConntrack struct {
 	h *netlink.Handle
 }
 
-// inOwnNetns moves the test's goroutine, locked to its thread, into a new
-// network namespace for the test's length: a program run there looks up
-// that namespace's conntrack (the host's is never touched).
+// inOwnNetns moves the test's goroutine into a network namespace of its
+// own (testnet.OwnNetns), where the datapath's runs see that namespace's
+// conntrack.
 func inOwnNetns(t *testing.T) *kernelConntrack {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
-	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := netns.New()
-	if err != nil {
-		orig.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("back to the original namespace: %v", err)
-			return // the thread stays locked: Go retires it
-		}
-		orig.Close()
-		ns.Close()
-		runtime.UnlockOSThread()
-	})
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	if _, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET); err != nil {
-		t.Skipf("the kernel has no conntrack to test against (nf_conntrack, nf_conntrack_netlink): %v", err)
-	}
+	h := testnet.OwnNetns(t, true)
 	if !datapath.HaveNFKfuncs() {
 		t.Skip("the kernel has no conntrack kfuncs (Linux 6.0 with BTF, nf_conntrack loaded)")
 	}
@@ -75,17 +43,7 @@ func (k *kernelConntrack) add(orig, reply [2]netip.AddrPort, state uint8) {
 // addProto inserts an entry of protocol proto.
 func (k *kernelConntrack) addProto(orig, reply [2]netip.AddrPort, proto uint8, info netlink.ProtoInfo) {
 	k.t.Helper()
-	family := netlink.InetFamily(unix.AF_INET)
-	if orig[0].Addr().Is6() {
-		family = unix.AF_INET6
-	}
-	tuple := func(ap [2]netip.AddrPort) netlink.IPTuple {
-		return netlink.IPTuple{SrcIP: net.IP(ap[0].Addr().AsSlice()), DstIP: net.IP(ap[1].Addr().AsSlice()),
-			SrcPort: ap[0].Port(), DstPort: ap[1].Port(), Protocol: proto}
-	}
-	flow := &netlink.ConntrackFlow{FamilyType: uint8(family), Forward: tuple(orig), Reverse: tuple(reply),
-		TimeOut: 120, ProtoInfo: info}
-	if err := k.h.ConntrackCreate(netlink.ConntrackTable, family, flow); err != nil {
+	if err := testnet.AddConntrack(k.h, orig, reply, proto, info); err != nil {
 		k.t.Fatalf("conntrack entry %v / %v: %v", orig, reply, err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
@@ -136,8 +137,13 @@ type Controller struct {
 	dynFactory  dynamicinformer.DynamicSharedInformerFactory
 	statusQueue workqueue.TypedRateLimitingInterface[string]
 
+	// nodeFactory watches this node (Options.NodeName) for its zone
+	// label; nil without a node name.
+	nodeFactory informers.SharedInformerFactory
+
 	mu      sync.Mutex
 	local   map[netip.Addr]bool // the node's own addresses (SetLocalAddrs)
+	zone    string              // the node's topology.kubernetes.io/zone (watchNode)
 	entries map[string]*entry   // by Service key "namespace/name"
 	owner   map[string]string   // desired service name → Service key
 	// policies are the decoded BackendPolicies, by key.
@@ -250,7 +256,48 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 	if opts.Policies != nil {
 		c.watchPolicies(opts.Policies)
 	}
+	if opts.NodeName != "" {
+		c.watchNode(client)
+	}
 	return c
+}
+
+// watchNode follows this node's zone label, for topology hints. Not
+// among the caches Run waits for: without the label (or the permission to
+// read the node) Services are served over all their endpoints, and they
+// are recomputed when the zone arrives or changes.
+func (c *Controller) watchNode(client kubernetes.Interface) {
+	name := c.opts.NodeName
+	c.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, c.opts.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	onNode := func(obj any) {
+		if n, ok := obj.(*corev1.Node); ok && n.Name == name {
+			c.setZone(n.Labels[corev1.LabelTopologyZone])
+		}
+	}
+	c.nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onNode,
+		UpdateFunc: func(_, obj any) { onNode(obj) },
+	})
+}
+
+// setZone records the node's zone and recomputes every Service when it
+// changed.
+func (c *Controller) setZone(zone string) {
+	c.mu.Lock()
+	changed := zone != c.zone
+	c.zone = zone
+	c.mu.Unlock()
+	if !changed {
+		return
+	}
+	c.log.Info("node zone", "zone", zone, "node", c.opts.NodeName)
+	svcs, _ := c.services.List(labels.Everything())
+	for _, s := range svcs {
+		c.queue.Add(s.Namespace + "/" + s.Name)
+	}
 }
 
 func (c *Controller) enqueueService(obj any) {
@@ -338,6 +385,10 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	if c.dynFactory != nil {
 		c.dynFactory.Start(ctx.Done())
 		defer c.dynFactory.Shutdown()
+	}
+	if c.nodeFactory != nil {
+		c.nodeFactory.Start(ctx.Done())
+		defer c.nodeFactory.Shutdown()
 	}
 	c.log.Info("waiting for the Service, EndpointSlice and BackendPolicy caches", "policies", c.dynFactory != nil)
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
@@ -486,7 +537,7 @@ func (c *Controller) sync(key string) error {
 	if served == "" {
 		unserved = Keys(svc)
 	} else {
-		services, hostLocal = Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Addrs: c.local})
+		services, hostLocal = Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Zone: c.zone, Addrs: c.local})
 		for i := range services {
 			services[i].Served = served
 		}

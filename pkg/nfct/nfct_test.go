@@ -4,13 +4,12 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"os"
-	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
 // The matcher alone: TCP and UDP entries from a VIP (IPv4, IPv6, an IPv4
@@ -43,41 +42,12 @@ func TestFromVIPs(t *testing.T) {
 // In a network namespace of the test's own: the entries the datapath's
 // replies made go, kube-proxy's connections to the VIP and others stay.
 func TestForgetReplies(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
-	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("back to the original namespace: %v", err)
-			return
-		}
-		orig.Close()
-		ns.Close()
-		runtime.UnlockOSThread()
-	}()
-	if _, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET); err != nil {
-		t.Skipf("the kernel has no conntrack to test against (nf_conntrack, nf_conntrack_netlink): %v", err)
-	}
+	h := testnet.OwnNetns(t, true)
 	add := func(src, dst string) {
 		t.Helper()
 		s, d := netip.MustParseAddrPort(src), netip.MustParseAddrPort(dst)
-		fam := netlink.InetFamily(unix.AF_INET)
-		if s.Addr().Is6() {
-			fam = unix.AF_INET6
-		}
-		fwd := netlink.IPTuple{SrcIP: net.IP(s.Addr().AsSlice()), DstIP: net.IP(d.Addr().AsSlice()), SrcPort: s.Port(), DstPort: d.Port(), Protocol: unix.IPPROTO_TCP}
-		rev := netlink.IPTuple{SrcIP: fwd.DstIP, DstIP: fwd.SrcIP, SrcPort: fwd.DstPort, DstPort: fwd.SrcPort, Protocol: unix.IPPROTO_TCP}
-		if err := netlink.ConntrackCreate(netlink.ConntrackTable, fam, &netlink.ConntrackFlow{FamilyType: uint8(fam),
-			Forward: fwd, Reverse: rev, TimeOut: 300, ProtoInfo: &netlink.ProtoInfoTCP{State: 3}}); err != nil {
+		if err := testnet.AddConntrack(h, [2]netip.AddrPort{s, d}, [2]netip.AddrPort{d, s}, unix.IPPROTO_TCP,
+			&netlink.ProtoInfoTCP{State: 3}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -31,6 +31,7 @@ const ProbeGrants = 1
 type Writer interface {
 	UpsertService(bpf.LbSvcKey, bpf.LbSvcValue) error
 	DeleteService(bpf.LbSvcKey, uint32) error
+	ForgetAffinity(svcID uint32) error
 	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
 	SetBackend(uint32, bpf.LbBackend) error
 	SetBackends(ids []uint32, vals []bpf.LbBackend) error
