@@ -50,16 +50,21 @@ else
 	cp -r "$top/bpf" "$src/"
 fi
 
-# once FILE PERL: apply a perl substitution that must match exactly once.
+# once DIR PERL: apply a perl substitution that must match exactly once in
+# all of DIR's lb.c and include/*.h (the program is split into headers).
 once() {
-	local f=$1 expr=$2
-	local n
-	n=$(perl -0777 -ne '$n = () = '"m{${expr%%@@*}}g"'; print $n' "$f")
-	if [ "$n" != 1 ]; then
-		echo "build.sh: ablation pattern matched $n times in $(basename "$f"): ${expr%%@@*}" >&2
+	local dir=$1 expr=$2
+	local n total=0 hit=
+	for f in "$dir/lb.c" "$dir"/include/*.h; do
+		n=$(perl -0777 -ne '$n = () = '"m{${expr%%@@*}}g"'; print $n' "$f")
+		total=$((total + n))
+		[ "$n" != 0 ] && hit=$f
+	done
+	if [ "$total" != 1 ]; then
+		echo "build.sh: ablation pattern matched $total times in lb.c and its headers: ${expr%%@@*}" >&2
 		exit 1
 	fi
-	perl -0777 -pi -e "s{${expr%%@@*}}{${expr#*@@}}" "$f"
+	perl -0777 -pi -e "s{${expr%%@@*}}{${expr#*@@}}" "$hit"
 }
 
 # return_first FILE FUNC VALUE: FUNC's body starts with a return.
@@ -74,11 +79,11 @@ ablate() {
 	no-guard) return_first "$f" syn_guard_drops 0 ;;
 	no-handover) return_first "$f" handed_over 0 ;;
 	no-event) once "$f" '(static __always_inline void emit_at\([^)]*\)\n\{\n)@@$1\treturn;\n' ;;
-	no-clock) once "$f" '(#include "pb_helpers.h"\n)@@$1#define bpf_ktime_get_ns() ((__u64)1000000000000ULL)\n#define bpf_ktime_get_coarse_ns() ((__u64)1000000000000ULL)\n' ;;
+	no-clock) once "$f" '(#include "pb_helpers.h"\n)(?!#define bpf_ktime)@@$1#define bpf_ktime_get_ns() ((__u64)1000000000000ULL)\n#define bpf_ktime_get_coarse_ns() ((__u64)1000000000000ULL)\n' ;;
 	no-gstats) return_first "$f" gstats 0 ;;
 	no-stats)
-		perl -0777 -pi -e 's{bpf_map_lookup_elem\(&pb_(svc|be)_stats, [^)]*\)}{0}g' "$f"
-		if grep -q 'lookup_elem(&pb_\(svc\|be\)_stats' "$f"; then echo "build.sh: no-stats left a lookup" >&2; exit 1; fi ;;
+		perl -0777 -pi -e 's{bpf_map_lookup_elem\(&pb_(svc|be)_stats, [^)]*\)}{0}g' "$f/lb.c" "$f"/include/*.h
+		if grep -q 'lookup_elem(&pb_\(svc\|be\)_stats' "$f/lb.c" "$f"/include/*.h; then echo "build.sh: no-stats left a lookup" >&2; exit 1; fi ;;
 	no-rev-insert) once "$f" 'bpf_map_update_elem\(&pb_ct_v2, fk, fv, BPF_ANY\) \|\|\n\s*bpf_map_update_elem\(&pb_ct_v2, rk, rv, BPF_ANY\)@@bpf_map_update_elem(&pb_ct_v2, fk, fv, BPF_ANY)' ;;
 	no-ct-insert) once "$f" 'bpf_map_update_elem\(&pb_ct_v2, fk, fv, BPF_ANY\) \|\|\n\s*bpf_map_update_elem\(&pb_ct_v2, rk, rv, BPF_ANY\)@@0' ;;
 	no-syn-ct) once "$f" '(syn_guard_drops\(&fk\)\)\n\s*return XDP_DROP;\n\s*\}\n\s*)struct ct_value \*ct = bpf_map_lookup_elem\(&pb_ct_v2, &fk\);@@$1struct ct_value *ct = svcp ? 0 : bpf_map_lookup_elem(&pb_ct_v2, &fk);' ;;
@@ -98,7 +103,7 @@ for v in "$@"; do
 	cp -r "$src/bpf/." "$work/"
 	IFS=+ read -r -a list <<<"$abl"
 	for a in "${list[@]}"; do
-		[ -n "$a" ] && ablate "$work/lb.c" "$a"
+		[ -n "$a" ] && ablate "$work" "$a"
 	done
 	clang -O2 -g -Wall -Wno-unused-variable -Wno-unused-but-set-variable -Werror -mcpu=v3 -target bpfel -c "$work/lb.c" -o "$out/$name.o" \
 		-I"$work/include" -I/usr/include/x86_64-linux-gnu
