@@ -52,6 +52,7 @@ var (
 	pkVIPLimBe = netip.MustParseAddrPort("198.18.100.13:80") // maxInflight and maxInflightPerBackend set
 	pkVIPRep   = netip.MustParseAddrPort("198.18.100.14:80") // retryRefused: each SYN copied for a replay
 	pkVIPTO    = netip.MustParseAddrPort("198.18.100.16:80") // lately kube-proxy's (PB_SVC_F_TAKEN_OVER)
+	pkVIPAff   = netip.MustParseAddrPort("198.18.100.17:80") // sessionAffinity ClientIP
 
 	pkNode = netip.MustParseAddrPort("198.18.0.1:22")
 
@@ -165,6 +166,7 @@ type svcDef struct {
 	limit    uint32
 	perBE    uint32
 	flags    uint32
+	affinity uint32 // sessionAffinity ClientIP's timeout, s (0: off)
 }
 
 func (r *packetRig) program() error {
@@ -180,7 +182,8 @@ func (r *packetRig) program() error {
 			be(7+id, a, 3, maps.BackendActive),
 			be(10+id, a, 4, maps.BackendActive),
 			be(30+id, a, 5, maps.BackendActive),
-			be(50+id, a, 7, maps.BackendActive))
+			be(50+id, a, 7, maps.BackendActive),
+			be(53+id, a, 8, maps.BackendActive))
 	}
 	errs = append(errs,
 		be(4, "198.18.3.2:8080", 2, maps.BackendProbation),
@@ -210,6 +213,7 @@ func (r *packetRig) program() error {
 		{id: 4, vip: pkVIPLimBe, backends: []uint32{10, 11, 12}, limit: lim, perBE: lim},
 		{id: 5, vip: pkVIPRep, backends: []uint32{30, 31, 32}, flags: maps.ServiceRetryRefused},
 		{id: 7, vip: pkVIPTO, backends: []uint32{50, 51, 52}, flags: maps.ServiceTakenOver},
+		{id: 8, vip: pkVIPAff, backends: []uint32{53, 54, 55}, affinity: 10800},
 		{id: pkTripSvc, vip: pkVIPTrip, backends: []uint32{pkTripBEID}},
 		{id: 20, vip: pkA6, backends: []uint32{60}},
 		{id: 21, vip: pkB6, backends: []uint32{61}},
@@ -306,7 +310,8 @@ func (r *packetRig) service(s svcDef) error {
 	if err := r.m.FillTable(s.id, 0, tbl); err != nil {
 		return err
 	}
-	v := bpf.LbSvcValue{Id: s.id, Table: 0, TableSize: uint32(len(tbl)), MaxInflight: s.limit, MaxInflightPerBackend: s.perBE, Flags: s.flags}
+	v := bpf.LbSvcValue{Id: s.id, Table: 0, TableSize: uint32(len(tbl)), MaxInflight: s.limit, MaxInflightPerBackend: s.perBE, Flags: s.flags,
+		AffinityTimeoutS: s.affinity}
 	if s.perBE != 0 {
 		if err := r.m.SetServiceBackends(s.id, nil, s.backends); err != nil {
 			return err
@@ -509,6 +514,7 @@ const (
 	nfMinDNAT                      // baseline: minimal DNAT (a match), same method
 	nfLinuxSYN                     // as nfPlain, the SYN a Linux client sends (20 bytes of options)
 	nfTakenOver                    // as nfPlain, to a service lately kube-proxy's (nf_conntrack looked up)
+	nfAffinity                     // as nfPlain, to a service with sessionAffinity ClientIP
 )
 
 // newFlows runs n SYNs of distinct new flows, one BPF_PROG_TEST_RUN
@@ -557,6 +563,8 @@ func (r *packetRig) newFlows(kind newFlowKind, n int) (float64, error) {
 		vip, svc = pkVIPNew, 1
 	case nfTakenOver:
 		vip, svc = pkVIPTO, 7
+	case nfAffinity:
+		vip, svc = pkVIPAff, 8
 	case nfXDPPass:
 		prog, vip = r.base.XdpPass, pkA
 	case nfMinDNAT:
@@ -944,6 +952,7 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 		{"packet", fProbe, fDNAT1, func() (float64, error) { return r.newFlows(nfProbe, o.NewFlows) }},
 		{"packet", "new flow, a Linux client's SYN (MSS, SACK, timestamps, window scale: 20 bytes of options)", fNew, func() (float64, error) { return r.newFlows(nfLinuxSYN, o.NewFlows) }},
 		{"packet", "new flow to a service lately kube-proxy's (the kernel's conntrack entry of the SYN's tuple looked up)", fNew, func() (float64, error) { return r.newFlows(nfTakenOver, o.NewFlows) }},
+		{"packet", "new flow to a service with sessionAffinity ClientIP (the client's pin looked up and written; the bench's clients share an address per 32768 flows)", fNew, func() (float64, error) { return r.newFlows(nfAffinity, o.NewFlows) }},
 		{"packet", fFull, fDNAT1, func() (float64, error) { return r.newFlows(nfFullCT, o.NewFlows) }},
 		// The tail of the row above's calls, in the same round.
 		{"packet", fFullP99, "", func() (float64, error) { return r.fullP99, nil }},
