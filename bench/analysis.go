@@ -125,11 +125,11 @@ const (
 		"05cee10 (3 Dec, the guard done) 4.02× and 1.34×; 901a150 (the evidence rules' first form) 6.27× and 1.86×; " +
 		"a2d938e (the evidence rules off the forward path) 4.26× and 1.40×; 66a88e3 (the dead-man's switch; bpf/lb.c as of c5afeab) 4.19× and 1.39×."
 	newText = "both conntrack inserts 480 ns (391 to 572; into a full table 570), of which the reverse entry's 230 ns (81 to 341; full: 290); " +
-		"the SYN's checksum and option checks (syn_doomed, 901a150) 189 ns (-70 to 241); the clock reads, four on this path " +
-		"(the SYN guard's and the hand-over check's coarse clock, the flow's start, last_seen) 129 ns (10 to 241); " +
+		"the SYN's checksum and option checks (syn_doomed, 901a150) 189 ns (-70 to 241); the clock reads, three here (the SYN guard's coarse clock, the flow's start, last_seen; the hand-over check reads a fourth " +
+		"where the agent's dead-man bound is set, as it is by default, not in the bench) 129 ns (10 to 241); " +
 		"the SYN guard's bookkeeping while it is off (9cd279e, 1e175ca: two map reads and a clock read per SYN) 89 ns; " +
 		"the NEW_FLOW ring-buffer record 79 ns; the conntrack lookup before the insert (a miss in a cold bucket, which only a SYN on a known tuple needs) 70 ns; " +
-		"the hand-over check (66a88e3: pb_config_v2 and a clock read) 50 ns; per-service and per-backend counters 30 ns, the global ones 20 ns. " +
+		"the hand-over check (66a88e3: a pb_config_v2 read here) 50 ns (-60 to 140, within the noise); per-service and per-backend counters 30 ns, the global ones 20 ns. " +
 		"The checks, the guard, the hand-over test, the event, the lookup before the insert and the reverse insert out together (variant lean-new) save 520 ns " +
 		"(441 to 621): 571 ns are left, 1.50× the floor (into a full table 711 ns, 1.39×). The pieces overlap (the guard and the hand-over check each include a clock read), " +
 		"so they do not add up. A Linux client's SYN (20 bytes of options, which syn_doomed walks) costs 1.03× the bench's bare SYN."
@@ -140,11 +140,11 @@ const (
 		"pays for its lookup (section 1a). " +
 		"(2) syn_doomed off the per-SYN path (189 ns): the checks matter only for a SYN nobody answers, so make them when the client's retransmission " +
 		"is seen (client_control's SYN_RETRANS branch holds the retransmitted copy, as doomed as the first) or let the agent check the kept copy before it " +
-		"charges a timeout. (3) one clock read per new flow (of 129 ns for four reads, about 90 ns): one bpf_ktime_get_ns at the top, passed to the guard, " +
+		"charges a timeout. (3) one clock read per new flow (129 ns for three reads here, four in production: about 90 ns saved): one bpf_ktime_get_ns at the top, passed to the guard, " +
 		"the hand-over check, created_ns and last_seen (the coarse clock is the same CLOCK_MONOTONIC, a tick behind). (4) an idle SYN guard that costs one " +
 		"read (89 ns now): test a per-CPU armed word first and count the window with the one clock read. (5) no NEW_FLOW record (79 ns), as the issue says: " +
 		"the agent can take the start from conntrack with the outcome. (6) insert first, no lookup before it (70 ns): bpf_map_update_elem(BPF_NOEXIST), " +
-		"and the known-tuple path on -EEXIST. (7) the hand-over check from the pb_config_v2 read new_flow makes for the hash seed, with the clock of (3) (50 ns). " +
+		"and the known-tuple path on -EEXIST. (7) the hand-over check from the pb_config_v2 read new_flow makes for the hash seed, with the clock of (3) (up to 50 ns; within the noise here). " +
 		"(8) counters (50 ns). With (1)-(7) the new flow measured 571 ns here (lean-new), 1.50× the floor; (3) and (8) on top are the rest of the way to 1.3×. " +
 		"The Maglev pick through pb_maglev's array of maps costs a helper call for the inner table where a flat ARRAY is one inlined read: small, not measured apart."
 )
