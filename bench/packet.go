@@ -873,12 +873,17 @@ func runPacket(res *Results, o packetOpts, logf func(string, ...any)) error {
 	res.extra("packet", "%s", progStats("xdp_pass (baseline)", r.base.XdpPass))
 	res.extra("packet", "%s", progStats("lb_new (conntracking floor, new flow)", r.base.LbNew))
 	res.extra("packet", "%s", progStats("lb_known (conntracking floor, known flow)", r.base.LbKnown))
-	variants := append([]pbVariant(nil), o.Variants...)
-	for i := range variants {
-		if variants[i].prog, err = r.loadVariant(variants[i].Path); err != nil {
-			return fmt.Errorf("--pb-variant %s: %w", variants[i].Name, err)
+	// A variant that does not load (the verifier refuses what an ablation
+	// left) is reported and left out, not the end of the part.
+	var variants []pbVariant
+	for _, v := range o.Variants {
+		if v.prog, err = r.loadVariant(v.Path); err != nil {
+			logf("packet: --pb-variant %s left out: %v", v.Name, err)
+			res.note("variant", "%s (%s) did not load and is not measured: %s", v.Name, v.Path, firstLine(err.Error()))
+			continue
 		}
-		defer variants[i].prog.Close()
+		defer v.prog.Close()
+		variants = append(variants, v)
 	}
 
 	rep := o.Repeat

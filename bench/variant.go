@@ -229,3 +229,11 @@ func variantFigures(res *Results, vs []pbVariant, r *packetRig) {
 	}
 	res.note("variant", "Diagnostic rows: builds of pb_xdp given with --pb-variant (bench/variants/build.sh takes named pieces out of bpf/lb.c), each loaded with the datapath's own maps and measured in the same rounds as the unmodified program, path by path, one right after another. The established and pass-through rows are repeat runs as in section 1 (%s); the new-flow rows %s as section 1's, into the empty and into the full conntrack. Only the packets are checked here (a variant may count or report nothing); what a piece costs is its row's difference from the unmodified row of the same round.", "the same frames", "the same SYNs")
 }
+
+// firstLine is s up to its first newline (a verifier log is long).
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
