@@ -9,8 +9,10 @@
 // Parts (each can run on its own with --only):
 //
 //	packet    per-packet cost of the XDP program with BPF_PROG_TEST_RUN, beside
-//	          an XDP_PASS-only program and a minimal DNAT (bench/xdpbase),
-//	          and the circuit breaker's counting cost
+//	          an XDP_PASS-only program, a minimal DNAT and the conntracking
+//	          floor (bench/xdpbase: lb_new, lb_known), and the circuit
+//	          breaker's counting cost; with --pb-variant NAME=OBJ, other
+//	          builds of pb_xdp beside it (bench/variants/build.sh)
 //	e2e       connections per second and machine CPU per connection through
 //	          network namespaces: penaltybox (XDP_PASS and redirect modes),
 //	          nftables DNAT as kube-proxy's nftables mode writes it, HAProxy
@@ -50,6 +52,8 @@ type options struct {
 	rounds int
 	quick  bool
 	agent  string
+	// variants: other builds of pb_xdp for the packet part (--pb-variant).
+	variants variantFlag
 }
 
 var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "fleet"}
@@ -63,8 +67,9 @@ func main() {
 	flag.StringVar(&o.agent, "agent", "", "agent binary (default: build ./cmd/agent)")
 	jsonOut := flag.String("json", "", "also write the raw figures as JSON to this file")
 	render := flag.String("render", "", "do not measure: re-render --out (and the table) from a JSON file written by --json")
-	spinPath := flag.String("spin", "", "instead of measuring, run one datapath path in a loop for a profiler: established, reply, passthrough, newflow, newflow-noreader, dnat")
+	spinPath := flag.String("spin", "", "instead of measuring, run one datapath path in a loop for a profiler: established, reply, passthrough, newflow, newflow-noreader, dnat, floor-known, floor-new")
 	spinFor := flag.Duration("spin-for", 10*time.Second, "how long --spin runs")
+	flag.Var(&o.variants, "pb-variant", "NAME=OBJECT: also measure this build of pb_xdp (bench/variants/build.sh) beside the datapath's in the packet part, with its maps; repeatable")
 	floorChild := flag.Bool(wakeFloorFlag, false, "internal: be the reaction part's wake-up floor process")
 	flag.Parse()
 	if *floorChild {
@@ -177,6 +182,7 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 	m.Parts = o.only
 	res := newResults()
 	sz := sizesFor(o.rounds, o.quick)
+	sz.packet.Variants = o.variants
 	var errs []string
 	for _, p := range o.only {
 		t0 := time.Now()

@@ -215,6 +215,8 @@ func machine() Machine {
 
 var partTitles = map[string]string{
 	"packet":   "1. Per-packet cost of the XDP program (BPF_PROG_TEST_RUN)",
+	"floor":    "1a. Against the conntracking floor (bench/xdpbase lb_new, lb_known) and XDP_PASS",
+	"variant":  "1d. Variant builds of pb_xdp, measured beside it (diagnostic: --pb-variant)",
 	"breaker":  "1b. Circuit breaker: added per-packet cost of counting",
 	"trip":     "1c. Kernel trip: the XDP run of the deciding failure (deciding failure → endpoint excluded, in the kernel)",
 	"e2e":      "2. End to end through network namespaces",
@@ -225,7 +227,7 @@ var partTitles = map[string]string{
 	"fleet":    "6. Fleet evidence: an endpoint diluted over many client nodes (simulated)",
 }
 
-var partOrder = []string{"packet", "breaker", "trip", "e2e", "failing", "flood", "reaction", "control", "fleet"}
+var partOrder = []string{"packet", "floor", "breaker", "trip", "variant", "e2e", "failing", "flood", "reaction", "control", "fleet"}
 
 // table writes the figures of one part as a markdown table.
 func (r *Results) table(w io.Writer, part string) {

@@ -15,6 +15,7 @@ import (
 // prints the kernel's median time per run every second.
 //
 //	established  reply  passthrough  newflow  newflow-noreader  dnat
+//	floor-known  floor-new (the conntracking floor, bench/floor.go)
 func spin(path string, d time.Duration) error {
 	r, err := newPacketRig()
 	if err != nil {
@@ -43,6 +44,10 @@ func spin(path string, d time.Duration) error {
 			v, err = r.passThrough(in, 1_000_001)
 		case "dnat":
 			v, err = r.repeatRun(r.base.MinDnat, tcpFrame(pkClient, pkA, bpftest.ACK), 1_000_001, ended(pkClient, pkB))
+		case "floor-known":
+			v, err = r.floorKnown(1_000_001, false)
+		case "floor-new":
+			v, err = r.floorNew(20000, false, false)
 		case "newflow", "newflow-noreader":
 			v, err = r.spinNewFlows(20000)
 		default:

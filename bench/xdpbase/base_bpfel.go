@@ -28,16 +28,68 @@ type BaseDnatValue struct {
 	Pad  uint16
 }
 
+type BaseLbBackend struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type BaseLbFlowKey struct {
+	_     structs.HostLayout
+	Src   uint32
+	Dst   uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type BaseLbVip struct {
+	_    structs.HostLayout
+	Base uint32
+	Size uint32
+}
+
+type BaseLbVipKey struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type BaseLbWideKey struct {
+	_      structs.HostLayout
+	Src    [4]uint32
+	Dst    [4]uint32
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Dir    uint8
+	Family uint8
+	Pad    uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	BaseMapDnat       = "dnat"
-	BaseMapEmitLost   = "emit_lost"
-	BaseMapEvents     = "events"
-	BaseProgEmitEvent = "emit_event"
-	BaseProgMinDnat   = "min_dnat"
-	BaseProgXdpPass   = "xdp_pass"
+	BaseMapDnat         = "dnat"
+	BaseMapEmitLost     = "emit_lost"
+	BaseMapEvents       = "events"
+	BaseMapLbBackends   = "lb_backends"
+	BaseMapLbFlows      = "lb_flows"
+	BaseMapLbFlowsWide  = "lb_flows_wide"
+	BaseMapLbMaglev     = "lb_maglev"
+	BaseMapLbVips       = "lb_vips"
+	BaseProgEmitEvent   = "emit_event"
+	BaseProgLbKnown     = "lb_known"
+	BaseProgLbKnownWide = "lb_known_wide"
+	BaseProgLbNew       = "lb_new"
+	BaseProgLbNewWide   = "lb_new_wide"
+	BaseProgMinDnat     = "min_dnat"
+	BaseProgXdpPass     = "xdp_pass"
 )
 
 // LoadBase returns the embedded CollectionSpec for Base.
@@ -82,18 +134,27 @@ type BaseSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaseProgramSpecs struct {
-	EmitEvent *ebpf.ProgramSpec `ebpf:"emit_event"`
-	MinDnat   *ebpf.ProgramSpec `ebpf:"min_dnat"`
-	XdpPass   *ebpf.ProgramSpec `ebpf:"xdp_pass"`
+	EmitEvent   *ebpf.ProgramSpec `ebpf:"emit_event"`
+	LbKnown     *ebpf.ProgramSpec `ebpf:"lb_known"`
+	LbKnownWide *ebpf.ProgramSpec `ebpf:"lb_known_wide"`
+	LbNew       *ebpf.ProgramSpec `ebpf:"lb_new"`
+	LbNewWide   *ebpf.ProgramSpec `ebpf:"lb_new_wide"`
+	MinDnat     *ebpf.ProgramSpec `ebpf:"min_dnat"`
+	XdpPass     *ebpf.ProgramSpec `ebpf:"xdp_pass"`
 }
 
 // BaseMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaseMapSpecs struct {
-	Dnat     *ebpf.MapSpec `ebpf:"dnat"`
-	EmitLost *ebpf.MapSpec `ebpf:"emit_lost"`
-	Events   *ebpf.MapSpec `ebpf:"events"`
+	Dnat        *ebpf.MapSpec `ebpf:"dnat"`
+	EmitLost    *ebpf.MapSpec `ebpf:"emit_lost"`
+	Events      *ebpf.MapSpec `ebpf:"events"`
+	LbBackends  *ebpf.MapSpec `ebpf:"lb_backends"`
+	LbFlows     *ebpf.MapSpec `ebpf:"lb_flows"`
+	LbFlowsWide *ebpf.MapSpec `ebpf:"lb_flows_wide"`
+	LbMaglev    *ebpf.MapSpec `ebpf:"lb_maglev"`
+	LbVips      *ebpf.MapSpec `ebpf:"lb_vips"`
 }
 
 // BaseVariableSpecs contains global variables before they are loaded into the kernel.
@@ -122,9 +183,14 @@ func (o *BaseObjects) Close() error {
 //
 // It can be passed to LoadBaseObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BaseMaps struct {
-	Dnat     *ebpf.Map `ebpf:"dnat"`
-	EmitLost *ebpf.Map `ebpf:"emit_lost"`
-	Events   *ebpf.Map `ebpf:"events"`
+	Dnat        *ebpf.Map `ebpf:"dnat"`
+	EmitLost    *ebpf.Map `ebpf:"emit_lost"`
+	Events      *ebpf.Map `ebpf:"events"`
+	LbBackends  *ebpf.Map `ebpf:"lb_backends"`
+	LbFlows     *ebpf.Map `ebpf:"lb_flows"`
+	LbFlowsWide *ebpf.Map `ebpf:"lb_flows_wide"`
+	LbMaglev    *ebpf.Map `ebpf:"lb_maglev"`
+	LbVips      *ebpf.Map `ebpf:"lb_vips"`
 }
 
 func (m *BaseMaps) Close() error {
@@ -132,6 +198,11 @@ func (m *BaseMaps) Close() error {
 		m.Dnat,
 		m.EmitLost,
 		m.Events,
+		m.LbBackends,
+		m.LbFlows,
+		m.LbFlowsWide,
+		m.LbMaglev,
+		m.LbVips,
 	)
 }
 
@@ -145,14 +216,22 @@ type BaseVariables struct {
 //
 // It can be passed to LoadBaseObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BasePrograms struct {
-	EmitEvent *ebpf.Program `ebpf:"emit_event"`
-	MinDnat   *ebpf.Program `ebpf:"min_dnat"`
-	XdpPass   *ebpf.Program `ebpf:"xdp_pass"`
+	EmitEvent   *ebpf.Program `ebpf:"emit_event"`
+	LbKnown     *ebpf.Program `ebpf:"lb_known"`
+	LbKnownWide *ebpf.Program `ebpf:"lb_known_wide"`
+	LbNew       *ebpf.Program `ebpf:"lb_new"`
+	LbNewWide   *ebpf.Program `ebpf:"lb_new_wide"`
+	MinDnat     *ebpf.Program `ebpf:"min_dnat"`
+	XdpPass     *ebpf.Program `ebpf:"xdp_pass"`
 }
 
 func (p *BasePrograms) Close() error {
 	return _BaseClose(
 		p.EmitEvent,
+		p.LbKnown,
+		p.LbKnownWide,
+		p.LbNew,
+		p.LbNewWide,
 		p.MinDnat,
 		p.XdpPass,
 	)
