@@ -11,8 +11,8 @@
 #   agnhost.tar  registry.k8s.io/e2e-test-images/agnhost:<VERSION>   agnhost built from
 #                k8s.io/kubernetes/test/images/agnhost at the cluster's version
 #                (scripts/e2e-tools.sh), on a root filesystem with the tools the
-#                tests run in it: busybox's applets and sh, bash, curl,
-#                netcat-openbsd, iproute2's ip and ss (upstream: alpine with
+#                tests run in it: dash as sh, busybox's applets, bash, curl,
+#                wget, netcat-openbsd, iproute2's ip and ss (upstream: alpine with
 #                the same packages); the porter's certificate, /uploads, agnhost-2
 #   busybox.tar  registry.k8s.io/e2e-test-images/busybox:<tag>       Debian's busybox-static
 #   nginx.tar    registry.k8s.io/e2e-test-images/nginx:<tag>         Debian's nginx, serving on 80
@@ -27,7 +27,7 @@
 # framework's manifest, never typed. buildah runs with throw-away storage in
 # a private mount namespace, as in scripts/cluster-images.sh. Needs buildah,
 # busybox-static, curl, netcat-openbsd, iproute2, bash, nginx and Go. A few
-# seconds once scripts/e2e-tools.sh has its binaries cached.
+# seconds once scripts/e2e-tools.sh has its binaries cached. Needs dash too.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,7 +37,7 @@ log() { echo "e2e-images: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 [ $# -eq 1 ] || die "usage: $0 OUTDIR"
-for c in buildah go curl nc.openbsd ip ss bash nginx; do
+for c in buildah go curl wget nc.openbsd dash ip ss bash nginx; do
   command -v "$c" >/dev/null 2>&1 || [ -x "/usr/sbin/$c" ] || die "$c not found (make conformance installs what is missing)"
 done
 BUSYBOX=/bin/busybox
@@ -114,7 +114,10 @@ image() {
   local name=$1 ref=$2 rootfs=$3 entrypoint=$4 cmd=$5 c start=$EPOCHREALTIME
   c=$("${B[@]}" from scratch)
   "${B[@]}" copy "$c" "$rootfs" / >/dev/null
-  "${B[@]}" config --entrypoint "$entrypoint" --cmd "$cmd" "$c"
+  # The PATH containerd would give an image without one, spelled out:
+  # /usr/bin's curl and nc and /usr/sbin's ip come before busybox's in /bin.
+  "${B[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --entrypoint "$entrypoint" --cmd "$cmd" "$c"
   "${B[@]}" commit --quiet --format docker "$c" "$ref" >/dev/null
   "${B[@]}" rm "$c" >/dev/null
   "${B[@]}" push --quiet "$ref" "docker-archive:$TMP/$name.tar:$ref" >&2
@@ -125,9 +128,16 @@ image() {
 # agnhost: the binary at /agnhost (and /agnhost-2), as upstream's Dockerfile has it.
 R=$TMP/agnhost-root
 busybox_root "$R"
-for f in /usr/bin/bash /usr/bin/curl /usr/sbin/ip /usr/bin/ss; do add "$R" "$f"; done
+# GNU wget too: busybox-static's wget segfaults in getaddrinfo (a static
+# glibc loading NSS modules), even for an IP address.
+for f in /usr/bin/bash /usr/bin/curl /usr/bin/wget /usr/sbin/ip /usr/bin/ss; do add "$R" "$f"; done
 add "$R" /bin/nc.openbsd /usr/bin/nc
 ln -sf /usr/bin/bash "$R/bin/bash"
+# /bin/sh is dash, not busybox: Debian's busybox-static is built with the
+# standalone shell, whose sh runs its own applets before any in PATH, and
+# its nc knows neither -v nor -t nor -u (alpine's busybox sh goes by PATH).
+add "$R" /bin/dash
+ln -sf dash "$R/bin/sh"
 printf 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n' >>"$R/etc/passwd"
 printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$R/etc/group"
 mkdir -p "$R/uploads"

@@ -10,7 +10,8 @@
 //
 // `go test ./test/conformance` (in make test) runs a fixed subset;
 // PENALTYBOX_CONFORMANCE=full (make conformance) runs the whole list of
-// suite_test.go. The JUnit report and Ginkgo's full JSON report go to
+// suite_test.go; any other value is a focus pattern of its own (one spec
+// again, say). The JUnit report and Ginkgo's full JSON report go to
 // $PENALTYBOX_CONFORMANCE_REPORT (default: a new directory under $TMPDIR,
 // kept and named in the output).
 //
@@ -56,10 +57,14 @@ func TestConformance(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (a kubelet, containerd, network namespaces, BPF); CI runs as root")
 	}
-	full := os.Getenv("PENALTYBOX_CONFORMANCE") == "full"
 	focus, budget := ciFocus, 20*time.Minute
-	if full {
+	switch os.Getenv("PENALTYBOX_CONFORMANCE") {
+	case "full":
 		focus, budget = fullFocus, 3*time.Hour
+	case "":
+	default:
+		// A pattern of its own: one spec again, say.
+		focus, budget = []string{os.Getenv("PENALTYBOX_CONFORMANCE")}, 3*time.Hour
 	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -84,7 +89,7 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A report left by an earlier run must not be read as this one's.
-	for _, f := range []string{"junit_01.xml", "ginkgo", "e2e.log"} {
+	for _, f := range []string{"junit_01.xml", "ginkgo", "e2e.log", "services.json"} {
 		os.RemoveAll(filepath.Join(reportDir, f))
 	}
 	if err := os.MkdirAll(reportDir, 0o755); err != nil {
@@ -133,9 +138,12 @@ func TestConformance(t *testing.T) {
 	if err := <-scraped; err != nil {
 		t.Errorf("scraping the agent's metrics: %v", err)
 	}
-	t.Logf("e2e.test ran for %v; reports in %s (junit_01.xml, ginkgo/report.json, e2e.log)",
+	t.Logf("e2e.test ran for %v; reports in %s (junit_01.xml, ginkgo/report.json, e2e.log, services.json)",
 		time.Since(start).Round(time.Second), reportDir)
 
+	if err := seen.save(filepath.Join(reportDir, "services.json")); err != nil {
+		t.Errorf("saving what the agent served: %v", err)
+	}
 	specs, err := readReport(filepath.Join(reportDir, "ginkgo", "report.json"))
 	if err != nil {
 		t.Fatalf("e2e.test: %v; no report: %v", runErr, err)

@@ -108,7 +108,9 @@ func newServiceLog() *serviceLog {
 }
 
 // scrape reads the agent's /metrics (the node's address: the agent's pod
-// has the host's network) every half second until ctx ends. It fails only
+// has the host's network) every 100 ms until ctx ends: some specs connect
+// twice and delete their Service a few milliseconds later, and a Service's
+// series go with it. It fails only
 // when no scrape at all succeeded.
 func (l *serviceLog) scrape(ctx context.Context, rig *clusterrig.Rig) error {
 	c := rig.HTTPClient()
@@ -126,7 +128,7 @@ func (l *serviceLog) scrape(ctx context.Context, rig *clusterrig.Rig) error {
 				return fmt.Errorf("no successful scrape of %s: %v", url, lastErr)
 			}
 			return nil
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
@@ -253,4 +255,33 @@ func labelValue(pairs []*dto.LabelPair, name string) string {
 		}
 	}
 	return ""
+}
+
+// save writes what the log saw, for reading after the run.
+func (l *serviceLog) save(path string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	type svc struct {
+		Flows   float64  `json:"flows"`
+		Reasons []string `json:"reasons"`
+	}
+	out := map[string]*svc{}
+	for name, reasons := range l.reasons {
+		s := &svc{Flows: l.flows[name]}
+		for r := range reasons {
+			s.Reasons = append(s.Reasons, r)
+		}
+		sort.Strings(s.Reasons)
+		out[name] = s
+	}
+	for name, v := range l.flows {
+		if out[name] == nil {
+			out[name] = &svc{Flows: v}
+		}
+	}
+	b, err := json.MarshalIndent(map[string]any{"scrapes": l.scrapes, "services": out}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }
