@@ -13,6 +13,24 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type LbAffinityKey struct {
+	_      structs.HostLayout
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId  uint32
+	Family uint8
+	Pad    [3]uint8
+}
+
+type LbAffinityValue struct {
+	_         structs.HostLayout
+	BackendId uint32
+	Pad       uint32
+	LastNs    uint64
+}
+
 type LbBackend struct {
 	_    structs.HostLayout
 	Addr struct {
@@ -202,6 +220,14 @@ const (
 	LbPbEventTypePB_EV_FIRST_DATA  LbPbEventType = 8
 )
 
+type LbPbNfWhy uint32
+
+const (
+	LbPbNfWhyPB_NF_TAKEN_OVER  LbPbNfWhy = 0
+	LbPbNfWhyPB_NF_HANDED_OVER LbPbNfWhy = 1
+	LbPbNfWhyPB_NF_WHYS        LbPbNfWhy = 2
+)
+
 type LbPbSvcFlag uint32
 
 const (
@@ -209,6 +235,7 @@ const (
 	LbPbSvcFlagPB_SVC_F_QUIET_DATA    LbPbSvcFlag = 2
 	LbPbSvcFlagPB_SVC_F_QUIET_END     LbPbSvcFlag = 4
 	LbPbSvcFlagPB_SVC_F_TAKEN_OVER    LbPbSvcFlag = 8
+	LbPbSvcFlagPB_SVC_F_HANDED_BACK   LbPbSvcFlag = 16
 )
 
 type LbPbTripKind uint32
@@ -220,15 +247,18 @@ const (
 )
 
 type LbScratch struct {
-	_   structs.HostLayout
-	Rk  LbCtKey
-	Rv  LbCtValue
-	Fv  LbCtValue
-	Fk  LbCtKey
-	Svc LbSvcValue
-	Fib [8]uint64
-	Buf [1028]uint8
-	_   [4]byte
+	_       structs.HostLayout
+	Rk      LbCtKey
+	Rv      LbCtValue
+	Fv      LbCtValue
+	Fk      LbCtKey
+	Svc     LbSvcValue
+	Ak      LbAffinityKey
+	Av      LbAffinityValue
+	Fib     [8]uint64
+	Buf     [1028]uint8
+	NfTuple [10]uint32
+	NfOpts  [3]uint32
 }
 
 type LbSrcKey struct {
@@ -286,7 +316,7 @@ type LbSvcValue struct {
 	MaxInflightPerBackend uint32
 	BackendCount          uint32
 	Flags                 uint32
-	Pad                   uint32
+	AffinityTimeoutS      uint32
 }
 
 type LbSynCopy struct {
@@ -338,6 +368,7 @@ type LbSynGuardCpu struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	LbMapPbAffinity         = "pb_affinity"
 	LbMapPbBackends         = "pb_backends"
 	LbMapPbBeInflight       = "pb_be_inflight"
 	LbMapPbBeStats          = "pb_be_stats"
@@ -350,6 +381,7 @@ const (
 	LbMapPbIfaces           = "pb_ifaces"
 	LbMapPbMaglev           = "pb_maglev"
 	LbMapPbMaglevFb         = "pb_maglev_fb"
+	LbMapPbNfStats          = "pb_nf_stats"
 	LbMapPbPorts            = "pb_ports"
 	LbMapPbRedirect         = "pb_redirect"
 	LbMapPbScratch          = "pb_scratch"
@@ -365,10 +397,12 @@ const (
 	LbMapPbSynsV2           = "pb_syns_v2"
 	LbMapPbVipSlots         = "pb_vip_slots"
 	LbProgPbXdp             = "pb_xdp"
+	LbVarPbNfKfuncs         = "pb_nf_kfuncs"
 	LbVarUnusedBackendState = "unused_backend_state"
 	LbVarUnusedEvent        = "unused_event"
 	LbVarUnusedEventFlag    = "unused_event_flag"
 	LbVarUnusedEventType    = "unused_event_type"
+	LbVarUnusedNfWhy        = "unused_nf_why"
 	LbVarUnusedSvcFlag      = "unused_svc_flag"
 	LbVarUnusedTripKind     = "unused_trip_kind"
 )
@@ -422,6 +456,7 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
+	PbAffinity    *ebpf.MapSpec `ebpf:"pb_affinity"`
 	PbBackends    *ebpf.MapSpec `ebpf:"pb_backends"`
 	PbBeInflight  *ebpf.MapSpec `ebpf:"pb_be_inflight"`
 	PbBeStats     *ebpf.MapSpec `ebpf:"pb_be_stats"`
@@ -434,6 +469,7 @@ type LbMapSpecs struct {
 	PbIfaces      *ebpf.MapSpec `ebpf:"pb_ifaces"`
 	PbMaglev      *ebpf.MapSpec `ebpf:"pb_maglev"`
 	PbMaglevFb    *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
+	PbNfStats     *ebpf.MapSpec `ebpf:"pb_nf_stats"`
 	PbPorts       *ebpf.MapSpec `ebpf:"pb_ports"`
 	PbRedirect    *ebpf.MapSpec `ebpf:"pb_redirect"`
 	PbScratch     *ebpf.MapSpec `ebpf:"pb_scratch"`
@@ -454,10 +490,12 @@ type LbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbVariableSpecs struct {
+	PbNfKfuncs         *ebpf.VariableSpec `ebpf:"pb_nf_kfuncs"`
 	UnusedBackendState *ebpf.VariableSpec `ebpf:"unused_backend_state"`
 	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlag    *ebpf.VariableSpec `ebpf:"unused_event_flag"`
 	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedNfWhy        *ebpf.VariableSpec `ebpf:"unused_nf_why"`
 	UnusedSvcFlag      *ebpf.VariableSpec `ebpf:"unused_svc_flag"`
 	UnusedTripKind     *ebpf.VariableSpec `ebpf:"unused_trip_kind"`
 }
@@ -482,6 +520,7 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
+	PbAffinity    *ebpf.Map `ebpf:"pb_affinity"`
 	PbBackends    *ebpf.Map `ebpf:"pb_backends"`
 	PbBeInflight  *ebpf.Map `ebpf:"pb_be_inflight"`
 	PbBeStats     *ebpf.Map `ebpf:"pb_be_stats"`
@@ -494,6 +533,7 @@ type LbMaps struct {
 	PbIfaces      *ebpf.Map `ebpf:"pb_ifaces"`
 	PbMaglev      *ebpf.Map `ebpf:"pb_maglev"`
 	PbMaglevFb    *ebpf.Map `ebpf:"pb_maglev_fb"`
+	PbNfStats     *ebpf.Map `ebpf:"pb_nf_stats"`
 	PbPorts       *ebpf.Map `ebpf:"pb_ports"`
 	PbRedirect    *ebpf.Map `ebpf:"pb_redirect"`
 	PbScratch     *ebpf.Map `ebpf:"pb_scratch"`
@@ -512,6 +552,7 @@ type LbMaps struct {
 
 func (m *LbMaps) Close() error {
 	return _LbClose(
+		m.PbAffinity,
 		m.PbBackends,
 		m.PbBeInflight,
 		m.PbBeStats,
@@ -524,6 +565,7 @@ func (m *LbMaps) Close() error {
 		m.PbIfaces,
 		m.PbMaglev,
 		m.PbMaglevFb,
+		m.PbNfStats,
 		m.PbPorts,
 		m.PbRedirect,
 		m.PbScratch,
@@ -545,10 +587,12 @@ func (m *LbMaps) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbVariables struct {
+	PbNfKfuncs         *ebpf.Variable `ebpf:"pb_nf_kfuncs"`
 	UnusedBackendState *ebpf.Variable `ebpf:"unused_backend_state"`
 	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlag    *ebpf.Variable `ebpf:"unused_event_flag"`
 	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedNfWhy        *ebpf.Variable `ebpf:"unused_nf_why"`
 	UnusedSvcFlag      *ebpf.Variable `ebpf:"unused_svc_flag"`
 	UnusedTripKind     *ebpf.Variable `ebpf:"unused_trip_kind"`
 }

@@ -10,6 +10,7 @@
 #   pause.tar   localhost/penaltybox-test/pause:1     test/cluster/images/pause
 #   server.tar  localhost/penaltybox-test/server:1    test/cluster/images/server
 #   client.tar  localhost/penaltybox-test/client:1    test/cluster/images/client
+#   agent       the agent's binary, as in its image
 #
 # No image registry is reachable from the cluster test, so every image is
 # FROM scratch and holds one static Go binary. The agent is built here with
@@ -71,6 +72,8 @@ mkdir "$TMP/agent"
 gobuild ./cmd/agent "$TMP/agent/agent"
 "${B[@]}" bud --quiet -f "$ROOT/Dockerfile.offline" -t localhost/penaltybox/agent:test "$TMP/agent" >/dev/null
 push localhost/penaltybox/agent:test agent
+# The binary too: the test runs `agent inspect` on the node while no agent runs.
+cp "$TMP/agent/agent" "$OUT/agent.tmp" && mv "$OUT/agent.tmp" "$OUT/agent"
 report agent "$start"
 
 # The test workloads: the binary at /NAME, run with no arguments by default

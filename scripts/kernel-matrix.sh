@@ -48,9 +48,10 @@ KERNELS=(
 # demand, as on a node: veth, ipip, nf_tables, sch_ingress, ...).
 MODULE_DIRS=(kernel/net kernel/drivers/net kernel/lib kernel/crypto kernel/arch)
 
-# The suites: package and how long its binary may run (under TCG).
+# The suites: package, how long its binary may run (under TCG), and the
+# modules loaded for it alone (comma-separated; unloaded after it).
 SUITES=(
-  "pkg/datapath 900s"
+  "pkg/datapath 900s nf_conntrack,nf_conntrack_netlink"
   "internal/testnet 600s"
 )
 
@@ -153,10 +154,10 @@ initramfs() {
   cp "$WORK"/bin/*.test "$WORK/bin/agent" "$root/tests/"
   printf 'interfaces: [lo]\nservices: []\n' >"$root/etc/agent.yaml"
   for tool in "${TOOLS[@]}"; do copy_tool "$tool" "$root"; done
-  local s pkg limit suites=""
+  local s pkg limit mods suites=""
   for s in "${SUITES[@]}"; do
-    read -r pkg limit <<<"$s"
-    suites+="$(basename "$pkg"):$limit "
+    read -r pkg limit mods <<<"$s"
+    suites+="$(basename "$pkg"):$limit:${mods:-none} "
   done
   cat >"$root/init" <<EOF
 #!/bin/busybox sh
@@ -184,11 +185,14 @@ if [ "${expect[$name]}" = refused ]; then
   suites=""
 fi
 for s in \$suites; do
-  name=\${s%%:*}; limit=\${s#*:}
+  name=\${s%%:*}; rest=\${s#*:}; limit=\${rest%%:*}; mods=\$(echo \${rest#*:} | tr , ' ')
+  [ "\$mods" = none ] && mods=""
+  for m in \$mods; do modprobe \$m; done
   echo "PB-START \$name"
   /tests/\$name.test -test.v -test.count=1 -test.timeout=\$limit ${PB_VM_RUN:+-test.run '$PB_VM_RUN'} 2>&1
   rc=\$?
   echo "PB-SUITE \$name \$rc"
+  for m in \$mods; do modprobe -r \$m 2>/dev/null; done
 done
 echo "PB-DONE"
 poweroff -f

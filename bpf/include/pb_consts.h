@@ -9,6 +9,7 @@
 #define PB_MAX_BACKENDS 262144
 #define PB_CT_SIZE 262144
 #define PB_TRUST_SIZE 65536 /* pb_src_trust: client addresses remembered */
+#define PB_AFFINITY_SIZE 65536 /* pb_affinity: (service, client) pairs remembered; the loader may resize it */
 #define PB_SYN_WINDOW_NS 100000000ULL /* the SYN guard's arming window: 100 ms */
 #define PB_SYN_ARM_HOLD_NS 1000000000ULL /* armed for 1 s past the last window over */
 #define PB_EVENTS_BYTES (1 << 20)
@@ -93,6 +94,16 @@ enum pb_svc_flag {
 				       * first data too unless QUIET_DATA) */
 	PB_SVC_F_TAKEN_OVER = 0x8,    /* just taken from kube-proxy: a mid-stream packet without a flow
 				       * here is one of kube-proxy's flows, left to it */
+	PB_SVC_F_HANDED_BACK = 0x10,  /* no longer served: new flows go to kube-proxy, the flows here
+				       * finish (kept until the kernel's conntrack forgot them) */
+};
+
+/* pb_nf_stats indexes: why the datapath expired an entry of the kernel's
+ * conntrack (see nf_forget in lb.c). */
+enum pb_nf_why {
+	PB_NF_TAKEN_OVER = 0,  /* kube-proxy's finished flow on a new flow's tuple */
+	PB_NF_HANDED_OVER = 1, /* a finished flow of ours on the tuple of a new flow for kube-proxy */
+	PB_NF_WHYS = 2,
 };
 
 /* struct event.flags bits. An enum, not #defines, so bpf2go generates them
@@ -142,6 +153,8 @@ enum pb_trip_kind {
 
 /* pb_ifaces flags */
 #define PB_IF_PARTIAL 0x1 /* local senders may leave the L4 checksum to the device (a pod's veth) */
+#define PB_IF_DECAP 0x2   /* a node's uplink: an IPIP packet arriving here is a pod network's, a backend's reply inside is parsed */
+#define PB_IF_IPIP 0x4    /* an IPIP tunnel device (Calico's tunl0): routes through it name the remote node as gateway */
 
 /* The longest segment or ICMP message whose checksum the datapath checks. */
 #define PB_CSUM_MAX 1024

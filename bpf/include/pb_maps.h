@@ -148,6 +148,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_stats_v2 SEC(".maps");
 
+/* pb_nf_stats[PB_NF_*], per CPU: entries of the kernel's conntrack the
+ * datapath expired, by why (nf_forget). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, PB_NF_WHYS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_nf_stats SEC(".maps");
+
 /* pb_scratch[0], per CPU: the datapath's room for temporaries too large
  * for its stack. Not pinned: nothing outside one program run reads it. */
 struct {
@@ -278,6 +288,19 @@ struct {
 	__uint(max_entries, PB_TRUST_SIZE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_src_trust SEC(".maps");
+
+/* (service, client address) -> the backend of the client's last new flow
+ * to a service with sessionAffinity ClientIP, and when. Written by the
+ * datapath on each new flow of such a service; the agent deletes a
+ * service's entries when it turns affinity off or removes the service.
+ * LRU: the least recently seen clients go first when it is full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_value);
+	__uint(max_entries, PB_AFFINITY_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_affinity SEC(".maps");
 
 /* backend id -> failure-accrual state. Written by the agent only. */
 struct {

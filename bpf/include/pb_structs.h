@@ -32,7 +32,10 @@ struct svc_value {
 	__u32 max_inflight_per_backend; /* 0: no limit */
 	__u32 backend_count;            /* active backends listed in pb_svc_backends */
 	__u32 flags;                    /* PB_SVC_F_* */
-	__u32 pad;
+	/* sessionAffinity ClientIP: a client's new flows go to the backend of
+	 * its last one for this long after it (pb_affinity); 0: off. Was
+	 * padding, always written 0: an older agent's values mean off. */
+	__u32 affinity_timeout_s;
 };
 
 /* pb_svc_backends key: the idx-th active backend of a service. */
@@ -81,6 +84,22 @@ struct ct_value {
 	__u32 reply_ifindex;    /* REV: the interface the backend's replies passed the reverse-path check on */
 };
 
+/* pb_affinity key: a client of a service with session affinity. */
+struct affinity_key {
+	union addr client;
+	__u32 svc_id;
+	__u8 family; /* PB_AF_INET or PB_AF_INET6 */
+	__u8 pad[3];
+};
+
+/* pb_affinity value: the backend of the client's last new flow, and when
+ * (bpf_ktime_get_ns). */
+struct affinity_value {
+	__u32 backend_id;
+	__u32 pad;
+	__u64 last_ns;
+};
+
 /* pb_scratch value: temporaries of one program run (see scratch()). */
 struct scratch {
 	struct ct_key rk;   /* new_flow, established, handle_reply: a reverse entry's key */
@@ -88,10 +107,16 @@ struct scratch {
 	struct ct_value fv; /* handle_forward: the flow's forward entry */
 	struct ct_key fk;   /* handle_reply: the flow's forward key */
 	struct svc_value svc; /* handle_forward: the service, as it was when the packet came */
+	struct affinity_key ak;   /* new_flow: the client's pb_affinity key */
+	struct affinity_value av; /* new_flow: its new pb_affinity value */
 	/* forward, pb_reverse_path_ok: a struct bpf_fib_lookup (as words: its
 	 * anonymous unions have no Go twin in bpf2go's bindings) */
 	__u64 fib[8];
 	__u8 buf[PB_CSUM_MAX + 4]; /* pb_csum, pb_tcp_opts_rejected: bytes copied out of the packet */
+	/* nf_forget: a struct bpf_sock_tuple and a struct bpf_ct_opts (as
+	 * words, for the same reason as fib) */
+	__u32 nf_tuple[10];
+	__u32 nf_opts[3];
 };
 
 /* One L4 outcome, sent to the agent on pb_events. */

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/agent"
 	"github.com/penaltybox/penaltybox/pkg/config"
+	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/k8s"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
@@ -23,6 +25,9 @@ import (
 func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	// client-go logs through klog: keep the agent's log one JSON stream.
 	klog.SetSlogLogger(log)
+	if err := preflightNode(ctx, o, log); err != nil {
+		return err
+	}
 	clients, err := k8s.NewClients(o.kubeconfig, o.nodeName)
 	if err != nil {
 		return err
@@ -50,8 +55,7 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 
 	// 1. The node: its interfaces and its own addresses, watched from now
 	// on. The controller needs the addresses before its first snapshot.
-	lopts := nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
-		Tunnels: o.tunnelIfaces, Logger: log.With("component", "interfaces")}
+	lopts := linkOptions(o, log)
 	links := make(chan nodelinks.Update)
 	go func() {
 		if err := nodelinks.Watch(ctx, lopts, links); err != nil {
@@ -191,4 +195,43 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 		log.Info("stopping for a restart", "why", why)
 	}
 	return n.stop()
+}
+
+// preflightNode checks, before anything is loaded, what the agent needs of
+// the node beyond the kernel (see run): interfaces its patterns select, and
+// a kube-proxy to leave the rest to. What it cannot work without stops it
+// with one line naming the flag to set; what only limits it is a warning.
+func preflightNode(ctx context.Context, o options, log *slog.Logger) error {
+	lopts := linkOptions(o, log)
+	switch warn, err := nodelinks.Preflight(lopts); {
+	case err != nil:
+		return fmt.Errorf("--node-interfaces, --pod-interfaces: %w: the agent would see no Service traffic; "+
+			"set them to this node's uplink and its CNI's host-side pod interfaces", err)
+	case warn != "":
+		log.Warn("--pod-interfaces "+warn+"; set it to the CNI's host-side pod interface names",
+			"pod_interfaces", strings.Join(o.podIfaces, ","))
+	}
+	if !datapath.HaveNFKfuncs() {
+		log.Warn("the kernel has no conntrack kfuncs (Linux 6.0 with BTF, nf_conntrack loaded): while a Service changes hands " +
+			"between kube-proxy and penaltybox (opted in or out, the dead-man's switch, an uninstall), a connection from a client port " +
+			"the other path used minutes before can fail")
+	}
+	if o.kubeProxyAddr == "" {
+		return nil
+	}
+	mode, err := k8s.KubeProxyMode(ctx, o.kubeProxyAddr)
+	if err != nil {
+		log.Warn("no kube-proxy answers at --kube-proxy-metrics-addr: the Services this agent does not serve, "+
+			"and new flows while its dead-man's switch has tripped, go to kube-proxy; make sure one (or a replacement) runs here",
+			"addr", o.kubeProxyAddr, "err", err)
+		return nil
+	}
+	log.Info("kube-proxy found", "mode", mode)
+	return nil
+}
+
+// linkOptions are the interfaces the flags select.
+func linkOptions(o options, log *slog.Logger) nodelinks.Options {
+	return nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
+		Tunnels: o.tunnelIfaces, IPIP: o.ipipIfaces, Logger: log.With("component", "interfaces")}
 }

@@ -6,7 +6,7 @@
 //
 //	agent --config FILE [--metrics-addr :9464]   standalone (/admin/* on 127.0.0.1:9465)
 //	agent --node-name NODE [--kubeconfig FILE]   Kubernetes (a DaemonSet)
-//	agent teardown [--bpffs-root DIR]           detach and unpin everything
+//	agent teardown [--bpffs-root DIR] [--then-wait]  detach and unpin everything
 //
 // This package holds only flags, the wiring of the two modes and the
 // process's lifecycle; the decisions are pkg/agent's. Read top-down:
@@ -54,6 +54,7 @@ type options struct {
 	nodeIfacesAuto bool
 	podIfaces      []string
 	tunnelIfaces   []string
+	ipipIfaces     []string
 	// leaseNamespace holds the Lease that picks the one agent writing the
 	// BackendPolicies' status.
 	leaseNamespace string
@@ -87,6 +88,9 @@ type options struct {
 	scope         string
 	takeoverGrace time.Duration
 	uninstallWait time.Duration
+	// kubeProxyAddr is kube-proxy's metrics server, asked its mode at
+	// start ("": not asked).
+	kubeProxyAddr string
 	// podName is the agent's pod (asked on SIGTERM whether its DaemonSet
 	// is being deleted).
 	podName string
@@ -151,6 +155,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: the pod's service account)")
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
+	ipipIfaces := fs.String("ipip-interfaces", nodelinks.DefaultIPIPPatterns, `Kubernetes mode: globs of the pod network's IPIP tunnel devices (Calico's tunl0): replies from pods on other nodes arrive on the node's uplinks inside IPIP packets, rewritten there, and must come from the node the route through the tunnel names; "" none`)
 	tunnelIfaces := fs.String("tunnel-interfaces", nodelinks.DefaultTunnelPatterns, `Kubernetes mode: globs of the overlay pod network's VXLAN devices (replies from pods on other nodes arrive there), comma-separated; "" none`)
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz and /readyz (every interface by default; the DaemonSet binds the pod's IP)")
 	fs.StringVar(&o.adminAddr, "admin-addr", "127.0.0.1:9465", `address for the read-only, unauthenticated /admin/* JSON views: loopback by default (kubectl port-forward reaches it); "" serves none`)
@@ -185,11 +190,13 @@ func parseFlags(args []string) (options, error) {
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
 	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries (two per flow)")
 	max(&o.dp.EventsBytes, "events-bytes", datapath.DefaultEventsBytes, "ring buffer bytes for outcome events (power of two)")
+	max(&o.dp.AffinityClients, "affinity-clients", datapath.DefaultAffinityClients, "clients remembered for sessionAffinity ClientIP, one per service and client address; past it the least recently seen are forgotten")
 	fs.BoolVar(&o.dpConfig.ReversePath, "reverse-path-check", true, "a backend's reply counts as its answer (refused, reset, accepted) only if it arrived where the node routes that backend, as the kernel's strict rp_filter rule has it: no pod can answer for another; false only where replies come back another way (asymmetric routing)")
 	fs.DurationVar(&o.dpConfig.SYNRetransMinAge, "syn-retransmit-min-age", 200*time.Millisecond, "a pending connection's SYN seen again sooner than this after the first is a duplicate, not the client's retransmission, and no timeout (Linux retransmits a SYN after 1s; 200ms is its smallest retransmission timeout)")
 	fs.DurationVar(&o.dpConfig.DeadMan, "dead-man-timeout", 30*time.Second, "with no heartbeat from the agent for this long (it crashed, hangs or was removed without a clean-up), the datapath hands every new flow to kube-proxy and lets the flows it has finish; the agent takes new flows back once it runs again. Longer than any restart; 0: never")
 	fs.StringVar(&o.scope, "scope", scopeOptIn, `Kubernetes mode: which Services the agent serves: "opt-in", those labelled penaltybox.io/enabled: "true", in a namespace so labelled, or targeted by a BackendPolicy (a Service labelled "false" never); "all", every eligible Service. The rest are left to kube-proxy`)
 	fs.DurationVar(&o.takeoverGrace, "takeover-grace", 6*time.Hour, "Kubernetes mode: for this long after a Service is first served, a TCP packet of a flow the datapath has no entry for is left to kube-proxy (a connection kube-proxy began before); 0: taken at once (such connections break)")
+	fs.StringVar(&o.kubeProxyAddr, "kube-proxy-metrics-addr", "127.0.0.1:10249", "Kubernetes mode: kube-proxy's --metrics-bind-address on this node, asked at start which mode it runs in: the Services the agent does not serve, and new flows while its dead-man's switch has tripped, are left to kube-proxy, so a node without one gets a warning; empty: not asked")
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Kubernetes mode: this agent's pod (default $POD_NAME, from the downward API): told to stop, the agent looks up its DaemonSet to tell a restart (the datapath stays) from the install's removal (it goes); none: every stop is a restart")
 	fs.DurationVar(&o.uninstallWait, "uninstall-drain", 20*time.Second, "Kubernetes mode: when the agent's DaemonSet is deleted, how long the agent hands new flows to kube-proxy and waits for the flows here to end before it removes the datapath (keep it under the pod's terminationGracePeriodSeconds)")
 	fs.StringVar(&o.hashSeedFile, "hash-seed-file", "", "a file whose bytes seed the flow hash, the same on every node (default: Kubernetes mode, the Secret penaltybox-hash-seed in the agent's namespace, created when missing; standalone, the seed the pinned datapath has, or a random one)")
@@ -228,6 +235,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.tunnelIfaces, err = nodelinks.ParsePatterns(*tunnelIfaces); err != nil {
 		return o, fmt.Errorf("--tunnel-interfaces: %w", err)
+	}
+	if o.ipipIfaces, err = nodelinks.ParsePatterns(*ipipIfaces); err != nil {
+		return o, fmt.Errorf("--ipip-interfaces: %w", err)
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
@@ -314,6 +324,7 @@ func newLogger(level string) *slog.Logger {
 func teardown(args []string) int {
 	fs := flag.NewFlagSet("agent teardown", flag.ContinueOnError)
 	root := fs.String("bpffs-root", datapath.DefaultRoot, "directory holding the pins")
+	wait := fs.Bool("then-wait", false, "once done, wait for SIGTERM or SIGINT instead of exiting (a DaemonSet's pod must keep running: deploy/cleanup)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -323,5 +334,10 @@ func teardown(args []string) int {
 		return 1
 	}
 	log.Info("teardown complete", "root", *root)
+	if *wait {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		defer stop()
+		<-ctx.Done()
+	}
 	return 0
 }

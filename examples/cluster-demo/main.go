@@ -162,7 +162,7 @@ func (s *story) watch(ctx context.Context, d time.Duration, until func(clientlog
 			return ctx.Err()
 		case <-time.After(time.Second):
 		}
-		secs, err := s.rig.ClientSeconds(ctx)
+		secs, err := s.rig.ClientSeconds(ctx, "default")
 		if err != nil {
 			return err
 		}

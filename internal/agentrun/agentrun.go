@@ -353,8 +353,13 @@ func (a *Agent) Metrics(ctx context.Context) (Metrics, error) {
 	if code != 200 {
 		return nil, fmt.Errorf("/metrics: HTTP %d", code)
 	}
+	return ParseMetrics(string(b))
+}
+
+// ParseMetrics reads a Prometheus text exposition.
+func ParseMetrics(text string) (Metrics, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(strings.NewReader(string(b)))
+	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,10 @@ import (
 	"time"
 )
 
+// StreamEnd is the test server's last line of a whole stream: a client
+// that reads to EOF without it was cut.
+const StreamEnd = "end\n"
+
 // Second is one line of the test client's output (test/cluster/images/client):
 // the connections that ended in that second, by outcome, and which backend
 // pod answered the successful ones.
@@ -21,6 +25,10 @@ type Second struct {
 	Other    int            `json:"other"`
 	Skipped  int            `json:"skipped"`
 	Backends map[string]int `json:"backends"`
+	// Streams that ended in the second: whole (the server's clean close
+	// after its full length) or cut (an error before it).
+	StreamsOK  int `json:"streams_ok,omitempty"`
+	StreamsCut int `json:"streams_cut,omitempty"`
 }
 
 // Failed is the number of connections that did not succeed.
@@ -46,6 +54,8 @@ func (s *Second) Add(o Second) {
 	s.Timeout += o.Timeout
 	s.Other += o.Other
 	s.Skipped += o.Skipped
+	s.StreamsOK += o.StreamsOK
+	s.StreamsCut += o.StreamsCut
 	if s.Backends == nil {
 		s.Backends = map[string]int{}
 	}

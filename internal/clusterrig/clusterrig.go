@@ -81,6 +81,10 @@ func Up(ctx context.Context, root, netns string, logf func(string, ...any)) (*Ri
 	return r, nil
 }
 
+// AgentBinary is the agent's binary, as in its image, for the test to run
+// on the node (`agent inspect` while no agent runs).
+func (r *Rig) AgentBinary() string { return filepath.Join(r.Images, "agent") }
+
 // Down stops the cluster and removes what it made, images included. It
 // does not take a context: it must run to the end (about 15 s, at most a
 // few minutes) even when the caller gave up.
@@ -193,6 +197,21 @@ const (
 // only the image reference overridden (a kustomization of its own that
 // names deploy/ as its base), and waits for the agent's pod to be Ready.
 func (r *Rig) InstallAgent(ctx context.Context) error {
+	if err := r.kustomize(ctx, "apply"); err != nil {
+		return err
+	}
+	_, err := r.Kubectl(ctx, "-n", AgentNamespace, "rollout", "status", AgentDaemonSet, "--timeout=180s")
+	return err
+}
+
+// UninstallAgent deletes what InstallAgent applied, `kubectl delete -k`,
+// as a user removes the install, and waits for it to be gone.
+func (r *Rig) UninstallAgent(ctx context.Context) error {
+	return r.kustomize(ctx, "delete", "--wait=true", "--timeout=120s")
+}
+
+// kustomize runs kubectl verb -k on deploy/ with the test's image.
+func (r *Rig) kustomize(ctx context.Context, verb string, args ...string) error {
 	overlay, err := os.MkdirTemp("", "penaltybox-overlay")
 	if err != nil {
 		return err
@@ -207,10 +226,7 @@ func (r *Rig) InstallAgent(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		return err
 	}
-	if _, err := r.Kubectl(ctx, "apply", "-k", overlay); err != nil {
-		return err
-	}
-	_, err = r.Kubectl(ctx, "-n", AgentNamespace, "rollout", "status", AgentDaemonSet, "--timeout=180s")
+	_, err = r.Kubectl(ctx, append([]string{verb, "-k", overlay}, args...)...)
 	return err
 }
 
@@ -246,9 +262,9 @@ func (r *Rig) SetMode(ip, mode string) error {
 	return nil
 }
 
-// ClientSeconds is the client pod's output so far.
-func (r *Rig) ClientSeconds(ctx context.Context) ([]clientlog.Second, error) {
-	out, err := r.Kubectl(ctx, "logs", "deploy/client")
+// ClientSeconds is the output so far of the client pod in namespace ns.
+func (r *Rig) ClientSeconds(ctx context.Context, ns string) ([]clientlog.Second, error) {
+	out, err := r.Kubectl(ctx, "-n", ns, "logs", "deploy/client")
 	if err != nil {
 		return nil, err
 	}

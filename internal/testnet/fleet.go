@@ -25,7 +25,17 @@ const (
 	// other nodes' VTEPs in its FDB and neighbour table, routes onlink via
 	// the remote subnet's .0 address, pods at MTU 1450.
 	VXLAN PodNetwork = "vxlan"
+	// IPIP: Calico's IPIPMode Always: every node's tunl0 (the ipip
+	// module's per-namespace device) up with the first address of its pod
+	// subnet, routes to the other nodes' subnets via their underlay
+	// addresses through tunl0, onlink; pods at MTU 1480. Needs the ipip
+	// module (this machine's own kernel has none: the kernel matrix's
+	// have).
+	IPIP PodNetwork = "ipip"
 )
+
+// IPIPTunnel is the IPIP device on every node (IPIP only).
+const IPIPTunnel = "tunl0"
 
 // FleetOptions configures NewFleet.
 type FleetOptions struct {
@@ -100,8 +110,8 @@ func BuildFleet(o FleetOptions) (*Fleet, error) {
 	if o.Nodes < 2 || o.Nodes > 5 || o.PodsPerNode < 1 || o.PodsPerNode > 9 {
 		return nil, fmt.Errorf("nodes must be 2..5 and pods per node 1..9, got %d and %d", o.Nodes, o.PodsPerNode)
 	}
-	if o.Network != Routed && o.Network != VXLAN {
-		return nil, fmt.Errorf("pod network %q: want %q or %q", o.Network, Routed, VXLAN)
+	if o.Network != Routed && o.Network != VXLAN && o.Network != IPIP {
+		return nil, fmt.Errorf("pod network %q: want %q, %q or %q", o.Network, Routed, VXLAN, IPIP)
 	}
 	CleanupStale()
 	id := newID()
@@ -150,8 +160,11 @@ func (f *Fleet) build(o FleetOptions, names []string) error {
 	}
 	fab := f.Fabric.Name
 	mtu := "1500"
-	if o.Network == VXLAN {
+	switch o.Network {
+	case VXLAN:
 		mtu = "1450" // room for the 50 bytes of VXLAN over IPv4
+	case IPIP:
+		mtu = "1480" // room for the outer IPv4 header
 	}
 	for _, c := range [][]string{
 		{"-n", fab, "link", "set", "lo", "up"},
@@ -244,6 +257,26 @@ func vtepMAC(i int) string { return fmt.Sprintf("02:00:c6:fa:%02x:01", i) }
 // connect wires the nodes' pod subnets together over the pod network.
 func (f *Fleet) connect() error {
 	for _, n := range f.Nodes {
+		if f.Network == IPIP {
+			// tunl0 exists in every namespace once the ipip module is
+			// loaded; `ip` loads it on first use of an ipip link.
+			if _, err := os.Stat("/sys/module/ipip"); err != nil {
+				if err := ipc("-n", n.Name, "link", "add", "pbprobe0", "type", "ipip"); err != nil {
+					return fmt.Errorf("IPIP pod network: the kernel has no ipip module: %w", err)
+				}
+				if err := ipc("-n", n.Name, "link", "del", "pbprobe0"); err != nil {
+					return err
+				}
+			}
+			for _, c := range [][]string{
+				{"-n", n.Name, "addr", "add", n.PodCIDR.Addr().String() + "/32", "dev", IPIPTunnel},
+				{"-n", n.Name, "link", "set", IPIPTunnel, "mtu", "1480", "up"},
+			} {
+				if err := ipc(c...); err != nil {
+					return err
+				}
+			}
+		}
 		if f.Network == VXLAN {
 			for _, c := range [][]string{
 				{"-n", n.Name, "link", "add", Tunnel, "address", vtepMAC(n.Index), "type", "vxlan", "id", "1",
@@ -261,9 +294,12 @@ func (f *Fleet) connect() error {
 				continue
 			}
 			var cmds [][]string
-			if f.Network == Routed {
+			switch f.Network {
+			case Routed:
 				cmds = [][]string{{"-n", n.Name, "route", "add", m.PodCIDR.String(), "via", m.Addr.String(), "dev", "eth0"}}
-			} else {
+			case IPIP:
+				cmds = [][]string{{"-n", n.Name, "route", "add", m.PodCIDR.String(), "via", m.Addr.String(), "dev", IPIPTunnel, "onlink"}}
+			default:
 				remote := m.PodCIDR.Addr().String()
 				cmds = [][]string{
 					{"-n", n.Name, "neigh", "add", remote, "lladdr", vtepMAC(m.Index), "dev", Tunnel, "nud", "permanent"},

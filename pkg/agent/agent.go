@@ -43,6 +43,8 @@ type Stats interface {
 	ServiceStats(id uint32) (bpf.LbSvcStats, error)
 	BackendStats(id uint32) (bpf.LbBeStats, error)
 	SYNGuardStats() (bpf.LbSynGuardCpu, error)
+	NFForgotten() (maps.NFForgotten, error)
+	AffinityFill() (entries, capacity int, err error)
 }
 
 // Inflight reads the circuit breaker's live flow counts (maps.Inflight).
@@ -268,7 +270,7 @@ func New(c Config) (*Agent, error) {
 	rec, err := reconcile.New(c.Writer, reconcile.Options{
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, TableSize: c.TableSize,
 		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse, NoKernelTrips: c.NoKernelTrips,
-		TakeoverGrace: c.TakeoverGrace,
+		TakeoverGrace: c.TakeoverGrace, HandBack: handBack,
 	})
 	if err != nil {
 		return nil, err

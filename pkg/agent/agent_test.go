@@ -263,16 +263,20 @@ func TestRestartNeverReadmitsAnEjectedEndpoint(t *testing.T) {
 	}
 }
 
-// A reload that removes a service deletes it and its endpoints from
-// accrual, but the kernel keeps what its established flows need (backend
-// entries, VIP port) until no flow uses them.
-func TestReloadRemovingAServiceKeepsItsFlows(t *testing.T) {
+// A service no longer served (still there, kube-proxy's now) leaves
+// accrual with its endpoints, but the kernel keeps what its established
+// flows need (backend entries, VIP port) until no flow uses them, and the
+// service's entry, handed back (new flows to kube-proxy), for handBack
+// after its last flow.
+func TestServiceNoLongerServedKeepsItsFlows(t *testing.T) {
 	e := newEnv(t)
 	s, other := web(80, 2, settings()), web(443, 1, settings())
 	e.start(state(s, other))
 	svc, be := e.ids(s)
-	e.a.Apply(state(other))
-	if _, ok := e.f.services[kernelKey(s)]; ok {
+	st := state(other)
+	st.HandBack = []desired.Key{s.Key}
+	e.a.Apply(st)
+	if v, ok := e.f.services[kernelKey(s)]; ok && v.Flags&pbmaps.ServiceHandedBack == 0 {
 		t.Fatal("the removed service still takes new flows")
 	}
 	for _, id := range be {
@@ -297,6 +301,16 @@ func TestReloadRemovingAServiceKeepsItsFlows(t *testing.T) {
 	if _, ok := e.f.backends[be[0]]; ok {
 		t.Fatal("an unused backend entry survived the sweep after its cooldown")
 	}
+	if _, ok := e.f.services[kernelKey(s)]; !ok {
+		t.Fatal("the service's entry went before its hand-back time")
+	}
+	e.clk.Step(handBack)
+	e.a.SweepDone(e.sweep.inUse)
+	if _, ok := e.f.services[kernelKey(s)]; ok {
+		t.Fatal("the service's entry outlived its hand-back time")
+	}
+	e.clk.Step(2 * time.Minute)
+	e.a.SweepDone(e.sweep.inUse)
 	if e.f.ports[80]&pbmaps.PortVIP != 0 {
 		t.Fatal("the VIP port is still marked after its flows ended")
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -12,6 +13,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/nfct"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 	"github.com/penaltybox/penaltybox/pkg/replay"
 )
@@ -91,7 +93,13 @@ func Open(o NodeOptions) (_ *Node, err error) {
 	// new flows to kube-proxy goes on doing so until the maps it would
 	// take them with are current again.
 	c.Heartbeat = pinned.Heartbeat
-	n.reportAbsence(pinned)
+	if n.reportAbsence(pinned) {
+		// kube-proxy had their new flows meanwhile: its flows are alive,
+		// or linger in the kernel's conntrack.
+		if err := n.Agent.TakeOverAll(); err != nil {
+			n.log.Warn("marking the services taken over after the agent's absence", "err", err)
+		}
+	}
 	if err := n.Agent.SetDatapathConfig(c); err != nil {
 		return nil, err
 	}
@@ -122,9 +130,24 @@ func (n *Node) Uninstall(wait time.Duration) error {
 	}
 	n.log.Info("uninstalling: detaching the datapath and removing its pins",
 		"waited", time.Since(start).Round(time.Millisecond).String(), "flows_left", live)
+	var vips []netip.AddrPort
+	if svcs, err := n.maps.Services(); err == nil {
+		for k := range svcs {
+			vips = append(vips, netip.AddrPortFrom(maps.AddrFromFamily(k.Family, k.Vip.Bytes), maps.Port(k.Port)))
+		}
+	}
 	root := n.Datapath.Opts.Root
 	n.Close()
-	return datapath.Teardown(root, n.log)
+	err := datapath.Teardown(root, n.log)
+	// Detached, the datapath no longer clears what its flows left in the
+	// kernel's conntrack: those entries would capture kube-proxy's next
+	// connections from the same client ports (see pkg/nfct).
+	forgot, ferr := nfct.ForgetReplies(vips)
+	if ferr != nil {
+		n.log.Warn("clearing the kernel's conntrack of the datapath's replies", "err", ferr)
+	}
+	n.log.Info("uninstalled", "conntrack_entries_cleared", forgot)
+	return err
 }
 
 // liveFlows counts the flows of entries still open and passing packets
@@ -143,13 +166,13 @@ func liveFlows(entries []maps.CTEntry, coarse uint64) int {
 // reportAbsence says, once, whether the datapath handed new flows to
 // kube-proxy while no agent ran: its heartbeat (pinned, the previous
 // agent's) is older than its dead-man's bound.
-func (n *Node) reportAbsence(pinned maps.Config) {
+func (n *Node) reportAbsence(pinned maps.Config) bool {
 	if pinned.Heartbeat == 0 || pinned.DeadMan == 0 {
-		return
+		return false
 	}
 	away := time.Duration(outcomes.MonoNow() - int64(pinned.Heartbeat))
 	if away <= pinned.DeadMan {
-		return
+		return false
 	}
 	var handed uint64
 	if gs, err := n.maps.GlobalStats(); err == nil {
@@ -157,6 +180,7 @@ func (n *Node) reportAbsence(pinned maps.Config) {
 	}
 	n.log.Warn("no agent for longer than the dead-man's bound: the datapath handed new flows to kube-proxy meanwhile; taking them back once the maps are current",
 		"away", away.Round(time.Second).String(), "dead_man", pinned.DeadMan.String(), "handed_over_total", handed)
+	return true
 }
 
 // keptSeed is the flow hash's seed the pinned datapath holds (a restart

@@ -72,6 +72,8 @@ func (f *fakeMaps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
 	return nil
 }
 
+func (f *fakeMaps) ForgetAffinity(uint32) error { return f.failing("ForgetAffinity") }
+
 func (f *fakeMaps) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	if err := f.failing("DeleteService"); err != nil {
 		return err
@@ -243,6 +245,10 @@ func (f *fakeMaps) SetSYNGuard(g pbmaps.SYNGuard) error {
 	f.guards = append(f.guards, g)
 	return f.failing("SetSYNGuard")
 }
+
+func (f *fakeMaps) NFForgotten() (pbmaps.NFForgotten, error) { return pbmaps.NFForgotten{}, nil }
+
+func (f *fakeMaps) AffinityFill() (entries, capacity int, err error) { return 0, 65536, nil }
 
 func (f *fakeMaps) SYNGuardStats() (bpf.LbSynGuardCpu, error) {
 	return bpf.LbSynGuardCpu{Dropped: f.guardDropped, Armed: f.guardArmed}, nil

@@ -34,7 +34,7 @@ func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
 		}
 	}
 	for _, l := range ls {
-		if _, ok := a.links[l.Name]; ok {
+		if _, ok := a.links[l.Name]; ok || !l.Attach() {
 			continue
 		}
 		if err := a.hooks.Attach(l.Name); err != nil {
@@ -57,7 +57,12 @@ func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
 			if r, err := a.link(l.Name); err == nil && r.Index == l.Index {
 				info.Master = r.Master
 			}
-			known = append(known, info.iface(l.Pod))
+			i := info.iface(l.Pod)
+			i.Decap = l.External()
+			known = append(known, i)
+		}
+		if l.IPIP {
+			known = append(known, maps.Iface{Index: uint32(l.Index), IPIP: true})
 		}
 	}
 	a.mu.Lock()

@@ -98,12 +98,26 @@ func (a *Agent) SweepDone(inUse conntrack.InUse) {
 	a.rec.Sweep(inUse)
 }
 
+// handBack is how long a service no longer served keeps its entry after
+// its last flow, handing new flows to kube-proxy (reconcile.Options
+// HandBack): the kernel's conntrack keeps an entry its datapath's
+// rewritten replies made, never answered, for
+// nf_conntrack_tcp_timeout_unacknowledged (300s) after the flow's last
+// packet.
+const handBack = 6 * time.Minute
+
 // Heartbeat tells the datapath the agent is alive (see
 // maps.Config.DeadMan): its time, on the kernel's monotonic clock.
 func (a *Agent) Heartbeat() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.rec.Heartbeat(uint64(a.clk.Now().UnixNano() - a.monoOffset)); err != nil {
+	now := uint64(a.clk.Now().UnixNano() - a.monoOffset)
+	if why := a.rec.DatapathConfig().HandedOver(now); why == "agent-away" {
+		// The other side of the switch: an agent back from a crash or a
+		// stall past the bound (the datapath cannot log its own trip).
+		a.log.Info("heartbeat resumed: the datapath takes new flows back from kube-proxy")
+	}
+	if err := a.rec.Heartbeat(now); err != nil {
 		a.metrics.ProgramErrors.Inc()
 		if !a.heartbeatErr {
 			a.log.Error("writing the heartbeat", "err", err)
@@ -112,6 +126,14 @@ func (a *Agent) Heartbeat() {
 		return
 	}
 	a.heartbeatErr = false
+}
+
+// TakeOverAll marks every service taken over anew (reconcile's
+// TakeOverAll): kube-proxy had their new flows while no agent ran.
+func (a *Agent) TakeOverAll() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rec.TakeOverAll()
 }
 
 // Drain hands every new flow to kube-proxy from now on, the flows already

@@ -6,6 +6,7 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/admin"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
@@ -32,8 +33,14 @@ func (a *Agent) Accrual() []accrual.ServiceSnapshot { return a.engine.Snapshot()
 // GlobalStats implements metrics.Source.
 func (a *Agent) GlobalStats() (bpf.LbGlobalStats, error) { return a.stats.GlobalStats() }
 
+// AffinityFill implements metrics.Source.
+func (a *Agent) AffinityFill() (entries, capacity int, err error) { return a.stats.AffinityFill() }
+
 // SYNGuardStats implements metrics.Source.
 func (a *Agent) SYNGuardStats() (bpf.LbSynGuardCpu, error) { return a.stats.SYNGuardStats() }
+
+// NFForgotten reads pb_nf_stats.
+func (a *Agent) NFForgotten() (maps.NFForgotten, error) { return a.stats.NFForgotten() }
 
 // ServiceStats implements metrics.Source.
 func (a *Agent) ServiceStats(id uint32) (bpf.LbSvcStats, error) { return a.stats.ServiceStats(id) }

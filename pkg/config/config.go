@@ -21,6 +21,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
@@ -86,6 +87,8 @@ type Service struct {
 	MaxInflightPerEndpoint *uint32
 	// RetryRefused is the service's own setting; nil inherits the default.
 	RetryRefused *bool
+	// SessionAffinity is the service's affinity timeout; 0: none.
+	SessionAffinity time.Duration
 }
 
 // Load reads and parses the config file at path.
@@ -323,6 +326,10 @@ func (r *rawService) parse(p string, defaults accrual.Settings, defaultsOK bool,
 	s.MaxInflight = parseLimit(r.MaxInflight, p+".maxInflight", errs)
 	s.MaxInflightPerEndpoint = parseLimit(r.MaxInflightPerEndpoint, p+".maxInflightPerEndpoint", errs)
 	s.RetryRefused = r.RetryRefused
+	setDuration(&s.SessionAffinity, r.SessionAffinity, p+".sessionAffinity", errs)
+	if s.SessionAffinity < 0 || s.SessionAffinity > desired.MaxAffinity {
+		errs.add(p+".sessionAffinity", strconv.Quote(s.SessionAffinity.String()), "must be within [0s, 24h]")
+	}
 	return s, keyOK
 }
 
@@ -522,6 +529,7 @@ func (c *Config) Desired() desired.State {
 			MaxInflight:            limit(s.MaxInflight, c.MaxInflight),
 			MaxInflightPerEndpoint: limit(s.MaxInflightPerEndpoint, c.MaxInflightPerEndpoint),
 			RetryRefused:           c.RetryRefused,
+			Affinity:               s.SessionAffinity,
 		})
 		if s.RetryRefused != nil {
 			st.Services[len(st.Services)-1].RetryRefused = *s.RetryRefused

@@ -876,3 +876,38 @@ services:
 		}
 	}
 }
+
+// sessionAffinity is a duration per service, within Kubernetes' bounds;
+// a bad one names the field and the value.
+func TestSessionAffinity(t *testing.T) {
+	base := `interfaces: [cl0]
+services:
+  - name: sticky
+    vip: 198.18.100.1
+    port: 80
+    sessionAffinity: 10m
+    backends: ["198.18.1.2:8080"]
+  - name: loose
+    vip: 198.18.100.2
+    port: 80
+    backends: ["198.18.1.2:8080"]
+`
+	c, err := Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.Desired()
+	if st.Services[0].Affinity != 10*time.Minute || st.Services[1].Affinity != 0 {
+		t.Fatalf("affinity = %v, %v; want 10m, none", st.Services[0].Affinity, st.Services[1].Affinity)
+	}
+	for value, want := range map[string]string{
+		"25h":    `services[0].sessionAffinity: "25h0m0s": must be within [0s, 24h]`,
+		"-1s":    `services[0].sessionAffinity: "-1s": must be within [0s, 24h]`,
+		"sticky": `services[0].sessionAffinity: "sticky": invalid duration`,
+	} {
+		_, err := Parse([]byte(strings.Replace(base, "sessionAffinity: 10m", "sessionAffinity: "+value, 1)))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("sessionAffinity %s: %v, want %q", value, err, want)
+		}
+	}
+}

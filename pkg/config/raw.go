@@ -56,6 +56,10 @@ type rawService struct {
 	// RetryRefused: a refused new connection gets one more try on another
 	// backend (its client sees a delay, not the refusal).
 	RetryRefused *bool `json:"retryRefused"`
+	// SessionAffinity: a client's new connections go to the backend of
+	// its last one while that was less than this long ago (Kubernetes'
+	// sessionAffinity ClientIP); unset or "0s": none.
+	SessionAffinity *duration `json:"sessionAffinity"`
 }
 
 // duration is a Go duration string ("10s", "5m"). Its own type only so the

@@ -38,8 +38,11 @@ type Options struct {
 	MaxBackends   uint32
 	ConntrackSize uint32 // entries; each flow takes two
 	EventsBytes   uint32 // ring buffer size, a power of two multiple of the page size
-	XDPMode       string // XDPAuto (the default), XDPNative or XDPGeneric
-	Logger        *slog.Logger
+	// AffinityClients: (service, client) pairs pb_affinity remembers for
+	// sessionAffinity.
+	AffinityClients uint32
+	XDPMode         string // XDPAuto (the default), XDPNative or XDPGeneric
+	Logger          *slog.Logger
 }
 
 // XDP attach modes (--xdp-mode).
@@ -106,6 +109,8 @@ const (
 	DefaultMaxBackends   = 262144
 	DefaultConntrackSize = 262144
 	DefaultEventsBytes   = 1 << 22
+	// About 6 MB of kernel memory (an LRU hash is allocated whole).
+	DefaultAffinityClients = 65536
 )
 
 func (o *Options) setDefaults() {
@@ -123,6 +128,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.EventsBytes == 0 {
 		o.EventsBytes = DefaultEventsBytes
+	}
+	if o.AffinityClients == 0 {
+		o.AffinityClients = DefaultAffinityClients
 	}
 	if o.XDPMode == "" {
 		o.XDPMode = XDPAuto
@@ -167,6 +175,7 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		bpf.LbMapPbCtV2:        opts.ConntrackSize,
 		bpf.LbMapPbFlows:       max(opts.ConntrackSize/2, 1), // a flow takes two conntrack entries
 		bpf.LbMapPbEvents:      opts.EventsBytes,
+		bpf.LbMapPbAffinity:    opts.AffinityClients,
 	}
 	for name, n := range sizes {
 		ms, ok := spec.Maps[name]
@@ -174,6 +183,11 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 			return nil, fmt.Errorf("datapath: map %s missing from object", name)
 		}
 		ms.MaxEntries = n
+	}
+	if HaveNFKfuncs() {
+		if err := spec.Variables[bpf.LbVarPbNfKfuncs].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("datapath: %s: %w", bpf.LbVarPbNfKfuncs, err)
+		}
 	}
 	return spec, nil
 }

@@ -380,13 +380,7 @@ func TestForgedPortUnreachableIsNoRefusal(t *testing.T) {
 func TestHashSeedMovesThePicks(t *testing.T) {
 	f := newFixture(t)
 	f.svc.BackendCount = 2
-	t1 := make([]uint32, size)
-	for i := range t1 {
-		t1[i] = []uint32{id1, id2}[i%2]
-	}
-	f.must(f.Maps.FillTable(svcID, 0, t1))
-	f.svc.Table, f.svc.TableSize = 0, size
-	f.writeService()
+	f.alternate(id1, id2)
 	picks := func(seed uint32) []netip.AddrPort {
 		f.must(f.Maps.SetConfig(maps.Config{HashSeed: seed}))
 		var out []netip.AddrPort

@@ -103,3 +103,32 @@ func TestTakenOverServiceLeavesKubeProxysFlows(t *testing.T) {
 		t.Errorf("after the grace, a mid-stream packet went to %v", p.Dst)
 	}
 }
+
+// A service handed back to kube-proxy (no longer served): its new flows
+// pass, a SYN on the tuple of one of its ended flows too, and a packet of
+// a flow with no entry here (kube-proxy's); the flows admitted before
+// finish on their backends, both ways.
+func TestHandedBackServiceFinishesItsFlows(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	f.handshake(client, be1)
+	f.run(bpftest.TCP(clientPort(40007), vip, bpftest.SYN, nil))
+	f.run(bpftest.TCP(clientPort(40007), vip, bpftest.RST, nil))
+	f.events()
+	f.svc.Flags, f.svc.TableSize = maps.ServiceHandedBack, 0
+	f.writeService()
+	f.passesUnchanged("a new flow", bpftest.TCP(client2, vip, bpftest.SYN, nil))
+	f.passesUnchanged("a SYN on an ended flow's tuple", bpftest.TCP(clientPort(40007), vip, bpftest.SYN, nil))
+	// That is kube-proxy's flow now: its replies are not the old flow's.
+	f.passesUnchanged("kube-proxy's reply on the old flow's tuple", bpftest.TCP(be1, clientPort(40007), bpftest.SYNACK, nil))
+	f.passesUnchanged("kube-proxy's flow's packet", bpftest.TCP(clientPort(40008), vip, bpftest.ACK, []byte("data")))
+	if _, p, _ := f.run(bpftest.TCP(client, vip, bpftest.ACK, []byte("more"))); p.Dst != be1 {
+		t.Errorf("the flow admitted before went to %v, want %v", p.Dst, be1)
+	}
+	if _, p, _ := f.run(bpftest.TCP(be1, client, bpftest.ACK, []byte("reply"))); p.Src != vip {
+		t.Errorf("its reply left as %v, want the VIP", p.Src)
+	}
+	if got := f.stats().HandedOver; got != 3 {
+		t.Errorf("handed_over %d, want 3 (two new flows, one mid-stream packet)", got)
+	}
+}

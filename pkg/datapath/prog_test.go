@@ -113,6 +113,19 @@ func (f *fixture) table(id uint32) {
 	f.writeService()
 }
 
+// alternate fills table 0 with its slots cycling through ids and flips
+// the service to it: a client's ports spread over them.
+func (f *fixture) alternate(ids ...uint32) {
+	f.t.Helper()
+	slots := make([]uint32, size)
+	for i := range slots {
+		slots[i] = ids[i%len(ids)]
+	}
+	f.must(f.Maps.FillTable(svcID, 0, slots))
+	f.svc.Table, f.svc.TableSize = 0, size
+	f.writeService()
+}
+
 func fill(id uint32) []uint32 {
 	t := make([]uint32, size)
 	for i := range t {

@@ -6,6 +6,7 @@ package desired
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 )
@@ -66,13 +67,27 @@ type Service struct {
 	// its client; its SYN retransmission (about a second later) goes to
 	// another backend, once.
 	RetryRefused bool
+	// Affinity is sessionAffinity ClientIP's timeout: a client's new
+	// connections go to the endpoint of its last one while that was less
+	// than Affinity ago and the endpoint is admitted; 0: no affinity.
+	Affinity time.Duration
 	// Served says why the source serves the service (Kubernetes mode:
 	// the scope, a label, a BackendPolicy; "" from a config file, where
 	// every service listed is served).
 	Served string
 }
 
+// MaxAffinity is the longest session-affinity timeout, as Kubernetes
+// validates it: one day.
+const MaxAffinity = 24 * time.Hour
+
 // State is everything the agent must program.
 type State struct {
 	Services []Service
+	// HandBack are services that still exist but are no longer served
+	// (Kubernetes: a Service opted out, or out of scope): kube-proxy takes
+	// their new flows while the flows the datapath admitted finish. A
+	// service that leaves Services without being listed here is gone (a
+	// Service deleted, a service removed from the config file).
+	HandBack []Key
 }

@@ -37,18 +37,42 @@ type Reader interface {
 	ServiceTrip(id uint32) bpf.LbSvcTrip
 	BackendTrip(id uint32) bpf.LbBeTrip
 	InflightCounts(svcID, backendID uint32) (svc, be int64, err error)
+	Config() (maps.Config, error)
 }
 
 // Report is a node's datapath state at one moment.
 type Report struct {
 	At       time.Time              `json:"at"`
 	Datapath admin.DatapathCounters `json:"datapath"`
-	Services []Service              `json:"services"`
+	NewFlows NewFlows               `json:"newFlows"`
+	// Agent says whether the node's agent answered (see AddAgentView):
+	// without it the services have no names and no reason to be served.
+	Agent    string    `json:"agent,omitempty"`
+	Services []Service `json:"services"`
+}
+
+// NewFlows is who takes new flows to the services here: the datapath, or
+// kube-proxy when the dead-man's switch has tripped or the install is
+// going (pb_config_v2).
+type NewFlows struct {
+	// To is "penaltybox" or "kube-proxy".
+	To string `json:"to"`
+	// Why kube-proxy does: agent-away or uninstalling.
+	Why string `json:"why,omitempty"`
+	// HeartbeatAge is how long ago the agent last wrote its heartbeat
+	// (absent before its first), DeadMan the age at which the switch
+	// trips (absent: never).
+	HeartbeatAge string `json:"heartbeatAge,omitempty"`
+	DeadMan      string `json:"deadMan,omitempty"`
 }
 
 // Service is one pb_services entry.
 type Service struct {
-	ID       uint32 `json:"id"`
+	ID uint32 `json:"id"`
+	// Name and Served (why the agent serves it: scope-all, a label, a
+	// BackendPolicy) come from the agent, when it answers.
+	Name     string `json:"name,omitempty"`
+	Served   string `json:"served,omitempty"`
 	VIP      string `json:"vip"`
 	Protocol string `json:"protocol"`
 	// Table is the live Maglev table (of the service's two) and its size.
@@ -57,14 +81,17 @@ type Service struct {
 	// TableUnread says why the table's slots could not be read (reading a
 	// table takes CAP_SYS_ADMIN, which the DaemonSet does not grant): the
 	// endpoints' Slots are then -1.
-	TableUnread            string                `json:"tableUnread,omitempty"`
-	MaxInflight            uint32                `json:"maxInflight"`
-	MaxInflightPerEndpoint uint32                `json:"maxInflightPerEndpoint"`
-	Inflight               int64                 `json:"inflight"`
-	RetryRefused           bool                  `json:"retryRefused"`
-	Counters               admin.ServiceCounters `json:"counters"`
-	KernelTrips            *admin.KernelTrips    `json:"kernelTrips,omitempty"`
-	Endpoints              []Endpoint            `json:"endpoints"`
+	TableUnread            string `json:"tableUnread,omitempty"`
+	MaxInflight            uint32 `json:"maxInflight"`
+	MaxInflightPerEndpoint uint32 `json:"maxInflightPerEndpoint"`
+	Inflight               int64  `json:"inflight"`
+	RetryRefused           bool   `json:"retryRefused"`
+	// TakenOver: lately kube-proxy's, so packets of flows the datapath has
+	// no entry for (begun through kube-proxy) are still left to it.
+	TakenOver   bool                  `json:"takenOver,omitempty"`
+	Counters    admin.ServiceCounters `json:"counters"`
+	KernelTrips *admin.KernelTrips    `json:"kernelTrips,omitempty"`
+	Endpoints   []Endpoint            `json:"endpoints"`
 }
 
 // Endpoint is one backend of a service.
@@ -102,8 +129,9 @@ type Accrual struct {
 	LastFailureAt   *time.Time `json:"lastFailureAt,omitempty"`
 }
 
-// Read gathers the report at now.
-func Read(r Reader, now time.Time) (*Report, error) {
+// Read gathers the report at now, monotonic being the same moment on the
+// kernel's CLOCK_MONOTONIC (nanoseconds), the clock of the heartbeat.
+func Read(r Reader, now time.Time, monotonic uint64) (*Report, error) {
 	svcs, err := r.Services()
 	if err != nil {
 		return nil, fmt.Errorf("pb_services: %w", err)
@@ -120,7 +148,11 @@ func Read(r Reader, now time.Time) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{At: now, Datapath: *admin.NewDatapathCounters(g), Services: []Service{}}
+	cfg, err := r.Config()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{At: now, Datapath: *admin.NewDatapathCounters(g), NewFlows: newFlows(cfg, monotonic), Services: []Service{}}
 
 	bySvc := map[uint32][]uint32{}
 	for id, b := range bes {
@@ -131,7 +163,8 @@ func Read(r Reader, now time.Time) (*Report, error) {
 	for k, v := range svcs {
 		s := Service{ID: v.Id, VIP: addrPort(k.Vip.Bytes, k.Family, k.Port).String(), Protocol: protocol(k.Proto),
 			Table: v.Table, TableSize: v.TableSize, MaxInflight: v.MaxInflight, MaxInflightPerEndpoint: v.MaxInflightPerBackend,
-			RetryRefused: v.Flags&maps.ServiceRetryRefused != 0, Endpoints: []Endpoint{}}
+			RetryRefused: v.Flags&maps.ServiceRetryRefused != 0, TakenOver: v.Flags&maps.ServiceTakenOver != 0,
+			Endpoints: []Endpoint{}}
 		if st, err := r.ServiceStats(v.Id); err == nil {
 			s.Counters = *admin.NewServiceCounters(st)
 		}
@@ -183,6 +216,40 @@ func Read(r Reader, now time.Time) (*Report, error) {
 	}
 	slices.SortFunc(rep.Services, func(a, b Service) int { return cmp.Compare(a.ID, b.ID) })
 	return rep, nil
+}
+
+func newFlows(c maps.Config, now uint64) NewFlows {
+	nf := NewFlows{To: "penaltybox", Why: c.HandedOver(now)}
+	if nf.Why != "" {
+		nf.To = "kube-proxy"
+	}
+	if c.Heartbeat != 0 {
+		// The datapath's coarse clock may read a tick behind.
+		nf.HeartbeatAge = max(0, time.Duration(int64(now-c.Heartbeat))).Round(time.Millisecond).String()
+	}
+	if c.DeadMan > 0 {
+		nf.DeadMan = c.DeadMan.String()
+	}
+	return nf
+}
+
+// AddAgentView names the services from the agent's /admin/services view
+// and says why each is served; err is why the agent could not be asked.
+func (rep *Report) AddAgentView(v admin.ServicesView, err error) {
+	if err != nil {
+		rep.Agent = fmt.Sprintf("not answering (%v): services unnamed", err)
+		return
+	}
+	rep.Agent = "answering"
+	byID := map[uint32]admin.Service{}
+	for _, s := range v.Services {
+		byID[s.ID] = s
+	}
+	for i := range rep.Services {
+		if s, ok := byID[rep.Services[i].ID]; ok {
+			rep.Services[i].Name, rep.Services[i].Served = s.Name, s.Served
+		}
+	}
 }
 
 func accrualOf(health map[uint32]bpf.LbEndpointHealth, id, svc uint32, now time.Time) Accrual {
@@ -242,8 +309,21 @@ func (rep *Report) Text(w io.Writer) error {
 	fmt.Fprintf(tw, "datapath at %s, services: %d; events lost %d, no-backend flows %d, steered %d (failed %d), re-picked %d, refusals kept from clients %d (retried %d), breaker rejections %d, malformed %d\n",
 		rep.At.Format(time.RFC3339), len(rep.Services), g.EventsLost, g.NoBackend, g.Steered, g.SteerFailed, g.Repicked,
 		g.RefusedRescued, g.Retried, g.InflightRejected, g.Malformed)
+	nf := rep.NewFlows
+	fmt.Fprintf(tw, "new flows go to %s", nf.To)
+	if nf.Why != "" {
+		fmt.Fprintf(tw, " (%s)", nf.Why)
+	}
+	fmt.Fprintf(tw, "; agent heartbeat %s ago, dead-man's switch at %s\n", cmp.Or(nf.HeartbeatAge, "never"), cmp.Or(nf.DeadMan, "never"))
+	if rep.Agent != "" {
+		fmt.Fprintf(tw, "agent: %s\n", rep.Agent)
+	}
 	for _, s := range rep.Services {
-		fmt.Fprintf(tw, "\nservice %d  %s/%s  table %d (%d slots)  in flight %d", s.ID, s.VIP, s.Protocol, s.Table, s.TableSize, s.Inflight)
+		fmt.Fprintf(tw, "\nservice %d  %s/%s", s.ID, s.VIP, s.Protocol)
+		if s.Name != "" {
+			fmt.Fprintf(tw, "  %s (served: %s)", s.Name, cmp.Or(s.Served, "config"))
+		}
+		fmt.Fprintf(tw, "  table %d (%d slots)  in flight %d", s.Table, s.TableSize, s.Inflight)
 		if s.MaxInflight > 0 {
 			fmt.Fprintf(tw, " of %d", s.MaxInflight)
 		}
@@ -252,6 +332,9 @@ func (rep *Report) Text(w io.Writer) error {
 		}
 		if s.RetryRefused {
 			fmt.Fprint(tw, "  retryRefused")
+		}
+		if s.TakenOver {
+			fmt.Fprint(tw, "  taken over (kube-proxy's flows left to it)")
 		}
 		if s.TableUnread != "" {
 			fmt.Fprintf(tw, "  (slots unknown: %s)", s.TableUnread)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/admin"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -24,7 +25,10 @@ type fakeReader struct {
 	tables   map[[2]uint32][]uint32
 	trips    map[uint32]bpf.LbSvcTrip
 	in       map[uint32]int64
+	cfg      maps.Config
 }
+
+func (f *fakeReader) Config() (maps.Config, error) { return f.cfg, nil }
 
 func (f *fakeReader) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) { return f.svcs, nil }
 func (f *fakeReader) Backends() (map[uint32]bpf.LbBackend, error)        { return f.bes, nil }
@@ -82,7 +86,7 @@ func TestReadDescribesServicesAndEndpoints(t *testing.T) {
 		trips:  map[uint32]bpf.LbSvcTrip{2: {MaxFailures: 5, Kinds: maps.TripRefused, Budget: 1, Trips: 3}},
 		in:     map[uint32]int64{2: 4, 101: 3, 103: 1},
 	}
-	r, err := Read(f, now)
+	r, err := Read(f, now, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +141,7 @@ func TestReadWithoutTables(t *testing.T) {
 		},
 		bes: map[uint32]bpf.LbBackend{1: backend("198.18.1.2:8080", 1, maps.BackendEjected, 0)},
 	}
-	r, err := Read(f, time.Now())
+	r, err := Read(f, time.Now(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +155,7 @@ func TestReadWithoutTables(t *testing.T) {
 		t.Errorf("text output:\n%s", out.String())
 	}
 	f.tableErr = errors.New("boom")
-	if _, err := Read(f, time.Now()); err == nil {
+	if _, err := Read(f, time.Now(), 0); err == nil {
 		t.Error("another table error was not reported")
 	}
 }
@@ -171,7 +175,7 @@ func TestReadIPv6(t *testing.T) {
 		},
 		tables: map[[2]uint32][]uint32{{1, 0}: {1, 1, 1}, {2, 0}: {2, 2, 2}},
 	}
-	r, err := Read(f, time.Now())
+	r, err := Read(f, time.Now(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,5 +199,68 @@ func TestReadIPv6(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("text output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// Who takes new flows, as the datapath decides it from pb_config_v2: the
+// datapath while the heartbeat is fresh, kube-proxy once it is older than
+// the dead-man's bound or while the install goes; and the services named
+// and their reason to be served when the agent answers.
+func TestReadSaysWhoTakesNewFlows(t *testing.T) {
+	const sec = uint64(time.Second)
+	f := &fakeReader{svcs: map[bpf.LbSvcKey]bpf.LbSvcValue{
+		maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 6): {Id: 1, Flags: maps.ServiceTakenOver},
+		maps.ServiceKey(netip.MustParseAddr("198.18.100.2"), 80, 6): {Id: 2},
+	}}
+	for _, c := range []struct {
+		name     string
+		cfg      maps.Config
+		now      uint64
+		to, why  string
+		age, bnd string
+	}{
+		{"fresh", maps.Config{Heartbeat: 100 * sec, DeadMan: 30 * time.Second}, 101 * sec, "penaltybox", "", "1s", "30s"},
+		{"away", maps.Config{Heartbeat: 100 * sec, DeadMan: 30 * time.Second}, 131*sec + 1, "kube-proxy", "agent-away", "31s", "30s"},
+		{"at the bound", maps.Config{Heartbeat: 100 * sec, DeadMan: 30 * time.Second}, 130 * sec, "penaltybox", "", "30s", "30s"},
+		{"no switch", maps.Config{Heartbeat: 100 * sec}, 1000 * sec, "penaltybox", "", "15m0s", ""},
+		{"a tick ahead", maps.Config{Heartbeat: 100 * sec, DeadMan: 30 * time.Second}, 100*sec - 4e6, "penaltybox", "", "0s", "30s"},
+		{"never beat", maps.Config{DeadMan: time.Second}, 1000 * sec, "penaltybox", "", "", "1s"},
+		{"draining", maps.Config{Heartbeat: 100 * sec, DeadMan: 30 * time.Second, Drain: true}, 101 * sec, "kube-proxy", "uninstalling", "1s", "30s"},
+	} {
+		f.cfg = c.cfg
+		r, err := Read(f, time.Now(), c.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := NewFlows{To: c.to, Why: c.why, HeartbeatAge: c.age, DeadMan: c.bnd}
+		if r.NewFlows != want {
+			t.Errorf("%s: %+v, want %+v", c.name, r.NewFlows, want)
+		}
+	}
+
+	f.cfg = maps.Config{}
+	r, err := Read(f, time.Now(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddAgentView(admin.ServicesView{Services: []admin.Service{{ID: 1, Name: "team-a/web:http", Served: "namespace-label"}}}, nil)
+	if s := r.Services[0]; s.Name != "team-a/web:http" || s.Served != "namespace-label" || !s.TakenOver {
+		t.Errorf("service 1: %+v", s)
+	}
+	if s := r.Services[1]; s.Name != "" || s.TakenOver {
+		t.Errorf("service 2, unknown to the agent: %+v", s)
+	}
+	var b bytes.Buffer
+	if err := r.Text(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"new flows go to penaltybox", "agent: answering", "team-a/web:http (served: namespace-label)", "taken over"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("text lacks %q:\n%s", want, b.String())
+		}
+	}
+	r.AddAgentView(admin.ServicesView{}, errors.New("connection refused"))
+	if !strings.Contains(r.Agent, "connection refused") {
+		t.Errorf("agent: %q", r.Agent)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
@@ -136,8 +137,13 @@ type Controller struct {
 	dynFactory  dynamicinformer.DynamicSharedInformerFactory
 	statusQueue workqueue.TypedRateLimitingInterface[string]
 
+	// nodeFactory watches this node (Options.NodeName) for its zone
+	// label; nil without a node name.
+	nodeFactory informers.SharedInformerFactory
+
 	mu      sync.Mutex
 	local   map[netip.Addr]bool // the node's own addresses (SetLocalAddrs)
+	zone    string              // the node's topology.kubernetes.io/zone (watchNode)
 	entries map[string]*entry   // by Service key "namespace/name"
 	owner   map[string]string   // desired service name → Service key
 	// policies are the decoded BackendPolicies, by key.
@@ -166,6 +172,9 @@ type entry struct {
 	// served says why the Service is served ("": it is not, kube-proxy
 	// has it), as last logged.
 	served string
+	// unserved are the keys of the Service's ports while it is not served
+	// (desired.State.HandBack).
+	unserved []desired.Key
 }
 
 // New builds a controller on client. Nothing runs until Run.
@@ -247,7 +256,48 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 	if opts.Policies != nil {
 		c.watchPolicies(opts.Policies)
 	}
+	if opts.NodeName != "" {
+		c.watchNode(client)
+	}
 	return c
+}
+
+// watchNode follows this node's zone label, for topology hints. Not
+// among the caches Run waits for: without the label (or the permission to
+// read the node) Services are served over all their endpoints, and they
+// are recomputed when the zone arrives or changes.
+func (c *Controller) watchNode(client kubernetes.Interface) {
+	name := c.opts.NodeName
+	c.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, c.opts.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	onNode := func(obj any) {
+		if n, ok := obj.(*corev1.Node); ok && n.Name == name {
+			c.setZone(n.Labels[corev1.LabelTopologyZone])
+		}
+	}
+	c.nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onNode,
+		UpdateFunc: func(_, obj any) { onNode(obj) },
+	})
+}
+
+// setZone records the node's zone and recomputes every Service when it
+// changed.
+func (c *Controller) setZone(zone string) {
+	c.mu.Lock()
+	changed := zone != c.zone
+	c.zone = zone
+	c.mu.Unlock()
+	if !changed {
+		return
+	}
+	c.log.Info("node zone", "zone", zone, "node", c.opts.NodeName)
+	svcs, _ := c.services.List(labels.Everything())
+	for _, s := range svcs {
+		c.queue.Add(s.Namespace + "/" + s.Name)
+	}
 }
 
 func (c *Controller) enqueueService(obj any) {
@@ -335,6 +385,10 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	if c.dynFactory != nil {
 		c.dynFactory.Start(ctx.Done())
 		defer c.dynFactory.Shutdown()
+	}
+	if c.nodeFactory != nil {
+		c.nodeFactory.Start(ctx.Done())
+		defer c.nodeFactory.Shutdown()
 	}
 	c.log.Info("waiting for the Service, EndpointSlice and BackendPolicy caches", "policies", c.dynFactory != nil)
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
@@ -479,8 +533,11 @@ func (c *Controller) sync(key string) error {
 	}
 	var services []desired.Service
 	var hostLocal []string
-	if served != "" {
-		services, hostLocal = Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Addrs: c.local})
+	var unserved []desired.Key
+	if served == "" {
+		unserved = Keys(svc)
+	} else {
+		services, hostLocal = Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Zone: c.zone, Addrs: c.local})
 		for i := range services {
 			services[i].Served = served
 		}
@@ -491,6 +548,10 @@ func (c *Controller) sync(key string) error {
 				"service", key, "ports", hostLocal)
 		}
 		e.hostLocal = hostLocal
+	}
+	if !slices.Equal(unserved, e.unserved) {
+		e.unserved = unserved
+		c.markDirty()
 	}
 	if reflect.DeepEqual(services, e.services) {
 		return nil
@@ -601,8 +662,10 @@ func (c *Controller) snapshot() desired.State {
 	var st desired.State
 	for _, e := range c.entries {
 		st.Services = append(st.Services, e.services...)
+		st.HandBack = append(st.HandBack, e.unserved...)
 	}
 	slices.SortFunc(st.Services, func(a, b desired.Service) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(st.HandBack, func(a, b desired.Key) int { return cmp.Compare(a.String(), b.String()) })
 	return st
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -406,5 +407,30 @@ func TestControllerLocalAddrs(t *testing.T) {
 	h.ctrl.SetLocalAddrs(nil)
 	if got := h.next(); len(got.Services) != 1 {
 		t.Fatalf("services %v, want shop/web:http back", got.Services)
+	}
+}
+
+// The node's zone label reaches the topology hints: before the node is
+// known all endpoints are used, then the zone's, following the label.
+func TestControllerFollowsTheNodeZone(t *testing.T) {
+	a, b := readyEP("198.18.211.2", "a"), readyEP("198.18.211.3", "b")
+	a.zones, b.zones = []string{"zone-a"}, []string{"zone-b"}
+	h := newHarness(t, service(), slice("web-1", httpPort, a, b))
+	if got := addrs(byName(h.next())["shop/web:http"]); len(got) != 2 {
+		t.Fatalf("endpoints %v before the node's zone is known, want both", got)
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}}
+	if _, err := h.client.CoreV1().Nodes().Create(h.ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := addrs(byName(h.next())["shop/web:http"]); !slices.Equal(got, []string{"198.18.211.2:8080"}) {
+		t.Fatalf("endpoints %v in zone-a, want a's", got)
+	}
+	node.Labels[corev1.LabelTopologyZone] = "zone-b"
+	if _, err := h.client.CoreV1().Nodes().Update(h.ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := addrs(byName(h.next())["shop/web:http"]); !slices.Equal(got, []string{"198.18.211.3:8080"}) {
+		t.Fatalf("endpoints %v in zone-b, want b's", got)
 	}
 }

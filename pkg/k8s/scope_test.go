@@ -1,10 +1,14 @@
 package k8s
 
 import (
+	"net/netip"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/penaltybox/penaltybox/pkg/desired"
 )
 
 // Under the opt-in scope a Service is served only when it asks: its own
@@ -32,8 +36,9 @@ func TestControllerOptInScope(t *testing.T) {
 	svc := service()
 	svc.Labels = map[string]string{LabelEnabled: "false"}
 	h.updateService(svc)
-	if got := h.next(); len(got.Services) != 0 {
-		t.Fatalf("services %v: the Service opted out", got.Services)
+	webKey := desired.Key{VIP: netip.MustParseAddr(vip), Port: 80, Protocol: desired.TCP}
+	if got := h.next(); len(got.Services) != 0 || !slices.Equal(got.HandBack, []desired.Key{webKey}) {
+		t.Fatalf("the Service opted out: services %v, handed back %v; want none, %v", got.Services, got.HandBack, webKey)
 	}
 
 	// The namespace opts out, the Service in.
@@ -49,8 +54,15 @@ func TestControllerOptInScope(t *testing.T) {
 	}
 	svc.Labels = nil
 	h.updateService(svc)
-	if got := h.next(); len(got.Services) != 0 {
-		t.Fatalf("services %v after the label went", got.Services)
+	if got := h.next(); len(got.Services) != 0 || len(got.HandBack) != 1 {
+		t.Fatalf("services %v, handed back %v after the label went", got.Services, got.HandBack)
+	}
+	// Deleted: not handed back, gone.
+	if err := h.client.CoreV1().Services("shop").Delete(h.ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.next(); len(got.Services) != 0 || len(got.HandBack) != 0 {
+		t.Fatalf("the Service deleted: services %v, handed back %v; want neither", got.Services, got.HandBack)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -47,6 +48,8 @@ func ServiceName(namespace, name string, port corev1.ServicePort) string {
 //     the endpoint's nodeName), with the same terminating fallback.
 //   - An endpoint listed in two slices (during a slice's handover) counts
 //     once; a ready copy wins over a not-ready one.
+//   - sessionAffinity ClientIP: a client's connections stay with one
+//     endpoint for the configured timeout after its last (see affinity).
 //
 // One rule is ours: a port with a backend on one of the node's own
 // addresses (a host-network pod on this node, like the API server on a
@@ -55,7 +58,16 @@ func ServiceName(namespace, name string, port corev1.ServicePort) string {
 // network stack straight into the client's veth without crossing any XDP
 // hook, so nothing would rewrite their source back to the ClusterIP.
 //
-// Topology hints are ignored: endpoints are balanced cluster-wide.
+// Topology, as kube-proxy has it (its CategorizeEndpoints): when every
+// ready endpoint carries hints (the EndpointSlice controller writes them
+// for trafficDistribution PreferSameNode, PreferSameZone or PreferClose,
+// and for topology-aware routing) and at least one names this node
+// (hints.forNodes) or else this node's zone (hints.forZones, the node's
+// topology.kubernetes.io/zone label), only the endpoints so named are
+// used; otherwise all are. Accrual and the ejection budget then work
+// within that set. internalTrafficPolicy Local ignores hints, as
+// kube-proxy does.
+//
 // Endpoints are sorted by address, so the result does not depend on slice
 // or list order. epSlices may include slices of other Services: only those
 // labelled with this Service's name in its namespace are used.
@@ -82,7 +94,7 @@ func translateFamily(svc *corev1.Service, vip netip.Addr, second bool, epSlices 
 		if second {
 			name += "/" + familyName(vip)
 		}
-		eps := choose(endpointsFor(svc, port, epSlices, vip.Is4()), local, node.Name)
+		eps := choose(endpointsFor(svc, port, epSlices, vip.Is4()), local, node)
 		if slices.ContainsFunc(eps, func(e desired.Endpoint) bool { return node.Addrs[e.Addr.Addr()] }) {
 			hostLocal = append(hostLocal, name)
 			continue
@@ -97,14 +109,48 @@ func translateFamily(svc *corev1.Service, vip netip.Addr, second bool, epSlices 
 			MaxInflight:            settings.MaxInflight,
 			MaxInflightPerEndpoint: settings.MaxInflightPerEndpoint,
 			RetryRefused:           settings.RetryRefused,
+			Affinity:               affinity(svc),
 		})
 	}
 	return out, hostLocal
 }
 
+// affinity is the Service's sessionAffinity timeout as kube-proxy applies
+// it: ClientIP with sessionAffinityConfig.clientIP.timeoutSeconds, 10800
+// (3 hours) when unset; 0 for None. The API server keeps the timeout
+// within (0, 86400]; one outside is taken as the default or the maximum.
+func affinity(svc *corev1.Service) time.Duration {
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return 0
+	}
+	secs := int32(corev1.DefaultClientIPServiceAffinitySeconds)
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil &&
+		*c.ClientIP.TimeoutSeconds > 0 {
+		secs = *c.ClientIP.TimeoutSeconds
+	}
+	return min(time.Duration(secs)*time.Second, desired.MaxAffinity)
+}
+
+// Keys are the datapath keys Translate would give the Service's ports
+// (every ClusterIP, TCP and UDP ports), endpoints or not: those of a
+// Service left to kube-proxy, which the datapath hands back.
+func Keys(svc *corev1.Service) []desired.Key {
+	var out []desired.Key
+	for _, vip := range clusterIPs(svc) {
+		for _, port := range svc.Spec.Ports {
+			if proto, ok := protocol(port.Protocol); ok {
+				out = append(out, desired.Key{VIP: vip, Port: uint16(port.Port), Protocol: proto})
+			}
+		}
+	}
+	return out
+}
+
 // Node is what Translate needs to know of the node it runs on.
 type Node struct {
 	Name string
+	// Zone is the node's topology.kubernetes.io/zone label ("": none).
+	Zone string
 	// Addrs are the node's own addresses.
 	Addrs map[netip.Addr]bool
 }
@@ -159,6 +205,8 @@ type endpoint struct {
 	desired.Endpoint
 	ready, serving, terminating bool
 	node                        string
+	// forZones and forNodes are the endpoint's topology hints.
+	forZones, forNodes []string
 }
 
 // endpointsFor collects the endpoints of one Service port from the slices
@@ -223,6 +271,14 @@ func endpointsFor(svc *corev1.Service, port corev1.ServicePort, all []*discovery
 			if e.NodeName != nil {
 				ep.node = *e.NodeName
 			}
+			if h := e.Hints; h != nil {
+				for _, z := range h.ForZones {
+					ep.forZones = append(ep.forZones, z.Name)
+				}
+				for _, n := range h.ForNodes {
+					ep.forNodes = append(ep.forNodes, n.Name)
+				}
+			}
 			if i, dup := byAddr[ep.Addr]; dup {
 				if ep.ready && !out[i].ready {
 					out[i] = ep
@@ -252,22 +308,62 @@ func endpointName(namespace string, e discoveryv1.Endpoint) string {
 	return ""
 }
 
-// choose picks the backends among eps: ready ones, else serving
-// terminating ones; only this node's when local.
-func choose(eps []endpoint, local bool, nodeName string) []desired.Endpoint {
+// choose picks the backends among eps: ready ones (of the node's topology
+// when the hints say so, see topology), else serving terminating ones;
+// only this node's when local.
+func choose(eps []endpoint, local bool, node Node) []desired.Endpoint {
 	usable := func(pick func(endpoint) bool) []desired.Endpoint {
 		var out []desired.Endpoint
 		for _, e := range eps {
-			if (!local || e.node == nodeName) && pick(e) {
+			if (!local || e.node == node.Name) && pick(e) {
 				out = append(out, e.Endpoint)
 			}
 		}
 		return out
 	}
-	out := usable(func(e endpoint) bool { return e.ready })
+	inTopology := func(endpoint) bool { return true }
+	if !local {
+		inTopology = topology(eps, node)
+	}
+	out := usable(func(e endpoint) bool { return e.ready && inTopology(e) })
 	if len(out) == 0 {
 		out = usable(func(e endpoint) bool { return e.serving && e.terminating })
 	}
 	slices.SortFunc(out, func(a, b desired.Endpoint) int { return a.Addr.Compare(b.Addr) })
 	return out
+}
+
+// topology is kube-proxy's topologyModeFromHints and availableForTopology:
+// when every ready endpoint has node hints and one names this node, the
+// endpoints hinted for this node; else, when every ready endpoint has zone
+// hints and one names this node's zone, those hinted for the zone; else
+// every endpoint. With no ready endpoint, every endpoint (the terminating
+// fallback ignores hints).
+func topology(eps []endpoint, node Node) func(endpoint) bool {
+	allNodes, allZones := true, true
+	forNode, forZone := false, false
+	ready := 0
+	for _, e := range eps {
+		if !e.ready {
+			continue
+		}
+		ready++
+		if len(e.forNodes) == 0 {
+			allNodes = false
+		} else if node.Name != "" && slices.Contains(e.forNodes, node.Name) {
+			forNode = true
+		}
+		if len(e.forZones) == 0 {
+			allZones = false
+		} else if node.Zone != "" && slices.Contains(e.forZones, node.Zone) {
+			forZone = true
+		}
+	}
+	switch {
+	case ready > 0 && allNodes && forNode:
+		return func(e endpoint) bool { return slices.Contains(e.forNodes, node.Name) }
+	case ready > 0 && allZones && forZone:
+		return func(e endpoint) bool { return slices.Contains(e.forZones, node.Zone) }
+	}
+	return func(endpoint) bool { return true }
 }

@@ -3,7 +3,10 @@ package k8s
 import (
 	"net/netip"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -53,6 +56,7 @@ type ep struct {
 	pod                         string
 	ready, serving, terminating *bool
 	node                        string
+	zones, nodes                []string // topology hints
 }
 
 func slice(name string, sp []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.EndpointSlice {
@@ -72,6 +76,15 @@ func slice(name string, sp []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.E
 		}
 		if e.node != "" {
 			x.NodeName = ptr.To(e.node)
+		}
+		if e.zones != nil || e.nodes != nil {
+			x.Hints = &discoveryv1.EndpointHints{}
+			for _, z := range e.zones {
+				x.Hints.ForZones = append(x.Hints.ForZones, discoveryv1.ForZone{Name: z})
+			}
+			for _, n := range e.nodes {
+				x.Hints.ForNodes = append(x.Hints.ForNodes, discoveryv1.ForNode{Name: n})
+			}
 		}
 		sl.Endpoints = append(sl.Endpoints, x)
 	}
@@ -397,5 +410,107 @@ func TestTranslateCarriesSettings(t *testing.T) {
 			t.Errorf("%s: accrual %+v, limits %d/%d; want the Service's settings on every port",
 				s.Name, s.Accrual, s.MaxInflight, s.MaxInflightPerEndpoint)
 		}
+	}
+}
+
+// sessionAffinity reaches every port of the Service as kube-proxy applies
+// it: ClientIP with its timeout, 3 hours when unset, None as none; a
+// timeout the API server would refuse is taken as the default (zero or
+// less) or the maximum (more than a day).
+func TestTranslateSessionAffinity(t *testing.T) {
+	secs := func(n int32) *int32 { return &n }
+	for _, c := range []struct {
+		name     string
+		affinity corev1.ServiceAffinity
+		timeout  *int32
+		want     time.Duration
+	}{
+		{"none", corev1.ServiceAffinityNone, nil, 0},
+		{"unset", "", nil, 0},
+		{"ClientIP, default timeout", corev1.ServiceAffinityClientIP, nil, 3 * time.Hour},
+		{"ClientIP, 60s", corev1.ServiceAffinityClientIP, secs(60), time.Minute},
+		{"ClientIP, 0s", corev1.ServiceAffinityClientIP, secs(0), 3 * time.Hour},
+		{"ClientIP, two days", corev1.ServiceAffinityClientIP, secs(172800), 24 * time.Hour},
+		{"None with a timeout", corev1.ServiceAffinityNone, secs(60), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			svc := service(ports(
+				corev1.ServicePort{Name: "a", Port: 80, Protocol: corev1.ProtocolTCP},
+				corev1.ServicePort{Name: "b", Port: 81, Protocol: corev1.ProtocolUDP},
+			), func(s *corev1.Service) {
+				s.Spec.SessionAffinity = c.affinity
+				if c.timeout != nil {
+					s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{
+						ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: c.timeout}}
+				}
+			})
+			got, _ := Translate(svc, nil, DefaultSettings(0), Node{})
+			if len(got) != 2 {
+				t.Fatalf("got %d services, want 2", len(got))
+			}
+			for _, s := range got {
+				if s.Affinity != c.want {
+					t.Errorf("%s: affinity %v, want %v", s.Name, s.Affinity, c.want)
+				}
+			}
+		})
+	}
+}
+
+// Topology hints, as kube-proxy follows them: the endpoints hinted for
+// this node, else for its zone, when every ready endpoint has hints and
+// one names it; all endpoints otherwise. internalTrafficPolicy Local
+// ignores them.
+func TestTranslateTopologyHints(t *testing.T) {
+	zoned := func(ip, pod string, zones ...string) ep {
+		e := readyEP(ip, pod)
+		e.zones = zones
+		return e
+	}
+	a := zoned("198.18.211.2", "a", "zone-a")
+	b := zoned("198.18.211.3", "b", "zone-b")
+	ab := zoned("198.18.211.4", "ab", "zone-a", "zone-b")
+	plain := readyEP("198.18.211.5", "plain")
+	notReady := ep{ip: "198.18.211.6", pod: "nr", ready: ptr.To(false)}
+	onNode := readyEP("198.18.211.7", "n")
+	onNode.nodes, onNode.zones, onNode.node = []string{"node-1"}, []string{"zone-a"}, "node-1"
+	elsewhere := readyEP("198.18.211.8", "e")
+	elsewhere.nodes, elsewhere.zones, elsewhere.node = []string{"node-2"}, []string{"zone-a"}, "node-2"
+	names := func(svcs []desired.Service) []string {
+		var out []string
+		for _, e := range svcs[0].Endpoints {
+			out = append(out, strings.TrimPrefix(e.Name, "shop/"))
+		}
+		return out
+	}
+	local := func(s *corev1.Service) {
+		s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+	}
+	for _, c := range []struct {
+		name string
+		node Node
+		eps  []ep
+		opts []svcOpt
+		want []string
+	}{
+		{"hints for the node's zone", Node{Name: "node-1", Zone: "zone-a"}, []ep{a, b, ab}, nil, []string{"a", "ab"}},
+		{"the other zone", Node{Name: "node-1", Zone: "zone-b"}, []ep{a, b, ab}, nil, []string{"b", "ab"}},
+		{"no endpoint for the zone: all", Node{Name: "node-1", Zone: "zone-c"}, []ep{a, b}, nil, []string{"a", "b"}},
+		{"a node without a zone: all", Node{Name: "node-1"}, []ep{a, b}, nil, []string{"a", "b"}},
+		{"one ready endpoint without hints: all", Node{Name: "node-1", Zone: "zone-a"}, []ep{a, b, plain}, nil, []string{"a", "b", "plain"}},
+		{"a not-ready endpoint's missing hints do not count", Node{Name: "node-1", Zone: "zone-a"}, []ep{a, b, notReady}, nil, []string{"a"}},
+		{"node hints first", Node{Name: "node-1", Zone: "zone-a"}, []ep{onNode, elsewhere}, nil, []string{"n"}},
+		{"node hints for another node: the zone's", Node{Name: "node-3", Zone: "zone-a"}, []ep{onNode, elsewhere}, nil, []string{"n", "e"}},
+		{"internalTrafficPolicy Local ignores hints", Node{Name: "node-1", Zone: "zone-b"}, []ep{onNode, elsewhere}, []svcOpt{local}, []string{"n"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, _ := Translate(service(c.opts...), []*discoveryv1.EndpointSlice{slice("s1", httpPort, c.eps...)}, DefaultSettings(0), c.node)
+			if len(got) != 1 {
+				t.Fatalf("got %d services", len(got))
+			}
+			if g := names(got); !slices.Equal(g, c.want) {
+				t.Errorf("endpoints %v, want %v", g, c.want)
+			}
+		})
 	}
 }

@@ -58,6 +58,9 @@ const (
 	// packet of a flow the datapath has no entry for is one of
 	// kube-proxy's flows, and passes to it.
 	ServiceTakenOver = uint32(bpf.LbPbSvcFlagPB_SVC_F_TAKEN_OVER)
+	// ServiceHandedBack: the service is no longer served: new flows pass
+	// to kube-proxy, the flows here finish.
+	ServiceHandedBack = uint32(bpf.LbPbSvcFlagPB_SVC_F_HANDED_BACK)
 )
 
 // Values of pb_ports bits, PB_AF_*, pb_config flags and event types.
@@ -73,6 +76,8 @@ const (
 	configDrain       uint32 = 0x4 // PB_CFG_DRAIN
 
 	ifacePartial uint32 = 0x1 // PB_IF_PARTIAL
+	ifaceDecap   uint32 = 0x2 // PB_IF_DECAP
+	ifaceIPIP    uint32 = 0x4 // PB_IF_IPIP
 )
 
 // Flow state bits of pb_ct_value.flags (PB_CT_*).
@@ -327,14 +332,15 @@ func (m *Maps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
 	return nil
 }
 
-// DeleteService removes a pb_services entry and the service's tables.
+// DeleteService removes a pb_services entry, the service's tables and its
+// clients' affinity.
 func (m *Maps) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	err := m.m.PbServices.Delete(k)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("pb_services: delete: %w", err)
 	}
 	m.DeleteTables(id)
-	return nil
+	return m.ForgetAffinity(id)
 }
 
 func (m *Maps) deleteOuter(outer *ebpf.Map, id uint32) {
@@ -541,6 +547,20 @@ type Config struct {
 	Drain bool
 }
 
+// HandedOver says why the datapath passes new flows to kube-proxy at
+// monotonic time now (CLOCK_MONOTONIC nanoseconds), as lb.c's handed_over()
+// decides: "uninstalling" (Drain), "agent-away" (the heartbeat older than
+// DeadMan), or "" (the datapath takes them).
+func (c Config) HandedOver(now uint64) string {
+	switch {
+	case c.Drain:
+		return "uninstalling"
+	case c.DeadMan > 0 && c.Heartbeat != 0 && int64(now-c.Heartbeat) > c.DeadMan.Nanoseconds():
+		return "agent-away"
+	}
+	return ""
+}
+
 // SetConfig writes pb_config_v2[0].
 func (m *Maps) SetConfig(c Config) error {
 	v := bpf.LbConfig{HashSeed: c.HashSeed, SynRetransMinNs: uint64(c.SYNRetransMinAge.Nanoseconds()),
@@ -676,6 +696,12 @@ type Iface struct {
 	// the node routes a bridged pod through the bridge, so its replies pass
 	// the reverse-path check on the port when the route names the bridge.
 	Master uint32
+	// Decap: a node's uplink, where IPIP packets are a pod network's tunnel
+	// traffic, whose inner packets the datapath parses.
+	Decap bool
+	// IPIP: an IPIP tunnel device (not attached): a route through it names
+	// the node a tunnelled reply must come from.
+	IPIP bool
 }
 
 // SetIfaces makes pb_ifaces hold exactly ifs (those with something to
@@ -686,6 +712,12 @@ func (m *Maps) SetIfaces(ifs []Iface) error {
 		v := bpf.LbIface{Master: i.Master}
 		if i.Partial {
 			v.Flags |= ifacePartial
+		}
+		if i.Decap {
+			v.Flags |= ifaceDecap
+		}
+		if i.IPIP {
+			v.Flags |= ifaceIPIP
 		}
 		if v != (bpf.LbIface{}) {
 			want[i.Index] = v

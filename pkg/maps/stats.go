@@ -134,3 +134,30 @@ func (m *Maps) DeleteCT(k bpf.LbCtKey) error {
 	}
 	return nil
 }
+
+// NFForgotten counts the entries of the kernel's conntrack the datapath
+// expired where kube-proxy's path and its own meet (pb_nf_stats).
+type NFForgotten struct {
+	// TakenOver: kube-proxy's finished flows on the tuples of new flows
+	// of services lately taken over.
+	TakenOver uint64
+	// HandedOver: the datapath's finished flows on the tuples of new
+	// flows handed to kube-proxy.
+	HandedOver uint64
+}
+
+// NFForgotten sums pb_nf_stats over CPUs.
+func (m *Maps) NFForgotten() (NFForgotten, error) {
+	var n NFForgotten
+	for why, dst := range map[bpf.LbPbNfWhy]*uint64{bpf.LbPbNfWhyPB_NF_TAKEN_OVER: &n.TakenOver,
+		bpf.LbPbNfWhyPB_NF_HANDED_OVER: &n.HandedOver} {
+		var per []uint64
+		if err := m.m.PbNfStats.Lookup(uint32(why), &per); err != nil {
+			return n, fmt.Errorf("pb_nf_stats: %w", err)
+		}
+		for _, v := range per {
+			*dst += v
+		}
+	}
+	return n, nil
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 const ns = "penaltybox"
@@ -48,6 +49,8 @@ type Source interface {
 	ServiceStats(id uint32) (bpf.LbSvcStats, error)
 	BackendStats(id uint32) (bpf.LbBeStats, error)
 	SYNGuardStats() (bpf.LbSynGuardCpu, error)
+	NFForgotten() (maps.NFForgotten, error)
+	AffinityFill() (entries, capacity int, err error)
 }
 
 // Metrics holds the agent's event-driven metrics and its registry.
@@ -269,7 +272,10 @@ var (
 	dICMP         = desc("datapath_icmp_translated_total", "ICMP errors about a NATed flow (fragmentation needed, port unreachable, time exceeded) translated so that their receiver matches them: quoting the VIP to the client, the backend to the backend.")
 	dSYNGuard     = desc("datapath_syn_guard_syns_total", "SYNs to services while the SYN guard was on (pure SYNs from clients, whatever conntrack holds for their tuple; not the agent's replays), by verdict: trusted (the source proved itself lately: a backend sent it payload), admitted (untrusted, within the per-CPU budget), dropped (untrusted, over the budget: dropped in XDP).", "verdict")
 	dSYNArmed     = desc("datapath_syn_guard_armed_total", "Times a CPU turned the SYN guard on by itself: in 100 ms more SYNs to services than --syn-guard-arm-rate allows, and a quarter as many again from untrusted sources (a flood, seen before the agent can tell); it stays on there for 1 s past the last such window.")
+	dAffinity     = desc("datapath_affinity_clients", "Clients pb_affinity remembers for services with sessionAffinity ClientIP (one per service and client address, for the service's timeout after its last new connection).")
+	dAffinityMax  = desc("datapath_affinity_clients_limit", "Clients pb_affinity can remember (--affinity-clients); past it the least recently seen are forgotten, and their next connection may go to another endpoint.")
 	dMalformed    = desc("datapath_malformed_packets_total", "Packets to a service port too short or inconsistent to parse; passed unchanged.")
+	dNFForgotten  = desc("datapath_conntrack_forgotten_total", "Entries of the kernel's conntrack the datapath expired where kube-proxy's path and its own meet, so that a client port used on one path works on the other: taken_over (kube-proxy's finished flow on a new flow's tuple, services within --takeover-grace), handed_over (a finished flow of the datapath's on the tuple of a new flow left to kube-proxy).", "why")
 	dKubeProxy    = desc("datapath_kube_proxy_flows_total", "Packets the datapath left to kube-proxy, by why: handed_over (a new flow while the agent is away longer than --dead-man-timeout, or uninstalling), taken_over (a mid-stream packet of a flow kube-proxy began before the service was taken over, within --takeover-grace).", "why")
 	dUnproven     = desc("datapath_unproven_packets_total", "Packets the datapath did not take as evidence of a backend's health, because a client (or a pod spoofing a backend) could have sent them, by reason: syn_doomed (a SYN no backend can accept: bad checksum, SYN|FIN, TTL <= 1, TCP-MD5/AO; passed unchanged, no flow), syn_duplicate (a pending flow's SYN again too soon or with another ISN: no timeout), reply_wrong_side (a reply from where the node does not route its backend: passed unchanged), reply_bad_checksum (a RST, SYN-ACK or ICMP error with a bad checksum), reply_unacked (a RST or SYN-ACK not acknowledging what the client sent, or a reset after a wrong handshake ACK), client_rst_ignored (a client's RST out of the backend's sequence: the flow keeps its breaker slot).", "reason")
 	dEndpoints    = desc("endpoints", "Endpoints by failure-accrual state.", "service", "state")
@@ -299,7 +305,7 @@ type collector struct {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dSvcPackets, dSvcBytes, dSvcFlows, dSvcNoBackend, dCBRejected, dBePackets, dBeBytes,
 		dBeFlows, dBeRPackets, dBeRBytes, dEventsLost, dForwarded, dNoBackend, dProbes, dSteered, dRepicked, dRescued, dRetried,
-		dCTFail, dMalformed, dUnproven, dKubeProxy, dICMP, dSYNGuard, dSYNArmed, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
+		dCTFail, dMalformed, dUnproven, dKubeProxy, dNFForgotten, dICMP, dSYNGuard, dSYNArmed, dAffinity, dAffinityMax, dEndpoints, dEpState, dEpFailures, dEpSuccesses, dEpEjections, dEpProbes,
 		dEpSuppressed, dEpByReason, dEpSlow, dEpWinCalls, dEpWinRate, dEpWinSlow, dFailOpen, dFailOpenEps, dCBMax, dServed, dInflight} {
 		ch <- d
 	}
@@ -331,6 +337,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dICMP, gs.IcmpTranslated)
 		counter(ch, dKubeProxy, gs.HandedOver, "handed_over")
 		counter(ch, dKubeProxy, gs.KubeProxyMidstream, "taken_over")
+		if nf, err := c.src.NFForgotten(); err == nil {
+			counter(ch, dNFForgotten, nf.TakenOver, "taken_over")
+			counter(ch, dNFForgotten, nf.HandedOver, "handed_over")
+		}
 		counter(ch, dUnproven, gs.SynDoomed, "syn_doomed")
 		counter(ch, dUnproven, gs.SynDuplicate, "syn_duplicate")
 		counter(ch, dUnproven, gs.ReplyWrongSide, "reply_wrong_side")
@@ -347,6 +357,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dSYNArmed, g.Armed)
 	} else {
 		c.log.Warn("metrics: read pb_syn_guard_cpu", "err", err)
+	}
+	if n, max, err := c.src.AffinityFill(); err == nil {
+		gauge(ch, dAffinity, float64(n))
+		gauge(ch, dAffinityMax, float64(max))
+	} else {
+		c.log.Warn("metrics: read pb_affinity", "err", err)
 	}
 
 	names := map[uint32]string{}

@@ -35,9 +35,17 @@ const DefaultPodPatterns = "veth*,cali*,lxc*,eni*,gke*,azv*"
 // reply from a backend pod on another node arrives inside the tunnel, so
 // the node's NIC sees only the outer packet; the tunnel device hands the
 // stack the inner frame, and XDP there (generic: VXLAN has no native XDP)
-// rewrites it. IPIP's tunl0 is not among them: it carries bare IP packets,
-// and the datapath parses Ethernet frames.
+// rewrites it. IPIP's tunl0 is not among them: it carries bare IP packets
+// (see DefaultIPIPPatterns).
 const DefaultTunnelPatterns = "flannel.*,flannel-v6.*,vxlan.calico,vxlan-v6.calico"
+
+// DefaultIPIPPatterns match IPIP tunnel devices: Calico's tunl0 (IPIPMode
+// Always or CrossSubnet). The datapath is not attached to them: a reply
+// from a backend pod on another node is rewritten inside its IPIP packet
+// on the node's uplink, before the stack unwraps it. The device is
+// reported so that the datapath knows a route through it (reverse-path
+// check: the reply must come from the node the route names).
+const DefaultIPIPPatterns = "tunl0"
 
 // Auto, as the external interfaces, means those of the default routes.
 const Auto = "auto"
@@ -53,7 +61,9 @@ type Options struct {
 	Pods []string
 	// Tunnels are globs of overlay tunnel device names (VXLAN).
 	Tunnels []string
-	Logger  *slog.Logger
+	// IPIP are globs of IPIP tunnel device names.
+	IPIP   []string
+	Logger *slog.Logger
 }
 
 // ParseExternal parses the --node-interfaces flag: "auto", "" (none), or
@@ -90,7 +100,17 @@ type Link struct {
 	Pod bool
 	// Tunnel is true for an overlay's tunnel device.
 	Tunnel bool
+	// IPIP is true for an IPIP tunnel device: known to the datapath, not
+	// attached.
+	IPIP bool
 }
+
+// Attach says whether the datapath runs on the link (all but IPIP
+// tunnels).
+func (l Link) Attach() bool { return !l.IPIP }
+
+// External is true for one of the node's uplinks.
+func (l Link) External() bool { return !l.Pod && !l.Tunnel && !l.IPIP }
 
 // Select picks, from the node's links (ifindex → name) and the ifindexes of
 // its default routes, the links to report, sorted by name. Loopback is
@@ -106,6 +126,8 @@ func Select(links map[int]string, defaultRoutes map[int]bool, o Options) []Link 
 			out = append(out, Link{Name: name, Index: idx, Pod: true})
 		case matchAny(o.Tunnels, name):
 			out = append(out, Link{Name: name, Index: idx, Tunnel: true})
+		case matchAny(o.IPIP, name):
+			out = append(out, Link{Name: name, Index: idx, IPIP: true})
 		case matchAny(o.External, name) || (o.AutoExternal && defaultRoutes[idx]):
 			out = append(out, Link{Name: name, Index: idx})
 		}

@@ -10,6 +10,7 @@ func TestSelect(t *testing.T) {
 		9: "flannel.1", 10: "vxlan.calico", 11: "tunl0", 12: "flannel-v6.1"}
 	pods, _ := ParsePatterns(DefaultPodPatterns)
 	tunnels, _ := ParsePatterns(DefaultTunnelPatterns)
+	ipip, _ := ParsePatterns(DefaultIPIPPatterns)
 	tests := []struct {
 		name   string
 		routes map[int]bool
@@ -18,27 +19,31 @@ func TestSelect(t *testing.T) {
 	}{
 		{"auto: the default route's interface and the pods", map[int]bool{2: true},
 			Options{AutoExternal: true, Pods: pods},
-			[]Link{{"cali1a2b3c", 4, true, false}, {"eth0", 2, false, false}, {"lxc9f8e", 5, true, false}, {"veth12ab", 7, true, false}}},
+			[]Link{{"cali1a2b3c", 4, true, false, false}, {"eth0", 2, false, false, false}, {"lxc9f8e", 5, true, false, false}, {"veth12ab", 7, true, false, false}}},
+		{"IPIP's tunl0 by the default pattern, apart from VXLAN's", map[int]bool{2: true},
+			Options{AutoExternal: true, Tunnels: tunnels, IPIP: ipip},
+			[]Link{{"eth0", 2, false, false, false}, {"flannel-v6.1", 12, false, true, false}, {"flannel.1", 9, false, true, false},
+				{"tunl0", 11, false, false, true}, {"vxlan.calico", 10, false, true, false}}},
 		{"overlay tunnels by the default patterns: VXLAN's, not IPIP's tunl0", map[int]bool{2: true},
 			Options{AutoExternal: true, Pods: []string{"veth*"}, Tunnels: tunnels},
-			[]Link{{"eth0", 2, false, false}, {"flannel-v6.1", 12, false, true}, {"flannel.1", 9, false, true}, {"veth12ab", 7, true, false},
-				{"vxlan.calico", 10, false, true}}},
+			[]Link{{"eth0", 2, false, false, false}, {"flannel-v6.1", 12, false, true, false}, {"flannel.1", 9, false, true, false}, {"veth12ab", 7, true, false, false},
+				{"vxlan.calico", 10, false, true, false}}},
 		{"auto with ECMP over two interfaces", map[int]bool{2: true, 3: true},
 			Options{AutoExternal: true},
-			[]Link{{"eth0", 2, false, false}, {"eth1", 3, false, false}}},
+			[]Link{{"eth0", 2, false, false, false}, {"eth1", 3, false, false, false}}},
 		{"auto without a default route: pods only", nil,
 			Options{AutoExternal: true, Pods: []string{"cali*"}},
-			[]Link{{"cali1a2b3c", 4, true, false}}},
+			[]Link{{"cali1a2b3c", 4, true, false, false}}},
 		{"explicit names and globs; the default route does not matter", map[int]bool{2: true},
 			Options{External: []string{"bond*", "eth1"}, Pods: []string{"lxc*"}},
-			[]Link{{"bond0", 8, false, false}, {"eth1", 3, false, false}, {"lxc9f8e", 5, true, false}}},
+			[]Link{{"bond0", 8, false, false, false}, {"eth1", 3, false, false, false}, {"lxc9f8e", 5, true, false, false}}},
 		{"none external", map[int]bool{2: true}, Options{Pods: []string{"veth*"}},
-			[]Link{{"veth12ab", 7, true, false}}},
+			[]Link{{"veth12ab", 7, true, false, false}}},
 		{"loopback never, even when a pattern matches it", map[int]bool{1: true},
 			Options{AutoExternal: true, External: []string{"*"}},
-			[]Link{{"bond0", 8, false, false}, {"cali1a2b3c", 4, false, false}, {"docker0", 6, false, false}, {"eth0", 2, false, false},
-				{"eth1", 3, false, false}, {"flannel-v6.1", 12, false, false}, {"flannel.1", 9, false, false}, {"lxc9f8e", 5, false, false}, {"tunl0", 11, false, false},
-				{"veth12ab", 7, false, false}, {"vxlan.calico", 10, false, false}}},
+			[]Link{{"bond0", 8, false, false, false}, {"cali1a2b3c", 4, false, false, false}, {"docker0", 6, false, false, false}, {"eth0", 2, false, false, false},
+				{"eth1", 3, false, false, false}, {"flannel-v6.1", 12, false, false, false}, {"flannel.1", 9, false, false, false}, {"lxc9f8e", 5, false, false, false}, {"tunl0", 11, false, false, false},
+				{"veth12ab", 7, false, false, false}, {"vxlan.calico", 10, false, false, false}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

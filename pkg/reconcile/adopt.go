@@ -32,9 +32,11 @@ func (r *Reconciler) adopt() error {
 			continue
 		}
 		s := &Service{ID: v.Id, Spec: desired.Service{Key: key}, value: v}
-		if v.Flags&maps.ServiceTakenOver != 0 {
+		if v.Flags&(maps.ServiceTakenOver|maps.ServiceHandedBack) != 0 {
 			// Taken over before the restart, when is not kept: the
-			// grace starts again.
+			// grace starts again. Handed back, kube-proxy had its new
+			// flows: served again, it is taken over anew (and if not,
+			// the first Apply hands it back again).
 			s.takenOver = r.clk.Now()
 		}
 		if s.sizes, err = r.w.TableSizes(v.Id); err != nil {

@@ -42,6 +42,9 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		seen[spec.Key] = true
 		s, existed := r.services[spec.Key]
 		if !existed {
+			s = r.takeBack(spec.Key, now)
+		}
+		if !existed && s == nil {
 			id, ok := r.svcIDs.get()
 			if !ok {
 				errs = append(errs, fmt.Errorf("service %s: no free service id (max %d)", spec.Name, r.svcIDs.max))
@@ -93,11 +96,8 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		if seen[key] {
 			continue
 		}
-		if err := r.w.DeleteService(maps.ServiceKey(key.VIP, key.Port, uint8(key.Protocol)), s.ID); err != nil {
-			// Retried by every later Apply and PrepareTables; until then
-			// the id stays out of reuse.
+		if err := r.handBackOrDelete(key, s, now, slices.Contains(st.HandBack, key)); err != nil {
 			errs = append(errs, err)
-			r.deleting[s.ID] = key
 		}
 		for _, id := range s.Backends {
 			r.retire(r.backends[id], now)
@@ -106,11 +106,11 @@ func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
 		s.Backends, s.Active, s.Probation = nil, nil, nil
 		delete(r.services, key)
 		delete(r.byID, s.ID)
-		r.retiredSvc[s.ID] = now
 		r.retiredKey[s.ID] = key
 		changes = append(changes, Change{Service: s, Removed: true, Retired: retired})
-		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String())
+		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String(), "handed_back", r.handingBack[s.ID] != nil)
 	}
+	r.endGoneHandBacks(st.HandBack, now)
 
 	errs = append(errs, r.retryDeletes(), r.prepareTables())
 	if err := r.syncPrefilters(); err != nil {

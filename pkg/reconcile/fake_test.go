@@ -16,6 +16,7 @@ import (
 const (
 	opUpsertService = "UpsertService"
 	opDeleteService = "DeleteService"
+	opForgetAff     = "ForgetAffinity"
 	opSetBackend    = "SetBackend"
 	opClearBackend  = "ClearBackend"
 	opInstallTables = "InstallTables"
@@ -192,6 +193,15 @@ func (f *fakeWriter) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	delete(f.tables, pbmaps.TableKey(id, 1))
 	delete(f.fallbacks, id)
 	f.record(op{Kind: opDeleteService, ID: id})
+	return nil
+}
+
+// ForgetAffinity is recorded: the fake keeps no affinity entries.
+func (f *fakeWriter) ForgetAffinity(id uint32) error {
+	if err := f.failing(opForgetAff); err != nil {
+		return err
+	}
+	f.record(op{Kind: opForgetAff, ID: id})
 	return nil
 }
 

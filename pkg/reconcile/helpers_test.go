@@ -91,6 +91,19 @@ func keyOf(k desired.Key) bpf.LbSvcKey {
 	return pbmaps.ServiceKey(k.VIP, k.Port, uint8(k.Protocol))
 }
 
+// applyBack applies the services, with back handed back (they exist, no
+// longer served), and fails the test on error.
+func (e *env) applyBack(back []desired.Key, svcs ...desired.Service) []Change {
+	e.t.Helper()
+	st := state(svcs...)
+	st.HandBack = back
+	ch, err := e.r.Apply(st)
+	if err != nil {
+		e.t.Fatalf("Apply: %v", err)
+	}
+	return ch
+}
+
 // apply applies the services and fails the test on error.
 func (e *env) apply(svcs ...desired.Service) []Change {
 	e.t.Helper()
@@ -331,8 +344,13 @@ func (f *fakeWriter) mixes(t []uint32) bool {
 func (e *env) checkKernel() {
 	t, r, f := e.t, e.r, e.f
 	t.Helper()
-	if len(f.services) != len(r.byID) {
-		t.Errorf("pb_services has %d entries, reconciler %d services", len(f.services), len(r.byID))
+	if len(f.services) != len(r.byID)+len(r.handingBack) {
+		t.Errorf("pb_services has %d entries, reconciler %d services and %d handed back", len(f.services), len(r.byID), len(r.handingBack))
+	}
+	for id, hb := range r.handingBack {
+		if v, ok := f.services[keyOf(hb.key)]; !ok || v.Id != id || v.Flags&pbmaps.ServiceHandedBack == 0 {
+			t.Errorf("service %d handed back: pb_services entry %+v (present %v), want it flagged", id, v, ok)
+		}
 	}
 	for _, s := range r.Services() {
 		v, ok := f.services[keyOf(s.Spec.Key)]
@@ -411,13 +429,14 @@ func (e *env) checkKernel() {
 			}
 		}
 	}
+	known := func(id uint32) bool { _, ok := r.byID[id]; return ok || r.handingBack[id] != nil }
 	for key := range f.tables {
-		if _, ok := r.byID[key/2]; !ok {
+		if !known(key / 2) {
 			t.Errorf("pb_maglev[%d] holds table %d for unknown service %d", key, key%2, key/2)
 		}
 	}
 	for id := range f.fallbacks {
-		if _, ok := r.byID[id]; !ok {
+		if !known(id) {
 			t.Errorf("pb_maglev_fb holds a table for unknown service %d", id)
 		}
 	}
@@ -450,7 +469,7 @@ func (e *env) checkKernel() {
 	// Removed services keep their VIP port and address marked until their
 	// id is freed, and any VIP conntrack held flows to at the last sweep.
 	for id, k := range r.retiredKey {
-		if _, ok := r.retiredSvc[id]; !ok {
+		if _, ok := r.retiredSvc[id]; !ok && r.handingBack[id] == nil {
 			t.Errorf("retired key %v kept for service %d, whose id is free", k, id)
 		}
 		want[k.Port] |= pbmaps.PortVIP

@@ -26,6 +26,7 @@ func (r *Reconciler) Sweep(inUse InUse) {
 		r.beIDs.put(id)
 		freed++
 	}
+	r.endHandBacks(inUse, now)
 	for id, at := range r.retiredSvc {
 		if _, pending := r.deleting[id]; pending {
 			continue

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -250,7 +251,8 @@ func (r *Reconciler) KernelEjected(id uint32) []uint32 {
 func (r *Reconciler) writeService(s *Service, n, tableSize uint32) error {
 	spec := &s.Spec
 	v := bpf.LbSvcValue{Id: s.ID, Table: n, TableSize: tableSize, MaxInflight: spec.MaxInflight,
-		MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.listed))}
+		MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.listed)),
+		AffinityTimeoutS: affinitySeconds(spec.Affinity)}
 	if spec.RetryRefused {
 		v.Flags |= maps.ServiceRetryRefused
 	}
@@ -264,8 +266,24 @@ func (r *Reconciler) writeService(s *Service, n, tableSize uint32) error {
 	if err := r.w.UpsertService(maps.ServiceKey(spec.Key.VIP, spec.Key.Port, uint8(spec.Key.Protocol)), v); err != nil {
 		return fmt.Errorf("service %s: %w", spec.Name, err)
 	}
+	// Affinity switched off: the clients pinned so far are let go, so
+	// that switching it on again starts afresh, as kube-proxy does.
+	if s.value.AffinityTimeoutS != 0 && v.AffinityTimeoutS == 0 {
+		if err := r.w.ForgetAffinity(s.ID); err != nil {
+			return fmt.Errorf("service %s: %w", spec.Name, err)
+		}
+	}
 	s.value = v
 	return nil
+}
+
+// affinitySeconds is d in whole seconds for pb_services, a part second
+// rounded up (a timeout never shortens), at most desired.MaxAffinity.
+func affinitySeconds(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	return uint32((min(d, desired.MaxAffinity) + time.Second - 1) / time.Second)
 }
 
 // Regrant gives an endpoint in probation a fresh probe: its last probe

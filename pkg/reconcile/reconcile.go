@@ -31,6 +31,7 @@ const ProbeGrants = 1
 type Writer interface {
 	UpsertService(bpf.LbSvcKey, bpf.LbSvcValue) error
 	DeleteService(bpf.LbSvcKey, uint32) error
+	ForgetAffinity(svcID uint32) error
 	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
 	SetBackend(uint32, bpf.LbBackend) error
 	SetBackends(ids []uint32, vals []bpf.LbBackend) error
@@ -152,6 +153,11 @@ type Reconciler struct {
 	// deleting: removed services whose pb_services entry could not be
 	// deleted yet (retried; their ids stay out of reuse).
 	deleting map[uint32]desired.Key
+	// handingBack: removed services whose pb_services entry stays, flagged
+	// maps.ServiceHandedBack, until the kernel's conntrack has forgotten
+	// their flows (see handBack); by id.
+	handingBack map[uint32]*handBack
+	handBackFor time.Duration // Options.HandBack
 	// spare: services whose spare table must be (re)installed before
 	// their next change (after a flip to a new size, or at start).
 	spare  map[uint32]bool
@@ -181,8 +187,14 @@ type Options struct {
 	// they are kube-proxy's, begun before (maps.ServiceTakenOver). 0: none
 	// (standalone: no kube-proxy to leave them to).
 	TakeoverGrace time.Duration
-	Clock         clock.PassiveClock
-	Logger        *slog.Logger
+	// HandBack is how long a removed service's entry stays after its last
+	// live flow, flagged maps.ServiceHandedBack: its new flows pass to
+	// kube-proxy, and the datapath clears the kernel's conntrack of its
+	// finished flows on their tuples. The kernel keeps a flow it picked up
+	// unacknowledged for 5 minutes. 0: deleted at once.
+	HandBack time.Duration
+	Clock    clock.PassiveClock
+	Logger   *slog.Logger
 }
 
 // New adopts what the maps hold and returns a reconciler ready for Apply.
@@ -216,6 +228,8 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		retiredKey:   map[uint32]desired.Key{},
 		inUseVIPs:    opts.InUse.VIPs,
 		deleting:     map[uint32]desired.Key{},
+		handingBack:  map[uint32]*handBack{},
+		handBackFor:  opts.HandBack,
 		spare:        map[uint32]bool{},
 		svcIDs:       newIDPool(opts.MaxServices),
 		beIDs:        newIDPool(opts.MaxBackends),

@@ -42,7 +42,9 @@ const (
 // its probes with the DaemonSet's capabilities, `kubectl exec ... agent
 // inspect` shows the ejection, and a Prometheus with Kubernetes service
 // discovery scrapes the agent as the DaemonSet advertises, fires the
-// ejection alert, and answers every dashboard query.
+// ejection alert, and answers every dashboard query. Then the adoption
+// story (adoption_test.go): opt-in by namespace label, the dead-man's
+// switch, and the uninstall, under load.
 func TestSeedDemoOnACluster(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (a kubelet, containerd, network namespaces, BPF); CI runs as root")
@@ -114,7 +116,7 @@ func TestSeedDemoOnACluster(t *testing.T) {
 		var got clientlog.Second
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 		err := clusterrig.Wait(wctx, func() bool {
-			secs, err := rig.ClientSeconds(wctx)
+			secs, err := rig.ClientSeconds(wctx, "default")
 			if err != nil {
 				return false // a slow kubectl logs: ask again
 			}
@@ -158,7 +160,7 @@ func TestSeedDemoOnACluster(t *testing.T) {
 		t.Logf("Event: %s", waitEvent(t, ctx, rig, healed, "EndpointRestored", badName, ""))
 		wctx, wcancel = context.WithTimeout(ctx, time.Minute)
 		err = clusterrig.Wait(wctx, func() bool {
-			secs, err := rig.ClientSeconds(wctx)
+			secs, err := rig.ClientSeconds(wctx, "default")
 			return err == nil && clientlog.Total(secs, healed, time.Now()).Backends[badName] > 0
 		})
 		wcancel()
@@ -168,6 +170,7 @@ func TestSeedDemoOnACluster(t *testing.T) {
 		t.Logf("the healed pod serves the client again %v after it was healed", time.Since(healed).Round(time.Second))
 	}
 	agentLogClean(t, ctx, rig)
+	adoption(t, ctx, rig)
 }
 
 // agentLogClean: nothing in the story is an error of the agent's (its

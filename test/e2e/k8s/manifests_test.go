@@ -5,9 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
@@ -83,6 +87,14 @@ func TestManifestsDryRun(t *testing.T) {
 	dryRun("namespace.yaml", "backendpolicy-crd.yaml", "fleet-crd.yaml", "fleet-admission.yaml", "rbac.yaml", "daemonset.yaml")
 	if out := apply("--dry-run=server", "-k", deploy); strings.Count(out, "(server dry run)") != 16 {
 		t.Errorf("kubectl apply -k deploy/ --dry-run=server: want 16 objects:\n%s", out)
+	}
+
+	// The clean-up for nodes whose agent is gone, in its own namespace.
+	if _, err := c.kubectl("create", "namespace", "penaltybox-cleanup", "--save-config"); err != nil {
+		t.Fatal(err)
+	}
+	if out := apply("--dry-run=server", "-k", filepath.Join(deploy, "cleanup")); strings.Count(out, "(server dry run)") != 2 {
+		t.Errorf("kubectl apply -k deploy/cleanup/ --dry-run=server: want 2 objects:\n%s", out)
 	}
 
 	// The PodMonitor, once its CRD is known.
@@ -178,5 +190,37 @@ func TestImageSourcesCoverTheAgent(t *testing.T) {
 		if !slices.Contains(dirs, top) {
 			t.Errorf("the agent is built from %s, which the Dockerfile does not copy (it copies %v)", rel, dirs)
 		}
+	}
+}
+
+// The clean-up DaemonSet (deploy/cleanup) reaches the pins and the
+// interfaces as the agent does, with the agent's capabilities and no
+// more: the same security context, host network and bpffs mount.
+func TestCleanupRunsAsTheAgent(t *testing.T) {
+	read := func(path string) appsv1.DaemonSet {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(repoRoot, path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			var ds appsv1.DaemonSet
+			if err := yaml.UnmarshalStrict([]byte(doc), &ds); err == nil && ds.Kind == "DaemonSet" {
+				return ds
+			}
+		}
+		t.Fatalf("%s: no DaemonSet", path)
+		return appsv1.DaemonSet{}
+	}
+	agent, cleanup := read("deploy/daemonset.yaml").Spec.Template.Spec, read("deploy/cleanup/cleanup.yaml").Spec.Template.Spec
+	a, c := agent.Containers[0], cleanup.Containers[0]
+	if !reflect.DeepEqual(a.SecurityContext, c.SecurityContext) {
+		t.Errorf("security context %+v, the agent's %+v", c.SecurityContext, a.SecurityContext)
+	}
+	if !reflect.DeepEqual(a.VolumeMounts, c.VolumeMounts) || !reflect.DeepEqual(agent.Volumes, cleanup.Volumes) {
+		t.Errorf("volumes %+v %+v, the agent's %+v %+v", c.VolumeMounts, cleanup.Volumes, a.VolumeMounts, agent.Volumes)
+	}
+	if !cleanup.HostNetwork || c.Image != a.Image || !slices.Equal(c.Args, []string{"teardown", "--then-wait"}) {
+		t.Errorf("hostNetwork %v, image %s (the agent's %s), args %q", cleanup.HostNetwork, c.Image, a.Image, c.Args)
 	}
 }

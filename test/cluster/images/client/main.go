@@ -89,6 +89,59 @@ func (c *counts) add(err error, reply string) {
 	}
 }
 
+func (c *counts) streamEnded(cut bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cut {
+		c.cur.StreamsCut++
+	} else {
+		c.cur.StreamsOK++
+	}
+}
+
+// streams starts a stream from target every every, each read to its end:
+// the server's length over every streams are open at once. A stream that
+// ends in an error, or without the server's last line, is cut.
+func streams(ctx context.Context, target string, every time.Duration, c *counts) {
+	var wg sync.WaitGroup
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-tick.C:
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := (&net.Dialer{Timeout: 2 * time.Second}).Dial("tcp", target)
+			if err != nil {
+				c.streamEnded(true)
+				return
+			}
+			defer conn.Close()
+			var tail []byte
+			buf := make([]byte, 4096)
+			for {
+				conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+				k, err := conn.Read(buf)
+				tail = append(tail, buf[:k]...)
+				tail = tail[max(0, len(tail)-len(clientlog.StreamEnd)):]
+				if err == io.EOF {
+					c.streamEnded(string(tail) != clientlog.StreamEnd)
+					return
+				}
+				if err != nil {
+					c.streamEnded(true)
+					return
+				}
+			}
+		}()
+	}
+}
+
 func (c *counts) skip() {
 	c.mu.Lock()
 	c.cur.Skipped++
@@ -144,6 +197,8 @@ func main() {
 	rate := flag.Int("rate", 50, "new connections per second")
 	timeout := flag.Duration("timeout", time.Second, "per-connection dial+read timeout")
 	duration := flag.Duration("duration", 0, "how long to run (0: until SIGTERM)")
+	streamTarget := flag.String("stream-target", "", "host:port of streams (the server's --stream-port) to keep open (none: no streams)")
+	streamEvery := flag.Duration("stream-every", 2*time.Second, "start a stream this often")
 	flag.Parse()
 	if *target == "" || *rate < 1 || *rate > 100000 || *timeout <= 0 {
 		fmt.Fprintln(os.Stderr, "client: need --target host:port, 1 <= --rate <= 100000 and --timeout > 0")
@@ -163,7 +218,12 @@ func main() {
 	c := &counts{cur: clientlog.Second{Backends: map[string]int{}}}
 	done := make(chan struct{})
 	go func() {
+		var wg sync.WaitGroup
+		if *streamTarget != "" {
+			wg.Go(func() { streams(ctx, *streamTarget, *streamEvery, c) })
+		}
 		generate(ctx, *target, *rate, *timeout, c)
+		wg.Wait()
 		close(done)
 	}()
 

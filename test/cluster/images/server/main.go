@@ -30,6 +30,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/penaltybox/penaltybox/internal/clientlog"
 )
 
 const (
@@ -123,6 +125,23 @@ func (s *server) handle(c *net.TCPConn, mode string) {
 	c.Close()
 }
 
+// stream serves one long connection: a line every 100 ms for d, then
+// "end" and a clean close: a download that takes d, which a load balancer
+// must not cut. The last line tells a whole download from one whose server
+// went away (its exit closes the socket cleanly too).
+func stream(c net.Conn, pod string, d time.Duration) {
+	defer c.Close()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte(pod + "\n")); err != nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.Write([]byte(clientlog.StreamEnd))
+}
+
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
@@ -155,6 +174,9 @@ func main() {
 	port := flag.Int("port", 8080, "service port")
 	controlPort := flag.Int("control-port", 8081, "HTTP control port (healthz, stats, mode)")
 	mode := flag.String("mode", modeServe, "initial mode: serve, refuse or reset")
+	streamPort := flag.Int("stream-port", 0, "a port whose connections each get a line every 100 ms for --stream-for, then a clean close (0: none)")
+	streamFor := flag.Duration("stream-for", 8*time.Second, "how long each stream lasts")
+	drain := flag.Duration("drain", 0, "told to stop, keep serving this long first (the time kube-proxy takes to drop the endpoint), then exit")
 	flag.Parse()
 	if !validMode(*mode) {
 		fmt.Fprintf(os.Stderr, "server: bad --mode %q: want serve, refuse or reset\n", *mode)
@@ -177,6 +199,23 @@ func main() {
 		os.Exit(1)
 	}
 	slog.Info("listening", "pod", pod, "port", *port, "control-port", *controlPort)
+	if *streamPort != 0 {
+		sl, err := net.Listen("tcp", fmt.Sprintf(":%d", *streamPort))
+		if err != nil {
+			slog.Error("stream port", "err", err)
+			os.Exit(1)
+		}
+		go func() {
+			for {
+				c, err := sl.Accept()
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				go stream(c, pod, *streamFor)
+			}
+		}()
+	}
 
 	// Caught so that a stop is a clean exit 0 (Go's own handling of SIGTERM
 	// would exit with status 2).
@@ -184,6 +223,7 @@ func main() {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-sigs
+		time.Sleep(*drain)
 		os.Exit(0)
 	}()
 

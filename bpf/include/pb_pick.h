@@ -1,0 +1,460 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Choosing a backend for a new flow: the Maglev slot, probes, steering off
+ * backends not admitted, the circuit breaker, session affinity; a new
+ * flow's conntrack entries and NEW_FLOW event.
+ *
+ * Part of pb_xdp: included by lb.c, in its order, after the headers
+ * before it (not self-contained). */
+#ifndef PB_PICK_H
+#define PB_PICK_H
+
+struct pick {
+	__u32 id;
+	struct backend *be;
+	__u8 probe;
+};
+
+/* table_key is the pb_maglev key of a service's live table. */
+static __always_inline __u32 table_key(const struct svc_value *svc)
+{
+	return svc->id * 2 + (svc->table & 1);
+}
+
+/* table_lookup reads slot of the table at key in outer and returns its
+ * backend, if that backend is a live one of service svc_id: a stale table
+ * (a fallback, a table being replaced) can hold a cleared id or one since
+ * given to another service. */
+static __always_inline struct backend *table_lookup(void *outer, __u32 key, __u32 slot, __u32 *id,
+						    __u32 svc_id)
+{
+	void *tbl = bpf_map_lookup_elem(outer, &key);
+	if (!tbl)
+		return 0;
+	__u32 *idp = bpf_map_lookup_elem(tbl, &slot);
+	if (!idp || *idp == 0)
+		return 0;
+	*id = *idp;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, id);
+	if (!be || !be->family || be->svc_id != svc_id)
+		return 0;
+	return be;
+}
+
+/* take_slot counts one more flow in c unless it is at limit (0: none). */
+static __always_inline int take_slot(struct inflight *c, __u32 limit)
+{
+	if (!c)
+		return 0;
+	__s64 old = __sync_fetch_and_add(&c->count, 1);
+	if (limit && old >= limit) {
+		__sync_fetch_and_add(&c->count, -1);
+		return -1;
+	}
+	return 0;
+}
+
+/* scan walks a service's list of active backends (pb_svc_backends) from
+ * a hashed start for one that is active, is neither skip nor avoid, and,
+ * when take is set, has room under limit (a slot is then taken on it). */
+struct scan {
+	__u32 svc_id;
+	__u32 start;
+	__u32 n;
+	__u32 limit;
+	__u32 skip;
+	__u32 avoid;
+	__u32 take;
+	__u32 found;
+};
+
+static long scan_backend(__u32 i, struct scan *sc)
+{
+	if (!sc->n)
+		return 1;
+	struct svc_backend_key k = {.svc_id = sc->svc_id, .idx = (sc->start + i) % sc->n};
+	__u32 *idp = bpf_map_lookup_elem(&pb_svc_backends, &k);
+	if (!idp || *idp == sc->skip || *idp == sc->avoid)
+		return 0;
+	__u32 id = *idp;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
+	if (!be || !be->family || be->svc_id != sc->svc_id || be->state != PB_BE_ACTIVE)
+		return 0;
+	if (sc->take && take_slot(bpf_map_lookup_elem(&pb_be_inflight, &id), sc->limit))
+		return 0;
+	sc->found = id;
+	return 1;
+}
+
+static __always_inline __u32 scan_count(struct svc_value *svc)
+{
+	__u32 n = svc->backend_count;
+	return n > PB_MAX_SCAN ? PB_MAX_SCAN : n;
+}
+
+#define PB_STEER_TRIES 3
+
+/* pick_backend chooses the backend for a new flow: the Maglev slot's
+ * backend if it is active, or if it is in probation and a grant is left
+ * (the flow becomes the probe). Otherwise the flow is steered: first to the
+ * same slot of the service's table without probation backends, then to a
+ * few rehashed slots, then to the first active backend of the service's
+ * list. avoid (0: none) is never picked while another active backend
+ * exists: the backend a retried flow leaves. Only when nothing else is
+ * found is the flow sent to the slot's backend anyway. */
+static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, __u32 seed, int may_probe,
+					__u32 avoid, struct pick *out, struct global_stats *gs)
+{
+	__u32 size = svc->table_size;
+	if (size == 0)
+		return -1;
+	__u32 slot = hash % size;
+	__u32 id = 0;
+	struct backend *be = table_lookup(&pb_maglev, table_key(svc), slot, &id, svc->id);
+	if (!be)
+		return -1;
+
+	out->id = id;
+	out->be = be;
+	out->probe = 0;
+	if (likely(be->state == PB_BE_ACTIVE && id != avoid))
+		return 0;
+	/* Steering counts moves off backends that are not active; a retry
+	 * leaving an active one is counted as a retry. */
+	int off = be->state != PB_BE_ACTIVE;
+
+	if (be->state == PB_BE_PROBATION && may_probe && id != avoid && be->probe_grants > 0 &&
+	    __sync_fetch_and_add(&be->probe_grants, -1) > 0) {
+		out->probe = 1;
+		if (gs)
+			gs->probe_admitted++;
+		return 0;
+	}
+
+	__u32 alt_id = 0;
+	struct backend *alt = table_lookup(&pb_maglev_fb, svc->id, slot, &alt_id, svc->id);
+	if (alt && alt->state == PB_BE_ACTIVE && alt_id != avoid)
+		goto steered;
+
+#pragma unroll
+	for (__u32 i = 1; i <= PB_STEER_TRIES; i++) {
+		alt = table_lookup(&pb_maglev, table_key(svc), jhash_3words(hash, i, 0, seed) % size,
+				   &alt_id, svc->id);
+		if (alt && alt->state == PB_BE_ACTIVE && alt_id != avoid)
+			goto steered;
+	}
+	__u32 n = scan_count(svc);
+	struct scan sc = {.svc_id = svc->id, .start = hash, .n = n, .avoid = avoid};
+	if (n && bpf_loop(n, scan_backend, &sc, 0) > 0 && sc.found) {
+		alt_id = sc.found;
+		alt = bpf_map_lookup_elem(&pb_backends, &alt_id);
+		if (alt)
+			goto steered;
+	}
+	/* Nothing else is active: a retry goes back to the backend it left
+	 * rather than to a slot's backend that is not active (in probation
+	 * with its grant spent, or ejected). */
+	if (avoid && off) {
+		alt_id = avoid;
+		alt = bpf_map_lookup_elem(&pb_backends, &alt_id);
+		if (alt && alt->family && alt->svc_id == svc->id && alt->state == PB_BE_ACTIVE)
+			goto steered;
+	}
+	if (gs && off)
+		gs->steer_failed++;
+	return 0;
+steered:
+	out->id = alt_id;
+	out->be = alt;
+	if (gs && off)
+		gs->steered++;
+	return 0;
+}
+
+/* addr_eq compares two map addresses (all 16 bytes: an IPv4 one's rest is
+ * zero in both). */
+static __always_inline int addr_eq(const union addr *a, const union addr *b)
+{
+	return a->v6[0] == b->v6[0] && a->v6[1] == b->v6[1] && a->v6[2] == b->v6[2] && a->v6[3] == b->v6[3];
+}
+
+/* addr_fold is an address in one word: IPv4's own, IPv6's four XORed. */
+static __always_inline __u32 addr_fold(const union addr *a, __u8 family)
+{
+	if (family == PB_AF_INET6)
+		return a->v6[0] ^ a->v6[1] ^ a->v6[2] ^ a->v6[3];
+	return a->v4;
+}
+
+static __always_inline void rev_key(struct ct_key *rk, const struct ct_key *fk,
+				    const struct ct_value *fv)
+{
+	rk->src = fv->nat_addr;
+	rk->dst = fk->src;
+	rk->sport = fv->nat_port;
+	rk->dport = fk->sport;
+	rk->proto = fk->proto;
+	rk->dir = PB_DIR_REV;
+	rk->family = fk->family;
+	rk->pad = 0;
+}
+
+static __always_inline void inflight_add(void *map, __u32 id, __s64 d)
+{
+	struct inflight *c = bpf_map_lookup_elem(map, &id);
+	if (c)
+		__sync_fetch_and_add(&c->count, d);
+}
+
+/* release gives back a counted flow's circuit-breaker slot. Whoever
+ * deletes the pb_flows entry releases it (the datapath on FIN or RST, the
+ * agent on expiry), so it happens exactly once. */
+static __always_inline void release(const struct ct_key *fk)
+{
+	/* Programs have no lookup-and-delete for hashes. Between the lookup
+	 * and the delete, another releaser of the same flow would have to
+	 * delete it and a new flow on the same tuple be counted for this to
+	 * release the wrong ids: nanoseconds apart, on one tuple. */
+	struct flow_value *fl = bpf_map_lookup_elem(&pb_flows, fk);
+	if (!fl)
+		return;
+	__u32 svc = fl->svc_id, be = fl->backend_id;
+	if (bpf_map_delete_elem(&pb_flows, fk))
+		return;
+	inflight_add(&pb_svc_inflight, svc, -1);
+	inflight_add(&pb_be_inflight, be, -1);
+}
+
+/* backend_slot takes a slot on the picked backend or, when it is at its
+ * per-endpoint limit, on the first active backend of the service with
+ * room (a scan of the service's backend list from a hashed start, so the
+ * overflow spreads). Returns -1 when every backend is full. */
+static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, __u32 avoid,
+					struct pick *pk)
+{
+	__u32 limit = svc->max_inflight_per_backend;
+	if (!take_slot(bpf_map_lookup_elem(&pb_be_inflight, &pk->id), limit))
+		return 0;
+	if (pk->probe) {
+		/* The probe cannot go to its backend: the grant is not spent. */
+		__sync_fetch_and_add(&pk->be->probe_grants, 1);
+		pk->probe = 0;
+	}
+	__u32 n = scan_count(svc);
+	struct scan sc = {.svc_id = svc->id, .start = hash, .n = n, .limit = limit, .skip = pk->id,
+			  .avoid = avoid, .take = 1};
+	if (!n || bpf_loop(n, scan_backend, &sc, 0) <= 0 || !sc.found)
+		return -1;
+	__u32 id = sc.found;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
+	if (!be) {
+		inflight_add(&pb_be_inflight, id, -1);
+		return -1;
+	}
+	pk->id = id;
+	pk->be = be;
+	pk->probe = 0;
+	return 0;
+}
+
+#define PB_NO_BACKEND -1
+#define PB_OVER_LIMIT -2
+
+/* affinity_pick: for a service with sessionAffinity ClientIP, the backend
+ * of the client's last new flow, when that was less than the service's
+ * timeout ago and the backend is still an active one of the service (not
+ * avoid). Accrual wins over affinity: an ejected or probation backend is
+ * not returned, the flow gets a fresh pick, and the client is pinned to
+ * that one (affinity_set). The key is left in the scratch's ak. */
+static __always_inline int affinity_pick(struct scratch *sc, struct svc_value *svc, const struct ct_key *fk,
+					 __u32 avoid, __u64 now, struct pick *out)
+{
+	struct affinity_key *k = &sc->ak;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->client = fk->src;
+	k->svc_id = svc->id;
+	k->family = fk->family;
+	struct affinity_value *v = bpf_map_lookup_elem(&pb_affinity, k);
+	if (!v)
+		return -1;
+	/* Signed: another CPU may have stamped it a moment after now. */
+	if ((__s64)(now - v->last_ns) >= (__s64)svc->affinity_timeout_s * 1000000000LL)
+		return -1;
+	__u32 id = v->backend_id;
+	if (!id || id == avoid)
+		return -1;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
+	if (!be || !be->family || be->svc_id != svc->id || be->state != PB_BE_ACTIVE)
+		return -1;
+	out->id = id;
+	out->be = be;
+	out->probe = 0;
+	return 0;
+}
+
+/* affinity_set pins the client of key sc->ak to backend id from now on. */
+static __always_inline void affinity_set(struct scratch *sc, __u32 id, __u64 now)
+{
+	sc->av.backend_id = id;
+	sc->av.pad = 0;
+	sc->av.last_ns = now;
+	bpf_map_update_elem(&pb_affinity, &sc->ak, &sc->av, BPF_ANY);
+}
+
+static __always_inline void count_refused(struct svc_value *svc, int over_limit)
+{
+	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
+	if (!ss)
+		return;
+	if (over_limit)
+		ss->over_limit++;
+	else
+		ss->no_backend++;
+}
+
+/* new_flow picks a backend and writes both conntrack entries. A SYN or a
+ * first UDP packet is a real new flow (event, counters, circuit breaker,
+ * may be a probe); a mid-stream TCP packet without state (conntrack entry
+ * lost) only gets a backend. old_rev, when set, is the reverse entry of
+ * the backend the flow leaves, avoid a backend not to pick again, ct_flags
+ * flags the flow starts with. Returns 0, PB_NO_BACKEND or PB_OVER_LIMIT. */
+static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct ct_key *fk,
+				    int midstream, __u8 ev_flags, struct ct_key *old_rev, int keep_old,
+				    __u32 avoid, __u32 ct_flags, struct ct_value *fv,
+				    struct global_stats *gs)
+{
+	/* A flow moving off its backend gives its slot back first. */
+	if (old_rev)
+		release(fk);
+
+	/* Circuit breaker: one more flow, unless the service is full. Services
+	 * without limits pay nothing here. */
+	int limited = !midstream && (svc->max_inflight || svc->max_inflight_per_backend);
+	if (limited && take_slot(bpf_map_lookup_elem(&pb_svc_inflight, &svc->id), svc->max_inflight)) {
+		if (gs)
+			gs->inflight_rejected++;
+		count_refused(svc, 1);
+		return PB_OVER_LIMIT;
+	}
+
+	/* The hash's seed is the cluster's secret (pb_config_v2): a client
+	 * that knows the tables cannot pick its backend by its source port. */
+	struct config *cfg = config();
+	__u32 seed = PB_HASH_SEED ^ (cfg ? cfg->hash_seed : 0);
+	__u32 hash = jhash_3words(addr_fold(&fk->src, fk->family), addr_fold(&fk->dst, fk->family),
+				  ((__u32)fk->sport << 16) | fk->dport, seed ^ fk->proto);
+	struct pick pk = {};
+	/* A retried client has been refused once: it is not our experiment. */
+	int may_probe = !midstream && !(ct_flags & PB_CT_RETRY);
+	/* The reverse entry and the affinity key are built in the per-CPU
+	 * scratch: the stack (512 bytes for the whole inlined program) has no
+	 * room for them. */
+	struct scratch *sc = scratch();
+	if (!sc) {
+		if (limited)
+			inflight_add(&pb_svc_inflight, svc->id, -1);
+		return PB_NO_BACKEND;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	int sticky = svc->affinity_timeout_s != 0;
+	if ((!sticky || affinity_pick(sc, svc, fk, avoid, now, &pk) < 0) &&
+	    pick_backend(svc, hash, seed, may_probe, avoid, &pk, gs) < 0) {
+		if (limited)
+			inflight_add(&pb_svc_inflight, svc->id, -1);
+		if (gs)
+			gs->no_backend++;
+		count_refused(svc, 0);
+		return PB_NO_BACKEND;
+	}
+
+	__u32 flags = ct_flags;
+	if (limited) {
+		if (backend_slot(svc, hash, avoid, &pk)) {
+			inflight_add(&pb_svc_inflight, svc->id, -1);
+			if (gs)
+				gs->inflight_rejected++;
+			count_refused(svc, 1);
+			return PB_OVER_LIMIT;
+		}
+		struct flow_value fl = {.svc_id = svc->id, .backend_id = pk.id, .created_ns = now};
+		if (bpf_map_update_elem(&pb_flows, fk, &fl, BPF_NOEXIST) == 0) {
+			flags |= PB_CT_COUNTED;
+		} else {
+			/* No room to remember it: admit it uncounted, and say so. */
+			inflight_add(&pb_svc_inflight, svc->id, -1);
+			inflight_add(&pb_be_inflight, pk.id, -1);
+			if (gs)
+				gs->inflight_untracked++;
+		}
+	}
+
+	/* Where the flow goes now, past the breaker's moves, is where the
+	 * client's next flows go. */
+	if (sticky)
+		affinity_set(sc, pk.id, now);
+	if (pk.probe)
+		flags |= PB_CT_PROBE;
+	if (svc->flags & PB_SVC_F_RETRY_REFUSED)
+		flags |= PB_CT_RETRYABLE;
+	if (svc->flags & PB_SVC_F_QUIET_DATA)
+		flags |= PB_CT_QUIET_DATA;
+	if (svc->flags & PB_SVC_F_QUIET_END)
+		flags |= PB_CT_QUIET_END;
+	if (midstream)
+		flags |= PB_CT_MIDSTREAM | PB_CT_ESTABLISHED;
+
+	__builtin_memset(fv, 0, sizeof(*fv));
+	fv->nat_addr = pk.be->addr;
+	fv->nat_port = pk.be->port;
+	fv->flags = flags;
+	fv->svc_id = svc->id;
+	fv->backend_id = pk.id;
+	fv->created_ns = now;
+	fv->last_seen_ns = bpf_ktime_get_coarse_ns();
+	/* The ISN the backend's answers must acknowledge (see handle_reply). */
+	struct tcphdr *syn = (void *)p->ports;
+	if (p->proto == IPPROTO_TCP && !midstream && (void *)(syn + 1) <= p->end)
+		fv->client_isn = bpf_ntohl(syn->seq);
+
+	struct ct_key *rk = &sc->rk;
+	struct ct_value *rv = &sc->rv;
+	rev_key(rk, fk, fv);
+	*rv = *fv;
+	rv->nat_addr = fk->dst;
+	rv->nat_port = fk->dport;
+
+	if (old_rev && keep_old) {
+		/* The backend left it unanswered, may still answer: its entry
+		 * stays, marked, so a late SYN-ACK is reported (it answered, late:
+		 * no timeout) and kept from the client. The slot went with the
+		 * flow. */
+		struct ct_value *o = bpf_map_lookup_elem(&pb_ct_v2, old_rev);
+		if (o) {
+			__sync_fetch_and_and(&o->flags, ~PB_CT_COUNTED);
+			__sync_fetch_and_or(&o->flags, PB_CT_MOVED);
+		}
+	} else if (old_rev) {
+		bpf_map_delete_elem(&pb_ct_v2, old_rev);
+	}
+	if (bpf_map_update_elem(&pb_ct_v2, fk, fv, BPF_ANY) ||
+	    bpf_map_update_elem(&pb_ct_v2, rk, rv, BPF_ANY)) {
+		if (gs)
+			gs->ct_create_failed++;
+	}
+
+	if (!midstream) {
+		if (pk.probe)
+			ev_flags |= PB_EVF_PROBE;
+		/* Stamped with the flow's start: the time the agent times the
+		 * handshake from is the one conntrack holds. */
+		emit_at(PB_EV_NEW_FLOW, ev_flags, svc->id, pk.id, &fk->src, fk->family, fk->sport, gs, now);
+		struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
+		if (ss)
+			ss->flows++;
+		struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &pk.id);
+		if (bs)
+			bs->flows++;
+	}
+	return 0;
+}
+
+#endif /* PB_PICK_H */
