@@ -5,6 +5,7 @@
 #   make cluster-demo  the same story on a one-node Kubernetes cluster (root)
 #   make test     every test (root, as in CI)
 #   make bench    benchmarks, writes bench/RESULTS.md (root)
+#   make conformance  Kubernetes' e2e Services tests on the cluster rig (root, ~1 h)
 #   make generate rebuild the BPF objects and Go bindings (needs clang)
 #   make docs     regenerate the reference tables in docs/reference/ from the code
 #   make release  agents (amd64, arm64), the multi-arch OCI image archive, the
@@ -24,7 +25,7 @@ DEPS := clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 nft:nftables \
         iptables:iptables qemu-system-x86_64:qemu-system-x86 /usr/share/doc/busybox-static:busybox-static \
         cpio:cpio depmod:kmod
 
-.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools helm-tools controller-gen-tools generate-crds check-crds docs release release-check test kernel-matrix k8s-tools demo cluster-demo bench teardown clean
+.PHONY: all build deps generate check-generated vet check-rules prometheus-tools containerd-tools helm-tools controller-gen-tools generate-crds check-crds docs release release-check test kernel-matrix k8s-tools e2e-tools conformance demo cluster-demo bench teardown clean
 
 all: build
 
@@ -100,7 +101,7 @@ check-rules: deps
 # Every test, under the race detector. BPF and network tests need root
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server.
-test: deps check-generated vet check-rules release-check build k8s-tools prometheus-tools containerd-tools helm-tools
+test: deps check-generated vet check-rules release-check build k8s-tools prometheus-tools containerd-tools helm-tools e2e-tools
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
 	@# The datapath under arbitrary frames from a client (pkg/datapath
 	@# FuzzXDP's invariants), for a bounded time.
@@ -157,6 +158,24 @@ containerd-tools:
 # build takes 10-20 minutes; later ones a second).
 k8s-tools:
 	scripts/k8s-tools.sh >/dev/null
+
+# Kubernetes' e2e test binary, agnhost and CoreDNS at the cluster's
+# version for test/conformance, built from the Go module proxy and cached
+# like the Kubernetes binaries (scripts/e2e-tools.sh), and the tools its
+# images take from this host (scripts/e2e-images.sh).
+E2E_IMAGE_DEPS := nc.openbsd:netcat-openbsd curl:curl
+e2e-tools: deps
+	@$(MAKE) --no-print-directory deps DEPS="$(E2E_IMAGE_DEPS)"
+	scripts/e2e-tools.sh >/dev/null
+
+# The full peer suite (test/conformance, suite_test.go's fullFocus):
+# Kubernetes' own e2e tests of Services, EndpointSlices, session affinity,
+# conntrack and topology on the cluster rig with the agent serving every
+# Service. make test runs a fixed subset of it (ciFocus). The JUnit report
+# and the e2e log go to bin/conformance/.
+conformance: deps build k8s-tools containerd-tools e2e-tools
+	PENALTYBOX_CONFORMANCE=full PENALTYBOX_CONFORMANCE_REPORT=$(CURDIR)/bin/conformance \
+	  $(GO) test -count=1 -timeout 200m -v -run 'TestConformance$$' ./test/conformance
 
 demo: deps build
 	$(GO) run ./examples/demo --agent bin/agent

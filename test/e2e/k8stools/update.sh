@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Regenerates the wrapper modules in this directory (apiserver/ and etcd/) that
-# pin the Kubernetes binaries (kube-apiserver, kubectl, and the node's kubelet,
-# kube-controller-manager, kube-scheduler, kube-proxy) and etcd used by the
-# end-to-end tests.
+# Regenerates the wrapper modules in this directory (apiserver/, etcd/,
+# e2etest/, coredns/) that pin the Kubernetes binaries (kube-apiserver, kubectl,
+# and the node's kubelet, kube-controller-manager, kube-scheduler, kube-proxy),
+# etcd, Kubernetes' e2e.test and agnhost, and CoreDNS used by the end-to-end
+# and conformance tests.
 # scripts/k8s-tools.sh builds them; this script is only for bumping versions.
 #
 #   test/e2e/k8stools/update.sh [K8S_VERSION] [ETCD_VERSION]
@@ -94,5 +95,32 @@ go mod edit -go="$MIN_GO"
 go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
 go mod tidy >&2
 
-log "done: kubernetes $K8S_VERSION (staging $STAGING_VERSION), etcd $ETCD_VERSION"
+# --- e2e.test and agnhost (scripts/e2e-tools.sh) ----------------------------
+# The same kubernetes and replace list as apiserver/; no tool directive (e2e.test
+# is a test binary, `go test -c`), so the go.sum entries come from listing
+# every package (tests included) the two builds load.
+dir=$HERE/e2etest
+mkdir -p "$dir"
+rm -f "$dir/go.mod" "$dir/go.sum"
+cd "$dir"
+go mod init "$MODULE_BASE/e2etest" >&2
+go mod edit -go="$MIN_GO"
+go mod edit "${args[@]}"
+go get "k8s.io/kubernetes@$K8S_VERSION" >&2
+go list -deps -test k8s.io/kubernetes/test/e2e k8s.io/kubernetes/test/images/agnhost >/dev/null
+
+# --- CoreDNS, the cluster rig's DNS in the conformance run ------------------
+# At the version kubeadm of this Kubernetes release installs.
+COREDNS_VERSION=$(sed -n 's/^[[:space:]]*CoreDNSVersion = "\(v[0-9.]*\)"$/\1/p' \
+  "$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/cmd/kubeadm/app/constants/constants.go")
+[ -n "$COREDNS_VERSION" ] || { log "no CoreDNSVersion in kubeadm's constants"; exit 1; }
+dir=$HERE/coredns
+rm -f "$dir/go.mod" "$dir/go.sum"
+cd "$dir"
+go mod init "$MODULE_BASE/coredns" >&2
+go mod edit -go="$MIN_GO"
+go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2
+go mod tidy >&2
+
+log "done: kubernetes $K8S_VERSION (staging $STAGING_VERSION), etcd $ETCD_VERSION, coredns $COREDNS_VERSION"
 log "the binary cache key in scripts/k8s-tools.sh follows these go.mod files"
