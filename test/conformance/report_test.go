@@ -165,7 +165,7 @@ func (l *serviceLog) add(text string) error {
 	l.scrapes++
 	if f := fams["penaltybox_service_flows_total"]; f != nil {
 		for _, m := range f.GetMetric() {
-			svc := labelValue(m.GetLabel(), "service")
+			svc := serviceName(m.GetLabel())
 			v := m.GetCounter().GetValue()
 			if m.GetCounter() == nil {
 				v = m.GetGauge().GetValue()
@@ -180,7 +180,7 @@ func (l *serviceLog) add(text string) error {
 			if m.GetGauge().GetValue() != 1 {
 				continue
 			}
-			svc := labelValue(m.GetLabel(), "service")
+			svc := serviceName(m.GetLabel())
 			if l.reasons[svc] == nil {
 				l.reasons[svc] = map[string]bool{}
 			}
@@ -246,6 +246,17 @@ func (l *serviceLog) withFlows() int {
 		}
 	}
 	return n
+}
+
+// serviceName is the penaltybox service a series is about, as its labels
+// spell it (svc_namespace, svc_name, svc_port: "ns/name:port"; a
+// standalone service has only svc_name).
+func serviceName(pairs []*dto.LabelPair) string {
+	ns, name, port := labelValue(pairs, "svc_namespace"), labelValue(pairs, "svc_name"), labelValue(pairs, "svc_port")
+	if ns == "" {
+		return name
+	}
+	return ns + "/" + name + ":" + port
 }
 
 func labelValue(pairs []*dto.LabelPair, name string) string {

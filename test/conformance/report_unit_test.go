@@ -67,18 +67,18 @@ func TestServiceLogKeepsWhatItSaw(t *testing.T) {
 		}
 	}
 	scrape(`# TYPE penaltybox_service_flows_total counter
-penaltybox_service_flows_total{service="services-12/affinity:80"} 3
-penaltybox_service_flows_total{service="services-123/web:http"} 7
+penaltybox_service_flows_total{svc_name="affinity",svc_namespace="services-12",svc_port="80"} 3
+penaltybox_service_flows_total{svc_name="web",svc_namespace="services-123",svc_port="http"} 7
 # TYPE penaltybox_service_served gauge
-penaltybox_service_served{reason="scope-all",service="services-12/affinity:80"} 1
-penaltybox_service_served{reason="scope-all",service="services-123/web:http"} 1
+penaltybox_service_served{reason="scope-all",svc_name="affinity",svc_namespace="services-12",svc_port="80"} 1
+penaltybox_service_served{reason="scope-all",svc_name="web",svc_namespace="services-123",svc_port="http"} 1
 `)
 	// The Service was deleted: its series are gone, what it reached stays.
 	scrape(`# TYPE penaltybox_service_flows_total counter
-penaltybox_service_flows_total{service="services-123/web:http"} 9
+penaltybox_service_flows_total{svc_name="web",svc_namespace="services-123",svc_port="http"} 9
 # TYPE penaltybox_service_served gauge
-penaltybox_service_served{reason="scope-all",service="services-123/web:http"} 1
-penaltybox_service_served{reason="service-label",service="services-123/web:http"} 1
+penaltybox_service_served{reason="scope-all",svc_name="web",svc_namespace="services-123",svc_port="http"} 1
+penaltybox_service_served{reason="service-label",svc_name="web",svc_namespace="services-123",svc_port="http"} 1
 `)
 	flows, info := l.forNamespaces([]string{"services-12"})
 	if flows != 3 || !slices.Equal(info.names, []string{"services-12/affinity:80"}) || len(info.notScopeAll) != 0 {
