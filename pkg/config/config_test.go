@@ -913,3 +913,14 @@ services:
 		}
 	}
 }
+
+// The config file the docs start the agent with parses.
+func TestShippedExample(t *testing.T) {
+	c, err := Load("../../examples/standalone.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Desired().Services) == 0 {
+		t.Error("examples/standalone.yaml has no service")
+	}
+}
