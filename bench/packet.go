@@ -16,7 +16,7 @@ import (
 	"github.com/penaltybox/penaltybox/bench/xdpbase"
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
-	"github.com/penaltybox/penaltybox/internal/csum"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maglev"
 	"github.com/penaltybox/penaltybox/pkg/maps"

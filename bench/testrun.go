@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
-	"github.com/penaltybox/penaltybox/internal/csum"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 )
 
 // progRunAttr is the BPF_PROG_TEST_RUN member of union bpf_attr. cilium/ebpf

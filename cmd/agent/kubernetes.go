@@ -175,7 +175,7 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 		case <-loopDone:
 		}
 	}()
-	n.Run(ctx, nil, states)
+	n.Run(ctx, states)
 	close(loopDone)
 
 	// 6. Told to stop: a restart keeps the datapath (flows go on, the

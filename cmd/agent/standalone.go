@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/penaltybox/penaltybox/pkg/config"
+	"github.com/penaltybox/penaltybox/pkg/desired"
 )
 
 // runStandalone is the agent fed by a config file: SIGHUP reloads it.
@@ -32,7 +33,7 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 	defer n.Close()
 	// 3. Maps first (with the accrual state from before a restart), then
 	// the XDP hooks; then outcomes start flowing.
-	if err := n.ApplyConfig(cfg); err != nil {
+	if err := n.Apply(desiredState(cfg)); err != nil {
 		return err
 	}
 	if err := n.Begin(); err != nil {
@@ -42,7 +43,7 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 
 	// 4. SIGHUP reloads the config file; a bad one leaves the last good one
 	// in force.
-	reloads := make(chan *config.Config, 1)
+	reloads := make(chan desired.State, 1)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -57,12 +58,26 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 					n.ConfigRejected(err)
 					continue
 				}
-				reloads <- cfg
+				reloads <- desiredState(cfg)
 			}
 		}
 	}()
 
 	// 5. The loop.
-	n.Run(ctx, reloads, nil)
+	n.Run(ctx, reloads)
 	return n.stop()
+}
+
+// desiredState is a config file as the agent takes it: the services the
+// file lists, and the node's interfaces and settings. Nothing of the
+// file's format goes past here.
+func desiredState(cfg *config.Config) desired.State {
+	st := cfg.Desired()
+	st.Node = &desired.Node{Interfaces: cfg.Interfaces, RedirectInterfaces: cfg.RedirectInterfaces,
+		TableSize: cfg.MaglevTableSize}
+	// The file's defaults.maxInflight, else the flag's (load fills it in).
+	if cfg.MaxInflight != nil {
+		st.Node.MaxInflightDefault = *cfg.MaxInflight
+	}
+	return st
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/penaltybox/penaltybox/internal/csum"
 	"github.com/penaltybox/penaltybox/internal/testnet/synackdelay"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 )
 
 // resendMark is delay.c's resend_mark: the copies sent again carry it, so

@@ -7,7 +7,25 @@
 //	kernel ─► HandleEvents ─► outcomes ─► accrual ─► reconcile ─► maps
 //	Advance (deadlines), Maintain (retries, probe watchdog), Sweep (ids)
 //
-// Every entry point (Apply, ApplyConfig, HandleEvents, Advance, Maintain,
+// The entry points are Agent's (events.go, loop.go, apply.go, maintain.go,
+// attach.go, views.go, fleetsource.go); what they decide is done by the
+// loop's features, each a small type in the file named for it, calling
+// only downwards:
+//
+//	events.go       HandleEvents: one event's path, step by step
+//	counts.go       events and the tracker's counts into Prometheus
+//	shedding.go     spells of new flows left untracked
+//	trips.go        the kernel-trip hand-off: adopt, undo, lost trips, budget
+//	observe.go      an outcome weighed before accrual hears of it
+//	transitions.go  accrual's decisions written, logged, persisted, reported
+//	replays.go      refused and unanswered SYNs replayed; replay deadlines
+//	servicewide.go  a service's trouble told from an endpoint's
+//	flood.go        flood mode and the SYN guard
+//	probes.go       the probation watchdog
+//	persist.go      accrual state kept across restarts
+//	core.go         what they all share: reconciler, engine, tracker, policy
+//
+// Every entry point (Apply, HandleEvents, Advance, Maintain,
 // SweepDone, the views) takes the agent's one mutex, mu, for as long as it
 // looks at or changes the reconciler, the accrual engine or the outcome
 // tracker: the ring-buffer reader's goroutine calls HandleEvents itself (a
@@ -21,14 +39,12 @@ package agent
 import (
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"k8s.io/utils/clock"
 
-	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/maps"
@@ -36,16 +52,6 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
-
-// Stats reads the datapath's counters (pkg/maps implements it).
-type Stats interface {
-	GlobalStats() (bpf.LbGlobalStats, error)
-	ServiceStats(id uint32) (bpf.LbSvcStats, error)
-	BackendStats(id uint32) (bpf.LbBeStats, error)
-	SYNGuardStats() (bpf.LbSynGuardCpu, error)
-	NFForgotten() (maps.NFForgotten, error)
-	AffinityFill() (entries, capacity int, err error)
-}
 
 // Inflight reads the circuit breaker's live flow counts (maps.Inflight).
 type Inflight interface {
@@ -66,34 +72,12 @@ type Hooks interface {
 	Attached() []string
 }
 
-// Events is the ring buffer reader, as far as the agent needs it.
-type Events interface {
-	// Offset converts the kernel's CLOCK_MONOTONIC timestamps to Unix time.
-	Offset() int64
-	// Undecodable counts records that did not decode.
-	Undecodable() uint64
-	// CaughtUp is a time up to which every event has been handed over.
-	CaughtUp() time.Time
-}
-
-// Transition is an accrual transition with the names of what it concerns.
-type Transition struct {
-	Service  string
-	Endpoint string // the endpoint's name (a pod), if it has one
-	Addr     netip.AddrPort
-	accrual.Transition
-}
-
-// Notify hears of every accrual transition of a service that still exists,
-// after the maps were written (Kubernetes Events). It must not block.
-type Notify func(Transition)
-
 // Config is what an Agent is built from.
 type Config struct {
 	Log      *slog.Logger
 	Clock    clock.WithTicker
 	Writer   reconcile.Writer
-	Stats    Stats
+	Stats    maps.Counters
 	Inflight Inflight
 	Sweeper  Sweeper
 	Hooks    Hooks
@@ -147,22 +131,16 @@ func TrackerLimits(memory int64) (flows, perService int) {
 	return flows, max(flows/servicesToFill, 1)
 }
 
-// Replayer replays the SYN client sent to vip, which backend refused
-// (pkg/replay).
-type Replayer interface {
-	Replay(client, vip, backend netip.AddrPort) error
-}
-
-// Agent owns the reconciler, the accrual engine and the outcome tracker.
+// Agent owns the decision loop: the lock every entry point takes, Run,
+// the wiring of the loop's features, and the views. What it decides is in
+// the features, each in the file named for it (see core.go).
 type Agent struct {
-	log      *slog.Logger
-	clk      clock.WithTicker
-	stats    Stats
+	// core: what every feature works with (under mu).
+	core
 	inflight Inflight
 	sweeper  Sweeper
 	hooks    Hooks
 	link     func(string) (LinkInfo, error)
-	metrics  *metrics.Metrics
 	every    struct{ probes, sweep time.Duration }
 
 	// ready: the first desired state is programmed and XDP attached.
@@ -175,72 +153,36 @@ type Agent struct {
 	// (under hooksMu).
 	links map[string]int
 
-	mu      sync.RWMutex
-	rec     *reconcile.Reconciler
-	engine  *accrual.Engine
-	tracker *outcomes.Tracker
-	// policy[backend id] judges that backend's outcomes (dense, hot path).
-	policy     []outcomes.Policy
+	mu sync.RWMutex
+	// The loop's features (under mu).
+	counts    eventCounts
+	observer  observer
+	trips     kernelTrips
+	trans     transitions
+	flood     floodMode
+	wide      serviceWide
+	replays   replays
+	probes    probes
+	persisted persisted
+	shed      shedding
+
 	interfaces []string
-	events     Events
-	monoOffset int64
 	// heartbeatErr: the last heartbeat write failed (logged once).
 	heartbeatErr bool
-	eventTypes   [16]interface{ Inc() }
-	replayer     Replayer
-	// replayErr: a replay failure has been logged (the metric counts the
-	// rest).
-	replayErr bool
-	// tripNow is the backend whose kernel trip is being handled (noTrip:
-	// none), so its ejection's log line says so.
-	tripNow uint32
-	// tripsHandled counts, per service, the kernel trips the agent has
-	// dealt with, against pb_svc_trip.trips: the difference is trips whose
-	// events are unread (or lost).
-	tripsHandled map[uint32]uint64
-	// handshakes: per service, recent handshake times (unanswered.go).
-	handshakes map[uint32]*handshakes
 	// deadlines tells Run that handled events brought a deadline earlier
 	// than the one its timer is armed for (armed).
-	deadlines chan struct{}
-	armed     time.Time
-	// probeSeen: when each backend's last probe flow started (watchdog).
-	probeSeen map[uint32]time.Time
-	// retry: services whose last programming failed (Maintain retries).
-	retry              map[uint32]bool
-	overflowSeen       uint64
-	badSeen            uint64
+	deadlines          chan struct{}
+	armed              time.Time
 	maxInflightDefault uint32
-	notify             Notify
-	// restored: the first Apply adopted the persisted accrual state.
-	restored bool
-	// begun: when Begin ran, on the events' clock.
-	begun time.Time
-	// lostSeen: pb_stats events_lost at the last look; withheldSeen the
-	// tracker's Withheld carried into the metric.
-	lostSeen, withheldSeen, withheldOldSeen uint64
-	withheldHere                            uint64 // withheld by observe: flood, service-wide
-	// timeouts: per service, which endpoints timed out lately (peers.go).
-	timeouts map[uint32]*svcTimeouts
-	// shedding: services whose new flows the tracker's caps leave
-	// untracked lately (outcomes.go).
-	shedding map[shedKey]*shedSpell
-	flood    struct {
-		on          bool
-		since, last time.Time
-		withheld    uint64
-		// dropped: the SYN guard's drops at the last look (looked), and
-		// when flood mode began.
-		dropped, droppedAtStart uint64
-		looked                  time.Time
-		// armed: the datapath's own armings at the last look.
-		armed uint64
-	}
-	// guard: the SYN guard's settings (evidence.go); guardErr: its last
-	// write failed (logged once).
-	guard    maps.SYNGuard
-	guardErr bool
 }
+
+// handBack is how long a service no longer served keeps its entry after
+// its last flow, handing new flows to kube-proxy (reconcile.Options
+// HandBack): the kernel's conntrack keeps an entry its datapath's
+// rewritten replies made, never answered, for
+// nf_conntrack_tcp_timeout_unacknowledged (300s) after the flow's last
+// packet.
+const handBack = 6 * time.Minute
 
 // New builds an agent over maps that may hold a previous agent's state:
 // it first sweeps conntrack, so that ids live flows still use are not
@@ -270,50 +212,65 @@ func New(c Config) (*Agent, error) {
 	rec, err := reconcile.New(c.Writer, reconcile.Options{
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, TableSize: c.TableSize,
 		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse, NoKernelTrips: c.NoKernelTrips,
-		TakeoverGrace: c.TakeoverGrace, HandBack: handBack,
+		TakeoverGrace: c.TakeoverGrace, HandBack: handBack, SYNGuard: c.SYNGuard,
 	})
 	if err != nil {
 		return nil, err
 	}
 	a := &Agent{
-		log:                c.Log,
-		clk:                c.Clock,
-		stats:              c.Stats,
+		core: core{
+			log:      c.Log,
+			clk:      c.Clock,
+			stats:    c.Stats,
+			tripMaps: c.Writer,
+			rec:      rec,
+			engine:   accrual.New(c.Clock, nil),
+		},
 		inflight:           c.Inflight,
 		sweeper:            c.Sweeper,
 		hooks:              c.Hooks,
 		link:               c.Link,
 		links:              map[string]int{},
-		rec:                rec,
-		engine:             accrual.New(c.Clock, nil),
-		probeSeen:          map[uint32]time.Time{},
 		deadlines:          make(chan struct{}, 1),
-		retry:              map[uint32]bool{},
-		timeouts:           map[uint32]*svcTimeouts{},
-		shedding:           map[shedKey]*shedSpell{},
 		maxInflightDefault: c.MaxInflightDefault,
-		replayer:           c.Replayer,
-		tripsHandled:       map[uint32]uint64{},
-		handshakes:         map[uint32]*handshakes{},
-		monoOffset:         outcomes.MonoOffset(),
-		guard:              c.SYNGuard,
 	}
 	a.every.probes, a.every.sweep = c.ProbeCheck, c.SweepEvery
 	if swept.Expired > 0 || swept.Released > 0 {
 		a.log.Info("expired stale flows", "flows", swept.Expired, "released", swept.Released)
 	}
+	a.metrics = metrics.New(a, c.Stats, a.log)
+	a.wire(c)
 	a.tracker = outcomes.NewTracker(a.policyOf)
-	a.tracker.OnUnanswered = a.unansweredDatagram
+	a.tracker.OnUnanswered = a.counts.unansweredDatagram
 	a.tracker.MaxPending, a.tracker.MaxPendingPerService = TrackerLimits(c.TrackerMemory)
 	a.tracker.SetConnectShare(floodShare)
-	a.metrics = metrics.New(a, a.log)
 	a.metrics.TrackedFlowsLimit.Set(float64(a.tracker.MaxPending))
 	a.metrics.MaxInflightDefault.Set(float64(a.maxInflightDefault))
 	for _, t := range []outcomes.Type{outcomes.NewFlow, outcomes.Established, outcomes.Refused,
 		outcomes.Reset, outcomes.SynRetrans, outcomes.FlowEnd, outcomes.FirstData} {
-		a.eventTypes[t] = a.metrics.Events.WithLabelValues(t.String())
+		a.counts.types[t] = a.metrics.Events.WithLabelValues(t.String())
 	}
 	return a, nil
+}
+
+// wire gives each feature the core and the features it works with. The
+// features call downwards only: events and trips use transitions, which
+// use probes, the service-wide outliers and persisted state; replays and
+// the counts read flood mode.
+func (a *Agent) wire(c Config) {
+	k := &a.core
+	a.flood = floodMode{core: k, guard: c.SYNGuard, lease: guardLease(c.ProbeCheck)}
+	a.wide = serviceWide{core: k, timeouts: map[uint32]*svcTimeouts{}}
+	a.probes = probes{core: k, seen: map[uint32]time.Time{}}
+	a.persisted = persisted{core: k}
+	a.shed = shedding{core: k, spells: map[shedKey]*shedSpell{}}
+	a.replays = replays{core: k, replayer: c.Replayer, handshakes: map[uint32]*handshakes{}, flood: &a.flood}
+	a.trans = transitions{core: k, wide: &a.wide, probes: &a.probes, persisted: &a.persisted,
+		retry: map[uint32]bool{}, monoOffset: outcomes.MonoOffset()}
+	a.trips = kernelTrips{core: k, trans: &a.trans, handled: map[uint32]uint64{}}
+	a.trans.budget = a.trips.budget
+	a.counts = eventCounts{core: k, flood: &a.flood, shed: &a.shed}
+	a.observer = observer{core: k, flood: &a.flood, wide: &a.wide, replays: &a.replays, trans: &a.trans}
 }
 
 // Metrics are the agent's Prometheus metrics and registry.
@@ -322,7 +279,7 @@ func (a *Agent) Metrics() *metrics.Metrics { return a.metrics }
 // SetNotify sets who hears of transitions (before Begin).
 func (a *Agent) SetNotify(n Notify) {
 	a.mu.Lock()
-	a.notify = n
+	a.trans.notify = n
 	a.mu.Unlock()
 }
 
@@ -333,20 +290,20 @@ func (a *Agent) SetNotify(n Notify) {
 func (a *Agent) Begin(ev Events) {
 	a.mu.Lock()
 	a.events = ev
-	a.monoOffset = ev.Offset()
+	a.trans.monoOffset = ev.Offset()
 	// A pinned ring may hold events from while no agent ran: they are
 	// evidence as they come, but a connect deadline of a connection that
 	// started then is not (events may have been lost unseen), and a
 	// failure seen then has no reaction time of this agent's.
-	a.begun = time.Unix(0, outcomes.MonoNow()+ev.Offset())
-	a.tracker.NotBefore = a.begun
+	a.trans.begun = time.Unix(0, outcomes.MonoNow()+ev.Offset())
+	a.tracker.NotBefore = a.trans.begun
 	// Losses before this process are no news to it.
 	if gs, err := a.stats.GlobalStats(); err == nil {
-		a.lostSeen = gs.EventsLost
+		a.flood.lostSeen = gs.EventsLost
 	}
 	// A guard a previous agent left on is not this one's flood; a CPU
 	// that sees one arms it meanwhile. Armings before now are no news.
-	a.setGuard(false)
+	a.flood.setGuard(false)
 	if s, err := a.stats.SYNGuardStats(); err == nil {
 		a.flood.armed = s.Armed
 	}
@@ -372,7 +329,7 @@ func (a *Agent) Ready() error {
 		return fmt.Errorf("outcome events no longer read (no failure accrual): %w", *err)
 	}
 	a.mu.RLock()
-	failing, dirty := len(a.retry), a.rec.PrefiltersDirty()
+	failing, dirty := len(a.trans.retry), a.rec.PrefiltersDirty()
 	a.mu.RUnlock()
 	if failing > 0 {
 		return fmt.Errorf("%d services could not be programmed (retrying; see the log)", failing)
@@ -381,22 +338,4 @@ func (a *Agent) Ready() error {
 		return fmt.Errorf("the prefilter maps (pb_ports, pb_vip_slots) could not be written (retrying; see the log)")
 	}
 	return nil
-}
-
-func (a *Agent) policyOf(backend uint32) outcomes.Policy {
-	if int(backend) < len(a.policy) {
-		return a.policy[backend]
-	}
-	return outcomes.Policy{}
-}
-
-func (a *Agent) endpointName(id uint32) string {
-	b, ok := a.rec.Backend(id)
-	if !ok {
-		return fmt.Sprintf("backend-%d", id)
-	}
-	if b.Name != "" {
-		return b.Name + " (" + b.Addr.String() + ")"
-	}
-	return b.Addr.String()
 }

@@ -10,7 +10,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
-	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
@@ -49,7 +48,7 @@ func TestFailingEndpointIsEjectedAndItsTableRebuilt(t *testing.T) {
 		t.Fatalf("kernel entry %s, want ejected", st)
 	}
 	e.wantReachable(s, be[0], be[1])
-	writes := e.f.tableWrites[svc]
+	writes := e.f.TableWrites[svc]
 	if last := writes[len(writes)-1]; slices.Contains(last, be[2]) {
 		t.Fatal("the live table still holds the ejected endpoint")
 	}
@@ -61,7 +60,7 @@ func TestFailingEndpointIsEjectedAndItsTableRebuilt(t *testing.T) {
 		t.Fatalf("transitions{consecutive-failures} = %v, want 1", got)
 	}
 	// The decision is persisted for a restart.
-	if h, ok := e.f.health[be[2]]; !ok || accrual.State(h.State) != accrual.Ejected {
+	if h, ok := e.f.PbHealth[be[2]]; !ok || accrual.State(h.State) != accrual.Ejected {
 		t.Fatalf("pb_health[%d] = %+v, %v; want ejected", be[2], h, ok)
 	}
 }
@@ -108,7 +107,7 @@ func TestProbationAdmitsOneProbeThatSucceeds(t *testing.T) {
 	}
 	e.wantReachable(s, be...)
 	// The probe is admitted (the kernel spends the grant) and succeeds.
-	e.f.backends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0)
+	e.f.PbBackends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0)
 	e.served(svc, be[0], true)
 	e.wantState(be[0], "ready")
 	if st, _ := e.kernel(be[0]); st != pbmaps.BackendActive {
@@ -238,19 +237,19 @@ func TestRestartNeverReadmitsAnEjectedEndpoint(t *testing.T) {
 	e.start(state(s))
 	svc, be := e.ids(s)
 	e.eject(svc, be[1], 3)
-	e.f.tableWrites, e.f.stateWrites = map[uint32][][]uint32{}, map[uint32][]pbmaps.BackendState{}
+	e.f.TableWrites, e.f.StateWrites = map[uint32][][]uint32{}, map[uint32][]pbmaps.BackendState{}
 
 	e.restart()
 	e.start(state(s))
 	e.wantState(be[1], "ejected")
-	for i, tbl := range e.f.tableWrites[svc] {
+	for i, tbl := range e.f.TableWrites[svc] {
 		if slices.Contains(tbl, be[1]) {
 			t.Fatalf("table %d written after the restart admits the ejected endpoint", i)
 		}
 	}
-	for _, st := range e.f.stateWrites[be[1]] {
+	for _, st := range e.f.StateWrites[be[1]] {
 		if st != pbmaps.BackendEjected {
-			t.Fatalf("the ejected endpoint's kernel entry was set %s after the restart (writes %v)", st, e.f.stateWrites[be[1]])
+			t.Fatalf("the ejected endpoint's kernel entry was set %s after the restart (writes %v)", st, e.f.StateWrites[be[1]])
 		}
 	}
 	e.wantReachable(s, be[0], be[2])
@@ -276,7 +275,7 @@ func TestServiceNoLongerServedKeepsItsFlows(t *testing.T) {
 	st := state(other)
 	st.HandBack = []desired.Key{s.Key}
 	e.a.Apply(st)
-	if v, ok := e.f.services[kernelKey(s)]; ok && v.Flags&pbmaps.ServiceHandedBack == 0 {
+	if v, ok := e.f.PbServices[kernelKey(s)]; ok && v.Flags&pbmaps.ServiceHandedBack == 0 {
 		t.Fatal("the removed service still takes new flows")
 	}
 	for _, id := range be {
@@ -284,7 +283,7 @@ func TestServiceNoLongerServedKeepsItsFlows(t *testing.T) {
 			t.Fatalf("backend %d is %s, want removed (kept for its flows)", id, st)
 		}
 	}
-	if e.f.ports[80]&pbmaps.PortVIP == 0 {
+	if e.f.PbPorts[80]&pbmaps.PortVIP == 0 {
 		t.Fatal("the removed service's VIP port is no longer marked: its flows lose their NAT")
 	}
 	if n := len(e.a.EndpointsView().Services); n != 1 {
@@ -294,24 +293,24 @@ func TestServiceNoLongerServedKeepsItsFlows(t *testing.T) {
 	// gone and the cooldown passed, the entries go.
 	e.clk.Step(2 * time.Minute)
 	e.a.SweepDone(conntrack.InUse{Services: map[uint32]bool{svc: true}, Backends: map[uint32]bool{be[0]: true}})
-	if _, ok := e.f.backends[be[0]]; !ok {
+	if _, ok := e.f.PbBackends[be[0]]; !ok {
 		t.Fatal("a backend a live flow uses was cleared")
 	}
 	e.a.SweepDone(e.sweep.inUse)
-	if _, ok := e.f.backends[be[0]]; ok {
+	if _, ok := e.f.PbBackends[be[0]]; ok {
 		t.Fatal("an unused backend entry survived the sweep after its cooldown")
 	}
-	if _, ok := e.f.services[kernelKey(s)]; !ok {
+	if _, ok := e.f.PbServices[kernelKey(s)]; !ok {
 		t.Fatal("the service's entry went before its hand-back time")
 	}
 	e.clk.Step(handBack)
 	e.a.SweepDone(e.sweep.inUse)
-	if _, ok := e.f.services[kernelKey(s)]; ok {
+	if _, ok := e.f.PbServices[kernelKey(s)]; ok {
 		t.Fatal("the service's entry outlived its hand-back time")
 	}
 	e.clk.Step(2 * time.Minute)
 	e.a.SweepDone(e.sweep.inUse)
-	if e.f.ports[80]&pbmaps.PortVIP != 0 {
+	if e.f.PbPorts[80]&pbmaps.PortVIP != 0 {
 		t.Fatal("the VIP port is still marked after its flows ended")
 	}
 }
@@ -324,7 +323,7 @@ func TestFailedWriteIsRetriedAndCounted(t *testing.T) {
 	s := web(80, 3, settings())
 	e.start(state(s))
 	svc, be := e.ids(s)
-	e.f.fail["FillTable"] = 1
+	e.f.Fail["FillTable"] = 1
 	e.eject(svc, be[0], 3)
 	if got := testutil.ToFloat64(e.a.Metrics().ProgramErrors); got != 1 {
 		t.Fatalf("program errors %v, want 1", got)
@@ -333,16 +332,16 @@ func TestFailedWriteIsRetriedAndCounted(t *testing.T) {
 		t.Fatalf("ready = %v, want the failing service named", err)
 	}
 	e.wantReachable(s, be[1], be[2])
-	v := e.f.services[kernelKey(s)]
-	if live := e.f.tables[pbmaps.TableKey(svc, v.Table)]; !slices.Contains(live, be[0]) {
+	v := e.f.PbServices[kernelKey(s)]
+	if live := e.f.PbMaglev[pbmaps.TableKey(svc, v.Table)]; !slices.Contains(live, be[0]) {
 		t.Fatal("the live table changed although its write failed")
 	}
 	e.a.Maintain()
 	if err := e.a.Ready(); err != nil {
 		t.Fatalf("still not ready after the retry: %v", err)
 	}
-	v = e.f.services[kernelKey(s)]
-	if live := e.f.tables[pbmaps.TableKey(svc, v.Table)]; slices.Contains(live, be[0]) {
+	v = e.f.PbServices[kernelKey(s)]
+	if live := e.f.PbMaglev[pbmaps.TableKey(svc, v.Table)]; slices.Contains(live, be[0]) {
 		t.Fatal("the retry did not rebuild the table without the ejected endpoint")
 	}
 }
@@ -356,7 +355,7 @@ func TestStalledProbeIsRegranted(t *testing.T) {
 	svc, be := e.ids(s)
 	e.eject(svc, be[0], 3)
 	e.endPenalty(be[0])
-	e.f.backends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0)
+	e.f.PbBackends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0)
 	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), outcomes.FlagProbe)})
 	// The tracker's own deadline would judge a lost probe a timeout; here
 	// the flow's NewFlow event was lost too, so nothing is pending.
@@ -385,37 +384,38 @@ func TestApplyConfig(t *testing.T) {
 	e := newEnv(t)
 	e.links = map[string]int{"cl0": 4, "b1": 5, "eth9": 6}
 	e.veths = map[string]bool{"b1": true}
-	cfg := &config.Config{Interfaces: []string{"cl0", "nope0"}, MaglevTableSize: 31,
-		Services: []config.Service{{Name: "web", VIP: vip, Port: 80, Protocol: desired.TCP, Accrual: settings()}}}
-	err := e.a.ApplyConfig(cfg)
+	node := &desired.Node{Interfaces: []string{"cl0", "nope0"}, TableSize: 31}
+	cfg := desired.State{Node: node,
+		Services: []desired.Service{{Name: "web", Key: desired.Key{VIP: vip, Port: 80, Protocol: desired.TCP}, Accrual: settings()}}}
+	err := e.a.Apply(cfg)
 	if err == nil || !strings.Contains(err.Error(), `interfaces[1]: "nope0"`) {
 		t.Fatalf("err = %v, want interfaces[1] named", err)
 	}
-	if len(e.f.services) != 0 || len(e.hooks.attached) != 0 {
+	if len(e.f.PbServices) != 0 || len(e.hooks.attached) != 0 {
 		t.Fatal("a config that cannot be applied changed the datapath")
 	}
 	if got := testutil.ToFloat64(e.a.Metrics().ConfigReloads.WithLabelValues("error")); got != 1 {
 		t.Fatalf("config errors %v, want 1", got)
 	}
-	cfg.Interfaces = []string{"cl0", "b1"}
-	cfg.RedirectInterfaces = []string{"eth9"}
-	if err := e.a.ApplyConfig(cfg); err != nil {
+	node.Interfaces = []string{"cl0", "b1"}
+	node.RedirectInterfaces = []string{"eth9"}
+	if err := e.a.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(e.hooks.Attached(), []string{"b1", "cl0"}) || !slices.Equal(e.f.partial, []uint32{5}) ||
-		!slices.Equal(e.f.redirect, []uint32{6}) || !e.f.config.Redirect {
-		t.Fatalf("attached %v, partial %v, redirect %v, config %+v", e.hooks.Attached(), e.f.partial, e.f.redirect, e.f.config)
+	if !slices.Equal(e.hooks.Attached(), []string{"b1", "cl0"}) || !slices.Equal(e.f.Partial, []uint32{5}) ||
+		!slices.Equal(e.f.PbRedirect, []uint32{6}) || !e.f.PbConfig.Redirect {
+		t.Fatalf("attached %v, partial %v, redirect %v, config %+v", e.hooks.Attached(), e.f.Partial, e.f.PbRedirect, e.f.PbConfig)
 	}
-	if got := e.a.ServicesView().Interfaces; !slices.Equal(got, cfg.Interfaces) {
+	if got := e.a.ServicesView().Interfaces; !slices.Equal(got, node.Interfaces) {
 		t.Fatalf("/admin/services interfaces %v", got)
 	}
 	// Dropping an interface detaches it.
-	cfg.Interfaces, cfg.RedirectInterfaces = []string{"cl0"}, nil
-	if err := e.a.ApplyConfig(cfg); err != nil {
+	node.Interfaces, node.RedirectInterfaces = []string{"cl0"}, nil
+	if err := e.a.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(e.hooks.Attached(), []string{"cl0"}) || len(e.f.redirect) != 0 || e.f.config.Redirect {
-		t.Fatalf("attached %v, redirect %v, config %+v", e.hooks.Attached(), e.f.redirect, e.f.config)
+	if !slices.Equal(e.hooks.Attached(), []string{"cl0"}) || len(e.f.PbRedirect) != 0 || e.f.PbConfig.Redirect {
+		t.Fatalf("attached %v, redirect %v, config %+v", e.hooks.Attached(), e.f.PbRedirect, e.f.PbConfig)
 	}
 }
 
@@ -430,7 +430,7 @@ func TestProbeResetByItsClientIsInconclusive(t *testing.T) {
 	svc, be := e.ids(s)
 	e.eject(svc, be[0], 3)
 	e.endPenalty(be[0])
-	e.f.backends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0) // spent
+	e.f.PbBackends[be[0]] = pbmaps.NewBackend(e.addr(be[0]), svc, pbmaps.BackendProbation, 0) // spent
 	p := e.nextPort()
 	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], p, outcomes.FlagProbe),
 		e.event(outcomes.FlowEnd, svc, be[0], p, outcomes.FlagClient)})
@@ -455,20 +455,20 @@ func TestHeartbeatAndDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.a.Heartbeat()
-	first := e.f.config.Heartbeat
+	first := e.f.PbConfig.Heartbeat
 	if first == 0 {
 		t.Fatal("no heartbeat written")
 	}
 	e.clk.Step(time.Second)
 	e.a.Heartbeat()
-	if got := e.f.config.Heartbeat; got != first+uint64(time.Second) {
+	if got := e.f.PbConfig.Heartbeat; got != first+uint64(time.Second) {
 		t.Fatalf("heartbeat %d a second later, want %d", got, first+uint64(time.Second))
 	}
 	if err := e.a.Drain(); err != nil {
 		t.Fatal(err)
 	}
 	want := pbmaps.Config{ReversePath: true, HashSeed: 9, DeadMan: 30 * time.Second, Heartbeat: first + uint64(time.Second), Drain: true}
-	if e.f.config != want {
-		t.Fatalf("config %+v after Drain, want %+v", e.f.config, want)
+	if e.f.PbConfig != want {
+		t.Fatalf("config %+v after Drain, want %+v", e.f.PbConfig, want)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
@@ -28,7 +29,7 @@ var (
 type env struct {
 	t     testing.TB
 	clk   *testingclock.FakeClock
-	f     *fakeMaps
+	f     *mapsfake.Maps
 	hooks *fakeHooks
 	sweep *fakeSweeper
 	// links: interfaces that exist (name → index); veths among them.
@@ -45,7 +46,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	e := &env{t: t, clk: testingclock.NewFakeClock(time.Now()), f: newFakeMaps(),
+	e := &env{t: t, clk: testingclock.NewFakeClock(time.Now()), f: mapsfake.New(t),
 		hooks: &fakeHooks{attached: map[string]bool{}}, sweep: &fakeSweeper{},
 		links: map[string]int{}, veths: map[string]bool{}, port: 40000}
 	e.sweep.inUse = conntrack.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}}
@@ -133,7 +134,7 @@ func (e *env) ids(s desired.Service) (svc uint32, bes []uint32) {
 }
 
 // reachable: the backends new flows to s can reach in the kernel.
-func (e *env) reachable(s desired.Service) []uint32 { return e.f.reachable(kernelKey(s)) }
+func (e *env) reachable(s desired.Service) []uint32 { return e.f.Reachable(kernelKey(s)) }
 
 func (e *env) wantReachable(s desired.Service, want ...uint32) {
 	e.t.Helper()
@@ -208,7 +209,7 @@ func (e *env) wantState(be uint32, st string) {
 }
 
 func (e *env) kernel(be uint32) (pbmaps.BackendState, int32) {
-	b := e.f.backends[be]
+	b := e.f.PbBackends[be]
 	return pbmaps.BackendState(b.State), b.ProbeGrants
 }
 

@@ -48,7 +48,7 @@ func web6(port uint16, n int) desired.Service {
 func TestIPv6IsReplayed(t *testing.T) {
 	e := newEnv(t)
 	rp := &fakeReplayer{}
-	e.a.replayer = rp
+	e.a.replays.replayer = rp
 	v6 := web6(80, 2)
 	e.start(state(v6))
 	s6, be6 := e.ids(v6)

@@ -1,90 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
+	"net"
+
+	"github.com/vishvananda/netlink"
+
 	"github.com/penaltybox/penaltybox/pkg/maps"
-	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 )
 
-// SyncLinks keeps XDP on exactly the given links (Kubernetes mode: the
-// node's external interfaces and every pod's veth, as they come and go).
-// A link whose ifindex changed under the same name (a pod recreated with a
-// deterministic veth name) is detached and attached afresh. The first call
-// also releases hooks a previous agent pinned on interfaces that are no
-// longer wanted. An interface that cannot be attached is logged and
-// retried on the next call; the others are not held up. It returns how
-// many links are attached.
-func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
-	a.hooksMu.Lock()
-	defer a.hooksMu.Unlock()
-	want := map[string]int{}
-	for _, l := range ls {
-		want[l.Name] = l.Index
-	}
-	if first {
-		for _, name := range a.hooks.Attached() {
-			if _, ok := want[name]; !ok {
-				a.detach(name)
-			}
-		}
-	}
-	for name, idx := range a.links {
-		if want[name] != idx {
-			a.detach(name)
-			delete(a.links, name)
-		}
-	}
-	for _, l := range ls {
-		if _, ok := a.links[l.Name]; ok || !l.Attach() {
-			continue
-		}
-		if err := a.hooks.Attach(l.Name); err != nil {
-			a.log.Warn("attach XDP", "interface", l.Name, "pod", l.Pod, "err", err)
-			continue
-		}
-		a.links[l.Name] = l.Index
-	}
-	names := make([]string, 0, len(a.links))
-	var known []maps.Iface
-	for _, l := range ls {
-		if _, ok := a.links[l.Name]; ok {
-			names = append(names, l.Name)
-			// Pods' packets arrive with their L4 checksum left to the
-			// device: the datapath must know which interfaces can hand it
-			// such packets. Not tunnels: what they decapsulate came off a
-			// NIC, its checksums whole. A bridged pod's veth has the
-			// bridge for master, which the node routes the pod through.
-			info := LinkInfo{Index: l.Index}
-			if r, err := a.link(l.Name); err == nil && r.Index == l.Index {
-				info.Master = r.Master
-			}
-			i := info.iface(l.Pod)
-			i.Decap = l.External()
-			known = append(known, i)
-		}
-		if l.IPIP {
-			known = append(known, maps.Iface{Index: uint32(l.Index), IPIP: true})
-		}
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err := a.rec.SetInterfaces(known); err != nil {
-		a.log.Error("pb_ifaces", "err", err)
-	}
-	a.interfaces = names
-	return len(a.links)
+// LinkInfo is what the agent needs to know of an interface it attaches to.
+type LinkInfo struct {
+	Index int
+	// Veth: a veth, whose local sender may leave the L4 checksum to the
+	// device.
+	Veth bool
+	// Master is its master's index (a bridge port's bridge), 0: none.
+	Master int
 }
 
-// NoRedirect sends all traffic through the kernel stack after NAT
-// (Kubernetes mode): a pod's veth can only take redirected frames if the
-// CNI enabled GRO or XDP on the pod's end, which the agent cannot know.
-func (a *Agent) NoRedirect() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.rec.SetRedirectInterfaces(nil)
+// iface is l as the datapath's pb_ifaces entry; partial says whether its
+// packets may carry a partial checksum.
+func (l LinkInfo) iface(partial bool) maps.Iface {
+	return maps.Iface{Index: uint32(l.Index), Partial: partial, Master: uint32(l.Master)}
 }
 
-func (a *Agent) detach(name string) {
-	if err := a.hooks.Detach(name); err != nil {
-		a.log.Warn("detach XDP", "interface", name, "err", err)
+// netlinkLink resolves an interface by name.
+func netlinkLink(name string) (LinkInfo, error) {
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return LinkInfo{}, err
 	}
+	l, err := netlink.LinkByIndex(ifc.Index)
+	if err != nil {
+		return LinkInfo{Index: ifc.Index}, nil
+	}
+	return LinkInfo{Index: ifc.Index, Veth: l.Type() == "veth", Master: l.Attrs().MasterIndex}, nil
 }

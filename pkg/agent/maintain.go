@@ -1,10 +1,7 @@
 package agent
 
 import (
-	"time"
-
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
-	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 // Maintain keeps probation from stalling, retries services whose
@@ -13,61 +10,20 @@ import (
 func (a *Agent) Maintain() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.floodCheck(a.clk.Now())
-	a.endShedding(a.clk.Now())
-	a.serviceWideCheck(a.clk.Now())
-	a.watchProbes()
-	a.findLostTrips()
+	a.flood.check(a.clk.Now())
+	a.shed.end(a.clk.Now())
+	a.wide.check(a.clk.Now())
+	a.probes.watch(a.clk.Now())
+	a.trips.findLost()
 	for _, s := range a.rec.EndTakeovers() {
 		a.log.Info("takeover grace over: the service takes every flow, kube-proxy's old ones too", "service", s.Spec.Name)
 	}
-	for id := range a.retry {
-		a.program(id)
+	for id := range a.trans.retry {
+		a.trans.program(id)
 	}
 	if err := a.rec.PrepareTables(); err != nil {
 		a.metrics.ProgramErrors.Inc()
 		a.log.Error("preparing spare tables", "err", err)
-	}
-}
-
-// watchProbes keeps probation from stalling. An endpoint in probation
-// must either hold an unused grant or have a probe whose verdict is on
-// its way; if the kernel's entry disagrees with the agent (state drifted)
-// or the grant is spent and no verdict came within the connect timeout
-// (its events were lost), the endpoint gets a fresh grant. Without this,
-// one lost probe would keep a healed endpoint out for good. Called with mu
-// held.
-func (a *Agent) watchProbes() {
-	now := a.clk.Now()
-	for _, s := range a.rec.Services() {
-		for _, id := range s.Probation {
-			state, grants, err := a.rec.KernelState(id)
-			if err != nil {
-				continue
-			}
-			reason, label := "", ""
-			switch {
-			case state != maps.BackendProbation:
-				reason, label = "the datapath's entry is "+state.String(), "state_drift"
-			case grants <= 0:
-				seen, ok := a.probeSeen[id]
-				wait := a.policyOf(id).ConnectTimeout*2 + time.Second
-				if !ok || now.Sub(seen) > wait {
-					reason, label = "its probe was admitted but no verdict came", "no_verdict"
-				}
-			}
-			if reason == "" {
-				continue
-			}
-			// The probe is inconclusive: said here, counted, and retried.
-			a.metrics.ProbeRegrants.WithLabelValues(s.Spec.Name, label).Inc()
-			a.log.Warn("probation stalled, granting a new probe", "service", s.Spec.Name,
-				"endpoint", a.endpointName(id), "reason", reason)
-			if err := a.rec.Regrant(id); err != nil {
-				a.log.Error("grant a new probe", "endpoint", a.endpointName(id), "err", err)
-			}
-			a.probeSeen[id] = now
-		}
 	}
 }
 
@@ -98,20 +54,12 @@ func (a *Agent) SweepDone(inUse conntrack.InUse) {
 	a.rec.Sweep(inUse)
 }
 
-// handBack is how long a service no longer served keeps its entry after
-// its last flow, handing new flows to kube-proxy (reconcile.Options
-// HandBack): the kernel's conntrack keeps an entry its datapath's
-// rewritten replies made, never answered, for
-// nf_conntrack_tcp_timeout_unacknowledged (300s) after the flow's last
-// packet.
-const handBack = 6 * time.Minute
-
 // Heartbeat tells the datapath the agent is alive (see
 // maps.Config.DeadMan): its time, on the kernel's monotonic clock.
 func (a *Agent) Heartbeat() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := uint64(a.clk.Now().UnixNano() - a.monoOffset)
+	now := uint64(a.clk.Now().UnixNano() - a.trans.monoOffset)
 	if why := a.rec.DatapathConfig().HandedOver(now); why == "agent-away" {
 		// The other side of the switch: an agent back from a crash or a
 		// stall past the bound (the datapath cannot log its own trip).

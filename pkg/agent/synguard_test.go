@@ -12,10 +12,10 @@ import (
 // lastGuard is the SYN guard as last written.
 func (e *env) lastGuard() pbmaps.SYNGuard {
 	e.t.Helper()
-	if len(e.f.guards) == 0 {
+	if len(e.f.Guards) == 0 {
 		e.t.Fatal("the SYN guard was never written")
 	}
-	return e.f.guards[len(e.f.guards)-1]
+	return e.f.Guards[len(e.f.Guards)-1]
 }
 
 // Flood mode turns the SYN guard on with a lease that Maintain renews; SYNs
@@ -34,7 +34,7 @@ func TestFloodModeHoldsTheSYNGuard(t *testing.T) {
 	}
 
 	e.unanswered(svc, be[1])
-	e.f.lost += 1000
+	e.f.Global.EventsLost += 1000
 	e.clk.Step(time.Second)
 	e.a.Advance()
 	want := pbmaps.SYNGuard{Lease: 5 * 2 * time.Second, Rate: 100, Burst: 10, Trust: time.Hour}
@@ -48,31 +48,31 @@ func TestFloodModeHoldsTheSYNGuard(t *testing.T) {
 	// Three quiet spells' worth of Maintain rounds, the guard dropping
 	// more than a CPU's budget (200 a round) all along: each round renews
 	// the lease.
-	writes := len(e.f.guards)
+	writes := len(e.f.Guards)
 	rounds := int(3 * floodQuiet / (2 * time.Second))
 	for range rounds {
-		e.f.guardDropped += 500
+		e.f.GuardStats.Dropped += 500
 		e.clk.Step(2 * time.Second)
 		e.a.Maintain()
 	}
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 1 || e.lastGuard() != want {
 		t.Fatalf("flood mode ended while the guard dropped SYNs (guard %+v)", e.lastGuard())
 	}
-	if n := len(e.f.guards) - writes; n != rounds {
+	if n := len(e.f.Guards) - writes; n != rounds {
 		t.Errorf("%d lease renewals in %d rounds", n, rounds)
 	}
 
 	// The drops fall to what a burst of new clients causes (less than a
 	// CPU's budget): the guard holds through the quiet spell, then goes.
 	for range int(floodQuiet/(2*time.Second)) - 1 {
-		e.f.guardDropped += 150
+		e.f.GuardStats.Dropped += 150
 		e.clk.Step(2 * time.Second)
 		e.a.Maintain()
 	}
 	if e.lastGuard() != want {
 		t.Fatal("guard off before the quiet spell ended")
 	}
-	e.f.guardDropped += 150
+	e.f.GuardStats.Dropped += 150
 	e.clk.Step(3 * time.Second)
 	e.a.Maintain()
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 0 {
@@ -88,7 +88,7 @@ func TestFloodModeHoldsTheSYNGuard(t *testing.T) {
 func TestDatapathArmingStartsFloodMode(t *testing.T) {
 	e := newEnv(t)
 	e.guard = pbmaps.SYNGuard{Rate: 100, Burst: 10, Trust: time.Hour, ArmRate: 20000}
-	e.f.guardArmed = 3 // before this agent: no news
+	e.f.GuardStats.Armed = 3 // before this agent: no news
 	e.restart()
 	e.start(state(web(80, 2, settings())))
 	if g := e.lastGuard(); g.Lease != 0 || g.ArmRate != 20000 {
@@ -99,7 +99,7 @@ func TestDatapathArmingStartsFloodMode(t *testing.T) {
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 0 {
 		t.Fatal("old armings started flood mode")
 	}
-	e.f.guardArmed++
+	e.f.GuardStats.Armed++
 	e.clk.Step(2 * time.Second)
 	e.a.Maintain()
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 1 || e.lastGuard().Lease == 0 {
@@ -115,13 +115,13 @@ func TestSYNGuardOffAndFailing(t *testing.T) {
 	e.start(state(s))
 	svc, be := e.ids(s)
 	e.unanswered(svc, be[1])
-	e.f.lost += 1000
+	e.f.Global.EventsLost += 1000
 	e.clk.Step(time.Second)
 	e.a.Advance()
 	if testutil.ToFloat64(e.a.Metrics().FloodMode) != 1 {
 		t.Fatal("not in flood mode")
 	}
-	for _, g := range e.f.guards {
+	for _, g := range e.f.Guards {
 		if g.Lease != 0 {
 			t.Fatalf("guard turned on without a rate: %+v", g)
 		}
@@ -132,10 +132,10 @@ func TestSYNGuardOffAndFailing(t *testing.T) {
 	e.restart()
 	e.start(state(s))
 	svc, be = e.ids(s)
-	e.f.fail["SetSYNGuard"] = 1000
+	e.f.Fail["SetSYNGuard"] = 1000
 	errs := testutil.ToFloat64(e.a.Metrics().ProgramErrors)
 	e.unanswered(svc, be[1])
-	e.f.lost += 1000
+	e.f.Global.EventsLost += 1000
 	e.clk.Step(time.Second)
 	e.a.Advance()
 	e.a.Maintain()

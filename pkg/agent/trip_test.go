@@ -11,6 +11,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
@@ -27,15 +28,15 @@ func (e *env) kernelTrip(svc, be uint32) {
 // kernelTripLost: the datapath ejected be on its own, and the event that
 // says so was lost.
 func (e *env) kernelTripLost(svc, be uint32) {
-	b := e.f.backends[be]
+	b := e.f.PbBackends[be]
 	b.State = uint8(pbmaps.BackendEjected)
-	e.f.backends[be] = b
-	t := e.f.trips[svc]
+	e.f.PbBackends[be] = b
+	t := e.f.PbSvcTrip[svc]
 	t.Trips++
 	if t.Budget > 0 {
 		t.Budget--
 	}
-	e.f.trips[svc] = t
+	e.f.PbSvcTrip[svc] = t
 }
 
 // The agent writes each service's trip settings and budget: its
@@ -46,18 +47,18 @@ func TestKernelTripSettings(t *testing.T) {
 	s := web(80, 4, settings(func(s *accrual.Settings) { s.MaxEjectionPercent = 50 }))
 	e.start(state(s))
 	svc, bes := e.ids(s)
-	tr := e.f.trips[svc]
+	tr := e.f.PbSvcTrip[svc]
 	if tr.MaxFailures != 3 || tr.Kinds != pbmaps.TripRefused|pbmaps.TripReset || tr.Budget != 2 {
 		t.Fatalf("pb_svc_trip %+v: want maxFailures 3, refused|reset, budget 2 (50%% of 4)", tr)
 	}
 	e.eject(svc, bes[0], 3)
-	if tr := e.f.trips[svc]; tr.Budget != 1 {
+	if tr := e.f.PbSvcTrip[svc]; tr.Budget != 1 {
 		t.Errorf("budget %d after one ejection, want 1", tr.Budget)
 	}
 	// A mode without a consecutive rule: no kernel trips.
 	s.Accrual.Mode = accrual.ModeFailureRate
 	e.a.Apply(state(s))
-	if tr := e.f.trips[svc]; tr.MaxFailures != 0 || tr.Budget != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.MaxFailures != 0 || tr.Budget != 0 {
 		t.Errorf("failure-rate mode: pb_svc_trip %+v, want trips off", tr)
 	}
 }
@@ -92,8 +93,71 @@ func TestKernelTripAdoptedOrUndone(t *testing.T) {
 	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "undone")); got != 1 {
 		t.Errorf("kernel_trips_total{undone} = %v", got)
 	}
-	if tr := e.f.trips[svc]; tr.Budget != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.Budget != 0 {
 		t.Errorf("budget %d with the cap full, want 0", tr.Budget)
+	}
+}
+
+// One RST, one programming of its service: the refusal that trips the
+// endpoint in the kernel is the failure that ejects it here too, and
+// adopting the trip writes nothing more. Each write is counted: the
+// service's trip budget once, its table flipped once, the endpoint's
+// state once. The same when the failures before were lost (accrual
+// ejects on the trip itself), and when accrual keeps the endpoint in (the
+// trip is undone: the entry rewritten once, active again).
+func TestOneRSTProgramsItsServiceOnce(t *testing.T) {
+	writes := func(e *env, svc, be uint32) (budgets, flips, states int) {
+		calls := e.f.TakeCalls()
+		for _, o := range e.f.TakeOps() {
+			switch {
+			case o.Kind == mapsfake.OpUpsertService && o.ID == svc:
+				flips++
+			case o.Kind == mapsfake.OpSetBackend && o.ID == be:
+				states++
+			}
+		}
+		return calls["SetServiceTrip"], flips, states
+	}
+	for _, c := range []struct {
+		name  string
+		seen  int // refusals accrual saw before the tripping one
+		cap   int // maxEjectionPercent
+		state string
+	}{
+		{"adopted", 2, 100, "ejected"},
+		{"adopted, earlier failures lost", 0, 100, "ejected"},
+		{"undone", 2, 34, "ready"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			s := web(80, 3, settings(func(s *accrual.Settings) { s.MaxEjectionPercent = c.cap }))
+			e.start(state(s))
+			svc, bes := e.ids(s)
+			if c.state == "ready" {
+				e.eject(svc, bes[2], 3) // the cap's one ejection taken
+			}
+			for range c.seen {
+				e.refused(svc, bes[0], false)
+			}
+			writes(e, svc, bes[0])
+
+			e.kernelTrip(svc, bes[0])
+			e.wantState(bes[0], c.state)
+			budgets, flips, states := writes(e, svc, bes[0])
+			if budgets != 1 {
+				t.Errorf("the service's trip budget written %d times for one RST, want once", budgets)
+			}
+			wantFlips := 1
+			if c.state == "ready" {
+				wantFlips = 0 // the table keeps the endpoint as it is
+			}
+			if flips != wantFlips {
+				t.Errorf("the service's table went live %d times for one RST, want %d", flips, wantFlips)
+			}
+			if states != 1 {
+				t.Errorf("the endpoint's entry written %d times for one RST, want once", states)
+			}
+		})
 	}
 }
 
@@ -127,7 +191,7 @@ func TestKernelTripWithoutItsEvent(t *testing.T) {
 	// Something else reprograms the service first: the unread trip is
 	// not handed back as budget.
 	e.eject(svc, bes[0], 3)
-	if tr := e.f.trips[svc]; tr.Budget != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.Budget != 0 {
 		t.Fatalf("budget %d with one ejection read and one trip unread (cap 2), want 0", tr.Budget)
 	}
 	e.a.Maintain()
@@ -205,11 +269,11 @@ func TestKernelTripsOff(t *testing.T) {
 	s := web(80, 3, settings())
 	e.start(state(s))
 	svc, bes := e.ids(s)
-	if tr := e.f.trips[svc]; tr.MaxFailures != 0 || tr.Kinds != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.MaxFailures != 0 || tr.Kinds != 0 {
 		t.Fatalf("pb_svc_trip %+v with kernel trips off, want no max_failures, no kinds", tr)
 	}
 	e.eject(svc, bes[0], 3)
-	if tr := e.f.trips[svc]; tr.MaxFailures != 0 {
+	if tr := e.f.PbSvcTrip[svc]; tr.MaxFailures != 0 {
 		t.Errorf("pb_svc_trip %+v after an ejection, want trips still off", tr)
 	}
 }

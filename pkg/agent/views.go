@@ -3,10 +3,8 @@ package agent
 import (
 	"slices"
 
-	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/admin"
-	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
@@ -30,24 +28,6 @@ func (a *Agent) Services() []metrics.ServiceView {
 // Accrual implements metrics.Source.
 func (a *Agent) Accrual() []accrual.ServiceSnapshot { return a.engine.Snapshot() }
 
-// GlobalStats implements metrics.Source.
-func (a *Agent) GlobalStats() (bpf.LbGlobalStats, error) { return a.stats.GlobalStats() }
-
-// AffinityFill implements metrics.Source.
-func (a *Agent) AffinityFill() (entries, capacity int, err error) { return a.stats.AffinityFill() }
-
-// SYNGuardStats implements metrics.Source.
-func (a *Agent) SYNGuardStats() (bpf.LbSynGuardCpu, error) { return a.stats.SYNGuardStats() }
-
-// NFForgotten reads pb_nf_stats.
-func (a *Agent) NFForgotten() (maps.NFForgotten, error) { return a.stats.NFForgotten() }
-
-// ServiceStats implements metrics.Source.
-func (a *Agent) ServiceStats(id uint32) (bpf.LbSvcStats, error) { return a.stats.ServiceStats(id) }
-
-// BackendStats implements metrics.Source.
-func (a *Agent) BackendStats(id uint32) (bpf.LbBeStats, error) { return a.stats.BackendStats(id) }
-
 // ServicesView is GET /admin/services: what the datapath holds.
 func (a *Agent) ServicesView() admin.ServicesView {
 	a.mu.RLock()
@@ -64,14 +44,14 @@ func (a *Agent) ServicesView() admin.ServicesView {
 		if st, err := a.stats.ServiceStats(s.ID); err == nil {
 			sj.Counters = admin.NewServiceCounters(st)
 		}
-		if d := replayAfter(&s.Spec, a.handshakes[s.ID]); d > 0 {
+		if d := a.replays.after(s); d > 0 {
 			sj.ReplayAfter = d.String()
 		}
-		sj.KernelTrips = admin.NewKernelTrips(a.rec.ServiceTrip(s.ID))
+		sj.KernelTrips = admin.NewKernelTrips(a.tripMaps.ServiceTrip(s.ID))
 		for _, id := range s.Backends {
 			b, _ := a.rec.Backend(id)
 			bj := admin.Backend{ID: id, Endpoint: b.Addr.String(), Name: b.Name, DatapathState: b.State.String(),
-				KernelStreak: a.rec.BackendTrip(id).Failures}
+				KernelStreak: a.tripMaps.BackendTrip(id).Failures}
 			if st, err := a.stats.BackendStats(id); err == nil {
 				bj.Counters = admin.NewBackendCounters(st)
 			}

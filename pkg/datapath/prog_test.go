@@ -14,7 +14,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
-	"github.com/penaltybox/penaltybox/internal/csum"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 

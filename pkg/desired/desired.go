@@ -90,4 +90,20 @@ type State struct {
 	// service that leaves Services without being listed here is gone (a
 	// Service deleted, a service removed from the config file).
 	HandBack []Key
+	// Node is what a config file also sets for the node (standalone
+	// mode); nil from Kubernetes, where the node's links say where XDP
+	// goes and flags set the rest.
+	Node *Node
+}
+
+// Node is the node-wide part of a standalone desired state.
+type Node struct {
+	// Interfaces get XDP; RedirectInterfaces take XDP_REDIRECT (none:
+	// packets go through the stack after NAT).
+	Interfaces, RedirectInterfaces []string
+	// TableSize is the largest Maglev table a service gets (a prime).
+	TableSize uint32
+	// MaxInflightDefault is the circuit-breaker limit of services that
+	// set none (each Service carries its own already; this is shown).
+	MaxInflightDefault uint32
 }

@@ -29,7 +29,7 @@ import (
 type Reader interface {
 	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
 	Backends() (map[uint32]bpf.LbBackend, error)
-	Health() (map[uint32]bpf.LbEndpointHealth, error)
+	Persisted() (map[uint32]bpf.LbEndpointHealth, error)
 	Table(svcID, n uint32) ([]uint32, error)
 	GlobalStats() (bpf.LbGlobalStats, error)
 	ServiceStats(id uint32) (bpf.LbSvcStats, error)
@@ -140,7 +140,7 @@ func Read(r Reader, now time.Time, monotonic uint64) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pb_backends: %w", err)
 	}
-	health, err := r.Health()
+	persisted, err := r.Persisted()
 	if err != nil {
 		return nil, fmt.Errorf("pb_health: %w", err)
 	}
@@ -209,7 +209,7 @@ func Read(r Reader, now time.Time, monotonic uint64) (*Report, error) {
 			if st, err := r.BackendStats(id); err == nil {
 				ep.Counters = *admin.NewBackendCounters(st)
 			}
-			ep.Accrual = accrualOf(health, id, v.Id, now)
+			ep.Accrual = accrualOf(persisted, id, v.Id, now)
 			s.Endpoints = append(s.Endpoints, ep)
 		}
 		rep.Services = append(rep.Services, s)
@@ -252,8 +252,8 @@ func (rep *Report) AddAgentView(v admin.ServicesView, err error) {
 	}
 }
 
-func accrualOf(health map[uint32]bpf.LbEndpointHealth, id, svc uint32, now time.Time) Accrual {
-	h, ok := health[id]
+func accrualOf(persisted map[uint32]bpf.LbEndpointHealth, id, svc uint32, now time.Time) Accrual {
+	h, ok := persisted[id]
 	if !ok || h.SvcId != svc {
 		return Accrual{State: accrual.Ready.String()}
 	}

@@ -15,43 +15,35 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/admin"
 	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 )
 
-type fakeReader struct {
-	tableErr error
-	svcs     map[bpf.LbSvcKey]bpf.LbSvcValue
-	bes      map[uint32]bpf.LbBackend
-	health   map[uint32]bpf.LbEndpointHealth
-	tables   map[[2]uint32][]uint32
-	trips    map[uint32]bpf.LbSvcTrip
-	in       map[uint32]int64
-	cfg      maps.Config
-}
-
-func (f *fakeReader) Config() (maps.Config, error) { return f.cfg, nil }
-
-func (f *fakeReader) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) { return f.svcs, nil }
-func (f *fakeReader) Backends() (map[uint32]bpf.LbBackend, error)        { return f.bes, nil }
-func (f *fakeReader) Health() (map[uint32]bpf.LbEndpointHealth, error)   { return f.health, nil }
-func (f *fakeReader) Table(svc, n uint32) ([]uint32, error) {
-	if f.tableErr != nil {
-		return nil, f.tableErr
+// kernel is the shared in-memory maps holding svcs and bes, with the
+// counters the tests below read: 7 events lost, each service's flows ten
+// times its id, each backend's its id, every odd backend one failure into
+// its kernel streak.
+func kernel(t *testing.T, svcs map[bpf.LbSvcKey]bpf.LbSvcValue, bes map[uint32]bpf.LbBackend) *mapsfake.Maps {
+	f := mapsfake.New(t)
+	// The maps as a datapath left them, set whole: no writes to check.
+	f.Check = nil
+	f.PbServices = svcs
+	if bes != nil {
+		f.PbBackends = bes
 	}
-	return f.tables[[2]uint32{svc, n}], nil
+	f.Global.EventsLost = 7
+	for _, v := range svcs {
+		f.SvcStats[v.Id] = bpf.LbSvcStats{Flows: 10 * uint64(v.Id)}
+	}
+	for id := range bes {
+		f.BeStats[id] = bpf.LbBeStats{Flows: uint64(id)}
+		f.PbBeTrip[id] = bpf.LbBeTrip{Failures: id % 2}
+	}
+	return f
 }
-func (f *fakeReader) GlobalStats() (bpf.LbGlobalStats, error) {
-	return bpf.LbGlobalStats{EventsLost: 7}, nil
-}
-func (f *fakeReader) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
-	return bpf.LbSvcStats{Flows: 10 * uint64(id)}, nil
-}
-func (f *fakeReader) BackendStats(id uint32) (bpf.LbBeStats, error) {
-	return bpf.LbBeStats{Flows: uint64(id)}, nil
-}
-func (f *fakeReader) ServiceTrip(id uint32) bpf.LbSvcTrip { return f.trips[id] }
-func (f *fakeReader) BackendTrip(id uint32) bpf.LbBeTrip  { return bpf.LbBeTrip{Failures: id % 2} }
-func (f *fakeReader) InflightCounts(svc, be uint32) (int64, int64, error) {
-	return f.in[svc], f.in[100+be], nil
+
+// failTables makes every table read fail with err.
+func failTables(f *mapsfake.Maps, err error) {
+	f.Fail["Table"], f.Err["Table"] = 1<<30, err
 }
 
 func backend(addr string, svc uint32, st maps.BackendState, grants int32) bpf.LbBackend {
@@ -63,29 +55,27 @@ func backend(addr string, svc uint32, st maps.BackendState, grants int32) bpf.Lb
 // states, the penalty left; removed backends and other services' left out.
 func TestReadDescribesServicesAndEndpoints(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	f := &fakeReader{
-		svcs: map[bpf.LbSvcKey]bpf.LbSvcValue{
-			maps.ServiceKey(netip.MustParseAddr("198.18.100.2"), 443, 6): {Id: 2, Table: 1, TableSize: 5, Flags: maps.ServiceRetryRefused},
-			maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 17): {Id: 1, Table: 0, TableSize: 3, MaxInflight: 9},
-		},
-		bes: map[uint32]bpf.LbBackend{
-			1: backend("198.18.1.2:8080", 2, maps.BackendActive, 0),
-			2: backend("198.18.2.2:8080", 2, maps.BackendEjected, 0),
-			3: backend("198.18.3.2:8080", 2, maps.BackendProbation, 1),
-			4: backend("198.18.4.2:8080", 2, maps.BackendRemoved, 0),
-			5: backend("198.18.5.2:53", 1, maps.BackendActive, 0),
-		},
-		health: map[uint32]bpf.LbEndpointHealth{
-			2: {SvcId: 2, State: uint8(accrual.Ejected), ConsecutiveFailures: 5, Ejections: 2, PenaltyNs: uint64(4 * time.Second),
-				ProbationAtNs: now.Add(1500 * time.Millisecond).UnixNano(), LastFailureKind: uint8(accrual.KindRefused),
-				LastFailureNs: now.Add(-2 * time.Second).UnixNano()},
-			3: {SvcId: 2, State: uint8(accrual.Probation)},
-			5: {SvcId: 9, State: uint8(accrual.Ejected)}, // a record of another service: stale
-		},
-		tables: map[[2]uint32][]uint32{{2, 1}: {1, 1, 3, 1, 1}, {1, 0}: {5, 5, 5}},
-		trips:  map[uint32]bpf.LbSvcTrip{2: {MaxFailures: 5, Kinds: maps.TripRefused, Budget: 1, Trips: 3}},
-		in:     map[uint32]int64{2: 4, 101: 3, 103: 1},
+	f := kernel(t, map[bpf.LbSvcKey]bpf.LbSvcValue{
+		maps.ServiceKey(netip.MustParseAddr("198.18.100.2"), 443, 6): {Id: 2, Table: 1, TableSize: 5, Flags: maps.ServiceRetryRefused},
+		maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 17): {Id: 1, Table: 0, TableSize: 3, MaxInflight: 9},
+	}, map[uint32]bpf.LbBackend{
+		1: backend("198.18.1.2:8080", 2, maps.BackendActive, 0),
+		2: backend("198.18.2.2:8080", 2, maps.BackendEjected, 0),
+		3: backend("198.18.3.2:8080", 2, maps.BackendProbation, 1),
+		4: backend("198.18.4.2:8080", 2, maps.BackendRemoved, 0),
+		5: backend("198.18.5.2:53", 1, maps.BackendActive, 0),
+	})
+	f.PbHealth = map[uint32]bpf.LbEndpointHealth{
+		2: {SvcId: 2, State: uint8(accrual.Ejected), ConsecutiveFailures: 5, Ejections: 2, PenaltyNs: uint64(4 * time.Second),
+			ProbationAtNs: now.Add(1500 * time.Millisecond).UnixNano(), LastFailureKind: uint8(accrual.KindRefused),
+			LastFailureNs: now.Add(-2 * time.Second).UnixNano()},
+		3: {SvcId: 2, State: uint8(accrual.Probation)},
+		5: {SvcId: 9, State: uint8(accrual.Ejected)}, // a record of another service: stale
 	}
+	f.PbMaglev[maps.TableKey(2, 1)] = []uint32{1, 1, 3, 1, 1}
+	f.PbMaglev[maps.TableKey(1, 0)] = []uint32{5, 5, 5}
+	f.PbSvcTrip[2] = bpf.LbSvcTrip{MaxFailures: 5, Kinds: maps.TripRefused, Budget: 1, Trips: 3}
+	f.SvcInflight[2], f.BeInflight[1], f.BeInflight[3] = 4, 3, 1
 	r, err := Read(f, now, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -134,13 +124,10 @@ func TestReadDescribesServicesAndEndpoints(t *testing.T) {
 // Without CAP_SYS_ADMIN (the DaemonSet's capabilities) the tables cannot
 // be opened: everything else is still read, slots are unknown.
 func TestReadWithoutTables(t *testing.T) {
-	f := &fakeReader{
-		tableErr: fmt.Errorf("open map: %w", unix.EPERM),
-		svcs: map[bpf.LbSvcKey]bpf.LbSvcValue{
-			maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 6): {Id: 1, TableSize: 3},
-		},
-		bes: map[uint32]bpf.LbBackend{1: backend("198.18.1.2:8080", 1, maps.BackendEjected, 0)},
-	}
+	f := kernel(t, map[bpf.LbSvcKey]bpf.LbSvcValue{
+		maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 6): {Id: 1, TableSize: 3},
+	}, map[uint32]bpf.LbBackend{1: backend("198.18.1.2:8080", 1, maps.BackendEjected, 0)})
+	failTables(f, fmt.Errorf("open map: %w", unix.EPERM))
 	r, err := Read(f, time.Now(), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +141,7 @@ func TestReadWithoutTables(t *testing.T) {
 	if !strings.Contains(out.String(), "slots unknown") {
 		t.Errorf("text output:\n%s", out.String())
 	}
-	f.tableErr = errors.New("boom")
+	failTables(f, errors.New("boom"))
 	if _, err := Read(f, time.Now(), 0); err == nil {
 		t.Error("another table error was not reported")
 	}
@@ -163,18 +150,16 @@ func TestReadWithoutTables(t *testing.T) {
 // An IPv6 service and its endpoints print in the usual notation, beside
 // an IPv4 service on the same port.
 func TestReadIPv6(t *testing.T) {
-	f := &fakeReader{
-		svcs: map[bpf.LbSvcKey]bpf.LbSvcValue{
-			maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 6): {Id: 1, TableSize: 3},
-			maps.ServiceKey(netip.MustParseAddr("2001:2::10"), 80, 6):   {Id: 2, TableSize: 3},
-		},
-		bes: map[uint32]bpf.LbBackend{
-			1: backend("198.18.1.2:8080", 1, maps.BackendActive, 0),
-			2: backend("[2001:2::1:2]:8080", 2, maps.BackendActive, 0),
-			3: backend("[2001:2::2:2]:8080", 2, maps.BackendEjected, 0),
-		},
-		tables: map[[2]uint32][]uint32{{1, 0}: {1, 1, 1}, {2, 0}: {2, 2, 2}},
-	}
+	f := kernel(t, map[bpf.LbSvcKey]bpf.LbSvcValue{
+		maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 6): {Id: 1, TableSize: 3},
+		maps.ServiceKey(netip.MustParseAddr("2001:2::10"), 80, 6):   {Id: 2, TableSize: 3},
+	}, map[uint32]bpf.LbBackend{
+		1: backend("198.18.1.2:8080", 1, maps.BackendActive, 0),
+		2: backend("[2001:2::1:2]:8080", 2, maps.BackendActive, 0),
+		3: backend("[2001:2::2:2]:8080", 2, maps.BackendEjected, 0),
+	})
+	f.PbMaglev[maps.TableKey(1, 0)] = []uint32{1, 1, 1}
+	f.PbMaglev[maps.TableKey(2, 0)] = []uint32{2, 2, 2}
 	r, err := Read(f, time.Now(), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -208,10 +193,10 @@ func TestReadIPv6(t *testing.T) {
 // and their reason to be served when the agent answers.
 func TestReadSaysWhoTakesNewFlows(t *testing.T) {
 	const sec = uint64(time.Second)
-	f := &fakeReader{svcs: map[bpf.LbSvcKey]bpf.LbSvcValue{
+	f := kernel(t, map[bpf.LbSvcKey]bpf.LbSvcValue{
 		maps.ServiceKey(netip.MustParseAddr("198.18.100.1"), 80, 6): {Id: 1, Flags: maps.ServiceTakenOver},
 		maps.ServiceKey(netip.MustParseAddr("198.18.100.2"), 80, 6): {Id: 2},
-	}}
+	}, nil)
 	for _, c := range []struct {
 		name     string
 		cfg      maps.Config
@@ -227,7 +212,7 @@ func TestReadSaysWhoTakesNewFlows(t *testing.T) {
 		{"never beat", maps.Config{DeadMan: time.Second}, 1000 * sec, "penaltybox", "", "", "1s"},
 		{"draining", maps.Config{Heartbeat: 100 * sec, DeadMan: 30 * time.Second, Drain: true}, 101 * sec, "kube-proxy", "uninstalling", "1s", "30s"},
 	} {
-		f.cfg = c.cfg
+		f.PbConfig = c.cfg
 		r, err := Read(f, time.Now(), c.now)
 		if err != nil {
 			t.Fatal(err)
@@ -238,7 +223,7 @@ func TestReadSaysWhoTakesNewFlows(t *testing.T) {
 		}
 	}
 
-	f.cfg = maps.Config{}
+	f.PbConfig = maps.Config{}
 	r, err := Read(f, time.Now(), 0)
 	if err != nil {
 		t.Fatal(err)

@@ -617,24 +617,26 @@ func (m *Maps) SetRedirect(ifindexes []uint32) error {
 	return nil
 }
 
-// PutHealth writes pb_health[id].
-func (m *Maps) PutHealth(id uint32, h bpf.LbEndpointHealth) error {
+// PutPersisted writes an endpoint's persisted accrual state,
+// pb_health[id] (the map's name predates the word: it holds what accrual
+// keeps across a restart, not a health check).
+func (m *Maps) PutPersisted(id uint32, h bpf.LbEndpointHealth) error {
 	if err := m.m.PbHealth.Put(id, h); err != nil {
 		return fmt.Errorf("pb_health[%d]: %w", id, err)
 	}
 	return nil
 }
 
-// DeleteHealth removes pb_health[id]; absence is not an error.
-func (m *Maps) DeleteHealth(id uint32) error {
+// DeletePersisted removes pb_health[id]; absence is not an error.
+func (m *Maps) DeletePersisted(id uint32) error {
 	if err := m.m.PbHealth.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("pb_health[%d]: %w", id, err)
 	}
 	return nil
 }
 
-// Health reads every pb_health entry.
-func (m *Maps) Health() (map[uint32]bpf.LbEndpointHealth, error) {
+// Persisted reads every pb_health entry.
+func (m *Maps) Persisted() (map[uint32]bpf.LbEndpointHealth, error) {
 	out := map[uint32]bpf.LbEndpointHealth{}
 	var k uint32
 	var v bpf.LbEndpointHealth

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -40,17 +39,12 @@ type BackendView struct {
 	Removed  bool
 }
 
-// Source is what the scrape-time collector reads. The agent implements it,
-// taking its own lock where it needs one.
+// Source is what the scrape-time collector reads of the agent's state.
+// The agent implements it, taking its own lock where it needs one; the
+// datapath's counters are read from the maps (maps.Counters) directly.
 type Source interface {
 	Services() []ServiceView
 	Accrual() []accrual.ServiceSnapshot
-	GlobalStats() (bpf.LbGlobalStats, error)
-	ServiceStats(id uint32) (bpf.LbSvcStats, error)
-	BackendStats(id uint32) (bpf.LbBeStats, error)
-	SYNGuardStats() (bpf.LbSynGuardCpu, error)
-	NFForgotten() (maps.NFForgotten, error)
-	AffinityFill() (entries, capacity int, err error)
 }
 
 // Metrics holds the agent's event-driven metrics and its registry.
@@ -94,7 +88,7 @@ type Metrics struct {
 
 // New registers every metric. src may be nil in tests that only need the
 // event-driven ones.
-func New(src Source, log *slog.Logger) *Metrics {
+func New(src Source, counters maps.Counters, log *slog.Logger) *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
 		Registry: r,
@@ -231,7 +225,7 @@ func New(src Source, log *slog.Logger) *Metrics {
 		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.FleetReportWrites, m.FleetVerdictWrites, m.FleetAggregator, m.FleetCondemned, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
-		r.MustRegister(&collector{src: src, log: log})
+		r.MustRegister(&collector{src: src, counters: counters, log: log})
 	}
 	// Every replay series exists from the start, so that the first replay
 	// of each kind shows in increase().
@@ -298,8 +292,9 @@ var (
 )
 
 type collector struct {
-	src Source
-	log *slog.Logger
+	src      Source
+	counters maps.Counters
+	log      *slog.Logger
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -320,7 +315,7 @@ func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ..
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	if gs, err := c.src.GlobalStats(); err == nil {
+	if gs, err := c.counters.GlobalStats(); err == nil {
 		counter(ch, dEventsLost, gs.EventsLost)
 		counter(ch, dForwarded, gs.Redirected, "redirect")
 		counter(ch, dForwarded, gs.PassedAfterNat, "pass")
@@ -337,7 +332,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dICMP, gs.IcmpTranslated)
 		counter(ch, dKubeProxy, gs.HandedOver, "handed_over")
 		counter(ch, dKubeProxy, gs.KubeProxyMidstream, "taken_over")
-		if nf, err := c.src.NFForgotten(); err == nil {
+		if nf, err := c.counters.NFForgotten(); err == nil {
 			counter(ch, dNFForgotten, nf.TakenOver, "taken_over")
 			counter(ch, dNFForgotten, nf.HandedOver, "handed_over")
 		}
@@ -350,7 +345,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	} else {
 		c.log.Warn("metrics: read pb_stats_v2", "err", err)
 	}
-	if g, err := c.src.SYNGuardStats(); err == nil {
+	if g, err := c.counters.SYNGuardStats(); err == nil {
 		counter(ch, dSYNGuard, g.Trusted, "trusted")
 		counter(ch, dSYNGuard, g.Admitted, "admitted")
 		counter(ch, dSYNGuard, g.Dropped, "dropped")
@@ -358,7 +353,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	} else {
 		c.log.Warn("metrics: read pb_syn_guard_cpu", "err", err)
 	}
-	if n, max, err := c.src.AffinityFill(); err == nil {
+	if n, max, err := c.counters.AffinityFill(); err == nil {
 		gauge(ch, dAffinity, float64(n))
 		gauge(ch, dAffinityMax, float64(max))
 	} else {
@@ -376,7 +371,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(ch, dServed, 1, s.Name, reason)
 		gauge(ch, dInflight, float64(s.Inflight), s.Name)
-		if st, err := c.src.ServiceStats(s.ID); err == nil {
+		if st, err := c.counters.ServiceStats(s.ID); err == nil {
 			counter(ch, dSvcPackets, st.Packets, s.Name)
 			counter(ch, dSvcBytes, st.Bytes, s.Name)
 			counter(ch, dSvcFlows, st.Flows, s.Name)
@@ -388,7 +383,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			if b.Removed {
 				continue
 			}
-			if st, err := c.src.BackendStats(b.ID); err == nil {
+			if st, err := c.counters.BackendStats(b.ID); err == nil {
 				counter(ch, dBePackets, st.Packets, s.Name, b.Endpoint)
 				counter(ch, dBeBytes, st.Bytes, s.Name, b.Endpoint)
 				counter(ch, dBeFlows, st.Flows, s.Name, b.Endpoint)

@@ -44,7 +44,7 @@ func TestShippedRulesAndDashboardUseExportedMetrics(t *testing.T) {
 // exportedNames are the names of every metric the agent registers.
 func exportedNames(t *testing.T) map[string]bool {
 	t.Helper()
-	m := New(nil, nil)
+	m := New(nil, nil, nil)
 	ch := make(chan *prometheus.Desc, 1024)
 	v := reflect.ValueOf(m).Elem()
 	for i := range v.NumField() {

@@ -13,6 +13,7 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 )
 
 // A restarted agent adopts what the previous one left in the pinned maps
@@ -56,18 +57,18 @@ func TestAdoption(t *testing.T) {
 					t.Fatalf("setup: service %d has tables %v, want both", id, got)
 				}
 			}
-			before := e.f.snapshot()
+			before := snapshotOf(e.f)
 			liveBefore := map[uint32][]uint32{
 				webID: slices.Clone(e.liveTable(web.Key)),
 				apiID: slices.Clone(e.liveTable(api.Key)),
 			}
-			e.f.takeOps()
+			e.f.TakeOps()
 
 			// Restart.
 			e.clk.Step(time.Hour)
 			restartAt := e.clk.Now()
 			e.restart()
-			if ops := e.f.takeOps(); len(ops) != 0 {
+			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("New wrote %s", opsString(ops))
 			}
 			wantAdopted := map[desired.Key]map[netip.AddrPort]uint32{
@@ -103,13 +104,13 @@ func TestAdoption(t *testing.T) {
 				desiredWeb.Endpoints = []desired.Endpoint{web.Endpoints[3], web.Endpoints[1], web.Endpoints[0], web.Endpoints[2]}
 			}
 			changes := e.apply(desiredWeb, api)
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			// Only the removed service's VIP slot may go: the new agent does
 			// not know its key, and no sweep reported flows to it.
 			if len(ops) > 1 || (len(ops) == 1 && ops[0].Kind != opSetVIPSlots) {
 				t.Errorf("first Apply after a restart wrote %s", opsString(ops))
 			}
-			if gs := pbmaps.VIPSlot(gone.Key.VIP); e.f.vipSlots[gs] && gs != pbmaps.VIPSlot(web.Key.VIP) && gs != pbmaps.VIPSlot(api.Key.VIP) {
+			if gs := pbmaps.VIPSlot(gone.Key.VIP); e.f.PbVIPSlots[gs] && gs != pbmaps.VIPSlot(web.Key.VIP) && gs != pbmaps.VIPSlot(api.Key.VIP) {
 				t.Errorf("the removed service's VIP slot is still marked")
 			}
 			if !tc.reorder && len(changes) != 0 {
@@ -134,7 +135,7 @@ func TestAdoption(t *testing.T) {
 			spares := map[uint32]uint32{webID: e.spare(webID), apiID: e.spare(apiID)}
 			e.program(webID, []uint32{a, b}, []uint32{c}, false)
 			e.program(apiID, apiIDs, nil, false)
-			ops = e.f.takeOps()
+			ops = e.f.TakeOps()
 			if n := count(ops, kindIs(opSetBackend, opClearBackend, opDeleteService, opInstallTables,
 				opResetBeStats, opResetSvcStats, opSetPorts)); n != 0 {
 				t.Errorf("programming adopted services wrote entries: %s", opsString(ops))
@@ -149,7 +150,7 @@ func TestAdoption(t *testing.T) {
 			e.wantKernelState(c, pbmaps.BackendProbation, 0)
 			// Tables are rebuilt byte for byte: the live tables hold what
 			// they held, the values changed only in which table is live.
-			after := e.f.snapshot()
+			after := snapshotOf(e.f)
 			for k, v := range before.services {
 				w := after.services[k]
 				if w.Table != 1-v.Table {
@@ -157,7 +158,7 @@ func TestAdoption(t *testing.T) {
 				}
 				w.Table = v.Table
 				after.services[k] = w
-				if got, _ := e.f.table(v.Id, 1-v.Table); !slices.Equal(got, liveBefore[v.Id]) {
+				if got, _ := e.f.Installed(v.Id, 1-v.Table); !slices.Equal(got, liveBefore[v.Id]) {
 					t.Errorf("service %d: live table differs from the one before the restart", v.Id)
 				}
 			}
@@ -175,10 +176,10 @@ func TestAdoption(t *testing.T) {
 			if _, ok := e.r.Backend(goneID); ok {
 				t.Error("removed backend not freed after the cooldown")
 			}
-			if kb := e.f.backend(goneID); kb.Family != 0 {
+			if kb := e.f.PbBackends[goneID]; kb.Family != 0 {
 				t.Errorf("pb_backends[%d] = %+v", goneID, kb)
 			}
-			if _, ok := e.f.ports[9090]; ok {
+			if _, ok := e.f.PbPorts[9090]; ok {
 				t.Error("port of the freed backend kept")
 			}
 
@@ -212,7 +213,7 @@ func TestAdoptionThenRemoval(t *testing.T) {
 	apiBe := e.service(api.Key).Backends[0]
 
 	e.restart()
-	e.f.takeOps()
+	e.f.TakeOps()
 	web.Endpoints = web.Endpoints[:1]
 	changes := e.apply(web)
 	if len(changes) != 2 {
@@ -232,11 +233,11 @@ func TestAdoptionThenRemoval(t *testing.T) {
 	}
 	e.wantKernelState(b, pbmaps.BackendRemoved, 0)
 	e.wantKernelState(apiBe, pbmaps.BackendRemoved, 0)
-	if _, ok := e.f.services[keyOf(api.Key)]; ok {
+	if _, ok := e.f.PbServices[keyOf(api.Key)]; ok {
 		t.Error("api still in pb_services")
 	}
 	for n := range uint32(2) {
-		if _, ok := e.f.table(apiID, n); ok {
+		if _, ok := e.f.Installed(apiID, n); ok {
 			t.Errorf("api's table %d still there", n)
 		}
 	}
@@ -248,24 +249,24 @@ func TestAdoptionThenRemoval(t *testing.T) {
 // with an id the new agent cannot use, a backend of a service that is not
 // in pb_services, a removed backend.
 func TestAdoptionOfInconsistentMaps(t *testing.T) {
-	f := newFakeWriter(t)
+	f := mapsfake.New(t)
 	kWeb := pbmaps.ServiceKey(netip.MustParseAddr(vip1), 80, uint8(desired.TCP))
 	kBad := pbmaps.ServiceKey(netip.MustParseAddr(vip2), 80, uint8(desired.TCP))
 	kZero := pbmaps.ServiceKey(netip.MustParseAddr(vip3), 80, uint8(desired.TCP))
-	f.services[kBad] = bpf.LbSvcValue{Id: 100, TableSize: testTableSize} // >= MaxServices
-	f.services[kZero] = bpf.LbSvcValue{Id: 0, TableSize: testTableSize}
-	f.backends[7] = pbmaps.NewBackend(mustAP(beA), 5, pbmaps.BackendActive, 0)
-	f.backends[8] = pbmaps.NewBackend(mustAP(beB), 5, pbmaps.BackendRemoved, 0)
-	f.backends[9] = pbmaps.NewBackend(mustAP("198.19.9.1:7070"), 42, pbmaps.BackendActive, 0)      // no service 42
-	f.backends[10] = pbmaps.NewBackend(mustAP("198.19.9.2:7070"), 100, pbmaps.BackendProbation, 1) // service dropped
-	f.services[kWeb] = bpf.LbSvcValue{Id: 5, Table: 1, TableSize: testTableSize}
-	f.tables[pbmaps.TableKey(5, 0)] = slices.Repeat([]uint32{7}, 13) // an older size
-	f.tables[pbmaps.TableKey(5, 1)] = slices.Repeat([]uint32{7}, testTableSize)
-	f.tables[pbmaps.TableKey(100, 0)] = slices.Repeat([]uint32{10}, testTableSize)
-	f.tables[pbmaps.TableKey(100, 1)] = slices.Repeat([]uint32{10}, testTableSize)
-	f.ports = map[uint16]uint8{80: pbmaps.PortVIP, 8080: pbmaps.PortBackend, 7070: pbmaps.PortBackend}
+	f.PbServices[kBad] = bpf.LbSvcValue{Id: 100, TableSize: testTableSize} // >= MaxServices
+	f.PbServices[kZero] = bpf.LbSvcValue{Id: 0, TableSize: testTableSize}
+	f.PbBackends[7] = pbmaps.NewBackend(mustAP(beA), 5, pbmaps.BackendActive, 0)
+	f.PbBackends[8] = pbmaps.NewBackend(mustAP(beB), 5, pbmaps.BackendRemoved, 0)
+	f.PbBackends[9] = pbmaps.NewBackend(mustAP("198.19.9.1:7070"), 42, pbmaps.BackendActive, 0)      // no service 42
+	f.PbBackends[10] = pbmaps.NewBackend(mustAP("198.19.9.2:7070"), 100, pbmaps.BackendProbation, 1) // service dropped
+	f.PbServices[kWeb] = bpf.LbSvcValue{Id: 5, Table: 1, TableSize: testTableSize}
+	f.PbMaglev[pbmaps.TableKey(5, 0)] = slices.Repeat([]uint32{7}, 13) // an older size
+	f.PbMaglev[pbmaps.TableKey(5, 1)] = slices.Repeat([]uint32{7}, testTableSize)
+	f.PbMaglev[pbmaps.TableKey(100, 0)] = slices.Repeat([]uint32{10}, testTableSize)
+	f.PbMaglev[pbmaps.TableKey(100, 1)] = slices.Repeat([]uint32{10}, testTableSize)
+	f.PbPorts = map[uint16]uint8{80: pbmaps.PortVIP, 8080: pbmaps.PortBackend, 7070: pbmaps.PortBackend}
 	// The kernel checks below need every table to hold only ids that exist.
-	f.check = nil
+	f.Check = nil
 
 	clk := testingclock.NewFakeClock(t0)
 	r, err := New(f, Options{MaxServices: 64, MaxBackends: 256, TableSize: testTableSize,
@@ -273,17 +274,17 @@ func TestAdoptionOfInconsistentMaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops := f.takeOps()
+	ops := f.TakeOps()
 	for _, id := range []uint32{0, 100} {
 		if index(ops, is(opDeleteService, id)) < 0 {
 			t.Errorf("service with unusable id %d not deleted: %s", id, opsString(ops))
 		}
 	}
-	if _, ok := f.services[kBad]; ok {
+	if _, ok := f.PbServices[kBad]; ok {
 		t.Error("service with an unusable id kept in pb_services")
 	}
 	for n := range uint32(2) {
-		if _, ok := f.table(100, n); ok {
+		if _, ok := f.Installed(100, n); ok {
 			t.Errorf("table %d of the dropped service kept", n)
 		}
 	}
@@ -303,10 +304,10 @@ func TestAdoptionOfInconsistentMaps(t *testing.T) {
 		}
 		// Orphans are removed in the kernel too: their flows' SYN
 		// retransmits get re-picked, and nothing sees them as usable.
-		if st := pbmaps.BackendState(f.backend(id).State); st != pbmaps.BackendRemoved {
+		if st := pbmaps.BackendState(f.PbBackends[id].State); st != pbmaps.BackendRemoved {
 			t.Errorf("pb_backends[%d] state %s, want removed", id, st)
 		}
-		if g := f.backend(id).ProbeGrants; g != 0 {
+		if g := f.PbBackends[id].ProbeGrants; g != 0 {
 			t.Errorf("pb_backends[%d] keeps %d probe grants", id, g)
 		}
 	}
@@ -315,14 +316,14 @@ func TestAdoptionOfInconsistentMaps(t *testing.T) {
 	clk.Step(testCooldown)
 	r.Sweep(InUse{})
 	for _, id := range []uint32{8, 9, 10} {
-		if kb := f.backend(id); kb.Family != 0 {
+		if kb := f.PbBackends[id]; kb.Family != 0 {
 			t.Errorf("backend %d not freed", id)
 		}
 	}
-	if _, ok := f.ports[7070]; ok {
-		t.Errorf("port 7070 kept: %v", f.ports)
+	if _, ok := f.PbPorts[7070]; ok {
+		t.Errorf("port 7070 kept: %v", f.PbPorts)
 	}
-	if kb := f.backend(7); kb.Family == 0 {
+	if kb := f.PbBackends[7]; kb.Family == 0 {
 		t.Error("adopted backend 7 freed")
 	}
 }
@@ -379,12 +380,12 @@ func TestAdoptionPreparesSpares(t *testing.T) {
 					lives[s.ID] = slices.Clone(e.liveTable(s.Spec.Key))
 				}
 			}
-			values := maps.Clone(e.f.services)
-			e.f.takeOps()
+			values := maps.Clone(e.f.PbServices)
+			e.f.TakeOps()
 
 			e.opts.TableSize = tc.maxSize
 			e.restart()
-			if ops := e.f.takeOps(); len(ops) != 0 {
+			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("New wrote %s", opsString(ops))
 			}
 			for id := range lives {
@@ -395,7 +396,7 @@ func TestAdoptionPreparesSpares(t *testing.T) {
 			}
 
 			e.apply(web, api, empty)
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			wantInstall := !tc.spares || tc.maxSize != testTableSize
 			switch {
 			case !wantInstall && len(ops) != 0:
@@ -411,18 +412,18 @@ func TestAdoptionPreparesSpares(t *testing.T) {
 				}
 			}
 			// The live tables kept serving through all this.
-			if !maps.Equal(values, e.f.services) {
+			if !maps.Equal(values, e.f.PbServices) {
 				t.Errorf("pb_services changed before ProgramService")
 			}
 			for id, live := range lives {
-				if got, _ := e.f.table(id, 0); !slices.Equal(got, live) {
+				if got, _ := e.f.Installed(id, 0); !slices.Equal(got, live) {
 					t.Errorf("service %d: live table written before ProgramService", id)
 				}
 			}
 
 			for _, s := range e.r.Services() {
 				e.program(s.ID, s.Backends, nil, false)
-				ops := e.f.takeOps()
+				ops := e.f.TakeOps()
 				if c := count(ops, kindIs(opInstallTables, opSetBackend)); c != 0 {
 					t.Errorf("service %s: programming after the restart wrote %s", s.Spec.Name, opsString(ops))
 				}
@@ -449,7 +450,7 @@ func TestAdoptionReadFailures(t *testing.T) {
 			e := newEnv(t)
 			e.apply(svc("web", vip1, 80, ep(beA)))
 			e.programAll()
-			e.f.fail[kind] = errInjected
+			e.f.Fail[kind] = 1
 			if _, err := New(e.f, e.opts); err == nil {
 				t.Errorf("New: no error with %s failing", kind)
 			}
@@ -473,18 +474,18 @@ func TestRestartKeepsPrefiltersOfLiveFlows(t *testing.T) {
 	e.apply(web)
 	e.programAll()
 	slot := pbmaps.VIPSlot(gone.Key.VIP)
-	if !e.f.vipSlots[slot] || e.f.ports[9000]&pbmaps.PortVIP == 0 {
+	if !e.f.PbVIPSlots[slot] || e.f.PbPorts[9000]&pbmaps.PortVIP == 0 {
 		t.Fatalf("after the restart: slot marked %v, pb_ports[9000] = %#x; want both kept for the live flows",
-			e.f.vipSlots[slot], e.f.ports[9000])
+			e.f.PbVIPSlots[slot], e.f.PbPorts[9000])
 	}
 	e.checkKernel()
 
 	e.r.Sweep(InUse{}) // the flows ended
-	if slot != pbmaps.VIPSlot(web.Key.VIP) && e.f.vipSlots[slot] {
+	if slot != pbmaps.VIPSlot(web.Key.VIP) && e.f.PbVIPSlots[slot] {
 		t.Error("slot still marked after a sweep found no flows")
 	}
-	if e.f.ports[9000] != 0 {
-		t.Errorf("pb_ports[9000] = %#x after a sweep found no flows", e.f.ports[9000])
+	if e.f.PbPorts[9000] != 0 {
+		t.Errorf("pb_ports[9000] = %#x after a sweep found no flows", e.f.PbPorts[9000])
 	}
 	e.checkKernel()
 }
@@ -499,41 +500,41 @@ func TestPrefiltersAfterUpgradeAndFailedWrites(t *testing.T) {
 	e.apply(web)
 	e.programAll()
 	// The previous version had no pb_vip_slots: an empty map.
-	e.f.vipSlots = map[uint32]bool{}
-	e.f.check = nil // its state breaks the invariant until the first Apply
+	e.f.PbVIPSlots = map[uint32]bool{}
+	e.f.Check = nil // its state breaks the invariant until the first Apply
 	e.restart()
 	e.apply(web)
-	e.f.check = kernelInvariants
-	if !e.f.vipSlots[pbmaps.VIPSlot(web.Key.VIP)] {
+	e.f.Check = mapsfake.KernelInvariants
+	if !e.f.PbVIPSlots[pbmaps.VIPSlot(web.Key.VIP)] {
 		t.Fatal("the adopted service's slot is not marked after the first Apply")
 	}
 	e.checkKernel()
 
 	// A write that fails part way: the record is read back, not trusted.
 	api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
-	e.f.failAfter = errInjected
-	if _, err := e.r.Apply(state(web, api)); !errors.Is(err, errInjected) {
+	e.f.FailAfter = errInjected
+	if _, err := e.r.Apply(state(web, api), e.acc); !errors.Is(err, errInjected) {
 		t.Fatalf("Apply: %v, want the injected error", err)
 	}
 	// (The write had landed: read back, the record matches and nothing is
 	// left to retry.)
-	if !maps.Equal(e.r.vipSlots, e.f.vipSlots) || !e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)] {
-		t.Fatalf("after a failed write: record %v, kernel %v", e.r.vipSlots, e.f.vipSlots)
+	if !maps.Equal(e.r.vipSlots, e.f.PbVIPSlots) || !e.f.PbVIPSlots[pbmaps.VIPSlot(api.Key.VIP)] {
+		t.Fatalf("after a failed write: record %v, kernel %v", e.r.vipSlots, e.f.PbVIPSlots)
 	}
 	// An outright failure, then the retry PrepareTables makes: api goes,
 	// and once its id is freed its slot should be cleared.
 	e.apply(web)
 	e.clk.Step(testCooldown)
-	e.f.fail[opSetVIPSlots] = errInjected
+	e.f.Fail[opSetVIPSlots] = 1
 	e.r.Sweep(InUse{})
-	if !e.r.PrefiltersDirty() || !e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)] {
-		t.Fatalf("the failed clear: dirty %v, api's slot %v", e.r.PrefiltersDirty(), e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)])
+	if !e.r.PrefiltersDirty() || !e.f.PbVIPSlots[pbmaps.VIPSlot(api.Key.VIP)] {
+		t.Fatalf("the failed clear: dirty %v, api's slot %v", e.r.PrefiltersDirty(), e.f.PbVIPSlots[pbmaps.VIPSlot(api.Key.VIP)])
 	}
 	if err := e.r.PrepareTables(); err != nil {
 		t.Fatal(err)
 	}
-	if e.r.PrefiltersDirty() || e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)] {
-		t.Errorf("after the retry: dirty %v, api's slot %v", e.r.PrefiltersDirty(), e.f.vipSlots[pbmaps.VIPSlot(api.Key.VIP)])
+	if e.r.PrefiltersDirty() || e.f.PbVIPSlots[pbmaps.VIPSlot(api.Key.VIP)] {
+		t.Errorf("after the retry: dirty %v, api's slot %v", e.r.PrefiltersDirty(), e.f.PbVIPSlots[pbmaps.VIPSlot(api.Key.VIP)])
 	}
 	e.programAll()
 	e.checkKernel()

@@ -14,7 +14,7 @@ import (
 )
 
 // Change is a service whose endpoint set Apply changed: failure accrual
-// must hear of it, then ProgramService must run.
+// hears of it before the service is programmed.
 type Change struct {
 	Service *Service
 	Removed bool
@@ -22,10 +22,34 @@ type Change struct {
 	Retired []uint32
 }
 
-// Apply makes the services and backends match st. It does not write
-// Maglev tables: admission depends on accrual, so the caller follows up
-// with ProgramService for each changed service.
-func (r *Reconciler) Apply(st desired.State) ([]Change, error) {
+// Accrual is failure accrual as Apply works with it (pkg/agent implements
+// it over its engine): which endpoints of a service new flows may reach is
+// accrual's decision, so Apply asks it for each service's table.
+type Accrual interface {
+	// Adopt hears of the services as Apply leaves them, once their
+	// entries and backends are written and before any table is: changes
+	// are those whose endpoints changed, or that were removed.
+	Adopt(changes []Change, services []*Service)
+	// Program writes service id's admission as accrual decides it, with
+	// ProgramService, and keeps a failure to retry.
+	Program(id uint32)
+}
+
+// Apply makes the maps match st, complete: service entries and backends,
+// the prefilters, then, once acc has adopted them, every service's table
+// (acc.Program). It returns the changes acc heard of.
+func (r *Reconciler) Apply(st desired.State, acc Accrual) ([]Change, error) {
+	changes, err := r.sync(st)
+	services := r.Services()
+	acc.Adopt(changes, services)
+	for _, s := range services {
+		acc.Program(s.ID)
+	}
+	return changes, err
+}
+
+// sync makes the services and backends match st; no table is written.
+func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 	now := r.clk.Now()
 	var changes []Change
 	var errs []error
@@ -242,7 +266,7 @@ func (r *Reconciler) retire(b *Backend, now time.Time) {
 	if err := r.w.SetBackend(b.ID, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
 		r.log.Error("mark backend removed", "backend", b.Addr, "id", b.ID, "err", err)
 	}
-	r.forgetHealth(b.ID)
+	r.forgetPersisted(b.ID)
 }
 
 // retryDeletes deletes the pb_services entries of removed services whose

@@ -12,11 +12,12 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/maglev"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 )
 
 func TestNewRejectsInvalidTableSize(t *testing.T) {
 	for _, n := range []uint32{0, 30, maglev.MinTableSize - 2, maglev.MaxTableSize + 1} {
-		_, err := New(newFakeWriter(t), Options{MaxServices: 8, MaxBackends: 8, TableSize: n})
+		_, err := New(mapsfake.New(t), Options{MaxServices: 8, MaxBackends: 8, TableSize: n})
 		if err == nil {
 			t.Errorf("New with table size %d: no error", n)
 		}
@@ -34,8 +35,8 @@ func TestApplyNewServices(t *testing.T) {
 	alt := svc("alt", vip3, 8080, ep("198.19.3.1:80"))
 
 	changes := e.apply(web, dns, alt)
-	ops := e.f.takeOps()
-	calls := e.f.takeCalls()
+	ops := e.f.TakeOps()
+	calls := e.f.TakeCalls()
 
 	if len(changes) != 3 {
 		t.Fatalf("%d changes, want 3: %+v", len(changes), changes)
@@ -54,7 +55,7 @@ func TestApplyNewServices(t *testing.T) {
 		// A service with endpoints gets its first pb_services entry from
 		// its first ProgramService, with its table (one write, not two):
 		// none yet.
-		if got, ok := e.f.services[keyOf(spec.Key)]; ok {
+		if got, ok := e.f.PbServices[keyOf(spec.Key)]; ok {
 			t.Errorf("pb_services[%s] = %+v written by Apply, want it first written by ProgramService", spec.Key, got)
 		}
 		if n := count(ops, is(opUpsertService, s.ID)); n != 0 {
@@ -62,10 +63,10 @@ func TestApplyNewServices(t *testing.T) {
 		}
 		// Its first table is installed, empty, for ProgramService to fill;
 		// no entry points at it yet.
-		if tbl, ok := e.f.table(s.ID, 0); !ok || len(tbl) != testTableSize || slices.ContainsFunc(tbl, func(id uint32) bool { return id != 0 }) {
+		if tbl, ok := e.f.Installed(s.ID, 0); !ok || len(tbl) != testTableSize || slices.ContainsFunc(tbl, func(id uint32) bool { return id != 0 }) {
 			t.Errorf("service %s: table 0 = %v (present %v), want %d empty slots", spec.Name, tbl, ok, testTableSize)
 		}
-		if _, ok := e.f.table(s.ID, 1); ok {
+		if _, ok := e.f.Installed(s.ID, 1); ok {
 			t.Errorf("service %s: table 1 installed before table 0 was ever live", spec.Name)
 		}
 		if count(ops, is(opResetSvcStats, s.ID)) != 1 {
@@ -86,7 +87,7 @@ func TestApplyNewServices(t *testing.T) {
 			}
 			// New endpoints start active, as accrual starts them ready; no
 			// table holds them until ProgramService, so no flow reaches them.
-			if kb := e.f.backend(id); kb != pbmaps.NewBackend(epAddr, s.ID, pbmaps.BackendActive, 0) {
+			if kb := e.f.PbBackends[id]; kb != pbmaps.NewBackend(epAddr, s.ID, pbmaps.BackendActive, 0) {
 				t.Errorf("pb_backends[%d] = %+v, want %s active in service %d", id, kb, epAddr, s.ID)
 			}
 			e.wantUnreachable(id)
@@ -109,7 +110,7 @@ func TestApplyNewServices(t *testing.T) {
 		53:   pbmaps.PortVIP,
 		5353: pbmaps.PortBackend,
 	}
-	if got := e.f.nonZeroPorts(); !mapsEqual(got, wantPorts) {
+	if got := e.f.NonZeroPorts(); !mapsEqual(got, wantPorts) {
 		t.Errorf("pb_ports = %v, want %v", got, wantPorts)
 	}
 	if n := count(ops, kindIs(opSetPorts)); n != 1 {
@@ -141,7 +142,7 @@ func TestApplyNewServices(t *testing.T) {
 	for i, spec := range []desired.Service{web, dns, alt} {
 		s := e.service(spec.Key)
 		e.program(s.ID, s.Backends, nil, false)
-		ops := e.f.takeOps()
+		ops := e.f.TakeOps()
 		want := []string{opSetSvcBes, opFillTable, opUpsertService}
 		if got := opKinds(ops); !slices.Equal(got, want) {
 			t.Errorf("service %s: first ProgramService wrote %s, want %v", spec.Name, opsString(ops), want)
@@ -149,12 +150,12 @@ func TestApplyNewServices(t *testing.T) {
 		inOrder(t, ops, "fill, then the first entry", fill(s.ID, 0), flip(s.ID, 0, testTableSize))
 		want2 := bpf.LbSvcValue{Id: s.ID, Table: 0, TableSize: testTableSize, MaxInflight: spec.MaxInflight,
 			MaxInflightPerBackend: spec.MaxInflightPerEndpoint, BackendCount: uint32(len(s.Backends)), Flags: quietFlags(&spec)}
-		if got := e.f.services[keyOf(spec.Key)]; got != want2 {
+		if got := e.f.PbServices[keyOf(spec.Key)]; got != want2 {
 			t.Errorf("pb_services[%s] = %+v, want %+v", spec.Key, got, want2)
 		}
 		// The services not programmed yet still have no entry.
 		for _, other := range []desired.Service{web, dns, alt}[i+1:] {
-			if _, ok := e.f.services[keyOf(other.Key)]; ok {
+			if _, ok := e.f.PbServices[keyOf(other.Key)]; ok {
 				t.Errorf("service %s has an entry before its ProgramService", other.Name)
 			}
 		}
@@ -190,6 +191,59 @@ func (e *env) programAll() {
 	for _, s := range e.r.Services() {
 		e.program(s.ID, s.Backends, nil, false)
 	}
+}
+
+// admitAll is failure accrual with every endpoint ready: Apply programs
+// each service with all its backends active.
+type admitAll struct {
+	r       *Reconciler
+	adopted []Change
+}
+
+func (a *admitAll) Adopt(changes []Change, _ []*Service) { a.adopted = append(a.adopted, changes...) }
+
+func (a *admitAll) Program(id uint32) {
+	s, _ := a.r.Service(id)
+	if err := a.r.ProgramService(id, s.Backends, nil, false, 0); err != nil {
+		panic(err)
+	}
+}
+
+// One Apply leaves the maps complete: accrual hears of every change
+// before any table is written, then every service is live with its table,
+// which a new flow can use at once; nothing is left for a later call.
+func TestApplyLeavesTheMapsComplete(t *testing.T) {
+	e := newEnv(t)
+	acc := &admitAll{r: e.r}
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	dns := svc("dns", vip2, 53, ep("198.19.2.1:5353"))
+	dns.Key.Protocol = desired.UDP
+	if _, err := e.r.Apply(state(web, dns), acc); err != nil {
+		t.Fatal(err)
+	}
+	if len(acc.adopted) != 2 {
+		t.Fatalf("accrual heard of %d changes, want 2", len(acc.adopted))
+	}
+	ops := e.f.TakeOps()
+	for _, spec := range []desired.Service{web, dns} {
+		s := e.service(spec.Key)
+		if got := e.wantTable(e.r.sizeFor(len(s.Backends)), s.Backends); !slices.Equal(e.liveTable(spec.Key), got) {
+			t.Errorf("service %s: live table is not the table of its endpoints", spec.Name)
+		}
+		inOrder(t, ops, "its backends written before its table goes live", is(opSetBackend, s.Backends[0]), is(opUpsertService, s.ID))
+	}
+	e.checkKernel()
+
+	// An endpoint more: one Apply, and the table holds it.
+	web.Endpoints = append(web.Endpoints, ep("198.19.1.3:8080"))
+	if _, err := e.r.Apply(state(web, dns), acc); err != nil {
+		t.Fatal(err)
+	}
+	s := e.service(web.Key)
+	if got := e.wantTable(e.r.sizeFor(3), s.Backends); !slices.Equal(e.liveTable(web.Key), got) {
+		t.Errorf("after adding an endpoint, the live table is not the table of the three")
+	}
+	e.checkKernel()
 }
 
 func TestApplyTwiceWritesNothing(t *testing.T) {
@@ -229,9 +283,9 @@ func TestApplyTwiceWritesNothing(t *testing.T) {
 				tc.setup(e)
 			}
 			e.apply(tc.st...)
-			e.f.takeOps()
+			e.f.TakeOps()
 			changes := e.apply(tc.st...)
-			if ops := e.f.takeOps(); len(ops) != 0 {
+			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("second Apply wrote %s", opsString(ops))
 			}
 			if len(changes) != 0 {
@@ -247,11 +301,11 @@ func TestApplyRenameOnlyWritesNothing(t *testing.T) {
 	e.apply(web)
 	e.programAll()
 	e.apply(web) // prepares the spare table
-	e.f.takeOps()
+	e.f.TakeOps()
 
 	renamed := svc("web-renamed", vip1, 80, epn("198.19.1.1:8080", "ns/a2"), epn("198.19.1.2:8080", ""))
 	changes := e.apply(renamed)
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Errorf("renaming wrote %s", opsString(ops))
 	}
 	if len(changes) != 0 {
@@ -276,12 +330,12 @@ func TestApplyLimitsChange(t *testing.T) {
 	id := e.service(web.Key).ID
 	e.programAll()
 	e.apply(web) // prepares the spare table
-	e.f.takeOps()
+	e.f.TakeOps()
 
-	live := e.f.services[keyOf(web.Key)]
+	live := e.f.PbServices[keyOf(web.Key)]
 	web.MaxInflight, web.MaxInflightPerEndpoint = 10, 2
 	changes := e.apply(web)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	if len(ops) != 1 || !flip(id, live.Table, testTableSize)(ops[0]) {
 		t.Errorf("limits change wrote %s, want one UpsertService keeping table %d and table_size", opsString(ops), live.Table)
 	}
@@ -325,7 +379,7 @@ func TestApplyEndpointChanges(t *testing.T) {
 				return s
 			}
 			e.apply(mk(tc.from))
-			e.f.takeCalls()
+			e.f.TakeCalls()
 			s := e.service(mk(nil).Key)
 			before := map[string]uint32{}
 			var allBefore []uint32
@@ -333,10 +387,10 @@ func TestApplyEndpointChanges(t *testing.T) {
 				before[x] = e.bid(s.Spec.Key, x)
 				allBefore = append(allBefore, before[x])
 			}
-			e.f.takeOps()
+			e.f.TakeOps()
 
 			changes := e.apply(mk(tc.to))
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 
 			if n := len(ops); tc.kernelOps >= 0 && n != tc.kernelOps {
 				t.Errorf("%d writes, want %d: %s", n, tc.kernelOps, opsString(ops))
@@ -369,7 +423,7 @@ func TestApplyEndpointChanges(t *testing.T) {
 				wantRetired = append(wantRetired, id)
 				// Marked removed, not cleared: live flows still use it.
 				e.wantKernelState(id, pbmaps.BackendRemoved, 0)
-				if kb := e.f.backend(id); pbmaps.AddrFrom16(kb.Addr.Bytes) != netip.MustParseAddrPort(x).Addr() || kb.SvcId != s.ID {
+				if kb := e.f.PbBackends[id]; pbmaps.AddrFrom16(kb.Addr.Bytes) != netip.MustParseAddrPort(x).Addr() || kb.SvcId != s.ID {
 					t.Errorf("removed backend %d lost its address or service: %+v", id, kb)
 				}
 				if got, _ := e.r.Backend(id); got.RemovedAt != t0 {
@@ -387,11 +441,11 @@ func TestApplyEndpointChanges(t *testing.T) {
 			}
 			// The service got its entry from Apply only if it has no
 			// endpoints: otherwise it is ProgramService's.
-			if _, ok := e.f.services[keyOf(s.Spec.Key)]; ok != (len(tc.to) == 0 || len(tc.from) == 0) {
+			if _, ok := e.f.PbServices[keyOf(s.Spec.Key)]; ok != (len(tc.to) == 0 || len(tc.from) == 0) {
 				t.Errorf("pb_services entry present %v with endpoints %v then %v", ok, tc.from, tc.to)
 			}
 			// New backends in one batch, whatever their number.
-			calls := e.f.takeCalls()
+			calls := e.f.TakeCalls()
 			if wantBatch := min(len(tc.added), 1); calls[opResetBeStats] != wantBatch || calls[opSetBackends] != wantBatch {
 				t.Errorf("calls %v, want %d ResetBackendStats and SetBackends", calls, wantBatch)
 			}
@@ -429,16 +483,16 @@ func TestRemovedBackendLifecycle(t *testing.T) {
 			e.apply(web)
 			e.program(e.service(web.Key).ID, e.service(web.Key).Backends, nil, false)
 			e.wantKernelState(id, pbmaps.BackendRemoved, 0)
-			if got := e.f.ports[port]; got&pbmaps.PortBackend == 0 {
+			if got := e.f.PbPorts[port]; got&pbmaps.PortBackend == 0 {
 				t.Errorf("port %d lost its backend role while its backend is only removed: %#x", port, got)
 			}
 			e.checkKernel()
-			e.f.takeOps()
+			e.f.TakeOps()
 
 			// Not yet: the cooldown is not over.
 			e.clk.SetTime(removedAt.Add(testCooldown - time.Nanosecond))
 			e.r.Sweep(InUse{})
-			if ops := e.f.takeOps(); len(ops) != 0 {
+			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("Sweep before the cooldown wrote %s", opsString(ops))
 			}
 			if _, ok := e.r.Backend(id); !ok {
@@ -448,31 +502,31 @@ func TestRemovedBackendLifecycle(t *testing.T) {
 			// Cooldown over, but a flow still refers to it.
 			e.clk.SetTime(removedAt.Add(testCooldown))
 			e.r.Sweep(InUse{Backends: map[uint32]bool{id: true}})
-			if ops := e.f.takeOps(); len(ops) != 0 {
+			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("Sweep of an id in use wrote %s", opsString(ops))
 			}
 			e.wantKernelState(id, pbmaps.BackendRemoved, 0)
 
 			// Free.
 			e.r.Sweep(InUse{Backends: map[uint32]bool{id + 1000: true}})
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			if index(ops, is(opClearBackend, id)) < 0 {
 				t.Errorf("Sweep did not clear backend %d: %s", id, opsString(ops))
 			}
 			if _, ok := e.r.Backend(id); ok {
 				t.Errorf("backend %d still known after Sweep", id)
 			}
-			if kb := e.f.backend(id); kb != (bpf.LbBackend{}) {
+			if kb := e.f.PbBackends[id]; kb != (bpf.LbBackend{}) {
 				t.Errorf("pb_backends[%d] = %+v after Sweep, want zeroed", id, kb)
 			}
-			if got := e.f.ports[port]; got != tc.keptPort {
+			if got := e.f.PbPorts[port]; got != tc.keptPort {
 				t.Errorf("pb_ports[%d] = %#x after freeing, want %#x", port, got, tc.keptPort)
 			}
 			e.checkKernel()
 
 			// Sweeping again does nothing.
 			e.r.Sweep(InUse{})
-			if ops := e.f.takeOps(); len(ops) != 0 {
+			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("second Sweep wrote %s", opsString(ops))
 			}
 
@@ -487,7 +541,7 @@ func TestRemovedBackendLifecycle(t *testing.T) {
 			// old endpoint left) until ProgramService admits it.
 			e.wantKernelState(id, pbmaps.BackendActive, 0)
 			e.wantUnreachable(id)
-			if kb := e.f.backend(id); pbmaps.Port(kb.Port) != 8080 {
+			if kb := e.f.PbBackends[id]; pbmaps.Port(kb.Port) != 8080 {
 				t.Errorf("reused id %d holds port %d", id, pbmaps.Port(kb.Port))
 			}
 			e.programAll()
@@ -537,28 +591,28 @@ func TestRemoveService(t *testing.T) {
 	e.program(id, bes[:2], bes[2:], false)
 	e.program(e.service(api.Key).ID, e.service(api.Key).Backends, nil, false)
 	e.apply(web, api) // both tables of each service exist now
-	if _, ok := e.f.fallbacks[id]; !ok {
+	if _, ok := e.f.PbMaglevFb[id]; !ok {
 		t.Fatal("setup: no fallback table")
 	}
 	for n := range uint32(2) {
-		if _, ok := e.f.table(id, n); !ok {
+		if _, ok := e.f.Installed(id, n); !ok {
 			t.Fatalf("setup: no table %d", n)
 		}
 	}
-	e.f.takeOps()
+	e.f.TakeOps()
 
 	changes := e.apply(api)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 
-	if _, ok := e.f.services[keyOf(web.Key)]; ok {
+	if _, ok := e.f.PbServices[keyOf(web.Key)]; ok {
 		t.Error("pb_services entry still there")
 	}
 	for n := range uint32(2) {
-		if _, ok := e.f.table(id, n); ok {
+		if _, ok := e.f.Installed(id, n); ok {
 			t.Errorf("Maglev table %d still there", n)
 		}
 	}
-	if _, ok := e.f.fallbacks[id]; ok {
+	if _, ok := e.f.PbMaglevFb[id]; ok {
 		t.Error("fallback table still there")
 	}
 	for _, b := range bes {
@@ -582,17 +636,17 @@ func TestRemoveService(t *testing.T) {
 	}
 	// Both ports stay while the service's flows may live on: the VIP port
 	// until its id is freed, the backend port until its backends are.
-	if got := e.f.ports[80]; got != pbmaps.PortVIP {
+	if got := e.f.PbPorts[80]; got != pbmaps.PortVIP {
 		t.Errorf("pb_ports[80] = %#x, want VIP while the removed service's flows may live", got)
 	}
-	if got := e.f.ports[8080]; got != pbmaps.PortBackend {
+	if got := e.f.PbPorts[8080]; got != pbmaps.PortBackend {
 		t.Errorf("pb_ports[8080] = %#x, want backend while removed backends remain", got)
 	}
 	inOrder(t, ops, "delete", is(opDeleteService, id))
 	e.checkKernel()
 
 	slot := pbmaps.VIPSlot(web.Key.VIP)
-	if !e.f.vipSlots[slot] {
+	if !e.f.PbVIPSlots[slot] {
 		t.Errorf("pb_vip_slots[%d] cleared while the removed service's flows may live", slot)
 	}
 
@@ -602,22 +656,22 @@ func TestRemoveService(t *testing.T) {
 	vipAP := netip.AddrPortFrom(web.Key.VIP, web.Key.Port)
 	e.r.Sweep(InUse{Services: map[uint32]bool{id: true}, Backends: map[uint32]bool{bes[0]: true},
 		VIPs: map[netip.AddrPort]bool{vipAP: true}})
-	if got := e.f.ports[80]; got != pbmaps.PortVIP || !e.f.vipSlots[slot] {
-		t.Errorf("pb_ports[80] = %#x, slot marked %v: want both while conntrack holds a flow of the service", got, e.f.vipSlots[slot])
+	if got := e.f.PbPorts[80]; got != pbmaps.PortVIP || !e.f.PbVIPSlots[slot] {
+		t.Errorf("pb_ports[80] = %#x, slot marked %v: want both while conntrack holds a flow of the service", got, e.f.PbVIPSlots[slot])
 	}
 	e.r.Sweep(InUse{})
-	if e.f.vipSlots[slot] {
+	if e.f.PbVIPSlots[slot] {
 		t.Errorf("pb_vip_slots[%d] still marked after the service's id was freed", slot)
 	}
 	for _, b := range bes {
-		if kb := e.f.backend(b); kb.Family != 0 {
+		if kb := e.f.PbBackends[b]; kb.Family != 0 {
 			t.Errorf("backend %d not freed: %+v", b, kb)
 		}
 	}
-	if _, ok := e.f.ports[80]; ok {
+	if _, ok := e.f.PbPorts[80]; ok {
 		t.Errorf("pb_ports[80] still set after the service's id was freed")
 	}
-	if _, ok := e.f.ports[8080]; ok {
+	if _, ok := e.f.PbPorts[8080]; ok {
 		t.Errorf("pb_ports[8080] still set after its backends were freed")
 	}
 	e.checkKernel()
@@ -649,7 +703,7 @@ func TestServiceIDReuseAfterCooldown(t *testing.T) {
 			}
 			// Both have endpoints: their entries come with their tables.
 			e.programAll()
-			if v := e.f.services[keyOf(web.Key)]; v.Id != got[0] {
+			if v := e.f.PbServices[keyOf(web.Key)]; v.Id != got[0] {
 				t.Errorf("pb_services id %d, want %d", v.Id, got[0])
 			}
 			e.checkKernel()
@@ -666,7 +720,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 	b := svc("bravo", vip2, 80, ep("198.19.2.1:8080"), ep("198.19.2.2:8080"))
 	c := svc("charlie", vip3, 80)
 
-	changes, err := e.r.Apply(state(a, b, c))
+	changes, err := e.r.Apply(state(a, b, c), e.acc)
 	if err == nil {
 		t.Fatal("Apply: no error")
 	}
@@ -683,7 +737,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 	// others get theirs from their first ProgramService (below).
 	for _, k := range []desired.Key{a.Key, b.Key, c.Key} {
 		s := e.service(k)
-		if _, ok := e.f.services[keyOf(k)]; ok != (len(s.Backends) == 0) {
+		if _, ok := e.f.PbServices[keyOf(k)]; ok != (len(s.Backends) == 0) {
 			t.Errorf("service %s with %d backends: in pb_services %v after Apply", s.Spec.Name, len(s.Backends), ok)
 		}
 	}
@@ -696,7 +750,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 	}
 	e.programAll()
 	for _, k := range []desired.Key{a.Key, b.Key, c.Key} {
-		if _, ok := e.f.services[keyOf(k)]; !ok {
+		if _, ok := e.f.PbServices[keyOf(k)]; !ok {
 			t.Errorf("service %s not in pb_services once programmed", e.service(k).Spec.Name)
 		}
 	}
@@ -706,17 +760,17 @@ func TestBackendIDExhaustion(t *testing.T) {
 	}
 
 	// Retrying without freeing fails the same way, and writes nothing new.
-	e.f.takeOps()
-	if _, err := e.r.Apply(state(a, b, c)); err == nil || !strings.Contains(err.Error(), "198.19.2.2:8080") {
+	e.f.TakeOps()
+	if _, err := e.r.Apply(state(a, b, c), e.acc); err == nil || !strings.Contains(err.Error(), "198.19.2.2:8080") {
 		t.Errorf("retry: err = %v", err)
 	}
-	if ops := e.f.takeOps(); count(ops, kindIs(opSetBackend, opUpsertService)) != 0 {
+	if ops := e.f.TakeOps(); count(ops, kindIs(opSetBackend, opUpsertService)) != 0 {
 		t.Errorf("retry wrote %s", opsString(ops))
 	}
 
 	// Free one of alpha's ids: bravo gets its endpoint.
 	a.Endpoints = a.Endpoints[:1]
-	if _, err := e.r.Apply(state(a, b, c)); err == nil {
+	if _, err := e.r.Apply(state(a, b, c), e.acc); err == nil {
 		t.Error("no error while the removed backend still holds its id")
 	}
 	// As the agent does after every Apply: alpha's table loses the
@@ -724,7 +778,7 @@ func TestBackendIDExhaustion(t *testing.T) {
 	e.programAll()
 	e.clk.Step(testCooldown)
 	e.r.Sweep(InUse{})
-	changes, err = e.r.Apply(state(a, b, c))
+	changes, err = e.r.Apply(state(a, b, c), e.acc)
 	if err != nil {
 		t.Fatalf("Apply after freeing an id: %v", err)
 	}
@@ -744,7 +798,7 @@ func TestServiceIDExhaustion(t *testing.T) {
 	a := svc("alpha", vip1, 80, ep("198.19.1.1:8080"))
 	b := svc("bravo", vip2, 80, ep("198.19.2.1:8080"))
 	c := svc("charlie", vip3, 80, ep("198.19.3.1:8080"))
-	changes, err := e.r.Apply(state(a, b, c))
+	changes, err := e.r.Apply(state(a, b, c), e.acc)
 	if err == nil || !strings.Contains(err.Error(), "charlie") {
 		t.Fatalf("err = %v, want one naming charlie", err)
 	}
@@ -775,16 +829,16 @@ func TestApplyBackendWriteFailure(t *testing.T) {
 	web := func() desired.Service {
 		return svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
 	}
-	e.f.fail[opSetBackends] = errInjected
-	e.f.fail[opSetBackend] = errInjected
-	changes, err := e.r.Apply(state(web()))
+	e.f.Fail[opSetBackends] = 1
+	e.f.Fail[opSetBackend] = 1
+	changes, err := e.r.Apply(state(web()), e.acc)
 	if err == nil || !strings.Contains(err.Error(), "198.19.1.1:8080") {
 		t.Fatalf("err = %v, want one naming the endpoint", err)
 	}
 	if strings.Contains(err.Error(), "198.19.1.2:8080") {
 		t.Errorf("err = %v names the endpoint that was written", err)
 	}
-	if _, ok := e.f.fail[opSetBackend]; ok {
+	if e.f.Fail[opSetBackend] > 0 {
 		t.Fatal("no per-entry write after the batch failed")
 	}
 	s := e.service(web().Key)
@@ -793,7 +847,7 @@ func TestApplyBackendWriteFailure(t *testing.T) {
 	}
 	e.wantKernelState(s.Backends[0], pbmaps.BackendActive, 0)
 	// Both ids are still available (MaxBackends 3: ids 1 and 2).
-	if _, err := e.r.Apply(state(web())); err != nil {
+	if _, err := e.r.Apply(state(web()), e.acc); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
 	if got := e.service(web().Key).Spec.Endpoints; !slices.Equal(got, web().Endpoints) {
@@ -814,8 +868,8 @@ func TestApplyServiceWriteFailureStillReportsRetired(t *testing.T) {
 
 	web.Endpoints = web.Endpoints[:1]
 	web.MaxInflight = 7 // the service value changes too, and its write fails
-	e.f.fail[opUpsertService] = errInjected
-	changes, err := e.r.Apply(state(web))
+	e.f.Fail[opUpsertService] = 1
+	changes, err := e.r.Apply(state(web), e.acc)
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -825,11 +879,11 @@ func TestApplyServiceWriteFailureStillReportsRetired(t *testing.T) {
 	e.wantKernelState(b, pbmaps.BackendRemoved, 0)
 
 	// The next Apply writes the service value.
-	e.f.takeOps()
-	if _, err := e.r.Apply(state(web)); err != nil {
+	e.f.TakeOps()
+	if _, err := e.r.Apply(state(web), e.acc); err != nil {
 		t.Fatal(err)
 	}
-	if ops := e.f.takeOps(); len(ops) != 1 || ops[0].Kind != opUpsertService {
+	if ops := e.f.TakeOps(); len(ops) != 1 || ops[0].Kind != opUpsertService {
 		t.Errorf("retry wrote %s", opsString(ops))
 	}
 	e.programAll()
@@ -851,7 +905,7 @@ func TestApplyBatchesInstalls(t *testing.T) {
 	}
 	svcs = append(svcs, svc("empty", vip1, 80)) // no endpoints: no table
 	e.apply(svcs...)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	if c := count(ops, kindIs(opInstallTables)); c != 1 {
 		t.Fatalf("%d InstallTables for %d new services, want 1: %s", c, n, opsString(ops))
 	}
@@ -883,7 +937,7 @@ func TestApplyBatchesInstalls(t *testing.T) {
 
 	for _, s := range e.r.Services() {
 		e.program(s.ID, s.Backends, nil, false)
-		ops := e.f.takeOps()
+		ops := e.f.TakeOps()
 		if c := count(ops, kindIs(opInstallTables)); c != 0 {
 			t.Errorf("service %s: ProgramService installed a table Apply prepared: %s", s.Spec.Name, opsString(ops))
 		}
@@ -895,7 +949,7 @@ func TestApplyBatchesInstalls(t *testing.T) {
 
 	// The spares: one batch.
 	e.apply(svcs...)
-	ops = e.f.takeOps()
+	ops = e.f.TakeOps()
 	if len(ops) != 1 || ops[0].Kind != opInstallTables || len(ops[0].Reqs) != n {
 		t.Fatalf("second Apply wrote %s, want one InstallTables of %d spare tables", opsString(ops), n)
 	}
@@ -908,7 +962,7 @@ func TestApplyBatchesInstalls(t *testing.T) {
 
 	// Both tables in place: nothing more, ever, at this size.
 	e.apply(svcs...)
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Errorf("third Apply wrote %s", opsString(ops))
 	}
 	for _, s := range e.r.Services() {
@@ -918,7 +972,7 @@ func TestApplyBatchesInstalls(t *testing.T) {
 		e.program(s.ID, s.Backends[:1], nil, false)
 		e.program(s.ID, s.Backends, nil, false)
 	}
-	if c := count(e.f.takeOps(), kindIs(opInstallTables)); c != 0 {
+	if c := count(e.f.TakeOps(), kindIs(opInstallTables)); c != 0 {
 		t.Errorf("%d InstallTables with every table in place", c)
 	}
 	e.checkKernel()
@@ -933,12 +987,12 @@ func TestApplyBatchWithRunningServices(t *testing.T) {
 	e.apply(web)
 	e.programAll()
 	e.apply(web)
-	e.f.takeOps()
+	e.f.TakeOps()
 
 	api := svc("api", vip2, 443, ep("198.19.2.1:8443"))
 	dns := svc("dns", vip3, 53, ep("198.19.3.1:53"))
 	e.apply(web, api, dns)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	got := installed(ops)
 	if count(ops, kindIs(opInstallTables)) != 1 || len(got) != 2 ||
 		slices.ContainsFunc(got, func(r pbmaps.TableInstall) bool { return r.SvcID == e.service(web.Key).ID }) {

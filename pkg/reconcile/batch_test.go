@@ -46,8 +46,8 @@ func TestApplyBatchesBackendWrites(t *testing.T) {
 	goneID := e.service(gone.Key).ID
 	goneBe := e.service(gone.Key).Backends[0]
 	b := e.bid(run.Key, beB)
-	e.f.takeOps()
-	e.f.takeCalls()
+	e.f.TakeOps()
+	e.f.TakeCalls()
 
 	// run loses b and gains c and d; nSvc new services of nEp endpoints;
 	// one new service without endpoints; gone is removed.
@@ -62,7 +62,7 @@ func TestApplyBatchesBackendWrites(t *testing.T) {
 	}
 	svcs = append(svcs, svc("empty", vip3, 80))
 	changes := e.apply(svcs...)
-	ops, calls := e.f.takeOps(), e.f.takeCalls()
+	ops, calls := e.f.TakeOps(), e.f.TakeCalls()
 	const n = 2 + nSvc*nEp
 
 	if len(changes) != nSvc+3 {
@@ -129,19 +129,19 @@ func TestApplyBatchesBackendWrites(t *testing.T) {
 	// Each new service's first ProgramService writes its entry, once.
 	for _, s := range e.r.Services() {
 		e.program(s.ID, s.Backends, nil, false)
-		if c := count(e.f.takeOps(), is(opUpsertService, s.ID)); c > 1 {
+		if c := count(e.f.TakeOps(), is(opUpsertService, s.ID)); c > 1 {
 			t.Errorf("service %s written %d times by ProgramService", s.Spec.Name, c)
 		}
-		if _, ok := e.f.services[keyOf(s.Spec.Key)]; !ok {
+		if _, ok := e.f.PbServices[keyOf(s.Spec.Key)]; !ok {
 			t.Errorf("service %s: no entry once programmed", s.Spec.Name)
 		}
 	}
 	e.checkKernel()
 
 	// Nothing new: no batch at all.
-	e.f.takeCalls()
+	e.f.TakeCalls()
 	e.apply(svcs...)
-	if calls := e.f.takeCalls(); calls[opResetBeStats] != 0 || calls[opSetBackends] != 0 || calls[opSetBackend] != 0 {
+	if calls := e.f.TakeCalls(); calls[opResetBeStats] != 0 || calls[opSetBackends] != 0 || calls[opSetBackend] != 0 {
 		t.Errorf("Apply with no new endpoint made calls %v", calls)
 	}
 }
@@ -166,18 +166,18 @@ func TestApplyBackendBatchFallback(t *testing.T) {
 		e.apply(run)
 		e.programAll()
 		e.apply(run)
-		e.f.takeOps()
-		e.f.takeCalls()
+		e.f.TakeOps()
+		e.f.TakeCalls()
 		return e
 	}
 
 	t.Run("batch fails, every entry written on its own", func(t *testing.T) {
 		e := setup(t)
-		e.f.fail[opSetBackends] = errInjected
+		e.f.Fail[opSetBackends] = 1
 		svcs := mk()
 		changes := e.apply(svcs...) // every endpoint programmed: no error
-		ops, calls := e.f.takeOps(), e.f.takeCalls()
-		if _, ok := e.f.fail[opSetBackends]; ok {
+		ops, calls := e.f.TakeOps(), e.f.TakeCalls()
+		if e.f.Fail[opSetBackends] > 0 {
 			t.Fatal("SetBackends not called")
 		}
 		fresh := freshIDs(ops)
@@ -206,11 +206,11 @@ func TestApplyBackendBatchFallback(t *testing.T) {
 
 	t.Run("an entry still fails", func(t *testing.T) {
 		e := setup(t)
-		e.f.rejectAddrs(bad) // the batch fails at it, then its own write
+		rejectAddrs(e.f, bad) // the batch fails at it, then its own write
 		// (Expectations use fresh mk() states: see
 		// TestKnownBugBackendFallbackMutatesDesiredState.)
-		changes, err := e.r.Apply(state(mk()...))
-		ops, calls := e.f.takeOps(), e.f.takeCalls()
+		changes, err := e.r.Apply(state(mk()...), e.acc)
+		ops, calls := e.f.TakeOps(), e.f.TakeCalls()
 		if err == nil || !strings.Contains(err.Error(), bad) {
 			t.Fatalf("err = %v, want one naming %s", err, bad)
 		}
@@ -254,10 +254,10 @@ func TestApplyBackendBatchFallback(t *testing.T) {
 		if len(dropped) != 1 {
 			t.Fatalf("dropped %v, want the one id of %s", dropped, bad)
 		}
-		if kb := e.f.backend(dropped[0]); kb != (bpf.LbBackend{}) {
+		if kb := e.f.PbBackends[dropped[0]]; kb != (bpf.LbBackend{}) {
 			t.Errorf("pb_backends[%d] = %+v, want never written", dropped[0], kb)
 		}
-		if got := e.f.ports[9999]; got != 0 {
+		if got := e.f.PbPorts[9999]; got != 0 {
 			t.Errorf("pb_ports[9999] = %#x for an endpoint without a backend", got)
 		}
 		// The others are programmed.
@@ -270,8 +270,8 @@ func TestApplyBackendBatchFallback(t *testing.T) {
 		e.checkKernel()
 
 		// Retried by the next Apply, with the freed id.
-		e.f.rejectBackend = nil
-		e.f.takeOps()
+		e.f.RejectBackend = nil
+		e.f.TakeOps()
 		changes = e.apply(mk()...)
 		if len(changes) != 1 || changes[0].Service != br || len(changes[0].Retired) != 0 {
 			t.Errorf("retry: changes %+v, want bravo's, retiring nothing", changes)
@@ -302,18 +302,18 @@ func TestFirstServiceEntry(t *testing.T) {
 				web := svc("web", vip1, 80, ep(beA), ep(beB), ep(beC))
 				web.MaxInflight, web.MaxInflightPerEndpoint = 100, 10
 				e.apply(web)
-				ops := e.f.takeOps()
+				ops := e.f.TakeOps()
 				if c := count(ops, kindIs(opUpsertService)); c != 0 {
 					t.Errorf("Apply wrote the entry of a new service with endpoints: %s", opsString(ops))
 				}
-				if _, ok := e.f.services[keyOf(web.Key)]; ok {
+				if _, ok := e.f.PbServices[keyOf(web.Key)]; ok {
 					t.Error("pb_services entry before ProgramService")
 				}
 				// Limits change before the first ProgramService: still not
 				// Apply's to write.
 				web.MaxInflight, web.MaxInflightPerEndpoint = 200, 20
 				e.apply(web)
-				if ops := e.f.takeOps(); len(ops) != 0 {
+				if ops := e.f.TakeOps(); len(ops) != 0 {
 					t.Errorf("limits change of a service not yet written wrote %s", opsString(ops))
 				}
 				s := e.service(web.Key)
@@ -322,7 +322,7 @@ func TestFirstServiceEntry(t *testing.T) {
 					active = s.Backends
 				}
 				e.program(s.ID, active, nil, false)
-				ops = e.f.takeOps()
+				ops = e.f.TakeOps()
 				if c := count(ops, kindIs(opUpsertService)); c != 1 || ops[len(ops)-1].Kind != opUpsertService {
 					t.Errorf("first ProgramService: %d pb_services writes, want exactly one, last: %s", c, opsString(ops))
 				}
@@ -336,18 +336,18 @@ func TestFirstServiceEntry(t *testing.T) {
 					for _, b := range s.Backends {
 						inOrder(t, ops, "ejected, then the entry", setState(b, pbmaps.BackendEjected), upsertSize(s.ID, 0))
 					}
-					if _, _, ok := e.f.pick(keyOf(web.Key), 12345, true); ok {
+					if _, _, ok := e.f.Pick(keyOf(web.Key), 12345, true); ok {
 						t.Error("flow picked a backend with nothing admitted")
 					}
 				}
-				if got := e.f.services[keyOf(web.Key)]; got != want {
+				if got := e.f.PbServices[keyOf(web.Key)]; got != want {
 					t.Errorf("pb_services = %+v, want %+v", got, want)
 				}
 				e.wantProgrammed(s.ID, active, nil, nil)
 				// Later limit changes are Apply's: the entry exists.
 				web.MaxInflight = 300
 				e.apply(web)
-				if c := count(e.f.takeOps(), kindIs(opUpsertService)); c != 1 {
+				if c := count(e.f.TakeOps(), kindIs(opUpsertService)); c != 1 {
 					t.Errorf("limits change of a written service: %d pb_services writes, want 1", c)
 				}
 				e.checkKernel()
@@ -360,21 +360,21 @@ func TestFirstServiceEntry(t *testing.T) {
 		empty := svc("empty", vip1, 80)
 		empty.MaxInflight = 5
 		e.apply(empty)
-		ops := e.f.takeOps()
+		ops := e.f.TakeOps()
 		s := e.service(empty.Key)
 		want := bpf.LbSvcValue{Id: s.ID, Table: 0, TableSize: 0, MaxInflight: 5, Flags: quietFlags(&empty)}
-		if got, ok := e.f.services[keyOf(empty.Key)]; !ok || got != want {
+		if got, ok := e.f.PbServices[keyOf(empty.Key)]; !ok || got != want {
 			t.Errorf("pb_services = %+v (present %v), want %+v", got, ok, want)
 		}
 		if got := opKinds(ops); !slices.Equal(got, []string{opSetPorts, opSetVIPSlots, opResetSvcStats, opUpsertService}) {
 			t.Errorf("Apply wrote %s, want the VIP port and address slot, then the stats reset and the entry", opsString(ops))
 		}
-		if _, _, ok := e.f.pick(keyOf(empty.Key), 12345, true); ok {
+		if _, _, ok := e.f.Pick(keyOf(empty.Key), 12345, true); ok {
 			t.Error("flow to a service without endpoints not dropped")
 		}
 		// Its ProgramService has nothing to add.
 		e.program(s.ID, nil, nil, false)
-		if ops := e.f.takeOps(); len(ops) != 0 {
+		if ops := e.f.TakeOps(); len(ops) != 0 {
 			t.Errorf("ProgramService of the empty service wrote %s", opsString(ops))
 		}
 		e.checkKernel()
@@ -383,7 +383,7 @@ func TestFirstServiceEntry(t *testing.T) {
 		// change; Apply writes the backends and installs the table only.
 		empty.Endpoints = []desired.Endpoint{ep(beA), ep(beB)}
 		e.apply(empty)
-		ops = e.f.takeOps()
+		ops = e.f.TakeOps()
 		if c := count(ops, kindIs(opUpsertService)); c != 0 {
 			t.Errorf("Apply rewrote the entry: %s", opsString(ops))
 		}
@@ -392,7 +392,7 @@ func TestFirstServiceEntry(t *testing.T) {
 			e.wantUnreachable(b)
 		}
 		e.program(s.ID, s.Backends, nil, false)
-		ops = e.f.takeOps()
+		ops = e.f.TakeOps()
 		if c := count(ops, kindIs(opUpsertService)); c != 1 {
 			t.Errorf("%d pb_services writes, want the flip: %s", c, opsString(ops))
 		}
@@ -435,17 +435,17 @@ func TestNewBackendsActiveUntilProgrammed(t *testing.T) {
 				t.Error("Apply changed the live table")
 			}
 			for h := range uint32(8 * testTableSize) {
-				if be, _, ok := e.f.pick(keyOf(web.Key), h*2654435761, true); !ok || !slices.Contains(old, be) {
+				if be, _, ok := e.f.Pick(keyOf(web.Key), h*2654435761, true); !ok || !slices.Contains(old, be) {
 					t.Fatalf("flow %d: backend %d (picked %v) before ProgramService, want one of %v", h, be, ok, old)
 				}
 			}
-			e.f.takeOps()
+			e.f.TakeOps()
 
 			active, probation := e.bids(web.Key, tc.active...), e.bids(web.Key, tc.probation...)
 			n := e.spare(e.service(web.Key).ID)
 			id := e.service(web.Key).ID
 			e.program(id, active, probation, false)
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			e.wantProgrammed(id, active, probation, nil)
 			inOrder(t, ops, "d out first", setState(d, pbmaps.BackendEjected), fill(id, n), flip(id, n, testTableSize))
 			switch {
@@ -476,8 +476,8 @@ func TestBackendFallbackLeavesDesiredStateAlone(t *testing.T) {
 	web := svc("web", vip1, 80, ep(beA), ep(beB), ep(beC))
 	st := state(web)
 	want := slices.Clone(web.Endpoints)
-	e.f.rejectAddrs(beA)
-	if _, err := e.r.Apply(st); err == nil {
+	rejectAddrs(e.f, beA)
+	if _, err := e.r.Apply(st, e.acc); err == nil {
 		t.Fatal("no error")
 	}
 	if got := st.Services[0].Endpoints; !slices.Equal(got, want) {
@@ -486,13 +486,13 @@ func TestBackendFallbackLeavesDesiredStateAlone(t *testing.T) {
 
 	// The next Apply of that state (the controller's next snapshot holds
 	// the same slice) must give web its three endpoints.
-	e.f.rejectBackend = nil
+	e.f.RejectBackend = nil
 	defer func() {
 		if p := recover(); p != nil {
 			t.Errorf("Apply of the same desired state again panicked: %v", p)
 		}
 	}()
-	if _, err := e.r.Apply(st); err != nil {
+	if _, err := e.r.Apply(st, e.acc); err != nil {
 		t.Errorf("retry: %v", err)
 	}
 	s := e.service(web.Key)

@@ -12,7 +12,7 @@ import (
 // kernelFlags is the pb_services flags the fake holds for service id
 // (found: an entry exists).
 func (e *env) kernelFlags(id uint32) (flags uint32, found bool) {
-	for _, v := range e.f.services {
+	for _, v := range e.f.PbServices {
 		if v.Id == id {
 			return v.Flags, true
 		}
@@ -150,12 +150,12 @@ func TestTakeOverAll(t *testing.T) {
 	if f, _ := e.kernelFlags(s.ID); f&pbmaps.ServiceTakenOver != 0 {
 		t.Fatal("still taken over after the grace")
 	}
-	before := e.f.services[keyOf(web.Key)]
+	before := e.f.PbServices[keyOf(web.Key)]
 	e.restart()
 	if err := e.r.TakeOverAll(); err != nil {
 		t.Fatal(err)
 	}
-	after := e.f.services[keyOf(web.Key)]
+	after := e.f.PbServices[keyOf(web.Key)]
 	if after.Flags != before.Flags|pbmaps.ServiceTakenOver || after.MaxInflight != 7 || after.TableSize != before.TableSize {
 		t.Fatalf("pinned %+v, after TakeOverAll %+v: want only the flag added", before, after)
 	}

@@ -15,6 +15,39 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/maglev"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
+)
+
+// The shared fake kernel's names, short: the tests read as the writes
+// they expect.
+type op = mapsfake.Op
+
+const (
+	opUpsertService   = mapsfake.OpUpsertService
+	opDeleteService   = mapsfake.OpDeleteService
+	opForgetAff       = mapsfake.OpForgetAff
+	opSetBackend      = mapsfake.OpSetBackend
+	opClearBackend    = mapsfake.OpClearBackend
+	opInstallTables   = mapsfake.OpInstallTables
+	opFillTable       = mapsfake.OpFillTable
+	opSetFallback     = mapsfake.OpSetFallback
+	opSetPorts        = mapsfake.OpSetPorts
+	opResetSvcStats   = mapsfake.OpResetSvcStats
+	opResetBeStats    = mapsfake.OpResetBeStats
+	opSetSvcBes       = mapsfake.OpSetSvcBes
+	opSetBackends     = mapsfake.OpSetBackends
+	opSetVIPSlots     = mapsfake.OpSetVIPSlots
+	opServices        = mapsfake.OpServices
+	opBackends        = mapsfake.OpBackends
+	opPorts           = mapsfake.OpPorts
+	opVIPSlots        = mapsfake.OpVIPSlots
+	opTableSizes      = mapsfake.OpTableSizes
+	opServiceBackends = mapsfake.OpServiceBackends
+)
+
+var (
+	errInjected = mapsfake.ErrInjected
+	opsString   = mapsfake.OpsString
 )
 
 var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -32,8 +65,12 @@ const (
 )
 
 type env struct {
-	t    *testing.T
-	f    *fakeWriter
+	t *testing.T
+	f *mapsfake.Maps
+	// acc is the accrual the tests' Apply hears from: it admits nothing
+	// itself, so that each test programs the services step by step
+	// (e.program) and reads the writes of each step apart.
+	acc  heard
 	clk  *testingclock.FakeClock
 	opts Options
 	r    *Reconciler
@@ -45,7 +82,7 @@ func testLogger(t *testing.T) *slog.Logger {
 
 func newEnv(t *testing.T, mut ...func(*Options)) *env {
 	t.Helper()
-	e := &env{t: t, f: newFakeWriter(t), clk: testingclock.NewFakeClock(t0)}
+	e := &env{t: t, f: mapsfake.New(t), clk: testingclock.NewFakeClock(t0)}
 	e.opts = Options{
 		MaxServices: 64, MaxBackends: 256, TableSize: testTableSize,
 		Cooldown: testCooldown, Clock: e.clk, Logger: testLogger(t),
@@ -54,7 +91,7 @@ func newEnv(t *testing.T, mut ...func(*Options)) *env {
 		m(&e.opts)
 	}
 	e.restart()
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Fatalf("New over empty maps wrote %s", opsString(ops))
 	}
 	return e
@@ -91,13 +128,20 @@ func keyOf(k desired.Key) bpf.LbSvcKey {
 	return pbmaps.ServiceKey(k.VIP, k.Port, uint8(k.Protocol))
 }
 
+// heard is failure accrual that leaves the tables to the test: Apply's
+// programming of every service is e.program's, one step at a time.
+type heard struct{}
+
+func (heard) Adopt([]Change, []*Service) {}
+func (heard) Program(uint32)             {}
+
 // applyBack applies the services, with back handed back (they exist, no
 // longer served), and fails the test on error.
 func (e *env) applyBack(back []desired.Key, svcs ...desired.Service) []Change {
 	e.t.Helper()
 	st := state(svcs...)
 	st.HandBack = back
-	ch, err := e.r.Apply(st)
+	ch, err := e.r.Apply(st, e.acc)
 	if err != nil {
 		e.t.Fatalf("Apply: %v", err)
 	}
@@ -107,7 +151,7 @@ func (e *env) applyBack(back []desired.Key, svcs ...desired.Service) []Change {
 // apply applies the services and fails the test on error.
 func (e *env) apply(svcs ...desired.Service) []Change {
 	e.t.Helper()
-	ch, err := e.r.Apply(state(svcs...))
+	ch, err := e.r.Apply(state(svcs...), e.acc)
 	if err != nil {
 		e.t.Fatalf("Apply: %v", err)
 	}
@@ -199,7 +243,7 @@ func sorted(ids []uint32) []uint32 {
 }
 
 func (e *env) kernelState(id uint32) (pbmaps.BackendState, int32) {
-	b := e.f.backend(id)
+	b := e.f.PbBackends[id]
 	return pbmaps.BackendState(b.State), b.ProbeGrants
 }
 
@@ -311,19 +355,19 @@ func installed(ops []op) []pbmaps.TableInstall {
 // test when it has none.
 func (e *env) liveTable(k desired.Key) []uint32 {
 	e.t.Helper()
-	t, ok := e.f.live(keyOf(k))
+	t, ok := e.f.Live(keyOf(k))
 	if !ok {
-		e.t.Fatalf("service %s: no live table (%+v)", k, e.f.services[keyOf(k)])
+		e.t.Fatalf("service %s: no live table (%+v)", k, e.f.PbServices[keyOf(k)])
 	}
 	return t
 }
 
 // mixes tells whether a table holds both an active backend and one in
 // probation, as the kernel's pb_backends says.
-func (f *fakeWriter) mixes(t []uint32) bool {
+func mixes(f *mapsfake.Maps, t []uint32) bool {
 	var active, probation bool
 	for _, id := range t {
-		switch pbmaps.BackendState(f.backend(id).State) {
+		switch pbmaps.BackendState(f.PbBackends[id].State) {
 		case pbmaps.BackendActive:
 			active = true
 		case pbmaps.BackendProbation:
@@ -344,16 +388,16 @@ func (f *fakeWriter) mixes(t []uint32) bool {
 func (e *env) checkKernel() {
 	t, r, f := e.t, e.r, e.f
 	t.Helper()
-	if len(f.services) != len(r.byID)+len(r.handingBack) {
-		t.Errorf("pb_services has %d entries, reconciler %d services and %d handed back", len(f.services), len(r.byID), len(r.handingBack))
+	if len(f.PbServices) != len(r.byID)+len(r.handingBack) {
+		t.Errorf("pb_services has %d entries, reconciler %d services and %d handed back", len(f.PbServices), len(r.byID), len(r.handingBack))
 	}
 	for id, hb := range r.handingBack {
-		if v, ok := f.services[keyOf(hb.key)]; !ok || v.Id != id || v.Flags&pbmaps.ServiceHandedBack == 0 {
+		if v, ok := f.PbServices[keyOf(hb.key)]; !ok || v.Id != id || v.Flags&pbmaps.ServiceHandedBack == 0 {
 			t.Errorf("service %d handed back: pb_services entry %+v (present %v), want it flagged", id, v, ok)
 		}
 	}
 	for _, s := range r.Services() {
-		v, ok := f.services[keyOf(s.Spec.Key)]
+		v, ok := f.PbServices[keyOf(s.Spec.Key)]
 		if !ok {
 			t.Errorf("service %s (%d): no pb_services entry", s.Spec.Name, s.ID)
 			continue
@@ -386,7 +430,7 @@ func (e *env) checkKernel() {
 		}
 		// The reconciler's idea of the tables' sizes is the kernel's.
 		for n := range uint32(2) {
-			tbl, _ := f.table(s.ID, n)
+			tbl, _ := f.Installed(s.ID, n)
 			if s.sizes[n] != uint32(len(tbl)) {
 				t.Errorf("service %s: reconciler believes table %d has %d slots, kernel %d", s.Spec.Name, n, s.sizes[n], len(tbl))
 			}
@@ -395,11 +439,11 @@ func (e *env) checkKernel() {
 			t.Errorf("service %s: admitted %v/%v, table_size %d", s.Spec.Name, s.Active, s.Probation, v.TableSize)
 		}
 		if s.Active != nil {
-			if l := f.listed[s.ID]; int(v.BackendCount) > len(l) || !slices.Equal(l[:v.BackendCount], s.Active) {
+			if l := f.PbSvcBackends[s.ID]; int(v.BackendCount) > len(l) || !slices.Equal(l[:v.BackendCount], s.Active) {
 				t.Errorf("service %s: backend_count %d, pb_svc_backends %v, want the active %v", s.Spec.Name, v.BackendCount, l, s.Active)
 			}
 		}
-		tbl, hasTable := f.live(keyOf(s.Spec.Key))
+		tbl, hasTable := f.Live(keyOf(s.Spec.Key))
 		if v.TableSize > 0 && !hasTable {
 			t.Errorf("service %s: table_size %d but no table %d", s.Spec.Name, v.TableSize, v.Table)
 		}
@@ -408,14 +452,14 @@ func (e *env) checkKernel() {
 				t.Errorf("service %s: table_size %d, table has %d slots", s.Spec.Name, v.TableSize, len(tbl))
 			}
 			for _, id := range idsIn(tbl) {
-				st := pbmaps.BackendState(f.backend(id).State)
-				if !slices.Contains(s.Backends, id) || f.backend(id).Family == 0 ||
+				st := pbmaps.BackendState(f.PbBackends[id].State)
+				if !slices.Contains(s.Backends, id) || f.PbBackends[id].Family == 0 ||
 					(st != pbmaps.BackendActive && st != pbmaps.BackendProbation) {
 					t.Errorf("service %s: table holds backend %d (state %s), not one of its admitted backends %v", s.Spec.Name, id, st, s.Backends)
 				}
 			}
 		}
-		if fb, ok := f.fallbacks[s.ID]; hasTable && f.mixes(tbl) {
+		if fb, ok := f.PbMaglevFb[s.ID]; hasTable && mixes(f, tbl) {
 			if !ok {
 				t.Errorf("service %s: table mixes active and probation backends, no fallback", s.Spec.Name)
 			}
@@ -423,19 +467,19 @@ func (e *env) checkKernel() {
 				t.Errorf("service %s: table_size %d, fallback has %d slots", s.Spec.Name, v.TableSize, len(fb))
 			}
 			for _, id := range idsIn(fb) {
-				if !slices.Contains(s.Backends, id) || pbmaps.BackendState(f.backend(id).State) != pbmaps.BackendActive {
-					t.Errorf("service %s: fallback holds backend %d (state %d), want active ones only", s.Spec.Name, id, f.backend(id).State)
+				if !slices.Contains(s.Backends, id) || pbmaps.BackendState(f.PbBackends[id].State) != pbmaps.BackendActive {
+					t.Errorf("service %s: fallback holds backend %d (state %d), want active ones only", s.Spec.Name, id, f.PbBackends[id].State)
 				}
 			}
 		}
 	}
 	known := func(id uint32) bool { _, ok := r.byID[id]; return ok || r.handingBack[id] != nil }
-	for key := range f.tables {
+	for key := range f.PbMaglev {
 		if !known(key / 2) {
 			t.Errorf("pb_maglev[%d] holds table %d for unknown service %d", key, key%2, key/2)
 		}
 	}
-	for id := range f.fallbacks {
+	for id := range f.PbMaglevFb {
 		if !known(id) {
 			t.Errorf("pb_maglev_fb holds a table for unknown service %d", id)
 		}
@@ -479,13 +523,13 @@ func (e *env) checkKernel() {
 		want[ap.Port()] |= pbmaps.PortVIP
 		slots[pbmaps.VIPSlot(ap.Addr())] = true
 	}
-	if !maps.Equal(f.vipSlots, slots) {
-		t.Errorf("pb_vip_slots = %v, want %v", f.vipSlots, slots)
+	if !maps.Equal(f.PbVIPSlots, slots) {
+		t.Errorf("pb_vip_slots = %v, want %v", f.PbVIPSlots, slots)
 	}
 	for _, b := range kb {
 		want[pbmaps.Port(b.Port)] |= pbmaps.PortBackend
 	}
-	if got := f.nonZeroPorts(); !maps.Equal(got, want) {
+	if got := f.NonZeroPorts(); !maps.Equal(got, want) {
 		t.Errorf("pb_ports = %v, want %v", got, want)
 	}
 }
@@ -499,7 +543,7 @@ type snapshot struct {
 	ports     map[uint16]uint8
 }
 
-func (f *fakeWriter) snapshot() snapshot {
+func snapshotOf(f *mapsfake.Maps) snapshot {
 	cl := func(m map[uint32][]uint32) map[uint32][]uint32 {
 		out := map[uint32][]uint32{}
 		for k, v := range m {
@@ -507,7 +551,7 @@ func (f *fakeWriter) snapshot() snapshot {
 		}
 		return out
 	}
-	return snapshot{maps.Clone(f.services), maps.Clone(f.backends), cl(f.tables), cl(f.fallbacks), maps.Clone(f.ports)}
+	return snapshot{maps.Clone(f.PbServices), maps.Clone(f.PbBackends), cl(f.PbMaglev), cl(f.PbMaglevFb), maps.Clone(f.PbPorts)}
 }
 
 func (s snapshot) diff(t *testing.T, o snapshot) {
@@ -537,15 +581,15 @@ func (s snapshot) diff(t *testing.T, o snapshot) {
 func (e *env) wantUnreachable(id uint32) {
 	e.t.Helper()
 	f := e.f
-	for k, v := range f.services {
-		if tbl, ok := f.live(k); ok && slices.Contains(tbl, id) {
+	for k, v := range f.PbServices {
+		if tbl, ok := f.Live(k); ok && slices.Contains(tbl, id) {
 			e.t.Errorf("backend %d is in the live table %d of service %d", id, v.Table, v.Id)
 		}
-		if slices.Contains(f.fallbacks[v.Id], id) {
+		if slices.Contains(f.PbMaglevFb[v.Id], id) {
 			e.t.Errorf("backend %d is in the fallback table of service %d", id, v.Id)
 		}
 		for h := range 4 * max(v.TableSize, 1) {
-			if got, _, ok := f.pick(k, h*2654435761+99, false); ok && got == id {
+			if got, _, ok := f.Pick(k, h*2654435761+99, false); ok && got == id {
 				e.t.Errorf("a new flow to service %d reached backend %d", v.Id, id)
 				break
 			}
@@ -555,12 +599,12 @@ func (e *env) wantUnreachable(id uint32) {
 
 // rejectAddrs makes the fake kernel refuse every pb_backends write of the
 // given endpoints (a batch stops at the first one).
-func (f *fakeWriter) rejectAddrs(addrs ...string) {
+func rejectAddrs(f *mapsfake.Maps, addrs ...string) {
 	bad := map[netip.AddrPort]bool{}
 	for _, a := range addrs {
 		bad[netip.MustParseAddrPort(a)] = true
 	}
-	f.rejectBackend = func(id uint32, b bpf.LbBackend) error {
+	f.RejectBackend = func(id uint32, b bpf.LbBackend) error {
 		if bad[netip.AddrPortFrom(pbmaps.AddrFromFamily(b.Family, b.Addr.Bytes), pbmaps.Port(b.Port))] {
 			return fmt.Errorf("pb_backends[%d]: %w", id, errInjected)
 		}

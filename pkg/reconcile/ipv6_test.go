@@ -11,6 +11,7 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 )
 
 // IPv6 addresses: 2001:2::/48 (RFC 5180's benchmarking range), VIPs at
@@ -33,7 +34,7 @@ func (e *env) wantEntries(spec desired.Service) {
 	}
 	s := e.service(spec.Key)
 	found := false
-	for k, v := range e.f.services {
+	for k, v := range e.f.PbServices {
 		if v.Id != s.ID {
 			continue
 		}
@@ -50,14 +51,14 @@ func (e *env) wantEntries(spec desired.Service) {
 		e.t.Errorf("service %s (%d): no pb_services entry", spec.Name, s.ID)
 	}
 	for _, id := range s.Backends {
-		kb := e.f.backend(id)
+		kb := e.f.PbBackends[id]
 		b, _ := e.r.Backend(id)
 		got := netip.AddrPortFrom(pbmaps.AddrFromFamily(kb.Family, kb.Addr.Bytes), pbmaps.Port(kb.Port))
 		if kb.Family != fam || got != b.Addr || kb.SvcId != s.ID {
 			e.t.Errorf("service %s: pb_backends[%d] = %+v (%s), want %s of family %d", spec.Name, id, kb, got, b.Addr, fam)
 		}
 	}
-	if !e.f.vipSlots[pbmaps.VIPSlot(spec.Key.VIP)] {
+	if !e.f.PbVIPSlots[pbmaps.VIPSlot(spec.Key.VIP)] {
 		e.t.Errorf("service %s: VIP slot %d not marked", spec.Name, pbmaps.VIPSlot(spec.Key.VIP))
 	}
 }
@@ -76,7 +77,7 @@ func TestIPv6Service(t *testing.T) {
 	e.prepare()
 	e.checkKernel()
 	e.wantEntries(web6)
-	if got, want := e.f.nonZeroPorts(), map[uint16]uint8{80: pbmaps.PortVIP, 8080: pbmaps.PortBackend}; !mapsEqual(got, want) {
+	if got, want := e.f.NonZeroPorts(), map[uint16]uint8{80: pbmaps.PortVIP, 8080: pbmaps.PortBackend}; !mapsEqual(got, want) {
 		t.Errorf("pb_ports = %v, want %v", got, want)
 	}
 	if got := e.liveTable(web6.Key); !slices.Equal(got, e.wantTable(testTableSize, []uint32{a, b, c})) {
@@ -90,12 +91,12 @@ func TestIPv6Service(t *testing.T) {
 	e.program(s.ID, []uint32{a, b}, []uint32{c}, false)
 	e.wantKernelState(c, pbmaps.BackendProbation, ProbeGrants)
 	e.checkKernel()
-	e.f.takeOps()
+	e.f.TakeOps()
 
 	// Restart: the pinned entries decode to the same key and endpoints.
 	e.clk.Step(time.Minute)
 	e.restart()
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Errorf("New wrote %s", opsString(ops))
 	}
 	want := map[desired.Key]map[netip.AddrPort]uint32{web6.Key: {mustAP(be6A): a, mustAP(be6B): b, mustAP(be6C): c}}
@@ -105,7 +106,7 @@ func TestIPv6Service(t *testing.T) {
 	if changes := e.apply(web6); len(changes) != 0 {
 		t.Errorf("first Apply after the restart: changes %+v", changes)
 	}
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Errorf("first Apply after the restart wrote %s", opsString(ops))
 	}
 	e.program(s.ID, []uint32{a, b}, []uint32{c}, false)
@@ -122,14 +123,14 @@ func TestIPv6Service(t *testing.T) {
 	e.program(s.ID, []uint32{a, b, d}, nil, false)
 	e.checkKernel()
 	e.wantEntries(web6)
-	if got := e.f.backend(c); pbmaps.BackendState(got.State) != pbmaps.BackendRemoved || got.Family != pbmaps.FamilyIPv6 {
+	if got := e.f.PbBackends[c]; pbmaps.BackendState(got.State) != pbmaps.BackendRemoved || got.Family != pbmaps.FamilyIPv6 {
 		t.Errorf("retired backend %d: %+v, want removed and still IPv6 (its flows' replies)", c, got)
 	}
 
 	// Removal deletes the family-6 key.
 	e.apply()
-	if len(e.f.services) != 0 {
-		t.Errorf("pb_services after the removal: %v", e.f.services)
+	if len(e.f.PbServices) != 0 {
+		t.Errorf("pb_services after the removal: %v", e.f.PbServices)
 	}
 	e.checkKernel()
 }
@@ -164,24 +165,24 @@ func TestDualStackServices(t *testing.T) {
 	for _, spec := range all {
 		e.wantEntries(spec)
 	}
-	if len(e.f.services) != 4 {
-		t.Errorf("pb_services has %d entries, want 4", len(e.f.services))
+	if len(e.f.PbServices) != 4 {
+		t.Errorf("pb_services has %d entries, want 4", len(e.f.PbServices))
 	}
-	if got, want := e.f.nonZeroPorts(), map[uint16]uint8{80: pbmaps.PortVIP, 8080: pbmaps.PortBackend}; !mapsEqual(got, want) {
+	if got, want := e.f.NonZeroPorts(), map[uint16]uint8{80: pbmaps.PortVIP, 8080: pbmaps.PortBackend}; !mapsEqual(got, want) {
 		t.Errorf("pb_ports = %v, want %v", got, want)
 	}
 	slot4, slot6 := pbmaps.VIPSlot(web4.Key.VIP), pbmaps.VIPSlot(web6.Key.VIP)
 	if slot4 == slot6 {
 		t.Fatalf("test addresses share VIP slot %d", slot4)
 	}
-	if want := map[uint32]bool{slot4: true, slot6: true}; !mapsEqualBool(e.f.vipSlots, want) {
-		t.Errorf("pb_vip_slots = %v, want %v", e.f.vipSlots, want)
+	if want := map[uint32]bool{slot4: true, slot6: true}; !mapsEqualBool(e.f.PbVIPSlots, want) {
+		t.Errorf("pb_vip_slots = %v, want %v", e.f.PbVIPSlots, want)
 	}
 	// The datapath's pick, on each key, lands on that service's backends.
 	for _, spec := range all {
 		s := e.service(spec.Key)
 		for h := range uint32(64) {
-			id, _, ok := e.f.pick(keyOf(spec.Key), h*2654435761+7, false)
+			id, _, ok := e.f.Pick(keyOf(spec.Key), h*2654435761+7, false)
 			if !ok || !slices.Contains(s.Backends, id) {
 				t.Fatalf("%s: hash %d picked backend %d (ok %v), not one of %v", spec.Name, h, id, ok, s.Backends)
 			}
@@ -194,9 +195,9 @@ func TestDualStackServices(t *testing.T) {
 	// The IPv4 services go; the IPv6 ones stay as they were.
 	s6, d6 := e.service(web6.Key), e.service(dns6.Key)
 	live6 := slices.Clone(e.liveTable(web6.Key))
-	e.f.takeOps()
+	e.f.TakeOps()
 	e.apply(web6, dns6)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	for _, s := range []*Service{s6, d6} {
 		if n := count(ops, func(o op) bool {
 			return o.ID == s.ID && slices.Contains([]string{opUpsertService, opDeleteService, opFillTable, opSetFallback}, o.Kind) ||
@@ -205,10 +206,10 @@ func TestDualStackServices(t *testing.T) {
 			t.Errorf("removing the IPv4 services touched %s: %s", s.Spec.Name, opsString(ops))
 		}
 	}
-	if _, ok := e.f.services[keyOf(web4.Key)]; ok {
+	if _, ok := e.f.PbServices[keyOf(web4.Key)]; ok {
 		t.Error("web4 still in pb_services")
 	}
-	if _, ok := e.f.services[keyOf(web6.Key)]; !ok {
+	if _, ok := e.f.PbServices[keyOf(web6.Key)]; !ok {
 		t.Error("web6 gone from pb_services")
 	}
 	if got := e.liveTable(web6.Key); !slices.Equal(got, live6) {
@@ -222,12 +223,12 @@ func TestDualStackServices(t *testing.T) {
 	e.clk.Step(testCooldown)
 	vip6 := netip.AddrPortFrom(web6.Key.VIP, 80)
 	e.r.Sweep(InUse{Services: map[uint32]bool{s6.ID: true}, VIPs: map[netip.AddrPort]bool{vip6: true}})
-	if !e.f.vipSlots[slot6] || e.f.vipSlots[slot4] {
-		t.Errorf("slots: IPv6 VIP's %v (want marked), IPv4 VIP's %v (want clear)", e.f.vipSlots[slot6], e.f.vipSlots[slot4])
+	if !e.f.PbVIPSlots[slot6] || e.f.PbVIPSlots[slot4] {
+		t.Errorf("slots: IPv6 VIP's %v (want marked), IPv4 VIP's %v (want clear)", e.f.PbVIPSlots[slot6], e.f.PbVIPSlots[slot4])
 	}
 	e.r.Sweep(InUse{})
-	if e.f.vipSlots[slot6] || e.f.vipSlots[slot4] {
-		t.Errorf("slots still marked after every flow ended: %v", e.f.vipSlots)
+	if e.f.PbVIPSlots[slot6] || e.f.PbVIPSlots[slot4] {
+		t.Errorf("slots still marked after every flow ended: %v", e.f.PbVIPSlots)
 	}
 	e.checkKernel()
 }
@@ -249,28 +250,28 @@ func mapsEqualBool(a, b map[uint32]bool) bool {
 // such a service is deleted under its own key (a key rebuilt from a
 // decoded address would miss it), such a backend cleared.
 func TestAdoptionOfUnknownFamilies(t *testing.T) {
-	f := newFakeWriter(t)
+	f := mapsfake.New(t)
 	kWeb := pbmaps.ServiceKey(netip.MustParseAddr(vip6a), 80, uint8(desired.TCP))
 	kOdd := pbmaps.ServiceKey(netip.MustParseAddr(vip6b), 80, uint8(desired.TCP))
 	kOdd.Family = 10
-	f.services[kWeb] = bpf.LbSvcValue{Id: 5}
-	f.services[kOdd] = bpf.LbSvcValue{Id: 6}
-	f.backends[7] = pbmaps.NewBackend(mustAP(be6A), 5, pbmaps.BackendActive, 0)
+	f.PbServices[kWeb] = bpf.LbSvcValue{Id: 5}
+	f.PbServices[kOdd] = bpf.LbSvcValue{Id: 6}
+	f.PbBackends[7] = pbmaps.NewBackend(mustAP(be6A), 5, pbmaps.BackendActive, 0)
 	odd := pbmaps.NewBackend(mustAP(be6B), 5, pbmaps.BackendActive, 0)
 	odd.Family = 2
-	f.backends[8] = odd
-	f.check = nil
+	f.PbBackends[8] = odd
+	f.Check = nil
 
 	r, err := New(f, Options{MaxServices: 64, MaxBackends: 256, TableSize: testTableSize,
 		Cooldown: testCooldown, Clock: testingclock.NewFakeClock(t0), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops := f.takeOps()
+	ops := f.TakeOps()
 	if index(ops, is(opDeleteService, 6)) < 0 || index(ops, is(opClearBackend, 8)) < 0 {
 		t.Errorf("unknown families not dropped: %s", opsString(ops))
 	}
-	if _, ok := f.services[kOdd]; ok {
+	if _, ok := f.PbServices[kOdd]; ok {
 		t.Error("the service of family 10 is still in pb_services")
 	}
 	if _, ok := r.Service(6); ok {

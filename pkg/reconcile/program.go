@@ -39,8 +39,19 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 	if failOpen {
 		active, probation = s.Backends, nil
 	}
-	if s.FailOpen == failOpen && slices.Equal(s.Active, active) && slices.Equal(s.Probation, probation) && s.Active != nil &&
-		!slices.ContainsFunc(s.Backends, func(id uint32) bool { b := r.backends[id]; return b != nil && b.Tripped }) {
+	if s.FailOpen == failOpen && slices.Equal(s.Active, active) && slices.Equal(s.Probation, probation) && s.Active != nil {
+		// The admission is what the kernel holds but for what the datapath
+		// did on its own: the entries of backends it tripped are written
+		// again; the tables are as they were.
+		var errs []error
+		for _, bid := range s.Backends {
+			if b := r.backends[bid]; b != nil && b.Tripped {
+				errs = append(errs, r.setState(bid, b.State))
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("program service %s: %w", s.Spec.Name, err)
+		}
 		return nil
 	}
 	in := map[uint32]maps.BackendState{}
@@ -166,13 +177,13 @@ func (r *Reconciler) NoteKernelTrip(id uint32) {
 // UndoTrip puts back a backend the datapath ejected on its own (a kernel
 // trip) that accrual keeps in: its entry is rewritten with the state the
 // reconciler last wrote, whatever the kernel holds now, and its kernel
-// streak starts afresh.
+// streak starts afresh. A backend written since its trip was noted
+// (NoteKernelTrip) holds that state already: nothing is written twice.
 func (r *Reconciler) UndoTrip(id uint32) error {
 	b, ok := r.backends[id]
-	if !ok {
+	if !ok || !b.Tripped {
 		return nil
 	}
-	b.Tripped = true // written whatever the reconciler believes the kernel holds
 	if err := r.setState(id, b.State); err != nil {
 		return err
 	}
@@ -216,14 +227,14 @@ func tripSettings(s *desired.Service) maps.TripSettings {
 	return maps.TripSettings{MaxFailures: uint32(min(a.MaxFailures, math.MaxUint32)), Kinds: kinds, Settle: a.ConnectTimeout}
 }
 
-// BackendTrip reads a backend's kernel streak.
-func (r *Reconciler) BackendTrip(id uint32) bpf.LbBeTrip { return r.w.BackendTrip(id) }
-
-// ResetBackendTrip starts a backend's kernel streak afresh.
-func (r *Reconciler) ResetBackendTrip(id uint32) { r.w.ResetBackendTrip(id) }
-
-// ServiceTrip reads a service's kernel-trip entry (its trips counted).
-func (r *Reconciler) ServiceTrip(id uint32) bpf.LbSvcTrip { return r.w.ServiceTrip(id) }
+// EndKernelStreak starts backend id's kernel streak afresh: a success the
+// datapath never sees (one judged by a deadline) ends the streak, as it
+// ends accrual's.
+func (r *Reconciler) EndKernelStreak(id uint32) {
+	if _, ok := r.backends[id]; ok {
+		r.w.ResetBackendTrip(id)
+	}
+}
 
 // KernelEjected lists the backends of service id that the kernel holds
 // ejected while the reconciler last wrote them active: kernel trips whose

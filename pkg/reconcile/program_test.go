@@ -23,7 +23,7 @@ func webEnv(t *testing.T, mut ...func(*Options)) (*env, desired.Service, uint32)
 	e := newEnv(t, mut...)
 	web := svc("web", vip1, 80, ep(beA), ep(beB), ep(beC), ep(beD))
 	e.apply(web)
-	e.f.takeOps()
+	e.f.TakeOps()
 	return e, web, e.service(web.Key).ID
 }
 
@@ -39,8 +39,8 @@ func (e *env) wantProgrammed(id uint32, active, probation []uint32, grants map[u
 	s, _ := e.r.Service(id)
 	all := append(slices.Clone(active), probation...)
 	k := keyOf(s.Spec.Key)
-	v := e.f.services[k]
-	tbl, ok := e.f.live(k)
+	v := e.f.PbServices[k]
+	tbl, ok := e.f.Live(k)
 	switch {
 	case len(all) == 0 && (ok || v.TableSize != 0):
 		t.Errorf("service %d: live table %v (table_size %d) with nothing admitted", id, idsIn(tbl), v.TableSize)
@@ -60,7 +60,7 @@ func (e *env) wantProgrammed(id uint32, active, probation []uint32, grants map[u
 	if len(active) > 0 && len(probation) > 0 {
 		// (A fallback left from an earlier probation may stay when there
 		// is none now: the datapath only needs it while one is running.)
-		fb, ok := e.f.fallbacks[id]
+		fb, ok := e.f.PbMaglevFb[id]
 		if !ok {
 			t.Errorf("service %d: no fallback table", id)
 		} else if want := e.wantTable(v.TableSize, active); !slices.Equal(fb, want) {
@@ -86,7 +86,7 @@ func (e *env) wantProgrammed(id uint32, active, probation []uint32, grants map[u
 	}
 	// New flows, as the datapath picks them (without taking a probe).
 	for h := range 4 * uint32(max(v.TableSize, 1)) {
-		be, _, ok := e.f.pick(k, h*2654435761+12345, false)
+		be, _, ok := e.f.Pick(k, h*2654435761+12345, false)
 		switch {
 		case len(all) == 0:
 			if ok {
@@ -115,7 +115,7 @@ func (e *env) spare(id uint32) uint32 {
 	if !ok {
 		e.t.Fatalf("no service %d", id)
 	}
-	v := e.f.services[keyOf(s.Spec.Key)]
+	v := e.f.PbServices[keyOf(s.Spec.Key)]
 	if v.TableSize == 0 {
 		return v.Table
 	}
@@ -136,7 +136,7 @@ func TestProgramServiceTable(t *testing.T) {
 			e, web, id := webEnv(t)
 			active := e.bids(web.Key, tc.active...)
 			// Before: every backend active, none reachable, no entry.
-			if _, ok := e.f.services[keyOf(web.Key)]; ok {
+			if _, ok := e.f.PbServices[keyOf(web.Key)]; ok {
 				t.Fatalf("service written before its first ProgramService")
 			}
 			for _, b := range e.service(web.Key).Backends {
@@ -144,7 +144,7 @@ func TestProgramServiceTable(t *testing.T) {
 				e.wantUnreachable(b)
 			}
 			e.program(id, active, nil, false)
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			e.wantProgrammed(id, active, nil, nil)
 			// Those not admitted are ejected first (out first), then the
 			// table is filled and the service flipped to it.
@@ -175,12 +175,12 @@ func TestProgramServiceTable(t *testing.T) {
 			if n := count(ops, kindIs(opUpsertService)); n != 1 {
 				t.Errorf("service written %d times: %s", n, opsString(ops))
 			}
-			if v := e.f.services[keyOf(web.Key)]; v.BackendCount != uint32(len(active)) || v.TableSize != 31 || v.Table != 0 {
+			if v := e.f.PbServices[keyOf(web.Key)]; v.BackendCount != uint32(len(active)) || v.TableSize != 31 || v.Table != 0 {
 				t.Errorf("service value %+v, want backend_count %d, table 0, table_size 31", v, len(active))
 			}
 			// Same admission again: nothing.
 			e.program(id, active, nil, false)
-			if ops := e.f.takeOps(); len(ops) != 0 {
+			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("same admission wrote %s", opsString(ops))
 			}
 		})
@@ -318,12 +318,12 @@ func TestProgramServiceTransitions(t *testing.T) {
 			e.wantProgrammed(id, ids(tc.from.active), ids(tc.from.probation), nil)
 			// The agent's next Apply prepares the spare table.
 			e.apply(web)
-			e.f.takeOps()
-			before := e.f.services[keyOf(web.Key)]
+			e.f.TakeOps()
+			before := e.f.PbServices[keyOf(web.Key)]
 			n := e.spare(id)
 
 			e.program(id, ids(tc.to.active), ids(tc.to.probation), false)
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			e.wantProgrammed(id, ids(tc.to.active), ids(tc.to.probation), nil)
 
 			name := map[string]string{"a": beA, "b": beB, "c": beC, "d": beD}
@@ -408,20 +408,20 @@ func TestProgramServiceProbation(t *testing.T) {
 	e, web, id := webEnv(t)
 	a, b, c := e.bid(web.Key, beA), e.bid(web.Key, beB), e.bid(web.Key, beC)
 	e.program(id, []uint32{a, b, c}, nil, false)
-	e.f.takeOps()
+	e.f.TakeOps()
 
 	// c goes through ejection to probation.
 	e.program(id, []uint32{a, b}, nil, false)
-	e.f.takeOps()
+	e.f.TakeOps()
 	n := e.spare(id)
 	e.program(id, []uint32{a, b}, []uint32{c}, false)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	e.wantProgrammed(id, []uint32{a, b}, []uint32{c}, nil)
-	if got := idsIn(e.f.fallbacks[id]); !slices.Equal(got, sorted([]uint32{a, b})) {
+	if got := idsIn(e.f.PbMaglevFb[id]); !slices.Equal(got, sorted([]uint32{a, b})) {
 		t.Errorf("fallback holds %v, want only the active %v", got, []uint32{a, b})
 	}
 	// The fallback is the size of the table it backs.
-	if got := len(e.f.fallbacks[id]); got != testTableSize {
+	if got := len(e.f.PbMaglevFb[id]); got != testTableSize {
 		t.Errorf("fallback has %d slots, want %d", got, testTableSize)
 	}
 	inOrder(t, ops, "probation", is(opSetFallback, id), setState(c, pbmaps.BackendProbation), fill(id, n), flip(id, n, testTableSize))
@@ -431,7 +431,7 @@ func TestProgramServiceProbation(t *testing.T) {
 	e.spendGrants(c)
 	for range 2 {
 		e.program(id, []uint32{a, b}, []uint32{c}, false)
-		if ops := e.f.takeOps(); len(ops) != 0 {
+		if ops := e.f.TakeOps(); len(ops) != 0 {
 			t.Errorf("unchanged admission wrote %s", opsString(ops))
 		}
 	}
@@ -439,7 +439,7 @@ func TestProgramServiceProbation(t *testing.T) {
 
 	// Staying in probation while the rest changes: c is not rewritten.
 	e.program(id, []uint32{a}, []uint32{c}, false)
-	if ops := e.f.takeOps(); index(ops, is(opSetBackend, c)) >= 0 {
+	if ops := e.f.TakeOps(); index(ops, is(opSetBackend, c)) >= 0 {
 		t.Errorf("backend in probation rewritten: %s", opsString(ops))
 	}
 	e.wantProgrammed(id, []uint32{a}, []uint32{c}, map[uint32]int32{c: 0})
@@ -448,7 +448,7 @@ func TestProgramServiceProbation(t *testing.T) {
 	// update: no InstallTables) and is rewritten in place over the new
 	// active set, so it never holds a backend the service may lose.
 	e.program(id, []uint32{a, c}, nil, false)
-	ops = e.f.takeOps()
+	ops = e.f.TakeOps()
 	e.wantProgrammed(id, []uint32{a, c}, nil, nil)
 	if n := count(ops, kindIs(opInstallTables)); n != 0 {
 		t.Errorf("end of probation installed a table: %s", opsString(ops))
@@ -456,7 +456,7 @@ func TestProgramServiceProbation(t *testing.T) {
 	if n := count(ops, kindIs(opSetFallback)); n != 1 {
 		t.Errorf("end of probation: %d fallback writes, want 1: %s", n, opsString(ops))
 	}
-	if got, want := e.f.fallbacks[id], e.wantTable(testTableSize, []uint32{a, c}); !slices.Equal(got, want) {
+	if got, want := e.f.PbMaglevFb[id], e.wantTable(testTableSize, []uint32{a, c}); !slices.Equal(got, want) {
 		t.Errorf("fallback not over the new active set")
 	}
 }
@@ -464,9 +464,9 @@ func TestProgramServiceProbation(t *testing.T) {
 // spendGrants does what the kernel does when it admits probes.
 func (e *env) spendGrants(ids ...uint32) {
 	for _, id := range ids {
-		b := e.f.backends[id]
+		b := e.f.PbBackends[id]
 		b.ProbeGrants = 0
-		e.f.backends[id] = b
+		e.f.PbBackends[id] = b
 	}
 }
 
@@ -481,7 +481,7 @@ func TestProgramServiceProbationDatapath(t *testing.T) {
 	got := map[uint32]int{}
 	probes := 0
 	for h := range uint32(10 * testTableSize) {
-		be, probe, ok := e.f.pick(k, h*2654435761, true)
+		be, probe, ok := e.f.Pick(k, h*2654435761, true)
 		if !ok {
 			t.Fatalf("flow %d dropped", h)
 		}
@@ -502,7 +502,7 @@ func TestProgramServiceProbationDatapath(t *testing.T) {
 	}
 	probes = 0
 	for h := range uint32(10 * testTableSize) {
-		if _, probe, _ := e.f.pick(k, h*2654435761+7, true); probe {
+		if _, probe, _ := e.f.Pick(k, h*2654435761+7, true); probe {
 			probes++
 		}
 	}
@@ -515,7 +515,7 @@ func TestProgramServiceFailOpen(t *testing.T) {
 	e, web, id := webEnv(t)
 	a, b, c, d := e.bid(web.Key, beA), e.bid(web.Key, beB), e.bid(web.Key, beC), e.bid(web.Key, beD)
 	e.program(id, []uint32{a}, []uint32{b}, false)
-	e.f.takeOps()
+	e.f.TakeOps()
 
 	// Fail open: whatever accrual passes, every endpoint is admitted as
 	// active, none in probation.
@@ -525,16 +525,16 @@ func TestProgramServiceFailOpen(t *testing.T) {
 	if !e.service(web.Key).FailOpen {
 		t.Error("FailOpen not recorded")
 	}
-	e.f.takeOps()
+	e.f.TakeOps()
 	e.program(id, []uint32{a}, nil, true)
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Errorf("still failing open wrote %s", opsString(ops))
 	}
 
 	// Leaving fail-open: back to what accrual says.
 	n := e.spare(id)
 	e.program(id, []uint32{a, d}, nil, false)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	e.wantProgrammed(id, []uint32{a, d}, nil, nil)
 	if e.service(web.Key).FailOpen {
 		t.Error("FailOpen still recorded")
@@ -552,23 +552,23 @@ func TestProgramServiceNoEndpoints(t *testing.T) {
 		for _, failOpen := range []bool{false, true} {
 			e.program(id, nil, nil, failOpen)
 			for n := range uint32(2) {
-				if _, ok := e.f.table(id, n); ok {
+				if _, ok := e.f.Installed(id, n); ok {
 					t.Errorf("table %d for a service without endpoints", n)
 				}
 			}
-			v, ok := e.f.services[keyOf(empty.Key)]
+			v, ok := e.f.PbServices[keyOf(empty.Key)]
 			if !ok {
 				t.Error("service entry gone: new flows to it must be dropped, not passed")
 			}
 			if v.TableSize != 0 {
 				t.Errorf("table_size %d without endpoints", v.TableSize)
 			}
-			if _, _, ok := e.f.pick(keyOf(empty.Key), 12345, true); ok {
+			if _, _, ok := e.f.Pick(keyOf(empty.Key), 12345, true); ok {
 				t.Error("flow to a service without endpoints not dropped")
 			}
 			e.checkKernel()
 		}
-		if ops := e.f.takeOps(); count(ops, kindIs(opInstallTables, opFillTable, opSetFallback)) != 0 {
+		if ops := e.f.TakeOps(); count(ops, kindIs(opInstallTables, opFillTable, opSetFallback)) != 0 {
 			t.Errorf("tables for a service without endpoints: %s", opsString(ops))
 		}
 	})
@@ -578,15 +578,15 @@ func TestProgramServiceNoEndpoints(t *testing.T) {
 		e.program(id, bes[:2], bes[2:], false)
 		web.Endpoints = nil
 		e.apply(web)
-		e.f.takeOps()
+		e.f.TakeOps()
 		e.program(id, nil, nil, false)
-		ops := e.f.takeOps()
+		ops := e.f.TakeOps()
 		// No table: table_size 0, new flows dropped. The tables stay
 		// (DeleteService removes them with the service), unused.
-		if v := e.f.services[keyOf(web.Key)]; v.TableSize != 0 || v.BackendCount != 0 {
+		if v := e.f.PbServices[keyOf(web.Key)]; v.TableSize != 0 || v.BackendCount != 0 {
 			t.Errorf("service value %+v, want table_size 0, backend_count 0", v)
 		}
-		if _, _, ok := e.f.pick(keyOf(web.Key), 12345, true); ok {
+		if _, _, ok := e.f.Pick(keyOf(web.Key), 12345, true); ok {
 			t.Error("flow picked a backend of a service without endpoints")
 		}
 		if len(ops) != 2 || !upsertSize(id, 0)(ops[1]) || ops[0].Kind != opSetSvcBes {
@@ -604,12 +604,12 @@ func TestProgramServiceNoEndpoints(t *testing.T) {
 		e.program(id, []uint32{}, nil, false)
 		e.wantProgrammed(id, []uint32{}, nil, nil)
 		// Dropped, not sent to an ejected backend.
-		if _, _, ok := e.f.pick(keyOf(web.Key), 12345, true); ok {
+		if _, _, ok := e.f.Pick(keyOf(web.Key), 12345, true); ok {
 			t.Error("flow picked a backend with no table")
 		}
-		e.f.takeOps()
+		e.f.TakeOps()
 		e.program(id, nil, nil, false)
-		if n := count(e.f.takeOps(), kindIs(opSetBackend, opFillTable, opInstallTables, opSetFallback, opUpsertService)); n != 0 {
+		if n := count(e.f.TakeOps(), kindIs(opSetBackend, opFillTable, opInstallTables, opSetFallback, opUpsertService)); n != 0 {
 			t.Errorf("unchanged empty admission wrote %d entries", n)
 		}
 	})
@@ -623,7 +623,7 @@ func TestProgramServiceUnknown(t *testing.T) {
 	if err := e.r.ProgramService(0, nil, nil, false, 0); err == nil {
 		t.Error("no error for service 0")
 	}
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Errorf("wrote %s", opsString(ops))
 	}
 }
@@ -640,35 +640,35 @@ func TestProgramServiceRetriesAfterFailure(t *testing.T) {
 			if kind != opInstallTables {
 				e.apply(web) // spare prepared: ProgramService installs nothing
 			}
-			before := e.f.services[keyOf(web.Key)]
+			before := e.f.PbServices[keyOf(web.Key)]
 			live := slices.Clone(e.liveTable(web.Key))
-			e.f.takeOps()
+			e.f.TakeOps()
 
-			e.f.fail[kind] = errInjected
+			e.f.Fail[kind] = 1
 			if err := e.r.ProgramService(id, []uint32{a}, []uint32{c}, false, 0); err == nil {
 				t.Fatal("no error")
 			}
-			ops := e.f.takeOps()
-			if _, ok := e.f.fail[kind]; ok {
+			ops := e.f.TakeOps()
+			if e.f.Fail[kind] > 0 {
 				t.Fatalf("%s not called: %s", kind, opsString(ops))
 			}
 			// Whatever failed, b is out (ejected first) and the flows the
 			// kernel picks avoid it; the old table stays live.
 			e.wantKernelState(b, pbmaps.BackendEjected, 0)
-			if v := e.f.services[keyOf(web.Key)]; v != before {
+			if v := e.f.PbServices[keyOf(web.Key)]; v != before {
 				t.Errorf("service value %+v after a failed %s, want %+v", v, kind, before)
 			}
 			if got := e.liveTable(web.Key); !slices.Equal(got, live) {
 				t.Errorf("live table changed after a failed %s", kind)
 			}
 			for h := range uint32(4 * testTableSize) {
-				if be, _, ok := e.f.pick(keyOf(web.Key), h*2654435761, false); !ok || be == b {
+				if be, _, ok := e.f.Pick(keyOf(web.Key), h*2654435761, false); !ok || be == b {
 					t.Fatalf("flow %d: backend %d (picked %v) after a failed %s", h, be, ok, kind)
 				}
 			}
 
 			e.program(id, []uint32{a}, []uint32{c}, false)
-			ops = e.f.takeOps()
+			ops = e.f.TakeOps()
 			e.wantProgrammed(id, []uint32{a}, []uint32{c}, nil)
 			if index(ops, flipAny(id)) < 0 {
 				t.Errorf("retry did not flip: %s", opsString(ops))
@@ -701,18 +701,18 @@ func TestRegrant(t *testing.T) {
 			e.apply(web)
 			e.program(id, []uint32{a}, []uint32{c}, false)
 			e.spendGrants(c)
-			before := e.f.snapshot()
-			e.f.takeOps()
+			before := snapshotOf(e.f)
+			e.f.TakeOps()
 
 			if err := e.r.Regrant(target); err != nil {
 				t.Fatal(err)
 			}
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			if !tc.write {
 				if len(ops) != 0 {
 					t.Errorf("wrote %s", opsString(ops))
 				}
-				before.diff(t, e.f.snapshot())
+				before.diff(t, snapshotOf(e.f))
 				return
 			}
 			if len(ops) != 1 || ops[0].Kind != opSetBackend || ops[0].ID != target ||
@@ -740,15 +740,15 @@ func TestProgramServiceAlternatesTables(t *testing.T) {
 		{[]uint32{a, b, c, d}, nil},
 	}
 	for i, st := range steps {
-		before := e.f.services[keyOf(web.Key)]
+		before := e.f.PbServices[keyOf(web.Key)]
 		var old []uint32
 		if before.TableSize != 0 {
 			old = slices.Clone(e.liveTable(web.Key))
 		}
 		e.program(id, st.active, st.probation, false)
-		ops := e.f.takeOps()
+		ops := e.f.TakeOps()
 		want := uint32(i % 2) // 0, 1, 0, 1, ...
-		v := e.f.services[keyOf(web.Key)]
+		v := e.f.PbServices[keyOf(web.Key)]
 		if v.Table != want || v.TableSize != testTableSize {
 			t.Errorf("step %d: live table %d of %d slots, want table %d", i, v.Table, v.TableSize, want)
 		}
@@ -760,7 +760,7 @@ func TestProgramServiceAlternatesTables(t *testing.T) {
 			t.Errorf("step %d: %d pb_services writes, want the flip only: %s", i, n, opsString(ops))
 		}
 		if old != nil {
-			if got, _ := e.f.table(id, 1-want); !slices.Equal(got, old) {
+			if got, _ := e.f.Installed(id, 1-want); !slices.Equal(got, old) {
 				t.Errorf("step %d: the table that was live was written", i)
 			}
 		}
@@ -805,10 +805,10 @@ func TestEjectionUsesPreparedSpare(t *testing.T) {
 			}
 			// Back to all, then eject one.
 			e.program(s.ID, bes, nil, false)
-			e.f.takeOps()
+			e.f.TakeOps()
 			n := e.spare(s.ID)
 			e.program(s.ID, keep, nil, false)
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			if i := index(ops, kindIs(opInstallTables)); i >= 0 {
 				t.Errorf("service %s: ejection installed a table: %s", s.Spec.Name, opsString(ops))
 			}

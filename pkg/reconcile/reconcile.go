@@ -24,52 +24,21 @@ import (
 // probation before the agent hears how the probe went.
 const ProbeGrants = 1
 
-// Writer is the part of pkg/maps the reconciler uses; tests fake it. The
-// reconciler is the agent's only writer of the maps: whatever the agent
-// decides reaches the kernel through it. (The conntrack sweep, pkg/conntrack,
-// expires the datapath's own flow entries, as Cilium's conntrack GC does.)
+// Writer is the maps the reconciler writes, one small interface per map
+// (pkg/maps); *maps.Maps implements it, and tests use pkg/maps/mapsfake.
+// The reconciler is the agent's only writer of the maps: whatever the
+// agent decides reaches the kernel through it. (The conntrack sweep,
+// pkg/conntrack, expires the datapath's own flow entries, as Cilium's
+// conntrack GC does.)
 type Writer interface {
-	UpsertService(bpf.LbSvcKey, bpf.LbSvcValue) error
-	DeleteService(bpf.LbSvcKey, uint32) error
-	ForgetAffinity(svcID uint32) error
-	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
-	SetBackend(uint32, bpf.LbBackend) error
-	SetBackends(ids []uint32, vals []bpf.LbBackend) error
-	ClearBackend(uint32) error
-	Backends() (map[uint32]bpf.LbBackend, error)
-	InstallTables([]maps.TableInstall) error
-	FillTable(svcID, n uint32, slots []uint32) error
-	TableSizes(svcID uint32) ([2]uint32, error)
-	SetFallback(uint32, []uint32) error
-	SetPorts(old, roles map[uint16]uint8) error
-	Ports() (map[uint16]uint8, error)
-	SetVIPSlots(old, want map[uint32]bool) error
-	VIPSlots() (map[uint32]bool, error)
-	ResetServiceStats(uint32) error
-	ResetBackendStats(ids []uint32) error
-	SetServiceBackends(svcID uint32, old, ids []uint32) error
-	ServiceBackends(svcID uint32, n uint32) ([]uint32, error)
-	Backend(uint32) (bpf.LbBackend, error)
-
-	// Kernel trips (program.go): the datapath's own ejections.
-	SetServiceTrip(id uint32, s maps.TripSettings, budget int64)
-	ServiceTrip(id uint32) bpf.LbSvcTrip
-	BackendTrip(id uint32) bpf.LbBeTrip
-	ResetServiceTrip(id uint32)
-	ResetBackendTrip(id uint32)
-
-	// Accrual state kept across restarts (health.go).
-	PutHealth(uint32, bpf.LbEndpointHealth) error
-	DeleteHealth(uint32) error
-	Health() (map[uint32]bpf.LbEndpointHealth, error)
-
-	// Interfaces and settings (interfaces.go).
-	SetIfaces([]maps.Iface) error
-	SetRedirect([]uint32) error
-	SetConfig(maps.Config) error
-
-	// The SYN guard (synguard.go).
-	SetSYNGuard(maps.SYNGuard) error
+	maps.ServiceMap
+	maps.BackendMap
+	maps.TableMap
+	maps.PrefilterMap
+	maps.TripMap        // kernel trips (program.go): the datapath's own ejections
+	maps.PersistedState // accrual state kept across restarts (persist.go)
+	maps.InterfaceMap   // interfaces and settings (interfaces.go)
+	maps.SYNGuardMap    // the SYN guard (synguard.go)
 }
 
 // Service is the reconciler's view of one programmed service.
@@ -119,6 +88,7 @@ type Reconciler struct {
 	cooldown time.Duration
 	noTrips  bool
 	takeover time.Duration // Options.TakeoverGrace
+	guard    maps.SYNGuard // Options.SYNGuard
 
 	maxTableSize uint32
 	builders     map[uint32]*maglev.Builder
@@ -193,6 +163,9 @@ type Options struct {
 	// finished flows on their tuples. The kernel keeps a flow it picked up
 	// unacknowledged for 5 minutes. 0: deleted at once.
 	HandBack time.Duration
+	// SYNGuard is the SYN guard's budget and trust (GuardSYNs); its Lease
+	// is set at each write.
+	SYNGuard maps.SYNGuard
 	Clock    clock.PassiveClock
 	Logger   *slog.Logger
 }
@@ -218,6 +191,7 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		cooldown:     opts.Cooldown,
 		noTrips:      opts.NoKernelTrips,
 		takeover:     opts.TakeoverGrace,
+		guard:        opts.SYNGuard,
 		maxTableSize: opts.TableSize,
 		builders:     map[uint32]*maglev.Builder{},
 		slots:        map[uint32][]int32{},

@@ -9,6 +9,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 )
 
 // Regression tests for bugs a review of the double-table design found in
@@ -36,7 +37,7 @@ func TestKnownBugStaleFallbackSteersToAnotherService(t *testing.T) {
 	e.program(webID, []uint32{a, b, c}, nil, false)
 	e.program(webID, []uint32{a, b}, []uint32{c}, false) // fallback over {a, b}
 	e.program(webID, []uint32{a, b, c}, nil, false)      // probe succeeded; the fallback stays
-	if !slices.Contains(e.f.fallbacks[webID], b) {
+	if !slices.Contains(e.f.PbMaglevFb[webID], b) {
 		t.Fatal("setup: b not in the fallback")
 	}
 
@@ -62,8 +63,8 @@ func TestKnownBugStaleFallbackSteersToAnotherService(t *testing.T) {
 	e.program(webID, nil, []uint32{c}, false)
 	e.spendGrants(c)
 	for h := range uint32(4 * testTableSize) {
-		id, _, ok := e.f.pick(keyOf(web.Key), h*2654435761, true)
-		if ok && e.f.backend(id).SvcId != webID {
+		id, _, ok := e.f.Pick(keyOf(web.Key), h*2654435761, true)
+		if ok && e.f.PbBackends[id].SvcId != webID {
 			be, _ := e.r.Backend(id)
 			t.Fatalf("a new flow to web's VIP went to backend %d (%s) of service %d", id, be.Addr, be.Service)
 		}
@@ -81,16 +82,16 @@ func TestKnownBugFailedFallbackStillEntersProbation(t *testing.T) {
 	a, b, c := e.bid(web.Key, beA), e.bid(web.Key, beB), e.bid(web.Key, beC)
 	e.program(id, []uint32{a, b, c}, nil, false)
 	e.apply(web)
-	e.f.takeOps()
+	e.f.TakeOps()
 
-	e.f.fail[opSetFallback] = errInjected
+	e.f.Fail[opSetFallback] = 1
 	if err := e.r.ProgramService(id, []uint32{a, b}, []uint32{c}, false, 0); err == nil {
 		t.Error("no error")
 	}
 	// The fake's invariant check fails at c's probation state; and:
-	if _, ok := e.f.fallbacks[id]; !ok {
-		if st := pbmaps.BackendState(e.f.backend(c).State); st == pbmaps.BackendProbation {
-			t.Errorf("backend %d entered probation with no fallback table: %s", c, opsString(e.f.takeOps()))
+	if _, ok := e.f.PbMaglevFb[id]; !ok {
+		if st := pbmaps.BackendState(e.f.PbBackends[c].State); st == pbmaps.BackendProbation {
+			t.Errorf("backend %d entered probation with no fallback table: %s", c, opsString(e.f.TakeOps()))
 		}
 	}
 }
@@ -110,9 +111,9 @@ func TestKnownBugFirstEjectionInstallsTable(t *testing.T) {
 		all := slices.Clone(e.service(web.Key).Backends)
 		e.program(id, all, nil, false) // start-up: table 0 goes live
 		e.prepare()                    // what the agent does after programming
-		e.f.takeOps()
+		e.f.TakeOps()
 		e.program(id, all[1:], nil, false) // an ejection, no Apply since
-		if ops := e.f.takeOps(); count(ops, kindIs(opInstallTables)) != 0 {
+		if ops := e.f.TakeOps(); count(ops, kindIs(opInstallTables)) != 0 {
 			t.Errorf("ejection installed a table: %s", opsString(ops))
 		}
 	})
@@ -126,9 +127,9 @@ func TestKnownBugFirstEjectionInstallsTable(t *testing.T) {
 		}
 		e.program(id, all, nil, false) // the agent reprograms: table 1 of 61 slots goes live
 		e.prepare()
-		e.f.takeOps()
+		e.f.TakeOps()
 		e.program(id, all[1:], nil, false) // an ejection
-		if ops := e.f.takeOps(); count(ops, kindIs(opInstallTables)) != 0 {
+		if ops := e.f.TakeOps(); count(ops, kindIs(opInstallTables)) != 0 {
 			t.Errorf("ejection installed a table: %s", opsString(ops))
 		}
 	})
@@ -149,13 +150,13 @@ func TestKnownBugFailedDeleteServiceNotRetried(t *testing.T) {
 	e.programAll()
 	apiID := e.service(api.Key).ID
 
-	e.f.fail[opDeleteService] = errInjected
-	if _, err := e.r.Apply(state(web)); err == nil {
+	e.f.Fail[opDeleteService] = 1
+	if _, err := e.r.Apply(state(web), e.acc); err == nil {
 		t.Fatal("no error")
 	}
 	// The next Apply (or PrepareTables) finishes the removal.
 	e.apply(web)
-	if _, ok := e.f.services[keyOf(api.Key)]; ok {
+	if _, ok := e.f.PbServices[keyOf(api.Key)]; ok {
 		t.Errorf("removed service %d still in pb_services after the next Apply", apiID)
 	}
 
@@ -168,7 +169,7 @@ func TestKnownBugFailedDeleteServiceNotRetried(t *testing.T) {
 	}
 	e.programAll()
 	for h := range uint32(4 * testTableSize) {
-		if id, _, ok := e.f.pick(keyOf(api.Key), h*2654435761, true); ok {
+		if id, _, ok := e.f.Pick(keyOf(api.Key), h*2654435761, true); ok {
 			be, _ := e.r.Backend(id)
 			t.Fatalf("a new flow to removed service api's VIP went to %s of service %d", be.Addr, be.Service)
 		}
@@ -180,11 +181,11 @@ func TestKnownBugFailedDeleteServiceNotRetried(t *testing.T) {
 // map written by another version, or corrupted) makes prepareTables index
 // Service.sizes out of range, and the agent panics at every start.
 func TestKnownBugAdoptedTableIndexOutOfRange(t *testing.T) {
-	f := newFakeWriter(t)
+	f := mapsfake.New(t)
 	k := pbmaps.ServiceKey(netip.MustParseAddr(vip1), 80, uint8(desired.TCP))
-	f.services[k] = bpf.LbSvcValue{Id: 5, Table: 2, TableSize: 0}
-	f.vipSlots[pbmaps.VIPSlot(netip.MustParseAddr(vip1))] = true
-	f.backends[7] = pbmaps.NewBackend(mustAP(beA), 5, pbmaps.BackendEjected, 0)
+	f.PbServices[k] = bpf.LbSvcValue{Id: 5, Table: 2, TableSize: 0}
+	f.PbVIPSlots[pbmaps.VIPSlot(netip.MustParseAddr(vip1))] = true
+	f.PbBackends[7] = pbmaps.NewBackend(mustAP(beA), 5, pbmaps.BackendEjected, 0)
 	r, err := New(f, Options{MaxServices: 64, MaxBackends: 256, TableSize: testTableSize, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +195,7 @@ func TestKnownBugAdoptedTableIndexOutOfRange(t *testing.T) {
 			t.Errorf("panic: %v", p)
 		}
 	}()
-	if _, err := r.Apply(state(svc("web", vip1, 80, ep(beA)))); err != nil {
+	if _, err := r.Apply(state(svc("web", vip1, 80, ep(beA))), heard{}); err != nil {
 		t.Error(err)
 	}
 	if err := r.ProgramService(5, []uint32{7}, nil, false, 0); err != nil {
@@ -213,22 +214,22 @@ func TestRetryRefusedFlagFollowsTheService(t *testing.T) {
 	e.prepare() // the spare table, so that only the flag change is left to write
 	s := e.service(web.Key)
 	key := pbmaps.ServiceKey(web.Key.VIP, web.Key.Port, uint8(web.Key.Protocol))
-	if got := e.f.services[key].Flags; got&pbmaps.ServiceRetryRefused == 0 {
+	if got := e.f.PbServices[key].Flags; got&pbmaps.ServiceRetryRefused == 0 {
 		t.Fatalf("pb_services flags %#x, want retry-refused", got)
 	}
-	e.f.takeOps()
+	e.f.TakeOps()
 	web.RetryRefused = false
 	e.apply(web)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	if len(ops) != 1 || count(ops, kindIs(opUpsertService)) != 1 {
 		t.Fatalf("turning retryRefused off wrote %s, want one service entry", opsString(ops))
 	}
-	if got := e.f.services[key]; got.Flags&pbmaps.ServiceRetryRefused != 0 || got != s.value {
+	if got := e.f.PbServices[key]; got.Flags&pbmaps.ServiceRetryRefused != 0 || got != s.value {
 		t.Fatalf("pb_services value %+v after turning it off, want no retry-refused and the rest as before", got)
 	}
 	// Applying the same again writes nothing.
 	e.apply(web)
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Fatalf("second apply wrote %s", opsString(ops))
 	}
 }

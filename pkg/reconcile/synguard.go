@@ -1,10 +1,13 @@
 package reconcile
 
-import "github.com/penaltybox/penaltybox/pkg/maps"
+import "time"
 
-// SetSYNGuard writes the SYN guard (pb_syn_guard): on for g.Lease from
-// now, or off when g.Lease is 0. The agent decides when; the datapath
-// applies it to every SYN that opens a flow.
-func (r *Reconciler) SetSYNGuard(g maps.SYNGuard) error {
+// GuardSYNs writes the SYN guard (pb_syn_guard) with its budget and trust
+// (Options.SYNGuard): on for lease from now, renewing it, or off with
+// lease 0. The agent decides when (flood mode); the datapath applies it to
+// every SYN that opens a flow.
+func (r *Reconciler) GuardSYNs(lease time.Duration) error {
+	g := r.guard
+	g.Lease = lease
 	return r.w.SetSYNGuard(g)
 }

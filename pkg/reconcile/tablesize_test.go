@@ -122,13 +122,13 @@ func TestSetTableSize(t *testing.T) {
 			e.program(em.ID, nil, nil, false)
 			e.apply(web, api, empty) // the spare tables, at the old size
 			e.spendGrants(wp...)
-			before := e.f.snapshot()
-			e.f.takeOps()
+			before := snapshotOf(e.f)
+			e.f.TakeOps()
 
 			if err := e.r.SetTableSize(tc.size); err != nil {
 				t.Fatal(err)
 			}
-			ops := e.f.takeOps()
+			ops := e.f.TakeOps()
 			if got := e.r.TableSize(); got != tc.size {
 				t.Errorf("TableSize() = %d", got)
 			}
@@ -151,7 +151,7 @@ func TestSetTableSize(t *testing.T) {
 					t.Errorf("installed %v, want %v", got, want)
 				}
 			}
-			after := e.f.snapshot()
+			after := snapshotOf(e.f)
 			before.tables, after.tables = nil, nil
 			before.diff(t, after)
 			for _, s := range []*Service{w, a} {
@@ -166,9 +166,9 @@ func TestSetTableSize(t *testing.T) {
 				s                 *Service
 				active, probation []uint32
 			}{{w, wa, wp}, {a, a.Backends, nil}} {
-				e.f.takeOps()
+				e.f.TakeOps()
 				e.program(p.s.ID, p.active, p.probation, false)
-				ops := e.f.takeOps()
+				ops := e.f.TakeOps()
 				inOrder(t, ops, "fill, then flip", fill(p.s.ID, 1), flip(p.s.ID, 1, tc.size))
 				if n := count(ops, kindIs(opInstallTables)); n != 0 {
 					t.Errorf("ProgramService installed a table SetTableSize prepared: %s", opsString(ops))
@@ -179,12 +179,12 @@ func TestSetTableSize(t *testing.T) {
 				if n := count(ops, kindIs(opSetBackend)); n != 0 {
 					t.Errorf("backend states rewritten (a grant re-issued?): %s", opsString(ops))
 				}
-				v := e.f.services[keyOf(p.s.Spec.Key)]
+				v := e.f.PbServices[keyOf(p.s.Spec.Key)]
 				if tbl := e.liveTable(p.s.Spec.Key); v.TableSize != tc.size || len(tbl) != int(tc.size) || v.Table != 1 {
 					t.Errorf("service %s: table %d, table_size %d, %d slots, want table 1 of %d", p.s.Spec.Name, v.Table, v.TableSize, len(tbl), tc.size)
 				}
 				if len(p.probation) > 0 {
-					if fb := e.f.fallbacks[p.s.ID]; len(fb) != int(tc.size) {
+					if fb := e.f.PbMaglevFb[p.s.ID]; len(fb) != int(tc.size) {
 						t.Errorf("service %s: fallback has %d slots, want %d", p.s.Spec.Name, len(fb), tc.size)
 					}
 					if tc.size != testTableSize { // a new size needs a new fallback first
@@ -195,7 +195,7 @@ func TestSetTableSize(t *testing.T) {
 
 				// Rebuilt once, then quiet.
 				e.program(p.s.ID, p.active, p.probation, false)
-				if ops := e.f.takeOps(); len(ops) != 0 {
+				if ops := e.f.TakeOps(); len(ops) != 0 {
 					t.Errorf("second call wrote %s", opsString(ops))
 				}
 			}
@@ -204,9 +204,9 @@ func TestSetTableSize(t *testing.T) {
 			// one, Apply installs it at the new size.
 			e.program(em.ID, nil, nil, false)
 			empty.Endpoints = []desired.Endpoint{ep("198.19.3.1:8080")}
-			e.f.takeOps()
+			e.f.TakeOps()
 			e.apply(web, api, empty)
-			ops = e.f.takeOps()
+			ops = e.f.TakeOps()
 			if got := installed(ops); !slices.Contains(got, pbmaps.TableInstall{SvcID: em.ID, N: 0, Size: tc.size}) {
 				t.Errorf("Apply installed %v, want table 0 of service %d at %d", got, em.ID, tc.size)
 			}
@@ -214,7 +214,7 @@ func TestSetTableSize(t *testing.T) {
 				t.Errorf("%d InstallTables, want one batch: %s", n, opsString(ops))
 			}
 			e.program(em.ID, em.Backends, nil, false)
-			ops = e.f.takeOps()
+			ops = e.f.TakeOps()
 			inOrder(t, ops, "new table", fill(em.ID, 0), flip(em.ID, 0, tc.size))
 			if n := count(ops, kindIs(opInstallTables)); n != 0 {
 				t.Errorf("ProgramService installed a table: %s", opsString(ops))
@@ -224,16 +224,16 @@ func TestSetTableSize(t *testing.T) {
 			fresh := svc("fresh", "198.18.0.20", 80, ep("198.19.4.1:8080"))
 			e.apply(web, api, empty, fresh)
 			fs := e.service(fresh.Key)
-			if tbl, ok := e.f.table(fs.ID, 0); !ok || len(tbl) != int(tc.size) {
+			if tbl, ok := e.f.Installed(fs.ID, 0); !ok || len(tbl) != int(tc.size) {
 				t.Errorf("new service's table 0 has %d slots (present %v), want %d", len(tbl), ok, tc.size)
 			}
-			e.f.takeOps()
+			e.f.TakeOps()
 			e.program(fs.ID, fs.Backends, nil, false)
 			// Written once: the flip, with its backend count.
-			if n := count(e.f.takeOps(), kindIs(opUpsertService)); n != 1 {
+			if n := count(e.f.TakeOps(), kindIs(opUpsertService)); n != 1 {
 				t.Errorf("new service written %d times for its first table", n)
 			}
-			if v := e.f.services[keyOf(fresh.Key)]; v.TableSize != tc.size || v.BackendCount != 1 {
+			if v := e.f.PbServices[keyOf(fresh.Key)]; v.TableSize != tc.size || v.BackendCount != 1 {
 				t.Errorf("new service value %+v, want table_size %d, backend_count 1", v, tc.size)
 			}
 			e.checkKernel()
@@ -249,18 +249,18 @@ func TestSetTableSizeRepeated(t *testing.T) {
 	bes := e.bids(web.Key, beA, beB)
 	e.program(id, bes, nil, false)
 	for _, sizes := range [][]uint32{{61}, {61}, {13, 101}, {7, 7}, {101, 13, 61}} {
-		e.f.takeOps()
+		e.f.TakeOps()
 		for _, n := range sizes {
 			if err := e.r.SetTableSize(n); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if n := count(e.f.takeOps(), func(o op) bool { return o.Kind != opInstallTables }); n != 0 {
+		if n := count(e.f.TakeOps(), func(o op) bool { return o.Kind != opInstallTables }); n != 0 {
 			t.Errorf("SetTableSize wrote more than tables")
 		}
 		n := e.spare(id)
 		e.program(id, bes, nil, false)
-		ops := e.f.takeOps()
+		ops := e.f.TakeOps()
 		e.wantProgrammed(id, bes, nil, nil)
 		want := sizes[len(sizes)-1]
 		if got := len(e.liveTable(web.Key)); got != int(want) {
@@ -277,7 +277,7 @@ func TestSetTableSizeInvalid(t *testing.T) {
 	e, web, id := webEnv(t)
 	bes := e.bids(web.Key, beA, beB)
 	e.program(id, bes, nil, false)
-	e.f.takeOps()
+	e.f.TakeOps()
 	for _, n := range []uint32{0, 30, 6, maglev.MaxTableSize + 2} {
 		if err := e.r.SetTableSize(n); err == nil {
 			t.Errorf("SetTableSize(%d): no error", n)
@@ -288,7 +288,7 @@ func TestSetTableSizeInvalid(t *testing.T) {
 	}
 	// Nothing was written or forced either.
 	e.program(id, bes, nil, false)
-	if ops := e.f.takeOps(); len(ops) != 0 {
+	if ops := e.f.TakeOps(); len(ops) != 0 {
 		t.Errorf("wrote %s", opsString(ops))
 	}
 }
@@ -301,16 +301,16 @@ func TestSetTableSizeInstallFailure(t *testing.T) {
 	bes := e.bids(web.Key, beA, beB)
 	e.program(id, bes, nil, false)
 	e.apply(web)
-	e.f.takeOps()
-	e.f.fail[opInstallTables] = errInjected
+	e.f.TakeOps()
+	e.f.Fail[opInstallTables] = 1
 	if err := e.r.SetTableSize(13); err == nil {
 		t.Error("no error")
 	}
-	if tbl, _ := e.f.table(id, 1); len(tbl) != testTableSize {
+	if tbl, _ := e.f.Installed(id, 1); len(tbl) != testTableSize {
 		t.Errorf("spare table has %d slots after the failed batch", len(tbl))
 	}
 	e.program(id, bes, nil, false)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	inOrder(t, ops, "install, fill, flip", installs(id), fill(id, 1), flip(id, 1, 13))
 	e.wantProgrammed(id, bes, nil, nil)
 }
@@ -331,29 +331,29 @@ func TestResizeOnSpareTable(t *testing.T) {
 	id := s.ID
 	e.program(id, s.Backends, nil, false)
 	e.apply(web) // the spare table
-	if v := e.f.services[keyOf(web.Key)]; v.TableSize != 1021 || v.Table != 0 {
+	if v := e.f.PbServices[keyOf(web.Key)]; v.TableSize != 1021 || v.Table != 0 {
 		t.Fatalf("10 endpoints: %+v, want table 0 of 1021 slots", v)
 	}
 	if got, _ := e.f.TableSizes(id); got != [2]uint32{1021, 1021} {
 		t.Fatalf("table sizes %v", got)
 	}
 	live := slices.Clone(e.liveTable(web.Key))
-	e.f.takeOps()
+	e.f.TakeOps()
 
 	// The 11th endpoint.
 	web.Endpoints = append(slices.Clone(web.Endpoints), ep("198.19.1.11:8080"))
 	e.apply(web)
-	ops := e.f.takeOps()
+	ops := e.f.TakeOps()
 	if got := installed(ops); !slices.Equal(got, []pbmaps.TableInstall{{SvcID: id, N: 1, Size: 2039}}) {
 		t.Errorf("Apply installed %v, want table 1 of 2039 slots: %s", got, opsString(ops))
 	}
-	v := e.f.services[keyOf(web.Key)]
+	v := e.f.PbServices[keyOf(web.Key)]
 	if v.TableSize != 1021 || v.Table != 0 || !slices.Equal(e.liveTable(web.Key), live) {
 		t.Errorf("live table changed by Apply: %+v", v)
 	}
 	// The old table keeps serving the old endpoints.
 	for h := range uint32(3 * 2039) {
-		be, _, ok := e.f.pick(keyOf(web.Key), h*2654435761, false)
+		be, _, ok := e.f.Pick(keyOf(web.Key), h*2654435761, false)
 		if !ok || !slices.Contains(s.Backends[:10], be) {
 			t.Fatalf("flow %d during the resize: backend %d (picked %v)", h, be, ok)
 		}
@@ -362,7 +362,7 @@ func TestResizeOnSpareTable(t *testing.T) {
 	// Admission of all 11, with the last one on probation.
 	all := slices.Clone(s.Backends)
 	e.program(id, all[:10], all[10:], false)
-	ops = e.f.takeOps()
+	ops = e.f.TakeOps()
 	inOrder(t, ops, "resize", is(opSetFallback, id), setState(all[10], pbmaps.BackendProbation), fill(id, 1), flip(id, 1, 2039))
 	if n := count(ops, kindIs(opInstallTables)); n != 0 {
 		t.Errorf("ProgramService installed a table Apply prepared: %s", opsString(ops))
@@ -371,24 +371,24 @@ func TestResizeOnSpareTable(t *testing.T) {
 		t.Errorf("%d pb_services writes, want the flip only: %s", n, opsString(ops))
 	}
 	e.wantProgrammed(id, all[:10], all[10:], nil)
-	if fb := e.f.fallbacks[id]; len(fb) != 2039 {
+	if fb := e.f.PbMaglevFb[id]; len(fb) != 2039 {
 		t.Errorf("fallback has %d slots, want 2039", len(fb))
 	}
 	// The old table, now the spare, is untouched until the next flip.
-	if tbl, _ := e.f.table(id, 0); !slices.Equal(tbl, live) {
+	if tbl, _ := e.f.Installed(id, 0); !slices.Equal(tbl, live) {
 		t.Error("the previously live table was written")
 	}
 
 	// Back to 10 endpoints: 1021 again.
 	web.Endpoints = web.Endpoints[:10]
 	e.apply(web)
-	ops = e.f.takeOps()
+	ops = e.f.TakeOps()
 	// (The spare, table 0, has the right size already.)
 	if got := installed(ops); len(got) != 0 {
 		t.Errorf("Apply installed %v", got)
 	}
 	e.program(id, all[:10], nil, false)
-	ops = e.f.takeOps()
+	ops = e.f.TakeOps()
 	inOrder(t, ops, "shrink", fill(id, 0), flip(id, 0, 1021))
 	e.wantProgrammed(id, all[:10], nil, nil)
 }

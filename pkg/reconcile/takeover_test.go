@@ -14,7 +14,7 @@ func (e *env) flags(name string) uint32 {
 	for _, s := range e.r.Services() {
 		if s.Spec.Name == name {
 			var v bpf.LbSvcValue
-			for _, fv := range e.f.services {
+			for _, fv := range e.f.PbServices {
 				if fv.Id == s.ID {
 					v = fv
 				}

@@ -26,7 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/bpf"
-	"github.com/penaltybox/penaltybox/internal/csum"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 

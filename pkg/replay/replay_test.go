@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/penaltybox/penaltybox/bpf"
-	"github.com/penaltybox/penaltybox/internal/csum"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 )
 
 // A copy the datapath could not have written (options not a whole number

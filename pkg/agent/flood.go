@@ -1,8 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
-import "time"
+import (
+	"time"
 
-// Evidence rules for the agent's own connect deadlines. The kernel's
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// Flood mode, and when the agent's own connect deadlines count. The kernel's
 // signals (a RST, a SYN-ACK, a retransmitted SYN) are evidence when they
 // arrive; the agent's deadline is evidence only of what did not arrive,
 // so it is judged only when nothing can still be on its way:
@@ -36,6 +42,31 @@ import "time"
 // budget until the flood ends. Drops over the budget are a sign of flood,
 // so the guard holds for as long as the flood lasts.
 
+// floodMode is the agent's flood mode and the SYN guard it holds on.
+type floodMode struct {
+	*core
+	on          bool
+	since, last time.Time
+	withheld    uint64
+	// dropped: the SYN guard's drops at the last look (looked), and
+	// when flood mode began.
+	dropped, droppedAtStart uint64
+	looked                  time.Time
+	// armed: the datapath's own armings at the last look.
+	armed uint64
+	// lostSeen: pb_stats events_lost at the last look.
+	lostSeen uint64
+	// withheldHere: timeouts withheld by observe (flood, service-wide),
+	// beside the tracker's own.
+	withheldHere uint64
+	// guard: the SYN guard's settings; guardErr: its last write failed
+	// (logged once); lease: how long one write holds it on (see
+	// guardLease).
+	guard    maps.SYNGuard
+	guardErr bool
+	lease    time.Duration
+}
+
 // floodPending is how many connects waiting for their backend's first
 // answer are a sign of flood: a busy node has as many as new flows a
 // second times a handshake's time, hundreds; a SYN flood has its rate
@@ -56,17 +87,17 @@ const lagLimit = time.Second
 
 // judgeUpTo is the time up to which connect deadlines may be judged: now,
 // or earlier while the reader is behind. Called with mu held.
-func (a *Agent) judgeUpTo(now time.Time) time.Time {
-	if a.events == nil {
+func (f *floodMode) judgeUpTo(now time.Time) time.Time {
+	if f.events == nil {
 		return now
 	}
-	c := a.events.CaughtUp()
+	c := f.events.CaughtUp()
 	if c.IsZero() {
 		return c // the reader has not yet read the ring to its end once
 	}
 	if c.Before(now) {
 		if now.Sub(c) > lagLimit {
-			a.floodSign(now, "events read late")
+			f.sign(now, "events read late")
 		}
 		return c
 	}
@@ -75,89 +106,88 @@ func (a *Agent) judgeUpTo(now time.Time) time.Time {
 
 // checkLoss tells the tracker of events the datapath dropped since the
 // last look, before deadlines are judged. Called with mu held.
-func (a *Agent) checkLoss(now time.Time) {
-	gs, err := a.stats.GlobalStats()
+func (f *floodMode) checkLoss(now time.Time) {
+	gs, err := f.stats.GlobalStats()
 	if err != nil {
 		return
 	}
-	if gs.EventsLost > a.lostSeen {
-		a.tracker.EventsLost()
-		a.lostSeen = gs.EventsLost
-		a.floodSign(now, "events lost")
+	if gs.EventsLost > f.lostSeen {
+		f.tracker.EventsLost()
+		f.lostSeen = gs.EventsLost
+		f.sign(now, "events lost")
 	}
 }
 
-// floodSign records a sign of flood, entering flood mode if not in it.
-func (a *Agent) floodSign(now time.Time, why string) {
-	a.flood.last = now
-	if a.flood.on {
+// sign records a sign of flood, entering flood mode if not in it.
+func (f *floodMode) sign(now time.Time, why string) {
+	f.last = now
+	if f.on {
 		return
 	}
-	a.flood.on, a.flood.since, a.flood.withheld = true, now, a.withheldTotal()
-	if s, err := a.stats.SYNGuardStats(); err == nil {
-		a.flood.dropped, a.flood.droppedAtStart = s.Dropped, s.Dropped
+	f.on, f.since, f.withheld = true, now, f.withheldTotal()
+	if s, err := f.stats.SYNGuardStats(); err == nil {
+		f.dropped, f.droppedAtStart = s.Dropped, s.Dropped
 	}
-	a.flood.looked = now
-	a.metrics.FloodMode.Set(1)
-	a.setGuard(true)
-	a.log.Warn("flood mode: connect deadlines judge only connections whose events all arrived",
-		"cause", why, "pending_connects", a.tracker.PendingConnects(), "flood_connects", a.tracker.FloodConnects(),
-		"syn_guard_rate_per_cpu", a.guard.Rate)
+	f.looked = now
+	f.metrics.FloodMode.Set(1)
+	f.setGuard(true)
+	f.log.Warn("flood mode: connect deadlines judge only connections whose events all arrived",
+		"cause", why, "pending_connects", f.tracker.PendingConnects(), "flood_connects", f.tracker.FloodConnects(),
+		"syn_guard_rate_per_cpu", f.guard.Rate)
 }
 
 // guardLease is how long the SYN guard stays on unless renewed: a few of
-// Maintain's rounds, each of which renews it while flood mode lasts. A
-// dead agent's guard ends by itself.
-func (a *Agent) guardLease() time.Duration { return 5 * a.every.probes }
+// Maintain's rounds (every probeCheck), each of which renews it while
+// flood mode lasts. A dead agent's guard ends by itself.
+func guardLease(probeCheck time.Duration) time.Duration { return 5 * probeCheck }
 
 // setGuard turns the SYN guard on for a lease (renewing it) or off; off,
 // a CPU that sees a flood's rate still arms it itself. With no rate
 // configured there is no guard at all. Called with mu held.
-func (a *Agent) setGuard(on bool) {
-	if on && a.guard.Rate == 0 {
+func (f *floodMode) setGuard(on bool) {
+	if on && f.guard.Rate == 0 {
 		return
 	}
-	g := a.guard
-	g.Lease = 0
+	lease := time.Duration(0)
 	if on {
-		g.Lease = a.guardLease()
+		lease = f.lease
 	}
-	if err := a.rec.SetSYNGuard(g); err != nil {
-		a.metrics.ProgramErrors.Inc()
-		if !a.guardErr {
-			a.log.Error("writing the SYN guard", "on", on, "err", err)
+	if err := f.rec.GuardSYNs(lease); err != nil {
+		f.metrics.ProgramErrors.Inc()
+		if !f.guardErr {
+			f.log.Error("writing the SYN guard", "on", on, "err", err)
 		}
-		a.guardErr = true
+		f.guardErr = true
 		return
 	}
-	a.guardErr = false
+	f.guardErr = false
 	active := 0.0
 	if on {
 		active = 1
 	}
-	a.metrics.SYNGuard.Set(active)
+	f.metrics.SYNGuard.Set(active)
 }
 
 // withheldTotal counts connect timeouts withheld for any reason.
-func (a *Agent) withheldTotal() uint64 {
-	return a.tracker.Withheld + a.tracker.WithheldOld + a.withheldHere
+func (f *floodMode) withheldTotal() uint64 {
+	return f.tracker.Withheld + f.tracker.WithheldOld + f.withheldHere
 }
 
-// floodCheck ends flood mode after floodQuiet without a sign (and looks
+// check ends flood mode after floodQuiet without a sign (and looks
 // at the reader's lag, which nothing else may have looked at lately).
 // Called with mu held.
-func (a *Agent) floodCheck(now time.Time) {
-	a.judgeUpTo(now)
+func (f *floodMode) check(now time.Time) {
+	f.judgeUpTo(now)
 	// A CPU armed the guard itself since the last look: a flood, seen
 	// first by the datapath.
-	s, serr := a.stats.SYNGuardStats()
+	s, serr := f.stats.SYNGuardStats()
 	if serr == nil {
-		if s.Armed > a.flood.armed {
-			a.floodSign(now, "the datapath armed the SYN guard: SYNs to services over --syn-guard-arm-rate")
+		if s.Armed > f.armed {
+			f.sign(now, "the datapath armed the SYN guard: SYNs to services over --syn-guard-arm-rate")
 		}
-		a.flood.armed = s.Armed
+		f.armed = s.Armed
 	}
-	if !a.flood.on {
+	if !f.on {
 		return
 	}
 	// The guard dropping more than a CPU's budget since the last look:
@@ -165,21 +195,21 @@ func (a *Agent) floodCheck(now time.Time) {
 	// goes on, though the guard keeps it from showing anywhere else. Fewer
 	// drops (a burst of new clients) do not hold flood mode. (A flood mode
 	// that began just now read the counters after s: nothing to compare.)
-	if serr == nil && s.Dropped >= a.flood.dropped {
-		budget := float64(a.guard.Rate) * now.Sub(a.flood.looked).Seconds()
-		if float64(s.Dropped-a.flood.dropped) > budget {
-			a.floodSign(now, "SYNs from untrusted sources over the SYN guard's budget")
+	if serr == nil && s.Dropped >= f.dropped {
+		budget := float64(f.guard.Rate) * now.Sub(f.looked).Seconds()
+		if float64(s.Dropped-f.dropped) > budget {
+			f.sign(now, "SYNs from untrusted sources over the SYN guard's budget")
 		}
-		a.flood.dropped, a.flood.looked = s.Dropped, now
+		f.dropped, f.looked = s.Dropped, now
 	}
-	if now.Sub(a.flood.last) <= floodQuiet {
-		a.setGuard(true)
+	if now.Sub(f.last) <= floodQuiet {
+		f.setGuard(true)
 		return
 	}
-	a.flood.on = false
-	a.metrics.FloodMode.Set(0)
-	a.setGuard(false)
-	a.log.Info("flood mode ended", "lasted", now.Sub(a.flood.since).Round(time.Millisecond).String(),
-		"timeouts_withheld", a.withheldTotal()-a.flood.withheld,
-		"syns_dropped", a.flood.dropped-a.flood.droppedAtStart)
+	f.on = false
+	f.metrics.FloodMode.Set(0)
+	f.setGuard(false)
+	f.log.Info("flood mode ended", "lasted", now.Sub(f.since).Round(time.Millisecond).String(),
+		"timeouts_withheld", f.withheldTotal()-f.withheld,
+		"syns_dropped", f.dropped-f.droppedAtStart)
 }

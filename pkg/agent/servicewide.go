@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -47,33 +49,40 @@ func (st *svcTimeouts) degraded(id uint32) bool {
 	return t >= 2 && float64(t) >= degradedShare*float64(n)
 }
 
-// record counts o for its endpoint, if active and not a probe, and
+// serviceWide tells a service's trouble from an endpoint's: its
+// endpoints' recent timeouts, by service.
+type serviceWide struct {
+	*core
+	timeouts map[uint32]*svcTimeouts
+}
+
+// withholds counts o for its endpoint, if active and not a probe, and
 // reports whether o is a timeout while most of the endpoint's peers are
 // degraded. Called with mu held, for every outcome.
-func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
+func (w *serviceWide) withholds(o accrual.Outcome, now time.Time) bool {
 	if o.Probe {
 		return false
 	}
-	b, ok := a.rec.Backend(o.Endpoint)
+	b, ok := w.rec.Backend(o.Endpoint)
 	if !ok || b.State != maps.BackendActive {
 		return false
 	}
-	s, ok := a.rec.Service(b.Service)
+	s, ok := w.rec.Service(b.Service)
 	if !ok {
 		return false
 	}
-	st := a.timeouts[s.ID]
+	st := w.timeouts[s.ID]
 	if st == nil {
 		st = &svcTimeouts{cur: map[uint32]window{}, prev: map[uint32]window{}}
-		a.timeouts[s.ID] = st
+		w.timeouts[s.ID] = st
 	}
-	w := a.policyOf(o.Endpoint).ConnectTimeout
-	if w <= 0 {
-		w = time.Second
+	span := w.policyOf(o.Endpoint).ConnectTimeout
+	if span <= 0 {
+		span = time.Second
 	}
-	if d := now.Sub(st.start); d >= w {
+	if d := now.Sub(st.start); d >= span {
 		st.prev, st.cur = st.cur, map[uint32]window{}
-		if d >= 2*w {
+		if d >= 2*span {
 			st.prev = map[uint32]window{}
 		}
 		st.start = now
@@ -103,7 +112,7 @@ func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
 	}
 	if st.wideSince.IsZero() {
 		st.wideSince = now
-		a.log.Warn("connect timeouts on most endpoints of the service at once: the service is degraded, not an endpoint; timeouts withheld",
+		w.log.Warn("connect timeouts on most endpoints of the service at once: the service is degraded, not an endpoint; timeouts withheld",
 			"service", s.Spec.Name, "endpoints_degraded", degraded+1, "active_endpoints", len(s.Active))
 	}
 	st.wideLast = now
@@ -111,52 +120,31 @@ func (a *Agent) serviceWide(o accrual.Outcome, now time.Time) bool {
 	return true
 }
 
-// forgetTimeouts drops an endpoint that left the active set (ejected,
+// forget drops an endpoint that left the active set (ejected,
 // removed) from its service's windows: it is nobody's peer any more.
 // Called with mu held.
-func (a *Agent) forgetTimeouts(svc, id uint32) {
-	if st := a.timeouts[svc]; st != nil {
+func (w *serviceWide) forget(svc, id uint32) {
+	if st := w.timeouts[svc]; st != nil {
 		delete(st.cur, id)
 		delete(st.prev, id)
 	}
 }
 
-// serviceWideCheck ends the episodes that had no withheld timeout for a
-// while. Called with mu held.
-func (a *Agent) serviceWideCheck(now time.Time) {
-	for id, st := range a.timeouts {
+// check ends the episodes that had no withheld timeout for a while.
+// Called with mu held.
+func (w *serviceWide) check(now time.Time) {
+	for id, st := range w.timeouts {
 		if !st.wideSince.IsZero() && now.Sub(st.wideLast) > floodQuiet {
 			name := ""
-			if s, ok := a.rec.Service(id); ok {
+			if s, ok := w.rec.Service(id); ok {
 				name = s.Spec.Name
 			}
-			a.log.Info("service no longer degraded as a whole", "service", name,
+			w.log.Info("service no longer degraded as a whole", "service", name,
 				"lasted", st.wideLast.Sub(st.wideSince).Round(time.Millisecond).String(), "timeouts_withheld", st.wideCount)
 			st.wideSince, st.wideCount = time.Time{}, 0
 		}
-		if _, ok := a.rec.Service(id); !ok {
-			delete(a.timeouts, id)
+		if _, ok := w.rec.Service(id); !ok {
+			delete(w.timeouts, id)
 		}
 	}
-}
-
-// observe hands one outcome to accrual, unless it is a timeout that says
-// nothing against the endpoint: one seen in flood mode (withheld, reason
-// flood), or one while most of its peers time out too (service_wide).
-// Called with mu held.
-func (a *Agent) observe(o accrual.Outcome) {
-	if o.Success {
-		a.noteHandshake(o)
-	}
-	if a.flood.on && !o.Success && o.Kind == accrual.KindTimeout && !o.Probe {
-		a.metrics.Withheld.WithLabelValues("flood").Inc()
-		a.withheldHere++
-		return
-	}
-	if a.serviceWide(o, a.clk.Now()) {
-		a.metrics.Withheld.WithLabelValues("service_wide").Inc()
-		a.withheldHere++
-		return
-	}
-	a.handleTransitions(a.engine.Observe(o))
 }

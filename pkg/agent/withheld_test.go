@@ -65,7 +65,7 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 	for range 3 {
 		e.unanswered(svc, be[1])
 	}
-	e.f.lost += 1000 // the ring overflowed meanwhile
+	e.f.Global.EventsLost += 1000 // the ring overflowed meanwhile
 	e.clk.Step(time.Second)
 	e.a.Advance()
 	if ep := e.endpoint(be[1]); ep.State != "ready" || ep.Counters.Failures.Timeout != 0 {
@@ -110,7 +110,7 @@ func TestLostEventsWithholdTimeouts(t *testing.T) {
 // news.
 func TestOldLossesAreNoNews(t *testing.T) {
 	e := newEnv(t)
-	e.f.lost = 5000
+	e.f.Global.EventsLost = 5000
 	s := web(80, 2, settings())
 	e.start(state(s))
 	svc, be := e.ids(s)
@@ -318,13 +318,13 @@ func TestOneServiceCannotHoldFloodMode(t *testing.T) {
 	}
 	// The spell of shedding is logged when it starts and when it ends, a
 	// quiet spell later.
-	if len(e.a.shedding) != 1 {
-		t.Fatalf("shedding spells %v, want the idle service's", e.a.shedding)
+	if len(e.a.shed.spells) != 1 {
+		t.Fatalf("shedding spells %v, want the idle service's", e.a.shed.spells)
 	}
 	e.clk.Step(floodQuiet + time.Second)
 	e.a.Maintain()
-	if len(e.a.shedding) != 0 {
-		t.Fatalf("shedding spells %v after a quiet spell, want none", e.a.shedding)
+	if len(e.a.shed.spells) != 0 {
+		t.Fatalf("shedding spells %v after a quiet spell, want none", e.a.shed.spells)
 	}
 }
 

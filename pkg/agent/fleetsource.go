@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -69,15 +71,10 @@ func (a *Agent) Condemn(c fleet.Condemned) (known, out bool) {
 		}
 		for _, bid := range s.Backends {
 			if b, ok := a.rec.Backend(bid); ok && b.Addr == c.Addr {
-				a.handleTransitions(a.engine.Condemn(bid, c.Calls, c.Failures, c.Level))
+				a.trans.handle(a.engine.Condemn(bid, c.Calls, c.Failures, c.Level))
 				// The penalty's end is a new deadline: wake the loop if
 				// its timer would be late for it.
-				if a.nextDeadline().Before(a.armed) {
-					select {
-					case a.deadlines <- struct{}{}:
-					default:
-					}
-				}
+				a.wake()
 				return true, a.engine.StateOf(bid) != accrual.Ready
 			}
 		}

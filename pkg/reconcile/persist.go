@@ -27,7 +27,7 @@ func (r *Reconciler) PersistEndpoint(rec accrual.Record) error {
 		ProbationAtNs:       unixNano(rec.ProbationAt),
 		LastFailureNs:       unixNano(rec.LastFailureAt),
 	}
-	if err := r.w.PutHealth(rec.Endpoint, h); err != nil {
+	if err := r.w.PutPersisted(rec.Endpoint, h); err != nil {
 		return fmt.Errorf("pb_health[%d]: %w", rec.Endpoint, err)
 	}
 	return nil
@@ -35,7 +35,7 @@ func (r *Reconciler) PersistEndpoint(rec accrual.Record) error {
 
 // PersistedEndpoints reads the accrual records a previous agent left.
 func (r *Reconciler) PersistedEndpoints() ([]accrual.Record, error) {
-	hs, err := r.w.Health()
+	hs, err := r.w.Persisted()
 	if err != nil {
 		return nil, fmt.Errorf("read pb_health: %w", err)
 	}
@@ -57,15 +57,15 @@ func (r *Reconciler) PersistedEndpoints() ([]accrual.Record, error) {
 func (r *Reconciler) PruneEndpoints(recs []accrual.Record) {
 	for _, rec := range recs {
 		if b, ok := r.backends[rec.Endpoint]; !ok || b.Service != rec.Service || b.State == maps.BackendRemoved {
-			r.forgetHealth(rec.Endpoint)
+			r.forgetPersisted(rec.Endpoint)
 		}
 	}
 }
 
-// forgetHealth deletes a backend's record: its endpoint left the service,
+// forgetPersisted deletes a backend's record: its endpoint left the service,
 // and a recycled id must not inherit its penalty.
-func (r *Reconciler) forgetHealth(id uint32) {
-	if err := r.w.DeleteHealth(id); err != nil {
+func (r *Reconciler) forgetPersisted(id uint32) {
+	if err := r.w.DeletePersisted(id); err != nil {
 		r.log.Error("delete persisted endpoint state", "id", id, "err", err)
 	}
 }

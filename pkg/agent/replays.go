@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -9,6 +11,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/outcomes"
 	"github.com/penaltybox/penaltybox/pkg/reconcile"
 	"github.com/penaltybox/penaltybox/pkg/replay"
 )
@@ -30,6 +33,57 @@ const (
 	replaySamples = 128 // handshakes kept per service
 	replayEvery   = 32  // the deadline is recomputed every this many
 )
+
+// Replayer replays the SYN client sent to vip, which backend refused
+// (pkg/replay).
+type Replayer interface {
+	Replay(client, vip, backend netip.AddrPort) error
+}
+
+// replays send a refused or unanswered SYN again at once, for the
+// datapath to move its flow to another backend (pkg/replay), and keep
+// each service's replay deadline from its recent handshakes.
+type replays struct {
+	*core
+	replayer Replayer
+	// failed: a replay failure has been logged (the metric counts the
+	// rest).
+	failed bool
+	// handshakes: per service, recent handshake times.
+	handshakes map[uint32]*handshakes
+	// flood: no replays in flood mode.
+	flood *floodMode
+}
+
+// maxReplayAge: a refusal older than this is not replayed. Linux clients
+// retransmit a SYN after 1 s, after which the flow has moved on its own.
+const maxReplayAge = 200 * time.Millisecond
+
+// refused sends a refused flow's SYN again, so that the datapath moves it
+// to another backend now rather than on the client's retransmission.
+func (r *replays) refused(ev *outcomes.Event) {
+	if r.replayer == nil {
+		return
+	}
+	s, ok := r.rec.Service(ev.Service)
+	b, bok := r.rec.Backend(ev.Backend)
+	if !ok || !bok {
+		return
+	}
+	// An old refusal (a backlog after a restart, a reader far behind) has
+	// had the client's own retransmission by now; and in a flood, a replay
+	// per refused SYN would be the flood's work done twice.
+	if r.clk.Now().Sub(ev.At) > maxReplayAge {
+		r.metrics.Replays.WithLabelValues("refused", "stale").Inc()
+		return
+	}
+	if r.flood.on {
+		r.metrics.Replays.WithLabelValues("refused", "flood").Inc()
+		return
+	}
+	vip := netip.AddrPortFrom(s.Spec.Key.VIP, s.Spec.Key.Port)
+	r.count("refused", s.Spec.Name, ev.Client, r.replayer.Replay(ev.Client, vip, b.Addr))
+}
 
 // handshakes are a service's recent handshake times.
 type handshakes struct {
@@ -94,79 +148,84 @@ const maxTop = 4
 // noteHandshake records a success's handshake time for its service's
 // replay deadline, and moves the deadline when it changes. Called with mu
 // held.
-func (a *Agent) noteHandshake(o accrual.Outcome) {
+func (r *replays) noteHandshake(o accrual.Outcome) {
 	if o.Handshake <= 0 {
 		return
 	}
-	b, ok := a.rec.Backend(o.Endpoint)
+	b, ok := r.rec.Backend(o.Endpoint)
 	if !ok {
 		return
 	}
-	s, ok := a.rec.Service(b.Service)
+	s, ok := r.rec.Service(b.Service)
 	if !ok || !s.Spec.RetryRefused {
 		return
 	}
-	h := a.handshakes[s.ID]
+	h := r.handshakes[s.ID]
 	if h == nil {
 		h = &handshakes{}
-		a.handshakes[s.ID] = h
+		r.handshakes[s.ID] = h
 	}
 	h.ring[h.n%replaySamples] = o.Handshake
 	h.n++
 	if h.n%replayEvery == 0 {
-		a.setReplay(s)
+		r.retune(s)
 	}
 }
 
-// replaysUnanswered: the agent can replay unanswered SYNs (without a
+// unansweredToo: the agent can replay unanswered SYNs (without a
 // replayer no deadline is set, or the tracker would hold due replays no
 // one takes).
-func (a *Agent) replaysUnanswered() bool {
-	_, ok := a.replayer.(unansweredReplayer)
+func (r *replays) unansweredToo() bool {
+	_, ok := r.replayer.(unansweredReplayer)
 	return ok
 }
 
-// setReplay writes a service's replay deadline into its backends' policy.
-func (a *Agent) setReplay(s *reconcile.Service) {
-	if !a.replaysUnanswered() {
+// after is service s's replay deadline now; 0: no replays.
+func (r *replays) after(s *reconcile.Service) time.Duration {
+	return replayAfter(&s.Spec, r.handshakes[s.ID])
+}
+
+// retune writes a service's replay deadline into its backends' policy.
+func (r *replays) retune(s *reconcile.Service) {
+	if !r.unansweredToo() {
 		return
 	}
-	d := replayAfter(&s.Spec, a.handshakes[s.ID])
-	if h := a.handshakes[s.ID]; h != nil {
+	d := r.after(s)
+	if h := r.handshakes[s.ID]; h != nil {
 		if d != h.after && h.after != 0 {
-			a.log.Debug("replay deadline moved", "service", s.Spec.Name, "from", h.after.String(), "to", d.String())
+			r.log.Debug("replay deadline moved", "service", s.Spec.Name, "from", h.after.String(), "to", d.String())
 		}
 		h.after = d
 	}
 	for _, id := range s.Backends {
-		if int(id) < len(a.policy) {
-			a.policy[id].Replay = d
+		if int(id) < len(r.policy) {
+			r.policy[id].Replay = d
 		}
 	}
 }
 
-// replayUnanswered replays a SYN that backend has left unanswered past its
+// unanswered replays a SYN that backend has left unanswered past its
 // service's replay deadline, for the datapath to move it to another
 // backend. Called with mu held.
-func (a *Agent) replayUnanswered(backend uint32, client netip.AddrPort) {
-	r, ok := a.replayer.(unansweredReplayer)
+func (r *replays) unanswered(backend uint32, client netip.AddrPort) {
+	ur, ok := r.replayer.(unansweredReplayer)
 	if !ok {
 		return
 	}
-	b, ok := a.rec.Backend(backend)
+	b, ok := r.rec.Backend(backend)
 	if !ok {
 		return
 	}
-	s, ok := a.rec.Service(b.Service)
+	s, ok := r.rec.Service(b.Service)
 	if !ok {
 		return
 	}
-	if a.flood.on {
-		a.metrics.Replays.WithLabelValues("unanswered", "flood").Inc()
+	if r.flood.on {
+		r.metrics.Replays.WithLabelValues("unanswered", "flood").Inc()
 		return
 	}
 	vip := netip.AddrPortFrom(s.Spec.Key.VIP, s.Spec.Key.Port)
-	a.countReplay("unanswered", s.Spec.Name, client, r.ReplayUnanswered(client, vip, b.Addr, backend))
+	r.count("unanswered", s.Spec.Name, client, ur.ReplayUnanswered(client, vip, b.Addr, backend))
 }
 
 // unansweredReplayer is a Replayer that can also move an unanswered SYN.
@@ -174,20 +233,20 @@ type unansweredReplayer interface {
 	ReplayUnanswered(client, vip, backend netip.AddrPort, backendID uint32) error
 }
 
-// countReplay counts a replay's result, and logs the first failure.
-func (a *Agent) countReplay(reason, service string, client netip.AddrPort, err error) {
+// count counts a replay's result, and logs the first failure.
+func (r *replays) count(reason, service string, client netip.AddrPort, err error) {
 	switch {
 	case err == nil:
-		a.metrics.Replays.WithLabelValues(reason, "sent").Inc()
+		r.metrics.Replays.WithLabelValues(reason, "sent").Inc()
 	case errors.Is(err, replay.ErrStale):
-		a.metrics.Replays.WithLabelValues(reason, "stale").Inc()
+		r.metrics.Replays.WithLabelValues(reason, "stale").Inc()
 	case errors.Is(err, replay.ErrNoCopy):
-		a.metrics.Replays.WithLabelValues(reason, "no_copy").Inc()
+		r.metrics.Replays.WithLabelValues(reason, "no_copy").Inc()
 	default:
-		a.metrics.Replays.WithLabelValues(reason, "error").Inc()
-		if !a.replayErr {
-			a.replayErr = true
-			a.log.Error("replaying a SYN failed; clients wait for their own retransmission (further failures are only counted)",
+		r.metrics.Replays.WithLabelValues(reason, "error").Inc()
+		if !r.failed {
+			r.failed = true
+			r.log.Error("replaying a SYN failed; clients wait for their own retransmission (further failures are only counted)",
 				"service", service, "client", client.String(), "err", err)
 		}
 	}

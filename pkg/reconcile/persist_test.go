@@ -50,16 +50,16 @@ func TestPersistedEndpointsRoundTrip(t *testing.T) {
 	}
 	e.apply(web)
 	e.r.PruneEndpoints(recs)
-	if _, ok := e.f.health[a]; !ok {
+	if _, ok := e.f.PbHealth[a]; !ok {
 		t.Error("a live endpoint's record was pruned")
 	}
-	if _, ok := e.f.health[b]; ok {
+	if _, ok := e.f.PbHealth[b]; ok {
 		t.Error("a record naming another service survived the prune")
 	}
 	// The endpoint leaves: its record goes with it, so a recycled id does
 	// not inherit the penalty.
 	e.apply(svc("web", vip1, 80, ep("198.19.0.2:8080")))
-	if _, ok := e.f.health[a]; ok {
+	if _, ok := e.f.PbHealth[a]; ok {
 		t.Error("a retired endpoint's record survived")
 	}
 }
@@ -69,25 +69,25 @@ func TestRedirectInterfacesSetTheConfigFlag(t *testing.T) {
 	if err := e.r.SetRedirectInterfaces([]uint32{4, 7}); err != nil {
 		t.Fatal(err)
 	}
-	if !e.f.config.Redirect || len(e.f.redirect) != 2 {
-		t.Fatalf("redirect %v, config %+v", e.f.redirect, e.f.config)
+	if !e.f.PbConfig.Redirect || len(e.f.PbRedirect) != 2 {
+		t.Fatalf("redirect %v, config %+v", e.f.PbRedirect, e.f.PbConfig)
 	}
 	// The other settings stay as they were set, whatever the interfaces.
 	set := pbmaps.Config{ReversePath: true, HashSeed: 7, SYNRetransMinAge: time.Second}
 	if err := e.r.SetDatapathConfig(set); err != nil {
 		t.Fatal(err)
 	}
-	if want := (pbmaps.Config{Redirect: true, ReversePath: true, HashSeed: 7, SYNRetransMinAge: time.Second}); e.f.config != want {
-		t.Fatalf("config %+v after the settings, want %+v", e.f.config, want)
+	if want := (pbmaps.Config{Redirect: true, ReversePath: true, HashSeed: 7, SYNRetransMinAge: time.Second}); e.f.PbConfig != want {
+		t.Fatalf("config %+v after the settings, want %+v", e.f.PbConfig, want)
 	}
 	if err := e.r.SetRedirectInterfaces(nil); err != nil {
 		t.Fatal(err)
 	}
-	if want := (pbmaps.Config{ReversePath: true, HashSeed: 7, SYNRetransMinAge: time.Second}); e.f.config != want || len(e.f.redirect) != 0 {
-		t.Fatalf("redirect %v, config %+v after clearing, want %+v", e.f.redirect, e.f.config, want)
+	if want := (pbmaps.Config{ReversePath: true, HashSeed: 7, SYNRetransMinAge: time.Second}); e.f.PbConfig != want || len(e.f.PbRedirect) != 0 {
+		t.Fatalf("redirect %v, config %+v after clearing, want %+v", e.f.PbRedirect, e.f.PbConfig, want)
 	}
 	if err := e.r.SetInterfaces([]pbmaps.Iface{{Index: 9, Partial: true}, {Index: 10, Master: 3}}); err != nil ||
-		len(e.f.partial) != 1 || e.f.masters[10] != 3 {
-		t.Fatalf("partial %v, masters %v, err %v", e.f.partial, e.f.masters, err)
+		len(e.f.Partial) != 1 || e.f.Masters[10] != 3 {
+		t.Fatalf("partial %v, masters %v, err %v", e.f.Partial, e.f.Masters, err)
 	}
 }

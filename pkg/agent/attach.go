@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package agent
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/nodelinks"
+)
+
+// XDP attachment: the interfaces a config file lists (applyInterfaces),
+// or the node's links as they come and go (SyncLinks, Kubernetes mode).
+
+// checkInterfaces resolves every interface a config file names.
+func (a *Agent) checkInterfaces(n *desired.Node) error {
+	var errs []error
+	for _, f := range []struct {
+		field string
+		names []string
+	}{{"interfaces", n.Interfaces}, {"redirectInterfaces", n.RedirectInterfaces}} {
+		for i, n := range f.names {
+			if _, err := a.link(n); err != nil {
+				errs = append(errs, fmt.Errorf("%s[%d]: %q: %w", f.field, i, n, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// applyInterfaces attaches XDP where listed and detaches it elsewhere, and
+// tells the datapath which interfaces are veths and which take redirects.
+func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
+	a.hooksMu.Lock()
+	defer a.hooksMu.Unlock()
+	want := map[string]bool{}
+	for _, n := range ifaces {
+		want[n] = true
+		if err := a.hooks.Attach(n); err != nil {
+			return err
+		}
+	}
+	for _, n := range a.hooks.Attached() {
+		if !want[n] {
+			if err := a.hooks.Detach(n); err != nil {
+				a.log.Error("detach", "interface", n, "err", err)
+			}
+		}
+	}
+	var known []maps.Iface
+	for _, n := range ifaces {
+		if l, err := a.link(n); err == nil {
+			known = append(known, l.iface(l.Veth))
+		}
+	}
+	var idx []uint32
+	for _, n := range redirect {
+		l, err := a.link(n)
+		if err != nil {
+			return fmt.Errorf("redirectInterfaces: %q: %w", n, err)
+		}
+		idx = append(idx, uint32(l.Index))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.rec.SetInterfaces(known); err != nil {
+		return err
+	}
+	if err := a.rec.SetRedirectInterfaces(idx); err != nil {
+		return err
+	}
+	a.interfaces = ifaces
+	return nil
+}
+
+// SyncLinks keeps XDP on exactly the given links (Kubernetes mode: the
+// node's external interfaces and every pod's veth, as they come and go).
+// A link whose ifindex changed under the same name (a pod recreated with a
+// deterministic veth name) is detached and attached afresh. The first call
+// also releases hooks a previous agent pinned on interfaces that are no
+// longer wanted. An interface that cannot be attached is logged and
+// retried on the next call; the others are not held up. It returns how
+// many links are attached.
+func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
+	a.hooksMu.Lock()
+	defer a.hooksMu.Unlock()
+	want := map[string]int{}
+	for _, l := range ls {
+		want[l.Name] = l.Index
+	}
+	if first {
+		for _, name := range a.hooks.Attached() {
+			if _, ok := want[name]; !ok {
+				a.detach(name)
+			}
+		}
+	}
+	for name, idx := range a.links {
+		if want[name] != idx {
+			a.detach(name)
+			delete(a.links, name)
+		}
+	}
+	for _, l := range ls {
+		if _, ok := a.links[l.Name]; ok || !l.Attach() {
+			continue
+		}
+		if err := a.hooks.Attach(l.Name); err != nil {
+			a.log.Warn("attach XDP", "interface", l.Name, "pod", l.Pod, "err", err)
+			continue
+		}
+		a.links[l.Name] = l.Index
+	}
+	names := make([]string, 0, len(a.links))
+	var known []maps.Iface
+	for _, l := range ls {
+		if _, ok := a.links[l.Name]; ok {
+			names = append(names, l.Name)
+			// Pods' packets arrive with their L4 checksum left to the
+			// device: the datapath must know which interfaces can hand it
+			// such packets. Not tunnels: what they decapsulate came off a
+			// NIC, its checksums whole. A bridged pod's veth has the
+			// bridge for master, which the node routes the pod through.
+			info := LinkInfo{Index: l.Index}
+			if r, err := a.link(l.Name); err == nil && r.Index == l.Index {
+				info.Master = r.Master
+			}
+			i := info.iface(l.Pod)
+			i.Decap = l.External()
+			known = append(known, i)
+		}
+		if l.IPIP {
+			known = append(known, maps.Iface{Index: uint32(l.Index), IPIP: true})
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.rec.SetInterfaces(known); err != nil {
+		a.log.Error("pb_ifaces", "err", err)
+	}
+	a.interfaces = names
+	return len(a.links)
+}
+
+// NoRedirect sends all traffic through the kernel stack after NAT
+// (Kubernetes mode): a pod's veth can only take redirected frames if the
+// CNI enabled GRO or XDP on the pod's end, which the agent cannot know.
+func (a *Agent) NoRedirect() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rec.SetRedirectInterfaces(nil)
+}
+
+func (a *Agent) detach(name string) {
+	if err := a.hooks.Detach(name); err != nil {
+		a.log.Warn("detach XDP", "interface", name, "err", err)
+	}
+}
