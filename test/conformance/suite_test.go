@@ -31,7 +31,7 @@ var fullFocus = []string{
 }
 
 // ciFocus is the fixed subset `make test` runs (go test ./test/...): one
-// spec per kind of thing the datapath must get right, about 3 minutes on
+// spec per kind of thing the datapath must get right, 2.3 minutes on
 // the rig with the cluster's start and stop, where the full list takes
 // about 7 (README, "Conformance"): the affinity timeout spec alone waits
 // over two minutes.
