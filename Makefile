@@ -163,7 +163,7 @@ k8s-tools:
 # version for test/conformance, built from the Go module proxy and cached
 # like the Kubernetes binaries (scripts/e2e-tools.sh), and the tools its
 # images take from this host (scripts/e2e-images.sh).
-E2E_IMAGE_DEPS := nc.openbsd:netcat-openbsd curl:curl
+E2E_IMAGE_DEPS := nc.openbsd:netcat-openbsd curl:curl wget:wget dash:dash
 e2e-tools: deps
 	@$(MAKE) --no-print-directory deps DEPS="$(E2E_IMAGE_DEPS)"
 	scripts/e2e-tools.sh >/dev/null

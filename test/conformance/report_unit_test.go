@@ -106,6 +106,7 @@ func TestFocus(t *testing.T) {
 		{"[sig-network] Services should serve a basic endpoint from pods [Conformance]", true, true},
 		{"[sig-network] Services should have session affinity timeout work for service with type clusterIP [LinuxOnly]", true, false},
 		{"[sig-network] Services should have session affinity timeout work for NodePort service [LinuxOnly]", false, false},
+		{"[sig-network] Services should be able to switch session affinity for service with type clusterIP [LinuxOnly] [Conformance]", true, true},
 		{"[sig-network] Services should implement service.kubernetes.io/service-proxy-name", true, true},
 		{"[sig-network] Services should implement service.kubernetes.io/headless", false, false},
 		{"[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a ClusterIP service", true, false},

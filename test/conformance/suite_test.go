@@ -31,9 +31,10 @@ var fullFocus = []string{
 }
 
 // ciFocus is the fixed subset `make test` runs (go test ./test/...): one
-// spec per kind of thing the datapath must get right, about 4 minutes on
-// the rig with the cluster's start and stop. The full list takes about
-// an hour (README, "Conformance").
+// spec per kind of thing the datapath must get right, 2.3 minutes on
+// the rig with the cluster's start and stop, where the full list takes
+// about 7 (README, "Conformance"): the affinity timeout spec alone waits
+// over two minutes.
 var ciFocus = []string{
 	// TCP to a ClusterIP, endpoints coming and going.
 	exact(`[sig-network] Services should serve a basic endpoint from pods [Conformance]`),
@@ -41,8 +42,10 @@ var ciFocus = []string{
 	exact(`[sig-network] Services should serve endpoints on same port and different protocols [Conformance]`),
 	// A Service labelled for another proxy is left alone.
 	exact(`[sig-network] Services should implement service.kubernetes.io/service-proxy-name`),
-	// Session affinity: every client's connections to one endpoint.
+	// Session affinity: every client's connections to one endpoint, and
+	// switched off and on again live.
 	exact(`[sig-network] Services should have session affinity work for service with type clusterIP [LinuxOnly] [Conformance]`),
+	exact(`[sig-network] Services should be able to switch session affinity for service with type clusterIP [LinuxOnly] [Conformance]`),
 }
 
 // skipped are specs the focus selects that the rig cannot run, each with
