@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -32,14 +33,7 @@ func ipip(src, dst netip.Addr, frame []byte, outer ...func(h []byte)) []byte {
 	for _, f := range outer {
 		f(h)
 	}
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(h[10:], ^uint16(sum))
+	binary.BigEndian.PutUint16(h[10:], ^csum.Fold(csum.Sum(h, 0)))
 	out := append([]byte{}, frame[:14]...)
 	out = append(out, h...)
 	return append(out, inner...)
