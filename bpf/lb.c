@@ -344,7 +344,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 	}
 
 nat:;
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = coarse_now();
 	if (now - rv->last_seen_ns > 1000000000ULL)
 		rv->last_seen_ns = now;
 

@@ -196,6 +196,12 @@ const (
 	LbPbBackendStatePB_BE_REMOVED   LbPbBackendState = 3
 )
 
+type LbPbClock struct {
+	_       structs.HostLayout
+	Jiffies uint64
+	Ns      uint64
+}
+
 type LbPbEventFlag uint32
 
 const (
@@ -397,6 +403,7 @@ const (
 	LbMapPbSynsV2           = "pb_syns_v2"
 	LbMapPbVipSlots         = "pb_vip_slots"
 	LbProgPbXdp             = "pb_xdp"
+	LbVarPbClock            = "pb_clock"
 	LbVarPbNfKfuncs         = "pb_nf_kfuncs"
 	LbVarUnusedBackendState = "unused_backend_state"
 	LbVarUnusedEvent        = "unused_event"
@@ -490,6 +497,7 @@ type LbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbVariableSpecs struct {
+	PbClock            *ebpf.VariableSpec `ebpf:"pb_clock"`
 	PbNfKfuncs         *ebpf.VariableSpec `ebpf:"pb_nf_kfuncs"`
 	UnusedBackendState *ebpf.VariableSpec `ebpf:"unused_backend_state"`
 	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -587,6 +595,7 @@ func (m *LbMaps) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbVariables struct {
+	PbClock            *ebpf.Variable `ebpf:"pb_clock"`
 	PbNfKfuncs         *ebpf.Variable `ebpf:"pb_nf_kfuncs"`
 	UnusedBackendState *ebpf.Variable `ebpf:"unused_backend_state"`
 	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`

@@ -290,7 +290,7 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 	 * reaper's timeouts (a SYN-ACK alone does not make one). */
 	if (unlikely(!(ct->flags & PB_CT_CLIENT_ACKED)))
 		__sync_fetch_and_or(&ct->flags, PB_CT_CLIENT_ACKED);
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = coarse_now();
 	/* Refresh at most once a second: keeps the line clean. Then also make
 	 * sure the reverse half is there: the LRU may have evicted it, and
 	 * without it replies are not reverse-NATed and the flow's end is

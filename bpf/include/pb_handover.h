@@ -23,7 +23,7 @@ static __always_inline int handed_over(void)
 	/* Signed: the coarse clock lags the agent's reading by up to a tick,
 	 * so a fresh heartbeat can be a little ahead of it. */
 	return cfg->dead_man_ns && cfg->heartbeat_ns &&
-	       (__s64)(bpf_ktime_get_coarse_ns() - cfg->heartbeat_ns) > (__s64)cfg->dead_man_ns;
+	       (__s64)(coarse_now() - cfg->heartbeat_ns) > (__s64)cfg->dead_man_ns;
 }
 
 /* The kernel's conntrack (nf_conntrack) through its kfuncs (Linux 6.0),

@@ -409,7 +409,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	fv->svc_id = svc->id;
 	fv->backend_id = pk.id;
 	fv->created_ns = now;
-	fv->last_seen_ns = bpf_ktime_get_coarse_ns();
+	fv->last_seen_ns = coarse_now();
 	/* The ISN the backend's answers must acknowledge (see handle_reply). */
 	struct tcphdr *syn = (void *)p->ports;
 	if (p->proto == IPPROTO_TCP && !midstream && (void *)(syn + 1) <= p->end)

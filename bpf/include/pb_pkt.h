@@ -100,6 +100,33 @@ static __always_inline struct config *config(void)
 	return bpf_map_lookup_elem(&pb_config_v2, &k);
 }
 
+/* The coarse clock (bpf_ktime_get_coarse_ns), read at most once a jiffy.
+ * bpf_jiffies64 is a single load once JITed (the verifier inlines it),
+ * while the clock is a helper call: a sixth of an established packet's
+ * cost. The coarse clock moves only with the tick that moves jiffies, so
+ * what this returns is as fresh as the clock itself (a tick late at most,
+ * when jiffies moved before the clock did). One copy for all CPUs: it is
+ * written once a jiffy, read by every packet. Racing writers store the
+ * same value; a reader seeing a new jiffies with the old time is a tick
+ * late, which no user of this clock minds (refreshes once a second, the
+ * SYN guard's windows, the dead-man's bound). */
+struct pb_clock {
+	__u64 jiffies;
+	__u64 ns;
+};
+struct pb_clock pb_clock;
+
+static __always_inline __u64 coarse_now(void)
+{
+	__u64 j = bpf_jiffies64();
+	if (j == pb_clock.jiffies)
+		return pb_clock.ns;
+	__u64 ns = bpf_ktime_get_coarse_ns();
+	pb_clock.ns = ns;
+	pb_clock.jiffies = j;
+	return ns;
+}
+
 /* partial_iface says whether a local sender on ifindex may leave its L4
  * checksum to the device (PB_IF_PARTIAL). */
 static __always_inline int partial_iface(__u32 ifindex)

@@ -15,7 +15,7 @@ static __always_inline void trust_source(const union addr *addr, __u8 family)
 	struct src_key k = {};
 	k.addr = *addr;
 	k.family = family;
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = coarse_now();
 	__u64 *seen = bpf_map_lookup_elem(&pb_src_trust, &k);
 	if (seen) {
 		if (now - *seen > 1000000000ULL)
@@ -40,7 +40,7 @@ static __always_inline int syn_guard_drops(const struct ct_key *fk)
 	struct syn_guard_cpu *c = bpf_map_lookup_elem(&pb_syn_guard_cpu, &zero);
 	if (!c)
 		return 0;
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = coarse_now();
 	/* Arming: every SYN to a service counts, dropped ones too, so the
 	 * guard stays armed while the flood lasts. Past arm_syns in a window
 	 * the CPU is busy, and only then is each SYN's source looked up with
