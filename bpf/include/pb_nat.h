@@ -74,6 +74,103 @@ static __always_inline int l4_csum_ok(struct xdp_md *ctx, struct pkt *p)
 	return csum_fold32((__u32)sum + ps) == 0xffff;
 }
 
+/* sum_words adds n (at most max) 32-bit words of the packet at w to s,
+ * read in place, and folds the sum to 16 bits (not inverted); -1 when a
+ * word lies past end. Summed as 32-bit words, the ones' complement sum is
+ * the one of the 16-bit words (RFC 1071: byte order and word size do not
+ * change it once folded). */
+#define sum_words(w, n, max, end, s0)                                          \
+	({                                                                     \
+		__u64 __s = (s0);                                              \
+		int __ok = 1;                                                  \
+		_Pragma("unroll") for (int __i = 0; __i < (max); __i++) {      \
+			if (__i < (n) && __ok) {                               \
+				if ((void *)((w) + __i + 1) > (end))           \
+					__ok = 0;                              \
+				else                                           \
+					__s += (w)[__i];                       \
+			}                                                      \
+		}                                                              \
+		__s = (__s & 0xffffffff) + (__s >> 32);                        \
+		__s = (__s & 0xffffffff) + (__s >> 32);                        \
+		__ok ? (int)csum_fold32((__u32)__s) : -1;                      \
+	})
+
+/* pb_tcp_opts_signed says whether the TCP options at off, len bytes, hold
+ * a signature option (TCP-MD5, TCP-AO): a listener without the key drops
+ * such a SYN without an answer. Read in place; a global function, so the
+ * verifier walks its loop once, not in every path that inlines it. */
+__noinline int pb_tcp_opts_signed(struct xdp_md *ctx, __u32 off, __u32 len)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	if (off > 1024 || len > PB_SYN_MAX_OPTS)
+		return 0;
+	__u8 *o = data + off;
+	__u32 pos = 0;
+	for (int i = 0; i < PB_SYN_MAX_OPTS; i++) {
+		if (pos >= len)
+			break;
+		__u8 *b = o + (pos & 63);
+		/* A last byte with no length after it is no option a receiver
+		 * reads (Linux stops there): no signature. */
+		if ((void *)(b + 2) > data_end)
+			break;
+		__u8 kind = b[0];
+		if (kind == 0) /* end of options */
+			break;
+		if (kind == 1) { /* no-op */
+			pos++;
+			continue;
+		}
+		if (kind == TCPOPT_MD5SIG || kind == TCPOPT_AO)
+			return 1;
+		if (b[1] < 2)
+			break;
+		pos += b[1];
+	}
+	return 0;
+}
+
+/* pb_syn_sums_ok checks the checksums of the usual TCP SYN, whose header
+ * is at l4off (l4len bytes of segment) in an IPv4 (family PB_AF_INET) or
+ * IPv6 packet that arrived on ifindex: 1 right, 0 wrong, -1 not the usual
+ * SYN (IPv4 options, a payload): the caller copies those out (pb_csum).
+ * The usual one is summed in place, its headers read as words: copying
+ * them out cost every SYN about as much as its conntrack insert. A global
+ * function: its branches are walked once by the verifier, not in every
+ * path of the program that would inline them. */
+__noinline int pb_syn_sums_ok(struct xdp_md *ctx, __u32 l4off, __u32 l4len, __u32 ifindex, __u32 family)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u32 ps;
+	if (family == PB_AF_INET6) {
+		struct pb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		ps = pseudo_sum6(&ip6->saddr, &ip6->daddr, IPPROTO_TCP, l4len);
+	} else {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		if ((void *)(ip + 1) > end || ip->ihl != 5)
+			return -1;
+		if (sum_words((__u32 *)ip, 5, 5, end, 0) != 0xffff)
+			return 0;
+		ps = pseudo_sum(ip->saddr, ip->daddr, IPPROTO_TCP, l4len);
+	}
+	if (l4off > 512)
+		return -1;
+	struct tcphdr *tcp = data + l4off;
+	if ((void *)(tcp + 1) > end || l4len != tcp->doff * 4)
+		return -1;
+	if (tcp->check == ps && partial_iface(ifindex))
+		return 1; /* left to the device: see l4_csum_ok */
+	int sum = sum_words((__u32 *)tcp, tcp->doff, 15, end, ps);
+	if (sum < 0)
+		return -1;
+	return sum == 0xffff;
+}
+
 /* syn_doomed says whether a client's SYN can never open a connection,
  * whatever its backend's health: the stack or the backend drops it without
  * an answer, and a timeout judged on it would be the client's doing, not
@@ -89,17 +186,21 @@ static __always_inline int syn_doomed(struct xdp_md *ctx, struct pkt *p)
 	if (p->family == PB_AF_INET6) {
 		if (p->ip6->hop_limit <= 1)
 			return 1;
-	} else {
-		if (p->ip->ttl <= 1)
-			return 1;
-		if (pb_csum(ctx, sizeof(struct ethhdr), p->ip->ihl * 4) != 0xffff)
-			return 1;
+	} else if (p->ip->ttl <= 1) {
+		return 1;
 	}
-	if (l4_csum_ok(ctx, p) == 0)
+	__u32 l4off = (void *)p->ports - data;
+	int ok = pb_syn_sums_ok(ctx, l4off, p->l4len, p->ifindex, p->family);
+	if (ok < 0) {
+		if (p->family == PB_AF_INET && pb_csum(ctx, sizeof(struct ethhdr), p->ip->ihl * 4) != 0xffff)
+			return 1;
+		ok = l4_csum_ok(ctx, p);
+	}
+	if (ok == 0)
 		return 1;
 	struct tcphdr *tcp = (void *)p->ports;
 	__u32 opts = tcp->doff * 4 - sizeof(*tcp); /* parse: doff >= 5 */
-	return opts && pb_tcp_opts_rejected(ctx, (void *)(tcp + 1) - data, opts);
+	return opts && pb_tcp_opts_signed(ctx, l4off + sizeof(*tcp), opts);
 }
 
 /* l4csum_replace updates the TCP/UDP checksum for a new source (dst 0) or

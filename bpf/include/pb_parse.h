@@ -50,41 +50,6 @@ __noinline int pb_csum(struct xdp_md *ctx, __u32 off, __u32 len)
 #define TCPOPT_MD5SIG 19
 #define TCPOPT_AO 29
 
-/* pb_tcp_opts_rejected says whether the TCP options at off, len bytes,
- * hold a signature option (TCP-MD5, TCP-AO): a listener without the key
- * drops such a SYN without an answer. */
-__noinline int pb_tcp_opts_rejected(struct xdp_md *ctx, __u32 off, __u32 len)
-{
-	struct scratch *sc = scratch();
-	if (!sc)
-		return 0;
-	__s32 n = len;
-	barrier_var(n);
-	if (n <= 0 || n > PB_SYN_MAX_OPTS)
-		return 0;
-	if (bpf_xdp_load_bytes(ctx, off, sc->buf, n))
-		return 0;
-	__u32 pos = 0;
-	for (int i = 0; i < PB_SYN_MAX_OPTS; i++) {
-		if (pos >= (__u32)n)
-			break;
-		__u8 kind = sc->buf[pos & 63];
-		if (kind == 0) /* end of options */
-			break;
-		if (kind == 1) { /* no-op */
-			pos++;
-			continue;
-		}
-		if (kind == TCPOPT_MD5SIG || kind == TCPOPT_AO)
-			return 1;
-		__u8 l = sc->buf[(pos + 1) & 63];
-		if (l < 2)
-			break;
-		pos += l;
-	}
-	return 0;
-}
-
 /* pb_reverse_path_ok applies the strict reverse-path rule (rp_filter=1)
  * to the packet in ctx, an IPv4 (family PB_AF_INET) or IPv6 one: the node's
  * route back to its source leaves by the interface it arrived on, or by

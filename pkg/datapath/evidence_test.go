@@ -227,7 +227,17 @@ func ipChecksum(h []byte) uint16 {
 // synWithOption is a Linux SYN with one more option of kind (and 16 bytes
 // of data, as TCP-MD5's signature).
 func synWithOption(src, dst netip.AddrPort, kind layers.TCPOptionKind) []byte {
+	return synFrame(src, dst, kind, false, nil)
+}
+
+// synFrame is a SYN with an MSS, two no-ops and an option of kind (18
+// bytes), with an IPv4 option (router alert) when ipOpt, and payload (a
+// TCP Fast Open SYN's data): the shapes syn_doomed does not sum in place.
+func synFrame(src, dst netip.AddrPort, kind layers.TCPOptionKind, ipOpt bool, payload []byte) []byte {
 	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice()}
+	if ipOpt {
+		ip.Options = []layers.IPv4Option{{OptionType: 148, OptionLength: 4, OptionData: []byte{0, 0}}}
+	}
 	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()), SYN: true, Seq: bpftest.ISN, Window: 64240,
 		Options: []layers.TCPOption{
 			{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}},
@@ -238,7 +248,7 @@ func synWithOption(src, dst netip.AddrPort, kind layers.TCPOptionKind) []byte {
 	tcp.SetNetworkLayerForChecksum(ip)
 	eth := &layers.Ethernet{SrcMAC: bpftest.ClientMAC, DstMAC: bpftest.NodeMAC, EthernetType: layers.EthernetTypeIPv4}
 	buf := gopacket.NewSerializeBuffer()
-	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, tcp); err != nil {
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, tcp, gopacket.Payload(payload)); err != nil {
 		panic(err)
 	}
 	return buf.Bytes()
@@ -262,6 +272,11 @@ func TestDoomedSYNsStartNothing(t *testing.T) {
 		{"bad TCP checksum, IPv6", corrupt(bpftest.TCP(client6, vip6, bpftest.SYN, nil))},
 		{"TCP-MD5 option", synWithOption(client, vip, 19)},
 		{"TCP-AO option", synWithOption(client, vip, 29)},
+		// Not summed in place: copied out and summed (pb_csum).
+		{"bad IPv4 header checksum, IP options", corruptIP(synFrame(client, vip, 30, true, nil))},
+		{"bad TCP checksum, IP options", corrupt(synFrame(client, vip, 30, true, nil))},
+		{"bad TCP checksum, SYN with data", corrupt(synFrame(client, vip, 30, false, []byte("fast open")))},
+		{"TCP-MD5 option, SYN with data", synFrame(client, vip, 19, false, []byte("fast open"))},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := fixture6(t, 6) // an IPv6 service beside the IPv4 one
@@ -287,7 +302,18 @@ func TestDoomedSYNsStartNothing(t *testing.T) {
 	f.run(bpftest.LinuxSYN(client, vip, bpftest.ISN))
 	f.run(synWithOption(client2, vip, 30)) // MPTCP: no signature
 	f.run(bpftest.TCP(client6, vip6, bpftest.SYN, nil))
-	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evNewFlow, 0, id1, client2), ev6(evNewFlow, 0, id6a, client6))
+	client3, client4 := netip.MustParseAddrPort("198.18.0.2:40002"), netip.MustParseAddrPort("198.18.0.2:40003")
+	f.run(synFrame(client3, vip, 30, true, nil))
+	f.run(synFrame(client4, vip, 30, false, []byte("fast open")))
+	f.wantEvents(ev(evNewFlow, 0, id1, client), ev(evNewFlow, 0, id1, client2), ev6(evNewFlow, 0, id6a, client6),
+		ev(evNewFlow, 0, id1, client3), ev(evNewFlow, 0, id1, client4))
+}
+
+// corruptIP flips a bit of an IPv4 frame's header checksum.
+func corruptIP(frame []byte) []byte {
+	out := append([]byte(nil), frame...)
+	out[14+10] ^= 0x01
+	return out
 }
 
 // runOn runs frame through the program as if it arrived on ifindex (in the
