@@ -98,25 +98,27 @@ static __always_inline int l4_csum_ok(struct xdp_md *ctx, struct pkt *p)
 
 /* pb_tcp_opts_signed says whether the TCP options at off, len bytes, hold
  * a signature option (TCP-MD5, TCP-AO): a listener without the key drops
- * such a SYN without an answer. Read in place; a global function, so the
- * verifier walks its loop once, not in every path that inlines it. */
+ * such a SYN without an answer. The options are copied out first: walked
+ * in the packet, each step's bounds check is a branch that Linux 6.1's
+ * verifier cannot prune across the loop's 40 steps (it gives up at a
+ * million instructions). A global function: the verifier walks the loop
+ * once, not in every path of the program. */
 __noinline int pb_tcp_opts_signed(struct xdp_md *ctx, __u32 off, __u32 len)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	if (off > 1024 || len > PB_SYN_MAX_OPTS)
+	struct scratch *sc = scratch();
+	if (!sc)
 		return 0;
-	__u8 *o = data + off;
+	__s32 n = len;
+	barrier_var(n);
+	if (n <= 0 || n > PB_SYN_MAX_OPTS)
+		return 0;
+	if (bpf_xdp_load_bytes(ctx, off, sc->buf, n))
+		return 0;
 	__u32 pos = 0;
 	for (int i = 0; i < PB_SYN_MAX_OPTS; i++) {
-		if (pos >= len)
+		if (pos >= (__u32)n)
 			break;
-		__u8 *b = o + (pos & 63);
-		/* A last byte with no length after it is no option a receiver
-		 * reads (Linux stops there): no signature. */
-		if ((void *)(b + 2) > data_end)
-			break;
-		__u8 kind = b[0];
+		__u8 kind = sc->buf[pos & 63];
 		if (kind == 0) /* end of options */
 			break;
 		if (kind == 1) { /* no-op */
@@ -125,9 +127,10 @@ __noinline int pb_tcp_opts_signed(struct xdp_md *ctx, __u32 off, __u32 len)
 		}
 		if (kind == TCPOPT_MD5SIG || kind == TCPOPT_AO)
 			return 1;
-		if (b[1] < 2)
+		__u8 l = sc->buf[(pos + 1) & 63];
+		if (l < 2)
 			break;
-		pos += b[1];
+		pos += l;
 	}
 	return 0;
 }

@@ -112,7 +112,7 @@ struct scratch {
 	/* forward, pb_reverse_path_ok: a struct bpf_fib_lookup (as words: its
 	 * anonymous unions have no Go twin in bpf2go's bindings) */
 	__u64 fib[8];
-	__u8 buf[PB_CSUM_MAX + 4]; /* pb_csum: bytes copied out of the packet */
+	__u8 buf[PB_CSUM_MAX + 4]; /* pb_csum, pb_tcp_opts_signed: bytes copied out of the packet */
 	/* nf_forget: a struct bpf_sock_tuple and a struct bpf_ct_opts (as
 	 * words, for the same reason as fib) */
 	__u32 nf_tuple[10];
