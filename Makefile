@@ -102,14 +102,21 @@ check-rules: deps
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server.
 test: deps check-generated vet check-rules release-check build k8s-tools prometheus-tools containerd-tools helm-tools e2e-tools
+	@# Each phase's start is stamped, so a slow one shows in CI's log
+	@# (a warm make test is meant to stay under 20 minutes).
+	@echo "make test: unit tests, $$(date -u +%T)"
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench)
 	@# The datapath under arbitrary frames from a client (pkg/datapath
 	@# FuzzXDP's invariants), for a bounded time.
+	@echo "make test: FuzzXDP, $$(date -u +%T)"
 	$(GO) test -run='^$$' -fuzz=FuzzXDP -fuzztime=30s ./pkg/datapath
+	@echo "make test: kernel matrix, $$(date -u +%T)"
 	$(MAKE) --no-print-directory kernel-matrix
 	@# The network tests one package at a time: on two cores, two of them
 	@# side by side would measure each other.
+	@echo "make test: network tests, $$(date -u +%T)"
 	$(GO) test -race -count=1 -timeout 12m -p 1 ./test/... ./bench/...
+	@echo "make test: done, $$(date -u +%T)"
 
 # The generated tables of docs/reference/ (flags, metrics, maps, the
 # BackendPolicy's fields), rewritten from the code. make test fails when
