@@ -198,22 +198,8 @@ func (r *packetRig) floorFill() error {
 
 // floorReset empties the floor's flow table and puts the known pair back.
 func (r *packetRig) floorReset() error {
-	var keys []xdpbase.BaseLbFlowKey
-	var k xdpbase.BaseLbFlowKey
-	var v xdpbase.BaseLbBackend
-	it := r.base.LbFlows.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	for len(keys) > 0 {
-		n := min(len(keys), 4096)
-		if _, err := r.base.LbFlows.BatchDelete(keys[:n], nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("emptying the floor's flow table: %w", err)
-		}
-		keys = keys[n:]
+	if err := emptyMap[xdpbase.BaseLbFlowKey, xdpbase.BaseLbBackend](r.base.LbFlows); err != nil {
+		return fmt.Errorf("emptying the floor's flow table: %w", err)
 	}
 	return r.floorKnownFlows()
 }

@@ -782,13 +782,13 @@ func (r *packetRig) fillCT() error {
 	return nil
 }
 
-// resetCT empties conntrack and re-creates the established flows of
-// the repeat paths (an LRU eviction may have taken them).
-func (r *packetRig) resetCT() error {
-	var keys []bpf.LbCtKey
-	var k bpf.LbCtKey
-	it := r.dp.PbCtV2.Iterate()
-	var v bpf.LbCtValue
+// emptyMap deletes every entry of a hash map (K, V: its key and value
+// types), in batches.
+func emptyMap[K, V any](m *ebpf.Map) error {
+	var keys []K
+	var k K
+	var v V
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		keys = append(keys, k)
 	}
@@ -797,10 +797,19 @@ func (r *packetRig) resetCT() error {
 	}
 	for len(keys) > 0 {
 		n := min(len(keys), 4096)
-		if _, err := r.dp.PbCtV2.BatchDelete(keys[:n], nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("emptying conntrack: %w", err)
+		if _, err := m.BatchDelete(keys[:n], nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
 		}
 		keys = keys[n:]
+	}
+	return nil
+}
+
+// resetCT empties conntrack and re-creates the established flows of
+// the repeat paths (an LRU eviction may have taken them).
+func (r *packetRig) resetCT() error {
+	if err := emptyMap[bpf.LbCtKey, bpf.LbCtValue](r.dp.PbCtV2); err != nil {
+		return fmt.Errorf("emptying conntrack: %w", err)
 	}
 	read0 := r.read.Load()
 	for _, vip := range []netip.AddrPort{pkA, pkB, pkA2, pkB2, pkA6, pkB6} {
