@@ -361,10 +361,15 @@ func (m *Maps) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) {
 	return out, it.Err()
 }
 
-// SetBackend writes pb_backends[id].
+// SetBackend writes pb_backends[id]. Writing a backend ejected also
+// prepares its service's fallback table, in the background, if the
+// service has none: its probation will need one (see SetFallback).
 func (m *Maps) SetBackend(id uint32, b bpf.LbBackend) error {
 	if err := m.m.PbBackends.Put(id, raw(&b)); err != nil {
 		return fmt.Errorf("pb_backends[%d]: %w", id, err)
+	}
+	if BackendState(b.State) == BackendEjected {
+		m.prepareFallback(b.SvcId)
 	}
 	return nil
 }
