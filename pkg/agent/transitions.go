@@ -47,6 +47,9 @@ type transitions struct {
 	// kernel's timestamps to it.
 	begun      time.Time
 	monoOffset int64
+	// handed: when the reader handed over the batch being handled
+	// (CLOCK_MONOTONIC; 0 outside HandleEvents).
+	handed int64
 }
 
 // noTrip is no backend id (ids start at 1).
@@ -84,18 +87,22 @@ func (t *transitions) handle(trs []accrual.Transition) {
 		_, ok := t.rec.Service(tr.Service)
 		name := t.serviceName(tr.Service)
 		t.metrics.Transitions.WithLabelValues(name, string(tr.Reason)).Inc()
-		var reaction time.Duration
+		var reaction, read time.Duration
 		// Only a failure seen now has a reaction time: a restored ejection's
 		// failure happened before the restart.
 		if tr.To == accrual.Ejected && tr.From != accrual.Ejected && !tr.FailureAt.IsZero() &&
 			tr.Reason != accrual.ReasonRestored && !tr.FailureAt.Before(t.begun) {
-			reaction = time.Duration(now - (tr.FailureAt.UnixNano() - t.monoOffset))
+			at := tr.FailureAt.UnixNano() - t.monoOffset
+			reaction = time.Duration(now - at)
 			t.metrics.Reaction.Observe(reaction.Seconds())
+			if t.handed >= at {
+				read = time.Duration(t.handed - at)
+			}
 		}
 		if !tr.ServiceLevel() {
 			t.persisted.save(tr)
 		}
-		t.logTransition(name, tr, reaction)
+		t.logTransition(name, tr, reaction, read)
 		if t.notify != nil && ok {
 			n := Transition{Service: name, Transition: tr}
 			if b, bok := t.rec.Backend(tr.Endpoint); bok {
@@ -126,7 +133,7 @@ func (t *transitions) program(id uint32) {
 	delete(t.retry, id)
 }
 
-func (t *transitions) logTransition(service string, tr accrual.Transition, reaction time.Duration) {
+func (t *transitions) logTransition(service string, tr accrual.Transition, reaction, read time.Duration) {
 	switch tr.Reason {
 	case accrual.ReasonFailOpenStart:
 		t.log.Warn("service failing open: no endpoint ready, new flows go to all endpoints", "service", service)
@@ -154,8 +161,13 @@ func (t *transitions) logTransition(service string, tr accrual.Transition, react
 		attrs = append(attrs, "probation_at", tr.ProbationAt.Format(time.RFC3339Nano))
 	}
 	if reaction > 0 {
-		// Kernel's timestamp of the deciding failure -> maps written.
+		// Kernel's timestamp of the deciding failure -> maps written; of
+		// which -> the reader handed its event over (the ring buffer's
+		// wake-up; the rest is the agent's own work).
 		attrs = append(attrs, "reaction_us", reaction.Microseconds())
+		if read > 0 {
+			attrs = append(attrs, "reaction_read_us", read.Microseconds())
+		}
 	}
 	if tr.To == accrual.Ejected && tr.Endpoint == t.tripping {
 		// The datapath took it out at that failure already (a kernel
