@@ -21,7 +21,11 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.trans.handed = handed
-	defer func() { a.trans.handed = 0 }()
+	a.trans.deferReports()
+	defer func() {
+		a.trans.handed = 0
+		a.trans.flushReports()
+	}()
 	for i := range batch {
 		ev := &batch[i]
 		a.counts.event(ev)
