@@ -48,8 +48,19 @@ type tables struct {
 	clock    uint64
 	keys     []uint32 // 0..n-1: slot numbers for batch fills
 	// fbPending: fallback tables being installed in the background
-	// (prepareFallback), by service id; closed when done.
-	fbPending map[uint32]chan struct{}
+	// (prepareFallback), by service id.
+	fbPending map[uint32]*pendingFallback
+	// installing, if set (tests), runs in a background install between
+	// the table's creation and its update of the outer map.
+	installing func()
+}
+
+// pendingFallback is a fallback table being installed in the background.
+type pendingFallback struct {
+	done chan struct{} // closed when the install ended
+	// tb: the table, once created (nil before, and when the service turned
+	// out to have one already); SetFallback may fill it meanwhile.
+	tb *table
 }
 
 // InstalledTables lists the pb_maglev keys and the pb_maglev_fb service
@@ -69,7 +80,7 @@ func (m *Maps) InstalledTables() (main, fallback []uint32) {
 func (t *tables) init() {
 	t.main = map[uint32]*table{}
 	t.fallback = map[uint32]*table{}
-	t.fbPending = map[uint32]chan struct{}{}
+	t.fbPending = map[uint32]*pendingFallback{}
 }
 
 // lockSettled takes mu once no fallback install of service svcID is
@@ -77,10 +88,10 @@ func (t *tables) init() {
 func (t *tables) lockSettled(svcID uint32) {
 	for {
 		t.mu.Lock()
-		var wait chan struct{}
+		var wait *pendingFallback
 		if svcID == allFallbacks {
-			for _, ch := range t.fbPending {
-				wait = ch
+			for _, p := range t.fbPending {
+				wait = p
 				break
 			}
 		} else {
@@ -90,7 +101,7 @@ func (t *tables) lockSettled(svcID uint32) {
 			return
 		}
 		t.mu.Unlock()
-		<-wait
+		<-wait.done
 	}
 }
 
@@ -284,8 +295,19 @@ func (m *Maps) TableSizes(svcID uint32) ([2]uint32, error) {
 // would wait for it. So a service's first ejection (SetBackend) installs
 // an empty fallback table of its tables' size in the background
 // (prepareFallback), and the probation, a penalty later, finds it ready
-// and fills it in place; if it comes first, it waits for it.
+// and fills it in place. A probation that comes while the install is
+// still under way (a penalty shorter than a grace period) fills the table
+// being installed and does not wait: until the install ends, milliseconds
+// later, a flow that lands on a spent grant is steered as without a
+// fallback table (other picks of the live table, then a scan of the
+// service's active backends), never to a backend that is not active.
 func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
+	m.t.mu.Lock()
+	if p := m.t.fbPending[svcID]; p != nil && p.tb != nil && p.tb.m.MaxEntries() == uint32(len(slots)) {
+		defer m.t.mu.Unlock()
+		return m.t.write(p.tb, slots)
+	}
+	m.t.mu.Unlock()
 	m.t.lockSettled(svcID)
 	defer m.t.mu.Unlock()
 	if tb, ok := m.t.fallback[svcID]; ok && tb.m.MaxEntries() == uint32(len(slots)) {
@@ -317,8 +339,7 @@ func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
 // previous agent's, which SetFallback replaces as before). Until
 // SetFallback fills it, every slot holds backend id 0, which is no
 // backend of any service: the datapath, were it to look, would steer as
-// it does without a fallback table. A failure leaves the work to
-// SetFallback.
+// it does without a fallback table.
 func (m *Maps) prepareFallback(svcID uint32) {
 	if m.inner == nil {
 		return // read-only
@@ -337,37 +358,50 @@ func (m *Maps) prepareFallback(svcID uint32) {
 	if size == 0 {
 		return
 	}
-	done := make(chan struct{})
-	m.t.fbPending[svcID] = done
-	go func() {
-		defer close(done)
-		tb := m.installEmptyFallback(svcID, size)
+	p := &pendingFallback{done: make(chan struct{})}
+	m.t.fbPending[svcID] = p
+	go m.installFallback(svcID, size, p)
+}
+
+// installFallback is prepareFallback's background work. The outer map's
+// update runs without mu: it waits for an RCU grace period. If it fails,
+// a table SetFallback filled meanwhile is lost and the service has no
+// fallback table until SetFallback next writes one (steering as
+// without); the next ejection tries again.
+func (m *Maps) installFallback(svcID, size uint32, p *pendingFallback) {
+	var tb *table
+	defer func() {
 		m.t.mu.Lock()
 		defer m.t.mu.Unlock()
 		delete(m.t.fbPending, svcID)
 		if tb != nil {
 			m.t.fallback[svcID] = tb
 		}
+		close(p.done)
 	}()
-}
-
-// installEmptyFallback puts a new empty table of size slots in
-// pb_maglev_fb[svcID] if that slot is empty (nil if not, or on failure).
-// It runs without mu: the update waits for an RCU grace period.
-func (m *Maps) installEmptyFallback(svcID, size uint32) *table {
 	var id ebpf.MapID
 	if err := m.m.PbMaglevFb.Lookup(svcID, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil // a previous agent's, or the lookup failed
+		return // a previous agent's, or the lookup failed
 	}
 	fresh, err := m.newTable(size)
 	if err != nil {
-		return nil
+		return
+	}
+	m.t.mu.Lock()
+	p.tb = &table{m: fresh}
+	hook := m.t.installing
+	m.t.mu.Unlock()
+	if hook != nil {
+		hook()
 	}
 	if err := m.m.PbMaglevFb.Update(svcID, fresh, ebpf.UpdateAny); err != nil {
-		fresh.Close()
-		return nil
+		m.t.mu.Lock()
+		m.t.drop(p.tb)
+		p.tb = nil
+		m.t.mu.Unlock()
+		return
 	}
-	return &table{m: fresh}
+	tb = p.tb
 }
 
 // DeleteTables removes a service's tables and fallback table.
