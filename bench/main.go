@@ -4,7 +4,7 @@
 // pick instead, on the same machine in the same run, and writes the
 // results as markdown (bench/RESULTS.md via `make bench`):
 //
-//	go run ./bench --out bench/RESULTS.md [--only packet,e2e,failing,flood,reaction,control,fleet] [--rounds 5]
+//	go run ./bench --out bench/RESULTS.md [--only packet,e2e,failing,flood,reaction,control,fleet,bulk] [--rounds 5]
 //
 // Parts (each can run on its own with --only):
 //
@@ -29,6 +29,8 @@
 //	fleet     an endpoint diluted over 1 to 200 client nodes: time to eject
 //	          with and without fleet evidence (the agent's decision code on
 //	          a simulated clock)
+//	bulk      one TCP stream of 256 MiB through a VIP beside the same
+//	          stream to the backend directly, both directions, same rounds
 //
 // It needs root (BPF, network namespaces), nft and haproxy. Nothing is
 // asserted on speed: the targets are reported as met or missed.
@@ -56,7 +58,7 @@ type options struct {
 	variants variantFlag
 }
 
-var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "fleet"}
+var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "fleet", "bulk"}
 
 func main() {
 	var o options
@@ -149,6 +151,7 @@ type sizes struct {
 	reaction reactionOpts
 	control  controlOpts
 	fleet    fleetOpts
+	bulk     bulkOpts
 }
 
 func sizesFor(rounds int, quick bool) sizes {
@@ -161,6 +164,7 @@ func sizesFor(rounds int, quick bool) sizes {
 			reaction: reactionOpts{Ejections: 20, Services: 4, Rate: 400, Timeout: 20 * time.Second, Rounds: rounds, Admitted: time.Second, AdmittedRate: 2000},
 			control:  controlOpts{Rounds: rounds, Services: 50, PerService: 10, RingDuration: 200 * time.Millisecond, GoBenchTime: "10x"},
 			fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 50}, Rate: 500, Limit: 30 * time.Second},
+			bulk:     bulkOpts{Rounds: rounds, Bytes: 8 << 20},
 		}
 	}
 	return sizes{
@@ -172,6 +176,7 @@ func sizesFor(rounds int, quick bool) sizes {
 		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds, Admitted: 5 * time.Second, AdmittedRate: 2000},
 		control:  controlOpts{Rounds: rounds, Services: 10000, PerService: 10, RingDuration: 2 * time.Second, GoBenchTime: "300ms"},
 		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 2 * time.Minute},
+		bulk:     bulkOpts{Rounds: rounds, Bytes: 256 << 20},
 	}
 }
 
@@ -203,6 +208,8 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 			err = runControl(res, sz.control, o.agent, logf)
 		case "fleet":
 			err = runFleet(res, sz.fleet, logf)
+		case "bulk":
+			err = runBulk(res, sz.bulk, o.agent, logf)
 		}
 		logf("part %s: done in %v", p, time.Since(t0).Round(time.Second))
 		if err != nil {

@@ -225,9 +225,10 @@ var partTitles = map[string]string{
 	"reaction": "4. Reaction time (kernel timestamp of the deciding failure → maps written)",
 	"control":  "5. Control plane",
 	"fleet":    "6. Fleet evidence: an endpoint diluted over many client nodes (simulated)",
+	"bulk":     "7. Bulk throughput: one TCP stream through a VIP beside the same stream direct",
 }
 
-var partOrder = []string{"packet", "floor", "breaker", "trip", "variant", "e2e", "failing", "flood", "reaction", "control", "fleet"}
+var partOrder = []string{"packet", "floor", "breaker", "trip", "variant", "e2e", "failing", "flood", "reaction", "control", "fleet", "bulk"}
 
 // table writes the figures of one part as a markdown table.
 func (r *Results) table(w io.Writer, part string) {

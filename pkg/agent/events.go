@@ -14,8 +14,18 @@ import (
 // (first: the client waits for it); a kernel trip noted; the event
 // classified into an outcome and observed; the trip adopted or undone.
 func (a *Agent) HandleEvents(batch []outcomes.Event) {
+	// The batch's hand-over, before the lock: an ejection's log line
+	// splits its reaction time here (the ring buffer's wake-up and the
+	// agent's own part).
+	handed := outcomes.MonoNow()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.trans.handed = handed
+	a.trans.deferReports()
+	defer func() {
+		a.trans.handed = 0
+		a.trans.flushReports()
+	}()
 	for i := range batch {
 		ev := &batch[i]
 		a.counts.event(ev)

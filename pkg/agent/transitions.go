@@ -47,13 +47,21 @@ type transitions struct {
 	// kernel's timestamps to it.
 	begun      time.Time
 	monoOffset int64
+	// handed: when the reader handed over the batch being handled
+	// (CLOCK_MONOTONIC; 0 outside HandleEvents).
+	handed int64
+	// deferring: reports wait in deferred until the batch is handled
+	// (deferReports).
+	deferring bool
+	deferred  []decided
 }
 
 // noTrip is no backend id (ids start at 1).
 const noTrip = 0
 
 // handle reprograms the services accrual's decisions touch, then logs,
-// counts, persists and reports them. Called with mu held.
+// counts, persists and reports them (in HandleEvents, once the whole
+// batch is handled: deferReports). Called with mu held.
 func (t *transitions) handle(trs []accrual.Transition) {
 	if len(trs) == 0 {
 		return
@@ -81,29 +89,67 @@ func (t *transitions) handle(trs []accrual.Transition) {
 	// The maps are written: an ejection's reaction time ends here.
 	now := outcomes.MonoNow()
 	for _, tr := range trs {
-		_, ok := t.rec.Service(tr.Service)
-		name := t.serviceName(tr.Service)
-		t.metrics.Transitions.WithLabelValues(name, string(tr.Reason)).Inc()
-		var reaction time.Duration
+		d := decided{Transition: tr, trip: tr.To == accrual.Ejected && tr.Endpoint == t.tripping}
 		// Only a failure seen now has a reaction time: a restored ejection's
 		// failure happened before the restart.
 		if tr.To == accrual.Ejected && tr.From != accrual.Ejected && !tr.FailureAt.IsZero() &&
 			tr.Reason != accrual.ReasonRestored && !tr.FailureAt.Before(t.begun) {
-			reaction = time.Duration(now - (tr.FailureAt.UnixNano() - t.monoOffset))
-			t.metrics.Reaction.Observe(reaction.Seconds())
-		}
-		if !tr.ServiceLevel() {
-			t.persisted.save(tr)
-		}
-		t.logTransition(name, tr, reaction)
-		if t.notify != nil && ok {
-			n := Transition{Service: name, Transition: tr}
-			if b, bok := t.rec.Backend(tr.Endpoint); bok {
-				n.Endpoint, n.Addr = b.Name, b.Addr
+			at := tr.FailureAt.UnixNano() - t.monoOffset
+			d.reaction = time.Duration(now - at)
+			t.metrics.Reaction.Observe(d.reaction.Seconds())
+			if t.handed >= at {
+				d.read = time.Duration(t.handed - at)
 			}
-			t.notify(n)
+		}
+		if t.deferring {
+			t.deferred = append(t.deferred, d)
+		} else {
+			t.report(d)
 		}
 	}
+}
+
+// decided is a transition whose maps are written, waiting to be reported.
+type decided struct {
+	accrual.Transition
+	reaction, read time.Duration
+	trip           bool // the datapath's own ejection (a kernel trip)
+}
+
+// report counts, persists, logs and hands on (Notify) one transition
+// whose maps are written. Called with mu held.
+func (t *transitions) report(d decided) {
+	tr := d.Transition
+	_, ok := t.rec.Service(tr.Service)
+	name := t.serviceName(tr.Service)
+	t.metrics.Transitions.WithLabelValues(name, string(tr.Reason)).Inc()
+	if !tr.ServiceLevel() {
+		t.persisted.save(tr)
+	}
+	t.logTransition(name, d)
+	if t.notify != nil && ok {
+		n := Transition{Service: name, Transition: tr}
+		if b, bok := t.rec.Backend(tr.Endpoint); bok {
+			n.Endpoint, n.Addr = b.Name, b.Addr
+		}
+		t.notify(n)
+	}
+}
+
+// deferReports holds the reports of the transitions handled from now on
+// until flushReports: HandleEvents writes every decision of a batch to
+// the maps before it logs and persists any, so an ejection behind another
+// in the same batch does not wait for the first one's log line.
+func (t *transitions) deferReports() { t.deferring = true }
+
+// flushReports reports the transitions held since deferReports, in order.
+func (t *transitions) flushReports() {
+	t.deferring = false
+	for i := range t.deferred {
+		t.report(t.deferred[i])
+	}
+	clear(t.deferred)
+	t.deferred = t.deferred[:0]
 }
 
 // program writes one service's admission to the maps; a failure is
@@ -126,7 +172,8 @@ func (t *transitions) program(id uint32) {
 	delete(t.retry, id)
 }
 
-func (t *transitions) logTransition(service string, tr accrual.Transition, reaction time.Duration) {
+func (t *transitions) logTransition(service string, d decided) {
+	tr, reaction, read := d.Transition, d.reaction, d.read
 	switch tr.Reason {
 	case accrual.ReasonFailOpenStart:
 		t.log.Warn("service failing open: no endpoint ready, new flows go to all endpoints", "service", service)
@@ -154,10 +201,15 @@ func (t *transitions) logTransition(service string, tr accrual.Transition, react
 		attrs = append(attrs, "probation_at", tr.ProbationAt.Format(time.RFC3339Nano))
 	}
 	if reaction > 0 {
-		// Kernel's timestamp of the deciding failure -> maps written.
+		// Kernel's timestamp of the deciding failure -> maps written; of
+		// which -> the reader handed its event over (the ring buffer's
+		// wake-up; the rest is the agent's own work).
 		attrs = append(attrs, "reaction_us", reaction.Microseconds())
+		if read > 0 {
+			attrs = append(attrs, "reaction_read_us", read.Microseconds())
+		}
 	}
-	if tr.To == accrual.Ejected && tr.Endpoint == t.tripping {
+	if d.trip {
 		// The datapath took it out at that failure already (a kernel
 		// trip): no new flow waited for the reaction above.
 		attrs = append(attrs, "kernel_trip", true)

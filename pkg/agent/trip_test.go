@@ -324,3 +324,36 @@ func TestNewFlowsToEjectedCounted(t *testing.T) {
 		t.Errorf("new_flows_to_ejected_total = %v while failing open, want 0", got)
 	}
 }
+
+// Every decision of a batch is in the maps before any is reported (log
+// line, persistence, Notify): an ejection behind another in the same
+// batch does not wait for the first one's report.
+func TestBatchProgramsEveryEjectionBeforeReporting(t *testing.T) {
+	e := newEnv(t)
+	one := settings(func(s *accrual.Settings) { s.MaxFailures = 1 })
+	web80, api := web(80, 3, one), web(81, 3, one)
+	api.Name = "api"
+	var reached [][2][]uint32 // at each notification: what each service reaches
+	e.a.SetNotify(func(Transition) {
+		reached = append(reached, [2][]uint32{e.reachable(web80), e.reachable(api)})
+	})
+	e.start(state(web80, api))
+	s1, b1 := e.ids(web80)
+	s2, b2 := e.ids(api)
+	p1, p2 := e.nextPort(), e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{
+		e.event(outcomes.NewFlow, s1, b1[0], p1, 0), e.event(outcomes.NewFlow, s2, b2[0], p2, 0),
+		e.event(outcomes.Refused, s1, b1[0], p1, 0), e.event(outcomes.Refused, s2, b2[0], p2, 0),
+	})
+	e.wantState(b1[0], "ejected")
+	e.wantState(b2[0], "ejected")
+	if len(reached) != 2 {
+		t.Fatalf("%d notifications, want 2", len(reached))
+	}
+	for i, r := range reached {
+		if slices.Contains(r[0], b1[0]) || slices.Contains(r[1], b2[0]) {
+			t.Errorf("notification %d: %s reaches %v, %s reaches %v: an ejection reported before the batch's maps were written",
+				i, web80.Name, r[0], api.Name, r[1])
+		}
+	}
+}

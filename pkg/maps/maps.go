@@ -328,7 +328,7 @@ func ServiceKey(vip netip.Addr, port uint16, proto uint8) bpf.LbSvcKey {
 
 // UpsertService writes a pb_services entry.
 func (m *Maps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
-	if err := m.m.PbServices.Put(k, v); err != nil {
+	if err := m.m.PbServices.Put(raw(&k), raw(&v)); err != nil {
 		return fmt.Errorf("pb_services: put: %w", err)
 	}
 	return nil
@@ -361,10 +361,15 @@ func (m *Maps) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) {
 	return out, it.Err()
 }
 
-// SetBackend writes pb_backends[id].
+// SetBackend writes pb_backends[id]. Writing a backend ejected also
+// prepares its service's fallback table, in the background, if the
+// service has none: its probation will need one (see SetFallback).
 func (m *Maps) SetBackend(id uint32, b bpf.LbBackend) error {
-	if err := m.m.PbBackends.Put(id, b); err != nil {
+	if err := m.m.PbBackends.Put(id, raw(&b)); err != nil {
 		return fmt.Errorf("pb_backends[%d]: %w", id, err)
+	}
+	if BackendState(b.State) == BackendEjected {
+		m.prepareFallback(b.SvcId)
 	}
 	return nil
 }
@@ -623,7 +628,7 @@ func (m *Maps) SetRedirect(ifindexes []uint32) error {
 // pb_health[id] (the map's name predates the word: it holds what accrual
 // keeps across a restart, not a health check).
 func (m *Maps) PutPersisted(id uint32, h bpf.LbEndpointHealth) error {
-	if err := m.m.PbHealth.Put(id, h); err != nil {
+	if err := m.m.PbHealth.Put(id, raw(&h)); err != nil {
 		return fmt.Errorf("pb_health[%d]: %w", id, err)
 	}
 	return nil

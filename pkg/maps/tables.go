@@ -47,12 +47,26 @@ type tables struct {
 	mapped   int
 	clock    uint64
 	keys     []uint32 // 0..n-1: slot numbers for batch fills
+	// fbPending: fallback tables being installed in the background
+	// (prepareFallback), by service id.
+	fbPending map[uint32]*pendingFallback
+	// installing, if set (tests), runs in a background install between
+	// the table's creation and its update of the outer map.
+	installing func()
+}
+
+// pendingFallback is a fallback table being installed in the background.
+type pendingFallback struct {
+	done chan struct{} // closed when the install ended
+	// tb: the table, once created (nil before, and when the service turned
+	// out to have one already); SetFallback may fill it meanwhile.
+	tb *table
 }
 
 // InstalledTables lists the pb_maglev keys and the pb_maglev_fb service
 // ids of the tables installed through m.
 func (m *Maps) InstalledTables() (main, fallback []uint32) {
-	m.t.mu.Lock()
+	m.t.lockSettled(allFallbacks) // a fallback being installed is listed too
 	defer m.t.mu.Unlock()
 	for k := range m.t.main {
 		main = append(main, k)
@@ -66,10 +80,37 @@ func (m *Maps) InstalledTables() (main, fallback []uint32) {
 func (t *tables) init() {
 	t.main = map[uint32]*table{}
 	t.fallback = map[uint32]*table{}
+	t.fbPending = map[uint32]*pendingFallback{}
 }
 
+// lockSettled takes mu once no fallback install of service svcID is
+// under way (any service's, for svcID allFallbacks).
+func (t *tables) lockSettled(svcID uint32) {
+	for {
+		t.mu.Lock()
+		var wait *pendingFallback
+		if svcID == allFallbacks {
+			for _, p := range t.fbPending {
+				wait = p
+				break
+			}
+		} else {
+			wait = t.fbPending[svcID]
+		}
+		if wait == nil {
+			return
+		}
+		t.mu.Unlock()
+		<-wait.done
+	}
+}
+
+// allFallbacks asks lockSettled to wait for every install (service ids
+// are below PB_MAX_SERVICES).
+const allFallbacks = ^uint32(0)
+
 func (t *tables) close() {
-	t.mu.Lock()
+	t.lockSettled(allFallbacks)
 	defer t.mu.Unlock()
 	for k, tb := range t.main {
 		t.drop(tb)
@@ -247,8 +288,27 @@ func (m *Maps) TableSizes(svcID uint32) ([2]uint32, error) {
 // in place when this agent installed one of the right size (it is only
 // read for flows that land on a spent probation grant, and every slot
 // always holds a valid backend id), else by installing a new one.
+//
+// Installing one costs an RCU grace period (milliseconds, tens of them on
+// a busy machine), and the first SetFallback of a service comes with its
+// first probation, on the agent's loop, where every ejection on the node
+// would wait for it. So a service's first ejection (SetBackend) installs
+// an empty fallback table of its tables' size in the background
+// (prepareFallback), and the probation, a penalty later, finds it ready
+// and fills it in place. A probation that comes while the install is
+// still under way (a penalty shorter than a grace period) fills the table
+// being installed and does not wait: until the install ends, milliseconds
+// later, a flow that lands on a spent grant is steered as without a
+// fallback table (other picks of the live table, then a scan of the
+// service's active backends), never to a backend that is not active.
 func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
 	m.t.mu.Lock()
+	if p := m.t.fbPending[svcID]; p != nil && p.tb != nil && p.tb.m.MaxEntries() == uint32(len(slots)) {
+		defer m.t.mu.Unlock()
+		return m.t.write(p.tb, slots)
+	}
+	m.t.mu.Unlock()
+	m.t.lockSettled(svcID)
 	defer m.t.mu.Unlock()
 	if tb, ok := m.t.fallback[svcID]; ok && tb.m.MaxEntries() == uint32(len(slots)) {
 		return m.t.write(tb, slots)
@@ -273,8 +333,81 @@ func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
 	return nil
 }
 
+// prepareFallback installs an empty fallback table for service svcID in
+// the background, of the size of the tables this agent installed for it,
+// unless the service has one (this agent's, one being installed, or a
+// previous agent's, which SetFallback replaces as before). Until
+// SetFallback fills it, every slot holds backend id 0, which is no
+// backend of any service: the datapath, were it to look, would steer as
+// it does without a fallback table.
+func (m *Maps) prepareFallback(svcID uint32) {
+	if m.inner == nil {
+		return // read-only
+	}
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	if _, ok := m.t.fallback[svcID]; ok || m.t.fbPending[svcID] != nil {
+		return
+	}
+	var size uint32
+	for n := range uint32(2) {
+		if tb, ok := m.t.main[TableKey(svcID, n)]; ok {
+			size = max(size, tb.m.MaxEntries())
+		}
+	}
+	if size == 0 {
+		return
+	}
+	p := &pendingFallback{done: make(chan struct{})}
+	m.t.fbPending[svcID] = p
+	go m.installFallback(svcID, size, p)
+}
+
+// installFallback is prepareFallback's background work. The outer map's
+// update runs without mu: it waits for an RCU grace period. If it fails,
+// a table SetFallback filled meanwhile is lost and the service has no
+// fallback table until SetFallback next writes one (steering as
+// without); the next ejection tries again.
+func (m *Maps) installFallback(svcID, size uint32, p *pendingFallback) {
+	var tb *table
+	defer func() {
+		m.t.mu.Lock()
+		defer m.t.mu.Unlock()
+		delete(m.t.fbPending, svcID)
+		if tb != nil {
+			m.t.fallback[svcID] = tb
+		}
+		close(p.done)
+	}()
+	var id ebpf.MapID
+	if err := m.m.PbMaglevFb.Lookup(svcID, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return // a previous agent's, or the lookup failed
+	}
+	fresh, err := m.newTable(size)
+	if err != nil {
+		return
+	}
+	m.t.mu.Lock()
+	p.tb = &table{m: fresh}
+	hook := m.t.installing
+	m.t.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	if err := m.m.PbMaglevFb.Update(svcID, fresh, ebpf.UpdateAny); err != nil {
+		m.t.mu.Lock()
+		m.t.drop(p.tb)
+		p.tb = nil
+		m.t.mu.Unlock()
+		return
+	}
+	tb = p.tb
+}
+
 // DeleteTables removes a service's tables and fallback table.
 func (m *Maps) DeleteTables(svcID uint32) {
+	m.t.lockSettled(svcID)
+	m.t.mu.Unlock()
 	_, _ = m.m.PbMaglev.BatchDelete([]uint32{TableKey(svcID, 0), TableKey(svcID, 1)}, nil)
 	m.deleteOuter(m.m.PbMaglev, TableKey(svcID, 0)) // in case the batch stopped at a missing key
 	m.deleteOuter(m.m.PbMaglev, TableKey(svcID, 1))
