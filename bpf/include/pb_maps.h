@@ -49,7 +49,9 @@ struct {
 /* service id -> the table without probation backends, for the service's
  * live table size. Consulted only for a new flow that lands on a probation
  * backend whose grant is used up: it takes this table's pick for the same
- * slot. Created the first time a service has a backend in probation. */
+ * slot. Installed (empty) at a service's first ejection, filled at its
+ * first probation: the install costs an RCU grace period, off the agent's
+ * loop (pkg/maps SetFallback). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__type(key, __u32);
