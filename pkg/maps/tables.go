@@ -273,6 +273,28 @@ func (m *Maps) SetFallback(svcID uint32, slots []uint32) error {
 	return nil
 }
 
+// TableHandles is how many tables (main and fallback) this agent holds a
+// handle on: an open file each.
+func (m *Maps) TableHandles() int {
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	return len(m.t.main) + len(m.t.fallback)
+}
+
+// ReleaseTable closes this agent's handle on table n of a service, which
+// stays in pb_maglev (the outer map holds it) and keeps serving; it can no
+// longer be written (FillTable fails), so it must be installed afresh
+// before it is filled again. The agent has no CAP_SYS_ADMIN to reach it by
+// id: releasing is how it bounds its open files, one per table otherwise.
+func (m *Maps) ReleaseTable(svcID, n uint32) {
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	if tb, ok := m.t.main[TableKey(svcID, n)]; ok {
+		m.t.drop(tb)
+		delete(m.t.main, TableKey(svcID, n))
+	}
+}
+
 // DeleteTables removes a service's tables and fallback table.
 func (m *Maps) DeleteTables(svcID uint32) {
 	_, _ = m.m.PbMaglev.BatchDelete([]uint32{TableKey(svcID, 0), TableKey(svcID, 1)}, nil)
