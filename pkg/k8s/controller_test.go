@@ -19,6 +19,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -435,5 +436,34 @@ func TestControllerFollowsTheNodeZone(t *testing.T) {
 	}
 	if got := addrs(byName(h.next())["shop/web:http"]); !slices.Equal(got, []string{"198.18.211.3:8080"}) {
 		t.Fatalf("endpoints %v in zone-b, want b's", got)
+	}
+}
+
+// The caches hold Services and EndpointSlices without their managedFields
+// and kubectl's last-applied copy; what the agent reads stays.
+func TestStripForCache(t *testing.T) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{
+		Name: "web", Namespace: "shop",
+		Annotations: map[string]string{
+			corev1.LastAppliedConfigAnnotation:                       `{"big":"copy"}`,
+			"penaltybox.io/failure-accrual-consecutive-max-failures": "3",
+		},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+	}}
+	out, err := stripForCache(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*corev1.Service)
+	if len(got.ManagedFields) != 0 || got.Annotations[corev1.LastAppliedConfigAnnotation] != "" {
+		t.Errorf("managedFields %v, last-applied %q: want both gone", got.ManagedFields, got.Annotations[corev1.LastAppliedConfigAnnotation])
+	}
+	if got.Annotations["penaltybox.io/failure-accrual-consecutive-max-failures"] != "3" || got.Name != "web" {
+		t.Errorf("what the agent reads changed: %+v", got.ObjectMeta)
+	}
+	// A tombstone passes as it is.
+	tomb := cache.DeletedFinalStateUnknown{Key: "shop/web", Obj: svc}
+	if out, err := stripForCache(tomb); err != nil || out != any(tomb) {
+		t.Errorf("tombstone: %v, %v", out, err)
 	}
 }
