@@ -150,7 +150,11 @@ type Controller struct {
 	local   map[netip.Addr]bool // the node's own addresses (SetLocalAddrs)
 	zone    string              // the node's topology.kubernetes.io/zone (watchNode)
 	entries map[string]*entry   // by Service key "namespace/name"
-	owner   map[string]string   // desired service name → Service key
+	// order is the keys of entries in the order of their services' names
+	// ("namespace/name:port" sorts as "namespace/name:"); nil when a key
+	// came or went since it was last sorted.
+	order []string
+	owner map[string]string // desired service name → Service key
 	// policies are the decoded BackendPolicies, by key.
 	policies map[string]*BackendPolicy
 	dirty    chan struct{} // capacity 1: something changed since the last snapshot
@@ -511,6 +515,7 @@ func (c *Controller) sync(key string) error {
 		if e, ok := c.entries[key]; ok {
 			c.forget(key, e)
 			delete(c.entries, key)
+			c.order = nil
 			c.markDirty()
 		}
 		return nil
@@ -542,6 +547,7 @@ func (c *Controller) sync(key string) error {
 		}
 		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight)}
 		c.entries[key] = e
+		c.order = nil
 	}
 	settings := c.withSections(svc, key, c.withPolicy(key, c.settings(svc, key, e), e), e)
 	served := c.servedBecause(svc, key)
@@ -584,6 +590,9 @@ func (c *Controller) sync(key string) error {
 	for _, s := range services {
 		c.owner[s.Name] = key
 	}
+	// In name order: the snapshot lists entries in order, and each one's
+	// services in order, without sorting them all.
+	slices.SortFunc(services, func(a, b desired.Service) int { return cmp.Compare(a.Name, b.Name) })
 	e.services = services
 	c.markDirty()
 	return nil
@@ -677,16 +686,32 @@ func (c *Controller) markDirty() {
 	}
 }
 
-// snapshot assembles the full desired state, ordered by name.
+// snapshot assembles the full desired state, ordered by name. It walks the
+// entries in their kept order (sorted again only when Services came or
+// went): a hand-over of 10,000 services is a copy, not a sort.
 func (c *Controller) snapshot() desired.State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var st desired.State
-	for _, e := range c.entries {
+	if c.order == nil {
+		c.order = make([]string, 0, len(c.entries))
+		for k := range c.entries {
+			c.order = append(c.order, k)
+		}
+		slices.SortFunc(c.order, cmpKeys)
+	}
+	n := 0
+	for _, k := range c.order {
+		n += len(c.entries[k].services)
+	}
+	st := desired.State{Services: make([]desired.Service, 0, n)}
+	for _, k := range c.order {
+		e := c.entries[k]
 		st.Services = append(st.Services, e.services...)
 		st.HandBack = append(st.HandBack, e.unserved...)
 	}
-	slices.SortFunc(st.Services, func(a, b desired.Service) int { return cmp.Compare(a.Name, b.Name) })
+	if len(st.Services) == 0 {
+		st.Services = nil
+	}
 	slices.SortFunc(st.HandBack, func(a, b desired.Key) int { return cmp.Compare(a.String(), b.String()) })
 	return st
 }
@@ -759,4 +784,22 @@ func sliceService(obj any) ([]string, error) {
 		return nil, nil
 	}
 	return []string{sl.Namespace + "/" + name}, nil
+}
+
+// cmpKeys orders Service keys as their services' names sort: as
+// cmp.Compare(a+":", b+":"), without building the strings (a key,
+// "namespace/name", holds no colon).
+func cmpKeys(a, b string) int {
+	n := min(len(a), len(b))
+	if c := strings.Compare(a[:n], b[:n]); c != 0 {
+		return c
+	}
+	switch {
+	case len(a) == len(b):
+		return 0
+	case len(a) < len(b):
+		return cmp.Compare(':', b[n])
+	default:
+		return cmp.Compare(a[n], ':')
+	}
 }

@@ -467,3 +467,34 @@ func TestStripForCache(t *testing.T) {
 		t.Errorf("tombstone: %v, %v", out, err)
 	}
 }
+
+// EndpointSlices are indexed by their Service's key; a slice without the
+// service-name label belongs to none.
+func TestSliceServiceIndex(t *testing.T) {
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-abc",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}}
+	if got, err := sliceService(sl); err != nil || !slices.Equal(got, []string{"shop/web"}) {
+		t.Errorf("sliceService = %v, %v; want [shop/web]", got, err)
+	}
+	sl.Labels = nil
+	if got, _ := sliceService(sl); len(got) != 0 {
+		t.Errorf("unlabelled slice indexed as %v", got)
+	}
+	if got, _ := sliceService(&corev1.Service{}); len(got) != 0 {
+		t.Errorf("a Service indexed as %v", got)
+	}
+}
+
+// Entries are kept in the order of their services' names: "ns/a:http"
+// after "ns/a-b:http" ('-' sorts before ':'), before "ns/a0:http".
+func TestCmpKeys(t *testing.T) {
+	keys := []string{"ns/a", "ns/a-b", "ns/a0", "ns/ab", "n/z", "ns/", "nt/a", "ns/a.b", "ns/aa"}
+	for _, a := range keys {
+		for _, b := range keys {
+			want := strings.Compare(a+":", b+":")
+			if got := cmpKeys(a, b); got != want {
+				t.Errorf("cmpKeys(%q, %q) = %d, want %d", a, b, got, want)
+			}
+		}
+	}
+}
