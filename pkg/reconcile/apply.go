@@ -69,14 +69,17 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 	now := r.clk.Now()
 	var changes []Change
 	var errs []error
-	seen := map[desired.Key]bool{}
+	r.gen++ // marks the services st lists (Service.mark)
 
 	// Services asked for exactly as they are programmed: left alone.
 	same := make([]bool, len(st.Services))
 	var fresh []desired.Service
 	for i := range st.Services {
 		spec := &st.Services[i]
-		if s, ok := r.services[spec.Key]; ok && s.Active != nil && s.Spec.Equal(spec) {
+		if s, ok := r.services[spec.Key]; ok && s.Active != nil && s.Spec.SameSettings(spec) &&
+			len(s.Spec.Endpoints) == len(spec.Endpoints) &&
+			(identical(s.given, spec.Endpoints) || desired.SameEndpoints(s.Spec.Endpoints, spec.Endpoints)) {
+			s.given = spec.Endpoints
 			same[i] = true
 		} else {
 			fresh = append(fresh, *spec)
@@ -90,8 +93,10 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 
 	for i := range st.Services {
 		spec := st.Services[i]
-		seen[spec.Key] = true
 		s, existed := r.services[spec.Key]
+		if existed {
+			s.mark = r.gen
+		}
 		if same[i] {
 			// Only what time changes (the takeover flag) may need writing.
 			if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
@@ -100,7 +105,9 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 			continue
 		}
 		if !existed {
-			s = r.takeBack(spec.Key, now)
+			if s = r.takeBack(spec.Key, now); s != nil {
+				s.mark = r.gen
+			}
 		}
 		if !existed && s == nil {
 			id, ok := r.svcIDs.get()
@@ -111,7 +118,7 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 			delete(r.retiredSvc, id)
 			r.w.ResetServiceStats(id)
 			r.w.ResetServiceTrip(id)
-			s = &Service{ID: id}
+			s = &Service{ID: id, mark: r.gen}
 			if r.takeover > 0 {
 				s.takenOver = now
 			}
@@ -123,6 +130,7 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 		s.Spec = spec
 		// The caller's slice stays the caller's: this one may be edited.
 		s.Spec.Endpoints = slices.Clone(spec.Endpoints)
+		s.given = spec.Endpoints
 		var retired []uint32
 		if endpointsChanged {
 			var err error
@@ -152,7 +160,7 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 	}
 
 	for key, s := range r.services {
-		if seen[key] {
+		if s.mark == r.gen {
 			continue
 		}
 		if err := r.handBackOrDelete(key, s, now, slices.Contains(st.HandBack, key)); err != nil {
@@ -172,15 +180,25 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 	r.endGoneHandBacks(st.HandBack, now)
 
 	errs = append(errs, r.retryDeletes(), r.prepareTables())
-	// The prefilters change with the services and backends: when none
-	// came or went (nor is being handed back), they are as they were.
-	if len(changes) > 0 || len(fresh) > 0 || len(r.handingBack) > 0 || !r.applied || r.prefiltersDirty {
+	// markPrefilters marked what this state adds. What it no longer needs
+	// stays needed here: a removed service's key, a retired backend's port
+	// stay marked until Sweep frees them (and clears them then). So the
+	// prefilters are rebuilt from everything only the first time, or after
+	// a failed write, or a backend dropped (flushBackends).
+	if !r.applied || r.prefiltersDirty || r.dropped {
+		r.dropped = false
 		if err := r.syncPrefilters(); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	sort.Slice(changes, func(i, j int) bool { return changes[i].Service.ID < changes[j].Service.ID })
 	return changes, errors.Join(errs...)
+}
+
+// identical reports whether a and b are the same slice (a caller's state
+// is not modified once handed to Apply).
+func identical(a, b []desired.Endpoint) bool {
+	return len(a) == len(b) && len(a) > 0 && &a[0] == &b[0]
 }
 
 func sameEndpoints(s *Service, eps []desired.Endpoint, bes map[uint32]*Backend) bool {
@@ -288,6 +306,7 @@ func (r *Reconciler) flushBackends() error {
 			}
 			delete(r.backends, b.ID)
 			r.beIDs.put(b.ID)
+			r.dropped = true // its port may be marked for nothing
 		}
 	}
 	return errors.Join(errs...)

@@ -65,6 +65,11 @@ type Service struct {
 	hasFallback  bool
 	fallback     []uint32
 	fallbackSize uint32
+	// mark is the Reconciler's gen of the last Apply that listed it.
+	mark uint64
+	// given is the endpoints slice of the desired state Spec came from
+	// (Spec has a copy): the same slice again is the same endpoints.
+	given []desired.Endpoint
 }
 
 // Backend is one (service, endpoint) pair's kernel entry.
@@ -139,6 +144,10 @@ type Reconciler struct {
 	// touched: the services the running Apply found new or changed.
 	applied bool
 	touched []*Service
+	gen     uint64
+	// dropped: a backend marked in the prefilters could not be written
+	// and was dropped (the next sync rebuilds them).
+	dropped bool
 	svcIDs  idPool
 	beIDs   idPool
 	ports   map[uint16]uint8
