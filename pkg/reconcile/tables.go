@@ -5,7 +5,6 @@ package reconcile
 import (
 	"errors"
 	"iter"
-	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -140,7 +139,7 @@ func tableHandles(nofile uint64) int {
 }
 
 // makeRoom releases the handles of live tables until need more tables fit
-// within maxHandles, services with the lowest ids first. A live table is
+// within maxHandles, of services in no particular order. A live table is
 // never written (the next change fills the other one), so its handle only
 // saves installing a fresh spare at the change after next: with handles
 // short, that install (batched by PrepareTables) is the price. While there
@@ -153,17 +152,11 @@ func (r *Reconciler) makeRoom(need int) {
 	if over <= 0 {
 		return
 	}
-	ids := make([]uint32, 0, len(r.byID))
-	for id := range r.byID {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
 	released := 0
-	for _, id := range ids {
+	for _, s := range r.byID {
 		if released >= over {
 			break
 		}
-		s := r.byID[id]
 		live := s.value.Table & 1
 		if s.value.TableSize == 0 || s.sizes[live] == 0 {
 			continue // no live table, or no handle on it
