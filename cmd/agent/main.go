@@ -145,8 +145,8 @@ func main() {
 // until ctx ends.
 // cpuProfile writes a CPU profile (go tool pprof) of the whole run to the
 // file $PENALTYBOX_CPU_PROFILE names, when it is set: how the control-plane
-// bench finds where the agent's time goes. It returns the function that
-// ends the profile.
+// bench finds where the agent's time goes; a heap profile is written beside
+// it (.heap) at the end. It returns the function that ends the profile.
 func cpuProfile(log *slog.Logger) func() {
 	path := os.Getenv("PENALTYBOX_CPU_PROFILE")
 	if path == "" {
@@ -163,6 +163,11 @@ func cpuProfile(log *slog.Logger) func() {
 	return func() {
 		pprof.StopCPUProfile()
 		f.Close()
+		// And what the heap holds at the end, beside it.
+		if h, err := os.Create(path + ".heap"); err == nil {
+			pprof.Lookup("heap").WriteTo(h, 0)
+			h.Close()
+		}
 	}
 }
 
