@@ -80,7 +80,12 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 			len(s.Spec.Endpoints) == len(spec.Endpoints) &&
 			(identical(s.given, spec.Endpoints) || desired.SameEndpoints(s.Spec.Endpoints, spec.Endpoints)) {
 			s.given = spec.Endpoints
+			s.mark = r.gen
 			same[i] = true
+			// Only what time changes (the takeover flag) may need writing.
+			if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
+				errs = append(errs, err)
+			}
 		} else {
 			fresh = append(fresh, *spec)
 		}
@@ -92,17 +97,13 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 	}
 
 	for i := range st.Services {
+		if same[i] {
+			continue
+		}
 		spec := st.Services[i]
 		s, existed := r.services[spec.Key]
 		if existed {
 			s.mark = r.gen
-		}
-		if same[i] {
-			// Only what time changes (the takeover flag) may need writing.
-			if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
-				errs = append(errs, err)
-			}
-			continue
 		}
 		if !existed {
 			if s = r.takeBack(spec.Key, now); s != nil {
