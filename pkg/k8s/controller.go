@@ -150,10 +150,10 @@ type Controller struct {
 	local   map[netip.Addr]bool // the node's own addresses (SetLocalAddrs)
 	zone    string              // the node's topology.kubernetes.io/zone (watchNode)
 	entries map[string]*entry   // by Service key "namespace/name"
-	// order is the keys of entries in the order of their services' names
+	// order is entries in the order of their services' names
 	// ("namespace/name:port" sorts as "namespace/name:"); nil when a key
-	// came or went since it was last sorted.
-	order []string
+	// came or went, or an entry was replaced, since it was last sorted.
+	order []*entry
 	owner map[string]string // desired service name → Service key
 	// policies are the decoded BackendPolicies, by key.
 	policies map[string]*BackendPolicy
@@ -693,19 +693,22 @@ func (c *Controller) snapshot() desired.State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.order == nil {
-		c.order = make([]string, 0, len(c.entries))
+		keys := make([]string, 0, len(c.entries))
 		for k := range c.entries {
-			c.order = append(c.order, k)
+			keys = append(keys, k)
 		}
-		slices.SortFunc(c.order, cmpKeys)
+		slices.SortFunc(keys, cmpKeys)
+		c.order = make([]*entry, len(keys))
+		for i, k := range keys {
+			c.order[i] = c.entries[k]
+		}
 	}
 	n := 0
-	for _, k := range c.order {
-		n += len(c.entries[k].services)
+	for _, e := range c.order {
+		n += len(e.services)
 	}
 	st := desired.State{Services: make([]desired.Service, 0, n)}
-	for _, k := range c.order {
-		e := c.entries[k]
+	for _, e := range c.order {
 		st.Services = append(st.Services, e.services...)
 		st.HandBack = append(st.HandBack, e.unserved...)
 	}
