@@ -192,7 +192,7 @@ demo: deps build
 cluster-demo: deps build k8s-tools prometheus-tools containerd-tools
 	$(GO) run ./examples/cluster-demo
 
-bench: deps build
+bench: deps build k8s-tools
 	@# The raw figures too (bench/out/ is not committed): --render redraws
 	@# RESULTS.md from them without measuring again.
 	mkdir -p bench/out

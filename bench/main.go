@@ -4,7 +4,7 @@
 // pick instead, on the same machine in the same run, and writes the
 // results as markdown (bench/RESULTS.md via `make bench`):
 //
-//	go run ./bench --out bench/RESULTS.md [--only packet,e2e,failing,flood,reaction,control,fleet,bulk] [--rounds 5]
+//	go run ./bench --out bench/RESULTS.md [--only packet,e2e,failing,flood,reaction,control,apiscale,fleet,bulk] [--rounds 5]
 //
 // Parts (each can run on its own with --only):
 //
@@ -26,6 +26,10 @@
 //	control   10,000 services × 10 backends from a config file, one backend
 //	          change end to end, Maglev builds, accrual engine and ring
 //	          buffer throughput
+//	apiscale  10,000 Services × 10 endpoints from a real kube-apiserver
+//	          (the e2e tests' servers): agent start → every table in the
+//	          maps, RSS, then 100 EndpointSlice changes/s: agent CPU and
+//	          each change's latency to the maps
 //	fleet     an endpoint diluted over 1 to 200 client nodes: time to eject
 //	          with and without fleet evidence (the agent's decision code on
 //	          a simulated clock)
@@ -58,7 +62,7 @@ type options struct {
 	variants variantFlag
 }
 
-var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "fleet", "bulk"}
+var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "apiscale", "fleet", "bulk"}
 
 func main() {
 	var o options
@@ -150,6 +154,7 @@ type sizes struct {
 	flood    floodOpts
 	reaction reactionOpts
 	control  controlOpts
+	apiscale apiscaleOpts
 	fleet    fleetOpts
 	bulk     bulkOpts
 }
@@ -163,6 +168,7 @@ func sizesFor(rounds int, quick bool) sizes {
 			flood:    floodOpts{Rounds: rounds, Duration: 2 * time.Second, Legit: 50, Rates: []int{5000}},
 			reaction: reactionOpts{Ejections: 20, Services: 4, Rate: 400, Timeout: 20 * time.Second, Rounds: rounds, Admitted: time.Second, AdmittedRate: 2000},
 			control:  controlOpts{Rounds: rounds, Services: 50, PerService: 10, RingDuration: 200 * time.Millisecond, GoBenchTime: "10x"},
+			apiscale: apiscaleOpts{Rounds: rounds, Services: 50, PerService: 10, Rate: 20, ChangeFor: time.Second, Idle: 200 * time.Millisecond},
 			fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 50}, Rate: 500, Limit: 30 * time.Second},
 			bulk:     bulkOpts{Rounds: rounds, Bytes: 8 << 20},
 		}
@@ -175,6 +181,7 @@ func sizesFor(rounds int, quick bool) sizes {
 		flood:    floodOpts{Rounds: min(rounds, 2), Duration: 12 * time.Second, Legit: 100, Rates: []int{60000, 120000, 400000}},
 		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds, Admitted: 5 * time.Second, AdmittedRate: 2000},
 		control:  controlOpts{Rounds: rounds, Services: 10000, PerService: 10, RingDuration: 2 * time.Second, GoBenchTime: "300ms"},
+		apiscale: apiscaleOpts{Rounds: rounds, Services: 10000, PerService: 10, Rate: 100, ChangeFor: 20 * time.Second, Idle: 3 * time.Second},
 		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 2 * time.Minute},
 		bulk:     bulkOpts{Rounds: rounds, Bytes: 256 << 20},
 	}
@@ -184,6 +191,7 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 	start := time.Now()
 	m := machine()
 	m.Rounds = o.rounds
+	m.Command = benchCommand()
 	m.Parts = o.only
 	res := newResults()
 	sz := sizesFor(o.rounds, o.quick)
@@ -206,6 +214,8 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 			err = runReaction(res, sz.reaction, o.agent, logf)
 		case "control":
 			err = runControl(res, sz.control, o.agent, logf)
+		case "apiscale":
+			err = runAPIScale(res, sz.apiscale, o.agent, logf)
 		case "fleet":
 			err = runFleet(res, sz.fleet, logf)
 		case "bulk":
@@ -248,4 +258,10 @@ func load(path string) (*Results, Machine, error) {
 		return nil, Machine{}, err
 	}
 	return s.Results, s.Machine, nil
+}
+
+// benchCommand is this run's command line, as `go run ./bench` and its
+// flags (the header of the markdown says how it was made).
+func benchCommand() string {
+	return strings.TrimSpace("go run ./bench " + strings.Join(os.Args[1:], " "))
 }

@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"syscall"
 	"time"
@@ -130,7 +131,10 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, opts, log); err != nil {
+	stopProfile := cpuProfile(log)
+	err = run(ctx, opts, log)
+	stopProfile()
+	if err != nil {
 		log.Error("agent failed", "err", err)
 		fmt.Fprintln(os.Stderr, "agent:", err)
 		os.Exit(1)
@@ -139,6 +143,34 @@ func main() {
 
 // run starts the agent in the mode the flags select and runs its loop
 // until ctx ends.
+// cpuProfile writes a CPU profile (go tool pprof) of the whole run to the
+// file $PENALTYBOX_CPU_PROFILE names, when it is set: how the control-plane
+// bench finds where the agent's time goes; a heap profile is written beside
+// it (.heap) at the end. It returns the function that ends the profile.
+func cpuProfile(log *slog.Logger) func() {
+	path := os.Getenv("PENALTYBOX_CPU_PROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		log.Warn("no CPU profile", "path", path, "err", err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		// And what the heap holds at the end, beside it.
+		if h, err := os.Create(path + ".heap"); err == nil {
+			pprof.Lookup("heap").WriteTo(h, 0)
+			h.Close()
+		}
+	}
+}
+
 func run(ctx context.Context, o options, log *slog.Logger) error {
 	// Pre-flight: a kernel without what the datapath uses is refused in
 	// one line, before the verifier's dump would say it less clearly.

@@ -8,6 +8,8 @@ package desired
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
+	"slices"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -108,4 +110,48 @@ type Node struct {
 	// MaxInflightDefault is the circuit-breaker limit of services that
 	// set none (each Service carries its own already; this is shown).
 	MaxInflightDefault uint32
+}
+
+// Equal reports whether s and o ask for the same thing, field by field
+// (endpoints in order): what the agent checks to leave a service it has
+// programmed alone, cheaply, when a new desired state arrives.
+func (s *Service) Equal(o *Service) bool {
+	return s.SameSettings(o) && SameEndpoints(s.Endpoints, o.Endpoints)
+}
+
+// SameSettings is Equal but for the endpoints.
+func (s *Service) SameSettings(o *Service) bool {
+	return s.Name == o.Name && s.Key == o.Key && s.Accrual == o.Accrual &&
+		s.MaxInflight == o.MaxInflight && s.MaxInflightPerEndpoint == o.MaxInflightPerEndpoint &&
+		s.RetryRefused == o.RetryRefused && s.Affinity == o.Affinity && s.Served == o.Served
+}
+
+// SameEndpoints reports whether a and b list the same endpoints in the same
+// order; the same slice is that without a look at its elements (successive
+// snapshots of a source share the endpoints of what did not change).
+func SameEndpoints(a, b []Endpoint) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return slices.Equal(a, b)
+}
+
+// Equal reports whether two states are the same, service by service in
+// order.
+func (st *State) Equal(o *State) bool {
+	if len(st.Services) != len(o.Services) || !slices.Equal(st.HandBack, o.HandBack) {
+		return false
+	}
+	for i := range st.Services {
+		if !st.Services[i].Equal(&o.Services[i]) {
+			return false
+		}
+	}
+	if (st.Node == nil) != (o.Node == nil) {
+		return false
+	}
+	return st.Node == nil || reflect.DeepEqual(st.Node, o.Node)
 }

@@ -4,7 +4,9 @@ package desired
 
 import (
 	"net/netip"
+	"reflect"
 	"testing"
+	"time"
 )
 
 // Keys print as address:port/protocol, an IPv6 address in brackets (as
@@ -21,5 +23,50 @@ func TestKeyString(t *testing.T) {
 		if got := c.key.String(); got != c.want {
 			t.Errorf("%#v.String() = %q, want %q", c.key, got, c.want)
 		}
+	}
+}
+
+// Equal compares every field: a field added to Service or State without
+// Equal knowing of it would leave a changed service unprogrammed.
+func TestEqualEveryField(t *testing.T) {
+	base := func() State {
+		return State{
+			Services: []Service{{
+				Name: "web", Key: Key{VIP: netip.MustParseAddr("198.18.100.1"), Port: 80, Protocol: TCP},
+				Endpoints: []Endpoint{{Addr: netip.MustParseAddrPort("198.18.1.2:8080"), Name: "ns/a"}},
+			}},
+			HandBack: []Key{{VIP: netip.MustParseAddr("198.18.100.2"), Port: 80, Protocol: TCP}},
+			Node:     &Node{Interfaces: []string{"eth0"}, TableSize: 1021},
+		}
+	}
+	a, b := base(), base()
+	if !a.Equal(&b) {
+		t.Fatal("equal states differ")
+	}
+	// One mutation per field of Service (and the State's own), each of
+	// which must make the states differ.
+	muts := map[string]func(s *State){
+		"Name":                   func(s *State) { s.Services[0].Name = "api" },
+		"Key":                    func(s *State) { s.Services[0].Key.Port = 81 },
+		"Endpoints":              func(s *State) { s.Services[0].Endpoints[0].Name = "ns/b" },
+		"Accrual":                func(s *State) { s.Services[0].Accrual.MaxFailures = 9 },
+		"MaxInflight":            func(s *State) { s.Services[0].MaxInflight = 1 },
+		"MaxInflightPerEndpoint": func(s *State) { s.Services[0].MaxInflightPerEndpoint = 1 },
+		"RetryRefused":           func(s *State) { s.Services[0].RetryRefused = true },
+		"Affinity":               func(s *State) { s.Services[0].Affinity = time.Second },
+		"Served":                 func(s *State) { s.Services[0].Served = "scope-all" },
+		"Services":               func(s *State) { s.Services = append(s.Services, s.Services[0]) },
+		"HandBack":               func(s *State) { s.HandBack = nil },
+		"Node":                   func(s *State) { s.Node.TableSize = 2039 },
+	}
+	for name, mut := range muts {
+		b := base()
+		mut(&b)
+		if a.Equal(&b) || b.Equal(&a) {
+			t.Errorf("a change of %s is not seen", name)
+		}
+	}
+	if n := reflect.TypeFor[Service]().NumField() + reflect.TypeFor[State]().NumField(); n != len(muts) {
+		t.Errorf("Service and State have %d fields, the test mutates %d: teach Equal (and this test) the new ones", n, len(muts))
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -29,7 +29,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -84,8 +83,10 @@ type Options struct {
 	// writes, and the filter for internalTrafficPolicy: Local.
 	NodeName string
 	// Debounce is how long a change waits for more before the desired
-	// state is handed over (default 100ms): a rollout touching many slices
-	// costs one reprogramming, and no change waits longer than this.
+	// state is handed over (default 30ms): a rollout touching many slices
+	// costs one reprogramming, and no change waits longer than this (the
+	// agent programs only what changed, so a short wait costs little; a
+	// change must reach the maps within 100 ms).
 	Debounce time.Duration
 	// Resync re-reads every Service from the informers' caches this often
 	// (default 5m): a safety net that, computing from scratch, reaches the
@@ -122,7 +123,9 @@ type Controller struct {
 	log      *slog.Logger
 	factory  informers.SharedInformerFactory
 	services corelisters.ServiceLister
-	slices   discoverylisters.EndpointSliceLister
+	// sliceIndex holds the EndpointSlices, indexed by their Service's key
+	// (sliceServiceIndex).
+	sliceIndex cache.Indexer
 	// namespaces are watched for LabelEnabled (ScopeOptIn only; nil
 	// otherwise).
 	nsFactory  informers.SharedInformerFactory
@@ -147,7 +150,11 @@ type Controller struct {
 	local   map[netip.Addr]bool // the node's own addresses (SetLocalAddrs)
 	zone    string              // the node's topology.kubernetes.io/zone (watchNode)
 	entries map[string]*entry   // by Service key "namespace/name"
-	owner   map[string]string   // desired service name → Service key
+	// order is entries in the order of their services' names
+	// ("namespace/name:port" sorts as "namespace/name:"); nil when a key
+	// came or went, or an entry was replaced, since it was last sorted.
+	order []*entry
+	owner map[string]string // desired service name → Service key
 	// policies are the decoded BackendPolicies, by key.
 	policies map[string]*BackendPolicy
 	dirty    chan struct{} // capacity 1: something changed since the last snapshot
@@ -185,7 +192,7 @@ type entry struct {
 // New builds a controller on client. Nothing runs until Run.
 func New(client kubernetes.Interface, opts Options) *Controller {
 	if opts.Debounce <= 0 {
-		opts.Debounce = 100 * time.Millisecond
+		opts.Debounce = 30 * time.Millisecond
 	}
 	if opts.Resync <= 0 {
 		opts.Resync = 5 * time.Minute
@@ -202,14 +209,14 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 	noHeadless, _ := labels.NewRequirement(corev1.IsHeadlessService, selection.DoesNotExist, nil)
 	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
 	factory := informers.NewSharedInformerFactoryWithOptions(client, opts.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
+		informers.WithTransform(stripForCache))
 
 	c := &Controller{
 		opts:     opts,
 		log:      opts.Logger,
 		factory:  factory,
 		services: factory.Core().V1().Services().Lister(),
-		slices:   factory.Discovery().V1().EndpointSlices().Lister(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "services"}),
 		recorder: opts.Recorder,
@@ -230,6 +237,13 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 		DeleteFunc: c.enqueueService,
 	})
 	sliceInformer := factory.Discovery().V1().EndpointSlices().Informer()
+	// A Service's slices by index, not by listing its namespace's: with
+	// 10,000 Services in a namespace, every sync would match 10,000
+	// slices' labels (the cold start quadratic in the Services).
+	if err := sliceInformer.AddIndexers(cache.Indexers{sliceServiceIndex: sliceService}); err != nil {
+		panic(err) // only before the informer runs, and it has not
+	}
+	c.sliceIndex = sliceInformer.GetIndexer()
 	sliceInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: c.enqueueSlice,
 		UpdateFunc: func(old, obj any) {
@@ -461,7 +475,7 @@ func (c *Controller) publish(ctx context.Context, out chan<- desired.State, last
 		default:
 		}
 		st := c.snapshot()
-		if reflect.DeepEqual(st, last) {
+		if st.Equal(&last) {
 			continue
 		}
 		select {
@@ -501,6 +515,7 @@ func (c *Controller) sync(key string) error {
 		if e, ok := c.entries[key]; ok {
 			c.forget(key, e)
 			delete(c.entries, key)
+			c.order = nil
 			c.markDirty()
 		}
 		return nil
@@ -508,11 +523,18 @@ func (c *Controller) sync(key string) error {
 	if err != nil {
 		return err
 	}
-	sel := labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: name})
-	epSlices, err := c.slices.EndpointSlices(ns).List(sel)
+	objs, err := c.sliceIndex.ByIndex(sliceServiceIndex, key)
 	if err != nil {
 		return err
 	}
+	epSlices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
+			epSlices = append(epSlices, sl)
+		}
+	}
+	// The index's order is a set's: Translate reads them in a fixed one.
+	slices.SortFunc(epSlices, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -525,6 +547,7 @@ func (c *Controller) sync(key string) error {
 		}
 		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight)}
 		c.entries[key] = e
+		c.order = nil
 	}
 	settings := c.withSections(svc, key, c.withPolicy(key, c.settings(svc, key, e), e), e)
 	served := c.servedBecause(svc, key)
@@ -558,7 +581,7 @@ func (c *Controller) sync(key string) error {
 		e.unserved = unserved
 		c.markDirty()
 	}
-	if reflect.DeepEqual(services, e.services) {
+	if slices.EqualFunc(services, e.services, func(a, b desired.Service) bool { return a.Equal(&b) }) {
 		return nil
 	}
 	for _, s := range e.services {
@@ -567,6 +590,9 @@ func (c *Controller) sync(key string) error {
 	for _, s := range services {
 		c.owner[s.Name] = key
 	}
+	// In name order: the snapshot lists entries in order, and each one's
+	// services in order, without sorting them all.
+	slices.SortFunc(services, func(a, b desired.Service) int { return cmp.Compare(a.Name, b.Name) })
 	e.services = services
 	c.markDirty()
 	return nil
@@ -660,16 +686,35 @@ func (c *Controller) markDirty() {
 	}
 }
 
-// snapshot assembles the full desired state, ordered by name.
+// snapshot assembles the full desired state, ordered by name. It walks the
+// entries in their kept order (sorted again only when Services came or
+// went): a hand-over of 10,000 services is a copy, not a sort.
 func (c *Controller) snapshot() desired.State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var st desired.State
-	for _, e := range c.entries {
+	if c.order == nil {
+		keys := make([]string, 0, len(c.entries))
+		for k := range c.entries {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, cmpKeys)
+		c.order = make([]*entry, len(keys))
+		for i, k := range keys {
+			c.order[i] = c.entries[k]
+		}
+	}
+	n := 0
+	for _, e := range c.order {
+		n += len(e.services)
+	}
+	st := desired.State{Services: make([]desired.Service, 0, n)}
+	for _, e := range c.order {
 		st.Services = append(st.Services, e.services...)
 		st.HandBack = append(st.HandBack, e.unserved...)
 	}
-	slices.SortFunc(st.Services, func(a, b desired.Service) int { return cmp.Compare(a.Name, b.Name) })
+	if len(st.Services) == 0 {
+		st.Services = nil
+	}
 	slices.SortFunc(st.HandBack, func(a, b desired.Key) int { return cmp.Compare(a.String(), b.String()) })
 	return st
 }
@@ -711,4 +756,53 @@ func (c *Controller) serviceOf(name string) (*corev1.Service, error) {
 		return nil, err
 	}
 	return svc, nil
+}
+
+// stripForCache drops, before an object enters the informers' caches, what
+// the agent never reads and what makes up much of a small object: its
+// managedFields and kubectl's last-applied-configuration annotation (a copy
+// of the whole object). With 10,000 Services and their EndpointSlices that
+// is tens of megabytes of the agent's memory.
+func stripForCache(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil {
+		a.SetManagedFields(nil)
+		if ann := a.GetAnnotations(); ann[corev1.LastAppliedConfigAnnotation] != "" {
+			delete(ann, corev1.LastAppliedConfigAnnotation)
+		}
+	}
+	return obj, nil
+}
+
+// sliceServiceIndex indexes EndpointSlices by their Service's key,
+// "namespace/name" (the kubernetes.io/service-name label).
+const sliceServiceIndex = "service"
+
+func sliceService(obj any) ([]string, error) {
+	sl, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name := sl.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil, nil
+	}
+	return []string{sl.Namespace + "/" + name}, nil
+}
+
+// cmpKeys orders Service keys as their services' names sort: as
+// cmp.Compare(a+":", b+":"), without building the strings (a key,
+// "namespace/name", holds no colon).
+func cmpKeys(a, b string) int {
+	n := min(len(a), len(b))
+	if c := strings.Compare(a[:n], b[:n]); c != 0 {
+		return c
+	}
+	switch {
+	case len(a) == len(b):
+		return 0
+	case len(a) < len(b):
+		return cmp.Compare(':', b[n])
+	default:
+		return cmp.Compare(a[n], ':')
+	}
 }

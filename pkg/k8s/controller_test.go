@@ -19,6 +19,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -435,5 +436,65 @@ func TestControllerFollowsTheNodeZone(t *testing.T) {
 	}
 	if got := addrs(byName(h.next())["shop/web:http"]); !slices.Equal(got, []string{"198.18.211.3:8080"}) {
 		t.Fatalf("endpoints %v in zone-b, want b's", got)
+	}
+}
+
+// The caches hold Services and EndpointSlices without their managedFields
+// and kubectl's last-applied copy; what the agent reads stays.
+func TestStripForCache(t *testing.T) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{
+		Name: "web", Namespace: "shop",
+		Annotations: map[string]string{
+			corev1.LastAppliedConfigAnnotation:                       `{"big":"copy"}`,
+			"penaltybox.io/failure-accrual-consecutive-max-failures": "3",
+		},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+	}}
+	out, err := stripForCache(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*corev1.Service)
+	if len(got.ManagedFields) != 0 || got.Annotations[corev1.LastAppliedConfigAnnotation] != "" {
+		t.Errorf("managedFields %v, last-applied %q: want both gone", got.ManagedFields, got.Annotations[corev1.LastAppliedConfigAnnotation])
+	}
+	if got.Annotations["penaltybox.io/failure-accrual-consecutive-max-failures"] != "3" || got.Name != "web" {
+		t.Errorf("what the agent reads changed: %+v", got.ObjectMeta)
+	}
+	// A tombstone passes as it is.
+	tomb := cache.DeletedFinalStateUnknown{Key: "shop/web", Obj: svc}
+	if out, err := stripForCache(tomb); err != nil || out != any(tomb) {
+		t.Errorf("tombstone: %v, %v", out, err)
+	}
+}
+
+// EndpointSlices are indexed by their Service's key; a slice without the
+// service-name label belongs to none.
+func TestSliceServiceIndex(t *testing.T) {
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-abc",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}}
+	if got, err := sliceService(sl); err != nil || !slices.Equal(got, []string{"shop/web"}) {
+		t.Errorf("sliceService = %v, %v; want [shop/web]", got, err)
+	}
+	sl.Labels = nil
+	if got, _ := sliceService(sl); len(got) != 0 {
+		t.Errorf("unlabelled slice indexed as %v", got)
+	}
+	if got, _ := sliceService(&corev1.Service{}); len(got) != 0 {
+		t.Errorf("a Service indexed as %v", got)
+	}
+}
+
+// Entries are kept in the order of their services' names: "ns/a:http"
+// after "ns/a-b:http" ('-' sorts before ':'), before "ns/a0:http".
+func TestCmpKeys(t *testing.T) {
+	keys := []string{"ns/a", "ns/a-b", "ns/a0", "ns/ab", "n/z", "ns/", "nt/a", "ns/a.b", "ns/aa"}
+	for _, a := range keys {
+		for _, b := range keys {
+			want := strings.Compare(a+":", b+":")
+			if got := cmpKeys(a, b); got != want {
+				t.Errorf("cmpKeys(%q, %q) = %d, want %d", a, b, got, want)
+			}
+		}
 	}
 }

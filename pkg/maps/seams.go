@@ -40,6 +40,10 @@ type TableMap interface {
 	FillTable(svcID, n uint32, slots []uint32) error
 	TableSizes(svcID uint32) ([2]uint32, error)
 	SetFallback(svcID uint32, slots []uint32) error
+	// TableHandles and ReleaseTable bound the agent's open files: one
+	// per table it can still write.
+	TableHandles() int
+	ReleaseTable(svcID, n uint32)
 }
 
 // PrefilterMap is the two prefilters, pb_ports and pb_vip_slots.

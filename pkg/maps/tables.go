@@ -157,8 +157,16 @@ func (t *tables) write(tb *table, slots []uint32) error {
 	tb.used = t.clock
 	tb.fills++
 	if tb.mem == nil && tb.fills < 2 {
-		_, err := tb.m.BatchUpdate(t.slotKeys(len(slots)), slots, nil)
-		return err
+		// Mapped, copied, unmapped: a tenth of a batch update's cost
+		// (which writes slot by slot, after marshalling them), and what
+		// 10,000 services' first tables cost at start.
+		mem, err := mmapArray(tb.m)
+		if err != nil {
+			_, err := tb.m.BatchUpdate(t.slotKeys(len(slots)), slots, nil)
+			return err
+		}
+		writeSlots(mem, slots)
+		return unix.Munmap(mem)
 	}
 	if tb.mem == nil {
 		if t.mapped >= maxMapped {
@@ -402,6 +410,28 @@ func (m *Maps) installFallback(svcID, size uint32, p *pendingFallback) {
 		return
 	}
 	tb = p.tb
+}
+
+// TableHandles is how many tables (main and fallback) this agent holds a
+// handle on: an open file each.
+func (m *Maps) TableHandles() int {
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	return len(m.t.main) + len(m.t.fallback)
+}
+
+// ReleaseTable closes this agent's handle on table n of a service, which
+// stays in pb_maglev (the outer map holds it) and keeps serving; it can no
+// longer be written (FillTable fails), so it must be installed afresh
+// before it is filled again. The agent has no CAP_SYS_ADMIN to reach it by
+// id: releasing is how it bounds its open files, one per table otherwise.
+func (m *Maps) ReleaseTable(svcID, n uint32) {
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	if tb, ok := m.t.main[TableKey(svcID, n)]; ok {
+		m.t.drop(tb)
+		delete(m.t.main, TableKey(svcID, n))
+	}
 }
 
 // DeleteTables removes a service's tables and fallback table.

@@ -30,7 +30,10 @@ type Change struct {
 type Accrual interface {
 	// Adopt hears of the services as Apply leaves them, once their
 	// entries and backends are written and before any table is: changes
-	// are those whose endpoints changed, or that were removed.
+	// are those whose endpoints changed, or that were removed; services
+	// are every service the first time, then those Apply found new or
+	// changed in any way (a service asked for exactly as before is left
+	// as it is: accrual holds it already).
 	Adopt(changes []Change, services []*Service)
 	// Program writes service id's admission as accrual decides it, with
 	// ProgramService, and keeps a failure to retry.
@@ -38,11 +41,22 @@ type Accrual interface {
 }
 
 // Apply makes the maps match st, complete: service entries and backends,
-// the prefilters, then, once acc has adopted them, every service's table
-// (acc.Program). It returns the changes acc heard of.
+// the prefilters, then, once acc has adopted them, the tables (acc.Program)
+// of every service the first time, then of each service new or changed.
+// A service asked for exactly as it was programmed is not touched: a
+// desired state of 10,000 services with one changed costs one service's
+// work, not 10,000's. It returns the changes acc heard of.
 func (r *Reconciler) Apply(st desired.State, acc Accrual) ([]Change, error) {
 	changes, err := r.sync(st)
-	services := r.Services()
+	var services []*Service
+	if !r.applied {
+		r.applied = true
+		services = r.Services()
+	} else {
+		services = r.touched
+		sort.Slice(services, func(i, j int) bool { return services[i].ID < services[j].ID })
+	}
+	r.touched = nil
 	acc.Adopt(changes, services)
 	for _, s := range services {
 		acc.Program(s.ID)
@@ -55,20 +69,46 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 	now := r.clk.Now()
 	var changes []Change
 	var errs []error
-	seen := map[desired.Key]bool{}
+	r.gen++ // marks the services st lists (Service.mark)
 
+	// Services asked for exactly as they are programmed: left alone.
+	same := make([]bool, len(st.Services))
+	var fresh []desired.Service
+	for i := range st.Services {
+		spec := &st.Services[i]
+		if s, ok := r.services[spec.Key]; ok && s.Active != nil && s.Spec.SameSettings(spec) &&
+			len(s.Spec.Endpoints) == len(spec.Endpoints) &&
+			(identical(s.given, spec.Endpoints) || desired.SameEndpoints(s.Spec.Endpoints, spec.Endpoints)) {
+			s.given = spec.Endpoints
+			s.mark = r.gen
+			same[i] = true
+			// Only what time changes (the takeover flag) may need writing.
+			if err := r.writeService(s, s.value.Table, s.value.TableSize); err != nil {
+				errs = append(errs, err)
+			}
+		} else {
+			fresh = append(fresh, *spec)
+		}
+	}
 	// New VIPs get past the prefilters before any entry of theirs is
 	// written; what is no longer needed is cleared at the end.
-	if err := r.markPrefilters(st); err != nil {
+	if err := r.markPrefilters(fresh); err != nil {
 		errs = append(errs, err)
 	}
 
 	for i := range st.Services {
+		if same[i] {
+			continue
+		}
 		spec := st.Services[i]
-		seen[spec.Key] = true
 		s, existed := r.services[spec.Key]
+		if existed {
+			s.mark = r.gen
+		}
 		if !existed {
-			s = r.takeBack(spec.Key, now)
+			if s = r.takeBack(spec.Key, now); s != nil {
+				s.mark = r.gen
+			}
 		}
 		if !existed && s == nil {
 			id, ok := r.svcIDs.get()
@@ -79,17 +119,19 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 			delete(r.retiredSvc, id)
 			r.w.ResetServiceStats(id)
 			r.w.ResetServiceTrip(id)
-			s = &Service{ID: id}
+			s = &Service{ID: id, mark: r.gen}
 			if r.takeover > 0 {
 				s.takenOver = now
 			}
 			r.services[spec.Key] = s
 			r.byID[id] = s
 		}
+		r.touched = append(r.touched, s)
 		endpointsChanged := !existed || !sameEndpoints(s, spec.Endpoints, r.backends)
 		s.Spec = spec
 		// The caller's slice stays the caller's: this one may be edited.
 		s.Spec.Endpoints = slices.Clone(spec.Endpoints)
+		s.given = spec.Endpoints
 		var retired []uint32
 		if endpointsChanged {
 			var err error
@@ -119,7 +161,7 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 	}
 
 	for key, s := range r.services {
-		if seen[key] {
+		if s.mark == r.gen {
 			continue
 		}
 		if err := r.handBackOrDelete(key, s, now, slices.Contains(st.HandBack, key)); err != nil {
@@ -139,11 +181,25 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 	r.endGoneHandBacks(st.HandBack, now)
 
 	errs = append(errs, r.retryDeletes(), r.prepareTables())
-	if err := r.syncPrefilters(); err != nil {
-		errs = append(errs, err)
+	// markPrefilters marked what this state adds. What it no longer needs
+	// stays needed here: a removed service's key, a retired backend's port
+	// stay marked until Sweep frees them (and clears them then). So the
+	// prefilters are rebuilt from everything only the first time, or after
+	// a failed write, or a backend dropped (flushBackends).
+	if !r.applied || r.prefiltersDirty || r.dropped {
+		r.dropped = false
+		if err := r.syncPrefilters(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	sort.Slice(changes, func(i, j int) bool { return changes[i].Service.ID < changes[j].Service.ID })
 	return changes, errors.Join(errs...)
+}
+
+// identical reports whether a and b are the same slice (a caller's state
+// is not modified once handed to Apply).
+func identical(a, b []desired.Endpoint) bool {
+	return len(a) == len(b) && len(a) > 0 && &a[0] == &b[0]
 }
 
 func sameEndpoints(s *Service, eps []desired.Endpoint, bes map[uint32]*Backend) bool {
@@ -251,6 +307,7 @@ func (r *Reconciler) flushBackends() error {
 			}
 			delete(r.backends, b.ID)
 			r.beIDs.put(b.ID)
+			r.dropped = true // its port may be marked for nothing
 		}
 	}
 	return errors.Join(errs...)

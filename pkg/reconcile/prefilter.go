@@ -34,8 +34,11 @@ func (r *Reconciler) syncPrefilters() error {
 }
 
 // markPrefilters marks the VIP ports, address slots and backend ports of
-// st's services on top of what is marked, clearing nothing.
-func (r *Reconciler) markPrefilters(st desired.State) error {
+// services on top of what is marked, clearing nothing.
+func (r *Reconciler) markPrefilters(services []desired.Service) error {
+	if len(services) == 0 && !r.prefiltersDirty {
+		return nil
+	}
 	want := prefilterSet{ports: stdmaps.Clone(r.ports), slots: stdmaps.Clone(r.vipSlots)}
 	if want.ports == nil {
 		want.ports = map[uint16]uint8{}
@@ -43,7 +46,7 @@ func (r *Reconciler) markPrefilters(st desired.State) error {
 	if want.slots == nil {
 		want.slots = map[uint32]bool{}
 	}
-	for _, spec := range st.Services {
+	for _, spec := range services {
 		want.vip(spec.Key.VIP, spec.Key.Port)
 		for _, ep := range spec.Endpoints {
 			want.ports[ep.Addr.Port()] |= maps.PortBackend

@@ -112,6 +112,7 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 		n := nextTable(s)
 		var err error
 		if s.sizes[n] != size {
+			r.makeRoom(1)
 			err = r.w.InstallTables([]maps.TableInstall{{SvcID: id, N: n, Size: size}})
 			if err == nil {
 				s.sizes[n] = size

@@ -9,6 +9,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"log/slog"
 	"net/netip"
 	"sort"
@@ -64,6 +65,11 @@ type Service struct {
 	hasFallback  bool
 	fallback     []uint32
 	fallbackSize uint32
+	// mark is the Reconciler's gen of the last Apply that listed it.
+	mark uint64
+	// given is the endpoints slice of the desired state Spec came from
+	// (Spec has a copy): the same slice again is the same endpoints.
+	given []desired.Endpoint
 }
 
 // Backend is one (service, endpoint) pair's kernel entry.
@@ -93,6 +99,7 @@ type Reconciler struct {
 	guard    maps.SYNGuard // Options.SYNGuard
 
 	maxTableSize uint32
+	maxHandles   int // Options.MaxTableHandles, resolved
 	builders     map[uint32]*maglev.Builder
 	slots        map[uint32][]int32
 	keys         []string
@@ -132,10 +139,18 @@ type Reconciler struct {
 	handBackFor time.Duration // Options.HandBack
 	// spare: services whose spare table must be (re)installed before
 	// their next change (after a flip to a new size, or at start).
-	spare  map[uint32]bool
-	svcIDs idPool
-	beIDs  idPool
-	ports  map[uint16]uint8
+	spare map[uint32]bool
+	// applied: Apply ran once (it adopts every service the first time);
+	// touched: the services the running Apply found new or changed.
+	applied bool
+	touched []*Service
+	gen     uint64
+	// dropped: a backend marked in the prefilters could not be written
+	// and was dropped (the next sync rebuilds them).
+	dropped bool
+	svcIDs  idPool
+	beIDs   idPool
+	ports   map[uint16]uint8
 }
 
 // Options configure a Reconciler.
@@ -168,8 +183,14 @@ type Options struct {
 	// SYNGuard is the SYN guard's budget and trust (GuardSYNs); its Lease
 	// is set at each write.
 	SYNGuard maps.SYNGuard
-	Clock    clock.PassiveClock
-	Logger   *slog.Logger
+	// MaxTableHandles bounds the Maglev tables the agent keeps a handle
+	// on (an open file each; two per service by default, so that a change
+	// fills the spare table in place). Past it, live tables' handles are
+	// released: those services get a fresh spare at their next change.
+	// 0: from RLIMIT_NOFILE, less a reserve for everything else.
+	MaxTableHandles int
+	Clock           clock.PassiveClock
+	Logger          *slog.Logger
 }
 
 // New adopts what the maps hold and returns a reconciler ready for Apply.
@@ -195,6 +216,7 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		takeover:     opts.TakeoverGrace,
 		guard:        opts.SYNGuard,
 		maxTableSize: opts.TableSize,
+		maxHandles:   cmp.Or(opts.MaxTableHandles, handlesFromLimit()),
 		builders:     map[uint32]*maglev.Builder{},
 		slots:        map[uint32][]int32{},
 		services:     map[desired.Key]*Service{},

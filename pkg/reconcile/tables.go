@@ -6,6 +6,8 @@ import (
 	"errors"
 	"iter"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/penaltybox/penaltybox/pkg/maglev"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -105,6 +107,7 @@ func (r *Reconciler) prepare(services iter.Seq[*Service]) error {
 			svcs = append(svcs, s)
 		}
 	}
+	r.makeRoom(len(reqs))
 	if err := r.w.InstallTables(reqs); err != nil {
 		return err
 	}
@@ -112,4 +115,57 @@ func (r *Reconciler) prepare(services iter.Seq[*Service]) error {
 		s.sizes[reqs[i].N] = reqs[i].Size
 	}
 	return nil
+}
+
+// handlesFromLimit is the default of Options.MaxTableHandles: the open
+// files RLIMIT_NOFILE allows (Go raises the soft limit to the hard one at
+// start), less an eighth (at least 256, at most 4096) for everything else
+// the agent opens: maps, links, sockets, the API server's connections.
+func handlesFromLimit() int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY {
+		return 1 << 20
+	}
+	return tableHandles(lim.Cur)
+}
+
+// tableHandles is how many table handles nofile open files leave room for.
+func tableHandles(nofile uint64) int {
+	reserve := min(max(nofile/8, 256), 4096)
+	if nofile <= reserve {
+		return 0
+	}
+	return int(min(nofile-reserve, 1<<30))
+}
+
+// makeRoom releases the handles of live tables until need more tables fit
+// within maxHandles, of services in no particular order. A live table is
+// never written (the next change fills the other one), so its handle only
+// saves installing a fresh spare at the change after next: with handles
+// short, that install (batched by PrepareTables) is the price. While there
+// is room, nothing is released.
+func (r *Reconciler) makeRoom(need int) {
+	if need == 0 {
+		return
+	}
+	over := r.w.TableHandles() + need - r.maxHandles
+	if over <= 0 {
+		return
+	}
+	released := 0
+	for _, s := range r.byID {
+		if released >= over {
+			break
+		}
+		live := s.value.Table & 1
+		if s.value.TableSize == 0 || s.sizes[live] == 0 {
+			continue // no live table, or no handle on it
+		}
+		r.w.ReleaseTable(s.ID, live)
+		s.sizes[live] = 0
+		released++
+	}
+	if released > 0 {
+		r.log.Debug("released live tables' handles", "released", released, "max_handles", r.maxHandles)
+	}
 }

@@ -133,6 +133,11 @@ type Maps struct {
 	SvcInflight map[uint32]int64
 	BeInflight  map[uint32]int64
 
+	// Released are the pb_maglev keys of tables whose handle the agent
+	// closed (ReleaseTable): they serve, but FillTable fails on them until
+	// they are installed again.
+	Released map[uint32]bool
+
 	// TableWrites records every table a service went live with, in order;
 	// StateWrites every state written to a backend's entry.
 	TableWrites map[uint32][][]uint32
@@ -176,6 +181,7 @@ func New(t testing.TB) *Maps {
 		PbSvcTrip:     map[uint32]bpf.LbSvcTrip{},
 		TripResets:    map[uint32]int{},
 		TableWrites:   map[uint32][][]uint32{},
+		Released:      map[uint32]bool{},
 		StateWrites:   map[uint32][]pbmaps.BackendState{},
 		SvcStats:      map[uint32]bpf.LbSvcStats{},
 		BeStats:       map[uint32]bpf.LbBeStats{},
@@ -245,6 +251,8 @@ func (f *Maps) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	delete(f.PbServices, k)
 	delete(f.PbMaglev, pbmaps.TableKey(id, 0))
 	delete(f.PbMaglev, pbmaps.TableKey(id, 1))
+	delete(f.Released, pbmaps.TableKey(id, 0))
+	delete(f.Released, pbmaps.TableKey(id, 1))
 	delete(f.PbMaglevFb, id)
 	f.record(Op{Kind: OpDeleteService, ID: id})
 	return nil
@@ -366,6 +374,7 @@ func (f *Maps) InstallTables(reqs []pbmaps.TableInstall) error {
 	}
 	for _, r := range reqs {
 		f.PbMaglev[pbmaps.TableKey(r.SvcID, r.N)] = make([]uint32, r.Size)
+		delete(f.Released, pbmaps.TableKey(r.SvcID, r.N))
 	}
 	f.record(Op{Kind: OpInstallTables, Reqs: slices.Clone(reqs)})
 	return nil
@@ -387,6 +396,9 @@ func (f *Maps) FillTable(svcID, n uint32, slots []uint32) error {
 	if !ok {
 		return fmt.Errorf("maglev table %d of service %d: key does not exist", n, svcID)
 	}
+	if f.Released[key] {
+		return fmt.Errorf("maglev table %d of service %d: not installed by this agent", n, svcID)
+	}
 	if len(t) != len(slots) {
 		return fmt.Errorf("maglev table %d of service %d: %d slots, want %d", n, svcID, len(t), len(slots))
 	}
@@ -398,16 +410,34 @@ func (f *Maps) FillTable(svcID, n uint32, slots []uint32) error {
 	return nil
 }
 
-// TableSizes are the slot counts of a service's two tables (0: none).
+// TableSizes are the slot counts of a service's two tables (0: none, or
+// released).
 func (f *Maps) TableSizes(svcID uint32) ([2]uint32, error) {
 	if err := f.failing(OpTableSizes); err != nil {
 		return [2]uint32{}, err
 	}
 	var out [2]uint32
 	for n := range uint32(2) {
-		out[n] = uint32(len(f.PbMaglev[pbmaps.TableKey(svcID, n)]))
+		if !f.Released[pbmaps.TableKey(svcID, n)] {
+			out[n] = uint32(len(f.PbMaglev[pbmaps.TableKey(svcID, n)]))
+		}
 	}
 	return out, nil
+}
+
+// TableHandles counts the tables the agent could still write: pb_maglev's
+// not released, and the fallback tables.
+func (f *Maps) TableHandles() int {
+	return len(f.PbMaglev) - len(f.Released) + len(f.PbMaglevFb)
+}
+
+// ReleaseTable marks a table released, like maps.Maps.ReleaseTable: it
+// serves on, but cannot be filled until installed again.
+func (f *Maps) ReleaseTable(svcID, n uint32) {
+	key := pbmaps.TableKey(svcID, n)
+	if _, ok := f.PbMaglev[key]; ok {
+		f.Released[key] = true
+	}
 }
 
 func (f *Maps) SetFallback(id uint32, slots []uint32) error {

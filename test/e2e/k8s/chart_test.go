@@ -385,7 +385,7 @@ func TestChartDryRunAndInstall(t *testing.T) {
 
 	// A real install and uninstall (no kubelet here: the DaemonSet's pods
 	// are never scheduled; test/cluster installs the chart on a node).
-	kc := c.kubeconfig("admin", c.adminToken)
+	kc := c.kubeconfig("admin", c.AdminToken)
 	hk := func(args ...string) string {
 		t.Helper()
 		out, err := helmIn(t, c.ns, append(args, "--kubeconfig", kc)...)

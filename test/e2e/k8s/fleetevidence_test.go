@@ -83,7 +83,7 @@ func TestFleetEvidence(t *testing.T) {
 			t.Fatal(err)
 		}
 		kubeconfigs[name] = c.kubeconfig("agent-"+name, tr.Status.Token)
-		if dyns[name], err = dynamic.NewForConfig(c.restConfig(tr.Status.Token)); err != nil {
+		if dyns[name], err = dynamic.NewForConfig(c.RestConfig(tr.Status.Token)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -32,7 +32,7 @@ func TestHashSeedIsTheClusters(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ns = "penaltybox-system"
-	agent, err := kubernetes.NewForConfig(c.restConfig(c.agentToken))
+	agent, err := kubernetes.NewForConfig(c.RestConfig(c.AgentToken))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func TestLeaseHoldersAreTheAgentsOwnNodes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs, err := kubernetes.NewForConfig(c.restConfig(tr.Status.Token))
+		cs, err := kubernetes.NewForConfig(c.RestConfig(tr.Status.Token))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,7 +97,7 @@ func TestLeaseHoldersAreTheAgentsOwnNodes(t *testing.T) {
 	intruder := token("intruder", "node-a")
 	// The agents' service account without a node: the static token the
 	// other tests use (same username, no node in its user info).
-	unbound, err := kubernetes.NewForConfig(c.restConfig(c.agentToken))
+	unbound, err := kubernetes.NewForConfig(c.RestConfig(c.AgentToken))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,16 +15,14 @@
 package k8s
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/penaltybox/penaltybox/internal/agentrun"
+	"github.com/penaltybox/penaltybox/internal/kubeapi"
 )
 
 var (
@@ -59,18 +57,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildTools runs scripts/<script> (k8s-tools.sh: the servers and kubectl;
-// prometheus-tools.sh: Prometheus with Kubernetes service discovery), which
-// finds the binaries in its cache or, the first time, builds them, and
-// returns the directory it prints last. The build's progress goes to
-// stderr: a cold build is long, and CI's log should say why.
-func buildTools(script string) (string, error) {
-	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", script))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("scripts/%s: %w", script, err)
-	}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	return lines[len(lines)-1], nil
-}
+// buildTools runs scripts/<script> (kubeapi.Tools): the binaries from its
+// cache, built the first time.
+func buildTools(script string) (string, error) { return kubeapi.Tools(repoRoot, script) }

@@ -55,7 +55,7 @@ func TestBackendPolicy(t *testing.T) {
 	if out, err := w.c.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/backendpolicies.policy.penaltybox.io"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	dyn, err := dynamic.NewForConfig(w.c.restConfig(w.c.adminToken))
+	dyn, err := dynamic.NewForConfig(w.c.RestConfig(w.c.AdminToken))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,17 +58,17 @@ func (w *world) prometheusSD(t *testing.T) {
 	// reach the API server added to its service discovery.
 	dir := t.TempDir()
 	token := filepath.Join(dir, "token")
-	if err := os.WriteFile(token, []byte(w.c.adminToken), 0o600); err != nil {
+	if err := os.WriteFile(token, []byte(w.c.AdminToken), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	jobs, err := promcheck.ShippedJob(filepath.Join(repoRoot, "deploy", "monitoring", "prometheus-scrape.yaml"),
-		"https://"+w.c.addr, w.c.caFile, token)
+		"https://"+w.c.Addr, w.c.CAFile, token)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// And the job the Prometheus Operator generates for the shipped
 	// PodMonitor, with the same discovery.
-	sd := map[string]any{"api_server": "https://" + w.c.addr, "tls_config": map[string]any{"ca_file": w.c.caFile},
+	sd := map[string]any{"api_server": "https://" + w.c.Addr, "tls_config": map[string]any{"ca_file": w.c.CAFile},
 		"authorization": map[string]any{"credentials_file": token}}
 	opJob, err := promcheck.OperatorJob(filepath.Join(repoRoot, "deploy", "podmonitor.yaml"), sd, "", nil)
 	if err != nil {
