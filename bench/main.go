@@ -17,6 +17,8 @@
 //	          network namespaces: penaltybox (XDP_PASS and redirect modes),
 //	          nftables DNAT as kube-proxy's nftables mode writes it, HAProxy
 //	          in TCP mode, and plain routing
+//	agentcpu  the agent's own CPU per healthy connection at a paced 10,000
+//	          new connections/s, in each accrual mode
 //	failing   one of three backends refusing, then dropping SYNs: penaltybox,
 //	          nftables DNAT, HAProxy with passive layer-4 checks
 //	flood     a SYN flood beside legit load and long-lived connections:
@@ -52,11 +54,12 @@ type options struct {
 	rounds int
 	quick  bool
 	agent  string
+	hold   time.Duration // agentcpu: keep the last agent under load this long
 	// variants: other builds of pb_xdp for the packet part (--pb-variant).
 	variants variantFlag
 }
 
-var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "fleet"}
+var allParts = []string{"packet", "e2e", "agentcpu", "failing", "flood", "reaction", "control", "fleet"}
 
 func main() {
 	var o options
@@ -65,6 +68,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 5, "rounds per figure (min/median/max are over rounds)")
 	flag.BoolVar(&o.quick, "quick", false, "tiny durations and sizes: a smoke run that proves every path works, not a measurement")
 	flag.StringVar(&o.agent, "agent", "", "agent binary (default: build ./cmd/agent)")
+	flag.DurationVar(&o.hold, "agentcpu-hold", 0, "agentcpu: after the last round, keep its agent under the same load this long (for perf record -p PID; the pid is logged)")
 	jsonOut := flag.String("json", "", "also write the raw figures as JSON to this file")
 	render := flag.String("render", "", "do not measure: re-render --out (and the table) from a JSON file written by --json")
 	spinPath := flag.String("spin", "", "instead of measuring, run one datapath path in a loop for a profiler: established, reply, passthrough, newflow, newflow-noreader, dnat, floor-known, floor-new")
@@ -149,6 +153,7 @@ type sizes struct {
 	reaction reactionOpts
 	control  controlOpts
 	fleet    fleetOpts
+	agentcpu agentCPUOpts
 }
 
 func sizesFor(rounds int, quick bool) sizes {
@@ -161,6 +166,7 @@ func sizesFor(rounds int, quick bool) sizes {
 			reaction: reactionOpts{Ejections: 20, Services: 4, Rate: 400, Timeout: 20 * time.Second, Rounds: rounds, Admitted: time.Second, AdmittedRate: 2000},
 			control:  controlOpts{Rounds: rounds, Services: 50, PerService: 10, RingDuration: 200 * time.Millisecond, GoBenchTime: "10x"},
 			fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 50}, Rate: 500, Limit: 30 * time.Second},
+			agentcpu: agentCPUOpts{Rounds: rounds, Rate: 2000, Duration: 300 * time.Millisecond, Warmup: 100 * time.Millisecond},
 		}
 	}
 	return sizes{
@@ -172,6 +178,7 @@ func sizesFor(rounds int, quick bool) sizes {
 		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds, Admitted: 5 * time.Second, AdmittedRate: 2000},
 		control:  controlOpts{Rounds: rounds, Services: 10000, PerService: 10, RingDuration: 2 * time.Second, GoBenchTime: "300ms"},
 		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 2 * time.Minute},
+		agentcpu: agentCPUOpts{Rounds: rounds, Rate: 10000, Duration: 4 * time.Second, Warmup: time.Second},
 	}
 }
 
@@ -193,6 +200,9 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 			err = runPacket(res, sz.packet, logf)
 		case "e2e":
 			err = runE2E(res, sz.e2e, o.agent, logf)
+		case "agentcpu":
+			sz.agentcpu.Hold = o.hold
+			err = runAgentCPU(res, sz.agentcpu, o.agent, logf)
 		case "failing":
 			err = runFailing(res, sz.failing, o.agent, logf)
 		case "flood":
