@@ -45,6 +45,13 @@ type Reader struct {
 	since int64
 	bytes int
 
+	// Reuse, set before Run, lets Run hand every batch in the same
+	// array: the handler must not keep a batch past its return. (A batch
+	// of a busy ring's poll is thousands of events: allocated afresh
+	// each time, they were much of the agent's garbage.)
+	Reuse bool
+	buf   []Event
+
 	// Read counts events delivered; Bad counts records that did not decode.
 	Read, Bad atomic.Uint64
 	// caught: the time up to which every event has been read (when the
@@ -215,7 +222,12 @@ func (r *Reader) Run(handle func([]Event)) error {
 			}
 			continue
 		}
-		batch := make([]Event, 0, 64)
+		var batch []Event
+		if r.Reuse {
+			batch = r.buf[:0]
+		} else {
+			batch = make([]Event, 0, 64)
+		}
 		var emptyAt int64 // when the ring was found empty after this batch
 		bad := 0
 		for len(batch) < MaxBatch {
@@ -249,6 +261,10 @@ func (r *Reader) Run(handle func([]Event)) error {
 		r.Read.Add(uint64(len(batch)))
 		if len(batch) > 0 {
 			handle(batch)
+		}
+		if r.Reuse {
+			clear(batch) // no client address kept alive
+			r.buf = batch[:0]
 		}
 		if emptyAt != 0 {
 			r.caught.Store(emptyAt)

@@ -3,6 +3,7 @@
 package outcomes
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -29,5 +30,21 @@ func TestNextPoll(t *testing.T) {
 		if got := nextPoll(ring, c.bytes, c.d); got != c.want {
 			t.Errorf("%s: nextPoll = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// A flow's key gives back the client the event named, whatever its
+// family: IPv4, IPv6, and an IPv4-mapped IPv6 address (a different client
+// from the IPv4 one, as netip has it).
+func TestFlowKeyClient(t *testing.T) {
+	for _, s := range []string{"198.18.0.7:40000", "[2001:2::7]:40000", "[::ffff:198.18.0.7]:40000"} {
+		c := netip.MustParseAddrPort(s)
+		k := keyOf(3, c)
+		if got := k.client(); got != c || k.backend != 3 {
+			t.Errorf("%s: key gives back %s of backend %d", c, got, k.backend)
+		}
+	}
+	if keyOf(3, netip.MustParseAddrPort("198.18.0.7:1")) == keyOf(3, netip.MustParseAddrPort("[::ffff:198.18.0.7]:1")) {
+		t.Error("an IPv4 client and its IPv4-mapped twin share a key")
 	}
 }
