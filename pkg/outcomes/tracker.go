@@ -321,9 +321,9 @@ func (t *Tracker) count(p pending, d int) {
 		t.connects += d
 		t.floodConnects += t.capped(c.connects) - before
 	}
-	if c.waiting == 0 && c.shedCap == 0 && c.shedMemory == 0 {
-		delete(t.svcs, p.svc)
-	}
+	// A service left with nothing waiting keeps its entry (one per
+	// service id, and ids are reused): deleted, it was allocated again by
+	// the service's next connection, twice per connection at a low rate.
 }
 
 // drop forgets key's pending entry.
