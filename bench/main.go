@@ -178,7 +178,7 @@ func sizesFor(rounds int, quick bool) sizes {
 		reaction: reactionOpts{Ejections: 1000, Services: 4, Rate: 400, Timeout: 60 * time.Second, Rounds: rounds, Admitted: 5 * time.Second, AdmittedRate: 2000},
 		control:  controlOpts{Rounds: rounds, Services: 10000, PerService: 10, RingDuration: 2 * time.Second, GoBenchTime: "300ms"},
 		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 2 * time.Minute},
-		agentcpu: agentCPUOpts{Rounds: rounds, Rate: 10000, Duration: 4 * time.Second, Warmup: time.Second},
+		agentcpu: agentCPUOpts{Rounds: rounds, Rate: 10000, Duration: 10 * time.Second, Warmup: time.Second},
 	}
 }
 
