@@ -17,6 +17,8 @@
 //	          network namespaces: penaltybox (XDP_PASS and redirect modes),
 //	          nftables DNAT as kube-proxy's nftables mode writes it, HAProxy
 //	          in TCP mode, and plain routing
+//	agentcpu  the agent's own CPU per healthy connection at a paced 10,000
+//	          new connections/s, in each accrual mode
 //	failing   one of three backends refusing, then dropping SYNs: penaltybox,
 //	          nftables DNAT, HAProxy with passive layer-4 checks
 //	flood     a SYN flood beside legit load and long-lived connections:
@@ -58,11 +60,12 @@ type options struct {
 	rounds int
 	quick  bool
 	agent  string
+	hold   time.Duration // agentcpu: keep the last agent under load this long
 	// variants: other builds of pb_xdp for the packet part (--pb-variant).
 	variants variantFlag
 }
 
-var allParts = []string{"packet", "e2e", "failing", "flood", "reaction", "control", "apiscale", "fleet", "bulk"}
+var allParts = []string{"packet", "e2e", "agentcpu", "failing", "flood", "reaction", "control", "apiscale", "fleet", "bulk"}
 
 func main() {
 	var o options
@@ -71,6 +74,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 5, "rounds per figure (min/median/max are over rounds)")
 	flag.BoolVar(&o.quick, "quick", false, "tiny durations and sizes: a smoke run that proves every path works, not a measurement")
 	flag.StringVar(&o.agent, "agent", "", "agent binary (default: build ./cmd/agent)")
+	flag.DurationVar(&o.hold, "agentcpu-hold", 0, "agentcpu: after the last round, keep its agent under the same load this long (for perf record -p PID; the pid is logged)")
 	jsonOut := flag.String("json", "", "also write the raw figures as JSON to this file")
 	render := flag.String("render", "", "do not measure: re-render --out (and the table) from a JSON file written by --json")
 	spinPath := flag.String("spin", "", "instead of measuring, run one datapath path in a loop for a profiler: established, reply, passthrough, newflow, newflow-noreader, dnat, floor-known, floor-new")
@@ -157,6 +161,7 @@ type sizes struct {
 	apiscale apiscaleOpts
 	fleet    fleetOpts
 	bulk     bulkOpts
+	agentcpu agentCPUOpts
 }
 
 func sizesFor(rounds int, quick bool) sizes {
@@ -171,6 +176,7 @@ func sizesFor(rounds int, quick bool) sizes {
 			apiscale: apiscaleOpts{Rounds: rounds, Services: 50, PerService: 10, Rate: 20, ChangeFor: time.Second, Idle: 200 * time.Millisecond},
 			fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 50}, Rate: 500, Limit: 30 * time.Second},
 			bulk:     bulkOpts{Rounds: rounds, Bytes: 8 << 20},
+			agentcpu: agentCPUOpts{Rounds: rounds, Rate: 2000, Duration: 300 * time.Millisecond, Warmup: 100 * time.Millisecond},
 		}
 	}
 	return sizes{
@@ -184,6 +190,7 @@ func sizesFor(rounds int, quick bool) sizes {
 		apiscale: apiscaleOpts{Rounds: rounds, Services: 10000, PerService: 10, Rate: 100, ChangeFor: 20 * time.Second, Idle: 3 * time.Second},
 		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 2 * time.Minute},
 		bulk:     bulkOpts{Rounds: rounds, Bytes: 256 << 20},
+		agentcpu: agentCPUOpts{Rounds: rounds, Rate: 10000, Duration: 10 * time.Second, Warmup: time.Second},
 	}
 }
 
@@ -206,6 +213,9 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 			err = runPacket(res, sz.packet, logf)
 		case "e2e":
 			err = runE2E(res, sz.e2e, o.agent, logf)
+		case "agentcpu":
+			sz.agentcpu.Hold = o.hold
+			err = runAgentCPU(res, sz.agentcpu, o.agent, logf)
 		case "failing":
 			err = runFailing(res, sz.failing, o.agent, logf)
 		case "flood":

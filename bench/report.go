@@ -222,6 +222,7 @@ var partTitles = map[string]string{
 	"breaker":  "1b. Circuit breaker: added per-packet cost of counting",
 	"trip":     "1c. Kernel trip: the XDP run of the deciding failure (deciding failure → endpoint excluded, in the kernel)",
 	"e2e":      "2. End to end through network namespaces",
+	"agentcpu": "2b. The agent's CPU per healthy connection at a paced rate",
 	"failing":  "3. Failing backend",
 	"flood":    "3b. SYN flood beside legit load",
 	"reaction": "4. Reaction time (kernel timestamp of the deciding failure → maps written)",
@@ -231,7 +232,7 @@ var partTitles = map[string]string{
 	"bulk":     "7. Bulk throughput: one TCP stream through a VIP beside the same stream direct",
 }
 
-var partOrder = []string{"packet", "floor", "breaker", "trip", "variant", "e2e", "failing", "flood", "reaction", "control", "apiscale", "fleet", "bulk"}
+var partOrder = []string{"packet", "floor", "breaker", "trip", "variant", "e2e", "agentcpu", "failing", "flood", "reaction", "control", "apiscale", "fleet", "bulk"}
 
 // table writes the figures of one part as a markdown table.
 func (r *Results) table(w io.Writer, part string) {

@@ -36,8 +36,11 @@ static __always_inline void emit_at(__u8 type, __u8 flags, __u32 svc_id, __u32 b
 	 * and so must be seen at once, wake it, and they must force it: the
 	 * kernel's default wakes the reader only when it has read everything
 	 * before, which the unannounced events make false. The rest wait for
-	 * the next failure or the reader's periodic poll (milliseconds). */
-	__u64 wake = (type == PB_EV_REFUSED || type == PB_EV_RESET || type == PB_EV_SYN_RETRANS)
+	 * the next failure or the reader's periodic poll (tens of
+	 * milliseconds). A probe's events wake it too: its verdict takes an
+	 * endpoint out of probation, and probes are few. */
+	__u64 wake = (type == PB_EV_REFUSED || type == PB_EV_RESET || type == PB_EV_SYN_RETRANS ||
+		      (flags & PB_EVF_PROBE))
 			     ? BPF_RB_FORCE_WAKEUP
 			     : BPF_RB_NO_WAKEUP;
 	bpf_ringbuf_submit(e, wake);

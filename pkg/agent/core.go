@@ -24,6 +24,10 @@ type Events interface {
 	Undecodable() uint64
 	// CaughtUp is a time up to which every event has been handed over.
 	CaughtUp() time.Time
+	// Kick asks for the ring to be read to its end now, not at the
+	// reader's next poll (a deadline is due that it has not caught up
+	// with).
+	Kick()
 }
 
 // core is what every feature of the loop works with, all of it under the

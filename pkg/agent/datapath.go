@@ -206,6 +206,8 @@ func (n *Node) Begin() error {
 	if err != nil {
 		return err
 	}
+	// HandleEvents keeps nothing of a batch.
+	reader.Reuse = true
 	n.reader = reader
 	n.Agent.Begin(reader)
 	go func() {

@@ -34,9 +34,13 @@ func (h *fakeHooks) Attached() []string    { return slices.Sorted(maps.Keys(h.at
 // has read (else it is always caught up).
 type fakeEvents struct {
 	bad    uint64
+	kicks  int
 	caught *time.Time
 	clk    interface{ Now() time.Time }
 }
+
+// Kick counts the kicks.
+func (e *fakeEvents) Kick() { e.kicks++ }
 
 func (e *fakeEvents) CaughtUp() time.Time {
 	if e.caught != nil {

@@ -81,8 +81,9 @@ const floodShare = floodPending / 4
 const floodQuiet = 10 * time.Second
 
 // lagLimit is how far behind the reader may be before it counts as a
-// sign of flood (the reader's poll is 5 ms; a long Apply holding the
-// agent's lock also holds the reader back, for less than this).
+// sign of flood (the reader polls every 5 to 50 ms and is kicked for a
+// due deadline; a long Apply holding the agent's lock also holds the
+// reader back, for less than this).
 const lagLimit = time.Second
 
 // judgeUpTo is the time up to which connect deadlines may be judged: now,

@@ -105,9 +105,11 @@ func (a *Agent) nextDeadline() time.Time {
 		// again shortly, not in a busy loop.
 		if now := a.clk.Now(); !t.After(now) && a.events != nil {
 			if c := a.events.CaughtUp(); c.Before(t) {
-				// Soon while the reader keeps up; once a second while it
-				// lags or has stopped (Ready says so), not in a busy loop.
+				// Soon while the reader keeps up (kicked, as it polls
+				// seldom: outcomes.PollMax); once a second while it lags
+				// or has stopped (Ready says so), not in a busy loop.
 				if now.Sub(c) < lagLimit {
+					a.events.Kick()
 					t = now.Add(outcomes.Poll)
 				} else {
 					t = now.Add(lagLimit)

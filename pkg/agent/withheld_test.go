@@ -354,3 +354,35 @@ func TestTimeoutsOvertakenBySuccessAreNoStreak(t *testing.T) {
 	e.timeOut(svc, be[0], 3)
 	e.wantState(be[0], "ejected")
 }
+
+// A deadline that falls due while the reader has not read up to it kicks
+// the reader (which polls seldom) and is looked at again shortly; one the
+// reader has caught up with kicks nobody.
+func TestDueDeadlineKicksTheReader(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings(func(s *accrual.Settings) { s.ConnectTimeout = 300 * time.Millisecond }))
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), 0)})
+	if e.ev.kicks != 0 {
+		t.Fatalf("%d kicks with nothing due", e.ev.kicks)
+	}
+	behind := e.clk.Now()
+	e.ev.caught = &behind
+	e.clk.Step(400 * time.Millisecond) // due, and the reader less than lagLimit behind
+	e.a.Advance()
+	if next := e.a.NextDeadline(); next.After(e.clk.Now().Add(outcomes.Poll)) {
+		t.Fatalf("the due deadline is looked at again in %v, want within %v", next.Sub(e.clk.Now()), outcomes.Poll)
+	}
+	if e.ev.kicks == 0 {
+		t.Fatal("a due deadline behind the reader did not kick it")
+	}
+	now := e.clk.Now()
+	e.ev.caught = &now
+	kicks := e.ev.kicks
+	e.a.Advance()
+	e.a.NextDeadline()
+	if e.ev.kicks != kicks {
+		t.Fatal("the reader was kicked while caught up")
+	}
+}

@@ -70,6 +70,14 @@ type Reaper struct {
 	Inflight *maps.Inflight
 	Timeouts Timeouts
 	Clocks   Clocks
+
+	// What one sweep leaves for the next to reuse: the table's snapshot
+	// and the pairing maps, sized by the table (a sweep every few seconds
+	// of a table of tens of thousands of flows made them much of the
+	// agent's allocation).
+	ents []maps.CTEntry
+	fwd  map[bpf.LbCtKey]*maps.CTEntry
+	live map[bpf.LbCtKey]bool
 }
 
 // InUse are the ids live conntrack entries refer to: their events and
@@ -97,6 +105,13 @@ type flow struct {
 	fwdKey, revKey bpf.LbCtKey
 }
 
+// keepEntries bounds the snapshot a sweep keeps for the next: the
+// datapath's default table (PB_CT_SIZE), about 27 MB of entries and half
+// as much again in the pairing maps at most. A sweep of a full table
+// needs that much anyway; kept, it is not allocated (and faulted in)
+// again every SweepEvery. A bigger table's snapshot is not kept.
+const keepEntries = 1 << 18
+
 // Sweep expires idle flows and releases their slots.
 func (r *Reaper) Sweep() (Result, error) {
 	res := Result{InUse: InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{}}}
@@ -106,21 +121,34 @@ func (r *Reaper) Sweep() (Result, error) {
 			res.InUse.VIPs[ap] = true
 		}
 	}
-	ents, err := r.Maps.Conntrack(0)
+	ents, err := r.Maps.ConntrackInto(r.ents, 0)
 	if err != nil {
 		return res, err
 	}
+	if r.fwd == nil {
+		r.fwd, r.live = map[bpf.LbCtKey]*maps.CTEntry{}, map[bpf.LbCtKey]bool{}
+	}
+	fwd, live := r.fwd, r.live
+	defer func() {
+		// Kept for the next sweep up to keepEntries: a table that was
+		// full once should not hold its snapshot's memory for ever.
+		if cap(ents) <= keepEntries {
+			r.ents = ents[:0]
+			clear(fwd)
+			clear(live)
+		} else {
+			r.ents, r.fwd, r.live = nil, nil, nil
+		}
+	}()
 	res.Entries = len(ents)
 	now := r.Clocks.Coarse()
 
 	// Pair entries: a reverse entry's forward key is derivable from it.
-	fwd := make(map[bpf.LbCtKey]*maps.CTEntry, len(ents)/2)
 	for i := range ents {
 		if ents[i].Key.Dir == maps.DirFwd {
 			fwd[ents[i].Key] = &ents[i]
 		}
 	}
-	live := make(map[bpf.LbCtKey]bool, len(fwd))
 	for i := range ents {
 		e := &ents[i]
 		if e.Key.Dir != maps.DirRev {

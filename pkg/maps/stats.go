@@ -100,7 +100,14 @@ type CTEntry struct {
 // from the first bucket whenever its cursor key is deleted meanwhile, which
 // on a full LRU happens on every new flow, and then aborts.
 func (m *Maps) Conntrack(limit int) ([]CTEntry, error) {
-	var out []CTEntry
+	return m.ConntrackInto(nil, limit)
+}
+
+// ConntrackInto is Conntrack appending to buf[:0]: a caller that scans the
+// table again and again (the conntrack sweep) reuses one array rather than
+// growing a new one, page by page, every time.
+func (m *Maps) ConntrackInto(buf []CTEntry, limit int) ([]CTEntry, error) {
+	out := buf[:0]
 	const chunk = 4096
 	keys := make([]bpf.LbCtKey, chunk)
 	vals := make([]bpf.LbCtValue, chunk)

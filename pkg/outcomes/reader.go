@@ -34,6 +34,24 @@ type Reader struct {
 
 	offset int64
 
+	// kicked: Kick asked for a read now (see wait).
+	kicked atomic.Bool
+	// poll is the current wait between unannounced reads (Poll to
+	// PollMax, see nextPoll); ring the ring's size in bytes.
+	poll time.Duration
+	ring int
+	// since: when the ring was last found empty (the events' clock),
+	// and the bytes read since, for the ring's fill rate.
+	since int64
+	bytes int
+
+	// Reuse, set before Run, lets Run hand every batch in the same
+	// array: the handler must not keep a batch past its return. (A batch
+	// of a busy ring's poll is thousands of events: allocated afresh
+	// each time, they were much of the agent's garbage.)
+	Reuse bool
+	buf   []Event
+
 	// Read counts events delivered; Bad counts records that did not decode.
 	Read, Bad atomic.Uint64
 	// caught: the time up to which every event has been read (when the
@@ -92,14 +110,54 @@ func NewReader(m *ebpf.Map) (*Reader, error) {
 	}
 	// Reads never wait: the ring is only read when it has data.
 	rb.SetDeadline(time.Unix(1, 0))
-	return &Reader{rb: rb, wake: wake, raw: raw, offset: MonoOffset()}, nil
+	return &Reader{rb: rb, wake: wake, raw: raw, offset: MonoOffset(), poll: Poll, ring: int(m.MaxEntries())}, nil
 }
 
 // Offset is what the reader adds to kernel timestamps to get Unix time.
 func (r *Reader) Offset() int64 { return r.offset }
 
-// Poll is how often the reader collects events that did not wake it.
-const Poll = 5 * time.Millisecond
+// Poll and PollMax bound how often the reader collects the events that
+// did not wake it (successes, flow starts and ends): every wake-up of the
+// agent costs it scheduler and runtime work whatever it reads, which was
+// most of its CPU per healthy connection when it polled every Poll (the
+// agentcpu benchmark part). Nothing judged waits for these reads: a
+// failure wakes the reader (and everything before it in the ring is read
+// with it, in order), a probe's events too, and a deadline that needs the
+// reader caught up kicks it (Kick). The reader polls as seldom as PollMax,
+// and more often when the ring fills fast (nextPoll).
+const (
+	Poll    = 5 * time.Millisecond
+	PollMax = 50 * time.Millisecond
+)
+
+// pollFill is the share of the ring one poll's events may fill at the
+// rate seen: 1/8 leaves room for a burst eight times the rate.
+const pollFill = 8
+
+// recordBytes is what one event takes in the ring: its 8-byte header and
+// the record, rounded up to 8 bytes.
+const recordBytes = (8 + eventSize + 7) &^ 7
+
+// nextPoll is the wait before the next unannounced read: the time the
+// ring would take to fill 1/pollFill at the rate of the last interval's
+// events (bytes over d nanoseconds), within [Poll, PollMax].
+func nextPoll(ring, bytes int, d int64) time.Duration {
+	if bytes <= 0 || d <= 0 {
+		return PollMax
+	}
+	t := time.Duration(float64(ring/pollFill) / float64(bytes) * float64(d))
+	return min(max(t, Poll), PollMax)
+}
+
+// Kick asks the reader to read the ring to its end now, not at its next
+// poll: the agent's loop does when a deadline falls due that the reader
+// has not caught up with (CaughtUp). Safe from any goroutine.
+func (r *Reader) Kick() {
+	r.kicked.Store(true)
+	// A deadline in the past wakes a waiting Run; a wait that starts
+	// after this sees kicked.
+	r.wake.SetReadDeadline(time.Unix(1, 0))
+}
 
 // MaxBatch bounds one batch, so a flood cannot starve the agent's loop.
 const MaxBatch = 1024
@@ -119,12 +177,16 @@ func (r *Reader) available() (n int, ok bool) {
 // Poll: the datapath wakes the reader only for failures; successes and
 // flow starts and ends are collected by this poll.
 func (r *Reader) wait() error {
-	if err := r.wake.SetReadDeadline(time.Now().Add(Poll)); err != nil {
+	if err := r.wake.SetReadDeadline(time.Now().Add(r.poll)); err != nil {
 		return err
 	}
 	// The readiness check runs after the poller's state is reset, so a
-	// wake-up between the check and the park is not lost.
+	// wake-up between the check and the park is not lost; so does the
+	// look at kicked, after the deadline a Kick may have set.
 	err := r.raw.Read(func(uintptr) bool {
+		if r.kicked.Load() {
+			return true
+		}
 		n, ok := r.available()
 		return n > 0 || !ok
 	})
@@ -140,6 +202,8 @@ func (r *Reader) wait() error {
 func (r *Reader) Run(handle func([]Event)) error {
 	var rec ringbuf.Record
 	for {
+		// A Kick from now on asks for another look.
+		r.kicked.Store(false)
 		// The time is taken before the ring is looked at: an event
 		// stamped before it is in the ring by then.
 		at := r.now()
@@ -149,6 +213,7 @@ func (r *Reader) Run(handle func([]Event)) error {
 		}
 		if n == 0 {
 			r.caught.Store(at)
+			r.empty(at)
 			if err := r.wait(); err != nil {
 				if _, ok := r.available(); !ok {
 					return nil
@@ -157,8 +222,14 @@ func (r *Reader) Run(handle func([]Event)) error {
 			}
 			continue
 		}
-		batch := make([]Event, 0, 64)
+		var batch []Event
+		if r.Reuse {
+			batch = r.buf[:0]
+		} else {
+			batch = make([]Event, 0, 64)
+		}
 		var emptyAt int64 // when the ring was found empty after this batch
+		bad := 0
 		for len(batch) < MaxBatch {
 			if err := r.rb.ReadInto(&rec); err != nil {
 				if errors.Is(err, ringbuf.ErrClosed) {
@@ -173,6 +244,7 @@ func (r *Reader) Run(handle func([]Event)) error {
 			ev, err := Decode(rec.RawSample, r.offset)
 			if err != nil {
 				r.Bad.Add(1)
+				bad++
 			} else {
 				batch = append(batch, ev)
 			}
@@ -185,14 +257,34 @@ func (r *Reader) Run(handle func([]Event)) error {
 				break
 			}
 		}
+		r.bytes += (len(batch) + bad) * recordBytes
 		r.Read.Add(uint64(len(batch)))
 		if len(batch) > 0 {
 			handle(batch)
 		}
+		if r.Reuse {
+			clear(batch) // no client address kept alive
+			r.buf = batch[:0]
+		}
 		if emptyAt != 0 {
 			r.caught.Store(emptyAt)
+			r.empty(emptyAt)
 		}
 	}
+}
+
+// empty notes that the ring was found empty at (the events' clock): the
+// events read since the last time set the next poll's wait.
+func (r *Reader) empty(at int64) {
+	if r.since != 0 {
+		if r.bytes > 0 {
+			r.poll = nextPoll(r.ring, r.bytes, at-r.since)
+		} else if at-r.since >= int64(r.poll) {
+			// A poll found nothing: the next may wait longer.
+			r.poll = PollMax
+		}
+	}
+	r.since, r.bytes = at, 0
 }
 
 // Close stops Run.

@@ -74,9 +74,29 @@ func PolicyFor(s accrual.Settings, tcp bool) Policy {
 // PolicyFunc gives a backend's policy.
 type PolicyFunc func(backend uint32) Policy
 
+// flowKey names a flow by its backend and client. It holds the client's
+// address as bytes, not as a netip.Addr, whose pointer would make every
+// lookup hash and compare through it and the GC scan the tracker's map
+// and queues (the map is looked up once per event).
 type flowKey struct {
+	addr    [16]byte
 	backend uint32
-	client  netip.AddrPort
+	port    uint16
+	v4      bool
+}
+
+func keyOf(backend uint32, client netip.AddrPort) flowKey {
+	a := client.Addr()
+	return flowKey{addr: a.As16(), backend: backend, port: client.Port(), v4: a.Is4()}
+}
+
+// client is the key's client address and port, as the event had it.
+func (k flowKey) client() netip.AddrPort {
+	a := netip.AddrFrom16(k.addr)
+	if k.v4 {
+		a = a.Unmap()
+	}
+	return netip.AddrPortFrom(a, k.port)
 }
 
 type phase uint8
@@ -301,9 +321,9 @@ func (t *Tracker) count(p pending, d int) {
 		t.connects += d
 		t.floodConnects += t.capped(c.connects) - before
 	}
-	if c.waiting == 0 && c.shedCap == 0 && c.shedMemory == 0 {
-		delete(t.svcs, p.svc)
-	}
+	// A service left with nothing waiting keeps its entry (one per
+	// service id, and ids are reused): deleted, it was allocated again by
+	// the service's next connection, twice per connection at a low rate.
 }
 
 // drop forgets key's pending entry.
@@ -453,7 +473,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	if !pol.Tracked {
 		return o, false
 	}
-	key := flowKey{ev.Backend, ev.Client}
+	key := keyOf(ev.Backend, ev.Client)
 	p, known := t.pending[key]
 	if known && (p.phase == timedOut || p.phase == settled) && ev.Type != NewFlow {
 		if ev.Type == FlowEnd || ev.Type == Refused || ev.Type == Reset {
@@ -629,7 +649,7 @@ func (t *Tracker) DueReplays(now time.Time, emit func(backend uint32, client net
 			if t.decided(d) || t.pending[d.key].phase != connecting {
 				continue
 			}
-			emit(d.key.backend, d.key.client)
+			emit(d.key.backend, d.key.client())
 		}
 	}
 }
