@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/csum"
 )
 
 // The datapath sums a usual SYN's checksums in place and copies the rest
@@ -164,18 +165,8 @@ func signed(opts []byte) bool {
 	return false
 }
 
-func sum16(b []byte, s uint32) uint16 {
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s&0xffff + s>>16
-	}
-	return uint16(s)
-}
+// sum16 is the folded ones' complement sum of b added to s.
+func sum16(b []byte, s uint32) uint16 { return csum.Fold(csum.Sum(b, s)) }
 
 func pseudo(ip []byte, l4len int) uint32 {
 	s := uint32(sum16(ip[12:20], 0)) + 6 + uint32(l4len)
