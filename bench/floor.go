@@ -275,20 +275,8 @@ func floorFigures(res *Results, fig func(part, name, base string) *Figure) {
 	if f := res.find("floor", flFull999PB); f != nil {
 		f.Baseline = flFull999
 	}
-	order := []string{flPass, flKnown, flNew, flFull, flFull99, flFull999, flFullSlow, flEst, flReply, flNewPB, flFullPB, flFull99P,
-		flFull999PB, flFullSlowPB, flKnownP, flDNATP, flEstP, flPTP, flPTVIPP, flKnownW, flNewW}
-	var other, fl []*Figure
-	for _, f := range res.Figures {
-		if f.Part != "floor" {
-			other = append(other, f)
-		}
-	}
-	for _, n := range order {
-		if f := res.find("floor", n); f != nil {
-			fl = append(fl, f)
-		}
-	}
-	res.Figures = append(other, fl...)
+	res.reorder("floor", []string{flPass, flKnown, flNew, flFull, flFull99, flFull999, flFullSlow, flEst, flReply, flNewPB, flFullPB, flFull99P,
+		flFull999PB, flFullSlowPB, flKnownP, flDNATP, flEstP, flPTP, flPTVIPP, flKnownW, flNewW})
 	res.note("floor", "The floor is bench/xdpbase's lb_new and lb_known (base.c), built with the datapath's compiler flags: what any load balancer that keeps flows does at least. lb_new: parse Ethernet/IPv4/TCP or UDP, one VIP hash lookup, a hash of the 5-tuple, one Maglev read from a flat ARRAY holding every service's table (the verifier inlines an array read; pb_xdp's array of maps costs a helper call for the inner table), one backend ARRAY read, one LRU_HASH insert of the 16-byte IPv4 5-tuple → backend address and port (one entry per flow), the DNAT rewrite with incremental checksums, XDP_PASS, which is pb_xdp's verdict here too (no redirect configured). No flow lookup before the insert (a SYN is taken as new, as Katran does), no clock, counter or event. lb_known: parse, one LRU_HASH lookup, the rewrite. Its flow table has pb_ct_v2's size (the same buckets; full, it holds twice as many flows, as one entry per flow does). Its service is pb_xdp's new-flow service: the same VIP, the same three backends, the same 16381-slot Maglev table.")
 	res.note("floor", "Measured in the same rounds as pb_xdp, each floor row right after its pb_xdp twin and by the same method: the known flow as the established row (one call of repeat runs over the A ↔ B pair, the final packet parsed and checked), new flows as the new-flow rows (distinct flows, one call with repeat=1 each, every output's backend checked; into the empty table the batch's entries are deleted after, and the delete must find every one, so every run inserted; into the full table the table is first filled to its size through lb_new, so every measured insert evicts). Ratios are taken round by round.")
 	res.note("floor", "Single calls over 10 µs into a full table are the LRU's refills: when a CPU's local free list is empty, one insert takes up to 128 nodes for it from the global list, evicting them (a bucket lock each) when none is free. The floor inserts one entry per flow, so about one flow in 128 pays a refill, under the 1%% a p99 looks at; pb_xdp inserts two, one flow in 64 (1.6%%), and its p99 is a refill. The p99.9 rows compare the refills themselves.")

@@ -1062,20 +1062,25 @@ func last(f *Figure) float64 {
 }
 
 func reorderBreaker(res *Results) {
-	order := []string{"new flow, no limit (check off)", "new flow, limit: maxInflight", "new flow, limit: maxInflight + maxInflightPerBackend",
-		"established flow, no limit (check off)", "established flow, limit: maxInflight"}
-	var other, br []*Figure
-	for _, f := range res.Figures {
-		if f.Part != "breaker" {
+	res.reorder("breaker", []string{"new flow, no limit (check off)", "new flow, limit: maxInflight", "new flow, limit: maxInflight + maxInflightPerBackend",
+		"established flow, no limit (check off)", "established flow, limit: maxInflight"})
+}
+
+// reorder puts part's figures last, in the order of names (a figure not
+// named is dropped from the part).
+func (r *Results) reorder(part string, names []string) {
+	var other, in []*Figure
+	for _, f := range r.Figures {
+		if f.Part != part {
 			other = append(other, f)
 		}
 	}
-	for _, n := range order {
-		if f := res.find("breaker", n); f != nil {
-			br = append(br, f)
+	for _, n := range names {
+		if f := r.find(part, n); f != nil {
+			in = append(in, f)
 		}
 	}
-	res.Figures = append(other, br...)
+	r.Figures = append(other, in...)
 }
 
 // newFlows6 is newFlows(nfPlain) for IPv6: n SYNs of distinct flows to
