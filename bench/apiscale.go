@@ -587,20 +587,5 @@ func pct(xs []float64, q float64) float64 {
 // procByArg finds the process running binary with arg among its
 // arguments.
 func procByArg(binary, arg string) (int, error) {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if len(args) > 0 && filepath.Base(args[0]) == filepath.Base(binary) && slices.Contains(args, arg) {
-			return pid, nil
-		}
-	}
-	return 0, errors.New("agent process not found")
+	return findAgent(binary, func(_ []byte, args []string) bool { return slices.Contains(args, arg) })
 }

@@ -67,6 +67,14 @@ func scaleConfig(ifaces []string, services, per int, replace map[int]string) str
 
 // agentPID finds the agent process by its (unique) config path.
 func agentPID(a *agentrun.Agent) (int, error) {
+	return findAgent(a.Binary, func(cmdline []byte, _ []string) bool {
+		return bytes.Contains(cmdline, []byte(a.ConfigPath))
+	})
+}
+
+// findAgent finds the process running binary whose command line match
+// accepts (cmdline raw, and split into its arguments).
+func findAgent(binary string, match func(cmdline []byte, args []string) bool) (int, error) {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -78,7 +86,7 @@ func agentPID(a *agentrun.Agent) (int, error) {
 			continue
 		}
 		args := strings.Split(string(b), "\x00")
-		if len(args) > 0 && filepath.Base(args[0]) == filepath.Base(a.Binary) && bytes.Contains(b, []byte(a.ConfigPath)) {
+		if len(args) > 0 && filepath.Base(args[0]) == filepath.Base(binary) && match(b, args) {
 			return pid, nil
 		}
 	}
