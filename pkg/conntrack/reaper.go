@@ -9,8 +9,10 @@
 package conntrack
 
 import (
+	"hash/maphash"
 	"net/netip"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -71,14 +73,24 @@ type Reaper struct {
 	Timeouts Timeouts
 	Clocks   Clocks
 
-	// What one sweep leaves for the next to reuse: the table's snapshot
-	// and the pairing maps, sized by the table (a sweep every few seconds
-	// of a table of tens of thousands of flows made them much of the
-	// agent's allocation).
-	ents []maps.CTEntry
-	fwd  map[bpf.LbCtKey]*maps.CTEntry
-	live map[bpf.LbCtKey]bool
+	// What one sweep leaves for the next to reuse: the table's snapshot,
+	// the index pairing its entries and their states, sized by the table
+	// (a sweep every few seconds of a table of tens of thousands of flows
+	// made them much of the agent's allocation).
+	ents  []maps.CTEntry
+	pairs pairIndex
+	state []entryState
 }
+
+// entryState is what a sweep has decided about one forward entry of its
+// snapshot.
+type entryState uint8
+
+const (
+	unseen  entryState = iota
+	live               // its flow lives: its ids are in use
+	expired            // deleted by this sweep
+)
 
 // InUse are the ids live conntrack entries refer to: their events and
 // counters would be misattributed if the ids were handed out again, so the
@@ -100,68 +112,97 @@ type Result struct {
 	InUse    InUse
 }
 
-type flow struct {
-	fwd, rev       *maps.CTEntry
-	fwdKey, revKey bpf.LbCtKey
+// keepEntries bounds the snapshot a sweep keeps for the next: the
+// datapath's default table (PB_CT_SIZE), about 27 MB of entries (a quarter
+// more in the array's spare capacity) and a tenth as much in the index. A sweep of a full table needs
+// that much anyway; kept, it is not allocated (and faulted in) again every
+// SweepEvery. A bigger table's snapshot is not kept.
+const keepEntries = 1 << 18
+
+// inUse collects a sweep's InUse. Consecutive flows mostly share their
+// service, backend and VIP, so each set is written only when its key
+// changes from the last one written: at a table of 100,000 flows the map
+// writes were a tenth of a sweep.
+type inUse struct {
+	InUse
+	lastSvc, lastBackend uint32
+	lastVIP              bpf.LbCtKey // only Dst, Dport and Family are set
+	any                  bool
 }
 
-// keepEntries bounds the snapshot a sweep keeps for the next: the
-// datapath's default table (PB_CT_SIZE), about 27 MB of entries and half
-// as much again in the pairing maps at most. A sweep of a full table
-// needs that much anyway; kept, it is not allocated (and faulted in)
-// again every SweepEvery. A bigger table's snapshot is not kept.
-const keepEntries = 1 << 18
+func (u *inUse) add(fk *bpf.LbCtKey, svc, backend uint32) {
+	if !u.any || svc != u.lastSvc {
+		u.Services[svc] = true
+		u.lastSvc = svc
+	}
+	if !u.any || backend != u.lastBackend {
+		u.Backends[backend] = true
+		u.lastBackend = backend
+	}
+	if !u.any || fk.Dst != u.lastVIP.Dst || fk.Dport != u.lastVIP.Dport || fk.Family != u.lastVIP.Family {
+		if ap, ok := ForwardVIP(*fk); ok {
+			u.VIPs[ap] = true
+		}
+		u.lastVIP.Dst, u.lastVIP.Dport, u.lastVIP.Family = fk.Dst, fk.Dport, fk.Family
+	}
+	u.any = true
+}
 
 // Sweep expires idle flows and releases their slots.
 func (r *Reaper) Sweep() (Result, error) {
-	res := Result{InUse: InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{}}}
-	// A live flow's forward key names the VIP it was addressed to.
-	vip := func(fk bpf.LbCtKey) {
-		if ap, ok := ForwardVIP(fk); ok {
-			res.InUse.VIPs[ap] = true
-		}
-	}
+	use := inUse{InUse: InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{}}}
+	res := Result{InUse: use.InUse} // the same maps, filled by use.add
 	ents, err := r.Maps.ConntrackInto(r.ents, 0)
 	if err != nil {
 		return res, err
 	}
-	if r.fwd == nil {
-		r.fwd, r.live = map[bpf.LbCtKey]*maps.CTEntry{}, map[bpf.LbCtKey]bool{}
-	}
-	fwd, live := r.fwd, r.live
 	defer func() {
 		// Kept for the next sweep up to keepEntries: a table that was
 		// full once should not hold its snapshot's memory for ever.
-		if cap(ents) <= keepEntries {
+		if len(ents) <= keepEntries {
 			r.ents = ents[:0]
-			clear(fwd)
-			clear(live)
 		} else {
-			r.ents, r.fwd, r.live = nil, nil, nil
+			r.ents, r.pairs, r.state = nil, pairIndex{}, nil
 		}
 	}()
 	res.Entries = len(ents)
 	now := r.Clocks.Coarse()
 
 	// Pair entries: a reverse entry's forward key is derivable from it.
+	pairs := &r.pairs
+	pairs.reset(len(ents))
+	if cap(r.state) >= len(ents) {
+		r.state = r.state[:len(ents)]
+		clear(r.state)
+	} else {
+		r.state = make([]entryState, len(ents))
+	}
+	state := r.state
 	for i := range ents {
 		if ents[i].Key.Dir == maps.DirFwd {
-			fwd[ents[i].Key] = &ents[i]
+			pairs.add(ents, i)
 		}
 	}
+	// Live flows whose forward entry is not in the snapshot (evicted, or
+	// another flow's: see below): rare, so a map.
+	var liveElsewhere map[bpf.LbCtKey]bool
 	for i := range ents {
 		e := &ents[i]
 		if e.Key.Dir != maps.DirRev {
 			continue
 		}
 		fk := ForwardKey(e.Key, e.Value)
-		f := fwd[fk]
-		if f != nil && f.Value.CreatedNs != e.Value.CreatedNs {
+		fi := pairs.find(ents, &fk)
+		if fi >= 0 && (ents[fi].Value.CreatedNs != e.Value.CreatedNs || state[fi] == expired) {
 			// The two halves of a flow share its start. A forward entry
 			// with another start is another flow's: the one the agent's
 			// replay moved off this entry's backend (PB_CT_MOVED), which
 			// lives on with its own reverse entry.
-			f = nil
+			fi = -1
+		}
+		var f *maps.CTEntry
+		if fi >= 0 {
+			f = &ents[fi]
 		}
 		last := e.Value.LastSeenNs
 		if f != nil && f.Value.LastSeenNs > last {
@@ -184,37 +225,50 @@ func (r *Reaper) Sweep() (Result, error) {
 				if cur, err := r.Maps.CTEntry(fk); err == nil && cur.CreatedNs == f.Value.CreatedNs {
 					r.Maps.DeleteCT(fk)
 				}
-				delete(fwd, fk)
+				state[fi] = expired
 			}
 			res.Expired++
 			continue
 		}
-		live[fk] = true
-		vip(fk)
-		res.InUse.Services[e.Value.SvcId] = true
-		res.InUse.Backends[e.Value.BackendId] = true
+		if f != nil {
+			state[fi] = live
+		} else {
+			if liveElsewhere == nil {
+				liveElsewhere = map[bpf.LbCtKey]bool{}
+			}
+			liveElsewhere[fk] = true
+		}
+		use.add(&fk, e.Value.SvcId, e.Value.BackendId)
 	}
 	// Forward entries whose reverse half is gone (LRU eviction) get the
 	// short closed timeout; until then they pin their ids.
-	for k, f := range fwd {
-		if !live[k] && now-int64(f.Value.LastSeenNs) > int64(r.Timeouts.TCPClosed) {
-			cur, err := r.Maps.CTEntry(k)
+	isLive := func(fi int, k *bpf.LbCtKey) bool {
+		return (fi >= 0 && state[fi] == live) || liveElsewhere[*k]
+	}
+	for i := range ents {
+		f := &ents[i]
+		if f.Key.Dir != maps.DirFwd || state[i] != unseen {
+			continue
+		}
+		k := &f.Key
+		if liveElsewhere[*k] {
+			continue
+		}
+		if now-int64(f.Value.LastSeenNs) > int64(r.Timeouts.TCPClosed) {
+			cur, err := r.Maps.CTEntry(*k)
 			if err != nil {
 				continue // gone already
 			}
 			// As above: a reused tuple's entry is a new flow's; keep it.
 			if cur.CreatedNs == f.Value.CreatedNs {
-				r.Maps.DeleteCT(k)
+				r.Maps.DeleteCT(*k)
+				state[i] = expired
 				res.Expired++
 				continue
 			}
 		}
-		if !live[k] {
-			res.InUse.Services[f.Value.SvcId] = true
-			res.InUse.Backends[f.Value.BackendId] = true
-			live[k] = true
-			vip(k)
-		}
+		state[i] = live
+		use.add(k, f.Value.SvcId, f.Value.BackendId)
 	}
 
 	flows, err := r.Maps.Flows()
@@ -223,11 +277,9 @@ func (r *Reaper) Sweep() (Result, error) {
 	}
 	mono := r.Clocks.Mono()
 	for _, fl := range flows {
-		if live[fl.Key] || mono-int64(fl.Value.CreatedNs) < int64(r.Timeouts.Orphan) {
+		if isLive(pairs.find(ents, &fl.Key), &fl.Key) || mono-int64(fl.Value.CreatedNs) < int64(r.Timeouts.Orphan) {
 			res.Counted++
-			vip(fl.Key)
-			res.InUse.Services[fl.Value.SvcId] = true
-			res.InUse.Backends[fl.Value.BackendId] = true
+			use.add(&fl.Key, fl.Value.SvcId, fl.Value.BackendId)
 			continue
 		}
 		released, err := r.Maps.ReleaseFlow(r.Inflight, fl)
@@ -239,6 +291,70 @@ func (r *Reaper) Sweep() (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// pairIndex finds a forward entry of a sweep's snapshot by its key: open
+// addressing over the snapshot's indexes, where a Go map of 40-byte keys
+// (hashing, probing and comparing the key) was a third of a sweep. A slot
+// keeps its key's hash beside the index, so a probe compares keys only
+// when the hashes agree. The hash is seeded: clients pick the tuples, and
+// must not be able to pick ones that collide.
+type pairIndex struct {
+	seed  maphash.Seed
+	slots []pairSlot
+	mask  uint64
+}
+
+type pairSlot struct {
+	hash uint32 // the key's hash, high half
+	idx  int32  // an index into the snapshot plus one; 0 is empty
+}
+
+// reset empties the index for a snapshot of n entries: at most half full.
+func (p *pairIndex) reset(n int) {
+	size := 1024
+	for size < 2*n {
+		size *= 2
+	}
+	if p.slots == nil {
+		p.seed = maphash.MakeSeed()
+	}
+	if cap(p.slots) >= size {
+		p.slots = p.slots[:size]
+		clear(p.slots)
+	} else {
+		p.slots = make([]pairSlot, size)
+	}
+	p.mask = uint64(size - 1)
+}
+
+func (p *pairIndex) hash(k *bpf.LbCtKey) uint64 {
+	return maphash.Bytes(p.seed, unsafe.Slice((*byte)(unsafe.Pointer(k)), unsafe.Sizeof(*k)))
+}
+
+// add indexes ents[i].
+func (p *pairIndex) add(ents []maps.CTEntry, i int) {
+	h := p.hash(&ents[i].Key)
+	s := h & p.mask
+	for p.slots[s].idx != 0 {
+		s = (s + 1) & p.mask
+	}
+	p.slots[s] = pairSlot{hash: uint32(h >> 32), idx: int32(i + 1)}
+}
+
+// find is the index of the entry keyed k, or -1.
+func (p *pairIndex) find(ents []maps.CTEntry, k *bpf.LbCtKey) int {
+	h := p.hash(k)
+	tag := uint32(h >> 32)
+	for s := h & p.mask; p.slots[s].idx != 0; s = (s + 1) & p.mask {
+		if p.slots[s].hash != tag {
+			continue
+		}
+		if i := int(p.slots[s].idx - 1); ents[i].Key == *k {
+			return i
+		}
+	}
+	return -1
 }
 
 func (r *Reaper) timeout(proto uint8, flags uint32) time.Duration {

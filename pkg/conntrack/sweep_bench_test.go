@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package conntrack_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// BenchmarkSweep is one conntrack sweep of the table a node holds at
+// 10,000 new connections/s: 100,000 flows (closed flows stay 10 s), both
+// entries each, 90% of them closed, from 20 services of 10 backends.
+// Nothing is due to expire: what it measures is the scan, which every
+// sweep pays (the agentcpu bench's 10 s window holds one). Needs root.
+func BenchmarkSweep(b *testing.B) {
+	bpftest.RequireRoot(b)
+	d, err := datapath.Load(datapath.Options{Root: bpftest.TempBPFFS(b), MaxServices: 256, MaxBackends: 256,
+		ConntrackSize: 1 << 18, EventsBytes: 1 << 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	m, err := maps.New(&d.LbMaps, d.InnerSpec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	in, err := m.OpenInflight()
+	if err != nil {
+		b.Fatal(err)
+	}
+	const flows = 100_000
+	clocks := conntrack.KernelClocks()
+	now := uint64(clocks.Coarse())
+	keys := make([]bpf.LbCtKey, 0, 2*flows)
+	vals := make([]bpf.LbCtValue, 0, 2*flows)
+	for i := 0; i < flows; i++ {
+		svc := uint32(i % 20)
+		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 16), byte(i >> 8)}), uint16(1024+i%50000))
+		vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 100, byte(svc)}), 80)
+		backend := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 1, byte(i % 200)}), 8080)
+		var fk, rk bpf.LbCtKey
+		fk.Src.Bytes, fk.Dst.Bytes = maps.Addr16(client.Addr()), maps.Addr16(vip.Addr())
+		fk.Sport, fk.Dport = maps.Port(client.Port()), maps.Port(vip.Port())
+		fk.Proto, fk.Dir, fk.Family = 6, maps.DirFwd, maps.FamilyIPv4
+		rk.Src.Bytes, rk.Dst.Bytes = maps.Addr16(backend.Addr()), maps.Addr16(client.Addr())
+		rk.Sport, rk.Dport = maps.Port(backend.Port()), maps.Port(client.Port())
+		rk.Proto, rk.Dir, rk.Family = 6, maps.DirRev, maps.FamilyIPv4
+		var fv, rv bpf.LbCtValue
+		fv.NatAddr.Bytes, fv.NatPort = maps.Addr16(backend.Addr()), maps.Port(backend.Port())
+		rv.NatAddr.Bytes, rv.NatPort = maps.Addr16(vip.Addr()), maps.Port(vip.Port())
+		fv.SvcId, rv.SvcId = svc+1, svc+1
+		fv.BackendId, rv.BackendId = uint32(i%200)+1, uint32(i%200)+1
+		fv.CreatedNs, rv.CreatedNs = uint64(i)+1, uint64(i)+1
+		fv.LastSeenNs, rv.LastSeenNs = now, now
+		fv.Flags = maps.CTClientAcked
+		rv.Flags = maps.CTEstablished
+		if i%10 != 0 {
+			rv.Flags |= maps.CTClosed
+		}
+		keys, vals = append(keys, fk, rk), append(vals, fv, rv)
+	}
+	if _, err := m.Raw().PbCtV2.BatchUpdate(keys, vals, nil); err != nil {
+		b.Fatal(err)
+	}
+	r := &conntrack.Reaper{Maps: m, Inflight: in, Timeouts: conntrack.DefaultTimeouts(), Clocks: clocks}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		res, err := r.Sweep()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.Entries != 2*flows || res.Expired != 0 {
+			b.Fatalf("swept %d entries, expired %d: want %d, 0", res.Entries, res.Expired, 2*flows)
+		}
+		if u := res.InUse; len(u.Services) != 20 || len(u.Backends) != 200 || len(u.VIPs) != 20 {
+			b.Fatalf("in use: %d services, %d backends, %d VIPs; want 20, 200, 20", len(u.Services), len(u.Backends), len(u.VIPs))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/flows, "ns/flow")
+}
