@@ -15,6 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf/link"
+
+	"github.com/penaltybox/penaltybox/bench/xdpbase"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
@@ -144,7 +147,11 @@ func bulkStream(ns *testnet.NS, target string, dir byte, size int64) (float64, e
 var (
 	bulkDirs   = []string{"download (backend → client)", "upload (client → backend)"}
 	bulkDirect = "no load balancer (client → backend, routed)"
-	bulkPB     = []string{"penaltybox, XDP_PASS after NAT", "penaltybox, XDP redirect", "penaltybox, native XDP on the veths, XDP_PASS after NAT"}
+	// The floor of any XDP load balancer on these veths: a program that
+	// returns XDP_PASS and does nothing else, attached as the agent
+	// attaches its own by default (generic XDP on every node interface).
+	bulkXDPFloor = "floor: an XDP program that only returns XDP_PASS, generic XDP on the node's veths"
+	bulkPB       = []string{"penaltybox, XDP_PASS after NAT", "penaltybox, XDP redirect", "penaltybox, native XDP on the veths, XDP_PASS after NAT"}
 )
 
 func bulkRow(dir, what string) string { return dir + ": " + what }
@@ -152,14 +159,18 @@ func bulkRow(dir, what string) string { return dir + ": " + what }
 // bulkPassRatios are, round by round, the stream through the VIP over the
 // stream to the backend's address with the same agent attached.
 func bulkPassRatios(r *Results, dir, v string) []float64 {
-	vf := r.find("bulk", bulkRow(dir, v+", through the VIP"))
-	pf := r.find("bulk", bulkRow(dir, "diagnostic: "+v+", to the backend's address (pass-through)"))
-	if vf == nil || pf == nil {
+	return bulkRatios(r, dir, v+", through the VIP", "diagnostic: "+v+", to the backend's address (pass-through)")
+}
+
+// bulkRatios are, round by round, one row of a direction over another.
+func bulkRatios(r *Results, dir, num, den string) []float64 {
+	nf, df := r.find("bulk", bulkRow(dir, num)), r.find("bulk", bulkRow(dir, den))
+	if nf == nil || df == nil {
 		return nil
 	}
 	var rs []float64
-	for i := range min(len(vf.Samples), len(pf.Samples)) {
-		rs = append(rs, vf.Samples[i]/pf.Samples[i])
+	for i := range min(len(nf.Samples), len(df.Samples)) {
+		rs = append(rs, nf.Samples[i]/df.Samples[i])
 	}
 	return rs
 }
@@ -179,6 +190,18 @@ func bulkBest(r *Results, dir string) (direct, pass float64) {
 	return direct, pass
 }
 
+// bulkFloorBest is the best mode's median ratio of the stream through the
+// VIP to the stream with only an XDP_PASS program attached.
+func bulkFloorBest(r *Results, dir string) float64 {
+	best := math.NaN()
+	for _, v := range bulkPB {
+		if x := median(bulkRatios(r, dir, v+", through the VIP", bulkXDPFloor)); !math.IsNaN(x) && !(x <= best) {
+			best = x
+		}
+	}
+	return best
+}
+
 // bulkConfig is the agent's config for the bulk part: one service, the
 // VIP's bulkPort to b1's.
 func bulkConfig(r *rig, redirect bool) string {
@@ -196,6 +219,46 @@ services:
     protocol: tcp
     backends: ["%s"]
 `, ifs, red, testnet.VIP, bulkPort, fmt.Sprintf("198.18.1.2:%d", bulkPort))
+}
+
+// attachXDPPass attaches bench/xdpbase's xdp_pass in generic mode to
+// every interface named, in ns; the function returned detaches it.
+func attachXDPPass(ns *testnet.NS, ifaces []string) (func() error, error) {
+	var objs xdpbase.BaseObjects
+	spec, err := xdpbase.LoadBase()
+	if err == nil {
+		// Only the program: the baselines' maps are not needed here.
+		err = spec.LoadAndAssign(&objs.BasePrograms, nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load xdp_pass: %w", err)
+	}
+	var links []link.Link
+	detach := func() error {
+		for _, l := range links {
+			l.Close()
+		}
+		return objs.BasePrograms.Close()
+	}
+	err = ns.Do(func() error {
+		for _, name := range ifaces {
+			ifc, err := net.InterfaceByName(name)
+			if err != nil {
+				return err
+			}
+			l, err := link.AttachXDP(link.XDPOptions{Program: objs.XdpPass, Interface: ifc.Index, Flags: link.XDPGenericMode})
+			if err != nil {
+				return fmt.Errorf("attach to %s: %w", name, err)
+			}
+			links = append(links, l)
+		}
+		return nil
+	})
+	if err != nil {
+		detach()
+		return nil, err
+	}
+	return detach, nil
 }
 
 func runBulk(res *Results, o bulkOpts, agentBin string, logf func(string, ...any)) error {
@@ -224,7 +287,7 @@ func runBulk(res *Results, o bulkOpts, agentBin string, logf func(string, ...any
 		redirect bool
 		args     []string
 	}
-	variants := []variant{{bulkDirect, false, false, nil}, {vPB, true, false, nil}, {vPBRed, true, true, nil}, {vPBNat, true, false, []string{"--xdp-mode", "native"}}}
+	variants := []variant{{bulkDirect, false, false, nil}, {bulkXDPFloor, false, false, nil}, {vPB, true, false, nil}, {vPBRed, true, true, nil}, {vPBNat, true, false, []string{"--xdp-mode", "native"}}}
 	dirs := []struct {
 		b    byte
 		name string
@@ -245,6 +308,11 @@ func runBulk(res *Results, o bulkOpts, agentBin string, logf func(string, ...any
 					return fmt.Errorf("%s: %w", v.name, err)
 				}
 				stop = a.Close
+			}
+			if v.name == bulkXDPFloor {
+				if stop, err = attachXDPPass(r.topo.Node, r.topo.NodeIfaces()); err != nil {
+					return fmt.Errorf("%s: %w", v.name, err)
+				}
 			}
 			type stream struct{ row, target string }
 			streams := []stream{{v.name, direct}}
@@ -295,15 +363,19 @@ func runBulk(res *Results, o bulkOpts, agentBin string, logf func(string, ...any
 	})
 	res.Figures = append(other, mine...)
 
-	res.note("bulk", "One TCP connection moves %d MiB of zeros between the client namespace and b1 (a Go server on 198.18.1.2:%d reading or writing 256 KiB at a time), through the node's routing: the VIP %s:%d (one service, b1 its only backend) with the agent attached as `--xdp-mode auto` does (generic XDP on the veths; \"XDP redirect\" adds `redirectInterfaces`; \"native XDP\" is `--xdp-mode native`), and the backend's own address. Download: the backend sends, the client reads; upload: the client sends, the backend reads and answers with its count. Throughput = bytes ÷ (connect → last byte read, or → the backend's count), per stream, one stream per row per round, the variants in alternating order from round to round, a fresh agent per variant per round. The baseline is the same stream with no load balancer on the node (no program attached); the diagnostic rows are the stream to the backend's own address while the agent is attached, which its program passes through untouched.", o.Bytes>>20, bulkPort, testnet.VIP, bulkPort)
+	res.note("bulk", "One TCP connection moves %d MiB of zeros between the client namespace and b1 (a Go server on 198.18.1.2:%d reading or writing 256 KiB at a time), through the node's routing: the VIP %s:%d (one service, b1 its only backend) with the agent attached as `--xdp-mode auto` does (generic XDP on the veths; \"XDP redirect\" adds `redirectInterfaces`; \"native XDP\" is `--xdp-mode native`), and the backend's own address. Download: the backend sends, the client reads; upload: the client sends, the backend reads and answers with its count. Throughput = bytes ÷ (connect → last byte read, or → the backend's count), per stream, one stream per row per round, the variants in alternating order from round to round, a fresh agent per variant per round. The baseline is the same stream with no load balancer on the node (no program attached); the floor row is the same stream with only bench/xdpbase's xdp_pass attached in generic mode to every node interface (what attaching any XDP program there costs, before it does anything); the diagnostic rows are the stream to the backend's own address while the agent is attached, which its program passes through untouched.", o.Bytes>>20, bulkPort, testnet.VIP, bulkPort)
 	for _, d := range bulkDirs {
 		for _, v := range bulkPB {
 			lo, med, hi := stats(bulkPassRatios(res, d, v))
 			res.extra("bulk", "%s, %s: through the VIP ÷ to the backend's address with the same agent attached, round by round: %.2f / **%.2f×** / %.2f (min / median / max).", d, v, lo, med, hi)
+			lo, med, hi = stats(bulkRatios(res, d, v+", through the VIP", bulkXDPFloor))
+			res.extra("bulk", "%s, %s: through the VIP ÷ the XDP_PASS-only floor, round by round: %.2f / **%.2f×** / %.2f (min / median / max).", d, v, lo, med, hi)
 		}
 	}
 	for _, d := range bulkDirs {
 		direct, pass := bulkBest(res, d)
+		floor := bulkFloorBest(res, d)
+		res.target("bulk", "the same through the VIP ≥ 0.95× to the backend's address with only an XDP_PASS program attached the same way (the floor), "+d+" (best mode, ratio)", floor, 0.95, false, "%.2f×")
 		res.target("bulk", "single TCP stream through a VIP ≥ 0.95× the same stream direct (no program attached), "+d+" (best mode, ratio)", direct, 0.95, false, "%.2f×")
 		res.target("bulk", "the same through the VIP ≥ 0.95× to the backend's address with the agent attached, "+d+" (best mode, ratio)", pass, 0.95, false, "%.2f×")
 	}
