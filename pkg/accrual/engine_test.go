@@ -416,7 +416,7 @@ func TestStragglers(t *testing.T) {
 				if st == Probation {
 					h.toProbation(0)
 				}
-				before := *h.e.eps.at(0)
+				before, beforeAct := *h.e.eps.at(0), *h.e.eps.at(0).seen()
 				for range 5 {
 					if ts := h.obs(oc.o); ts != nil {
 						t.Fatalf("straggler caused %v", ts)
@@ -424,7 +424,7 @@ func TestStragglers(t *testing.T) {
 				}
 				after := *h.e.eps.at(0)
 				if after.state != st || after.consecutive != before.consecutive || after.level != before.level ||
-					!after.probationAt.Equal(before.probationAt) {
+					!after.seen().probationAt.Equal(beforeAct.probationAt) {
 					t.Fatalf("straggler changed state: %+v → %+v", before, after)
 				}
 				if c := h.counters(0); c.Stragglers != 5 {
@@ -1233,7 +1233,7 @@ func TestRestoreClampsPenalty(t *testing.T) {
 		ts, _ := h.e.Restore([]Record{{Service: 7, Endpoint: 0, State: Ejected, Penalty: p, ProbationAt: t0.Add(time.Second)}})
 		wantReasons(t, ts, ReasonRestored)
 		checkInvariants(t, h.e)
-		ep := h.e.eps.at(0)
+		ep := h.e.eps.at(0).seen()
 		if ep.penalty < 0 || ep.penalty > time.Minute {
 			t.Fatalf("restored penalty %v from %v, want within [0, maxPenalty]", ep.penalty, p)
 		}

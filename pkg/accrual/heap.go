@@ -10,7 +10,8 @@ package accrual
 // success, settings change), without interface boxing.
 
 func (e *Engine) heapLess(i, j int) bool {
-	a, b := e.eps.at(e.heap[i]), e.eps.at(e.heap[j])
+	// Every ejected endpoint has its activity: eject and Restore made it.
+	a, b := e.eps.at(e.heap[i]).seen(), e.eps.at(e.heap[j]).seen()
 	if a.probationAt.Equal(b.probationAt) {
 		return e.heap[i] < e.heap[j]
 	}

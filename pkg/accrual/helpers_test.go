@@ -91,7 +91,7 @@ func (h *harness) wantState(ep uint32, want State) {
 	}
 }
 
-func (h *harness) counters(ep uint32) Counters { return h.e.eps.at(ep).c.export() }
+func (h *harness) counters(ep uint32) Counters { return h.e.eps.at(ep).seen().c.export() }
 
 // eject drives ep (in a service with MaxFailures n) to ejected.
 func (h *harness) eject(ep uint32, n int) Transition {
@@ -109,7 +109,7 @@ func (h *harness) eject(ep uint32, n int) Transition {
 // toProbation moves the clock to ep's probation time and advances.
 func (h *harness) toProbation(ep uint32) {
 	h.t.Helper()
-	h.clk.SetTime(h.e.eps.at(ep).probationAt)
+	h.clk.SetTime(h.e.eps.at(ep).seen().probationAt)
 	h.advance()
 	h.wantState(ep, Probation)
 }
@@ -164,8 +164,11 @@ func checkInvariants(t *testing.T, e *Engine) {
 			} else if ep.heapIdx != -1 {
 				t.Fatalf("%v endpoint %d has heap index %d", ep.state, id, ep.heapIdx)
 			}
-			if ep.state == Ready && (ep.level != 0 || ep.penalty != 0) {
-				t.Fatalf("ready endpoint %d has level %d penalty %v", id, ep.level, ep.penalty)
+			if ep.state == Ready && (ep.level != 0 || ep.seen().penalty != 0) {
+				t.Fatalf("ready endpoint %d has level %d penalty %v", id, ep.level, ep.seen().penalty)
+			}
+			if ep.state != Ready && ep.act == nil {
+				t.Fatalf("%v endpoint %d has no activity (its penalty times)", ep.state, id)
 			}
 			if (ep.win != nil) != s.st.Windowed() {
 				t.Fatalf("endpoint %d: window %v, settings judge one: %v", id, ep.win != nil, s.st.Windowed())
@@ -198,6 +201,9 @@ func checkInvariants(t *testing.T, e *Engine) {
 		if want := len(s.members) > 0 && count[Ready] == 0; s.failOpen != want {
 			t.Fatalf("svc %d: failOpen %v, want %v (counts %v)", s.id, s.failOpen, want, count)
 		}
+	}
+	if idle != (activity{}) {
+		t.Fatalf("the shared idle activity was written: %+v", idle)
 	}
 	if ejected != len(e.heap) {
 		t.Fatalf("heap has %d entries, %d endpoints ejected", len(e.heap), ejected)

@@ -156,8 +156,8 @@ func (m *model) compare(op string, e *Engine) {
 	}
 	var earliest time.Time
 	for id := range e.eps.len() {
-		if ep := e.eps.at(uint32(id)); ep.svc != nil && ep.state == Ejected && (earliest.IsZero() || ep.probationAt.Before(earliest)) {
-			earliest = ep.probationAt
+		if ep := e.eps.at(uint32(id)); ep.svc != nil && ep.state == Ejected && (earliest.IsZero() || ep.seen().probationAt.Before(earliest)) {
+			earliest = ep.seen().probationAt
 		}
 	}
 	if d, ok := e.NextDeadline(); ok != !earliest.IsZero() || !d.Equal(earliest) {
@@ -272,7 +272,7 @@ func TestModelRandomized(t *testing.T) {
 					}
 					for id := range min(e.eps.len(), e2.eps.len()) {
 						a, b := e.eps.at(uint32(id)), e2.eps.at(uint32(id))
-						if a.svc != nil && (!a.probationAt.Equal(b.probationAt) || a.level != b.level || a.consecutive != b.consecutive) {
+						if a.svc != nil && (!a.seen().probationAt.Equal(b.seen().probationAt) || a.level != b.level || a.consecutive != b.consecutive) {
 							t.Fatalf("step %d: endpoint %d restored %+v, was %+v", i, id, *b, *a)
 						}
 					}

@@ -126,9 +126,10 @@ func (e *Engine) applySettings(s *service, now time.Time) {
 		if ep.state != Ejected {
 			continue
 		}
-		if end := ep.ejectedAt.Add(limit); ep.probationAt.After(end) {
-			ep.probationAt = end
-			ep.penalty = limit
+		a := ep.acts() // it has one: it was ejected
+		if end := a.ejectedAt.Add(limit); a.probationAt.After(end) {
+			a.probationAt = end
+			a.penalty = limit
 			e.heapFix(int(ep.heapIdx))
 		}
 	}

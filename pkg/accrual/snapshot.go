@@ -178,12 +178,13 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 		}
 		for _, id := range s.members {
 			ep := e.eps.at(id)
+			a := ep.seen()
 			es := EndpointSnapshot{
 				ID: id, State: ep.state, ConsecutiveFailures: ep.consecutive,
-				PenaltyLevel: ep.level, Penalty: ep.penalty,
-				EjectedAt: ep.ejectedAt, ProbationAt: ep.probationAt,
-				LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt,
-				Counters: ep.c.export(),
+				PenaltyLevel: ep.level, Penalty: a.penalty,
+				EjectedAt: a.ejectedAt, ProbationAt: a.probationAt,
+				LastFailureKind: ep.lastKind, LastFailureAt: a.lastFailAt,
+				Counters: a.c.export(),
 			}
 			if ep.win != nil {
 				ws := ep.win.view(&s.st, now).snapshot()
@@ -241,12 +242,13 @@ func (e *Engine) ExportEndpoint(id uint32) (Record, bool) {
 
 func (e *Engine) record(s *service, id uint32) Record {
 	ep := e.eps.at(id)
+	a := ep.seen()
 	return Record{
 		Service: s.id, Endpoint: id, State: ep.state,
 		ConsecutiveFailures: ep.consecutive, PenaltyLevel: ep.level,
-		Penalty: ep.penalty, EjectedAt: ep.ejectedAt.Round(0), ProbationAt: ep.probationAt.Round(0),
-		LastFailureKind: ep.lastKind, LastFailureAt: ep.lastFailAt.Round(0),
-		Ejections: uint64(ep.c.ejections),
+		Penalty: a.penalty, EjectedAt: a.ejectedAt.Round(0), ProbationAt: a.probationAt.Round(0),
+		LastFailureKind: ep.lastKind, LastFailureAt: a.lastFailAt.Round(0),
+		Ejections: uint64(a.c.ejections),
 	}
 }
 
@@ -277,9 +279,10 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			skipped++
 			continue
 		}
+		a := ep.acts()
 		ep.consecutive = r.ConsecutiveFailures
-		ep.lastKind, ep.lastFailAt = r.LastFailureKind, r.LastFailureAt
-		ep.c.ejections = uint32(min(r.Ejections, math.MaxUint32))
+		ep.lastKind, a.lastFailAt = r.LastFailureKind, r.LastFailureAt
+		a.c.ejections = uint32(min(r.Ejections, math.MaxUint32))
 		ep.suppressed = 0
 		to := r.State
 		if s.st.Mode == ModeNone {
@@ -287,23 +290,23 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 		}
 		from := ep.state
 		if to == Ready {
-			ep.level, ep.penalty = 0, 0
-			ep.ejectedAt, ep.probationAt = time.Time{}, time.Time{}
+			ep.level, a.penalty = 0, 0
+			a.ejectedAt, a.probationAt = time.Time{}, time.Time{}
 		} else {
 			ep.level = clampLevel(&s.st, r.PenaltyLevel)
 			// Clamped as the probation time is, so that ejectedAt below
 			// (probation − penalty) cannot wrap.
-			ep.penalty = min(max(r.Penalty, 0), maxDrawn(&s.st))
-			ep.probationAt = r.ProbationAt
-			if ep.probationAt.IsZero() {
-				ep.probationAt = now
+			a.penalty = min(max(r.Penalty, 0), maxDrawn(&s.st))
+			a.probationAt = r.ProbationAt
+			if a.probationAt.IsZero() {
+				a.probationAt = now
 			}
-			if limit := now.Add(maxDrawn(&s.st)); ep.probationAt.After(limit) {
-				ep.probationAt = limit
+			if limit := now.Add(maxDrawn(&s.st)); a.probationAt.After(limit) {
+				a.probationAt = limit
 			}
-			ep.ejectedAt = r.EjectedAt
-			if ep.ejectedAt.IsZero() || ep.ejectedAt.After(ep.probationAt) {
-				ep.ejectedAt = ep.probationAt.Add(-ep.penalty)
+			a.ejectedAt = r.EjectedAt
+			if a.ejectedAt.IsZero() || a.ejectedAt.After(a.probationAt) {
+				a.ejectedAt = a.probationAt.Add(-a.penalty)
 			}
 		}
 		if from == to {
@@ -313,7 +316,7 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			continue
 		}
 		e.setState(s, id, ep, to)
-		e.emit(s, id, ep, from, ReasonRestored, ep.lastKind, now, ep.lastFailAt)
+		e.emit(s, id, ep, from, ReasonRestored, ep.lastKind, now, a.lastFailAt)
 		e.updateFailOpen(s, id, now)
 	}
 	return e.result(), skipped

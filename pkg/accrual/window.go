@@ -218,7 +218,7 @@ func (e *Engine) judgeOutliers(s *service, now time.Time) {
 	for _, h := range hosts {
 		ep := e.eps.at(h.id)
 		if h.rate < limit {
-			e.trip(s, h.id, ep, ReasonOutlier, ep.lastKind, now, ep.lastFailAt, limit)
+			e.trip(s, h.id, ep, ReasonOutlier, ep.lastKind, now, ep.seen().lastFailAt, limit)
 		} else {
 			ep.suppressed &^= ruleBit(ReasonOutlier) // its spell of being an outlier is over
 		}
