@@ -97,9 +97,8 @@ func (ad adoption) Adopt(changes []reconcile.Change, services []*reconcile.Servi
 		a.trans.handle(a.engine.SetService(s.ID, s.Spec.Name, s.Spec.Accrual, s.Backends))
 		// At 0 from the start, so that a rate over them is 0, not absent,
 		// and a first increment shows in increase().
-		a.metrics.FlowsToEjected.WithLabelValues(s.Spec.Name)
-		a.metrics.KernelTrips.WithLabelValues(s.Spec.Name, "adopted")
-		a.metrics.KernelTrips.WithLabelValues(s.Spec.Name, "undone")
+		a.metrics.FlowsToEjected.Add(s.Spec.Name)
+		a.metrics.KernelTrips.Add(s.Spec.Name)
 	}
 }
 

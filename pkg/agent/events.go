@@ -35,7 +35,7 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 			} else if a.engine.Excluded(ev.Backend) {
 				// Events come in the datapath's order: this flow was
 				// admitted after the failure that ejected its endpoint.
-				a.metrics.FlowsToEjected.WithLabelValues(a.serviceName(ev.Service)).Inc()
+				a.metrics.FlowsToEjected.Inc(a.serviceName(ev.Service))
 			}
 		}
 		// First, before accrual may spend time on a table: the client

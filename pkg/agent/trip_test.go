@@ -9,8 +9,6 @@ import (
 
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
@@ -80,7 +78,7 @@ func TestKernelTripAdoptedOrUndone(t *testing.T) {
 	if st, _ := e.kernel(bes[0]); st != pbmaps.BackendEjected {
 		t.Fatalf("kernel state %v, want the trip kept", st)
 	}
-	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "adopted")); got != 1 {
+	if got := e.a.metrics.KernelTrips.Get("web", "adopted"); got != 1 {
 		t.Errorf("kernel_trips_total{adopted} = %v", got)
 	}
 	e.endPenalty(bes[0])
@@ -92,7 +90,7 @@ func TestKernelTripAdoptedOrUndone(t *testing.T) {
 	if st, _ := e.kernel(bes[1]); st != pbmaps.BackendActive {
 		t.Fatalf("kernel state %v, want the trip undone (active)", st)
 	}
-	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "undone")); got != 1 {
+	if got := e.a.metrics.KernelTrips.Get("web", "undone"); got != 1 {
 		t.Errorf("kernel_trips_total{undone} = %v", got)
 	}
 	if tr := e.f.PbSvcTrip[svc]; tr.Budget != 0 {
@@ -198,7 +196,7 @@ func TestKernelTripWithoutItsEvent(t *testing.T) {
 	}
 	e.a.Maintain()
 	e.wantState(bes[2], "ejected")
-	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "adopted")); got != 1 {
+	if got := e.a.metrics.KernelTrips.Get("web", "adopted"); got != 1 {
 		t.Errorf("kernel_trips_total{adopted} = %v, want 1", got)
 	}
 	if st, _ := e.kernel(bes[2]); st != pbmaps.BackendEjected {
@@ -206,7 +204,7 @@ func TestKernelTripWithoutItsEvent(t *testing.T) {
 	}
 	// Found once: Maintain again finds nothing more.
 	e.a.Maintain()
-	if got := testutil.ToFloat64(e.a.metrics.KernelTrips.WithLabelValues("web", "adopted")); got != 1 {
+	if got := e.a.metrics.KernelTrips.Get("web", "adopted"); got != 1 {
 		t.Errorf("kernel_trips_total{adopted} = %v after a second Maintain, want 1", got)
 	}
 }
@@ -288,7 +286,7 @@ func TestNewFlowsToEjectedCounted(t *testing.T) {
 	s := web(80, 2, settings())
 	e.start(state(s))
 	svc, bes := e.ids(s)
-	leaked := func() float64 { return testutil.ToFloat64(e.a.metrics.FlowsToEjected.WithLabelValues("web")) }
+	leaked := func() float64 { return e.a.metrics.FlowsToEjected.Get("web") }
 	newFlow := func(be uint32, flags uint8) {
 		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be, e.nextPort(), flags)})
 	}
@@ -320,7 +318,7 @@ func TestNewFlowsToEjectedCounted(t *testing.T) {
 		e2.refused(svc2, bes2[1], false)
 	}
 	e2.a.HandleEvents([]outcomes.Event{e2.event(outcomes.NewFlow, svc2, bes2[0], e2.nextPort(), 0)})
-	if got := testutil.ToFloat64(e2.a.metrics.FlowsToEjected.WithLabelValues("web")); got != 0 {
+	if got := e2.a.metrics.FlowsToEjected.Get("web"); got != 0 {
 		t.Errorf("new_flows_to_ejected_total = %v while failing open, want 0", got)
 	}
 }

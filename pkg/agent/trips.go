@@ -89,9 +89,9 @@ func (k *kernelTrips) adopt(svc, bid uint32, kind accrual.Kind, at time.Time) {
 	k.trans.handle(k.engine.KernelTripped(bid, kind, at))
 	name := k.serviceName(svc)
 	if k.engine.StateOf(bid) != accrual.Ready {
-		k.metrics.KernelTrips.WithLabelValues(name, "adopted").Inc()
+		k.metrics.KernelTrips.Inc(name, "adopted")
 	} else {
-		k.metrics.KernelTrips.WithLabelValues(name, "undone").Inc()
+		k.metrics.KernelTrips.Inc(name, "undone")
 		k.log.Info("kernel trip undone: accrual keeps the endpoint in", "service", name,
 			"endpoint", k.endpointName(bid))
 		if err := k.rec.UndoTrip(bid); err != nil {

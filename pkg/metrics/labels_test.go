@@ -67,8 +67,8 @@ func gather(t *testing.T, d BackendDetail) []*dto.MetricFamily {
 	m.InvalidSettings.WithLabelValues("shop/web", "penaltybox.io/max-inflight").Inc()
 	m.UntrackedFlows.WithLabelValues("dns", "service_cap").Inc()
 	m.ProbeRegrants.WithLabelValues("shop/web:http", "no_verdict").Inc()
-	m.KernelTrips.WithLabelValues("shop/web:http/ipv6", "adopted").Inc()
-	m.FlowsToEjected.WithLabelValues("shop/web:http").Inc()
+	m.KernelTrips.Inc("shop/web:http/ipv6", "adopted")
+	m.FlowsToEjected.Inc("shop/web:http")
 	m.UnansweredUDP.WithLabelValues("dns").Inc()
 	fams, err := m.Registry.Gather()
 	if err != nil {

@@ -169,8 +169,10 @@ type Metrics struct {
 	ConntrackEntries   prometheus.Gauge
 	ConntrackExpired   prometheus.Counter
 	MaxInflightDefault prometheus.Gauge
-	KernelTrips        *ServiceCounterVec
-	FlowsToEjected     *ServiceCounterVec
+	// KernelTrips and FlowsToEjected: every service's series from the
+	// start, at 0 (ServiceCounters: Add when it is programmed).
+	KernelTrips        *ServiceCounters
+	FlowsToEjected     *ServiceCounters
 	UnansweredUDP      *ServiceCounterVec
 	Replays            *prometheus.CounterVec
 	PolicyStatusLeader prometheus.Gauge
@@ -280,14 +282,14 @@ func New(src Source, counters maps.Counters, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "conntrack_expired_flows_total",
 			Help: "Idle flows the agent expired (their circuit-breaker slots released).",
 		}),
-		KernelTrips: NewServiceCounterVec(prometheus.CounterOpts{
+		KernelTrips: NewServiceCounters(prometheus.CounterOpts{
 			Namespace: ns, Name: "kernel_trips_total",
 			Help: "Endpoints the datapath ejected on its own at their maxFailures-th consecutive failure (kernel trips), by what the agent did: adopted (its ejection, with penalty and probation) or undone (accrual kept the endpoint in: max-ejection cap, fail-open).",
-		}, "result"),
-		FlowsToEjected: NewServiceCounterVec(prometheus.CounterOpts{
+		}, "result", "adopted", "undone"),
+		FlowsToEjected: NewServiceCounters(prometheus.CounterOpts{
 			Namespace: ns, Name: "new_flows_to_ejected_total",
 			Help: "New flows the datapath gave an endpoint the agent holds ejected (probes aside): flows admitted after the failure that decided the ejection, before the maps took it in. Kernel trips keep it at 0 for refusals and resets; a connect timeout (the agent's own deadline) or --kernel-trips=false leaves the agent's reaction time, during which new flows still reach the endpoint. Also counted: the odd flow another CPU admitted before a kernel trip whose event came first, and flows the fail-open table admitted as the service left fail-open.",
-		}),
+		}, ""),
 		UnansweredUDP: NewServiceCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "udp_unanswered_flows_total",
 			Help: "UDP flows their endpoint had not answered by connectTimeout. Not failures (many UDP protocols never answer): a rise against the service's flows is a silent endpoint, which only a port unreachable or an answer lets accrual judge.",
