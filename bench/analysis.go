@@ -182,24 +182,27 @@ const (
 const (
 	apiColdText = "**10,000 Services from the API server: the cold start.** Before this branch it took 38 s: the controller found each Service's " +
 		"EndpointSlices by matching the labels of every slice in its namespace (43% of the agent's CPU; now an informer index), and every " +
-		"hand-over re-applied all 10,000 services. Now 3.3-3.8 s, of which a whole-run CPU profile puts under 2 s of the agent's own CPU in " +
+		"hand-over re-applied all 10,000 services. 3.3-3.8 s at 7ac2e87; at the deltas' commit 3.4-4.7 s over two runs of 3 rounds, with main at 3.6-3.8 s measured between them on this shared 2-core machine (the cold path is the same but for the controller's count of the keys each Service lists), of which a whole-run CPU profile puts under 2 s of the agent's own CPU in " +
 		"the start (Translate 0.3 s, table creation and first fills through mmap 0.4 s, the first Apply and accrual's adoption of 10,000 " +
 		"services, GC); the rest is the agent waiting (the API server listing 20,000 objects, loading and attaching the datapath), not measured " +
 		"apart here. What is left to try: handing the first desired state over in parts is ruled out (a partial state would drop services a " +
 		"restarted agent had), so the levers are loading the datapath while the informers list, and the API server's streaming " +
 		"lists (WatchListClient), which this run did not measure."
-	apiRSSText = "**10,000 Services from the API server: RSS.** The heap profile at the end of a round holds 157-160 MB live (so GOGC's doubling " +
-		"makes the 400 MB peak; at the 96 MiB default soft limit the GC ran without pause and took most of the agent's CPU): accrual's per-endpoint " +
+	apiRSSText = "**10,000 Services from the API server: RSS.** At 7ac2e87 the heap profile at the end of a round held 157-160 MB live (so GOGC's doubling " +
+		"made the 400 MB peak, 310-330 MB since hand-overs stopped copying the snapshot; at the 96 MiB default soft limit the GC ran without pause and took most of the agent's CPU): accrual's per-endpoint " +
 		"arrays 25 MB (sized by the highest backend id, 100,000 endpoints and the ids retired changes leave cooling down), the informers' " +
 		"Services and EndpointSlices about 35 MB (managedFields and kubectl's last-applied copy already dropped), the Prometheus series of " +
 		"three per-service counters 23 MB, the reconciler's services and backends about 30 MB, the controller's snapshot and translated " +
 		"services about 17 MB. Within 150 MB RSS needs the live heap near 70 MB: per-service series created on first increment, not at 0 " +
 		"for every service; accrual's arrays sparse or compacted; EndpointSlices transformed to what Translate reads before they are cached."
-	apiCPUText = "**100 EndpointSlice changes/s: the agent's CPU.** 26-33% of a core (39% at bc0d09e, 78% one measured run before it, when " +
-		"the prefilters, the endpoint comparison and the listed-services map still cost O(services) per hand-over; 125% in the run before that, " +
-		"at the 96 MiB soft limit, where the GC ran without pause). A change now costs what it changes, but each hand-over (one per 30 ms " +
-		"debounce, about 25 a second here) still walks all 10,000 services: reconcile.Apply looks each one up to find it unchanged (36% " +
-		"of the agent's CPU in the profile) and prepareTables walks them for spare tables (8%), the controller's snapshot copies them (13%) " +
-		"and publish compares it with the last; the GC takes 15%, decoding the watch 6%. Within 5% needs hand-overs that carry what changed " +
-		"(the controller knows which Service keys it recomputed), so that the agent's work per hand-over is O(changes), not O(services)."
+	apiCPUText = "**100 EndpointSlice changes/s: the agent's CPU.** 8.7-9.2% of a core (33-35% for main measured the same hour; 26-33% at 7ac2e87). " +
+		"Until this branch's last change every hand-over (one per 30 ms debounce, about 25 a second here) carried all 10,000 services: " +
+		"reconcile.Apply looked each one up to find it unchanged (36% of the agent's CPU), prepareTables walked them for spare tables (8%), " +
+		"the controller's snapshot copied them (13%). Now a hand-over after the first is a delta (desired.State.Delta: the services of the " +
+		"Services recomputed, the keys gone), and Apply's work is the changes'; the complete state still goes first and every resync. " +
+		"That also took the change's p99 from 78-86 ms to 46-48 ms. In a profiled round (deltas, before the prefilter fix) the agent's loop spent 0.6 s " +
+		"of the whole run, 0.17 s of it markPrefilters copying 10,000 VIP slots per hand-over (now skipped when all is marked); the rest of the agent's CPU is decoding the watch (protobuf " +
+		"under gzip), Translate per changed Service, the periodic maintenance (Services() sorted for the probes and lost trips) and the GC over " +
+		"a 170 MB heap. Within 5% needs those cut: to try, the watch without compression on a node-local API path, an allocation-light Translate, " +
+		"maintenance over the services that can have something to do."
 )

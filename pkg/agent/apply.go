@@ -13,7 +13,8 @@ import (
 )
 
 // Apply programs a desired state: services and backends, accrual's view
-// of them, then each service's table. A state with Node (a config
+// of them, then each service's table. A delta (Kubernetes' hand-overs
+// after the first) changes what it lists and leaves the rest. A state with Node (a config
 // file's) also sets the table size and the interfaces; one that cannot be
 // applied whole changes nothing it can check beforehand (table size,
 // interfaces), and its outcome is counted as a config reload.

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -98,6 +99,40 @@ type State struct {
 	// mode); nil from Kubernetes, where the node's links say where XDP
 	// goes and flags set the rest.
 	Node *Node
+	// Delta: the state is a change to the one applied before it, not the
+	// whole: Services are only the services new or changed since (in name
+	// order), Gone the keys no longer asked for, and every other service
+	// stays as it is. HandBack is complete either way. A source hands over
+	// a complete state first (and may at any time); with 10,000 services
+	// and a few changing, a delta is what keeps a hand-over's cost to the
+	// changes (see Merge for what it stands for).
+	Delta bool
+	Gone  []Key
+}
+
+// Merge returns the complete state d stands for after st (complete): st's
+// services but those d lists or has gone, and d's, in name order. A
+// complete d is returned as it is.
+func (st *State) Merge(d State) State {
+	if !d.Delta {
+		return d
+	}
+	drop := make(map[Key]bool, len(d.Gone)+len(d.Services))
+	for _, k := range d.Gone {
+		drop[k] = true
+	}
+	for i := range d.Services {
+		drop[d.Services[i].Key] = true
+	}
+	out := State{HandBack: d.HandBack, Node: st.Node}
+	for _, s := range st.Services {
+		if !drop[s.Key] {
+			out.Services = append(out.Services, s)
+		}
+	}
+	out.Services = append(out.Services, d.Services...)
+	slices.SortStableFunc(out.Services, func(a, b Service) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // Node is the node-wide part of a standalone desired state.
@@ -142,6 +177,9 @@ func SameEndpoints(a, b []Endpoint) bool {
 // Equal reports whether two states are the same, service by service in
 // order.
 func (st *State) Equal(o *State) bool {
+	if st.Delta != o.Delta || !slices.Equal(st.Gone, o.Gone) {
+		return false
+	}
 	if len(st.Services) != len(o.Services) || !slices.Equal(st.HandBack, o.HandBack) {
 		return false
 	}

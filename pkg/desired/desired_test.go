@@ -58,6 +58,8 @@ func TestEqualEveryField(t *testing.T) {
 		"Services":               func(s *State) { s.Services = append(s.Services, s.Services[0]) },
 		"HandBack":               func(s *State) { s.HandBack = nil },
 		"Node":                   func(s *State) { s.Node.TableSize = 2039 },
+		"Delta":                  func(s *State) { s.Delta = true },
+		"Gone":                   func(s *State) { s.Gone = s.HandBack },
 	}
 	for name, mut := range muts {
 		b := base()
@@ -68,5 +70,32 @@ func TestEqualEveryField(t *testing.T) {
 	}
 	if n := reflect.TypeFor[Service]().NumField() + reflect.TypeFor[State]().NumField(); n != len(muts) {
 		t.Errorf("Service and State have %d fields, the test mutates %d: teach Equal (and this test) the new ones", n, len(muts))
+	}
+}
+
+// Merge stands a delta for the complete state: services it lists replace
+// those of their key, those gone go, the rest stay, in name order.
+func TestMerge(t *testing.T) {
+	key := func(last byte) Key {
+		return Key{VIP: netip.AddrFrom4([4]byte{198, 18, 100, last}), Port: 80, Protocol: TCP}
+	}
+	svc := func(name string, k Key, eps int) Service {
+		s := Service{Name: name, Key: k}
+		for i := range eps {
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), 80)})
+		}
+		return s
+	}
+	full := State{Services: []Service{svc("a", key(1), 1), svc("b", key(2), 1), svc("c", key(3), 1)}}
+	d := State{Delta: true, Services: []Service{svc("b", key(2), 2), svc("bb", key(4), 1)}, Gone: []Key{key(3)},
+		HandBack: []Key{key(3)}}
+	got := full.Merge(d)
+	want := State{Services: []Service{svc("a", key(1), 1), svc("b", key(2), 2), svc("bb", key(4), 1)}, HandBack: []Key{key(3)}}
+	if !got.Equal(&want) {
+		t.Errorf("Merge = %+v, want %+v", got, want)
+	}
+	// A complete state is its own merge.
+	if got := full.Merge(want); !got.Equal(&want) {
+		t.Errorf("Merge of a complete state = %+v, want it", got)
 	}
 }

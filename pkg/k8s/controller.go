@@ -117,7 +117,8 @@ type Options struct {
 // state, the way client-go's sample-controller does: informers feed a
 // rate-limited work queue of Service keys, and each key is recomputed from
 // the listers from scratch, never from the order of events. The full
-// desired state is handed over as a snapshot after every change.
+// desired state is handed over first; after that, what changed (a delta of
+// the Services recomputed), and the full state again every Resync.
 type Controller struct {
 	opts     Options
 	log      *slog.Logger
@@ -158,6 +159,15 @@ type Controller struct {
 	// policies are the decoded BackendPolicies, by key.
 	policies map[string]*BackendPolicy
 	dirty    chan struct{} // capacity 1: something changed since the last snapshot
+	// pending: the Service keys whose services changed since the last
+	// hand-over, each with the services it had then (what the next delta
+	// compares with); keyCount: how many entries list each desired key
+	// (a key an entry dropped is gone only when none lists it).
+	pending  map[string][]desired.Service
+	keyCount map[desired.Key]int
+	// handBack is every entry's unserved keys, sorted (State.HandBack);
+	// nil when an entry's changed since it was last built.
+	handBack []desired.Key
 }
 
 // entry is what the controller knows of one Service.
@@ -225,6 +235,8 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 		owner:    map[string]string{},
 		policies: map[string]*BackendPolicy{},
 		dirty:    make(chan struct{}, 1),
+		pending:  map[string][]desired.Service{},
+		keyCount: map[desired.Key]int{},
 	}
 	if c.recorder == nil {
 		c.recorder, c.stopRec = NewRecorder(client, opts.NodeName)
@@ -385,9 +397,11 @@ func (c *Controller) enqueueSlice(obj any) {
 }
 
 // Run starts the informers, waits for their caches, sends the first
-// complete desired state on out, then one after every change, until ctx
-// ends (then it returns nil). Sends block: the receiver gets the latest
-// state, computed after it was last ready to take one.
+// complete desired state on out, then, after every change, what changed
+// (a delta: desired.State.Delta), and the complete state again every
+// Resync, until ctx ends (then it returns nil). The receiver must apply
+// every state in order. Sends block: a delta holds every change since the
+// last one sent, computed after the receiver was last ready to take one.
 func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	defer utilruntime.HandleCrash()
 	defer c.queue.ShutDown()
@@ -455,32 +469,44 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	return nil
 }
 
-// publish hands over a snapshot after each change, waiting Debounce for
-// more changes first. A change undone within the wait hands nothing over.
+// publish hands over what changed after each change, as a delta, waiting
+// Debounce for more changes first; and a complete snapshot every Resync,
+// a safety net that, when all is well, changes nothing. A change undone
+// within the wait hands nothing over.
 func (c *Controller) publish(ctx context.Context, out chan<- desired.State, last desired.State) {
+	resync := time.NewTicker(c.opts.Resync)
+	defer resync.Stop()
+	lastBack := last.HandBack
 	for {
+		full := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.dirty:
+		case <-resync.C:
+			full = true
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(c.opts.Debounce):
+		if !full {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(c.opts.Debounce):
+			}
 		}
-		// Changes that arrived during the wait are in this snapshot.
+		// Changes that arrived during the wait are in this hand-over.
 		select {
 		case <-c.dirty:
 		default:
 		}
-		st := c.snapshot()
-		if st.Equal(&last) {
+		var st desired.State
+		if full {
+			st = c.snapshot()
+		} else if st = c.delta(); len(st.Services) == 0 && len(st.Gone) == 0 && slices.Equal(st.HandBack, lastBack) {
 			continue
 		}
 		select {
 		case out <- st:
-			last = st
+			lastBack = st.HandBack
 		case <-ctx.Done():
 			return
 		}
@@ -514,6 +540,8 @@ func (c *Controller) sync(key string) error {
 		defer c.mu.Unlock()
 		if e, ok := c.entries[key]; ok {
 			c.forget(key, e)
+			c.setServices(key, e, nil)
+			c.setUnserved(e, nil)
 			delete(c.entries, key)
 			c.order = nil
 			c.markDirty()
@@ -544,6 +572,8 @@ func (c *Controller) sync(key string) error {
 		// nothing carries over.
 		if e != nil {
 			c.forget(key, e)
+			c.setServices(key, e, nil)
+			c.setUnserved(e, nil)
 		}
 		e = &entry{uid: svc.UID, lastGood: DefaultSettings(c.opts.MaxInflight)}
 		c.entries[key] = e
@@ -578,7 +608,7 @@ func (c *Controller) sync(key string) error {
 		e.hostLocal = hostLocal
 	}
 	if !slices.Equal(unserved, e.unserved) {
-		e.unserved = unserved
+		c.setUnserved(e, unserved)
 		c.markDirty()
 	}
 	if slices.EqualFunc(services, e.services, func(a, b desired.Service) bool { return a.Equal(&b) }) {
@@ -593,9 +623,34 @@ func (c *Controller) sync(key string) error {
 	// In name order: the snapshot lists entries in order, and each one's
 	// services in order, without sorting them all.
 	slices.SortFunc(services, func(a, b desired.Service) int { return cmp.Compare(a.Name, b.Name) })
-	e.services = services
+	c.setServices(key, e, services)
 	c.markDirty()
 	return nil
+}
+
+// setServices replaces the services of entry e (key), noting the change
+// for the next delta. Called with mu held.
+func (c *Controller) setServices(key string, e *entry, services []desired.Service) {
+	if _, ok := c.pending[key]; !ok {
+		c.pending[key] = e.services
+	}
+	for _, s := range e.services {
+		if c.keyCount[s.Key]--; c.keyCount[s.Key] <= 0 {
+			delete(c.keyCount, s.Key)
+		}
+	}
+	for _, s := range services {
+		c.keyCount[s.Key]++
+	}
+	e.services = services
+}
+
+// setUnserved replaces the unserved keys of entry e. Called with mu held.
+func (c *Controller) setUnserved(e *entry, unserved []desired.Key) {
+	if len(e.unserved) > 0 || len(unserved) > 0 {
+		c.handBack = nil
+	}
+	e.unserved = unserved
 }
 
 // settings returns the Service's settings: from its annotations when they
@@ -688,10 +743,63 @@ func (c *Controller) markDirty() {
 
 // snapshot assembles the full desired state, ordered by name. It walks the
 // entries in their kept order (sorted again only when Services came or
-// went): a hand-over of 10,000 services is a copy, not a sort.
+// went): a complete hand-over of 10,000 services is a copy, not a sort.
+// Changes pending for the next delta are in it.
 func (c *Controller) snapshot() desired.State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	clear(c.pending)
+	n := 0
+	for _, e := range c.sorted() {
+		n += len(e.services)
+	}
+	st := desired.State{Services: make([]desired.Service, 0, n), HandBack: c.handBackLocked()}
+	for _, e := range c.order {
+		st.Services = append(st.Services, e.services...)
+	}
+	if len(st.Services) == 0 {
+		st.Services = nil
+	}
+	return st
+}
+
+// delta assembles what changed since the last hand-over (a desired.State
+// with Delta set): the services of each Service that changed, in name
+// order, and the keys no Service lists any more. A Service changed and
+// changed back is left out. Its cost is the changes', not the Services'.
+func (c *Controller) delta() desired.State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys := make([]string, 0, len(c.pending))
+	for k := range c.pending {
+		keys = append(keys, k)
+	}
+	// Service keys in this order list their services in name order.
+	slices.SortFunc(keys, cmpKeys)
+	st := desired.State{Delta: true, HandBack: c.handBackLocked()}
+	for _, k := range keys {
+		was := c.pending[k]
+		var now []desired.Service
+		if e := c.entries[k]; e != nil {
+			now = e.services
+		}
+		if slices.EqualFunc(was, now, func(a, b desired.Service) bool { return a.Equal(&b) }) {
+			continue
+		}
+		st.Services = append(st.Services, now...)
+		for _, s := range was {
+			if c.keyCount[s.Key] == 0 {
+				st.Gone = append(st.Gone, s.Key)
+			}
+		}
+	}
+	clear(c.pending)
+	return st
+}
+
+// sorted returns the entries in the order of their Service keys, sorting
+// them only when Services came or went. Called with mu held.
+func (c *Controller) sorted() []*entry {
 	if c.order == nil {
 		keys := make([]string, 0, len(c.entries))
 		for k := range c.entries {
@@ -703,20 +811,24 @@ func (c *Controller) snapshot() desired.State {
 			c.order[i] = c.entries[k]
 		}
 	}
-	n := 0
-	for _, e := range c.order {
-		n += len(e.services)
+	return c.order
+}
+
+// handBackLocked returns every entry's unserved keys, sorted, built again
+// only when one changed. Called with mu held.
+func (c *Controller) handBackLocked() []desired.Key {
+	if c.handBack == nil {
+		back := []desired.Key{}
+		for _, e := range c.entries {
+			back = append(back, e.unserved...)
+		}
+		slices.SortFunc(back, func(a, b desired.Key) int { return cmp.Compare(a.String(), b.String()) })
+		c.handBack = back
 	}
-	st := desired.State{Services: make([]desired.Service, 0, n)}
-	for _, e := range c.order {
-		st.Services = append(st.Services, e.services...)
-		st.HandBack = append(st.HandBack, e.unserved...)
+	if len(c.handBack) == 0 {
+		return nil
 	}
-	if len(st.Services) == 0 {
-		st.Services = nil
-	}
-	slices.SortFunc(st.HandBack, func(a, b desired.Key) int { return cmp.Compare(a.String(), b.String()) })
-	return st
+	return c.handBack
 }
 
 // SetLocalAddrs tells the controller the node's own addresses; Services

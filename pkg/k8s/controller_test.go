@@ -37,6 +37,8 @@ type harness struct {
 	invalid *metrics.ServiceCounterVec
 	states  chan desired.State
 	done    chan error
+	// handed is the complete state handed over so far (next).
+	handed *desired.State
 }
 
 // debounce is the controller's Debounce in tests, short so they run fast.
@@ -117,12 +119,20 @@ func (h *harness) updateSlice(s *discoveryv1.EndpointSlice) {
 	}
 }
 
-// next waits for the next desired state.
+// next waits for the next desired state and returns the complete state
+// it stands for (a delta merged into the ones before).
 func (h *harness) next() desired.State {
 	h.t.Helper()
 	select {
 	case st := <-h.states:
-		return st
+		if st.Delta && h.handed == nil {
+			h.t.Fatal("a delta before any complete desired state")
+		}
+		if h.handed == nil {
+			h.handed = &desired.State{}
+		}
+		*h.handed = h.handed.Merge(st)
+		return *h.handed
 	case <-time.After(5 * time.Second):
 		h.t.Fatal("no desired state within 5s")
 	}
@@ -203,6 +213,50 @@ func TestControllerFirstStateIsComplete(t *testing.T) {
 		t.Errorf("services not sorted by name: %v", st.Services)
 	}
 	h.quiet() // the initial adds queued by the informers change nothing
+}
+
+// After the first, complete state, a hand-over carries what changed: the
+// services of the Service whose slice changed, not the others'; a Service
+// deleted is its keys gone.
+func TestControllerHandsOverDeltas(t *testing.T) {
+	other := service()
+	other.Name, other.UID, other.Spec.ClusterIP, other.Spec.ClusterIPs = "api", "uid-api", "198.19.0.11", []string{"198.19.0.11"}
+	otherSlice := slice("api-1", httpPort, readyEP("198.18.7.2", "api-a"))
+	otherSlice.Labels[discoveryv1.LabelServiceName] = "api"
+	sl := slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"))
+	h := newHarness(t, service(), sl, other, otherSlice)
+	raw := func() desired.State {
+		t.Helper()
+		select {
+		case st := <-h.states:
+			return st
+		case <-time.After(5 * time.Second):
+			t.Fatal("no desired state within 5s")
+		}
+		return desired.State{}
+	}
+	if first := raw(); first.Delta || len(first.Services) != 2 {
+		t.Fatalf("first state %+v: want both services, complete", first)
+	}
+
+	h.updateSlice(slice("web-1", httpPort, readyEP("198.18.1.2", "web-a"), readyEP("198.18.2.2", "web-b")))
+	d := raw()
+	if !d.Delta || len(d.Services) != 1 || d.Services[0].Name != "shop/web:http" || len(d.Gone) != 0 {
+		t.Fatalf("after web's slice changed: %+v; want a delta of shop/web:http alone", d)
+	}
+	if a := addrs(d.Services[0]); strings.Join(a, ",") != "198.18.1.2:8080,198.18.2.2:8080" {
+		t.Fatalf("web endpoints %v", a)
+	}
+
+	if err := h.client.CoreV1().Services("shop").Delete(h.ctx, "api", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d = raw()
+	want := desired.Key{VIP: netip.MustParseAddr("198.19.0.11"), Port: 80, Protocol: desired.TCP}
+	if !d.Delta || len(d.Services) != 0 || !slices.Equal(d.Gone, []desired.Key{want}) {
+		t.Fatalf("after api was deleted: %+v; want a delta with %s gone", d, want)
+	}
+	h.quiet()
 }
 
 func TestControllerFollowsChanges(t *testing.T) {

@@ -11,6 +11,7 @@
 //
 // Data flows one way, as in the rest of the agent: informers → work queue
 // → per-Service recomputation from the listers → a full desired.State
-// snapshot for the agent's loop. Events flow back through Notify, which
-// never blocks the loop.
+// snapshot for the agent's loop at start (and every resync), and after
+// that deltas of the Services recomputed. Events flow back through Notify,
+// which never blocks the loop.
 package k8s

@@ -46,7 +46,19 @@ type Accrual interface {
 // A service asked for exactly as it was programmed is not touched: a
 // desired state of 10,000 services with one changed costs one service's
 // work, not 10,000's. It returns the changes acc heard of.
+//
+// A delta (st.Delta) changes the services it lists and removes those it
+// has gone, leaving the rest as they are: the maps end as the complete
+// state it stands for would leave them (desired.State.Merge), at the cost
+// of the changes alone. But for one thing, which is only a matter of
+// when: a complete state also clears the takeover flag of every service
+// whose grace is over, a delta only of those it lists, and EndTakeovers
+// (the agent's periodic maintenance) of the rest. The first state applied
+// must be complete: a delta then is refused, changing nothing.
 func (r *Reconciler) Apply(st desired.State, acc Accrual) ([]Change, error) {
+	if st.Delta && !r.applied {
+		return nil, errors.New("a delta of the desired state before any complete one: ignored")
+	}
 	changes, err := r.sync(st)
 	var services []*Service
 	if !r.applied {
@@ -160,10 +172,9 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 		errs = append(errs, err)
 	}
 
-	for key, s := range r.services {
-		if s.mark == r.gen {
-			continue
-		}
+	// Removed: a complete state's unlisted services, a delta's gone ones
+	// (unless it lists them again).
+	remove := func(key desired.Key, s *Service) {
 		if err := r.handBackOrDelete(key, s, now, slices.Contains(st.HandBack, key)); err != nil {
 			errs = append(errs, err)
 		}
@@ -178,9 +189,32 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 		changes = append(changes, Change{Service: s, Removed: true, Retired: retired})
 		r.log.Info("service removed", "service", s.Spec.Name, "key", key.String(), "handed_back", r.handingBack[s.ID] != nil)
 	}
+	if st.Delta {
+		for _, key := range st.Gone {
+			if s, ok := r.services[key]; ok && s.mark != r.gen {
+				remove(key, s)
+			}
+		}
+	} else {
+		for key, s := range r.services {
+			if s.mark != r.gen {
+				remove(key, s)
+			}
+		}
+	}
 	r.endGoneHandBacks(st.HandBack, now)
 
-	errs = append(errs, r.retryDeletes(), r.prepareTables())
+	// The spare tables of the services this state programs: all of them
+	// for a complete state, those it touched for a delta (the others'
+	// spares are as the last state left them, or in r.spare, which
+	// PrepareTables installs).
+	var prepared error
+	if st.Delta {
+		prepared = r.prepare(slices.Values(r.touched))
+	} else {
+		prepared = r.prepareTables()
+	}
+	errs = append(errs, r.retryDeletes(), prepared)
 	// markPrefilters marked what this state adds. What it no longer needs
 	// stays needed here: a removed service's key, a retired backend's port
 	// stay marked until Sweep frees them (and clears them then). So the
