@@ -19,6 +19,10 @@ const (
 	partialShare = 0.3
 )
 
+// partialSettle: the failure-rate figures count from this long after
+// the load began (the window's first ejection comes within it).
+const partialSettle = time.Second
+
 // runPartial measures sPartial on the failing part's rig: b3 refuses 30%
 // of new connections (testnet.Backend.RefuseShare), for twice the other
 // scenarios' run time, since a window of recent connections is what the
@@ -46,7 +50,7 @@ func runPartial(r *rig, res *Results, o failingOpts, logf func(string, ...any)) 
 		}},
 	}
 	d := 2 * o.Duration
-	settle := time.Second
+	settle := partialSettle
 	bad := r.topo.Backend(3)
 	for round := range o.Rounds {
 		for _, v := range variants {
