@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/penaltybox/penaltybox/bench/xdpbase"
@@ -224,11 +225,14 @@ services:
 // attachXDPPass attaches bench/xdpbase's xdp_pass in generic mode to
 // every interface named, in ns; the function returned detaches it.
 func attachXDPPass(ns *testnet.NS, ifaces []string) (func() error, error) {
-	var objs xdpbase.BaseObjects
+	// xdp_pass alone: it uses no map, and the other baselines would load
+	// theirs (the floor's flow tables among them) for nothing.
+	var objs struct {
+		XdpPass *ebpf.Program `ebpf:"xdp_pass"`
+	}
 	spec, err := xdpbase.LoadBase()
 	if err == nil {
-		// Only the program: the baselines' maps are not needed here.
-		err = spec.LoadAndAssign(&objs.BasePrograms, nil)
+		err = spec.LoadAndAssign(&objs, nil)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load xdp_pass: %w", err)
@@ -238,7 +242,7 @@ func attachXDPPass(ns *testnet.NS, ifaces []string) (func() error, error) {
 		for _, l := range links {
 			l.Close()
 		}
-		return objs.BasePrograms.Close()
+		return objs.XdpPass.Close()
 	}
 	err = ns.Do(func() error {
 		for _, name := range ifaces {
