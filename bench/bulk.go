@@ -203,25 +203,6 @@ func bulkFloorBest(r *Results, dir string) float64 {
 	return best
 }
 
-// bulkConfig is the agent's config for the bulk part: one service, the
-// VIP's bulkPort to b1's.
-func bulkConfig(r *rig, redirect bool) string {
-	ifs := strings.Join(r.topo.NodeIfaces(), ", ")
-	red := ""
-	if redirect {
-		red = ifs
-	}
-	return fmt.Sprintf(`interfaces: [%s]
-redirectInterfaces: [%s]
-services:
-  - name: bulk
-    vip: %s
-    port: %d
-    protocol: tcp
-    backends: ["%s"]
-`, ifs, red, testnet.VIP, bulkPort, fmt.Sprintf("198.18.1.2:%d", bulkPort))
-}
-
 // attachXDPPass attaches bench/xdpbase's xdp_pass in generic mode to
 // every interface named, in ns; the function returned detaches it.
 func attachXDPPass(ns *testnet.NS, ifaces []string) (func() error, error) {
@@ -307,7 +288,7 @@ func runBulk(res *Results, o bulkOpts, agentBin string, logf func(string, ...any
 			}
 			var stop func() error
 			if v.agent {
-				a, err := r.startAgent(bulkConfig(r, v.redirect), v.args...)
+				a, err := r.startAgent(r.serviceConfig(v.redirect, "bulk", bulkPort, fmt.Sprintf("%q", direct), ""), v.args...)
 				if err != nil {
 					return fmt.Errorf("%s: %w", v.name, err)
 				}

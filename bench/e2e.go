@@ -149,7 +149,17 @@ func (p *pbLB) pid() int {
 	return pid
 }
 
+// pbConfig is the agent's config for the e2e and flood parts: service
+// web, the VIP's vipPort to every backend.
 func (r *rig) pbConfig(redirect bool, serviceExtra string) string {
+	return r.serviceConfig(redirect, "web", vipPort, r.backendList(), serviceExtra)
+}
+
+// serviceConfig is an agent config of one TCP service on testnet.VIP:
+// XDP on the node's interfaces (redirecting between them when redirect
+// is set), the service name on port, backends a YAML list's items, and
+// serviceExtra appended to the service.
+func (r *rig) serviceConfig(redirect bool, name string, port int, backends, serviceExtra string) string {
 	ifs := strings.Join(r.topo.NodeIfaces(), ", ")
 	red := ""
 	if redirect {
@@ -158,12 +168,12 @@ func (r *rig) pbConfig(redirect bool, serviceExtra string) string {
 	return fmt.Sprintf(`interfaces: [%s]
 redirectInterfaces: [%s]
 services:
-  - name: web
+  - name: %s
     vip: %s
     port: %d
     protocol: tcp
     backends: [%s]
-%s`, ifs, red, testnet.VIP, vipPort, r.backendList(), serviceExtra)
+%s`, ifs, red, name, testnet.VIP, port, backends, serviceExtra)
 }
 
 func (r *rig) startAgent(cfg string, args ...string) (*agentrun.Agent, error) {
