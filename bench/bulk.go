@@ -335,14 +335,7 @@ func runBulk(res *Results, o bulkOpts, agentBin string, logf func(string, ...any
 		}
 	}
 	// Rows in a stable order: per direction, the floor first.
-	var mine, other []*Figure
-	for _, f := range res.Figures {
-		if f.Part == "bulk" {
-			mine = append(mine, f)
-		} else {
-			other = append(other, f)
-		}
-	}
+	other, mine := res.split("bulk")
 	slices.SortStableFunc(mine, func(a, b *Figure) int {
 		return strings.Compare(strings.SplitN(a.Name, ":", 2)[0], strings.SplitN(b.Name, ":", 2)[0])
 	})

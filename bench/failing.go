@@ -209,14 +209,7 @@ func (r *rig) badRun(v lbVariant, spoil, heal func() error, rate float64, d time
 }
 
 func sortFailing(res *Results) {
-	var other, fl []*Figure
-	for _, f := range res.Figures {
-		if f.Part == "failing" {
-			fl = append(fl, f)
-		} else {
-			other = append(other, f)
-		}
-	}
+	other, fl := res.split("failing")
 	// Group by scenario then metric, keeping variant order.
 	order := []string{"success rate, all connections", fmt.Sprintf("success rate after the first %d failures", maxFailures),
 		"success rate after the first 1s", "failed connections", "time until the last failure", "time to the first ejection",

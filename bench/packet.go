@@ -1069,12 +1069,8 @@ func reorderBreaker(res *Results) {
 // reorder puts part's figures last, in the order of names (a figure not
 // named is dropped from the part).
 func (r *Results) reorder(part string, names []string) {
-	var other, in []*Figure
-	for _, f := range r.Figures {
-		if f.Part != part {
-			other = append(other, f)
-		}
-	}
+	other, _ := r.split(part)
+	var in []*Figure
 	for _, n := range names {
 		if f := r.find(part, n); f != nil {
 			in = append(in, f)

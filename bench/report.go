@@ -123,6 +123,19 @@ func stats(xs []float64) (lo, med, hi float64) {
 
 func median(xs []float64) float64 { _, m, _ := stats(xs); return m }
 
+// split is the figures of other parts and those of part, each in order:
+// a part that orders its own rows puts them back after the others.
+func (r *Results) split(part string) (other, in []*Figure) {
+	for _, f := range r.Figures {
+		if f.Part == part {
+			in = append(in, f)
+		} else {
+			other = append(other, f)
+		}
+	}
+	return other, in
+}
+
 // Median of a figure, NaN when absent.
 func (r *Results) median(part, name string) float64 {
 	f := r.find(part, name)
