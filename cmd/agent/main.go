@@ -141,8 +141,6 @@ func main() {
 	}
 }
 
-// run starts the agent in the mode the flags select and runs its loop
-// until ctx ends.
 // cpuProfile writes a CPU profile (go tool pprof) of the whole run to the
 // file $PENALTYBOX_CPU_PROFILE names, when it is set: how the control-plane
 // bench finds where the agent's time goes; a heap profile is written beside
@@ -171,6 +169,8 @@ func cpuProfile(log *slog.Logger) func() {
 	}
 }
 
+// run starts the agent in the mode the flags select and runs its loop
+// until ctx ends.
 func run(ctx context.Context, o options, log *slog.Logger) error {
 	// Pre-flight: a kernel without what the datapath uses is refused in
 	// one line, before the verifier's dump would say it less clearly.
