@@ -210,9 +210,12 @@ accel() {
     printf '#!/bin/busybox sh\n/bin/busybox echo PB-KVM-OK\n/bin/busybox poweroff -f\n' >"$probe/init"
     chmod +x "$probe/init"
     (cd "$probe" && find . | cpio -o -H newc 2>/dev/null | gzip -1 >"$WORK/probe.gz")
-    if timeout 30 qemu-system-x86_64 -enable-kvm -cpu host -m 256 -kernel "$KCACHE/${selected[0]}/vmlinuz" \
-      -initrd "$WORK/probe.gz" -append "console=ttyS0 quiet panic=-1" -nographic -no-reboot 2>/dev/null |
-      grep -q PB-KVM-OK; then
+    # Captured, not piped to grep -q, whose early exit under pipefail would
+    # fail the pipeline by SIGPIPE to a qemu still writing.
+    local out
+    out=$(timeout 30 qemu-system-x86_64 -enable-kvm -cpu host -m 256 -kernel "$KCACHE/${selected[0]}/vmlinuz" \
+      -initrd "$WORK/probe.gz" -append "console=ttyS0 quiet panic=-1" -nographic -no-reboot 2>/dev/null) || true
+    if [[ $out == *PB-KVM-OK* ]]; then
       echo "-enable-kvm -cpu host"
       return
     fi

@@ -29,7 +29,12 @@ module_tools() {
   # ok FILE: a binary that runs and reports the wanted version.
   local -a vargs
   read -r -a vargs <<<"${MODULE_TOOLS_VERSION_ARGS:---version}"
-  ok() { [[ -x $1 ]] && "$1" "${vargs[@]}" 2>&1 | grep -qF "$version"; }
+  # (Output captured, not piped to grep -q: under pipefail grep's early exit
+  # can kill a tool still writing with SIGPIPE, which read as "wrong version".)
+  ok() {
+    local out
+    [[ -x $1 ]] && out=$("$1" "${vargs[@]}" 2>&1) && [[ $out == *"$version"* ]]
+  }
 
   mkdir -p "$bin" 2>/dev/null || die "cannot create $bin; set PENALTYBOX_CACHE to a writable directory"
   exec 9>"$bin/.lock"
