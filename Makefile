@@ -98,6 +98,10 @@ check-rules: deps
 	promtool check rules deploy/monitoring/penaltybox.rules.yaml
 	promtool test rules deploy/monitoring/penaltybox.rules.test.yaml
 
+# The suites that run against Kubernetes components (make test runs them
+# side by side).
+KUBE_TEST_PKGS := ./test/cluster ./test/conformance ./test/e2e/k8s
+
 # Every test, under the race detector. BPF and network tests need root
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server.
@@ -112,10 +116,16 @@ test: deps check-generated vet check-rules release-check build k8s-tools prometh
 	$(GO) test -run='^$$' -fuzz=FuzzXDP -fuzztime=30s ./pkg/datapath
 	@echo "make test: kernel matrix, $$(date -u +%T)"
 	$(MAKE) --no-print-directory kernel-matrix
-	@# The network tests one package at a time: on two cores, two of them
-	@# side by side would measure each other.
+	@# The Kubernetes suites side by side: they mostly wait on API servers,
+	@# kubelets and accrual windows (a third of the two cores between them),
+	@# assert with margins of seconds, and each runs in network namespaces,
+	@# cgroups and state directories of its own (scripts/cluster.sh,
+	@# internal/kubeapi). The rest one package at a time: on two cores, two
+	@# of them side by side would measure each other.
+	@echo "make test: Kubernetes suites, $$(date -u +%T)"
+	$(GO) test -race -count=1 -timeout 12m -p 3 $(KUBE_TEST_PKGS)
 	@echo "make test: network tests, $$(date -u +%T)"
-	$(GO) test -race -count=1 -timeout 12m -p 1 ./test/... ./bench/...
+	$(GO) test -race -count=1 -timeout 12m -p 1 $$($(GO) list ./test/... ./bench/... | grep -v -x $(patsubst ./%,-e github.com/penaltybox/penaltybox/%,$(KUBE_TEST_PKGS)))
 	@echo "make test: done, $$(date -u +%T)"
 
 # The generated tables of docs/reference/ (flags, metrics, maps, the
