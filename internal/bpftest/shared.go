@@ -81,8 +81,17 @@ func loadShared() (*datapath.Datapath, string, error) {
 	return d, dir, nil
 }
 
-// ReleaseShared closes the shared datapath and unmounts its bpffs; a
-// TestMain calls it after m.Run.
+// Main is the TestMain of a package whose tests use Shared: it runs them,
+// then releases the shared datapath (ReleaseShared), and exits with their
+// result.
+func Main(m *testing.M) {
+	code := m.Run()
+	ReleaseShared()
+	os.Exit(code)
+}
+
+// ReleaseShared closes the shared datapath and unmounts its bpffs; Main
+// calls it after the tests.
 func ReleaseShared() {
 	shared.Lock()
 	defer shared.Unlock()

@@ -3,7 +3,6 @@
 package datapath_test
 
 import (
-	"os"
 	"testing"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
@@ -11,8 +10,4 @@ import (
 
 // TestMain unmounts the bpffs of the datapath the tests share
 // (bpftest.Shared).
-func TestMain(m *testing.M) {
-	code := m.Run()
-	bpftest.ReleaseShared()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { bpftest.Main(m) }

@@ -5,7 +5,6 @@ package maps_test
 import (
 	"errors"
 	"net/netip"
-	"os"
 	"slices"
 	"testing"
 
@@ -15,11 +14,8 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	bpftest.ReleaseShared()
-	os.Exit(code)
-}
+// TestMain releases the datapath the tests share (bpftest.Shared).
+func TestMain(m *testing.M) { bpftest.Main(m) }
 
 // A service's first ejection installs its fallback table in the
 // background, so that its first probation fills that table in place
