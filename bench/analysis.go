@@ -196,7 +196,12 @@ const (
 		"services, GC); the rest is the agent waiting (the API server listing 20,000 objects, loading and attaching the datapath), not measured " +
 		"apart here. What is left to try: handing the first desired state over in parts is ruled out (a partial state would drop services a " +
 		"restarted agent had), so the levers are loading the datapath while the informers list, and the API server's streaming " +
-		"lists (WatchListClient), which this run did not measure."
+		"lists (WatchListClient), which this run did not measure. Where the 3.5 s go (the agent's own log, 10,000 × 10, 2026-12-04, start → " +
+		"programmed 3.54 s): the datapath's load 1.30 s (the verifier), the informers' lists and the first computation of every Service 1.16 s, " +
+		"the first Apply through the attachment 1.14 s. Tried and not kept: the informers started before the datapath loads (the controller " +
+		"built first, its metrics handed over after): 3.71 and 3.74 s against 3.54 s the same hour, because on this 2-core machine the verifier " +
+		"and the list (the API server encoding 20,000 objects, the agent decoding them) compete for the same cores: the load took 2.07-2.30 s " +
+		"instead of 1.30 s. On a node whose API server runs elsewhere the overlap should pay; this bench cannot show it."
 	apiRSSText = "**10,000 Services from the API server: RSS.** At 7ac2e87 the heap profile at the end of a round held 157-160 MB live (so GOGC's doubling made the 400 MB peak; at the 96 MiB default soft limit the GC ran without pause and took most of the agent's CPU): accrual's per-endpoint arrays 25 MB, the informers' Services and EndpointSlices about 35 MB, the Prometheus series of three per-service counters 23 MB, the reconciler's services and backends about 30 MB, the controller's snapshot and translated services about 17 MB. Since 815287b accrual keeps an endpoint's counters, times and penalty in a block allocated at its first outcome (48 bytes an endpoint without traffic, was 280: 27 -> 8.6 MB), and since 242ef00 kernel_trips_total and new_flows_to_ejected_total are one word per service and series, built at scrape time (21 -> 1.6 MB): about 124 MB live at the end of a round (heap profile, `PENALTYBOX_CPU_PROFILE=/tmp/p.prof go run ./bench --only apiscale --rounds 3`, 2026-12-04), of which the informers, the reconciler and the controller hold about 85 MB (reconcile's syncBackends 17.6 MB, EndpointSlice decoding 22 MB, the controller's snapshot 10.5 MB). The binary's own pages are about 46 MB of the RSS, so 150 MB needs the live heap near 65 MB even with GOGC=50 (measured: peak 249 MB against 319 MB at GOGC=100, for 3.5 points more of a core at 100 changes/s; Go's default is kept, GOGC is the operator's): EndpointSlices transformed to what Translate reads before they are cached, and the reconciler's per-backend state compacted."
 	apiCPUText = "**100 EndpointSlice changes/s: the agent's CPU.** 8.7-9.2% of a core (33-35% for main measured the same hour; 26-33% at 7ac2e87). " +
 		"Until this branch's last change every hand-over (one per 30 ms debounce, about 25 a second here) carried all 10,000 services: " +
@@ -207,5 +212,11 @@ const (
 		"of the whole run, 0.17 s of it markPrefilters copying 10,000 VIP slots per hand-over (now skipped when all is marked); the rest of the agent's CPU is decoding the watch (protobuf " +
 		"under gzip), Translate per changed Service, the periodic maintenance (Services() sorted for the probes and lost trips) and the GC over " +
 		"a 170 MB heap. Within 5% needs those cut: to try, the watch without compression on a node-local API path, an allocation-light Translate, " +
-		"maintenance over the services that can have something to do."
+		"maintenance over the services that can have something to do. A profile of the change window alone (`perf record -g -p` of the agent " +
+		"for 14 s at 100 changes/s, 2026-12-04; 9.7% of a core) splits it: the Go runtime's sysmon thread 22% (each syscall after the process " +
+		"went idle wakes it from its deep sleep, and it then polls every 20 µs for a millisecond before backing off: about 50 thread switches " +
+		"per burst of work, each a hypercall on this guest), the agent's loop 26% (ProgramService 9%, of which mapping and unmapping the " +
+		"tables written 4%; the Maglev build 2%), the watch's decoding 14% (gzip 2%), the controller's sync 8%, HTTP/2 and TLS reads 9%, " +
+		"the periodic maintenance over all 10,000 services (syncPrefilters in Sweep, EndTakeovers, the sorted Services()) 4%. A fifth is " +
+		"thus the runtime's own wake-ups, which only fewer bursts (changes applied in larger batches) would reduce."
 )
