@@ -387,12 +387,12 @@ func (c *Controller) enqueueSlice(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
-	sl, ok := obj.(*discoveryv1.EndpointSlice)
+	sl, ok := obj.(*endpointSlice)
 	if !ok {
 		return
 	}
-	if name := sl.Labels[discoveryv1.LabelServiceName]; name != "" {
-		c.queue.Add(sl.Namespace + "/" + name)
+	if sl.service != "" {
+		c.queue.Add(sl.Namespace + "/" + sl.service)
 	}
 }
 
@@ -555,14 +555,14 @@ func (c *Controller) sync(key string) error {
 	if err != nil {
 		return err
 	}
-	epSlices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	epSlices := make([]*endpointSlice, 0, len(objs))
 	for _, o := range objs {
-		if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
+		if sl, ok := o.(*endpointSlice); ok {
 			epSlices = append(epSlices, sl)
 		}
 	}
 	// The index's order is a set's: Translate reads them in a fixed one.
-	slices.SortFunc(epSlices, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(epSlices, func(a, b *endpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -595,7 +595,7 @@ func (c *Controller) sync(key string) error {
 	if served == "" {
 		unserved = Keys(svc)
 	} else {
-		services, hostLocal = Translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Zone: c.zone, Addrs: c.local})
+		services, hostLocal = translate(svc, epSlices, settings, Node{Name: c.opts.NodeName, Zone: c.zone, Addrs: c.local})
 		for i := range services {
 			services[i].Served = served
 		}
@@ -748,7 +748,7 @@ func (c *Controller) markDirty() {
 func (c *Controller) snapshot() desired.State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	clear(c.pending)
+	c.resetPending()
 	n := 0
 	for _, e := range c.sorted() {
 		n += len(e.services)
@@ -793,8 +793,20 @@ func (c *Controller) delta() desired.State {
 			}
 		}
 	}
-	clear(c.pending)
+	c.resetPending()
 	return st
+}
+
+// resetPending empties pending after a hand-over. A map keeps the room its
+// largest contents took, so after the first complete state (every Service
+// pending) it is made anew rather than cleared: megabytes at 10,000
+// Services, for the few keys a change has.
+func (c *Controller) resetPending() {
+	if len(c.pending) > 256 {
+		c.pending = map[string][]desired.Service{}
+		return
+	}
+	clear(c.pending)
 }
 
 // sorted returns the entries in the order of their Service keys, sorting
@@ -873,9 +885,13 @@ func (c *Controller) serviceOf(name string) (*corev1.Service, error) {
 // stripForCache drops, before an object enters the informers' caches, what
 // the agent never reads and what makes up much of a small object: its
 // managedFields and kubectl's last-applied-configuration annotation (a copy
-// of the whole object). With 10,000 Services and their EndpointSlices that
-// is tens of megabytes of the agent's memory.
+// of the whole object). An EndpointSlice is cached as the controller's
+// compact copy (endpointSlice). With 10,000 Services and their
+// EndpointSlices that is tens of megabytes of the agent's memory.
 func stripForCache(obj any) (any, error) {
+	if sl, ok := obj.(*discoveryv1.EndpointSlice); ok {
+		return compactSlice(sl), nil
+	}
 	if a, err := meta.Accessor(obj); err == nil {
 		a.SetManagedFields(nil)
 		if ann := a.GetAnnotations(); ann[corev1.LastAppliedConfigAnnotation] != "" {
@@ -890,15 +906,11 @@ func stripForCache(obj any) (any, error) {
 const sliceServiceIndex = "service"
 
 func sliceService(obj any) ([]string, error) {
-	sl, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
+	sl, ok := obj.(*endpointSlice)
+	if !ok || sl.service == "" {
 		return nil, nil
 	}
-	name := sl.Labels[discoveryv1.LabelServiceName]
-	if name == "" {
-		return nil, nil
-	}
-	return []string{sl.Namespace + "/" + name}, nil
+	return []string{sl.Namespace + "/" + sl.service}, nil
 }
 
 // cmpKeys orders Service keys as their services' names sort: as

@@ -527,12 +527,21 @@ func TestStripForCache(t *testing.T) {
 func TestSliceServiceIndex(t *testing.T) {
 	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-abc",
 		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}}
-	if got, err := sliceService(sl); err != nil || !slices.Equal(got, []string{"shop/web"}) {
+	// The index sees slices as the transform caches them.
+	cached, err := stripForCache(sl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := sliceService(cached); err != nil || !slices.Equal(got, []string{"shop/web"}) {
 		t.Errorf("sliceService = %v, %v; want [shop/web]", got, err)
 	}
 	sl.Labels = nil
-	if got, _ := sliceService(sl); len(got) != 0 {
+	if got, _ := sliceService(compactSlice(sl)); len(got) != 0 {
 		t.Errorf("unlabelled slice indexed as %v", got)
+	}
+	if got, _ := sliceService(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-abc",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}}); len(got) != 0 {
+		t.Errorf("an API slice, which the cache never holds, indexed as %v", got)
 	}
 	if got, _ := sliceService(&corev1.Service{}); len(got) != 0 {
 		t.Errorf("a Service indexed as %v", got)

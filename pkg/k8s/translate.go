@@ -74,6 +74,11 @@ func ServiceName(namespace, name string, port corev1.ServicePort) string {
 // or list order. epSlices may include slices of other Services: only those
 // labelled with this Service's name in its namespace are used.
 func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, settings Settings, node Node) (out []desired.Service, hostLocal []string) {
+	return translate(svc, compactSlices(epSlices), settings, node)
+}
+
+// translate is Translate on the slices as the controller caches them.
+func translate(svc *corev1.Service, epSlices []*endpointSlice, settings Settings, node Node) (out []desired.Service, hostLocal []string) {
 	vips := clusterIPs(svc)
 	local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	for i, vip := range vips {
@@ -85,7 +90,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, setti
 
 // translateFamily is Translate for one of the Service's ClusterIPs;
 // second is true for a dual-stack Service's second family.
-func translateFamily(svc *corev1.Service, vip netip.Addr, second bool, epSlices []*discoveryv1.EndpointSlice,
+func translateFamily(svc *corev1.Service, vip netip.Addr, second bool, epSlices []*endpointSlice,
 	settings Settings, node Node, local bool) (out []desired.Service, hostLocal []string) {
 	for _, port := range svc.Spec.Ports {
 		proto, ok := protocol(port.Protocol)
@@ -215,73 +220,54 @@ type endpoint struct {
 
 // endpointsFor collects the endpoints of one Service port from the slices
 // of one family (v4: addressType IPv4, else IPv6), deduplicated by address.
-func endpointsFor(svc *corev1.Service, port corev1.ServicePort, all []*discoveryv1.EndpointSlice, v4 bool) []endpoint {
+func endpointsFor(svc *corev1.Service, port corev1.ServicePort, all []*endpointSlice, v4 bool) []endpoint {
 	want, _ := protocol(port.Protocol)
 	addrType := discoveryv1.AddressTypeIPv6
 	if v4 {
 		addrType = discoveryv1.AddressTypeIPv4
 	}
-	ordered := make([]*discoveryv1.EndpointSlice, 0, len(all))
+	ordered := make([]*endpointSlice, 0, len(all))
+	n := 0
 	for _, sl := range all {
-		if sl.Namespace == svc.Namespace && sl.Labels[discoveryv1.LabelServiceName] == svc.Name &&
-			sl.AddressType == addrType {
+		if sl.Namespace == svc.Namespace && sl.service == svc.Name && sl.addressType == addrType {
 			ordered = append(ordered, sl)
+			n += len(sl.endpoints)
 		}
 	}
-	slices.SortFunc(ordered, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(ordered, func(a, b *endpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 
-	byAddr := map[netip.AddrPort]int{}
-	var out []endpoint
+	byAddr := make(map[netip.AddrPort]int, n)
+	out := make([]endpoint, 0, n)
 	for _, sl := range ordered {
 		var portNum int32
 		found := false
-		for _, p := range sl.Ports {
-			name := ""
-			if p.Name != nil {
-				name = *p.Name
+		for _, p := range sl.ports {
+			if !p.known {
+				continue
 			}
-			proto := desired.TCP
-			if p.Protocol != nil {
-				var ok bool
-				if proto, ok = protocol(*p.Protocol); !ok {
-					continue
-				}
-			}
-			if name == port.Name && proto == want && p.Port != nil {
-				portNum, found = *p.Port, true
+			if p.name == port.Name && p.proto == want && p.hasPort {
+				portNum, found = p.port, true
 				break
 			}
 		}
 		if !found || portNum <= 0 || portNum > 65535 {
 			continue
 		}
-		for _, e := range sl.Endpoints {
-			if len(e.Addresses) == 0 {
-				continue
-			}
-			addr, err := netip.ParseAddr(e.Addresses[0])
-			if err != nil || addr.Is4() != v4 || addr.Is4In6() || addr.Zone() != "" {
+		for i := range sl.endpoints {
+			e := &sl.endpoints[i]
+			addr := e.addr
+			if !addr.IsValid() || addr.Is4() != v4 || addr.Is4In6() || addr.Zone() != "" {
 				continue
 			}
 			ep := endpoint{
-				Endpoint:    desired.Endpoint{Addr: netip.AddrPortFrom(addr, uint16(portNum)), Name: endpointName(sl.Namespace, e)},
-				ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
-				terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+				Endpoint:    desired.Endpoint{Addr: netip.AddrPortFrom(addr, uint16(portNum)), Name: e.name},
+				ready:       e.flags&epReady != 0,
+				serving:     e.flags&epServing != 0,
+				terminating: e.flags&epTerminating != 0,
+				node:        e.nodeName(),
 			}
-			ep.serving = ep.ready
-			if e.Conditions.Serving != nil {
-				ep.serving = *e.Conditions.Serving
-			}
-			if e.NodeName != nil {
-				ep.node = *e.NodeName
-			}
-			if h := e.Hints; h != nil {
-				for _, z := range h.ForZones {
-					ep.forZones = append(ep.forZones, z.Name)
-				}
-				for _, n := range h.ForNodes {
-					ep.forNodes = append(ep.forNodes, n.Name)
-				}
+			if e.hints != nil {
+				ep.forZones, ep.forNodes = e.hints.zones, e.hints.nodes
 			}
 			if i, dup := byAddr[ep.Addr]; dup {
 				if ep.ready && !out[i].ready {
@@ -316,8 +302,20 @@ func endpointName(namespace string, e discoveryv1.Endpoint) string {
 // when the hints say so, see topology), else serving terminating ones;
 // only this node's when local.
 func choose(eps []endpoint, local bool, node Node) []desired.Endpoint {
+	// Counted first: the result is kept (the controller's and the
+	// reconciler's desired state) and an append's doubling would leave it
+	// up to twice its size, at 10,000 Services megabytes.
 	usable := func(pick func(endpoint) bool) []desired.Endpoint {
-		var out []desired.Endpoint
+		n := 0
+		for _, e := range eps {
+			if (!local || e.node == node.Name) && pick(e) {
+				n++
+			}
+		}
+		if n == 0 {
+			return nil
+		}
+		out := make([]desired.Endpoint, 0, n)
 		for _, e := range eps {
 			if (!local || e.node == node.Name) && pick(e) {
 				out = append(out, e.Endpoint)

@@ -140,9 +140,10 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 		}
 		r.touched = append(r.touched, s)
 		endpointsChanged := !existed || !sameEndpoints(s, spec.Endpoints, r.backends)
+		// Spec shares the caller's endpoints slice (a copy of each
+		// service's was megabytes at 10,000 services): the reconciler
+		// never writes into it, and replaces it where it must differ.
 		s.Spec = spec
-		// The caller's slice stays the caller's: this one may be edited.
-		s.Spec.Endpoints = slices.Clone(spec.Endpoints)
 		s.given = spec.Endpoints
 		var retired []uint32
 		if endpointsChanged {
@@ -337,7 +338,8 @@ func (r *Reconciler) flushBackends() error {
 			if s, ok := r.byID[b.Service]; ok {
 				idx := slices.Index(s.Backends, b.ID)
 				s.Backends = slices.Delete(s.Backends, idx, idx+1)
-				s.Spec.Endpoints = slices.Delete(s.Spec.Endpoints, idx, idx+1)
+				// A new slice: this one may be the caller's.
+				s.Spec.Endpoints = slices.Delete(slices.Clone(s.Spec.Endpoints), idx, idx+1)
 			}
 			delete(r.backends, b.ID)
 			r.beIDs.put(b.ID)
