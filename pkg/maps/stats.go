@@ -78,15 +78,34 @@ func (m *Maps) ResetServiceStats(id uint32) error {
 		m.m.PbSvcInflight.Put(id, bpf.LbInflight{}))
 }
 
+// resetChunk is how many ids ResetBackendStats writes per batch.
+var resetChunk = 4096
+
 // ResetBackendStats zeroes backends' counters and circuit-breaker counts,
 // as ResetServiceStats, in batches.
 func (m *Maps) ResetBackendStats(ids []uint32) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err1 := m.m.PbBeStats.BatchUpdate(ids, make([]bpf.LbBeStats, len(ids)*m.ncpu), nil)
-	_, err2 := m.m.PbBeInflight.BatchUpdate(ids, make([]bpf.LbInflight, len(ids)), nil)
-	return errors.Join(err1, err2)
+	// In chunks: one batch of 100,000 ids (a cold start's) marshalled
+	// megabytes of zeros, every per-CPU value boxed on its own, while the
+	// agent's whole state was live: the peak of its heap.
+	chunk := resetChunk
+	n := min(len(ids), chunk)
+	stats := make([]bpf.LbBeStats, n*m.ncpu)
+	inflight := make([]bpf.LbInflight, n)
+	var errs []error
+	for len(ids) > 0 {
+		c := ids[:min(len(ids), chunk)]
+		ids = ids[len(c):]
+		if _, err := m.m.PbBeStats.BatchUpdate(c, stats[:len(c)*m.ncpu], nil); err != nil {
+			errs = append(errs, err)
+		}
+		if _, err := m.m.PbBeInflight.BatchUpdate(c, inflight[:len(c)], nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // CTEntry is one conntrack entry.

@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package maps
+
+// SetResetChunk makes ResetBackendStats write n ids per batch, so a test
+// with the small maps of a test datapath crosses batches; it returns the
+// function that restores the size.
+func SetResetChunk(n int) (restore func()) {
+	old := resetChunk
+	resetChunk = n
+	return func() { resetChunk = old }
+}
