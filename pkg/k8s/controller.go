@@ -886,11 +886,21 @@ func (c *Controller) serviceOf(name string) (*corev1.Service, error) {
 // the agent never reads and what makes up much of a small object: its
 // managedFields and kubectl's last-applied-configuration annotation (a copy
 // of the whole object). An EndpointSlice is cached as the controller's
-// compact copy (endpointSlice). With 10,000 Services and their
-// EndpointSlices that is tens of megabytes of the agent's memory.
+// compact copy (endpointSlice); a Service keeps only the labels and
+// annotations the agent reads (penaltybox.io/ ones), and neither its
+// selector (the slices say where its endpoints are) nor its status. With
+// 10,000 Services and their EndpointSlices that is tens of megabytes of
+// the agent's memory.
 func stripForCache(obj any) (any, error) {
-	if sl, ok := obj.(*discoveryv1.EndpointSlice); ok {
-		return compactSlice(sl), nil
+	switch o := obj.(type) {
+	case *discoveryv1.EndpointSlice:
+		return compactSlice(o), nil
+	case *corev1.Service:
+		o.Labels = onlyOurs(o.Labels)
+		o.Annotations = onlyOurs(o.Annotations)
+		o.OwnerReferences = nil
+		o.Spec.Selector = nil
+		o.Status = corev1.ServiceStatus{}
 	}
 	if a, err := meta.Accessor(obj); err == nil {
 		a.SetManagedFields(nil)
@@ -899,6 +909,30 @@ func stripForCache(obj any) (any, error) {
 		}
 	}
 	return obj, nil
+}
+
+// onlyOurs returns m's penaltybox.io/ entries: m itself when it has no
+// other, nil when it has none of ours.
+func onlyOurs(m map[string]string) map[string]string {
+	n := 0
+	for k := range m {
+		if strings.HasPrefix(k, ourPrefix) {
+			n++
+		}
+	}
+	switch {
+	case n == len(m):
+		return m
+	case n == 0:
+		return nil
+	}
+	out := make(map[string]string, n)
+	for k, v := range m {
+		if strings.HasPrefix(k, ourPrefix) {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // sliceServiceIndex indexes EndpointSlices by their Service's key,

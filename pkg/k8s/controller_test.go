@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -514,6 +515,30 @@ func TestStripForCache(t *testing.T) {
 	}
 	if got.Annotations["penaltybox.io/failure-accrual-consecutive-max-failures"] != "3" || got.Name != "web" {
 		t.Errorf("what the agent reads changed: %+v", got.ObjectMeta)
+	}
+	// A Service keeps only our labels and annotations, no selector and no
+	// status.
+	svc = &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop",
+			Labels:      map[string]string{"app": "web", LabelEnabled: "true"},
+			Annotations: map[string]string{"team": "shop", AnnotationMaxFailures: "3"}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"}, ClusterIP: "198.19.0.1",
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "198.18.9.9"}}}},
+	}
+	out, _ = stripForCache(svc)
+	got = out.(*corev1.Service)
+	if !maps.Equal(got.Labels, map[string]string{LabelEnabled: "true"}) ||
+		!maps.Equal(got.Annotations, map[string]string{AnnotationMaxFailures: "3"}) ||
+		got.Spec.Selector != nil || len(got.Status.LoadBalancer.Ingress) != 0 {
+		t.Errorf("kept: labels %v, annotations %v, selector %v, status %+v", got.Labels, got.Annotations, got.Spec.Selector, got.Status)
+	}
+	if got.Spec.ClusterIP != "198.19.0.1" || len(got.Spec.Ports) != 1 {
+		t.Errorf("what Translate reads changed: %+v", got.Spec)
+	}
+	svc = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}}}
+	if out, _ = stripForCache(svc); out.(*corev1.Service).Labels != nil {
+		t.Errorf("labels none of which are ours: %v, want nil", out.(*corev1.Service).Labels)
 	}
 	// A tombstone passes as it is.
 	tomb := cache.DeletedFinalStateUnknown{Key: "shop/web", Obj: svc}
