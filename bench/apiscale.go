@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
@@ -38,6 +39,8 @@ type apiscaleOpts struct {
 	// Idle is how long the agent's CPU is measured with nothing changing,
 	// before the changes.
 	Idle time.Duration
+	// LogDir, when set, keeps each round's agent log (--agent-logs).
+	LogDir string
 }
 
 const apiscaleNS = "bench"
@@ -151,7 +154,7 @@ func runAPIScale(res *Results, o apiscaleOpts, agentBin string, logf func(string
 			round+1, o.Rounds, m.programmed.Round(time.Millisecond), m.ready.Round(time.Millisecond), m.rss, m.hwmStart, m.hwmEnd,
 			m.idleCPU, m.changes, m.rate, m.cpu, m.serverCPU, m.p50, m.p99, m.max)
 	}
-	res.note("apiscale", "A real etcd %s and kube-apiserver (the end-to-end tests' servers: internal/kubeapi, built by scripts/k8s-tools.sh) in the node namespace of a testnet topology. %s created through the API before the rounds: one TCP port 80 each (ClusterIPs the API server allocates in 198.19.0.0/16) and one EndpointSlice of %d ready endpoints (198.18.16-25.x, a port per 256 Services). Each round starts a fresh agent (own bpffs, `--scope all`, XDP on the node's interfaces, the admin's kubeconfig, `--backend-metrics=basic` and GOMEMLIMIT=1Gi as deploy/daemonset.yaml runs it) and polls the pinned pb_services map (batch reads) every 10 ms until every bench Service has an entry with a Maglev table; a sample of 20 Services is then checked slot by slot (tableProbe: every endpoint in the table). RSS from /proc/PID/status. The agent holds a handle on each of its Maglev tables (two per Service; reaching a table by id would need CAP_SYS_ADMIN), so it needs more than 20,000 open files here: the bench raises RLIMIT_NOFILE to 2^20 (containerd gives containers that much) and the agent inherits it.", "v3.7.3", label, o.PerService)
+	res.note("apiscale", "A real etcd %s and kube-apiserver (the end-to-end tests' servers: internal/kubeapi, built by scripts/k8s-tools.sh) in the node namespace of a testnet topology. %s created through the API before the rounds: one TCP port 80 each (ClusterIPs the API server allocates in 198.19.0.0/16) and one EndpointSlice of %d ready endpoints (198.18.16-25.x, a port per 256 Services), both as a cluster's are: the Service with labels and a selector, the slice as the EndpointSlice controller writes it (the Service's labels copied, its owner reference, the trigger-time annotation; each endpoint's pod reference, node, zone and three conditions), so the agent's memory is measured on what real clusters send it. Each round starts a fresh agent (own bpffs, `--scope all`, XDP on the node's interfaces, the admin's kubeconfig, `--backend-metrics=basic` and GOMEMLIMIT=1Gi as deploy/daemonset.yaml runs it) and polls the pinned pb_services map (batch reads) every 10 ms until every bench Service has an entry with a Maglev table; a sample of 20 Services is then checked slot by slot (tableProbe: every endpoint in the table). RSS from /proc/PID/status. The agent holds a handle on each of its Maglev tables (two per Service; reaching a table by id would need CAP_SYS_ADMIN), so it needs more than 20,000 open files here: the bench raises RLIMIT_NOFILE to 2^20 (containerd gives containers that much) and the agent inherits it.", "v3.7.3", label, o.PerService)
 	res.note("apiscale", "Changes: %d EndpointSlice updates per second for %v, each to a different Service (its first endpoint replaced by a new address; 4 writers pace the writes). Latency runs from just before the Update call to the moment the Service's table, read through the pinned maps (its pb_services entry polled every ms; once it changed, the table slot by slot), holds the new endpoint and not the old. Agent CPU is utime+stime from /proc/PID/stat over the window, as a share of one core; idle CPU is the same over %v with nothing changing, before.", o.Rate, o.ChangeFor, o.Idle)
 	res.target("apiscale", label+" programmed from cold ≤ 2 s (start → every table in the maps)", res.median("apiscale", label+": agent start → every Service's table in the maps"), 2, true, "%.2f s")
 	res.target("apiscale", label+": agent RSS ≤ 150 MB (peak, VmHWM)", res.median("apiscale", label+": agent peak RSS at the end of the round (VmHWM)"), 150, true, "%.1f MB")
@@ -172,8 +175,9 @@ func (c *apiscaleCluster) populate(o apiscaleOpts, logf func(string, ...any)) er
 	c.slices = make([]*discoveryv1.EndpointSlice, o.Services)
 	return parallel(16, o.Services, func(i int) error {
 		name := fmt.Sprintf("svc%05d", i)
+		labels := map[string]string{"app": name, "app.kubernetes.io/part-of": "bench"}
 		svc, err := c.client.CoreV1().Services(apiscaleNS).Create(ctx, &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 			Spec: corev1.ServiceSpec{
 				Ports:    []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
 				Selector: map[string]string{"app": name},
@@ -187,15 +191,30 @@ func (c *apiscaleCluster) populate(o apiscaleOpts, logf func(string, ...any)) er
 			return fmt.Errorf("service %s: cluster IP %q: %w", name, svc.Spec.ClusterIP, err)
 		}
 		_, port := apiscaleBackend(i, 0)
+		// As the EndpointSlice controller writes a slice: its labels (the
+		// Service's copied), trigger-time annotation and owner, and each
+		// endpoint's pod, node, zone and three conditions. What the agent
+		// keeps of it is its choice; what it receives is a real one.
+		sliceLabels := map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}
+		for k, v := range labels {
+			sliceLabels[k] = v
+		}
 		sl := &discoveryv1.EndpointSlice{
-			ObjectMeta:  metav1.ObjectMeta{Name: name + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%05x", name, i*7919%0xfffff), GenerateName: name + "-",
+				Labels:          sliceLabels,
+				Annotations:     map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339)},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name, UID: svc.UID, Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}},
 			AddressType: discoveryv1.AddressTypeIPv4,
 			Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(port), Protocol: ptr(corev1.ProtocolTCP)}},
 		}
 		for j := range o.PerService {
 			a, _ := apiscaleBackend(i, j)
+			pod := fmt.Sprintf("%s-%08x-%05x", name, i*2654435761%0xffffffff, j*40503%0xfffff)
 			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{a},
-				Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
+				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: apiscaleNS, Name: pod, UID: types.UID(fmt.Sprintf("%08x-0000-4000-8000-%012x", i, j))},
+				NodeName:   ptr(fmt.Sprintf("node-%03d", (i*o.PerService+j)%50)),
+				Zone:       ptr(fmt.Sprintf("zone-%c", 'a'+(i*o.PerService+j)%3))})
 		}
 		sl, err = c.client.DiscoveryV1().EndpointSlices(apiscaleNS).Create(ctx, sl, metav1.CreateOptions{})
 		if err != nil {
@@ -282,6 +301,11 @@ func (c *apiscaleCluster) round(r *rig, o apiscaleOpts, round int, change *int, 
 	defer func() {
 		if cerr := a.Close(); cerr != nil && err == nil {
 			err = cerr
+		}
+		if o.LogDir != "" {
+			if cerr := copyFile(a.LogPath(), filepath.Join(o.LogDir, fmt.Sprintf("apiscale-%d.log", round))); cerr != nil && err == nil {
+				err = cerr
+			}
 		}
 	}()
 	// As deploy/daemonset.yaml runs it: the default series per backend,
@@ -588,4 +612,13 @@ func pct(xs []float64, q float64) float64 {
 // arguments.
 func procByArg(binary, arg string) (int, error) {
 	return findAgent(binary, func(_ []byte, args []string) bool { return slices.Contains(args, arg) })
+}
+
+// copyFile copies src to dst (created or truncated).
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o644)
 }

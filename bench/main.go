@@ -61,6 +61,8 @@ type options struct {
 	quick  bool
 	agent  string
 	hold   time.Duration // agentcpu: keep the last agent under load this long
+	// agentLogs: apiscale copies each round's agent log here.
+	agentLogs string
 	// variants: other builds of pb_xdp for the packet part (--pb-variant).
 	variants variantFlag
 }
@@ -75,6 +77,7 @@ func main() {
 	flag.BoolVar(&o.quick, "quick", false, "tiny durations and sizes: a smoke run that proves every path works, not a measurement")
 	flag.StringVar(&o.agent, "agent", "", "agent binary (default: build ./cmd/agent)")
 	flag.DurationVar(&o.hold, "agentcpu-hold", 0, "agentcpu: after the last round, keep its agent under the same load this long (for perf record -p PID; the pid is logged)")
+	flag.StringVar(&o.agentLogs, "agent-logs", "", "apiscale: copy each round's agent log (its output, GODEBUG=gctrace=1's lines too) into this directory as apiscale-N.log")
 	jsonOut := flag.String("json", "", "also write the raw figures as JSON to this file")
 	render := flag.String("render", "", "do not measure: re-render --out (and the table) from a JSON file written by --json")
 	spinPath := flag.String("spin", "", "instead of measuring, run one datapath path in a loop for a profiler: established, reply, passthrough, newflow, newflow-noreader, dnat, floor-known, floor-new")
@@ -225,6 +228,7 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 		case "control":
 			err = runControl(res, sz.control, o.agent, logf)
 		case "apiscale":
+			sz.apiscale.LogDir = o.agentLogs
 			err = runAPIScale(res, sz.apiscale, o.agent, logf)
 		case "fleet":
 			err = runFleet(res, sz.fleet, logf)
