@@ -165,6 +165,10 @@ type Controller struct {
 	// (a key an entry dropped is gone only when none lists it).
 	pending  map[string][]desired.Service
 	keyCount map[desired.Key]int
+	// initialServed counts the Services served, by reason, while Run
+	// computes the first complete state (nil after it), which logs them
+	// in one line; later changes log a line each.
+	initialServed map[string]int
 	// handBack is every entry's unserved keys, sorted (State.HandBack);
 	// nil when an entry's changed since it was last built.
 	handBack []desired.Key
@@ -434,11 +438,16 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	if err != nil {
 		return err
 	}
+	// Counted, not logged one by one: at 10,000 Services a line each
+	// was 10,000 lines and writes in the cold start, saying one thing.
+	c.initialServed = map[string]int{}
 	for _, s := range svcs {
 		if err := c.sync(s.Namespace + "/" + s.Name); err != nil {
 			return err
 		}
 	}
+	served := c.initialServed
+	c.initialServed = nil
 	// The snapshot holds every change so far: no hand-over is pending.
 	select {
 	case <-c.dirty:
@@ -450,7 +459,7 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	case <-ctx.Done():
 		return nil
 	}
-	c.log.Info("kubernetes caches synced", "services", len(svcs), "ports", len(first.Services))
+	c.log.Info("kubernetes caches synced", "services", len(svcs), "ports", len(first.Services), "served_because", served)
 
 	go func() {
 		for c.processNext() {
@@ -582,9 +591,14 @@ func (c *Controller) sync(key string) error {
 	settings := c.withSections(svc, key, c.withPolicy(key, c.settings(svc, key, e), e), e)
 	served := c.servedBecause(svc, key)
 	if served != e.served {
-		if served == "" {
+		switch {
+		case c.initialServed != nil:
+			if served != "" {
+				c.initialServed[served]++
+			}
+		case served == "":
 			c.log.Info("service left to kube-proxy: not opted in", "service", key)
-		} else {
+		default:
 			c.log.Info("service served", "service", key, "because", served)
 		}
 		e.served = served

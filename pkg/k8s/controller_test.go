@@ -3,6 +3,7 @@
 package k8s
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,6 +216,55 @@ func TestControllerFirstStateIsComplete(t *testing.T) {
 		t.Errorf("services not sorted by name: %v", st.Services)
 	}
 	h.quiet() // the initial adds queued by the informers change nothing
+}
+
+// The cold start's Services are logged served in one line, with their
+// count by reason; a Service served later gets a line of its own.
+func TestControllerLogsInitialServicesOnce(t *testing.T) {
+	var logs lockedBuffer
+	other := service()
+	other.Name, other.UID, other.Spec.ClusterIP, other.Spec.ClusterIPs = "api", "uid-api", "198.19.0.11", []string{"198.19.0.11"}
+	otherSlice := slice("api-1", httpPort, readyEP("198.18.7.2", "api-a"))
+	otherSlice.Labels[discoveryv1.LabelServiceName] = "api"
+	h := newHarnessWith(t, debounce, func(_ *harness, o *Options) {
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	}, service(), other, slice("web-1", httpPort, readyEP("198.18.1.2", "web-a")), otherSlice)
+	h.next()
+	first := logs.String()
+	if n := strings.Count(first, "msg=\"service served\""); n != 0 {
+		t.Errorf("%d service served lines at the start, want the summary only:\n%s", n, first)
+	}
+	if !strings.Contains(first, "msg=\"kubernetes caches synced\"") || !strings.Contains(first, "served_because=map[scope-all:2]") {
+		t.Errorf("no summary of the 2 Services served:\n%s", first)
+	}
+	late := service()
+	late.Name, late.UID, late.Spec.ClusterIP, late.Spec.ClusterIPs = "cart", "uid-cart", "198.19.0.12", []string{"198.19.0.12"}
+	lateSlice := slice("cart-1", httpPort, readyEP("198.18.8.2", "cart-a"))
+	lateSlice.Labels[discoveryv1.LabelServiceName] = "cart"
+	h.create(late)
+	h.create(lateSlice)
+	h.next()
+	if rest := strings.TrimPrefix(logs.String(), first); !strings.Contains(rest, "msg=\"service served\" service=shop/cart") {
+		t.Errorf("the Service added later has no line of its own:\n%s", rest)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer a logger on another goroutine writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // After the first, complete state, a hand-over carries what changed: the
