@@ -3,9 +3,12 @@
 package agent
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
 
 // probes keep probation from stalling: when each backend's last probe
@@ -23,7 +26,16 @@ type probes struct {
 // lost probe would keep a healed endpoint out for good. Called with mu
 // held.
 func (p *probes) watch(now time.Time) {
-	for _, s := range p.rec.Services() {
+	// Services with a probation are few: found in no order, then looked at
+	// in id order.
+	var probing []*reconcile.Service
+	for s := range p.rec.EachService() {
+		if len(s.Probation) > 0 {
+			probing = append(probing, s)
+		}
+	}
+	slices.SortFunc(probing, func(a, b *reconcile.Service) int { return cmp.Compare(a.ID, b.ID) })
+	for _, s := range probing {
 		for _, id := range s.Probation {
 			state, grants, err := p.rec.KernelState(id)
 			if err != nil {

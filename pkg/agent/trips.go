@@ -3,10 +3,13 @@
 package agent
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
 
 // Kernel trips: the datapath ejects a backend itself, at the counted
@@ -127,7 +130,16 @@ func (k *kernelTrips) budget(id uint32) int64 {
 // believes active is ejected in the kernel. Each is adopted (or undone) as
 // if its event had come. Called with mu held.
 func (k *kernelTrips) findLost() {
-	for _, s := range k.rec.Services() {
+	// Every service's counter is read (from the mmap), in no order; the
+	// few with trips unread are handled in id order.
+	var lost []*reconcile.Service
+	for s := range k.rec.EachService() {
+		if k.tripMaps.ServiceTrip(s.ID).Trips > k.handled[s.ID] {
+			lost = append(lost, s)
+		}
+	}
+	slices.SortFunc(lost, func(a, b *reconcile.Service) int { return cmp.Compare(a.ID, b.ID) })
+	for _, s := range lost {
 		made := k.tripMaps.ServiceTrip(s.ID).Trips
 		if made <= k.handled[s.ID] {
 			continue
