@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -313,6 +314,28 @@ func keyOf(field string) string {
 		}
 	}
 	return field
+}
+
+// readKeys are the annotation keys ParseAnnotations reads besides ours
+// (penaltybox.io/…, all of which it reads, to report the unknown ones):
+// the Linkerd spellings. The informers' cache keeps these and drops the
+// rest (stripForCache).
+var readKeys = sync.OnceValue(func() map[string]bool {
+	m := map[string]bool{}
+	for _, a := range annotations {
+		if a.linkerd {
+			m[linkerdPrefix+strings.TrimPrefix(a.key, ourPrefix)] = true
+		}
+		if a.alias != "" {
+			m[a.alias] = true
+		}
+	}
+	return m
+})
+
+// annotationRead says whether ParseAnnotations reads key.
+func annotationRead(key string) bool {
+	return strings.HasPrefix(key, ourPrefix) || readKeys()[key]
 }
 
 // lookup finds a's value, ours first, then Linkerd's spelling.

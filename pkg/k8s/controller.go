@@ -454,12 +454,12 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	default:
 	}
 	first := c.snapshot()
+	c.log.Info("kubernetes caches synced", "services", len(svcs), "ports", len(first.Services), "served_because", served)
 	select {
 	case out <- first:
 	case <-ctx.Done():
 		return nil
 	}
-	c.log.Info("kubernetes caches synced", "services", len(svcs), "ports", len(first.Services), "served_because", served)
 
 	go func() {
 		for c.processNext() {
@@ -901,8 +901,9 @@ func (c *Controller) serviceOf(name string) (*corev1.Service, error) {
 // managedFields and kubectl's last-applied-configuration annotation (a copy
 // of the whole object). An EndpointSlice is cached as the controller's
 // compact copy (endpointSlice); a Service keeps only the labels and
-// annotations the agent reads (penaltybox.io/ ones), and neither its
-// selector (the slices say where its endpoints are) nor its status. With
+// annotations the agent reads (penaltybox.io/ ones, and the Linkerd
+// spellings of our annotations), and neither its selector (the slices
+// say where its endpoints are) nor its status. With
 // 10,000 Services and their EndpointSlices that is tens of megabytes of
 // the agent's memory.
 func stripForCache(obj any) (any, error) {
@@ -910,8 +911,8 @@ func stripForCache(obj any) (any, error) {
 	case *discoveryv1.EndpointSlice:
 		return compactSlice(o), nil
 	case *corev1.Service:
-		o.Labels = onlyOurs(o.Labels)
-		o.Annotations = onlyOurs(o.Annotations)
+		o.Labels = keepOnly(o.Labels, func(k string) bool { return strings.HasPrefix(k, ourPrefix) })
+		o.Annotations = keepOnly(o.Annotations, annotationRead)
 		o.OwnerReferences = nil
 		o.Spec.Selector = nil
 		o.Status = corev1.ServiceStatus{}
@@ -925,12 +926,12 @@ func stripForCache(obj any) (any, error) {
 	return obj, nil
 }
 
-// onlyOurs returns m's penaltybox.io/ entries: m itself when it has no
-// other, nil when it has none of ours.
-func onlyOurs(m map[string]string) map[string]string {
+// keepOnly returns m's entries whose key keep accepts: m itself when it
+// has no other, nil when it has none.
+func keepOnly(m map[string]string, keep func(string) bool) map[string]string {
 	n := 0
 	for k := range m {
-		if strings.HasPrefix(k, ourPrefix) {
+		if keep(k) {
 			n++
 		}
 	}
@@ -942,7 +943,7 @@ func onlyOurs(m map[string]string) map[string]string {
 	}
 	out := make(map[string]string, n)
 	for k, v := range m {
-		if strings.HasPrefix(k, ourPrefix) {
+		if keep(k) {
 			out[k] = v
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -586,6 +587,34 @@ func TestStripForCache(t *testing.T) {
 	}
 	if got.Spec.ClusterIP != "198.19.0.1" || len(got.Spec.Ports) != 1 {
 		t.Errorf("what Translate reads changed: %+v", got.Spec)
+	}
+	// The settings a Service's annotations give are the same cached: the
+	// Linkerd spellings ParseAnnotations reads are kept too, and so are
+	// their errors.
+	for _, ann := range []map[string]string{{
+		"balancer.linkerd.io/failure-accrual":                                 "consecutive",
+		"balancer.linkerd.io/failure-accrual-consecutive-max-failures":        "3",
+		"balancer.alpha.linkerd.io/failure-accrual-success-rate-window":       "30s",
+		"balancer.alpha.linkerd.io/failure-accrual-success-rate-min-requests": "9",
+		AnnotationMaxInflight: "100",
+		"team":                "shop",
+	}, {
+		"balancer.linkerd.io/failure-accrual-consecutive-max-failures": "many",
+		"team": "shop",
+	}} {
+		want, wantErrs := ParseAnnotations(ann, DefaultSettings(0))
+		out, _ = stripForCache(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Annotations: maps.Clone(ann)}})
+		cached := out.(*corev1.Service).Annotations
+		if _, ok := cached["team"]; ok {
+			t.Errorf("kept an annotation nothing reads: %v", cached)
+		}
+		got, gotErrs := ParseAnnotations(cached, DefaultSettings(0))
+		if !reflect.DeepEqual(got, want) || len(gotErrs) != len(wantErrs) {
+			t.Errorf("%v: settings from the cached annotations %+v (%d errors), from the Service's %+v (%d errors)", ann, got, len(gotErrs), want, len(wantErrs))
+		}
+		if len(wantErrs) == 0 && (want.Accrual.MaxFailures != 3 || want.Accrual.Window != 30*time.Second || want.Accrual.MinCalls != 9 || want.MaxInflight != 100) {
+			t.Errorf("the test's annotations do not say what it means: %+v", want)
+		}
 	}
 	svc = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}}}
 	if out, _ = stripForCache(svc); out.(*corev1.Service).Labels != nil {

@@ -5,7 +5,7 @@ package k8s
 import (
 	"net/netip"
 	"testing"
-	"unique"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -83,17 +83,21 @@ func TestCompactSlice(t *testing.T) {
 	if e := c.endpoints[3]; e.addr.IsValid() || e.flags != epReady|epServing {
 		t.Errorf("endpoint 3 (no address, conditions unset): %+v", e)
 	}
-	// Endpoints of one node share one copy of its name.
+	// Endpoints of one node share one copy of its name, not each the
+	// string its slice was decoded with.
 	other := "node-" + string([]byte{'a'})
 	sl2 := &discoveryv1.EndpointSlice{Endpoints: []discoveryv1.Endpoint{{NodeName: &other}}}
-	if compactSlice(sl2).endpoints[0].node != unique.Make("node-a") {
+	n1, n2 := c.endpoints[0].nodeName(), compactSlice(sl2).endpoints[0].nodeName()
+	if n1 != "node-a" || unsafe.StringData(n1) != unsafe.StringData(n2) || unsafe.StringData(n2) == unsafe.StringData(other) {
 		t.Error("node names not interned")
 	}
 	// A copy is independent of the original.
+	c.Labels = map[string]string{"k": "v"}
 	cp := c.DeepCopyObject().(*endpointSlice)
 	cp.endpoints[0].name = "changed"
 	cp.ports[0].port = 1
-	if c.endpoints[0].name != "shop/web-1" || c.ports[0].port != 80 {
-		t.Error("DeepCopyObject shares the endpoints or ports")
+	cp.Labels["k"] = "changed"
+	if c.endpoints[0].name != "shop/web-1" || c.ports[0].port != 80 || c.Labels["k"] != "v" {
+		t.Error("DeepCopyObject shares the endpoints, ports or metadata")
 	}
 }
