@@ -222,5 +222,12 @@ const (
 		"per burst of work, each a hypercall on this guest), the agent's loop 26% (ProgramService 9%, of which mapping and unmapping the " +
 		"tables written 4%; the Maglev build 2%), the watch's decoding 14% (gzip 2%), the controller's sync 8%, HTTP/2 and TLS reads 9%, " +
 		"the periodic maintenance over all 10,000 services (syncPrefilters in Sweep, EndTakeovers, the sorted Services()) 4%. A fifth is " +
-		"thus the runtime's own wake-ups, which only fewer bursts (changes applied in larger batches) would reduce."
+		"thus the runtime's own wake-ups, which only fewer bursts (changes applied in larger batches) would reduce. " +
+		"Since (2026-12-04, later): the sorted Services() in the probation and lost-trip scans is gone (509df54; an idle agent's CPU profile " +
+		"had it at 30 of 80 ms over 10 s), and the cold start's 10,000 'service served' log lines are one (8d0bba3). Tried and not kept: " +
+		"the agent with GOMAXPROCS=1 (fewer idle Ps to wake): 6.94 / 7.25 / 7.55% against 7.40 / 8.04 / 8.55% for GOMAXPROCS=2 the same " +
+		"hour (`go run ./bench --only apiscale` with the agent's environment set), a tenth less, while its cold start took 3.64 s against " +
+		"3.37 s: not worth a reaction time on one core. A CPU profile of the change window alone at 6b1f638's parent (pprof started 9 s " +
+		"into a round, 14 s; 930 ms of samples) has the agent's loop at 35% (filling tables 10%, of which mmap 8%; batch updates 6%; the " +
+		"maintenance 6%), the watch's stream 24% (protobuf decoding 13%, HTTP/2 and TLS 11%, gzip 6%), the controller 9%, the GC 5%."
 )
