@@ -3,6 +3,10 @@
 package agentrun
 
 import (
+	"fmt"
+	"slices"
+	"strings"
+
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -56,4 +60,39 @@ func matches(s *dto.Metric, labels []string) bool {
 		}
 	}
 	return true
+}
+
+// NonZero lists the series of the families whose name starts with prefix
+// and whose value is not 0, as "name{k=v,...} value": what a test prints
+// when a packet went missing, to say where the datapath put it.
+func (m Metrics) NonZero(prefix string) []string {
+	var out []string
+	for name, fam := range m {
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		for _, s := range fam.Metric {
+			var v float64
+			switch {
+			case s.Counter != nil:
+				v = s.Counter.GetValue()
+			case s.Gauge != nil:
+				v = s.Gauge.GetValue()
+			case s.Untyped != nil:
+				v = s.Untyped.GetValue()
+			default:
+				continue
+			}
+			if v == 0 {
+				continue
+			}
+			labels := make([]string, 0, len(s.Label))
+			for _, l := range s.Label {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			out = append(out, fmt.Sprintf("%s{%s} %g", name, strings.Join(labels, ","), v))
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -150,8 +150,14 @@ func TestCircuitBreakerCapsLiveConnections(t *testing.T) {
 				n, eps := e.breakers().inflight()
 				return n == 0 && fmt.Sprint(eps) == "[0 0 0]"
 			})
-			if rs := e.load(50, time.Second, time.Second); rs.Failures() != 0 {
-				t.Fatalf("after the release: %v", rs)
+			// Every slot back: no new connection is refused. The connect
+			// timeout outlasts one lost SYN (Linux retransmits it after
+			// 1 s): a packet a noisy machine drops is not the breaker's
+			// (one such, 1 of 50, failed a 1 s timeout once in CI). What
+			// the datapath counted is printed if any fails.
+			if rs := e.load(50, time.Second, 3*time.Second); rs.Failures() != 0 {
+				t.Fatalf("after the release: %v\ndatapath counters: %s", rs,
+					strings.Join(e.metrics().NonZero("penaltybox_datapath_"), "; "))
 			}
 		})
 	}
