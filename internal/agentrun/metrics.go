@@ -26,14 +26,9 @@ func (m Metrics) Value(name string, labels ...string) (v float64, ok bool) {
 			continue
 		}
 		ok = true
-		switch {
-		case s.Counter != nil:
-			v += s.Counter.GetValue()
-		case s.Gauge != nil:
-			v += s.Gauge.GetValue()
-		case s.Untyped != nil:
-			v += s.Untyped.GetValue()
-		case s.Histogram != nil:
+		if x, scalar := scalarValue(s); scalar {
+			v += x
+		} else if s.Histogram != nil {
 			v += float64(s.Histogram.GetSampleCount())
 		}
 	}
@@ -44,6 +39,20 @@ func (m Metrics) Value(name string, labels ...string) (v float64, ok bool) {
 func (m Metrics) Get(name string, labels ...string) float64 {
 	v, _ := m.Value(name, labels...)
 	return v
+}
+
+// scalarValue is a counter's, gauge's or untyped series' value; ok is
+// false for the other types.
+func scalarValue(s *dto.Metric) (v float64, ok bool) {
+	switch {
+	case s.Counter != nil:
+		return s.Counter.GetValue(), true
+	case s.Gauge != nil:
+		return s.Gauge.GetValue(), true
+	case s.Untyped != nil:
+		return s.Untyped.GetValue(), true
+	}
+	return 0, false
 }
 
 func matches(s *dto.Metric, labels []string) bool {
@@ -72,18 +81,8 @@ func (m Metrics) NonZero(prefix string) []string {
 			continue
 		}
 		for _, s := range fam.Metric {
-			var v float64
-			switch {
-			case s.Counter != nil:
-				v = s.Counter.GetValue()
-			case s.Gauge != nil:
-				v = s.Gauge.GetValue()
-			case s.Untyped != nil:
-				v = s.Untyped.GetValue()
-			default:
-				continue
-			}
-			if v == 0 {
+			v, scalar := scalarValue(s)
+			if !scalar || v == 0 {
 				continue
 			}
 			labels := make([]string, 0, len(s.Label))

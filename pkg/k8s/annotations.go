@@ -324,7 +324,7 @@ var readKeys = sync.OnceValue(func() map[string]bool {
 	m := map[string]bool{}
 	for _, a := range annotations {
 		if a.linkerd {
-			m[linkerdPrefix+strings.TrimPrefix(a.key, ourPrefix)] = true
+			m[linkerdKey(a)] = true
 		}
 		if a.alias != "" {
 			m[a.alias] = true
@@ -338,13 +338,16 @@ func annotationRead(key string) bool {
 	return strings.HasPrefix(key, ourPrefix) || readKeys()[key]
 }
 
+// linkerdKey is Linkerd's spelling of a's key (a.linkerd).
+func linkerdKey(a annotation) string { return linkerdPrefix + strings.TrimPrefix(a.key, ourPrefix) }
+
 // lookup finds a's value, ours first, then Linkerd's spelling.
 func lookup(ann map[string]string, a annotation) (key, value string, ok bool) {
 	if v, ok := ann[a.key]; ok {
 		return a.key, v, true
 	}
 	if a.linkerd {
-		key := linkerdPrefix + strings.TrimPrefix(a.key, ourPrefix)
+		key := linkerdKey(a)
 		if v, ok := ann[key]; ok {
 			return key, v, true
 		}

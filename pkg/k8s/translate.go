@@ -306,9 +306,10 @@ func choose(eps []endpoint, local bool, node Node) []desired.Endpoint {
 	// reconciler's desired state) and an append's doubling would leave it
 	// up to twice its size, at 10,000 Services megabytes.
 	usable := func(pick func(endpoint) bool) []desired.Endpoint {
+		use := func(e endpoint) bool { return (!local || e.node == node.Name) && pick(e) }
 		n := 0
 		for _, e := range eps {
-			if (!local || e.node == node.Name) && pick(e) {
+			if use(e) {
 				n++
 			}
 		}
@@ -317,7 +318,7 @@ func choose(eps []endpoint, local bool, node Node) []desired.Endpoint {
 		}
 		out := make([]desired.Endpoint, 0, n)
 		for _, e := range eps {
-			if (!local || e.node == node.Name) && pick(e) {
+			if use(e) {
 				out = append(out, e.Endpoint)
 			}
 		}

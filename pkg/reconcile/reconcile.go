@@ -70,7 +70,8 @@ type Service struct {
 	// mark is the Reconciler's gen of the last Apply that listed it.
 	mark uint64
 	// given is the endpoints slice of the desired state Spec came from
-	// (Spec has a copy): the same slice again is the same endpoints.
+	// (Spec shares it until an endpoint it could not write is dropped):
+	// the same slice again is the same endpoints.
 	given []desired.Endpoint
 }
 
