@@ -110,6 +110,14 @@ func main() {
 		}
 		o.only = append(o.only, p)
 	}
+	// Made now: a path that cannot be written fails before the minutes
+	// of setup, not after the round it was to keep.
+	if o.agentLogs != "" {
+		if err := os.MkdirAll(o.agentLogs, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: --agent-logs:", err)
+			os.Exit(2)
+		}
+	}
 	var (
 		res *Results
 		m   Machine

@@ -110,13 +110,23 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	case <-ctx.Done():
 		return n.stop()
 	}
+	// The verifier (most of a second of one core) passes the program while
+	// the first state is written (the agent's loop on the other). Begun
+	// earlier, it would share the cores with decoding the lists instead,
+	// and slow both (measured: bench/RESULTS-apiscale.md).
+	n.Datapath.StartProgramLoad()
 	n.Apply(first)
 	if err := n.PrefiltersWritten(); err != nil {
 		return err
 	}
 
-	// 3. XDP hooks, once the maps hold the services; later changes as they
-	// come.
+	// 3. XDP hooks, once the maps hold the services and the verifier,
+	// which ran meanwhile, passed the program; later changes as they come.
+	// A program the kernel refuses stops the agent here, the previous
+	// agent's program (if any) still attached.
+	if _, err := n.Datapath.Program(); err != nil {
+		return err
+	}
 	if err := n.NoRedirect(); err != nil {
 		return err
 	}

@@ -34,7 +34,12 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	defer n.Close()
 	// 3. Maps first (with the accrual state from before a restart), then
-	// the XDP hooks; then outcomes start flowing.
+	// the XDP hooks; then outcomes start flowing. The hooks need the
+	// program: a program the kernel refuses stops the agent before any
+	// write.
+	if err := n.Datapath.LoadProgram(); err != nil {
+		return err
+	}
 	if err := n.Apply(desiredState(cfg)); err != nil {
 		return err
 	}

@@ -51,7 +51,9 @@ type NodeOptions struct {
 	TakeoverGrace time.Duration
 }
 
-// Open loads (or adopts) the datapath and builds the agent over it.
+// Open loads (or adopts) the datapath's maps and builds the agent over
+// them. The caller starts the program's load (Datapath.StartProgramLoad)
+// when it suits it; attaching waits for it.
 func Open(o NodeOptions) (_ *Node, err error) {
 	o.Datapath.Logger = o.Log
 	n := &Node{log: o.Log}
@@ -60,7 +62,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 			n.Close()
 		}
 	}()
-	if n.Datapath, err = datapath.Load(o.Datapath); err != nil {
+	if n.Datapath, err = datapath.LoadMaps(o.Datapath); err != nil {
 		return nil, err
 	}
 	if n.maps, err = maps.New(&n.Datapath.LbMaps, n.Datapath.InnerSpec); err != nil {
@@ -78,7 +80,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
 		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault, NoKernelTrips: o.NoKernelTrips,
 		SYNGuard: o.SYNGuard, TakeoverGrace: o.TakeoverGrace, TrackerMemory: o.TrackerMemory,
-		Replayer: replay.New(n.Datapath.PbXdp, n.maps),
+		Replayer: replay.New(n.Datapath.Program, n.maps),
 	})
 	if err != nil {
 		return nil, err

@@ -12,12 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -144,10 +146,23 @@ func (o *Options) setDefaults() {
 
 // Datapath is the loaded program and its pinned maps.
 type Datapath struct {
+	// LbObjects: the maps (and variables) once loaded; the program
+	// (PbXdp) once LoadProgram returned, or Program says it did.
 	bpf.LbObjects
 	Opts Options
 	// InnerSpec is the Maglev inner map template, for creating tables.
 	InnerSpec *ebpf.MapSpec
+
+	// spec is what the program is loaded from, over every map of maps
+	// (the data sections' too: the program must read the variables the
+	// agent writes, not copies).
+	spec     *ebpf.CollectionSpec
+	maps     map[string]*ebpf.Map
+	sections *ebpf.Collection // the data sections' maps: LbObjects holds no handle on them
+	// loading, once StartProgramLoad ran: closed when the load ended,
+	// with loadErr its error.
+	loading chan struct{}
+	loadErr error
 
 	log   *slog.Logger
 	mu    sync.Mutex
@@ -197,6 +212,22 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 // Load loads the program, creating or adopting the pinned maps under
 // opts.Root (mounting a bpffs when needed).
 func Load(opts Options) (*Datapath, error) {
+	d, err := LoadMaps(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.LoadProgram(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// LoadMaps creates or adopts the pinned maps under opts.Root (mounting a
+// bpffs when needed), and leaves the program to LoadProgram or
+// StartProgramLoad: the verifier takes most of a second over it, which
+// the agent spends writing its first state into the maps meanwhile.
+func LoadMaps(opts Options) (*Datapath, error) {
 	opts.setDefaults()
 	if err := CheckXDPMode(opts.XDPMode); err != nil {
 		return nil, fmt.Errorf("datapath: XDP mode %w", err)
@@ -221,21 +252,74 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, err
 	}
 	d := &Datapath{Opts: opts, log: opts.Logger, links: map[string]link.Link{},
-		InnerSpec: spec.Maps[bpf.LbMapPbMaglev].InnerMap.Copy()}
+		InnerSpec: spec.Maps[bpf.LbMapPbMaglev].InnerMap.Copy(), spec: spec}
 	d.dropIncompatiblePins(spec)
 
-	err = spec.LoadAndAssign(&d.LbObjects, &ebpf.CollectionOptions{
+	mapsOnly := spec.Copy()
+	mapsOnly.Programs = nil
+	coll, err := ebpf.NewCollectionWithOptions(mapsOnly, ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: opts.Root},
 	})
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("datapath: verifier: %+v", ve)
-		}
-		return nil, fmt.Errorf("datapath: load: %w", err)
+		return nil, fmt.Errorf("datapath: load maps: %w", err)
 	}
+	d.maps = maps.Clone(coll.Maps)
+	if err := coll.Assign(&d.LbMaps); err != nil {
+		coll.Close()
+		return nil, fmt.Errorf("datapath: load maps: %w", err)
+	}
+	if err := coll.Assign(&d.LbVariables); err != nil {
+		coll.Close()
+		d.LbMaps.Close()
+		return nil, fmt.Errorf("datapath: load maps: %w", err)
+	}
+	d.sections = coll
 	d.migrateConntrack()
 	return d, nil
+}
+
+// LoadProgram loads the XDP program over the maps LoadMaps made.
+func (d *Datapath) LoadProgram() error {
+	start := time.Now()
+	var progs bpf.LbPrograms
+	err := d.spec.LoadAndAssign(&progs, &ebpf.CollectionOptions{MapReplacements: d.maps})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("datapath: verifier: %+v", ve)
+		}
+		return fmt.Errorf("datapath: load: %w", err)
+	}
+	d.LbPrograms = progs
+	d.log.Info("datapath program loaded", "took", time.Since(start).Round(time.Millisecond).String())
+	return nil
+}
+
+// StartProgramLoad runs LoadProgram in the background; Program waits for
+// it. Until the program is attached, the interfaces run the previous
+// agent's (a restart) or none: writing the maps meanwhile is what the
+// agent does before it attaches anyway.
+func (d *Datapath) StartProgramLoad() {
+	d.loading = make(chan struct{})
+	go func() {
+		defer close(d.loading)
+		d.loadErr = d.LoadProgram()
+	}()
+}
+
+// Program is the loaded XDP program, once the load StartProgramLoad
+// began has ended (at once after LoadProgram).
+func (d *Datapath) Program() (*ebpf.Program, error) {
+	if d.loading != nil {
+		<-d.loading
+		if d.loadErr != nil {
+			return nil, d.loadErr
+		}
+	}
+	if d.PbXdp == nil {
+		return nil, errors.New("datapath: program not loaded")
+	}
+	return d.PbXdp, nil
 }
 
 // dropIncompatiblePins removes pinned maps whose type, sizes or flags no
@@ -367,6 +451,10 @@ func pinnedIface(pin string) string {
 // An existing pinned link for the same interface is adopted and atomically
 // switched to this program.
 func (d *Datapath) Attach(ifname string) error {
+	prog, err := d.Program()
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", ifname, err)
+	}
 	iface, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", ifname, err)
@@ -388,7 +476,7 @@ func (d *Datapath) Attach(ifname string) error {
 
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		if linkIfindex(l) == iface.Index {
-			if err := l.Update(d.PbXdp); err != nil {
+			if err := l.Update(prog); err != nil {
 				l.Close()
 				return fmt.Errorf("attach %s: update pinned link: %w", ifname, err)
 			}
@@ -411,7 +499,7 @@ func (d *Datapath) Attach(ifname string) error {
 	var l link.Link
 	var errs []string
 	for _, f := range attempts {
-		if l, err = link.AttachXDP(link.XDPOptions{Program: d.PbXdp, Interface: iface.Index, Flags: f}); err == nil {
+		if l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: iface.Index, Flags: f}); err == nil {
 			break
 		}
 		errs = append(errs, fmt.Sprintf("%s mode: %v", xdpModeName(f), err))
@@ -482,6 +570,12 @@ func (d *Datapath) Close() error {
 		delete(d.links, name)
 	}
 	d.mu.Unlock()
+	if d.loading != nil {
+		<-d.loading // the program is closed with the rest, not leaked
+	}
+	if d.sections != nil {
+		d.sections.Close()
+	}
 	return d.LbObjects.Close()
 }
 

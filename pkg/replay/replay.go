@@ -43,14 +43,15 @@ var ErrStale = errors.New("replay: the flow has moved on")
 
 // Replayer replays refused SYNs through the datapath program.
 type Replayer struct {
-	prog *ebpf.Program
+	prog func() (*ebpf.Program, error)
 	m    *maps.Maps
 	ipID atomic.Uint32
 }
 
-// New replays through prog (the datapath's XDP program), reading SYN
-// copies (pb_syns) and flow state (pb_ct) from m.
-func New(prog *ebpf.Program, m *maps.Maps) *Replayer {
+// New replays through the program prog returns (the datapath's XDP
+// program, which may still be loading when the replayer is made),
+// reading SYN copies (pb_syns) and flow state (pb_ct) from m.
+func New(prog func() (*ebpf.Program, error), m *maps.Maps) *Replayer {
 	return &Replayer{prog: prog, m: m}
 }
 
@@ -131,7 +132,11 @@ func (r *Replayer) send(client, vip netip.AddrPort, meta []byte) error {
 	// The kernel takes the first ctx.Data bytes of the data as metadata.
 	data := append(append(make([]byte, 0, len(meta)+len(frame)), meta...), frame...)
 	ctx := xdpMD{Data: uint32(len(meta)), DataEnd: uint32(len(data)), IngressIfindex: c.Ifindex}
-	_, err = r.prog.Run(&ebpf.RunOptions{Data: data, Context: ctx, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
+	prog, err := r.prog()
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	_, err = prog.Run(&ebpf.RunOptions{Data: data, Context: ctx, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
 	if err != nil {
 		return fmt.Errorf("replay: run the datapath on the SYN (ifindex %d): %w", c.Ifindex, err)
 	}
