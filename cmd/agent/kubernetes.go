@@ -54,6 +54,12 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 		return err
 	}
 	defer n.Close()
+	// The verifier (most of a second of one core) passes the program
+	// meanwhile, at the lowest priority among the agent's threads (the
+	// pod's cgroup is what it competes in): it takes what the lists and
+	// the first state's writes leave idle. At the same priority it slowed
+	// them as much as it saved on a 2-core node (bench/RESULTS-apiscale.md).
+	n.Datapath.StartProgramLoad()
 
 	// 1. The node: its interfaces and its own addresses, watched from now
 	// on. The controller needs the addresses before its first snapshot.
@@ -110,11 +116,6 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	case <-ctx.Done():
 		return n.stop()
 	}
-	// The verifier (most of a second of one core) passes the program while
-	// the first state is written (the agent's loop on the other). Begun
-	// earlier, it would share the cores with decoding the lists instead,
-	// and slow both (measured: bench/RESULTS-apiscale.md).
-	n.Datapath.StartProgramLoad()
 	n.Apply(first)
 	if err := n.PrefiltersWritten(); err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/bpf"
 )
@@ -295,14 +297,24 @@ func (d *Datapath) LoadProgram() error {
 	return nil
 }
 
-// StartProgramLoad runs LoadProgram in the background; Program waits for
-// it. Until the program is attached, the interfaces run the previous
-// agent's (a restart) or none: writing the maps meanwhile is what the
-// agent does before it attaches anyway.
+// StartProgramLoad runs LoadProgram in the background, on a thread of
+// the lowest priority (nice 19); Program waits for it. Until the program
+// is attached, the interfaces run the previous agent's (a restart) or
+// none: writing the maps meanwhile is what the agent does before it
+// attaches anyway. In a container, the priority weighs only against the
+// container's other threads (its cgroup has its own share); outside one,
+// against the whole host's, where a busy host makes the load wait.
 func (d *Datapath) StartProgramLoad() {
 	d.loading = make(chan struct{})
 	go func() {
 		defer close(d.loading)
+		// The verifier runs on this thread, in the kernel: at the lowest
+		// priority, it takes the CPU the agent's other threads leave idle.
+		// The thread, locked and never unlocked, ends with the goroutine.
+		runtime.LockOSThread()
+		if err := unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19); err != nil {
+			d.log.Debug("verifier thread priority", "err", err)
+		}
 		d.loadErr = d.LoadProgram()
 	}()
 }

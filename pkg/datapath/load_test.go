@@ -3,8 +3,12 @@
 package datapath_test
 
 import (
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
@@ -86,5 +90,51 @@ func TestProgramLoadRefused(t *testing.T) {
 	}
 	if err := d.Close(); err != nil {
 		t.Errorf("close: %v", err)
+	}
+}
+
+// The background load lowers the priority of its own thread only, which
+// ends with it: no thread the Go runtime hands to other goroutines keeps
+// nice 19 (the agent's loop on one would yield to every other thread).
+func TestProgramLoadLeavesNoThreadNiced(t *testing.T) {
+	bpftest.RequireRoot(t)
+	d, err := datapath.LoadMaps(smallOptions(bpftest.TempBPFFS(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	runtime.LockOSThread()
+	want, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.StartProgramLoad()
+	if _, err := d.Program(); err != nil {
+		t.Fatal(err)
+	}
+	// Many goroutines at once, each on a thread of its own: the pool's
+	// threads, the one the load ran on among them if it was returned.
+	const n = 64
+	got := make(chan int, n)
+	var ready, done sync.WaitGroup
+	ready.Add(n)
+	done.Add(1)
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			p, _ := unix.Getpriority(unix.PRIO_PROCESS, 0)
+			got <- p
+			ready.Done()
+			done.Wait() // hold the thread until all have looked
+		}()
+	}
+	ready.Wait()
+	done.Done()
+	for range n {
+		if p := <-got; p != want {
+			t.Fatalf("a thread has priority %d after the load, want %d", p, want)
+		}
 	}
 }
