@@ -167,6 +167,9 @@ type Agent struct {
 	probes    probes
 	persisted persisted
 	shed      shedding
+	// applied: a desired state was applied (the first one's spare tables
+	// are left to the first maintenance; see apply).
+	applied bool
 
 	interfaces []string
 	// heartbeatErr: the last heartbeat write failed (logged once).

@@ -474,3 +474,28 @@ func TestHeartbeatAndDrain(t *testing.T) {
 		t.Fatalf("config %+v after Drain, want %+v", e.f.PbConfig, want)
 	}
 }
+
+// The first state's spare tables wait for the first maintenance: the
+// datapath goes live without waiting for a second table per service.
+// A change before the maintenance installs its own table.
+func TestFirstStateSparesAtFirstMaintenance(t *testing.T) {
+	a, b := web(80, 3, settings()), web(81, 3, settings())
+	b.Name = "web2"
+	e := newEnv(t)
+	e.start(state(a, b))
+	if got := len(e.f.PbMaglev); got != 2 {
+		t.Fatalf("after the first state: %d tables, want 2 (the live ones, no spare)", got)
+	}
+	e.a.Maintain()
+	if got := len(e.f.PbMaglev); got != 4 {
+		t.Errorf("after the first maintenance: %d tables, want 4 (a spare per service)", got)
+	}
+
+	e = newEnv(t)
+	e.start(state(a, b))
+	_, bes := e.ids(a)
+	changed := a
+	changed.Endpoints = a.Endpoints[:2]
+	e.a.Apply(state(changed, b))
+	e.wantReachable(changed, bes[:2]...)
+}

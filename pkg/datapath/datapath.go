@@ -280,8 +280,11 @@ func LoadMaps(opts Options) (*Datapath, error) {
 	return d, nil
 }
 
-// LoadProgram loads the XDP program over the maps LoadMaps made.
+// LoadProgram loads the XDP program over the maps LoadMaps made, once.
 func (d *Datapath) LoadProgram() error {
+	if d.spec == nil {
+		return errors.New("datapath: program loaded already")
+	}
 	start := time.Now()
 	var progs bpf.LbPrograms
 	err := d.spec.LoadAndAssign(&progs, &ebpf.CollectionOptions{MapReplacements: d.maps})
@@ -293,6 +296,8 @@ func (d *Datapath) LoadProgram() error {
 		return fmt.Errorf("datapath: load: %w", err)
 	}
 	d.LbPrograms = progs
+	// The spec (instructions, BTF) is megabytes the agent no longer needs.
+	d.spec = nil
 	d.log.Info("datapath program loaded", "took", time.Since(start).Round(time.Millisecond).String())
 	return nil
 }

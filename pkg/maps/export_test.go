@@ -10,3 +10,12 @@ func SetResetChunk(n int) (restore func()) {
 	resetChunk = n
 	return func() { resetChunk = old }
 }
+
+// SetTablesPerWorker makes InstallTables create tables on several
+// goroutines from n tables per CPU; it returns the function that restores
+// the threshold.
+func SetTablesPerWorker(n int) (restore func()) {
+	old := tablesPerWorker
+	tablesPerWorker = n
+	return func() { tablesPerWorker = old }
+}

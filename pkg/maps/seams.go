@@ -34,7 +34,8 @@ type BackendMap interface {
 }
 
 // TableMap is the Maglev tables: two per service (pb_maglev) and a
-// fallback (pb_maglev_fb).
+// fallback (pb_maglev_fb). FillTable and SetFallback copy slots: the
+// caller may reuse the slice at once.
 type TableMap interface {
 	InstallTables([]TableInstall) error
 	FillTable(svcID, n uint32, slots []uint32) error

@@ -105,6 +105,7 @@ type Reconciler struct {
 	maxHandles   int // Options.MaxTableHandles, resolved
 	builders     map[uint32]*maglev.Builder
 	slots        map[uint32][]int32
+	tables       map[uint32][]uint32 // build's output by size, reused (the writes copy it)
 	keys         []string
 
 	services map[desired.Key]*Service
@@ -222,6 +223,7 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		maxHandles:   cmp.Or(opts.MaxTableHandles, handlesFromLimit()),
 		builders:     map[uint32]*maglev.Builder{},
 		slots:        map[uint32][]int32{},
+		tables:       map[uint32][]uint32{},
 		services:     map[desired.Key]*Service{},
 		byID:         map[uint32]*Service{},
 		backends:     map[uint32]*Backend{},
