@@ -155,6 +155,8 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	log.Info("datapath ready", "mode", "kubernetes", "node", o.nodeName,
 		"interfaces", attached, "services", len(first.Services))
+	// Live: now the spare tables the first state's changes will fill.
+	n.PrepareTables()
 
 	// Fleet evidence, once the agent judges: best effort, beside the loop.
 	if o.fleet {

@@ -47,6 +47,7 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 		return err
 	}
 	log.Info("datapath ready", "interfaces", cfg.Interfaces, "services", len(cfg.Services))
+	n.PrepareTables()
 
 	// 4. SIGHUP reloads the config file; a bad one leaves the last good one
 	// in force.

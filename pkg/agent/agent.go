@@ -168,7 +168,7 @@ type Agent struct {
 	persisted persisted
 	shed      shedding
 	// applied: a desired state was applied (the first one's spare tables
-	// are left to the first maintenance; see apply).
+	// are left to PrepareTables; see apply).
 	applied bool
 
 	interfaces []string

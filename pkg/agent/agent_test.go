@@ -475,10 +475,11 @@ func TestHeartbeatAndDrain(t *testing.T) {
 	}
 }
 
-// The first state's spare tables wait for the first maintenance: the
-// datapath goes live without waiting for a second table per service.
-// A change before the maintenance installs its own table.
-func TestFirstStateSparesAtFirstMaintenance(t *testing.T) {
+// The first state's spare tables wait until the datapath is live
+// (PrepareTables; the maintenance would install them too): it goes live
+// without waiting for a second table per service. A change before then
+// installs its own table.
+func TestFirstStateSparesOnceLive(t *testing.T) {
 	a, b := web(80, 3, settings()), web(81, 3, settings())
 	b.Name = "web2"
 	e := newEnv(t)
@@ -486,9 +487,9 @@ func TestFirstStateSparesAtFirstMaintenance(t *testing.T) {
 	if got := len(e.f.PbMaglev); got != 2 {
 		t.Fatalf("after the first state: %d tables, want 2 (the live ones, no spare)", got)
 	}
-	e.a.Maintain()
+	e.a.PrepareTables()
 	if got := len(e.f.PbMaglev); got != 4 {
-		t.Errorf("after the first maintenance: %d tables, want 4 (a spare per service)", got)
+		t.Errorf("after PrepareTables: %d tables, want 4 (a spare per service)", got)
 	}
 
 	e = newEnv(t)

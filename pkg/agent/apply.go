@@ -44,14 +44,27 @@ func (a *Agent) apply(st desired.State) {
 		a.log.Error("programming services", "err", err)
 	}
 	// Spare tables for the changes to come, in one batch. The first
-	// state's wait for the first maintenance (Maintain, ProbeCheck later):
-	// at 10,000 services that is 10,000 tables to create, a tenth of a
-	// second the datapath would otherwise wait for before it goes live;
-	// meanwhile a change installs its own table (an RCU grace period).
+	// state's wait until the datapath is live (PrepareTables): at 10,000
+	// services they are 10,000 tables to create, a tenth of a second it
+	// would otherwise wait for; meanwhile a change installs its own table
+	// (an RCU grace period).
 	if !a.applied {
 		a.applied = true
 		return
 	}
+	a.prepareTables()
+}
+
+// PrepareTables installs the spare tables the first desired state left
+// for later (see apply): the agent calls it once the datapath is live,
+// and the maintenance calls it again.
+func (a *Agent) PrepareTables() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.prepareTables()
+}
+
+func (a *Agent) prepareTables() {
 	if err := a.rec.PrepareTables(); err != nil {
 		a.metrics.ProgramErrors.Inc()
 		a.log.Error("preparing spare tables", "err", err)

@@ -23,10 +23,7 @@ func (a *Agent) Maintain() {
 	for id := range a.trans.retry {
 		a.trans.program(id)
 	}
-	if err := a.rec.PrepareTables(); err != nil {
-		a.metrics.ProgramErrors.Inc()
-		a.log.Error("preparing spare tables", "err", err)
-	}
+	a.prepareTables()
 }
 
 // SweepConntrack expires idle flows, releasing their circuit-breaker
