@@ -201,7 +201,24 @@ const (
 		"the first Apply through the attachment 1.14 s. Tried and not kept: the informers started before the datapath loads (the controller " +
 		"built first, its metrics handed over after): 3.71 and 3.74 s against 3.54 s the same hour, because on this 2-core machine the verifier " +
 		"and the list (the API server encoding 20,000 objects, the agent decoding them) compete for the same cores: the load took 2.07-2.30 s " +
-		"instead of 1.30 s. On a node whose API server runs elsewhere the overlap should pay; this bench cannot show it."
+		"instead of 1.30 s. On a node whose API server runs elsewhere the overlap should pay; this bench cannot show it. " +
+		"Since (2026-12-04, late; 3659f6e, 92a8184, 2779ae4): the datapath loads its maps first and the program over them " +
+		"(datapath.LoadMaps, then LoadProgram with every map replaced by the one loaded, data sections included), so the verifier no " +
+		"longer runs in series. Measured with `go run ./bench --only apiscale` (start -> /readyz, each agent the same hour): serial " +
+		"(1963707, 1 round) 3.03 s, of which the load 1.12 s, the lists 0.89 s, the first Apply through the attachment 0.96 s; the " +
+		"program verified beside the first Apply (3659f6e, 2 rounds) 2.60 / 2.90 s; verified from the maps' load on at the same priority " +
+		"(tried, 2 rounds) 3.01 / 3.08 s, the lists slowed from 0.9 to 1.25-1.4 s and the load to 1.25-1.35 s; from the maps' load on, " +
+		"on a thread at nice 19 (92a8184, 2 rounds) 2.41 / 2.42 s, the lists back at 0.9 s; with a lighter first Apply (2779ae4: the " +
+		"first state's spare tables installed once the datapath is live, tables created on both CPUs, no table copied out of each Maglev " +
+		"build) the Apply takes 0.9-1.05 s from the caches' sync to ready, and the verifier, 1.5-1.8 s at nice 19 beside it (0.8 s " +
+		"alone), ends with it or before: the figure above (9835873, 3 rounds: 2.49 / 2.74 / 2.97 s to /readyz, the lists 0.95-1.4 s from " +
+		"round to round with the API server on the same two cores; 2.40 / 2.45 / 2.63 s in a run of 2779ae4 an hour before). What is left is thus two paths of about a second each after a 0.4 s map load and " +
+		"0.9 s of lists: the verifier's 470,700 instructions processed for a program of 20,855, and about 40 µs of system calls per " +
+		"service in the Apply (a table created, filled through mmap and unmapped; the backends' list; the service's entry); 2 s needs " +
+		"both halved, which takes a program the verifier walks in fewer states and tables not made one map per service. Tried and not " +
+		"kept: first fills through a reserved address window unmapped once per 256 tables (one TLB shootdown instead of 256) and " +
+		"MAP_POPULATE: 15-24 µs a table either way, against 14-20 µs for map, copy, unmap (the mmap itself is the cost); a batch " +
+		"update of a 1,021-slot table costs 200-240 µs."
 	apiRSSText = "**10,000 Services from the API server: RSS.** The objects are a cluster's since 6aee224 (labelled Services with selectors; slices as the EndpointSlice controller writes them, with pod references, nodes, zones, owners and copied labels): on them the agent before this change held 136 MB live after the cold start (heap profile after a GC, 5 s into a round) and peaked at 334-342 MB RSS; on the old bare objects 97 MB and 264-286 MB. " +
 		"What it held: the informers' API objects (EndpointSlices with their pod references 47 MB, Services 20 MB), the reconciler's services and backends 23 MB, the controller's translated services 20 MB, accrual 9 MB, the agent's per-service policy 3 MB. " +
 		"Done (ab729af, 107817b, 3b5dcb0): the informers' transform caches each EndpointSlice as the controller's compact copy (the fields Translate reads, the address parsed, conditions as flags, node names interned: about 1 KB a slice of ten endpoints, pod references and labels not kept) and a Service without its selector, status and other tools' labels and annotations; the translated endpoints are allocated at their size and shared by the reconciler instead of copied; the controller's pending map is made anew after the first hand-over instead of cleared (a map keeps its room); a cold start's 100,000 backend counter resets are written in batches of 4,096 (one batch marshalled 15 MB of boxed per-CPU zeros while the whole state was live). " +
