@@ -124,7 +124,9 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	// 3. XDP hooks, once the maps hold the services and the verifier,
 	// which ran meanwhile, passed the program; later changes as they come.
 	// A program the kernel refuses stops the agent here, the previous
-	// agent's program (if any) still attached.
+	// agent's program (if any) still attached and reading the first state
+	// just written: the cluster's, in the maps' layouts it knows (a layout
+	// change gets a new map name), as it would have written it itself.
 	if _, err := n.Datapath.Program(); err != nil {
 		return err
 	}
@@ -155,7 +157,9 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	log.Info("datapath ready", "mode", "kubernetes", "node", o.nodeName,
 		"interfaces", attached, "services", len(first.Services))
-	// Live: now the spare tables the first state's changes will fill.
+	// Live: now the spare tables the first state's changes will fill
+	// (events wait for them once, a tenth of a second at 10,000 services,
+	// as they waited for the start before).
 	n.PrepareTables()
 
 	// Fleet evidence, once the agent judges: best effort, beside the loop.

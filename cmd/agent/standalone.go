@@ -35,8 +35,9 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 	defer n.Close()
 	// 3. Maps first (with the accrual state from before a restart), then
 	// the XDP hooks; then outcomes start flowing. The hooks need the
-	// program: a program the kernel refuses stops the agent before any
-	// write.
+	// program: a program the kernel refuses stops the agent before the
+	// config's services are written (the datapath's settings are, as
+	// before).
 	if err := n.Datapath.LoadProgram(); err != nil {
 		return err
 	}

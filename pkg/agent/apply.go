@@ -44,10 +44,11 @@ func (a *Agent) apply(st desired.State) {
 		a.log.Error("programming services", "err", err)
 	}
 	// Spare tables for the changes to come, in one batch. The first
-	// state's wait until the datapath is live (PrepareTables): at 10,000
-	// services they are 10,000 tables to create, a tenth of a second it
-	// would otherwise wait for; meanwhile a change installs its own table
-	// (an RCU grace period).
+	// state's wait until the datapath is live (PrepareTables; or
+	// PrefiltersWritten installs them, retrying a failed prefilter
+	// write): at 10,000 services they are 10,000 tables to create, a
+	// tenth of a second it would otherwise wait for; meanwhile a change
+	// installs its own table (an RCU grace period).
 	if !a.applied {
 		a.applied = true
 		return

@@ -257,8 +257,9 @@ func LoadMaps(opts Options) (*Datapath, error) {
 		InnerSpec: spec.Maps[bpf.LbMapPbMaglev].InnerMap.Copy(), spec: spec}
 	d.dropIncompatiblePins(spec)
 
-	mapsOnly := spec.Copy()
-	mapsOnly.Programs = nil
+	// The maps alone (the loader copies what it changes; the programs'
+	// instructions need no copy to be left out).
+	mapsOnly := &ebpf.CollectionSpec{Maps: spec.Maps, Variables: spec.Variables, Types: spec.Types, ByteOrder: spec.ByteOrder}
 	coll, err := ebpf.NewCollectionWithOptions(mapsOnly, ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: opts.Root},
 	})
@@ -276,14 +277,13 @@ func LoadMaps(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("datapath: load maps: %w", err)
 	}
 	d.sections = coll
-	d.migrateConntrack()
 	return d, nil
 }
 
 // LoadProgram loads the XDP program over the maps LoadMaps made, once.
 func (d *Datapath) LoadProgram() error {
-	if d.spec == nil {
-		return errors.New("datapath: program loaded already")
+	if d.PbXdp != nil {
+		return nil
 	}
 	start := time.Now()
 	var progs bpf.LbPrograms
@@ -299,6 +299,9 @@ func (d *Datapath) LoadProgram() error {
 	// The spec (instructions, BTF) is megabytes the agent no longer needs.
 	d.spec = nil
 	d.log.Info("datapath program loaded", "took", time.Since(start).Round(time.Millisecond).String())
+	// Only now: with a program the kernel refuses, an older agent rolled
+	// back to still finds its flows where it left them.
+	d.migrateConntrack()
 	return nil
 }
 
@@ -310,6 +313,9 @@ func (d *Datapath) LoadProgram() error {
 // container's other threads (its cgroup has its own share); outside one,
 // against the whole host's, where a busy host makes the load wait.
 func (d *Datapath) StartProgramLoad() {
+	if d.loading != nil || d.PbXdp != nil {
+		return // begun or done already
+	}
 	d.loading = make(chan struct{})
 	go func() {
 		defer close(d.loading)

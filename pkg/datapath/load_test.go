@@ -3,11 +3,14 @@
 package datapath_test
 
 import (
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
@@ -65,13 +68,35 @@ func TestProgramLoadsOverTheLoadedMaps(t *testing.T) {
 	if sections == 0 {
 		t.Errorf("the program uses no data section of LoadMaps' (maps %v)", loaded)
 	}
+	// Loaded once: asking again changes nothing.
+	d.StartProgramLoad()
+	if err := d.LoadProgram(); err != nil {
+		t.Errorf("LoadProgram after the load: %v", err)
+	}
+	if again, err := d.Program(); err != nil || again != prog {
+		t.Errorf("Program after asking again: %v, %v; want the same program", again, err)
+	}
 }
 
 // A program the kernel refuses is the load's error, for Program and
-// Attach alike, and nothing is attached; Close after it is clean.
+// Attach alike, and nothing is attached; Close after it is clean. A
+// previous version's conntrack (pb_ct) stays where it was: the agent
+// rolled back to finds its flows.
 func TestProgramLoadRefused(t *testing.T) {
 	bpftest.RequireRoot(t)
-	d, err := datapath.LoadMaps(smallOptions(bpftest.TempBPFFS(t)))
+	root := bpftest.TempBPFFS(t)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 40, ValueSize: 48, MaxEntries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Pin(filepath.Join(root, "pb_ct")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := datapath.LoadMaps(smallOptions(root))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +112,9 @@ func TestProgramLoadRefused(t *testing.T) {
 	}
 	if got := d.Attached(); len(got) != 0 {
 		t.Errorf("attached %v", got)
+	}
+	if _, err := os.Stat(filepath.Join(root, "pb_ct")); err != nil {
+		t.Errorf("pb_ct after the refused load: %v", err)
 	}
 	if err := d.Close(); err != nil {
 		t.Errorf("close: %v", err)

@@ -11,11 +11,11 @@ func SetResetChunk(n int) (restore func()) {
 	return func() { resetChunk = old }
 }
 
-// SetTablesPerWorker makes InstallTables create tables on several
-// goroutines from n tables per CPU; it returns the function that restores
-// the threshold.
-func SetTablesPerWorker(n int) (restore func()) {
-	old := tablesPerWorker
-	tablesPerWorker = n
-	return func() { tablesPerWorker = old }
+// SetTableWorkers makes InstallTables create tables on up to cpus
+// goroutines, from n tables each; it returns the function that restores
+// the defaults.
+func SetTableWorkers(n, cpus int) (restore func()) {
+	oldN, oldCPUs := tablesPerWorker, tableCPUs
+	tablesPerWorker, tableCPUs = n, func() int { return cpus }
+	return func() { tablesPerWorker, tableCPUs = oldN, oldCPUs }
 }

@@ -223,8 +223,11 @@ func (m *Maps) newTable(size uint32) (*ebpf.Map, error) {
 
 // tablesPerWorker: below this many tables per CPU, newTables creates
 // them on the caller's goroutine alone (a goroutine costs more than a few
-// map creations).
-var tablesPerWorker = 512
+// map creations). tableCPUs is how many CPUs it may use.
+var (
+	tablesPerWorker = 512
+	tableCPUs       = func() int { return runtime.GOMAXPROCS(0) }
+)
 
 // newTables creates the empty tables reqs ask for, on every CPU when they
 // are many (a cold start's 10,000 take a tenth of a second on one): the
@@ -237,7 +240,7 @@ func (m *Maps) newTables(reqs []TableInstall) ([]*ebpf.Map, error) {
 			made[i], errs[i] = m.newTable(reqs[i].Size)
 		}
 	}
-	workers := min(runtime.GOMAXPROCS(0), len(reqs)/tablesPerWorker)
+	workers := min(tableCPUs(), len(reqs)/tablesPerWorker)
 	if workers < 2 {
 		create(0, len(reqs))
 	} else {

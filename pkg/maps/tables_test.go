@@ -3,6 +3,7 @@
 package maps_test
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -18,7 +19,7 @@ import (
 func TestInstallTablesSideBySide(t *testing.T) {
 	l := bpftest.Shared(t)
 	m := l.Maps
-	defer maps.SetTablesPerWorker(4)()
+	defer maps.SetTableWorkers(4, 4)() // 40 tables: 4 goroutines of 10
 	var reqs []maps.TableInstall
 	var svcs []uint32
 	for svc := uint32(30); svc < 50; svc++ {
@@ -55,7 +56,7 @@ func TestInstallTablesSideBySide(t *testing.T) {
 		bad[i].SvcID += 20
 	}
 	bad[len(bad)-3].Size = 0
-	handles = m.TableHandles()
+	handles, files := m.TableHandles(), openFiles(t)
 	err := m.InstallTables(bad)
 	if err == nil || !strings.Contains(err.Error(), "service 68") {
 		t.Fatalf("err %v, want table 1 of service 68's", err)
@@ -63,7 +64,21 @@ func TestInstallTablesSideBySide(t *testing.T) {
 	if got := m.TableHandles(); got != handles {
 		t.Errorf("%d handles after the failed call, want %d", got, handles)
 	}
+	// The tables made before the failing one are closed, not leaked.
+	if got := openFiles(t); got != files {
+		t.Errorf("%d open files after the failed call, want %d", got, files)
+	}
 	if main, _ := m.InstalledTables(); slices.ContainsFunc(main, func(k uint32) bool { return k >= maps.TableKey(50, 0) }) {
 		t.Errorf("tables of the failed call installed: %v", main)
 	}
+}
+
+// openFiles counts the process's open files.
+func openFiles(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }

@@ -76,8 +76,9 @@ func (r *Reconciler) prepareTables() error {
 
 // PrepareTables installs, in one batch, the spare tables that flips since
 // the last call left missing or of the wrong size, and retries deletions
-// that failed. The agent calls it after programming and periodically, so
-// an ejection finds its spare table ready.
+// that failed. The agent calls it after programming (after the first
+// state's, once the datapath is live) and periodically, so an ejection
+// finds its spare table ready.
 func (r *Reconciler) PrepareTables() error {
 	pending := r.spare
 	r.spare = map[uint32]bool{}
