@@ -21,6 +21,25 @@ func smallOptions(root string) datapath.Options {
 	return datapath.Options{Root: root, MaxServices: 16, MaxBackends: 16, ConntrackSize: 64, EventsBytes: 1 << 16}
 }
 
+// pinOld pins a map of spec as name under root, where a previous
+// version's datapath would have left it, and returns it (closed with the
+// test).
+func pinOld(t *testing.T, root, name string, spec *ebpf.MapSpec) *ebpf.Map {
+	t.Helper()
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.Pin(filepath.Join(root, name)); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // The program loaded after the maps (StartProgramLoad, while the agent
 // writes its first state) runs over the maps LoadMaps made, the data
 // sections' too: a copy made for the program would be a map the agent
@@ -85,17 +104,7 @@ func TestProgramLoadsOverTheLoadedMaps(t *testing.T) {
 func TestProgramLoadRefused(t *testing.T) {
 	bpftest.RequireRoot(t)
 	root := bpftest.TempBPFFS(t)
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 40, ValueSize: 48, MaxEntries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	if err := old.Pin(filepath.Join(root, "pb_ct")); err != nil {
-		t.Fatal(err)
-	}
+	pinOld(t, root, "pb_ct", &ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 40, ValueSize: 48, MaxEntries: 64})
 	d, err := datapath.LoadMaps(smallOptions(root))
 	if err != nil {
 		t.Fatal(err)

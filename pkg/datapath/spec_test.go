@@ -52,17 +52,7 @@ func TestMapSizesFollowOptions(t *testing.T) {
 func TestRetiredPinsAreRemoved(t *testing.T) {
 	bpftest.RequireRoot(t)
 	root := bpftest.TempBPFFS(t)
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	if err := old.Pin(filepath.Join(root, "pb_syns")); err != nil {
-		t.Fatal(err)
-	}
+	pinOld(t, root, "pb_syns", &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 16, MaxBackends: 16, ConntrackSize: 64, EventsBytes: 1 << 16})
 	if err != nil {
 		t.Fatal(err)
@@ -82,14 +72,7 @@ func TestRetiredPinsAreRemoved(t *testing.T) {
 func TestConntrackIsCopiedToV2(t *testing.T) {
 	bpftest.RequireRoot(t)
 	root := bpftest.TempBPFFS(t)
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 40, ValueSize: 48, MaxEntries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
+	old := pinOld(t, root, "pb_ct", &ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 40, ValueSize: 48, MaxEntries: 64})
 	var k bpf.LbCtKey
 	k.Src.Bytes = [16]byte{198, 18, 0, 2}
 	k.Dst.Bytes = [16]byte{198, 18, 100, 1}
@@ -102,9 +85,6 @@ func TestConntrackIsCopiedToV2(t *testing.T) {
 	binary.NativeEndian.PutUint32(v[28:], 11)        // backend_id
 	binary.NativeEndian.PutUint64(v[32:], 123456789) // created_ns
 	if err := old.Put(k, v); err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Pin(filepath.Join(root, "pb_ct")); err != nil {
 		t.Fatal(err)
 	}
 	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 16, MaxBackends: 16, ConntrackSize: 64, EventsBytes: 1 << 16})
