@@ -155,9 +155,10 @@ type Datapath struct {
 	// InnerSpec is the Maglev inner map template, for creating tables.
 	InnerSpec *ebpf.MapSpec
 
-	// spec is what the program is loaded from, over every map of maps
-	// (the data sections' too: the program must read the variables the
-	// agent writes, not copies).
+	// spec is what LoadProgram loads the program from (nil once loaded);
+	// maps, by name, every map LoadMaps made, which the program is loaded
+	// over (the data sections' too: it must read the variables the agent
+	// writes, not copies).
 	spec     *ebpf.CollectionSpec
 	maps     map[string]*ebpf.Map
 	sections *ebpf.Collection // the data sections' maps: LbObjects holds no handle on them
