@@ -36,8 +36,8 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 	// 3. Maps first (with the accrual state from before a restart), then
 	// the XDP hooks; then outcomes start flowing. The hooks need the
 	// program: a program the kernel refuses stops the agent before the
-	// config's services are written (the datapath's settings are, as
-	// before).
+	// config's services are written (the datapath's settings are written
+	// already, with the maps).
 	if err := n.Datapath.LoadProgram(); err != nil {
 		return err
 	}
