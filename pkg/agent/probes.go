@@ -3,8 +3,6 @@
 package agent
 
 import (
-	"cmp"
-	"slices"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/maps"
@@ -26,15 +24,7 @@ type probes struct {
 // lost probe would keep a healed endpoint out for good. Called with mu
 // held.
 func (p *probes) watch(now time.Time) {
-	// Services with a probation are few: found in no order, then looked at
-	// in id order.
-	var probing []*reconcile.Service
-	for s := range p.rec.EachService() {
-		if len(s.Probation) > 0 {
-			probing = append(probing, s)
-		}
-	}
-	slices.SortFunc(probing, func(a, b *reconcile.Service) int { return cmp.Compare(a.ID, b.ID) })
+	probing := p.rec.ServicesWhere(func(s *reconcile.Service) bool { return len(s.Probation) > 0 })
 	for _, s := range probing {
 		for _, id := range s.Probation {
 			state, grants, err := p.rec.KernelState(id)

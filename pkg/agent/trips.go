@@ -3,8 +3,6 @@
 package agent
 
 import (
-	"cmp"
-	"slices"
 	"time"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
@@ -130,15 +128,11 @@ func (k *kernelTrips) budget(id uint32) int64 {
 // believes active is ejected in the kernel. Each is adopted (or undone) as
 // if its event had come. Called with mu held.
 func (k *kernelTrips) findLost() {
-	// Every service's counter is read (from the mmap), in no order; the
-	// few with trips unread are handled in id order.
-	var lost []*reconcile.Service
-	for s := range k.rec.EachService() {
-		if k.tripMaps.ServiceTrip(s.ID).Trips > k.handled[s.ID] {
-			lost = append(lost, s)
-		}
-	}
-	slices.SortFunc(lost, func(a, b *reconcile.Service) int { return cmp.Compare(a.ID, b.ID) })
+	// Every service's counter is read (from the mmap); the few with trips
+	// unread are handled in id order.
+	lost := k.rec.ServicesWhere(func(s *reconcile.Service) bool {
+		return k.tripMaps.ServiceTrip(s.ID).Trips > k.handled[s.ID]
+	})
 	for _, s := range lost {
 		made := k.tripMaps.ServiceTrip(s.ID).Trips
 		if made <= k.handled[s.ID] {

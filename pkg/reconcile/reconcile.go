@@ -10,11 +10,9 @@ package reconcile
 
 import (
 	"cmp"
-	"iter"
 	"log/slog"
-	stdmaps "maps"
 	"net/netip"
-	"sort"
+	"slices"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -262,18 +260,23 @@ func (r *Reconciler) ServiceByKey(k desired.Key) (*Service, bool) {
 
 // Services returns programmed services ordered by id.
 func (r *Reconciler) Services() []*Service {
-	out := make([]*Service, 0, len(r.byID))
-	for _, s := range r.byID {
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
+	return r.ServicesWhere(func(*Service) bool { return true })
 }
 
-// EachService yields every service in no particular order: for the
-// periodic scans that act on few of them (Services sorts them all, which
-// at 10,000 services every two seconds was most of an idle agent's CPU).
-func (r *Reconciler) EachService() iter.Seq[*Service] { return stdmaps.Values(r.byID) }
+// ServicesWhere returns the programmed services keep accepts, ordered by
+// id. Only those are sorted: the periodic scans that act on a few of
+// 10,000 services (sorting them all, every two seconds, was most of an
+// idle agent's CPU).
+func (r *Reconciler) ServicesWhere(keep func(*Service) bool) []*Service {
+	var out []*Service
+	for _, s := range r.byID {
+		if keep(s) {
+			out = append(out, s)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Service) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
 
 // Backend returns the backend with id (removed ones included).
 func (r *Reconciler) Backend(id uint32) (*Backend, bool) {
