@@ -155,10 +155,10 @@ type Datapath struct {
 	// InnerSpec is the Maglev inner map template, for creating tables.
 	InnerSpec *ebpf.MapSpec
 
-	// spec is what LoadProgram loads the program from (nil once loaded);
-	// maps, by name, every map LoadMaps made, which the program is loaded
-	// over (the data sections' too: it must read the variables the agent
-	// writes, not copies).
+	// spec is what LoadProgram loads the program from; maps, by name,
+	// every map LoadMaps made, which the program is loaded over (the data
+	// sections' too: it must read the variables the agent writes, not
+	// copies). Both nil once loaded.
 	spec     *ebpf.CollectionSpec
 	maps     map[string]*ebpf.Map
 	sections *ebpf.Collection // the data sections' maps: LbObjects holds no handle on them
@@ -298,7 +298,7 @@ func (d *Datapath) LoadProgram() error {
 	}
 	d.LbPrograms = progs
 	// The spec (instructions, BTF) is megabytes the agent no longer needs.
-	d.spec = nil
+	d.spec, d.maps = nil, nil
 	d.log.Info("datapath program loaded", "took", time.Since(start).Round(time.Millisecond).String())
 	// Only now: with a program the kernel refuses, an older agent rolled
 	// back to still finds its flows where it left them.

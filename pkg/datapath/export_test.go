@@ -10,7 +10,7 @@ import (
 )
 
 // LoadedMapIDs are the kernel ids of every map LoadMaps made or adopted,
-// the data sections' included.
+// the data sections' included; asked before the program is loaded.
 func (d *Datapath) LoadedMapIDs() (map[ebpf.MapID]string, error) {
 	ids := map[ebpf.MapID]string{}
 	for name, m := range d.maps {

@@ -54,6 +54,10 @@ func TestProgramLoadsOverTheLoadedMaps(t *testing.T) {
 	if _, err := d.Program(); err == nil || !strings.Contains(err.Error(), "not loaded") {
 		t.Fatalf("Program before any load: err %v, want not loaded", err)
 	}
+	loaded, err := d.LoadedMapIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
 	d.StartProgramLoad()
 	prog, err := d.Program()
 	if err != nil {
@@ -69,10 +73,6 @@ func TestProgramLoadsOverTheLoadedMaps(t *testing.T) {
 	used, ok := info.MapIDs()
 	if !ok || len(used) == 0 {
 		t.Fatalf("the kernel lists no maps of the program (%v)", ok)
-	}
-	loaded, err := d.LoadedMapIDs()
-	if err != nil {
-		t.Fatal(err)
 	}
 	sections := 0
 	for _, id := range used {
