@@ -30,7 +30,7 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	if err := preflightNode(ctx, o, log); err != nil {
 		return err
 	}
-	clients, err := k8s.NewClients(o.kubeconfig)
+	clients, err := k8s.NewClients(o.kubeconfig, o.apiCompression)
 	if err != nil {
 		return err
 	}
@@ -49,18 +49,6 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 			o.dpConfig.HashSeed = seed
 		}
 	}
-	n, err := start(ctx, o, log, config.DefaultMaglevTableSize)
-	if err != nil {
-		return err
-	}
-	defer n.Close()
-	// The verifier (most of a second of one core) passes the program
-	// meanwhile, at the lowest priority among the agent's threads (the
-	// pod's cgroup is what it competes in): it takes what the lists and
-	// the first state's writes leave idle. At the same priority it slowed
-	// them as much as it saved on a 2-core node (bench/RESULTS-apiscale.md).
-	n.Datapath.StartProgramLoad()
-
 	// 1. The node: its interfaces and its own addresses, watched from now
 	// on. The controller needs the addresses before its first snapshot.
 	lopts := linkOptions(o, log)
@@ -74,19 +62,21 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 	select {
 	case firstLinks = <-links:
 	case <-ctx.Done():
-		return n.stop()
+		return nil
 	}
 
-	// 2. Desired state: the controller's first snapshot is complete (all
-	// caches synced), so a restarted agent never drops a service it had;
-	// applying it adopts the accrual state from before a restart.
-	// BackendPolicies, when their CRD is installed; checked once, at start.
+	// 2. Desired state: the lists begin now, and arrive while the maps
+	// load (a third of a second at the default sizes, beside a list of
+	// 10,000 Services that takes longer). The controller's first snapshot
+	// is complete (all caches synced), so a restarted agent never drops a
+	// service it had; applying it adopts the accrual state from before a
+	// restart. BackendPolicies, when their CRD is installed; checked once,
+	// at start.
 	kopts := k8s.Options{
-		NodeName:        o.nodeName,
-		MaxInflight:     o.maxInflightDefault,
-		InvalidSettings: n.Metrics().InvalidSettings,
-		Scope:           k8s.Scope(o.scope),
-		Logger:          log.With("component", "kubernetes"),
+		NodeName:    o.nodeName,
+		MaxInflight: o.maxInflightDefault,
+		Scope:       k8s.Scope(o.scope),
+		Logger:      log.With("component", "kubernetes"),
 	}
 	switch served, err := k8s.PoliciesServed(clients.Core.Discovery()); {
 	case err != nil:
@@ -96,11 +86,26 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 			"apply deploy/backendpolicy-crd.yaml and restart the agents to use policies")
 	default:
 		kopts.Policies = clients.Dynamic
-		kopts.Status = &k8s.StatusOptions{Client: clients.Core, Namespace: o.leaseNamespace, Identity: o.nodeName,
-			Leader: n.Metrics().PolicyStatusLeader, Writes: n.Metrics().PolicyStatusWrites}
+		kopts.Status = &k8s.StatusOptions{Client: clients.Core, Namespace: o.leaseNamespace, Identity: o.nodeName}
 	}
 	ctrl := k8s.New(clients.Core, kopts)
 	ctrl.SetLocalAddrs(firstLinks.Addrs)
+	ctrl.Start(ctx)
+
+	n, err := start(ctx, o, log, config.DefaultMaglevTableSize)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	// The verifier (most of a second of one core) passes the program
+	// meanwhile, at the lowest priority among the agent's threads (the
+	// pod's cgroup is what it competes in): it takes what the lists and
+	// the first state's writes leave idle. At the same priority it slowed
+	// them as much as it saved on a 2-core node (bench/RESULTS-apiscale.md).
+	n.Datapath.StartProgramLoad()
+	m := n.Metrics()
+	ctrl.SetMetrics(k8s.Metrics{InvalidSettings: m.InvalidSettings,
+		PolicyStatusLeader: m.PolicyStatusLeader, PolicyStatusWrites: m.PolicyStatusWrites})
 	n.SetNotify(func(t agent.Transition) { ctrl.Notify(k8s.Transition(t)) })
 	states := make(chan desired.State)
 	ctrlDone := make(chan error, 1)

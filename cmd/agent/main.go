@@ -55,6 +55,7 @@ type options struct {
 	// that get XDP.
 	nodeName       string
 	kubeconfig     string
+	apiCompression bool
 	nodeIfaces     []string
 	nodeIfacesAuto bool
 	podIfaces      []string
@@ -193,6 +194,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.fleet, "fleet-evidence", true, "Kubernetes mode: judge failure rates on every node's evidence too, for endpoints each node sees too little of (needs deploy/fleet-crd.yaml; a Service opts out with penaltybox.io/failure-accrual-fleet-evidence: \"false\")")
 	fs.DurationVar(&o.fleetInterval, "fleet-report-interval", 5*time.Second, "Kubernetes mode: how often this node writes its EndpointReport at most (more rarely when it is big: 200 bytes/s per node)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: the pod's service account)")
+	fs.BoolVar(&o.apiCompression, "api-compression", false, "Kubernetes mode: ask the API server for gzipped responses: fewer bytes, more CPU on both sides (off, as kube-controller-manager has it; on only over a slow link to the API server; a kubeconfig's disable-compression still wins)")
 	nodeIfaces := fs.String("node-interfaces", nodelinks.Auto, `Kubernetes mode: the node's external interfaces, comma-separated names or globs; "auto" is the interfaces of the default routes, "" none`)
 	podIfaces := fs.String("pod-interfaces", nodelinks.DefaultPodPatterns, "Kubernetes mode: globs of the host-side pod interface names (veths), comma-separated")
 	ipipIfaces := fs.String("ipip-interfaces", nodelinks.DefaultIPIPPatterns, `Kubernetes mode: globs of the pod network's IPIP tunnel devices (Calico's tunl0): replies from pods on other nodes arrive on the node's uplinks inside IPIP packets, rewritten there, and must come from the node the route through the tunnel names; "" none`)

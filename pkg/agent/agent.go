@@ -110,6 +110,8 @@ type Config struct {
 	TrackerMemory int64
 	// TakeoverGrace: see reconcile.Options.TakeoverGrace.
 	TakeoverGrace time.Duration
+	// Fresh: the maps were created empty (reconcile.Options.Fresh).
+	Fresh bool
 }
 
 // DefaultTrackerMemory is the default ceiling of the tracked flows'
@@ -217,7 +219,7 @@ func New(c Config) (*Agent, error) {
 	rec, err := reconcile.New(c.Writer, reconcile.Options{
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, TableSize: c.TableSize,
 		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse, NoKernelTrips: c.NoKernelTrips,
-		TakeoverGrace: c.TakeoverGrace, HandBack: handBack, SYNGuard: c.SYNGuard,
+		TakeoverGrace: c.TakeoverGrace, HandBack: handBack, SYNGuard: c.SYNGuard, Fresh: c.Fresh,
 	})
 	if err != nil {
 		return nil, err

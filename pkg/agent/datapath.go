@@ -80,7 +80,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
 		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault, NoKernelTrips: o.NoKernelTrips,
 		SYNGuard: o.SYNGuard, TakeoverGrace: o.TakeoverGrace, TrackerMemory: o.TrackerMemory,
-		Replayer: replay.New(n.Datapath.Program, n.maps),
+		Replayer: replay.New(n.Datapath.Program, n.maps), Fresh: n.Datapath.Fresh(),
 	})
 	if err != nil {
 		return nil, err

@@ -167,10 +167,20 @@ type Datapath struct {
 	loading chan struct{}
 	loadErr error
 
+	// fresh: the pin directory was empty when LoadMaps ran (see Fresh).
+	fresh bool
+
 	log   *slog.Logger
 	mu    sync.Mutex
 	links map[string]link.Link
 }
+
+// Fresh reports whether the maps were all created by this LoadMaps over
+// an empty pin directory: no previous agent's state to adopt, no flow
+// kept, every counter still zero. A pin of any kind, even one recreated
+// for a changed layout, makes it false: a conntrack table kept beside
+// recreated counters still refers to their ids.
+func (d *Datapath) Fresh() bool { return d.fresh }
 
 // Spec returns the program's collection spec sized by opts.
 func Spec(opts Options) (*ebpf.CollectionSpec, error) {
@@ -256,6 +266,9 @@ func LoadMaps(opts Options) (*Datapath, error) {
 	}
 	d := &Datapath{Opts: opts, log: opts.Logger, links: map[string]link.Link{},
 		InnerSpec: spec.Maps[bpf.LbMapPbMaglev].InnerMap.Copy(), spec: spec}
+	if entries, err := os.ReadDir(opts.Root); err == nil && len(entries) == 0 {
+		d.fresh = true
+	}
 	d.dropIncompatiblePins(spec)
 
 	// The maps alone (the loader copies what it changes; the programs'

@@ -175,3 +175,38 @@ func TestProgramLoadLeavesNoThreadNiced(t *testing.T) {
 		}
 	}
 }
+
+// The maps are fresh only over an empty pin directory: a restart's maps
+// are not, and neither are maps loaded beside a previous version's pin,
+// even one LoadMaps replaces (a kept conntrack table may refer to ids in
+// counters recreated beside it).
+func TestFreshPins(t *testing.T) {
+	bpftest.RequireRoot(t)
+	root := bpftest.TempBPFFS(t)
+	load := func() bool {
+		t.Helper()
+		d, err := datapath.LoadMaps(smallOptions(root))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		return d.Fresh()
+	}
+	if !load() {
+		t.Error("maps over an empty pin directory are not fresh")
+	}
+	if load() {
+		t.Error("the maps a previous agent pinned are fresh")
+	}
+
+	old := bpftest.TempBPFFS(t)
+	pinOld(t, old, "pb_be_stats", &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	d, err := datapath.LoadMaps(smallOptions(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.Fresh() {
+		t.Error("maps loaded beside a pin of an older layout are fresh")
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -95,10 +96,6 @@ type Options struct {
 	// MaxInflight is the circuit-breaker limit of Services without a
 	// penaltybox.io/max-inflight annotation (the --max-inflight-default).
 	MaxInflight uint32
-	// InvalidSettings counts rejected annotations by service and key, and
-	// rejected policies by service and "BackendPolicy namespace/name"
-	// (penaltybox_invalid_settings_total); may be nil.
-	InvalidSettings *metrics.ServiceCounterVec
 	// Policies reads BackendPolicies when set (nil: the CRD is not
 	// installed, and Services are configured by annotations alone).
 	Policies dynamic.Interface
@@ -113,6 +110,19 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Metrics are the controller's counters (SetMetrics); any may be nil.
+type Metrics struct {
+	// InvalidSettings counts rejected annotations by service and key, and
+	// rejected policies by service and "BackendPolicy namespace/name"
+	// (penaltybox_invalid_settings_total).
+	InvalidSettings *metrics.ServiceCounterVec
+	// PolicyStatusLeader is 1 while this agent writes the policies'
+	// status; PolicyStatusWrites counts those writes by result ("ok",
+	// "error"). Used with Options.Status only.
+	PolicyStatusLeader prometheus.Gauge
+	PolicyStatusWrites *prometheus.CounterVec
+}
+
 // Controller turns Services and EndpointSlices into the agent's desired
 // state, the way client-go's sample-controller does: informers feed a
 // rate-limited work queue of Service keys, and each key is recomputed from
@@ -121,7 +131,9 @@ type Options struct {
 // the Services recomputed), and the full state again every Resync.
 type Controller struct {
 	opts     Options
+	metrics  Metrics
 	log      *slog.Logger
+	started  sync.Once // Start
 	factory  informers.SharedInformerFactory
 	services corelisters.ServiceLister
 	// sliceIndex holds the EndpointSlices, indexed by their Service's key
@@ -203,7 +215,7 @@ type entry struct {
 	badSections map[string]string
 }
 
-// New builds a controller on client. Nothing runs until Run.
+// New builds a controller on client. Nothing runs until Start or Run.
 func New(client kubernetes.Interface, opts Options) *Controller {
 	if opts.Debounce <= 0 {
 		opts.Debounce = 30 * time.Millisecond
@@ -400,7 +412,27 @@ func (c *Controller) enqueueSlice(obj any) {
 	}
 }
 
-// Run starts the informers, waits for their caches, sends the first
+// Start starts the informers: the lists of Services, EndpointSlices and
+// the rest begin, and the caller does its other start-up work while they
+// arrive (the agent loads its maps meanwhile). It returns at once; Run
+// starts them itself if Start was not called. ctx must end no sooner
+// than Run's.
+func (c *Controller) Start(ctx context.Context) {
+	c.started.Do(func() {
+		c.log.Info("listing Services, EndpointSlices and BackendPolicies", "policies", c.dynFactory != nil)
+		for _, f := range []interface{ Start(<-chan struct{}) }{c.factory, c.nsFactory, c.dynFactory, c.nodeFactory} {
+			if f != nil { // a nil factory converts to a nil interface
+				f.Start(ctx.Done())
+			}
+		}
+	})
+}
+
+// SetMetrics gives the controller its counters. Call it before Run: the
+// agent's metrics exist once its maps are loaded, after Start.
+func (c *Controller) SetMetrics(m Metrics) { c.metrics = m }
+
+// Run starts the informers (see Start), waits for their caches, sends the first
 // complete desired state on out, then, after every change, what changed
 // (a delta: desired.State.Delta), and the complete state again every
 // Resync, until ctx ends (then it returns nil). The receiver must apply
@@ -413,18 +445,15 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 		defer c.stopRec()
 	}
 	go c.eventLoop(ctx)
-	c.factory.Start(ctx.Done())
+	c.Start(ctx)
 	defer c.factory.Shutdown()
 	if c.nsFactory != nil {
-		c.nsFactory.Start(ctx.Done())
 		defer c.nsFactory.Shutdown()
 	}
 	if c.dynFactory != nil {
-		c.dynFactory.Start(ctx.Done())
 		defer c.dynFactory.Shutdown()
 	}
 	if c.nodeFactory != nil {
-		c.nodeFactory.Start(ctx.Done())
 		defer c.nodeFactory.Shutdown()
 	}
 	c.log.Info("waiting for the Service, EndpointSlice and BackendPolicy caches", "policies", c.dynFactory != nil)
@@ -687,8 +716,8 @@ func (c *Controller) settings(svc *corev1.Service, key string, e *entry) Setting
 		}
 		c.log.Warn("invalid annotation; the last good settings stay in force",
 			"service", key, "key", ae.Key, "value", ae.Value, "err", ae.Msg)
-		if c.opts.InvalidSettings != nil {
-			c.opts.InvalidSettings.WithLabelValues(key, ae.Key).Inc()
+		if c.metrics.InvalidSettings != nil {
+			c.metrics.InvalidSettings.WithLabelValues(key, ae.Key).Inc()
 		}
 		c.recorder.Eventf(svc, corev1.EventTypeWarning, ReasonInvalidAnnotation,
 			"%s; the last good settings stay in force", ae.Error())
@@ -706,8 +735,8 @@ func (c *Controller) forget(key string, e *entry) {
 			delete(c.owner, s.Name)
 		}
 	}
-	if c.opts.InvalidSettings != nil {
-		c.opts.InvalidSettings.DeleteService(key)
+	if c.metrics.InvalidSettings != nil {
+		c.metrics.InvalidSettings.DeleteService(key)
 	}
 }
 
@@ -736,8 +765,8 @@ func (c *Controller) withPolicy(key string, annotated Settings, e *entry) Settin
 		e.badPolicy = id
 		c.log.Warn("invalid BackendPolicy; its last valid version, or the annotations, stay in force",
 			"service", key, "policy", p.Key(), "err", err)
-		if c.opts.InvalidSettings != nil {
-			c.opts.InvalidSettings.WithLabelValues(key, PolicyKind+" "+p.Key()).Inc()
+		if c.metrics.InvalidSettings != nil {
+			c.metrics.InvalidSettings.WithLabelValues(key, PolicyKind+" "+p.Key()).Inc()
 		}
 	}
 	if e.goodPolicy != nil && e.goodPolicy.Key() == p.Key() {

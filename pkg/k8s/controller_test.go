@@ -41,6 +41,10 @@ type harness struct {
 	invalid *metrics.ServiceCounterVec
 	states  chan desired.State
 	done    chan error
+	// metrics are the controller's (InvalidSettings: invalid); a tweak
+	// may add to them. beforeRun, if set, runs between New and Run.
+	metrics   Metrics
+	beforeRun func(*harness)
 	// handed is the complete state handed over so far (next).
 	handed *desired.State
 }
@@ -69,6 +73,7 @@ func newHarnessWith(t *testing.T, debounce time.Duration, tweak func(*harness, *
 		states:  make(chan desired.State),
 		done:    make(chan error, 1),
 	}
+	h.metrics.InvalidSettings = h.invalid
 	h.client = fake.NewClientset()
 	for _, o := range objs {
 		h.create(o)
@@ -76,13 +81,17 @@ func newHarnessWith(t *testing.T, debounce time.Duration, tweak func(*harness, *
 	// Every Service, as before opt-in scope existed: the scope has tests
 	// of its own (TestControllerOptInScope).
 	opts := Options{
-		NodeName: "n1", Debounce: debounce, InvalidSettings: h.invalid, Scope: ScopeAll,
+		NodeName: "n1", Debounce: debounce, Scope: ScopeAll,
 		Recorder: h.rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if tweak != nil {
 		tweak(h, &opts)
 	}
 	h.ctrl = New(h.client, opts)
+	h.ctrl.SetMetrics(h.metrics)
+	if h.beforeRun != nil {
+		h.beforeRun(h)
+	}
 	go func() { h.done <- h.ctrl.Run(ctx, h.states) }()
 	t.Cleanup(func() {
 		cancel()
@@ -518,6 +527,29 @@ func TestControllerLocalAddrs(t *testing.T) {
 	h.ctrl.SetLocalAddrs(nil)
 	if got := h.next(); len(got.Services) != 1 {
 		t.Fatalf("services %v, want shop/web:http back", got.Services)
+	}
+}
+
+// The agent starts the informers before its maps load, and learns the
+// node's addresses and gives the controller its metrics after: the first
+// state still counts both.
+func TestControllerStartedBeforeRun(t *testing.T) {
+	bad := service()
+	bad.Annotations = map[string]string{AnnotationMaxInflight: "lots"}
+	h := newHarnessWith(t, debounce, func(h *harness, _ *Options) {
+		h.beforeRun = func(h *harness) {
+			h.ctrl.Start(h.ctx)
+			if !cache.WaitForCacheSync(h.ctx.Done(), h.ctrl.synced...) {
+				t.Fatal("caches not synced")
+			}
+			h.ctrl.SetLocalAddrs([]netip.Addr{netip.MustParseAddr("198.18.1.1")})
+		}
+	}, bad, slice("web-1", httpPort, readyEP("198.18.1.1", "web-hostnet")))
+	if got := h.next(); len(got.Services) != 0 {
+		t.Fatalf("services %v, want none: the backend is on the node's own address", got.Services)
+	}
+	if n := testutil.ToFloat64(h.invalid.WithLabelValues("shop/web", AnnotationMaxInflight)); n != 1 {
+		t.Errorf("invalid settings counted %v times, want 1", n)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,10 +28,6 @@ type StatusOptions struct {
 	Identity  string               // this agent's name in the Lease (the node name)
 	// LeaseName defaults to "penaltybox-policy-status".
 	LeaseName string
-	// Leader is 1 while this agent writes the status; Writes counts status
-	// writes by result ("ok", "error"). Either may be nil.
-	Leader prometheus.Gauge
-	Writes *prometheus.CounterVec
 }
 
 // maxAncestors is the CRD's maxItems for status.ancestors (the Gateway
@@ -48,7 +43,7 @@ func (c *Controller) leadPolicyStatus(ctx context.Context) {
 		name = "penaltybox-policy-status"
 	}
 	leaseJob{
-		Client: so.Client, Namespace: so.Namespace, Name: name, Identity: so.Identity, Gauge: so.Leader, Log: c.log,
+		Client: so.Client, Namespace: so.Namespace, Name: name, Identity: so.Identity, Gauge: c.metrics.PolicyStatusLeader, Log: c.log,
 		Doing:     "writing BackendPolicy status: this agent holds the lease",
 		Stopped:   "no longer writing BackendPolicy status",
 		Elsewhere: "BackendPolicy status is written by another agent",
@@ -114,8 +109,8 @@ func (c *Controller) writeStatuses(ctx context.Context) {
 			c.log.Warn("BackendPolicy status write failed, retrying", "policy", key, "err", err)
 			c.statusQueue.AddRateLimited(key)
 		}
-		if c.opts.Status.Writes != nil && result != "" {
-			c.opts.Status.Writes.WithLabelValues(result).Inc()
+		if c.metrics.PolicyStatusWrites != nil && result != "" {
+			c.metrics.PolicyStatusWrites.WithLabelValues(result).Inc()
 		}
 		c.statusQueue.Done(key)
 	}

@@ -47,8 +47,8 @@ func newPolicyHarnessScope(t *testing.T, scope Scope, policies []*BackendPolicy,
 	ph.harness = newHarnessWith(t, debounce, func(h *harness, o *Options) {
 		o.Policies = ph.dyn
 		o.Scope = scope
-		o.Status = &StatusOptions{Client: h.client, Namespace: "penaltybox-system", Identity: "n1",
-			Leader: ph.leader, Writes: ph.writes}
+		o.Status = &StatusOptions{Client: h.client, Namespace: "penaltybox-system", Identity: "n1"}
+		h.metrics.PolicyStatusLeader, h.metrics.PolicyStatusWrites = ph.leader, ph.writes
 	}, objs...)
 	return ph
 }

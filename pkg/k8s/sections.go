@@ -43,8 +43,8 @@ func (c *Controller) withSections(svc *corev1.Service, key string, base Settings
 				e.badSections[port] = id
 				c.log.Warn("invalid BackendPolicy for a Service port; the Service's settings stay in force on it",
 					"service", key, "port", port, "policy", p.Key(), "err", err)
-				if c.opts.InvalidSettings != nil {
-					c.opts.InvalidSettings.WithLabelValues(key, PolicyKind+" "+p.Key()).Inc()
+				if c.metrics.InvalidSettings != nil {
+					c.metrics.InvalidSettings.WithLabelValues(key, PolicyKind+" "+p.Key()).Inc()
 				}
 			}
 			continue

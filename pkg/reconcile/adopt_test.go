@@ -4,6 +4,7 @@ package reconcile
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -540,4 +541,61 @@ func TestPrefiltersAfterUpgradeAndFailedWrites(t *testing.T) {
 	}
 	e.programAll()
 	e.checkKernel()
+}
+
+// Over maps created empty (Options.Fresh) nothing is read back, and an id
+// is zeroed only when it is used again: a cold start's ids all come fresh.
+// Over maps that may hold anything, every id is zeroed at its first use.
+func TestFreshMapsNeitherReadNorZeroed(t *testing.T) {
+	resets := func(ops []op) (svcs, bes []uint32) {
+		for _, o := range ops {
+			switch o.Kind {
+			case opResetSvcStats:
+				svcs = append(svcs, o.ID)
+			case opResetBeStats:
+				bes = append(bes, o.ID)
+			}
+		}
+		return svcs, bes
+	}
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+	api := svc("api", vip2, 80, ep("198.19.2.1:8080"))
+	db := svc("db", vip3, 5432, ep("198.19.3.1:5432"), ep("198.19.3.2:5432"))
+	for _, fresh := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fresh=%v", fresh), func(t *testing.T) {
+			e := newEnv(t, func(o *Options) { o.Fresh = fresh })
+			for _, kind := range []string{opServices, opBackends, opPorts, opVIPSlots} {
+				if got, want := e.f.Calls[kind] > 0, !fresh; got != want {
+					t.Errorf("%s read: %v, want %v", kind, got, want)
+				}
+			}
+			e.apply(web, api)
+			svcs, bes := resets(e.f.TakeOps())
+			if fresh && (len(svcs) != 0 || len(bes) != 0) {
+				t.Errorf("first use of fresh ids zeroed services %v, backends %v", svcs, bes)
+			}
+			if !fresh && (len(svcs) != 2 || len(bes) != 3) {
+				t.Errorf("first use zeroed services %v, backends %v; want 2 and 3", svcs, bes)
+			}
+			apiID := e.service(api.Key).ID
+			apiBe := e.bid(api.Key, "198.19.2.1:8080")
+			e.apply(web)
+			e.clk.Step(testCooldown)
+			e.r.Sweep(InUse{})
+			e.f.TakeOps()
+			// db takes api's freed ids, used before, and one never used.
+			e.apply(web, db)
+			svcs, bes = resets(e.f.TakeOps())
+			dbBes := e.bids(db.Key, "198.19.3.1:5432", "198.19.3.2:5432")
+			wantBes := dbBes
+			if fresh {
+				wantBes = []uint32{apiBe}
+			}
+			slices.Sort(bes)
+			slices.Sort(wantBes)
+			if !slices.Equal(svcs, []uint32{apiID}) || !slices.Equal(bes, wantBes) || !slices.Contains(dbBes, apiBe) {
+				t.Errorf("reuse zeroed services %v, backends %v; want [%d] and %v (db has %v)", svcs, bes, apiID, wantBes, dbBes)
+			}
+		})
+	}
 }

@@ -123,13 +123,15 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 			}
 		}
 		if !existed && s == nil {
-			id, ok := r.svcIDs.get()
+			id, clean, ok := r.svcIDs.get()
 			if !ok {
 				errs = append(errs, fmt.Errorf("service %s: no free service id (max %d)", spec.Name, r.svcIDs.max))
 				continue
 			}
 			delete(r.retiredSvc, id)
-			r.w.ResetServiceStats(id)
+			if !clean {
+				r.w.ResetServiceStats(id)
+			}
 			r.w.ResetServiceTrip(id)
 			s = &Service{ID: id, mark: r.gen}
 			if r.takeover > 0 {
@@ -272,7 +274,8 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 			ids = append(ids, id)
 			continue
 		}
-		id, ok = r.beIDs.get()
+		var clean bool
+		id, clean, ok = r.beIDs.get()
 		if !ok {
 			errs = append(errs, fmt.Errorf("service %s: endpoint %s: no free backend id (max %d)", s.Spec.Name, ep.Addr, r.beIDs.max))
 			continue
@@ -280,7 +283,7 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 		// New endpoints start active, as failure accrual starts them ready:
 		// the kernel only reaches a backend through a table, so one that is
 		// in none yet is harmless. Written in one batch by flushBackends.
-		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendActive}
+		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendActive, clean: clean}
 		r.backends[id] = b
 		r.fresh = append(r.fresh, b)
 		ids = append(ids, id)
@@ -303,7 +306,8 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 }
 
 // flushBackends writes the backends syncBackends created, in batches: the
-// counters of their (possibly recycled) ids zeroed, then their entries.
+// counters of their (possibly recycled) ids zeroed, unless clean, then
+// their entries.
 // An entry that cannot be written leaves its service.
 func (r *Reconciler) flushBackends() error {
 	if len(r.fresh) == 0 {
@@ -313,12 +317,17 @@ func (r *Reconciler) flushBackends() error {
 	r.fresh = nil
 	ids := make([]uint32, len(fresh))
 	vals := make([]bpf.LbBackend, len(fresh))
+	var used []uint32
 	for i, b := range fresh {
 		ids[i] = b.ID
 		vals[i] = maps.NewBackend(b.Addr, b.Service, b.State, 0)
+		if !b.clean {
+			used = append(used, b.ID)
+		}
+		b.clean = false
 	}
 	var errs []error
-	if err := r.w.ResetBackendStats(ids); err != nil {
+	if err := r.w.ResetBackendStats(used); err != nil {
 		errs = append(errs, err)
 	}
 	for _, id := range ids {

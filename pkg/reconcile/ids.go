@@ -56,19 +56,24 @@ type idPool struct {
 	next uint32
 	free []uint32
 	used map[uint32]bool
+	// zeroed: the maps were created empty (Options.Fresh), so an id never
+	// handed out before has counters nothing ever wrote.
+	zeroed bool
 }
 
-func newIDPool(max uint32) idPool {
-	return idPool{max: max, next: 1, used: map[uint32]bool{}}
+func newIDPool(max uint32, zeroed bool) idPool {
+	return idPool{max: max, next: 1, used: map[uint32]bool{}, zeroed: zeroed}
 }
 
-func (p *idPool) get() (uint32, bool) {
+// get hands out an id; clean says its counters need no reset (see
+// zeroed): it is one the pool never handed out, over maps created empty.
+func (p *idPool) get() (id uint32, clean, ok bool) {
 	for len(p.free) > 0 {
 		id := p.free[len(p.free)-1]
 		p.free = p.free[:len(p.free)-1]
 		if !p.used[id] {
 			p.used[id] = true
-			return id, true
+			return id, false, true
 		}
 	}
 	for p.next < p.max {
@@ -76,10 +81,10 @@ func (p *idPool) get() (uint32, bool) {
 		p.next++
 		if !p.used[id] {
 			p.used[id] = true
-			return id, true
+			return id, p.zeroed, true
 		}
 	}
-	return 0, false
+	return 0, false, false
 }
 
 // take reserves a specific id (adoption).
