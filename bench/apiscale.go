@@ -139,6 +139,8 @@ func runAPIScale(res *Results, o apiscaleOpts, agentBin string, logf func(string
 		}
 		add(label+": agent start → every Service's table in the maps", "s", m.programmed.Seconds(), 2)
 		add(label+": agent start → /readyz 200", "s", m.ready.Seconds(), 2)
+		add(label+": agent CPU, start → programmed and ready (utime+stime)", "s", m.startCPU, 2)
+		add(label+": kube-apiserver + etcd CPU meanwhile", "s", m.startServerCPU, 2)
 		add(label+": agent RSS when programmed (VmRSS)", "MB", m.rss, 1)
 		add(label+": agent peak RSS while programming (VmHWM)", "MB", m.hwmStart, 1)
 		add(label+": agent peak RSS at the end of the round (VmHWM)", "MB", m.hwmEnd, 1)
@@ -150,11 +152,11 @@ func runAPIScale(res *Results, o apiscaleOpts, agentBin string, logf func(string
 		add("change: API write → new endpoint in the Service's Maglev table, p99", "ms", m.p99, 1)
 		add("change: API write → new endpoint in the Service's Maglev table, max", "ms", m.max, 1)
 		add("change: API write returned, p99", "ms", m.writeP99, 1)
-		logf("apiscale: round %d/%d: programmed in %v (ready %v), RSS %.0f MB (peak %.0f, %.0f at end); idle CPU %.2f%%; %d changes at %.1f/s: agent CPU %.2f%% of a core, servers %.0f%%, latency p50 %.1f ms p99 %.1f ms max %.1f ms",
-			round+1, o.Rounds, m.programmed.Round(time.Millisecond), m.ready.Round(time.Millisecond), m.rss, m.hwmStart, m.hwmEnd,
+		logf("apiscale: round %d/%d: programmed in %v (ready %v; CPU %.2f s, servers %.2f s), RSS %.0f MB (peak %.0f, %.0f at end); idle CPU %.2f%%; %d changes at %.1f/s: agent CPU %.2f%% of a core, servers %.0f%%, latency p50 %.1f ms p99 %.1f ms max %.1f ms",
+			round+1, o.Rounds, m.programmed.Round(time.Millisecond), m.ready.Round(time.Millisecond), m.startCPU, m.startServerCPU, m.rss, m.hwmStart, m.hwmEnd,
 			m.idleCPU, m.changes, m.rate, m.cpu, m.serverCPU, m.p50, m.p99, m.max)
 	}
-	res.note("apiscale", "A real etcd %s and kube-apiserver (the end-to-end tests' servers: internal/kubeapi, built by scripts/k8s-tools.sh) in the node namespace of a testnet topology. %s created through the API before the rounds: one TCP port 80 each (ClusterIPs the API server allocates in 198.19.0.0/16) and one EndpointSlice of %d ready endpoints (198.18.16-25.x, a port per 256 Services), both as a cluster's are: the Service with labels and a selector, the slice as the EndpointSlice controller writes it (the Service's labels copied, its owner reference, the trigger-time annotation; each endpoint's pod reference, node, zone and three conditions), so the agent's memory is measured on what real clusters send it. Each round starts a fresh agent (own bpffs, `--scope all`, XDP on the node's interfaces, the admin's kubeconfig, `--backend-metrics=basic` and GOMEMLIMIT=1Gi as deploy/daemonset.yaml runs it) and polls the pinned pb_services map (batch reads) every 10 ms until every bench Service has an entry with a Maglev table; a sample of 20 Services is then checked slot by slot (tableProbe: every endpoint in the table). RSS from /proc/PID/status. The agent holds a handle on each of its Maglev tables (two per Service; reaching a table by id would need CAP_SYS_ADMIN), so it needs more than 20,000 open files here: the bench raises RLIMIT_NOFILE to 2^20 (containerd gives containers that much) and the agent inherits it.", "v3.7.3", label, o.PerService)
+	res.note("apiscale", "A real etcd %s and kube-apiserver (the end-to-end tests' servers: internal/kubeapi, built by scripts/k8s-tools.sh) in the node namespace of a testnet topology. %s created through the API before the rounds: one TCP port 80 each (ClusterIPs the API server allocates in 198.19.0.0/16) and one EndpointSlice of %d ready endpoints (198.18.16-25.x, a port per 256 Services), both as a cluster's are: the Service with labels and a selector, the slice as the EndpointSlice controller writes it (the Service's labels copied, its owner reference, the trigger-time annotation; each endpoint's pod reference, node, zone and three conditions), so the agent's memory is measured on what real clusters send it. Each round starts a fresh agent (own bpffs, `--scope all`, XDP on the node's interfaces, the admin's kubeconfig, `--backend-metrics=basic` and GOMEMLIMIT=1Gi as deploy/daemonset.yaml runs it) and polls the pinned pb_services map (batch reads) every 10 ms until every bench Service has an entry with a Maglev table; a sample of 20 Services is then checked slot by slot (tableProbe: every endpoint in the table). The start's CPU is the agent's utime+stime from /proc/PID/stat once it is programmed and ready, the verifier's included, and kube-apiserver's plus etcd's over the same window. RSS from /proc/PID/status. The agent holds a handle on each of its Maglev tables (two per Service; reaching a table by id would need CAP_SYS_ADMIN), so it needs more than 20,000 open files here: the bench raises RLIMIT_NOFILE to 2^20 (containerd gives containers that much) and the agent inherits it.", "v3.7.3", label, o.PerService)
 	res.note("apiscale", "Changes: %d EndpointSlice updates per second for %v, each to a different Service (its first endpoint replaced by a new address; 4 writers pace the writes). Latency runs from just before the Update call to the moment the Service's table, read through the pinned maps (its pb_services entry polled every ms; once it changed, the table slot by slot), holds the new endpoint and not the old. Agent CPU is utime+stime from /proc/PID/stat over the window, as a share of one core; idle CPU is the same over %v with nothing changing, before.", o.Rate, o.ChangeFor, o.Idle)
 	res.target("apiscale", label+" programmed from cold ≤ 2 s (start → every table in the maps)", res.median("apiscale", label+": agent start → every Service's table in the maps"), 2, true, "%.2f s")
 	res.target("apiscale", label+": agent RSS ≤ 150 MB (peak, VmHWM)", res.median("apiscale", label+": agent peak RSS at the end of the round (VmHWM)"), 150, true, "%.1f MB")
@@ -278,6 +280,8 @@ func parallel(workers, n int, f func(i int) error) error {
 
 type apiscaleRound struct {
 	programmed, ready     time.Duration
+	startCPU              float64 // s: the agent's, to programmed and ready
+	startServerCPU        float64 // s: kube-apiserver's and etcd's meanwhile
 	rss, hwmStart, hwmEnd float64 // MB
 	idleCPU, cpu          float64 // % of a core
 	serverCPU             float64
@@ -326,6 +330,8 @@ func (c *apiscaleCluster) round(r *rig, o apiscaleOpts, round int, change *int, 
 		want[maps.Addr16(v)] = true
 	}
 
+	apiPID, etcdPID := c.srv.PIDs()
+	servers0 := procCPU(apiPID) + procCPU(etcdPID)
 	t0 := time.Now()
 	if err := a.StartNoWait(); err != nil {
 		return m, err
@@ -371,6 +377,11 @@ func (c *apiscaleCluster) round(r *rig, o apiscaleOpts, round int, change *int, 
 	if err != nil {
 		return m, err
 	}
+	// The start's CPU, once programmed and ready (the verifier's
+	// included): it moves much less with the machine's other load than
+	// the start's duration does.
+	m.startCPU = procCPU(pid).Seconds()
+	m.startServerCPU = (procCPU(apiPID) + procCPU(etcdPID) - servers0).Seconds()
 	rss, _ := procStatusKB(pid, "VmRSS")
 	hwm, _ := procStatusKB(pid, "VmHWM")
 	m.rss, m.hwmStart = rss/1024, hwm/1024
