@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/desired"
@@ -550,6 +551,68 @@ func TestControllerStartedBeforeRun(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(h.invalid.WithLabelValues("shop/web", AnnotationMaxInflight)); n != 1 {
 		t.Errorf("invalid settings counted %v times, want 1", n)
+	}
+}
+
+// countingQueue counts the keys taken from the queue once it was first
+// found empty: after Run's drain, before its first pass (a Run without
+// the drain never looks, and then every key is counted).
+type countingQueue struct {
+	workqueue.TypedRateLimitingInterface[string]
+	mu      sync.Mutex
+	drained bool
+	got     map[string]int
+}
+
+func (q *countingQueue) Len() int {
+	n := q.TypedRateLimitingInterface.Len()
+	q.mu.Lock()
+	q.drained = q.drained || n == 0
+	q.mu.Unlock()
+	return n
+}
+
+func (q *countingQueue) Get() (string, bool) {
+	key, shutdown := q.TypedRateLimitingInterface.Get()
+	q.mu.Lock()
+	if q.drained {
+		q.got[key]++
+	}
+	q.mu.Unlock()
+	return key, shutdown
+}
+
+// The first state computes every Service the informers listed; the worker
+// then computes only what changes after, not every listed key again.
+func TestControllerSyncsListedServicesOnce(t *testing.T) {
+	var q *countingQueue
+	other := service(func(s *corev1.Service) {
+		s.Name, s.UID = "api", "uid-api"
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "198.19.0.11", []string{"198.19.0.11"}
+	})
+	apiSlice := slice("api-1", httpPort, readyEP("198.18.1.2", "b"))
+	apiSlice.Labels[discoveryv1.LabelServiceName] = "api"
+	h := newHarnessWith(t, debounce, func(h *harness, _ *Options) {
+		h.beforeRun = func(h *harness) {
+			q = &countingQueue{TypedRateLimitingInterface: h.ctrl.queue, got: map[string]int{}}
+			h.ctrl.queue = q
+		}
+	}, service(), other, slice("web-1", httpPort, readyEP("198.18.1.1", "a")))
+	if got := h.next(); len(got.Services) != 2 {
+		t.Fatalf("first state %v, want shop/web:http and shop/api:http", got.Services)
+	}
+	// A change after the first state: the worker takes its key, after any
+	// queued before it.
+	h.create(apiSlice)
+	if got := byName(h.next()); len(got["shop/api:http"].Endpoints) != 1 {
+		t.Fatalf("delta %v, want shop/api:http with its endpoint", got)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	// After the first pass, shop/api for its new slice, and shop/web
+	// never: the first state had it.
+	if !q.drained || q.got["shop/web"] != 0 || q.got["shop/api"] != 1 {
+		t.Errorf("keys taken after the first pass %v (drained %v), want shop/api once", q.got, q.drained)
 	}
 }
 
