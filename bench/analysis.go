@@ -211,7 +211,7 @@ const (
 		"on a thread at nice 19 (92a8184, 2 rounds) 2.41 / 2.42 s, the lists back at 0.9 s; with a lighter first Apply (2779ae4: the " +
 		"first state's spare tables installed once the datapath is live, tables created on both CPUs, no table copied out of each Maglev " +
 		"build) the Apply takes 0.9-1.05 s from the caches' sync to ready, and the verifier, 1.5-1.8 s at nice 19 beside it (0.8 s " +
-		"alone), ends with it or before: the figure above (9835873, 3 rounds: 2.49 / 2.74 / 2.97 s to /readyz, the lists 0.95-1.4 s from " +
+		"alone), ends with it or before: the previous version of bench/RESULTS-apiscale.md (9835873, 3 rounds: 2.49 / 2.74 / 2.97 s to /readyz, the lists 0.95-1.4 s from " +
 		"round to round with the API server on the same two cores; 2.40 / 2.45 / 2.63 s in a run of 2779ae4 an hour before). What is left is thus two paths of about a second each after a 0.4 s map load and " +
 		"0.9 s of lists: the verifier's 470,700 instructions processed for a program of 20,855, and about 40 µs of system calls per " +
 		"service in the Apply (a table created, filled through mmap and unmapped; the backends' list; the service's entry); 2 s needs " +
@@ -223,7 +223,20 @@ const (
 		"470,700 -> 305,316 instructions processed, but the verification time stayed 0.71-0.74 s (3 loads each): a kernel profile " +
 		"(`perf record -g` of three loads) has the time in comparing states (states_equal, regsafe: about 20% of the samples against " +
 		"5% in walking instructions) and the 23,000 states did not change; creating the per-CPU arrays at their default sizes " +
-		"(pcpu_alloc for pb_be_stats) is another 18%. Fewer states, not fewer instructions, is what would shorten it."
+		"(pcpu_alloc for pb_be_stats) is another 18%. Fewer states, not fewer instructions, is what would shorten it. " +
+		"Since (2026-12-05; b5e1347, 9c3b84b): the informers' lists begin before the maps load (the node's addresses first; the " +
+		"controller gets its metrics once they exist), the lists are asked for without gzip (the API server compressed 20,000 objects " +
+		"and the agent decompressed them on the same two cores; --api-compression asks again), a pin directory found empty is neither " +
+		"adopted nor zeroed (no reads of empty maps, no counter resets for ids never handed out), and the controller drops the " +
+		"informers' 10,000 initial keys before its first pass instead of computing every Service twice. The agent's log of a round: " +
+		"lists begin, caches synced +1.4 s, program loaded +1.6-2.3 s (the verifier 0.95 s of it, from the maps' load on), " +
+		"attached +2.3-2.9 s. Measured the same hour " +
+		"(`go run ./bench --only apiscale --rounds 3 --agent BIN`, 2026-12-05 10:47-10:55 UTC, a slower hour than the figures above: the " +
+		"API server's CPU at 100 changes/s 60-66% against 44-47% then): this tree 2.95 / 2.96 / 3.13 s to the maps, the agent's CPU over " +
+		"the start 3.60 / 3.71 / 3.76 s, the API server's and etcd's 0.81 / 0.84 / 1.49 s; 06c6860 (before) 4.04 / 4.09 / 4.26 s, " +
+		"3.92 / 3.94 / 4.32 s and 2.02 / 2.16 / 2.22 s: 0.72× the time to the maps, about half the API server's CPU. An earlier hour " +
+		"(2026-12-05 07:00, without the drain): 2.31 / 2.41 / 2.99 s against 2.80 / 2.97 / 3.24 s. The 2 s target stays missed for the " +
+		"reasons above: the verifier's second and the Apply's 40 µs a service."
 	apiRSSText = "**10,000 Services from the API server: RSS.** The objects are a cluster's since 6aee224 (labelled Services with selectors; slices as the EndpointSlice controller writes them, with pod references, nodes, zones, owners and copied labels): on them the agent before this change held 136 MB live after the cold start (heap profile after a GC, 5 s into a round) and peaked at 334-342 MB RSS; on the old bare objects 97 MB and 264-286 MB. " +
 		"What it held: the informers' API objects (EndpointSlices with their pod references 47 MB, Services 20 MB), the reconciler's services and backends 23 MB, the controller's translated services 20 MB, accrual 9 MB, the agent's per-service policy 3 MB. " +
 		"Done (ab729af, 107817b, 3b5dcb0): the informers' transform caches each EndpointSlice as the controller's compact copy (the fields Translate reads, the address parsed, conditions as flags, node names interned: about 1 KB a slice of ten endpoints, pod references and labels not kept) and a Service without its selector, status and other tools' labels and annotations; the translated endpoints are allocated at their size and shared by the reconciler instead of copied; the controller's pending map is made anew after the first hand-over instead of cleared (a map keeps its room); a cold start's 100,000 backend counter resets are written in batches of 4,096 (one batch marshalled 15 MB of boxed per-CPU zeros while the whole state was live). " +
