@@ -229,8 +229,8 @@ const (
 		"and the agent decompressed them on the same two cores; --api-compression asks again), a pin directory found empty is neither " +
 		"adopted nor zeroed (no reads of empty maps, no counter resets for ids never handed out), and the controller drops the " +
 		"informers' 10,000 initial keys before its first pass instead of computing every Service twice. The agent's log of a round: " +
-		"lists begin, caches synced +1.4 s, program loaded +1.6-2.3 s (the verifier 0.95 s of it, from the maps' load on), " +
-		"attached +2.3-2.9 s. Measured the same hour " +
+		"lists begin, caches synced +1.4 s, program loaded +1.6-2.3 s (the verifier 0.95-1.7 s of it, from the maps' load on), " +
+		"attached +2.6-2.9 s. Measured the same hour " +
 		"(`go run ./bench --only apiscale --rounds 3 --agent BIN`, 2026-12-05 10:47-10:55 UTC, a slower hour than the figures above: the " +
 		"API server's CPU at 100 changes/s 60-66% against 44-47% then): this tree 2.95 / 2.96 / 3.13 s to the maps, the agent's CPU over " +
 		"the start 3.60 / 3.71 / 3.76 s, the API server's and etcd's 0.81 / 0.84 / 1.49 s; 06c6860 (before) 4.04 / 4.09 / 4.26 s, " +
