@@ -491,7 +491,7 @@ func (c *apiscaleCluster) changes(p *tableProbe, pid int, o apiscaleOpts, change
 				pd := &pending{i: i, old: old, new: netip.AddrPortFrom(netip.MustParseAddr(newA), port)}
 				if err := p.svcs.Lookup(maps.ServiceKey(c.vips[i], 80, 6), &pd.before); err != nil {
 					mu.Lock()
-					werrs = append(werrs, err)
+					werrs = append(werrs, fmt.Errorf("service %d (%v): pb_services before its change: %w", i, c.vips[i], err))
 					mu.Unlock()
 					continue
 				}
@@ -550,6 +550,7 @@ func (c *apiscaleCluster) changes(p *tableProbe, pid int, o apiscaleOpts, change
 			if !pd.changed {
 				var v bpf.LbSvcValue
 				if err = p.svcs.Lookup(maps.ServiceKey(c.vips[pd.i], 80, 6), &v); err != nil {
+					err = fmt.Errorf("service %d (%v): pb_services after its change was written: %w", pd.i, c.vips[pd.i], err)
 					break
 				}
 				pd.changed = v != pd.before
@@ -557,6 +558,7 @@ func (c *apiscaleCluster) changes(p *tableProbe, pid int, o apiscaleOpts, change
 			if pd.changed {
 				var have map[netip.AddrPort]bool
 				if have, err = p.addrs(c.vips[pd.i]); err != nil {
+					err = fmt.Errorf("service %d (%v): its table after its change: %w", pd.i, c.vips[pd.i], err)
 					break
 				}
 				if have[pd.new] && !have[pd.old] {

@@ -180,15 +180,15 @@ func (p *tableProbe) close() { p.svcs.Close(); p.maglev.Close(); p.backends.Clos
 func (p *tableProbe) addrs(vip netip.Addr) (map[netip.AddrPort]bool, error) {
 	var sv bpf.LbSvcValue
 	if err := p.svcs.Lookup(maps.ServiceKey(vip, 80, 6), &sv); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pb_services: %w", err)
 	}
 	var innerID uint32
 	if err := p.maglev.Lookup(maps.TableKey(sv.Id, sv.Table), &innerID); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pb_maglev: table %d of service id %d (table_size %d): %w", sv.Table, sv.Id, sv.TableSize, err)
 	}
 	inner, err := ebpf.NewMapFromID(ebpf.MapID(innerID))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("table %d of service id %d: map id %d: %w", sv.Table, sv.Id, innerID, err)
 	}
 	defer inner.Close()
 	n := int(sv.TableSize) // the live slots (the table may be larger)
@@ -207,7 +207,7 @@ func (p *tableProbe) addrs(vip netip.Addr) (map[netip.AddrPort]bool, error) {
 		seen[id] = true
 		raw := make([]byte, p.backends.ValueSize())
 		if err := p.backends.Lookup(id, raw); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("pb_backends: backend id %d: %w", id, err)
 		}
 		// struct backend starts with union addr (IPv4 in its first 4
 		// bytes), then the __be16 port.
