@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -151,6 +153,22 @@ func BenchmarkDecode(b *testing.B) {
 	for b.Loop() {
 		if _, err := Decode(raw, 0); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// MonoNow is CLOCK_MONOTONIC, the clock of the datapath's timestamps: a
+// system call's reading falls between two of MonoNow's around it.
+func TestMonoNowIsClockMonotonic(t *testing.T) {
+	for range 100 {
+		before := MonoNow()
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			t.Fatal(err)
+		}
+		after := MonoNow()
+		if sys := ts.Nano(); sys < before || sys > after {
+			t.Fatalf("clock_gettime(CLOCK_MONOTONIC) %d, not between MonoNow's %d and %d", sys, before, after)
 		}
 	}
 }
