@@ -489,7 +489,7 @@ func (c *apiscaleCluster) changes(p *tableProbe, pid int, o apiscaleOpts, change
 				newA := apiscaleNew(*change + k)
 				sl.Endpoints[0].Addresses = []string{newA}
 				pd := &pending{i: i, old: old, new: netip.AddrPortFrom(netip.MustParseAddr(newA), port)}
-				if err := p.svcs.Lookup(maps.ServiceKey(c.vips[i], 80, 6), &pd.before); err != nil {
+				if err := p.service(c.vips[i], &pd.before); err != nil {
 					mu.Lock()
 					werrs = append(werrs, fmt.Errorf("service %d (%v): pb_services before its change: %w", i, c.vips[i], err))
 					mu.Unlock()
@@ -549,7 +549,7 @@ func (c *apiscaleCluster) changes(p *tableProbe, pid int, o apiscaleOpts, change
 		for _, pd := range batch {
 			if !pd.changed {
 				var v bpf.LbSvcValue
-				if err = p.svcs.Lookup(maps.ServiceKey(c.vips[pd.i], 80, 6), &v); err != nil {
+				if err = p.service(c.vips[pd.i], &v); err != nil {
 					err = fmt.Errorf("service %d (%v): pb_services after its change was written: %w", pd.i, c.vips[pd.i], err)
 					break
 				}

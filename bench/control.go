@@ -176,10 +176,22 @@ func openProbe(root string) (*tableProbe, error) {
 
 func (p *tableProbe) close() { p.svcs.Close(); p.maglev.Close(); p.backends.Close() }
 
+// service reads vip:80's pb_services entry. A read racing the agent's
+// rewrite of the entry can miss it (the hash map links the new entry
+// before it unlinks the old one, and a walk past the head sees neither;
+// the datapath's service() has the same second look): once more on a miss.
+func (p *tableProbe) service(vip netip.Addr, v *bpf.LbSvcValue) error {
+	err := p.svcs.Lookup(maps.ServiceKey(vip, 80, 6), v)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		err = p.svcs.Lookup(maps.ServiceKey(vip, 80, 6), v)
+	}
+	return err
+}
+
 // addrs returns the backend addresses in vip:80's current table.
 func (p *tableProbe) addrs(vip netip.Addr) (map[netip.AddrPort]bool, error) {
 	var sv bpf.LbSvcValue
-	if err := p.svcs.Lookup(maps.ServiceKey(vip, 80, 6), &sv); err != nil {
+	if err := p.service(vip, &sv); err != nil {
 		return nil, fmt.Errorf("pb_services: %w", err)
 	}
 	var innerID uint32
