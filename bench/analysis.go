@@ -236,7 +236,18 @@ const (
 		"the start 3.60 / 3.71 / 3.76 s, the API server's and etcd's 0.81 / 0.84 / 1.49 s; 06c6860 (before) 4.04 / 4.09 / 4.26 s, " +
 		"3.92 / 3.94 / 4.32 s and 2.02 / 2.16 / 2.22 s: 0.72× the time to the maps, about half the API server's CPU. An earlier hour " +
 		"(2026-12-05 07:00, without the drain): 2.31 / 2.41 / 2.99 s against 2.80 / 2.97 / 3.24 s. The 2 s target stays missed for the " +
-		"reasons above: the verifier's second and the Apply's 40 µs a service."
+		"reasons above: the verifier's second and the Apply's 40 µs a service. " +
+		"Since (2026-12-05, later): the Apply timed phase by phase (a build with timers, 2 rounds): the desired state's sync 0.30-0.35 s " +
+		"(the tables' creation in it), accrual's adoption 0.11-0.14 s, programming 0.76-0.78 s, of which the tables' first fills " +
+		"0.43-0.46 s (map, copy, unmap: 44 µs a table) and the Maglev builds 0.14 s. Tried and not kept: the first fills of 512 " +
+		"services at a time written side by side on both CPUs, each service flipped after its batch: 3.26 / 3.41 / 4.05 s to the maps " +
+		"against 2.90 / 3.00 / 3.11 s for the same tree without it, runs alternating. A test program (4,000 tables of 1,021 slots, " +
+		"another thread of the process busy, as the agent's are) says why: a fill costs 34 µs on one goroutine and 66 µs of wall " +
+		"time a table on two (each munmap's TLB shootdown interrupts the other CPU, and the mappings serialise on the process's mm " +
+		"lock); a batch update instead 71 µs on one and 61 µs on two; creating the tables 16-17 µs each on one goroutine and 14 µs on two. " +
+		"The start is CPU-bound, not waiting: the agent's 3.6-4.0 s of CPU and the API server's and etcd's 0.8 s over a start need " +
+		"2.2-2.4 s of this machine's two cores even perfectly overlapped, so 2 s takes about a core-second less work (the verifier's " +
+		"states, one map per service's table, the GC of a heap near the 96 MiB soft limit), not more overlap."
 	apiRSSText = "**10,000 Services from the API server: RSS.** The objects are a cluster's since 6aee224 (labelled Services with selectors; slices as the EndpointSlice controller writes them, with pod references, nodes, zones, owners and copied labels): on them the agent before this change held 136 MB live after the cold start (heap profile after a GC, 5 s into a round) and peaked at 334-342 MB RSS; on the old bare objects 97 MB and 264-286 MB. " +
 		"What it held: the informers' API objects (EndpointSlices with their pod references 47 MB, Services 20 MB), the reconciler's services and backends 23 MB, the controller's translated services 20 MB, accrual 9 MB, the agent's per-service policy 3 MB. " +
 		"Done (ab729af, 107817b, 3b5dcb0): the informers' transform caches each EndpointSlice as the controller's compact copy (the fields Translate reads, the address parsed, conditions as flags, node names interned: about 1 KB a slice of ten endpoints, pod references and labels not kept) and a Service without its selector, status and other tools' labels and annotations; the translated endpoints are allocated at their size and shared by the reconciler instead of copied; the controller's pending map is made anew after the first hand-over instead of cleared (a map keeps its room); a cold start's 100,000 backend counter resets are written in batches of 4,096 (one batch marshalled 15 MB of boxed per-CPU zeros while the whole state was live). " +
