@@ -53,11 +53,39 @@ const enum pb_nf_why *unused_nf_why __attribute__((unused));
 #include "pb_forward.h"
 #include "pb_icmp.h"
 
+/* service looks a VIP's service up. The agent rewrites a service's entry
+ * at every change of its endpoints, and the hash map replaces an entry by
+ * linking the new one at its bucket's head and then unlinking the old: a
+ * lookup already past the head, on an entry ahead of the old one, finds
+ * neither and misses a service that exists (one new flow in 14,000 while
+ * every service was rewritten in a loop, TestServiceRewriteNeverMissed).
+ * A second walk starts at the head, where the new entry is by then. Only
+ * a packet to a VIP port and a marked address pays it on a real miss. */
+static __always_inline struct svc_value *service(const struct svc_key *sk)
+{
+	struct svc_value *v = bpf_map_lookup_elem(&pb_services, sk);
+	if (!v)
+		v = bpf_map_lookup_elem(&pb_services, sk);
+	return v;
+}
+
+/* svc_same: two service values are the same, word by word. */
+_Static_assert(sizeof(struct svc_value) == 8 * sizeof(__u32), "svc_value is eight words");
+static __always_inline int svc_same(const struct svc_value *a, const struct svc_value *b)
+{
+	const __u32 *x = (const void *)a, *y = (const void *)b;
+	int same = 1;
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		same &= x[i] == y[i];
+	return same;
+}
+
 /* handle_forward handles a client packet to a service that is not the
  * plain established case: a new flow, or SYN, FIN or RST on a known one
  * (ct, when not NULL). */
 static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, struct svc_value *svcp,
-				     struct ct_key *fk, struct ct_value *ct)
+				     const struct svc_key *sk, struct ct_key *fk, struct ct_value *ct)
 {
 	struct global_stats *gs = gstats();
 	__u32 move_off = replay_move_off(ctx);
@@ -67,6 +95,16 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	/* A copy: the agent flips tables by rewriting this value. */
 	struct svc_value *svc = &sc->svc;
 	*svc = *svcp;
+	/* An entry the agent replaced is reused by the map at once, for any
+	 * key: read through svcp after that, it is another service's value
+	 * (TestServiceRewriteNeverMissed sent a new flow to another service's
+	 * backend so). The copy stands if the key still reads the same; if
+	 * not, the key's value is copied again. */
+	struct svc_value *now = service(sk);
+	if (!now)
+		return XDP_PASS; /* replaced, and the key is gone: no service */
+	if (!svc_same(svc, now))
+		*svc = *now;
 	struct ct_value *fv = &sc->fv;
 	int rc;
 	/* A SYN the backend could not accept is not its to answer: it passes
@@ -359,22 +397,6 @@ nat:;
 	return forward(ctx, p, gs);
 }
 
-/* service looks a VIP's service up. The agent rewrites a service's entry
- * at every change of its endpoints, and the hash map replaces an entry by
- * linking the new one at its bucket's head and then unlinking the old: a
- * lookup already past the head, on an entry ahead of the old one, finds
- * neither and misses a service that exists (one new flow in 14,000 while
- * every service was rewritten in a loop, TestServiceRewriteNeverMissed).
- * A second walk starts at the head, where the new entry is by then. Only
- * a packet to a VIP port and a marked address pays it on a real miss. */
-static __always_inline struct svc_value *service(const struct svc_key *sk)
-{
-	struct svc_value *v = bpf_map_lookup_elem(&pb_services, sk);
-	if (!v)
-		v = bpf_map_lookup_elem(&pb_services, sk);
-	return v;
-}
-
 /* pb_run is the whole program for one address family. family is a
  * constant in each of pb_xdp's two calls, so the compiler specialises each
  * copy and the verifier walks an IPv4 and an IPv6 program, each with no
@@ -453,7 +475,7 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 		if (!svcp)
 			svcp = service(&sk);
 		if (svcp)
-			return handle_forward(ctx, &p, svcp, &fk, ct);
+			return handle_forward(ctx, &p, svcp, &sk, &fk, ct);
 		if (ct)
 			return established(ctx, &p, &fk, ct, gstats()); /* service gone, flow lives on */
 	}

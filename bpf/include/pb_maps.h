@@ -9,9 +9,10 @@
 #include "pb_consts.h"
 #include "pb_structs.h"
 
-/* VIP:port:proto -> service. Written by the agent. Not preallocated: a
- * replaced value is freed after an RCU grace period, so a program never
- * reads another service's value through a recycled element. */
+/* VIP:port:proto -> service. Written by the agent. The map reuses a
+ * replaced entry at once, for any key (not after a grace period), and a
+ * lookup racing a replacement can miss the key: service() in lb.c looks
+ * twice, and handle_forward confirms its copy of the value. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct svc_key);

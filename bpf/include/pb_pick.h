@@ -67,17 +67,34 @@ struct scan {
 	__u32 found;
 };
 
+/* scan_entry reads entry k of a service's list: the backend, when it is
+ * one of the service's. */
+static __always_inline struct backend *scan_entry(const struct scan *sc, const struct svc_backend_key *k,
+						  __u32 *id)
+{
+	__u32 *idp = bpf_map_lookup_elem(&pb_svc_backends, k);
+	if (!idp)
+		return 0;
+	*id = *idp;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, id);
+	if (!be || !be->family || be->svc_id != sc->svc_id)
+		return 0;
+	return be;
+}
+
 static long scan_backend(__u32 i, struct scan *sc)
 {
 	if (!sc->n)
 		return 1;
 	struct svc_backend_key k = {.svc_id = sc->svc_id, .idx = (sc->start + i) % sc->n};
-	__u32 *idp = bpf_map_lookup_elem(&pb_svc_backends, &k);
-	if (!idp || *idp == sc->skip || *idp == sc->avoid)
-		return 0;
-	__u32 id = *idp;
-	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
-	if (!be || !be->family || be->svc_id != sc->svc_id || be->state != PB_BE_ACTIVE)
+	__u32 id = 0;
+	/* While the agent rewrites the entry, a lookup can miss it (see
+	 * service() in lb.c), and one that found it can read the element
+	 * after the map recycled it for another key: once more. */
+	struct backend *be = scan_entry(sc, &k, &id);
+	if (!be)
+		be = scan_entry(sc, &k, &id);
+	if (!be || id == sc->skip || id == sc->avoid || be->state != PB_BE_ACTIVE)
 		return 0;
 	if (sc->take && take_slot(bpf_map_lookup_elem(&pb_be_inflight, &id), sc->limit))
 		return 0;

@@ -284,6 +284,10 @@ func Parse(pkt []byte) (Parsed, error) {
 		got = l.Checksum
 		if want == 0 {
 			got = 0 // "no checksum" stays valid
+		} else if got == 0 {
+			// A sum of zero goes on the wire as all ones (RFC 768), as
+			// the datapath writes it; gopacket leaves it zero.
+			got = 0xffff
 		}
 	}
 	if got != want {
