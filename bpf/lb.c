@@ -57,10 +57,10 @@ const enum pb_nf_why *unused_nf_why __attribute__((unused));
  * at every change of its endpoints, and the hash map replaces an entry by
  * linking the new one at its bucket's head and then unlinking the old: a
  * lookup already past the head, on an entry ahead of the old one, finds
- * neither and misses a service that exists (one new flow in 14,000 while
- * every service was rewritten in a loop, TestServiceRewriteNeverMissed).
- * A second walk starts at the head, where the new entry is by then. Only
- * a packet to a VIP port and a marked address pays it on a real miss. */
+ * neither and misses a service that exists (TestServiceRewriteNeverMissed
+ * makes it happen). A second walk starts at the head, where the new entry
+ * is by then. Only a packet to a VIP port and a marked address pays it on
+ * a real miss. */
 static __always_inline struct svc_value *service(const struct svc_key *sk)
 {
 	struct svc_value *v = bpf_map_lookup_elem(&pb_services, sk);

@@ -61,22 +61,11 @@ func TestServiceRewriteNeverMissed(t *testing.T) {
 		f.must(f.Maps.FillTable(id, 1, fill(be)))
 		f.must(f.Maps.UpsertService(maps.ServiceKey(vips[i].Addr(), 9053, 17), bpf.LbSvcValue{Id: id, TableSize: size}))
 	}
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer stop.Store(true)
-	var writes atomic.Int64
-	wg.Go(func() {
-		for k := 0; !stop.Load(); k++ {
-			i := k % n
-			id := 20 + uint32(i)
-			if err := f.Maps.UpsertService(maps.ServiceKey(vips[i].Addr(), 9053, 17), bpf.LbSvcValue{Id: id, Table: uint32(k/n) & 1, TableSize: size}); err != nil {
-				t.Error(err)
-				return
-			}
-			writes.Add(1)
-		}
+	stop := rewriting(t, func(k int) error {
+		i := k % n
+		return f.Maps.UpsertService(maps.ServiceKey(vips[i].Addr(), 9053, 17), bpf.LbSvcValue{Id: 20 + uint32(i), Table: uint32(k/n) & 1, TableSize: size})
 	})
+	defer stop()
 	// Each a new flow (another client port): its service is looked up.
 	misses, wrong, runs := 0, 0, 0
 	deadline := time.Now().Add(3 * time.Second)
@@ -96,9 +85,8 @@ func TestServiceRewriteNeverMissed(t *testing.T) {
 			t.Fatalf("new flow to service %d: verdict %d, to %v; want %v", i, ret, p.Dst, to)
 		}
 	}
-	stop.Store(true)
-	wg.Wait()
-	t.Logf("%d runs, %d service writes, %d missed, %d to another service's backend", runs, writes.Load(), misses, wrong)
+	writes := stop()
+	t.Logf("%d runs, %d service writes, %d missed, %d to another service's backend", runs, writes, misses, wrong)
 	if misses > 0 || wrong > 0 {
 		t.Errorf("of %d new flows while services were rewritten, %d missed their service and %d went to another's backend", runs, misses, wrong)
 	}
@@ -132,28 +120,15 @@ func TestServiceListRewriteNeverMissed(t *testing.T) {
 		}
 		f.Maps.SetServiceBackends(svcID, []uint32{id1}, nil)
 	}()
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer stop.Store(true)
-	var writes atomic.Int64
-	wg.Go(func() {
-		lists := [2][]uint32{{id1}, {id2}}
-		for k := 0; !stop.Load(); k++ {
-			var err error
-			if s := k % (others + 1); s == others {
-				err = f.Maps.SetServiceBackends(svcID, lists[k/(others+1)%2], lists[(k/(others+1)+1)%2])
-			} else {
-				// Replaced with what they hold: new entries all the same.
-				err = f.Maps.SetServiceBackends(100+uint32(s), []uint32{0, 0, 0}, []uint32{1, 2, 3})
-			}
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			writes.Add(1)
+	lists := [2][]uint32{{id1}, {id2}}
+	stop := rewriting(t, func(k int) error {
+		if s := k % (others + 1); s == others {
+			return f.Maps.SetServiceBackends(svcID, lists[k/(others+1)%2], lists[(k/(others+1)+1)%2])
 		}
+		// Replaced with what they hold: new entries all the same.
+		return f.Maps.SetServiceBackends(100+uint32(k%(others+1)), []uint32{0, 0, 0}, []uint32{1, 2, 3})
 	})
+	defer stop()
 	missed, runs := 0, 0
 	deadline := time.Now().Add(3 * time.Second)
 	for k := 0; time.Now().Before(deadline); k++ {
@@ -168,10 +143,32 @@ func TestServiceListRewriteNeverMissed(t *testing.T) {
 			t.Fatalf("new flow: verdict %d, to %v; want it steered to %v or %v", ret, p.Dst, be1, be2)
 		}
 	}
-	stop.Store(true)
-	wg.Wait()
-	t.Logf("%d runs, %d list writes, %d sent to the ejected backend", runs, writes.Load(), missed)
+	writes := stop()
+	t.Logf("%d runs, %d list writes, %d sent to the ejected backend", runs, writes, missed)
 	if missed > 0 {
 		t.Errorf("%d of %d new flows went to the ejected backend: the scan missed the list's entry while it was rewritten", missed, runs)
+	}
+}
+
+// rewriting calls write(0), write(1), ... on another goroutine until the
+// function it returns is called, which waits for the writer and returns
+// how many writes it made; an error ends the writes and fails the test.
+func rewriting(t *testing.T, write func(k int) error) (stop func() int64) {
+	var halt atomic.Bool
+	var writes atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for k := 0; !halt.Load(); k++ {
+			if err := write(k); err != nil {
+				t.Error(err)
+				return
+			}
+			writes.Add(1)
+		}
+	})
+	return func() int64 {
+		halt.Store(true)
+		wg.Wait()
+		return writes.Load()
 	}
 }
