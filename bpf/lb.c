@@ -101,8 +101,8 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	 * backend so). The copy stands if the key still reads the same; if
 	 * not, the key's value is copied again. */
 	struct svc_value *now = service(sk);
-	if (!now)
-		return XDP_PASS; /* replaced, and the key is gone: no service */
+	if (!now) /* the service is gone meanwhile: as pb_run has it then */
+		return ct ? established(ctx, p, fk, ct, gs) : XDP_PASS;
 	if (!svc_same(svc, now))
 		*svc = *now;
 	struct ct_value *fv = &sc->fv;
