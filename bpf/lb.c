@@ -81,30 +81,39 @@ static __always_inline int svc_same(const struct svc_value *a, const struct svc_
 	return same;
 }
 
+/* service_copy copies svcp, the value key sk's lookup returned, into the
+ * scratch: the agent flips tables by rewriting the value. An entry the
+ * agent replaced is reused by the map at once, for any key: read through
+ * svcp after that, it is another service's value
+ * (TestServiceRewriteNeverMissed sent a new flow to another service's
+ * backend so). The copy stands if the key still reads the same; if not,
+ * the key's value is copied again. NULL: the service is gone meanwhile. */
+static __always_inline struct svc_value *service_copy(const struct svc_key *sk, const struct svc_value *svcp)
+{
+	struct scratch *sc = scratch();
+	if (!sc)
+		return 0;
+	struct svc_value *svc = &sc->svc;
+	*svc = *svcp;
+	struct svc_value *now = service(sk);
+	if (!now)
+		return 0;
+	if (!svc_same(svc, now))
+		*svc = *now;
+	return svc;
+}
+
 /* handle_forward handles a client packet to a service that is not the
  * plain established case: a new flow, or SYN, FIN or RST on a known one
- * (ct, when not NULL). */
-static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, struct svc_value *svcp,
-				     const struct svc_key *sk, struct ct_key *fk, struct ct_value *ct)
+ * (ct, when not NULL). svc is the service's copy (service_copy). */
+static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, struct svc_value *svc,
+				     struct ct_key *fk, struct ct_value *ct)
 {
 	struct global_stats *gs = gstats();
 	__u32 move_off = replay_move_off(ctx);
 	struct scratch *sc = scratch();
 	if (!sc)
 		return XDP_PASS;
-	/* A copy: the agent flips tables by rewriting this value. */
-	struct svc_value *svc = &sc->svc;
-	*svc = *svcp;
-	/* An entry the agent replaced is reused by the map at once, for any
-	 * key: read through svcp after that, it is another service's value
-	 * (TestServiceRewriteNeverMissed sent a new flow to another service's
-	 * backend so). The copy stands if the key still reads the same; if
-	 * not, the key's value is copied again. */
-	struct svc_value *now = service(sk);
-	if (!now) /* the service is gone meanwhile: as pb_run has it then */
-		return ct ? established(ctx, p, fk, ct, gs) : XDP_PASS;
-	if (!svc_same(svc, now))
-		*svc = *now;
 	struct ct_value *fv = &sc->fv;
 	int rc;
 	/* A SYN the backend could not accept is not its to answer: it passes
@@ -458,7 +467,8 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 		sk.proto = p.proto;
 		sk.family = p.family;
 		struct svc_value *svcp = 0;
-		if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN) {
+		int syn = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
+		if (syn) {
 			/* A SYN to a service is the SYN guard's to judge before
 			 * conntrack is read: a flood's SYN costs the service lookup
 			 * and the guard, not a cold conntrack bucket. The agent's
@@ -472,10 +482,12 @@ static __always_inline int pb_run(struct xdp_md *ctx, __u32 ifindex, const __u64
 		if (ct && !control)
 			return established(ctx, &p, &fk, ct, gstats());
 
-		if (!svcp)
+		if (!syn) /* a SYN's service was looked up above */
 			svcp = service(&sk);
 		if (svcp)
-			return handle_forward(ctx, &p, svcp, &sk, &fk, ct);
+			svcp = service_copy(&sk, svcp);
+		if (svcp)
+			return handle_forward(ctx, &p, svcp, &fk, ct);
 		if (ct)
 			return established(ctx, &p, &fk, ct, gstats()); /* service gone, flow lives on */
 	}

@@ -12,7 +12,7 @@
 /* VIP:port:proto -> service. Written by the agent. The map reuses a
  * replaced entry at once, for any key (not after a grace period), and a
  * lookup racing a replacement can miss the key: service() in lb.c looks
- * twice, and handle_forward confirms its copy of the value. */
+ * twice, and service_copy confirms its copy of the value. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct svc_key);

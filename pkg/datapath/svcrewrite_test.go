@@ -25,7 +25,7 @@ import (
 // a loop while UDP flows to them begin, and not one may miss its service.
 // Flows sent to another service's backend are counted too: the map reuses
 // a replaced entry at once, for any key, so a value read through a pointer
-// the lookup returned can be another service's (handle_forward confirms
+// the lookup returned can be another service's (service_copy confirms
 // its copy with a second look). Before: 3-7 of about 220,000 missed their
 // service in each of three runs; with the second look but no
 // confirmation, none missed and one run sent a flow to another service's
