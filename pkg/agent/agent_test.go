@@ -15,6 +15,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
@@ -499,4 +500,25 @@ func TestFirstStateSparesOnceLive(t *testing.T) {
 	changed.Endpoints = a.Endpoints[:2]
 	e.a.Apply(state(changed, b))
 	e.wantReachable(changed, bes[:2]...)
+}
+
+// A pod's veth is written into pb_ifaces with the master the link watch
+// reported, and written again when the watch reports a master set later
+// (a CNI makes the bridge the veth's master after it creates the veth):
+// the datapath takes a bridged pod's replies only through its bridge.
+func TestSyncLinksFollowsMasters(t *testing.T) {
+	e := newEnv(t)
+	veth := nodelinks.Link{Name: "veth1", Index: 7, Pod: true}
+	e.a.SyncLinks([]nodelinks.Link{veth}, true)
+	if m, ok := e.f.Masters[7]; ok {
+		t.Fatalf("pb_ifaces[7] has master %d before the veth has one", m)
+	}
+	veth.Master = 3
+	e.a.SyncLinks([]nodelinks.Link{veth}, false)
+	if m := e.f.Masters[7]; m != 3 {
+		t.Fatalf("pb_ifaces[7] master %d after the watch reported 3", m)
+	}
+	if !slices.Equal(e.hooks.Attached(), []string{"veth1"}) {
+		t.Fatalf("attached %v: a master's change detaches nothing", e.hooks.Attached())
+	}
 }

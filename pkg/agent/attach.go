@@ -122,12 +122,10 @@ func (a *Agent) SyncLinks(ls []nodelinks.Link, first bool) int {
 			// device: the datapath must know which interfaces can hand it
 			// such packets. Not tunnels: what they decapsulate came off a
 			// NIC, its checksums whole. A bridged pod's veth has the
-			// bridge for master, which the node routes the pod through.
-			info := LinkInfo{Index: l.Index}
-			if r, err := a.link(l.Name); err == nil && r.Index == l.Index {
-				info.Master = r.Master
-			}
-			i := info.iface(l.Pod)
+			// bridge for master, which the node routes the pod through:
+			// as the watch last saw it (a CNI sets it after it creates
+			// the veth, and the watch reports that as a change).
+			i := LinkInfo{Index: l.Index, Master: l.Master}.iface(l.Pod)
 			i.Decap = l.External()
 			known = append(known, i)
 		}

@@ -105,7 +105,21 @@ type Link struct {
 	// IPIP is true for an IPIP tunnel device: known to the datapath, not
 	// attached.
 	IPIP bool
+	// Master is its master's ifindex (a bridged pod's bridge), 0: none.
+	// The datapath takes a reply from a bridged pod only through it (the
+	// node routes the pod through the bridge), and a CNI sets it after it
+	// creates the veth: a change of master is a change of the link.
+	Master int
 }
+
+// Seen is what the watch keeps of one of the node's links.
+type Seen struct {
+	Name   string
+	Master int // its master's ifindex, 0: none
+}
+
+// seen is what a link's attributes say of it.
+func seen(a *netlink.LinkAttrs) Seen { return Seen{Name: a.Name, Master: a.MasterIndex} }
 
 // Attach says whether the datapath runs on the link (all but IPIP
 // tunnels).
@@ -114,24 +128,25 @@ func (l Link) Attach() bool { return !l.IPIP }
 // External is true for one of the node's uplinks.
 func (l Link) External() bool { return !l.Pod && !l.Tunnel && !l.IPIP }
 
-// Select picks, from the node's links (ifindex → name) and the ifindexes of
+// Select picks, from the node's links (by ifindex) and the ifindexes of
 // its default routes, the links to report, sorted by name. Loopback is
 // never reported.
-func Select(links map[int]string, defaultRoutes map[int]bool, o Options) []Link {
+func Select(links map[int]Seen, defaultRoutes map[int]bool, o Options) []Link {
 	var out []Link
-	for idx, name := range links {
+	for idx, l := range links {
+		name := l.Name
 		if name == "lo" {
 			continue
 		}
 		switch {
 		case matchAny(o.Pods, name):
-			out = append(out, Link{Name: name, Index: idx, Pod: true})
+			out = append(out, Link{Name: name, Index: idx, Pod: true, Master: l.Master})
 		case matchAny(o.Tunnels, name):
-			out = append(out, Link{Name: name, Index: idx, Tunnel: true})
+			out = append(out, Link{Name: name, Index: idx, Tunnel: true, Master: l.Master})
 		case matchAny(o.IPIP, name):
-			out = append(out, Link{Name: name, Index: idx, IPIP: true})
+			out = append(out, Link{Name: name, Index: idx, IPIP: true, Master: l.Master})
 		case matchAny(o.External, name) || (o.AutoExternal && defaultRoutes[idx]):
-			out = append(out, Link{Name: name, Index: idx})
+			out = append(out, Link{Name: name, Index: idx, Master: l.Master})
 		}
 	}
 	slices.SortFunc(out, func(a, b Link) int { return strings.Compare(a.Name, b.Name) })
@@ -235,9 +250,9 @@ func watchOnce(ctx context.Context, o Options, emit func(Update) bool) error {
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return fmt.Errorf("list links: %w", err)
 	}
-	links := map[int]string{}
+	links := map[int]Seen{}
 	for _, l := range all {
-		links[l.Attrs().Index] = l.Attrs().Name
+		links[l.Attrs().Index] = seen(l.Attrs())
 	}
 	routes := defaultRoutes(o)
 	addrs, err := localAddrs()
@@ -260,7 +275,7 @@ func watchOnce(ctx context.Context, o Options, emit func(Update) bool) error {
 			if u.Header.Type == unix.RTM_DELLINK {
 				delete(links, int(u.Index))
 			} else {
-				links[int(u.Index)] = u.Attrs().Name
+				links[int(u.Index)] = seen(u.Attrs())
 			}
 			if o.AutoExternal {
 				routes = defaultRoutes(o)
@@ -305,7 +320,7 @@ func drain[T any](ch <-chan T) {
 // drained applies the link updates already queued and consumes the
 // others (the caller relists routes and addresses); false if a
 // subscription closed.
-func drained(linkCh <-chan netlink.LinkUpdate, routeCh <-chan netlink.RouteUpdate, addrCh <-chan netlink.AddrUpdate, links map[int]string) bool {
+func drained(linkCh <-chan netlink.LinkUpdate, routeCh <-chan netlink.RouteUpdate, addrCh <-chan netlink.AddrUpdate, links map[int]Seen) bool {
 	for {
 		select {
 		case u, ok := <-linkCh:
@@ -315,7 +330,7 @@ func drained(linkCh <-chan netlink.LinkUpdate, routeCh <-chan netlink.RouteUpdat
 			if u.Header.Type == unix.RTM_DELLINK {
 				delete(links, int(u.Index))
 			} else {
-				links[int(u.Index)] = u.Attrs().Name
+				links[int(u.Index)] = seen(u.Attrs())
 			}
 		case _, ok := <-routeCh:
 			if !ok {

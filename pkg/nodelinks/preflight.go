@@ -21,10 +21,10 @@ func Preflight(o Options) (warning string, err error) {
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return "", fmt.Errorf("list links: %w", err)
 	}
-	links := map[int]string{}
+	links := map[int]Seen{}
 	var present []Present
 	for _, l := range all {
-		links[l.Attrs().Index] = l.Attrs().Name
+		links[l.Attrs().Index] = seen(l.Attrs())
 		present = append(present, Present{Name: l.Attrs().Name, Type: l.Type()})
 	}
 	return judge(present, Select(links, defaultRoutes(o), o))
