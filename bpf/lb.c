@@ -69,14 +69,17 @@ static __always_inline struct svc_value *service(const struct svc_key *sk)
 	return v;
 }
 
-/* svc_same: two service values are the same, word by word. */
-_Static_assert(sizeof(struct svc_value) == 8 * sizeof(__u32), "svc_value is eight words");
-static __always_inline int svc_same(const struct svc_value *a, const struct svc_value *b)
+/* svc_owns: id is the service of key sk (pb_svc_keys[id] is sk). */
+_Static_assert(sizeof(struct svc_key) == 5 * sizeof(__u32), "svc_key is five words");
+static __always_inline int svc_owns(const struct svc_key *sk, __u32 id)
 {
-	const __u32 *x = (const void *)a, *y = (const void *)b;
+	const struct svc_key *k = bpf_map_lookup_elem(&pb_svc_keys, &id);
+	if (!k)
+		return 0;
+	const __u32 *x = (const void *)sk, *y = (const void *)k;
 	int same = 1;
 #pragma unroll
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < 5; i++)
 		same &= x[i] == y[i];
 	return same;
 }
@@ -85,9 +88,12 @@ static __always_inline int svc_same(const struct svc_value *a, const struct svc_
  * scratch: the agent flips tables by rewriting the value. An entry the
  * agent replaced is reused by the map at once, for any key: read through
  * svcp after that, it is another service's value
- * (TestServiceRewriteNeverMissed sent a new flow to another service's
- * backend so). The copy stands if the key still reads the same; if not,
- * the key's value is copied again. NULL: the service is gone meanwhile. */
+ * (TestServiceRewriteNeverMissed sent new flows to another service's
+ * backend so). The copy's id must be the key's service (pb_svc_keys, one
+ * array read); if not, the key is looked up and copied once more. Every
+ * per-service map is indexed by the id, so a copy whose id is right reads
+ * no other service's table, list or counters. NULL: the service is gone,
+ * or its entry was reused under both copies. */
 static __always_inline struct svc_value *service_copy(const struct svc_key *sk, const struct svc_value *svcp)
 {
 	struct scratch *sc = scratch();
@@ -95,12 +101,13 @@ static __always_inline struct svc_value *service_copy(const struct svc_key *sk, 
 		return 0;
 	struct svc_value *svc = &sc->svc;
 	*svc = *svcp;
-	struct svc_value *now = service(sk);
-	if (!now)
+	if (svc_owns(sk, svc->id))
+		return svc;
+	svcp = service(sk);
+	if (!svcp)
 		return 0;
-	if (!svc_same(svc, now))
-		*svc = *now;
-	return svc;
+	*svc = *svcp;
+	return svc_owns(sk, svc->id) ? svc : 0;
 }
 
 /* handle_forward handles a client packet to a service that is not the

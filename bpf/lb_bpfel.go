@@ -396,6 +396,7 @@ const (
 	LbMapPbStatsV2          = "pb_stats_v2"
 	LbMapPbSvcBackends      = "pb_svc_backends"
 	LbMapPbSvcInflight      = "pb_svc_inflight"
+	LbMapPbSvcKeys          = "pb_svc_keys"
 	LbMapPbSvcStats         = "pb_svc_stats"
 	LbMapPbSvcTrip          = "pb_svc_trip"
 	LbMapPbSynGuard         = "pb_syn_guard"
@@ -485,6 +486,7 @@ type LbMapSpecs struct {
 	PbStatsV2     *ebpf.MapSpec `ebpf:"pb_stats_v2"`
 	PbSvcBackends *ebpf.MapSpec `ebpf:"pb_svc_backends"`
 	PbSvcInflight *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
+	PbSvcKeys     *ebpf.MapSpec `ebpf:"pb_svc_keys"`
 	PbSvcStats    *ebpf.MapSpec `ebpf:"pb_svc_stats"`
 	PbSvcTrip     *ebpf.MapSpec `ebpf:"pb_svc_trip"`
 	PbSynGuard    *ebpf.MapSpec `ebpf:"pb_syn_guard"`
@@ -550,6 +552,7 @@ type LbMaps struct {
 	PbStatsV2     *ebpf.Map `ebpf:"pb_stats_v2"`
 	PbSvcBackends *ebpf.Map `ebpf:"pb_svc_backends"`
 	PbSvcInflight *ebpf.Map `ebpf:"pb_svc_inflight"`
+	PbSvcKeys     *ebpf.Map `ebpf:"pb_svc_keys"`
 	PbSvcStats    *ebpf.Map `ebpf:"pb_svc_stats"`
 	PbSvcTrip     *ebpf.Map `ebpf:"pb_svc_trip"`
 	PbSynGuard    *ebpf.Map `ebpf:"pb_syn_guard"`
@@ -582,6 +585,7 @@ func (m *LbMaps) Close() error {
 		m.PbStatsV2,
 		m.PbSvcBackends,
 		m.PbSvcInflight,
+		m.PbSvcKeys,
 		m.PbSvcStats,
 		m.PbSvcTrip,
 		m.PbSynGuard,

@@ -12,7 +12,8 @@
 /* VIP:port:proto -> service. Written by the agent. The map reuses a
  * replaced entry at once, for any key (not after a grace period), and a
  * lookup racing a replacement can miss the key: service() in lb.c looks
- * twice, and service_copy confirms its copy of the value. */
+ * twice, and service_copy checks its copy of the value against
+ * pb_svc_keys. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct svc_key);
@@ -21,6 +22,20 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pb_services SEC(".maps");
+
+/* service id -> the pb_services key its service is written under (all
+ * zero: no service has the id). Written by the agent before the service's
+ * value, through a memory map. A value read through a pointer pb_services
+ * returned can be another service's, the entry reused meanwhile: its id
+ * names the key it belongs to, so service_copy tells. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct svc_key);
+	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pb_svc_keys SEC(".maps");
 
 /* The inner map template of pb_maglev and pb_maglev_fb: slot -> backend id.
  * BPF_F_INNER_MAP lets each service's table have its own size;

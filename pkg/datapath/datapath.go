@@ -191,6 +191,7 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 	}
 	sizes := map[string]uint32{
 		bpf.LbMapPbServices:    opts.MaxServices,
+		bpf.LbMapPbSvcKeys:     opts.MaxServices,
 		bpf.LbMapPbMaglev:      2 * opts.MaxServices, // two tables per service
 		bpf.LbMapPbMaglevFb:    opts.MaxServices,
 		bpf.LbMapPbSvcStats:    opts.MaxServices,

@@ -123,8 +123,9 @@ type Maps struct {
 	inner *ebpf.MapSpec
 	ncpu  int
 
-	t  tables
-	tr *Trips
+	t    tables
+	tr   *Trips
+	keys []byte // pb_svc_keys, memory-mapped (svckeys.go); nil read-only
 }
 
 // New wraps loaded maps. inner is the Maglev inner map template
@@ -136,6 +137,11 @@ func New(m *bpf.LbMaps, inner *ebpf.MapSpec) (*Maps, error) {
 	}
 	mm := &Maps{m: m, inner: inner.Copy(), ncpu: n}
 	if mm.tr, err = mm.OpenTrips(); err != nil {
+		return nil, fmt.Errorf("maps: %w", err)
+	}
+	if err := mm.openServiceKeys(); err != nil {
+		mm.tr.Close()
+		mm.closeServiceKeys()
 		return nil, fmt.Errorf("maps: %w", err)
 	}
 	mm.t.init()
@@ -163,6 +169,7 @@ func (m *Maps) Close() {
 	if m.tr != nil {
 		m.tr.Close()
 	}
+	m.closeServiceKeys()
 }
 
 // SynSlot is the pb_syns_v2 slot of a client's SYN: syn_slot in bpf/lb.c
@@ -326,21 +333,26 @@ func ServiceKey(vip netip.Addr, port uint16, proto uint8) bpf.LbSvcKey {
 	return k
 }
 
-// UpsertService writes a pb_services entry.
+// UpsertService writes a pb_services entry, its id's key first
+// (pb_svc_keys: the datapath takes no value whose id is not the key's).
 func (m *Maps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
+	if m.keys != nil && !m.setServiceKey(v.Id, k) {
+		return fmt.Errorf("pb_svc_keys: service id %d past the map's %d entries", v.Id, len(m.keys)/svcKeyStride)
+	}
 	if err := m.m.PbServices.Put(raw(&k), raw(&v)); err != nil {
 		return fmt.Errorf("pb_services: put: %w", err)
 	}
 	return nil
 }
 
-// DeleteService removes a pb_services entry, the service's tables and its
-// clients' affinity.
+// DeleteService removes a pb_services entry, its id's key (after it), the
+// service's tables and its clients' affinity.
 func (m *Maps) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	err := m.m.PbServices.Delete(k)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("pb_services: delete: %w", err)
 	}
+	m.clearServiceKey(id, k)
 	m.DeleteTables(id)
 	return m.ForgetAffinity(id)
 }

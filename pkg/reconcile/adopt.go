@@ -31,6 +31,14 @@ func (r *Reconciler) adopt() error {
 		if !r.svcIDs.take(v.Id) {
 			r.log.Warn("pinned service with an unusable id, dropping it", "service", key, "id", v.Id)
 			r.w.DeleteService(k, v.Id)
+			if kept := r.byID[v.Id]; kept != nil {
+				// The id's key (pb_svc_keys) may be the dropped one's:
+				// the service kept under the id writes its own again.
+				kk := kept.Spec.Key
+				if err := r.w.UpsertService(maps.ServiceKey(kk.VIP, kk.Port, uint8(kk.Protocol)), kept.value); err != nil {
+					r.log.Error("rewrite pinned service", "service", kept.Spec.Key, "id", v.Id, "err", err)
+				}
+			}
 			continue
 		}
 		s := &Service{ID: v.Id, Spec: desired.Service{Key: key}, value: v}

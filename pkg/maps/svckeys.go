@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package maps
+
+import (
+	"bytes"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/bpf"
+)
+
+// pb_svc_keys holds, by service id, the pb_services key the id's service
+// is written under: the datapath checks a service value it copied against
+// it (service_copy in bpf/lb.c), since pb_services reuses a replaced entry
+// at once, for any key. The agent writes it through a memory map, so a
+// service's write costs no system call more; the key is in place before
+// the bpf(2) call that writes the value.
+
+// svcKeyStride is an entry's room in the array (8-byte aligned).
+var svcKeyStride = (len(raw(&bpf.LbSvcKey{})) + 7) &^ 7
+
+// openServiceKeys maps pb_svc_keys and makes it hold the key of every
+// service pb_services holds, and nothing for other ids: a previous
+// version's pins have no such map, and an agent rolled back to one leaves
+// it stale. Entries already right are not written, so a running datapath
+// of this layout never sees a service's key change.
+func (m *Maps) openServiceKeys() error {
+	b, err := mmapArray(m.m.PbSvcKeys)
+	if err != nil {
+		return fmt.Errorf("pb_svc_keys: %w", err)
+	}
+	m.keys = b
+	held := map[uint32]bool{}
+	var k bpf.LbSvcKey
+	var v bpf.LbSvcValue
+	it := m.m.PbServices.Iterate()
+	for it.Next(&k, &v) {
+		if m.setServiceKey(v.Id, k) {
+			held[v.Id] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("pb_services: %w", err)
+	}
+	for id := range uint32(len(b) / svcKeyStride) {
+		if !held[id] {
+			m.setServiceKey(id, bpf.LbSvcKey{})
+		}
+	}
+	return nil
+}
+
+// setServiceKey writes pb_svc_keys[id] unless it holds k already; false if
+// id is past the array (the value's write will fail as well then: the
+// datapath's arrays are all as long).
+func (m *Maps) setServiceKey(id uint32, k bpf.LbSvcKey) bool {
+	kb := raw(&k)
+	off := int(id) * svcKeyStride
+	if m.keys == nil || off+len(kb) > len(m.keys) {
+		return false
+	}
+	if dst := m.keys[off : off+len(kb)]; !bytes.Equal(dst, kb) {
+		copy(dst, kb)
+	}
+	return true
+}
+
+// clearServiceKey zeroes pb_svc_keys[id] if it holds k: a pinned service
+// dropped at adoption for an id another one holds leaves that one's key.
+func (m *Maps) clearServiceKey(id uint32, k bpf.LbSvcKey) {
+	kb := raw(&k)
+	off := int(id) * svcKeyStride
+	if m.keys != nil && off+len(kb) <= len(m.keys) && bytes.Equal(m.keys[off:off+len(kb)], kb) {
+		clear(m.keys[off : off+len(kb)])
+	}
+}
+
+// closeServiceKeys unmaps pb_svc_keys.
+func (m *Maps) closeServiceKeys() {
+	if m.keys != nil {
+		unix.Munmap(m.keys)
+		m.keys = nil
+	}
+}
+
+// ServiceKeyOf reads pb_svc_keys[id]: the key the datapath takes the id's
+// values for (the zero key: none).
+func (m *Maps) ServiceKeyOf(id uint32) (bpf.LbSvcKey, error) {
+	var k bpf.LbSvcKey
+	if err := m.m.PbSvcKeys.Lookup(id, &k); err != nil {
+		return k, fmt.Errorf("pb_svc_keys[%d]: %w", id, err)
+	}
+	return k, nil
+}
