@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -726,8 +727,38 @@ type Iface struct {
 }
 
 // SetIfaces makes pb_ifaces hold exactly ifs (those with something to
-// say: a partial checksum or a master).
+// say: a partial checksum or a master), writing only the entries that
+// change: the agent calls it at every change of the node's links, and a
+// hash map's replaced entry races the datapath's lookups of it (one
+// racing can miss the key, or read the entry reused for another), so
+// rewriting unchanged entries would expose every pod's on each pod's start.
 func (m *Maps) SetIfaces(ifs []Iface) error {
+	have := map[uint32]bpf.LbIface{}
+	var k uint32
+	var v bpf.LbIface
+	it := m.m.PbIfaces.Iterate()
+	for it.Next(&k, &v) {
+		have[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("pb_ifaces: %w", err)
+	}
+	put, del := ifaceChanges(have, ifs)
+	for _, k := range del {
+		_ = m.m.PbIfaces.Delete(k)
+	}
+	for i, v := range put {
+		if err := m.m.PbIfaces.Put(i, v); err != nil {
+			return fmt.Errorf("pb_ifaces[%d]: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// ifaceChanges says which pb_ifaces entries to write, and which to delete
+// (sorted), for the map to go from have to what ifs say. An interface
+// with nothing to say (no flag, no master) has no entry.
+func ifaceChanges(have map[uint32]bpf.LbIface, ifs []Iface) (put map[uint32]bpf.LbIface, del []uint32) {
 	want := map[uint32]bpf.LbIface{}
 	for _, i := range ifs {
 		v := bpf.LbIface{Master: i.Master}
@@ -744,22 +775,17 @@ func (m *Maps) SetIfaces(ifs []Iface) error {
 			want[i.Index] = v
 		}
 	}
-	var k uint32
-	var v bpf.LbIface
-	var stale []uint32
-	it := m.m.PbIfaces.Iterate()
-	for it.Next(&k, &v) {
+	for k := range have {
 		if _, ok := want[k]; !ok {
-			stale = append(stale, k)
+			del = append(del, k)
 		}
 	}
-	for _, k := range stale {
-		_ = m.m.PbIfaces.Delete(k)
-	}
-	for i, v := range want {
-		if err := m.m.PbIfaces.Put(i, v); err != nil {
-			return fmt.Errorf("pb_ifaces[%d]: %w", i, err)
+	slices.Sort(del)
+	put = map[uint32]bpf.LbIface{}
+	for k, v := range want {
+		if h, ok := have[k]; !ok || h != v {
+			put[k] = v
 		}
 	}
-	return nil
+	return put, del
 }

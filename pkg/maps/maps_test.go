@@ -3,8 +3,12 @@
 package maps
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 	"testing"
+
+	"github.com/penaltybox/penaltybox/bpf"
 )
 
 // The strings are metric label values: they must not change.
@@ -113,5 +117,28 @@ func TestKeysCarryTheFamily(t *testing.T) {
 	if rk.Family != FamilyIPv6 || rk.Src.Bytes != be.Addr().As16() || rk.Dst.Bytes != client.Addr().As16() ||
 		rk.Dir != DirRev || Port(rk.Sport) != 8080 || Port(rk.Dport) != 40000 {
 		t.Errorf("ReplyKey = %+v", rk)
+	}
+}
+
+// pb_ifaces is rewritten at every change of the node's links; a replaced
+// hash entry races the datapath's lookups, so only what changes is
+// written: nothing for the same links again, one entry for a master set
+// later, a delete for a link gone or left with nothing to say.
+func TestIfaceChanges(t *testing.T) {
+	pod := func(idx, master uint32) Iface { return Iface{Index: idx, Partial: true, Master: master} }
+	ifs := []Iface{pod(4, 0), pod(5, 3), {Index: 2, Decap: true}, {Index: 9}, {Index: 11, IPIP: true}}
+	put, del := ifaceChanges(nil, ifs)
+	if len(put) != 4 || len(del) != 0 {
+		t.Fatalf("into an empty map: put %v, delete %v; want 4 entries (not the interface with nothing to say) and no delete", put, del)
+	}
+	have := maps.Clone(put)
+	if put, del := ifaceChanges(have, ifs); len(put) != 0 || len(del) != 0 {
+		t.Fatalf("the same links again: put %v, delete %v; want nothing written", put, del)
+	}
+	ifs[0].Master = 3 // the CNI made the bridge its master
+	ifs = ifs[:4]     // the tunnel gone
+	put, del = ifaceChanges(have, ifs)
+	if len(put) != 1 || put[4] != (bpf.LbIface{Master: 3, Flags: ifacePartial}) || !slices.Equal(del, []uint32{11}) {
+		t.Fatalf("a master set, a link gone: put %v, delete %v; want pb_ifaces[4] with master 3 alone, and 11 deleted", put, del)
 	}
 }
