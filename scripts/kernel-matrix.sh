@@ -220,7 +220,12 @@ accel() {
       return
     fi
   fi
-  echo "-accel tcg -cpu max"
+  # One host thread per VM (thread=single): with a thread per vCPU
+  # (MTTCG), a vCPU can run code translated while another vCPU patched it
+  # (text_poke's int3) after the patch is done, and the guest dies at
+  # boot ("Oops: int3" in sched_clock_cpu, 6.12, once in CI). The VMs run
+  # side by side on this machine's two cores anyway.
+  echo "-accel tcg,thread=single -cpu max"
 }
 
 ACCEL=$(accel)
