@@ -10,10 +10,12 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -399,6 +401,37 @@ func dumpState(t *testing.T, rig *clusterrig.Rig) {
 	} {
 		out, err := rig.Kubectl(ctx, args...)
 		t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	// The datapath's own view: what it refused to take as evidence (a
+	// reply from the wrong side is a pod whose veth pb_ifaces does not
+	// know as its bridge's), and the pod veths' masters it is told of.
+	if m := agentMetrics(t, rig); len(m) > 0 {
+		var lines []string
+		for name, f := range m {
+			if !strings.HasPrefix(name, "penaltybox_datapath_") {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				v := s.GetCounter().GetValue() + s.GetGauge().GetValue()
+				if v == 0 {
+					continue
+				}
+				var labels []string
+				for _, l := range s.GetLabel() {
+					labels = append(labels, l.GetName()+"="+l.GetValue())
+				}
+				lines = append(lines, fmt.Sprintf("%s{%s} %g", name, strings.Join(labels, ","), v))
+			}
+		}
+		slices.Sort(lines)
+		t.Logf("the agent's non-zero datapath metrics:\n%s", strings.Join(lines, "\n"))
+	}
+	for _, args := range [][]string{
+		{"ip", "-o", "link", "show", "type", "veth"},
+		{"bpftool", "map", "dump", "pinned", "/sys/fs/bpf/penaltybox/pb_ifaces"},
+	} {
+		out, err := rig.Command(args[0], args[1:]...).CombinedOutput()
+		t.Logf("on the node, %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	for _, c := range []string{"kubelet", "containerd"} {
 		b, _ := os.ReadFile(filepath.Join(rig.Dir, "run", c+".log"))
