@@ -69,9 +69,14 @@ static __always_inline struct svc_value *service(const struct svc_key *sk)
 	return v;
 }
 
-/* svc_owns: id is the service of key sk (pb_svc_keys[id] is sk). */
+/* svc_owner says whose value a copy with this id is: 1 key sk's
+ * (pb_svc_keys[id] is sk), 0 another key's or none's (all zero: written
+ * by an agent older than pb_svc_keys, as in a rollback until its own
+ * program is attached: a fallback to a second look for that case cost the
+ * verifier a sixth more instructions, and the agent fills the map at
+ * every start). */
 _Static_assert(sizeof(struct svc_key) == 5 * sizeof(__u32), "svc_key is five words");
-static __always_inline int svc_owns(const struct svc_key *sk, __u32 id)
+static __always_inline int svc_owner(const struct svc_key *sk, __u32 id)
 {
 	const struct svc_key *k = bpf_map_lookup_elem(&pb_svc_keys, &id);
 	if (!k)
@@ -84,16 +89,36 @@ static __always_inline int svc_owns(const struct svc_key *sk, __u32 id)
 	return same;
 }
 
+/* svc_same: two service values are the same, word by word. */
+_Static_assert(sizeof(struct svc_value) == 8 * sizeof(__u32), "svc_value is eight words");
+static __always_inline int svc_same(const struct svc_value *a, const struct svc_value *b)
+{
+	const __u32 *x = (const void *)a, *y = (const void *)b;
+	int same = 1;
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		same &= x[i] == y[i];
+	return same;
+}
+
+/* svc_copy_ok says whether svc, a copy of the value at svcp that key sk's
+ * lookup returned, is sk's service's: its id names sk (pb_svc_keys), and
+ * the entry still reads as copied, so that a copy torn by the entry's
+ * reuse for another value midway is not taken either. */
+static __always_inline int svc_copy_ok(const struct svc_key *sk, const struct svc_value *svc,
+				       const struct svc_value *svcp)
+{
+	return svc_owner(sk, svc->id) && svc_same(svc, svcp);
+}
+
 /* service_copy copies svcp, the value key sk's lookup returned, into the
  * scratch: the agent flips tables by rewriting the value. An entry the
  * agent replaced is reused by the map at once, for any key: read through
  * svcp after that, it is another service's value
  * (TestServiceRewriteNeverMissed sent new flows to another service's
- * backend so). The copy's id must be the key's service (pb_svc_keys, one
- * array read); if not, the key is looked up and copied once more. Every
- * per-service map is indexed by the id, so a copy whose id is right reads
- * no other service's table, list or counters. NULL: the service is gone,
- * or its entry was reused under both copies. */
+ * backend so). A copy svc_copy_ok refuses is made again from a fresh
+ * lookup, once. NULL: the service is gone, its entry was reused under
+ * both copies, or its id names another key or none. */
 static __always_inline struct svc_value *service_copy(const struct svc_key *sk, const struct svc_value *svcp)
 {
 	struct scratch *sc = scratch();
@@ -101,13 +126,13 @@ static __always_inline struct svc_value *service_copy(const struct svc_key *sk, 
 		return 0;
 	struct svc_value *svc = &sc->svc;
 	*svc = *svcp;
-	if (svc_owns(sk, svc->id))
+	if (svc_copy_ok(sk, svc, svcp))
 		return svc;
 	svcp = service(sk);
 	if (!svcp)
 		return 0;
 	*svc = *svcp;
-	return svc_owns(sk, svc->id) ? svc : 0;
+	return svc_copy_ok(sk, svc, svcp) ? svc : 0;
 }
 
 /* handle_forward handles a client packet to a service that is not the

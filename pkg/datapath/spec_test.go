@@ -27,6 +27,7 @@ func TestMapSizesFollowOptions(t *testing.T) {
 	}
 	want := map[string]uint32{
 		bpf.LbMapPbServices:    300,
+		bpf.LbMapPbSvcKeys:     300,
 		bpf.LbMapPbMaglev:      600, // two tables per service
 		bpf.LbMapPbMaglevFb:    300,
 		bpf.LbMapPbSvcStats:    300,

@@ -130,19 +130,25 @@ func TestServiceValueOfAnotherIDNotTaken(t *testing.T) {
 }
 
 // pb_svc_keys is new with its check: an older agent's pins have services
-// and no keys, and an agent rolled back to one leaves keys stale. A new
-// agent's maps.New makes it hold exactly the keys of the pinned services
-// before the new program can run, or they would go unserved.
+// and no keys, and an agent rolled back to one leaves keys stale, or none
+// for the services it adds. A service whose id has no key, or another
+// key, is not taken; a new agent's maps.New makes the map hold exactly the
+// keys of the pinned services before its program can run.
 func TestServiceKeysRestoredAtStart(t *testing.T) {
 	f := newFixture(t)
 	f.table(id1)
 	const stale = 30
 	zero := bpf.LbSvcKey{}
 	k := maps.ServiceKey(vip.Addr(), vip.Port(), 6)
+	other := maps.ServiceKey(netip.MustParseAddr("198.18.100.9"), 80, 6)
 	f.must(f.PbSvcKeys.Put(uint32(svcID), &zero)) // as an older agent leaves it
-	f.must(f.PbSvcKeys.Put(uint32(stale), &k))    // an id no service holds
 	if ret, p, _ := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil)); ret != bpftest.XDPPass || p.Dst != vip {
-		t.Fatalf("SYN to a service without its key: verdict %d, to %v; want it passed unchanged (the check this test relies on)", ret, p.Dst)
+		t.Fatalf("SYN to a service whose id has no key: verdict %d, to %v; want it passed unchanged", ret, p.Dst)
+	}
+	f.must(f.PbSvcKeys.Put(uint32(svcID), &other)) // the id reused by an older agent
+	f.must(f.PbSvcKeys.Put(uint32(stale), &k))     // an id no service holds
+	if ret, p, _ := f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil)); ret != bpftest.XDPPass || p.Dst != vip {
+		t.Fatalf("SYN to a service whose id names another key: verdict %d, to %v; want it passed unchanged", ret, p.Dst)
 	}
 	m, err := maps.New(&f.Datapath.LbMaps, f.InnerSpec)
 	f.must(err)
@@ -153,7 +159,8 @@ func TestServiceKeysRestoredAtStart(t *testing.T) {
 	if got, err := f.Maps.ServiceKeyOf(stale); err != nil || got != zero {
 		t.Errorf("pb_svc_keys[%d] = %+v (%v) after a start, want it zeroed: no service holds the id", stale, got, err)
 	}
-	if ret, p, _ := f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil)); ret != bpftest.XDPPass || p.Dst != be1 {
+	c3 := netip.MustParseAddrPort("198.18.0.2:40002")
+	if ret, p, _ := f.run(bpftest.TCP(c3, vip, bpftest.SYN, nil)); ret != bpftest.XDPPass || p.Dst != be1 {
 		t.Errorf("SYN after a start: verdict %d, to %v; want it sent to %v", ret, p.Dst, be1)
 	}
 }

@@ -338,7 +338,7 @@ func ServiceKey(vip netip.Addr, port uint16, proto uint8) bpf.LbSvcKey {
 // (pb_svc_keys: the datapath takes no value whose id is not the key's).
 func (m *Maps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
 	if m.keys != nil && !m.setServiceKey(v.Id, k) {
-		return fmt.Errorf("pb_svc_keys: service id %d past the map's %d entries", v.Id, len(m.keys)/svcKeyStride)
+		return fmt.Errorf("pb_svc_keys: service id %d past the map's %d entries", v.Id, m.m.PbSvcKeys.MaxEntries())
 	}
 	if err := m.m.PbServices.Put(raw(&k), raw(&v)); err != nil {
 		return fmt.Errorf("pb_services: put: %w", err)
@@ -347,11 +347,15 @@ func (m *Maps) UpsertService(k bpf.LbSvcKey, v bpf.LbSvcValue) error {
 }
 
 // DeleteService removes a pb_services entry, its id's key (after it), the
-// service's tables and its clients' affinity.
+// service's tables and its clients' affinity; with id 0 (no service's),
+// the entry alone.
 func (m *Maps) DeleteService(k bpf.LbSvcKey, id uint32) error {
 	err := m.m.PbServices.Delete(k)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("pb_services: delete: %w", err)
+	}
+	if id == 0 {
+		return nil
 	}
 	m.clearServiceKey(id, k)
 	m.DeleteTables(id)
@@ -364,14 +368,7 @@ func (m *Maps) deleteOuter(outer *ebpf.Map, id uint32) {
 
 // Services returns every pb_services entry.
 func (m *Maps) Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error) {
-	out := map[bpf.LbSvcKey]bpf.LbSvcValue{}
-	var k bpf.LbSvcKey
-	var v bpf.LbSvcValue
-	it := m.m.PbServices.Iterate()
-	for it.Next(&k, &v) {
-		out[k] = v
-	}
-	return out, it.Err()
+	return entries[bpf.LbSvcKey, bpf.LbSvcValue](m.m.PbServices)
 }
 
 // SetBackend writes pb_backends[id]. Writing a backend ejected also
@@ -655,16 +652,21 @@ func (m *Maps) DeletePersisted(id uint32) error {
 	return nil
 }
 
-// Persisted reads every pb_health entry.
-func (m *Maps) Persisted() (map[uint32]bpf.LbEndpointHealth, error) {
-	out := map[uint32]bpf.LbEndpointHealth{}
-	var k uint32
-	var v bpf.LbEndpointHealth
-	it := m.m.PbHealth.Iterate()
+// entries reads every entry of a hash map.
+func entries[K comparable, V any](hm *ebpf.Map) (map[K]V, error) {
+	out := map[K]V{}
+	var k K
+	var v V
+	it := hm.Iterate()
 	for it.Next(&k, &v) {
 		out[k] = v
 	}
 	return out, it.Err()
+}
+
+// Persisted reads every pb_health entry.
+func (m *Maps) Persisted() (map[uint32]bpf.LbEndpointHealth, error) {
+	return entries[uint32, bpf.LbEndpointHealth](m.m.PbHealth)
 }
 
 // SetServiceBackends writes a service's list of active backends for the
@@ -733,14 +735,8 @@ type Iface struct {
 // racing can miss the key, or read the entry reused for another), so
 // rewriting unchanged entries would expose every pod's on each pod's start.
 func (m *Maps) SetIfaces(ifs []Iface) error {
-	have := map[uint32]bpf.LbIface{}
-	var k uint32
-	var v bpf.LbIface
-	it := m.m.PbIfaces.Iterate()
-	for it.Next(&k, &v) {
-		have[k] = v
-	}
-	if err := it.Err(); err != nil {
+	have, err := entries[uint32, bpf.LbIface](m.m.PbIfaces)
+	if err != nil {
 		return fmt.Errorf("pb_ifaces: %w", err)
 	}
 	put, del := ifaceChanges(have, ifs)

@@ -135,10 +135,11 @@ func TestIfaceChanges(t *testing.T) {
 	if put, del := ifaceChanges(have, ifs); len(put) != 0 || len(del) != 0 {
 		t.Fatalf("the same links again: put %v, delete %v; want nothing written", put, del)
 	}
-	ifs[0].Master = 3 // the CNI made the bridge its master
-	ifs = ifs[:4]     // the tunnel gone
+	ifs[0].Master = 3        // the CNI made the bridge its master
+	ifs[2] = Iface{Index: 2} // nothing left to say
+	ifs = ifs[:4]            // the tunnel gone
 	put, del = ifaceChanges(have, ifs)
-	if len(put) != 1 || put[4] != (bpf.LbIface{Master: 3, Flags: ifacePartial}) || !slices.Equal(del, []uint32{11}) {
-		t.Fatalf("a master set, a link gone: put %v, delete %v; want pb_ifaces[4] with master 3 alone, and 11 deleted", put, del)
+	if len(put) != 1 || put[4] != (bpf.LbIface{Master: 3, Flags: ifacePartial}) || !slices.Equal(del, []uint32{2, 11}) {
+		t.Fatalf("a master set, a link gone, one with nothing to say: put %v, delete %v; want pb_ifaces[4] with master 3 alone, and 2 and 11 deleted", put, del)
 	}
 }

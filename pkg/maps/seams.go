@@ -14,7 +14,8 @@ import "github.com/penaltybox/penaltybox/bpf"
 // (pb_svc_backends), its counters' reset and its session affinity.
 type ServiceMap interface {
 	UpsertService(bpf.LbSvcKey, bpf.LbSvcValue) error
-	// DeleteService deletes the entry and the service's tables.
+	// DeleteService deletes the entry and the service's tables; with id
+	// 0, the entry alone.
 	DeleteService(bpf.LbSvcKey, uint32) error
 	Services() (map[bpf.LbSvcKey]bpf.LbSvcValue, error)
 	SetServiceBackends(svcID uint32, old, ids []uint32) error

@@ -25,26 +25,25 @@ var svcKeyStride = (len(raw(&bpf.LbSvcKey{})) + 7) &^ 7
 // service pb_services holds, and nothing for other ids: a previous
 // version's pins have no such map, and an agent rolled back to one leaves
 // it stale. Entries already right are not written, so a running datapath
-// of this layout never sees a service's key change.
+// of this layout sees no service's key change (but where two pinned
+// services hold one id, which adoption then settles).
 func (m *Maps) openServiceKeys() error {
 	b, err := mmapArray(m.m.PbSvcKeys)
 	if err != nil {
 		return fmt.Errorf("pb_svc_keys: %w", err)
 	}
 	m.keys = b
+	svcs, err := m.Services()
+	if err != nil {
+		return fmt.Errorf("pb_services: %w", err)
+	}
 	held := map[uint32]bool{}
-	var k bpf.LbSvcKey
-	var v bpf.LbSvcValue
-	it := m.m.PbServices.Iterate()
-	for it.Next(&k, &v) {
+	for k, v := range svcs {
 		if m.setServiceKey(v.Id, k) {
 			held[v.Id] = true
 		}
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("pb_services: %w", err)
-	}
-	for id := range uint32(len(b) / svcKeyStride) {
+	for id := range m.m.PbSvcKeys.MaxEntries() {
 		if !held[id] {
 			m.setServiceKey(id, bpf.LbSvcKey{})
 		}
@@ -53,12 +52,11 @@ func (m *Maps) openServiceKeys() error {
 }
 
 // setServiceKey writes pb_svc_keys[id] unless it holds k already; false if
-// id is past the array (the value's write will fail as well then: the
-// datapath's arrays are all as long).
+// id is past the array (whose mapping is longer: a whole page).
 func (m *Maps) setServiceKey(id uint32, k bpf.LbSvcKey) bool {
 	kb := raw(&k)
 	off := int(id) * svcKeyStride
-	if m.keys == nil || off+len(kb) > len(m.keys) {
+	if m.keys == nil || id >= m.m.PbSvcKeys.MaxEntries() {
 		return false
 	}
 	if dst := m.keys[off : off+len(kb)]; !bytes.Equal(dst, kb) {
@@ -72,7 +70,7 @@ func (m *Maps) setServiceKey(id uint32, k bpf.LbSvcKey) bool {
 func (m *Maps) clearServiceKey(id uint32, k bpf.LbSvcKey) {
 	kb := raw(&k)
 	off := int(id) * svcKeyStride
-	if m.keys != nil && off+len(kb) <= len(m.keys) && bytes.Equal(m.keys[off:off+len(kb)], kb) {
+	if m.keys != nil && id < m.m.PbSvcKeys.MaxEntries() && bytes.Equal(m.keys[off:off+len(kb)], kb) {
 		clear(m.keys[off : off+len(kb)])
 	}
 }

@@ -272,6 +272,9 @@ func watchOnce(ctx context.Context, o Options, emit func(Update) bool) error {
 			if !ok {
 				return errors.New("link subscription closed")
 			}
+			if bridgeFamily(u) {
+				continue
+			}
 			if u.Header.Type == unix.RTM_DELLINK {
 				delete(links, int(u.Index))
 			} else {
@@ -310,6 +313,12 @@ func watchOnce(ctx context.Context, o Options, emit func(Update) bool) error {
 	}
 }
 
+// bridgeFamily says whether u is one of the bridge's own notifications
+// about a port (family AF_BRIDGE), beside the link's: its master is the
+// bridge even when it is about the bridge itself, and its RTM_DELLINK
+// means the port left the bridge, not that the link is gone.
+func bridgeFamily(u netlink.LinkUpdate) bool { return u.IfInfomsg.Family == unix.AF_BRIDGE }
+
 func drain[T any](ch <-chan T) {
 	go func() {
 		for range ch {
@@ -326,6 +335,9 @@ func drained(linkCh <-chan netlink.LinkUpdate, routeCh <-chan netlink.RouteUpdat
 		case u, ok := <-linkCh:
 			if !ok {
 				return false
+			}
+			if bridgeFamily(u) {
+				continue
 			}
 			if u.Header.Type == unix.RTM_DELLINK {
 				delete(links, int(u.Index))

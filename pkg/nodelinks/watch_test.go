@@ -20,7 +20,10 @@ import (
 // the master's arrival, though no link came or went: before, it did not,
 // pb_ifaces kept the veth without master, and every reply of that pod was
 // refused for good (TestSeedDemoOnACluster: a pod's refusals seen as
-// timeouts, twice in CI).
+// timeouts, twice in CI). Then out of the bridge again, the veth stays
+// listed, without master. (The bridge's own notifications, which the watch
+// skips, say the port is deleted; here they came together with the link's
+// own and were coalesced, so this run passes without the skip too.)
 func TestWatchReportsAMasterSetLater(t *testing.T) {
 	h := testnet.OwnNetns(t, false)
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "pbbr0"}}
@@ -45,6 +48,7 @@ func TestWatchReportsAMasterSetLater(t *testing.T) {
 	defer cancel()
 	out := make(chan nodelinks.Update, 16)
 	var got []int // the veth's master in each update
+	released := false
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -60,14 +64,23 @@ func TestWatchReportsAMasterSetLater(t *testing.T) {
 					return
 				}
 				got = append(got, u.Links[i].Master)
-				if len(got) == 1 {
+				switch {
+				case len(got) == 1:
 					// The first update is the state listed at start.
 					if err := h.LinkSetMaster(vethLink, brLink); err != nil {
 						t.Error(err)
 						return
 					}
-				}
-				if u.Links[i].Master == master {
+				case u.Links[i].Master == master && !released:
+					// Out of the bridge again: the bridge's own
+					// notification of it is a deletion, and the veth
+					// must stay.
+					released = true
+					if err := h.LinkSetNoMaster(vethLink); err != nil {
+						t.Error(err)
+						return
+					}
+				case u.Links[i].Master == 0 && released:
 					return
 				}
 			}
@@ -78,7 +91,7 @@ func TestWatchReportsAMasterSetLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done
-	if len(got) == 0 || got[0] != 0 || got[len(got)-1] != master {
-		t.Errorf("the veth's master in the updates: %v; want 0 first, then the bridge's ifindex %d", got, master)
+	if len(got) < 3 || got[0] != 0 || !slices.Contains(got, master) || got[len(got)-1] != 0 {
+		t.Errorf("the veth's master in the updates: %v; want 0 first, then the bridge's ifindex %d, then 0 again, the veth in every one", got, master)
 	}
 }

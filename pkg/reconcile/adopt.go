@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -19,26 +20,34 @@ func (r *Reconciler) adopt() error {
 	if err != nil {
 		return fmt.Errorf("adopt services: %w", err)
 	}
+	// An id more than one entry holds (no agent writes that, but pins can
+	// be anything): the entries dropped go alone (id 0), the id's tables,
+	// affinity and pb_svc_keys entry being the one kept's, which writes
+	// its own key again below.
+	holders := map[uint32]int{}
+	for _, v := range svcs {
+		holders[v.Id]++
+	}
+	drop := func(k bpf.LbSvcKey, id uint32) {
+		if holders[id] > 1 {
+			id = 0
+		}
+		if err := r.w.DeleteService(k, id); err != nil {
+			r.log.Error("drop pinned service", "id", id, "err", err)
+		}
+	}
 	for k, v := range svcs {
 		key := desired.Key{VIP: maps.AddrFromFamily(k.Family, k.Vip.Bytes), Port: maps.Port(k.Port), Protocol: desired.Protocol(k.Proto)}
 		if !key.VIP.IsValid() {
 			// No key of ours: the service could never be matched to the
 			// desired state, nor deleted through a key rebuilt from it.
 			r.log.Warn("pinned service with an unknown address family, dropping it", "family", k.Family, "id", v.Id)
-			r.w.DeleteService(k, v.Id)
+			drop(k, v.Id)
 			continue
 		}
 		if !r.svcIDs.take(v.Id) {
 			r.log.Warn("pinned service with an unusable id, dropping it", "service", key, "id", v.Id)
-			r.w.DeleteService(k, v.Id)
-			if kept := r.byID[v.Id]; kept != nil {
-				// The id's key (pb_svc_keys) may be the dropped one's:
-				// the service kept under the id writes its own again.
-				kk := kept.Spec.Key
-				if err := r.w.UpsertService(maps.ServiceKey(kk.VIP, kk.Port, uint8(kk.Protocol)), kept.value); err != nil {
-					r.log.Error("rewrite pinned service", "service", kept.Spec.Key, "id", v.Id, "err", err)
-				}
-			}
+			drop(k, v.Id)
 			continue
 		}
 		s := &Service{ID: v.Id, Spec: desired.Service{Key: key}, value: v}
@@ -58,6 +67,14 @@ func (r *Reconciler) adopt() error {
 		}
 		r.services[key] = s
 		r.byID[v.Id] = s
+	}
+	for id, n := range holders {
+		if kept := r.byID[id]; n > 1 && kept != nil {
+			kk := kept.Spec.Key
+			if err := r.w.UpsertService(maps.ServiceKey(kk.VIP, kk.Port, uint8(kk.Protocol)), kept.value); err != nil {
+				r.log.Error("rewrite pinned service", "service", kk, "id", id, "err", err)
+			}
+		}
 	}
 	bes, err := r.w.Backends()
 	if err != nil {

@@ -601,29 +601,39 @@ func TestFreshMapsNeitherReadNorZeroed(t *testing.T) {
 }
 
 // Two pinned services under one id (no agent writes that, but pins can be
-// anything): one is kept, the other dropped, and the kept one is written
-// again, so that the id's key in pb_svc_keys, which the datapath checks a
-// service's value against, is the kept one's and not the dropped one's.
+// anything): one is kept, the other dropped alone, leaving the id's tables
+// to the one kept, which is written again, so that the id's key in
+// pb_svc_keys, which the datapath checks a service's value against, is the
+// kept one's and not the dropped one's.
 func TestAdoptionOfADuplicatedID(t *testing.T) {
 	f := mapsfake.New(t)
 	kA := pbmaps.ServiceKey(netip.MustParseAddr(vip1), 80, uint8(desired.TCP))
 	kB := pbmaps.ServiceKey(netip.MustParseAddr(vip2), 80, uint8(desired.TCP))
-	f.PbServices[kA] = bpf.LbSvcValue{Id: 5}
-	f.PbServices[kB] = bpf.LbSvcValue{Id: 5}
+	f.PbServices[kA] = bpf.LbSvcValue{Id: 5, TableSize: testTableSize}
+	f.PbServices[kB] = bpf.LbSvcValue{Id: 5, TableSize: testTableSize}
+	f.PbBackends[7] = pbmaps.NewBackend(mustAP(beA), 5, pbmaps.BackendActive, 0)
+	f.PbMaglev[pbmaps.TableKey(5, 0)] = slices.Repeat([]uint32{7}, testTableSize)
+	f.PbMaglev[pbmaps.TableKey(5, 1)] = slices.Repeat([]uint32{7}, testTableSize)
+	f.PbPorts = map[uint16]uint8{80: pbmaps.PortVIP, 8080: pbmaps.PortBackend}
 	f.Check = nil
 	if _, err := New(f, Options{MaxServices: 64, MaxBackends: 256, TableSize: testTableSize,
 		Cooldown: testCooldown, Clock: testingclock.NewFakeClock(t0), Logger: testLogger(t)}); err != nil {
 		t.Fatal(err)
 	}
 	ops := f.TakeOps()
-	del := index(ops, is(opDeleteService, 5))
-	if del < 0 {
-		t.Fatalf("neither service of id 5 dropped: %s", opsString(ops))
+	del := index(ops, is(opDeleteService, 0))
+	if del < 0 || index(ops, is(opDeleteService, 5)) >= 0 {
+		t.Fatalf("want one service of id 5 dropped alone (id 0), its tables kept: %s", opsString(ops))
 	}
 	if index(ops[del:], is(opUpsertService, 5)) < 0 {
 		t.Errorf("the service kept under id 5 not written again after the other's drop: %s", opsString(ops))
 	}
 	if len(f.PbServices) != 1 {
 		t.Errorf("pb_services holds %d entries after adoption, want the kept one: %v", len(f.PbServices), f.PbServices)
+	}
+	for n := range uint32(2) {
+		if _, ok := f.Installed(5, n); !ok {
+			t.Errorf("table %d of id 5 deleted with the dropped service: it is the kept one's", n)
+		}
 	}
 }

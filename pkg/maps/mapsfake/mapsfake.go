@@ -249,6 +249,10 @@ func (f *Maps) DeleteService(k bpf.LbSvcKey, id uint32) error {
 		return err
 	}
 	delete(f.PbServices, k)
+	if id == 0 { // the entry alone
+		f.record(Op{Kind: OpDeleteService, ID: id})
+		return nil
+	}
 	delete(f.PbMaglev, pbmaps.TableKey(id, 0))
 	delete(f.PbMaglev, pbmaps.TableKey(id, 1))
 	delete(f.Released, pbmaps.TableKey(id, 0))
