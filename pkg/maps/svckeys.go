@@ -16,7 +16,10 @@ import (
 // it (service_copy in bpf/lb.c), since pb_services reuses a replaced entry
 // at once, for any key. The agent writes it through a memory map, so a
 // service's write costs no system call more; the key is in place before
-// the bpf(2) call that writes the value.
+// the bpf(2) call that writes the value. The mapping costs the agent's RSS
+// the whole array at once (the kernel maps every page when it is made):
+// 1.5 MB at the default 65,536 services, where a bpf(2) write per service
+// would have cost a cold start of 10,000 services about 15 ms.
 
 // svcKeyStride is an entry's room in the array (8-byte aligned).
 var svcKeyStride = (len(raw(&bpf.LbSvcKey{})) + 7) &^ 7
