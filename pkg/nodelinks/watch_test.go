@@ -20,8 +20,8 @@ import (
 // the master's arrival, though no link came or went: before, it did not,
 // pb_ifaces kept the veth without master, and every reply of that pod was
 // refused for good (TestSeedDemoOnACluster: a pod's refusals seen as
-// timeouts, twice in CI). Then out of the bridge again, the veth stays
-// listed, without master. (The bridge's own notifications, which the watch
+// timeouts, twice in CI). Another change of the veth keeps its master;
+// out of the bridge again, the veth stays listed, without master. (The bridge's own notifications, which the watch
 // skips, say the port is deleted; here they came together with the link's
 // own and were coalesced, so this run passes without the skip too.)
 func TestWatchReportsAMasterSetLater(t *testing.T) {
@@ -48,7 +48,7 @@ func TestWatchReportsAMasterSetLater(t *testing.T) {
 	defer cancel()
 	out := make(chan nodelinks.Update, 16)
 	var got []int // the veth's master in each update
-	released := false
+	bumped, released := false, false
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -64,6 +64,7 @@ func TestWatchReportsAMasterSetLater(t *testing.T) {
 					return
 				}
 				got = append(got, u.Links[i].Master)
+				second := slices.ContainsFunc(u.Links, func(l nodelinks.Link) bool { return l.Name == "vethpb1" })
 				switch {
 				case len(got) == 1:
 					// The first update is the state listed at start.
@@ -71,7 +72,27 @@ func TestWatchReportsAMasterSetLater(t *testing.T) {
 						t.Error(err)
 						return
 					}
-				case u.Links[i].Master == master && !released:
+				case !bumped && u.Links[i].Master == master:
+					// Another change of the veth (up) must keep its
+					// master; a second veth's arrival, after it on the
+					// same socket, makes an update that shows it.
+					bumped = true
+					if err := h.LinkSetUp(vethLink); err != nil {
+						t.Error(err)
+						return
+					}
+					if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vethpb1"}, PeerName: "pbpeer1"}); err != nil {
+						t.Error(err)
+						return
+					}
+				case bumped && !released:
+					if u.Links[i].Master != master {
+						t.Errorf("the veth's master %d after it came up, want %d still", u.Links[i].Master, master)
+						return
+					}
+					if !second {
+						continue
+					}
 					// Out of the bridge again: the bridge's own
 					// notification of it is a deletion, and the veth
 					// must stay.
@@ -91,7 +112,7 @@ func TestWatchReportsAMasterSetLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done
-	if len(got) < 3 || got[0] != 0 || !slices.Contains(got, master) || got[len(got)-1] != 0 {
-		t.Errorf("the veth's master in the updates: %v; want 0 first, then the bridge's ifindex %d, then 0 again, the veth in every one", got, master)
+	if len(got) < 4 || got[0] != 0 || !slices.Contains(got, master) || got[len(got)-1] != 0 || !bumped || !released {
+		t.Errorf("the veth's master in the updates: %v; want 0 first, then the bridge's ifindex %d (kept when the veth came up), then 0 again, the veth in every one", got, master)
 	}
 }
