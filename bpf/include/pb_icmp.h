@@ -99,6 +99,12 @@ static __always_inline int parse_icmp(struct xdp_md *ctx, struct icmp_quote *q)
 	struct iphdr *ip = data + sizeof(struct ethhdr);
 	if ((void *)(ip + 1) > data_end || (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
 		return -1;
+	/* The message ends where the IP header says: a header that claims
+	 * less than the quote, or more than the frame, is malformed (the
+	 * kernel drops it), and passes untouched. */
+	void *msg_end = (void *)ip + be16_len(ip->tot_len);
+	if (msg_end > data_end)
+		return -1;
 	struct pb_icmphdr *icmp = (void *)ip + ip->ihl * 4;
 	if ((void *)(icmp + 1) > data_end)
 		return -1;
@@ -115,13 +121,13 @@ static __always_inline int parse_icmp(struct xdp_md *ctx, struct icmp_quote *q)
 	if (ihl > 60)
 		return -1;
 	__be16 *ports = (void *)in + ihl;
-	if ((void *)(ports + 4) > data_end) /* the 8 bytes RFC 792 promises */
+	if ((void *)(ports + 4) > data_end || (void *)(ports + 4) > msg_end) /* the 8 bytes RFC 792 promises */
 		return -1;
 	q->ip = ip;
 	q->icmp = icmp;
 	q->in = in;
 	q->ports = ports;
-	q->l4csum = quoted_l4csum(in->protocol, ports, data_end, (void *)ip + be16_len(ip->tot_len));
+	q->l4csum = quoted_l4csum(in->protocol, ports, data_end, msg_end);
 	return 0;
 }
 
@@ -282,13 +288,16 @@ static __always_inline int parse_icmp6(struct xdp_md *ctx, struct icmp6_quote *q
 	if (in->nexthdr != IPPROTO_TCP && in->nexthdr != IPPROTO_UDP)
 		return -1;
 	__be16 *ports = (void *)(in + 1);
-	if ((void *)(ports + 4) > data_end)
+	/* As for IPv4: the payload length must hold the quote and fit the
+	 * frame. */
+	void *msg_end = (void *)(ip6 + 1) + be16_len(ip6->payload_len);
+	if ((void *)(ports + 4) > data_end || (void *)(ports + 4) > msg_end || msg_end > data_end)
 		return -1;
 	q->ip6 = ip6;
 	q->icmp = icmp;
 	q->in = in;
 	q->ports = ports;
-	q->l4csum = quoted_l4csum(in->nexthdr, ports, data_end, (void *)(ip6 + 1) + be16_len(ip6->payload_len));
+	q->l4csum = quoted_l4csum(in->nexthdr, ports, data_end, msg_end);
 	return 0;
 }
 

@@ -66,6 +66,36 @@ func TestICMPFragNeededFromARouterIsTranslated(t *testing.T) {
 	f.wantEvents() // no verdict: the flow goes on
 }
 
+// An ICMP error whose IP header claims a total length that does not hold
+// its quote, or more than the frame, is malformed (the kernel drops it):
+// it passes untouched, even when the quote names a flow the datapath
+// knows (FuzzXDP found the short one translated, CI55).
+func TestICMPWithAWrongTotalLengthPassesUnchanged(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	_, p, dnated := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	if p.Dst != be1 {
+		t.Fatalf("SYN went to %v", p.Dst)
+	}
+	f.events()
+	good := bpftest.ICMPError(router, client.Addr(), bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, 1280, dnated, 28)
+	if ret, got, _ := f.icmp(good); ret != bpftest.XDPPass || got.QuotedDst != vip {
+		t.Fatalf("the well-formed error: verdict %d, quotes -> %v; want it translated (the check this test relies on)", ret, got.QuotedDst)
+	}
+	whole := len(good) - 14
+	for _, tot := range []int{18, 20 + 8 + 20 + 7, whole + 1} {
+		pkt := bytes.Clone(good)
+		pkt[16], pkt[17] = byte(tot>>8), byte(tot)
+		ret, out := bpftest.Run(t, f.PbXdp, pkt)
+		if ret != bpftest.XDPPass || !bytes.Equal(out[:len(pkt)], pkt) {
+			t.Errorf("total length %d of a %d-byte packet: verdict %d, changed %v; want it passed unchanged", tot, whole, ret, !bytes.Equal(out[:len(pkt)], pkt))
+		}
+	}
+	if n := f.icmpTranslated(); n != 1 {
+		t.Errorf("icmp_translated = %d, want 1 (the well-formed one)", n)
+	}
+}
+
 // The client's own error about a reply (it quotes VIP -> client, sent to
 // the VIP) goes to the backend, quoting backend -> client as the backend
 // sent it.
