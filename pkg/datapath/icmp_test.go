@@ -33,12 +33,9 @@ func (f *fixture) icmpTranslated() uint64 {
 	return g.IcmpTranslated
 }
 
-// A router between the node and a backend cannot forward a client's
-// segment (fragmentation needed): its error quotes client -> backend, which
-// the client never sent. Translated, it quotes client -> VIP, so the
-// client's stack finds the connection and learns the path MTU; the MTU,
-// the router's address and every checksum are kept right.
-func TestICMPFragNeededFromARouterIsTranslated(t *testing.T) {
+// openedFlow is a fixture with a client's SYN sent to be1, and that SYN
+// as the datapath forwarded it (what a router's error would quote).
+func openedFlow(t *testing.T) (*fixture, []byte) {
 	f := newFixture(t)
 	f.table(id1)
 	_, p, dnated := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
@@ -46,6 +43,16 @@ func TestICMPFragNeededFromARouterIsTranslated(t *testing.T) {
 		t.Fatalf("SYN went to %v", p.Dst)
 	}
 	f.events()
+	return f, dnated
+}
+
+// A router between the node and a backend cannot forward a client's
+// segment (fragmentation needed): its error quotes client -> backend, which
+// the client never sent. Translated, it quotes client -> VIP, so the
+// client's stack finds the connection and learns the path MTU; the MTU,
+// the router's address and every checksum are kept right.
+func TestICMPFragNeededFromARouterIsTranslated(t *testing.T) {
+	f, dnated := openedFlow(t)
 	// Linux quotes as much as fits in 576 bytes: here the whole segment,
 	// so the quoted TCP checksum is checked too; then only 8 L4 bytes.
 	for _, quote := range []int{0, 28} {
@@ -71,13 +78,7 @@ func TestICMPFragNeededFromARouterIsTranslated(t *testing.T) {
 // it passes untouched, even when the quote names a flow the datapath
 // knows (FuzzXDP found the short one translated, CI55).
 func TestICMPWithAWrongTotalLengthPassesUnchanged(t *testing.T) {
-	f := newFixture(t)
-	f.table(id1)
-	_, p, dnated := f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
-	if p.Dst != be1 {
-		t.Fatalf("SYN went to %v", p.Dst)
-	}
-	f.events()
+	f, dnated := openedFlow(t)
 	good := bpftest.ICMPError(router, client.Addr(), bpftest.ICMPDestUnreach, bpftest.ICMPFragNeeded, 1280, dnated, 28)
 	if ret, got, _ := f.icmp(good); ret != bpftest.XDPPass || got.QuotedDst != vip {
 		t.Fatalf("the well-formed error: verdict %d, quotes -> %v; want it translated (the check this test relies on)", ret, got.QuotedDst)
