@@ -54,27 +54,35 @@ func (m *Maps) openServiceKeys() error {
 	return nil
 }
 
-// setServiceKey writes pb_svc_keys[id] unless it holds k already; false if
-// id is past the array (whose mapping is longer: a whole page).
-func (m *Maps) setServiceKey(id uint32, k bpf.LbSvcKey) bool {
-	kb := raw(&k)
-	off := int(id) * svcKeyStride
+// keySlot is pb_svc_keys[id]'s bytes in the mapping; nil when there is
+// no mapping (read-only) or id is past the array (whose mapping is
+// longer: a whole page).
+func (m *Maps) keySlot(id uint32) []byte {
 	if m.keys == nil || id >= m.m.PbSvcKeys.MaxEntries() {
+		return nil
+	}
+	off := int(id) * svcKeyStride
+	return m.keys[off : off+len(raw(&bpf.LbSvcKey{}))]
+}
+
+// setServiceKey writes pb_svc_keys[id] unless it holds k already; false if
+// there is no such entry (keySlot).
+func (m *Maps) setServiceKey(id uint32, k bpf.LbSvcKey) bool {
+	dst := m.keySlot(id)
+	if dst == nil {
 		return false
 	}
-	if dst := m.keys[off : off+len(kb)]; !bytes.Equal(dst, kb) {
+	if kb := raw(&k); !bytes.Equal(dst, kb) {
 		copy(dst, kb)
 	}
 	return true
 }
 
-// clearServiceKey zeroes pb_svc_keys[id] if it holds k: a pinned service
-// dropped at adoption for an id another one holds leaves that one's key.
+// clearServiceKey zeroes pb_svc_keys[id] if it holds k, the deleted
+// service's key, and leaves a key of another service's alone.
 func (m *Maps) clearServiceKey(id uint32, k bpf.LbSvcKey) {
-	kb := raw(&k)
-	off := int(id) * svcKeyStride
-	if m.keys != nil && id < m.m.PbSvcKeys.MaxEntries() && bytes.Equal(m.keys[off:off+len(kb)], kb) {
-		clear(m.keys[off : off+len(kb)])
+	if dst := m.keySlot(id); dst != nil && bytes.Equal(dst, raw(&k)) {
+		clear(dst)
 	}
 }
 

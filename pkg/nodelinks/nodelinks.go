@@ -133,21 +133,23 @@ func (l Link) External() bool { return !l.Pod && !l.Tunnel && !l.IPIP }
 // never reported.
 func Select(links map[int]Seen, defaultRoutes map[int]bool, o Options) []Link {
 	var out []Link
-	for idx, l := range links {
-		name := l.Name
-		if name == "lo" {
+	for idx, s := range links {
+		if s.Name == "lo" {
 			continue
 		}
+		l := Link{Name: s.Name, Index: idx, Master: s.Master}
 		switch {
-		case matchAny(o.Pods, name):
-			out = append(out, Link{Name: name, Index: idx, Pod: true, Master: l.Master})
-		case matchAny(o.Tunnels, name):
-			out = append(out, Link{Name: name, Index: idx, Tunnel: true, Master: l.Master})
-		case matchAny(o.IPIP, name):
-			out = append(out, Link{Name: name, Index: idx, IPIP: true, Master: l.Master})
-		case matchAny(o.External, name) || (o.AutoExternal && defaultRoutes[idx]):
-			out = append(out, Link{Name: name, Index: idx, Master: l.Master})
+		case matchAny(o.Pods, l.Name):
+			l.Pod = true
+		case matchAny(o.Tunnels, l.Name):
+			l.Tunnel = true
+		case matchAny(o.IPIP, l.Name):
+			l.IPIP = true
+		case matchAny(o.External, l.Name) || (o.AutoExternal && defaultRoutes[idx]):
+		default:
+			continue
 		}
+		out = append(out, l)
 	}
 	slices.SortFunc(out, func(a, b Link) int { return strings.Compare(a.Name, b.Name) })
 	return out
