@@ -86,8 +86,8 @@ func (ad adoption) Adopt(changes []reconcile.Change, services []*reconcile.Servi
 		for _, id := range c.Retired {
 			gone[id] = true
 			delete(a.probes.seen, id)
-			if int(id) < len(a.policy) {
-				a.policy[id] = outcomes.Policy{}
+			if int(id) < len(a.svcOf) {
+				a.svcOf[id] = 0
 			}
 		}
 		if c.Removed {
@@ -136,13 +136,13 @@ func (a *Agent) setPolicy(s *reconcile.Service) {
 	if a.replays.unansweredToo() {
 		pol.Replay = a.replays.after(s)
 	}
+	// Grown as ids are handed out, not sized for MaxServices and
+	// MaxBackends up front (most of it never used).
+	a.svcPolicy = atLeast(a.svcPolicy, int(s.ID)+1)
+	a.svcPolicy[s.ID] = pol
 	for _, id := range s.Backends {
-		if n := int(id) + 1; n > len(a.policy) {
-			// Grown as ids are handed out, not sized for MaxBackends up
-			// front (8 MB at the default, most of it never used).
-			a.policy = append(a.policy, make([]outcomes.Policy, n-len(a.policy))...)
-		}
-		a.policy[id] = pol
+		a.svcOf = atLeast(a.svcOf, int(id)+1)
+		a.svcOf[id] = s.ID
 	}
 }
 

@@ -50,17 +50,31 @@ type core struct {
 	rec     *reconcile.Reconciler
 	engine  *accrual.Engine
 	tracker *outcomes.Tracker
-	// policy[backend id] judges that backend's outcomes (dense, hot path).
-	policy []outcomes.Policy
+	// A backend's outcomes are judged by its service's policy:
+	// svcPolicy[svcOf[backend id]] (dense, hot path). One Policy per
+	// service, not a copy per backend: at 10,000 Services of 10 endpoints
+	// the copies held 3-8 MB of the agent's heap.
+	svcOf     []uint32
+	svcPolicy []outcomes.Policy
 	// events: the ring buffer reader (nil before Begin).
 	events Events
 }
 
 func (c *core) policyOf(backend uint32) outcomes.Policy {
-	if int(backend) < len(c.policy) {
-		return c.policy[backend]
+	if int(backend) < len(c.svcOf) {
+		if s := c.svcOf[backend]; int(s) < len(c.svcPolicy) {
+			return c.svcPolicy[s] // service id 0 (none) holds the zero Policy
+		}
 	}
 	return outcomes.Policy{}
+}
+
+// atLeast returns s with a length of at least n, new elements zero.
+func atLeast[T any](s []T, n int) []T {
+	if n <= len(s) {
+		return s
+	}
+	return append(s, make([]T, n-len(s))...)
 }
 
 // serviceName names service id in metrics and logs (its id once it is

@@ -55,7 +55,7 @@ func TestIPv6IsReplayed(t *testing.T) {
 	e.start(state(v6))
 	s6, be6 := e.ids(v6)
 	for _, id := range be6 {
-		if e.a.policy[id].Replay == 0 {
+		if e.a.policyOf(id).Replay == 0 {
 			t.Errorf("IPv6 backend %d: no replay deadline", id)
 		}
 	}

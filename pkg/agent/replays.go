@@ -185,7 +185,7 @@ func (r *replays) after(s *reconcile.Service) time.Duration {
 	return replayAfter(&s.Spec, r.handshakes[s.ID])
 }
 
-// retune writes a service's replay deadline into its backends' policy.
+// retune writes a service's replay deadline into its policy.
 func (r *replays) retune(s *reconcile.Service) {
 	if !r.unansweredToo() {
 		return
@@ -197,10 +197,8 @@ func (r *replays) retune(s *reconcile.Service) {
 		}
 		h.after = d
 	}
-	for _, id := range s.Backends {
-		if int(id) < len(r.policy) {
-			r.policy[id].Replay = d
-		}
+	if int(s.ID) < len(r.svcPolicy) {
+		r.svcPolicy[s.ID].Replay = d
 	}
 }
 
