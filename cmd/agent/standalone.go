@@ -11,6 +11,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/config"
 	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 )
 
 // runStandalone is the agent fed by a config file: SIGHUP reloads it.
@@ -49,6 +50,28 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	log.Info("datapath ready", "interfaces", cfg.Interfaces, "services", len(cfg.Services))
 	n.PrepareTables()
+
+	// The config's interfaces are named: one deleted and created again
+	// (a new index), or bridged after the agent read it (a new master),
+	// is attached and written again, as Kubernetes mode follows its links.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	links := make(chan nodelinks.Update)
+	go func() {
+		if err := nodelinks.Watch(ctx, nodelinks.Options{External: []string{"*"}, Logger: log.With("component", "interfaces")}, links); err != nil {
+			log.Error("interface watch stopped", "err", err)
+		}
+	}()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case u := <-links:
+				n.FollowInterfaces(u.Links)
+			}
+		}
+	}()
 
 	// 4. SIGHUP reloads the config file; a bad one leaves the last good one
 	// in force.

@@ -341,49 +341,7 @@ func (t *Topology) build(names []string) error {
 			return err
 		}
 		for _, l := range t.Links {
-			peerFd, err := unix.Open(l.Peer.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			veth := &netlink.Veth{
-				LinkAttrs:        netlink.LinkAttrs{Name: l.Name, HardwareAddr: l.MAC},
-				PeerName:         l.PeerName,
-				PeerHardwareAddr: l.PeerMAC,
-				PeerNamespace:    netlink.NsFd(peerFd),
-			}
-			err = netlink.LinkAdd(veth)
-			unix.Close(peerFd)
-			if err != nil {
-				return fmt.Errorf("testnet: add veth %s<->%s/%s: %w", l.Name, l.Peer.Name, l.PeerName, err)
-			}
-			link, err := netlink.LinkByName(l.Name)
-			if err != nil {
-				return err
-			}
-			l.Index = link.Attrs().Index
-			for _, kv := range [][2]string{
-				{"rp_filter", "0"}, {"accept_local", "1"}, {"forwarding", "1"}, {"send_redirects", "0"},
-			} {
-				if err := writeSysctl("net/ipv4/conf/"+l.Name+"/"+kv[0], kv[1]); err != nil {
-					return err
-				}
-			}
-			for _, kv := range [][2]string{
-				{"disable_ipv6", "0"}, {"forwarding", "1"}, {"accept_dad", "0"},
-			} {
-				if err := writeSysctl("net/ipv6/conf/"+l.Name+"/"+kv[0], kv[1]); err != nil {
-					return err
-				}
-			}
-			if err := addAddrs(link, l.Addr, l.AddrV6); err != nil {
-				return err
-			}
-			if opts.StaticNeighbors {
-				if err := addNeighs(link.Attrs().Index, l.PeerMAC, l.PeerAddr.Addr(), l.PeerAddrV6.Addr()); err != nil {
-					return err
-				}
-			}
-			if err := netlink.LinkSetUp(link); err != nil {
+			if err := t.addNodeLink(l); err != nil {
 				return err
 			}
 		}
@@ -394,79 +352,7 @@ func (t *Topology) build(names []string) error {
 	}
 
 	for i, l := range t.Links {
-		err := l.Peer.Do(func() error {
-			if err := linkUp("lo"); err != nil {
-				return err
-			}
-			// IPv6: enabled; neither router advertisements (the node sends
-			// none, and the routes are static) nor autoconfiguration, so the
-			// peer sends no router solicitations either; no DAD (see the
-			// node). eth0 exists already (it was created from the node), so
-			// it is set explicitly, not only through default.
-			if err := writeSysctls([][2]string{
-				{"net/ipv4/conf/all/rp_filter", "0"},
-				{"net/ipv4/conf/default/rp_filter", "0"},
-				{"net/ipv4/conf/eth0/rp_filter", "0"},
-				{"net/ipv4/tcp_tw_reuse", "1"},
-				{"net/ipv6/conf/all/disable_ipv6", "0"},
-				{"net/ipv6/conf/default/disable_ipv6", "0"},
-				{"net/ipv6/conf/eth0/disable_ipv6", "0"},
-				{"net/ipv6/conf/all/accept_ra", "0"},
-				{"net/ipv6/conf/default/accept_ra", "0"},
-				{"net/ipv6/conf/eth0/accept_ra", "0"},
-				{"net/ipv6/conf/default/autoconf", "0"},
-				{"net/ipv6/conf/eth0/autoconf", "0"},
-				{"net/ipv6/conf/all/accept_dad", "0"},
-				{"net/ipv6/conf/default/accept_dad", "0"},
-				{"net/ipv6/conf/eth0/accept_dad", "0"},
-			}); err != nil {
-				return err
-			}
-			if i == 0 {
-				// The client opens many short connections (load tests).
-				if err := writeSysctl("net/ipv4/ip_local_port_range", "1024 65535"); err != nil {
-					return err
-				}
-			}
-			link, err := netlink.LinkByName(l.PeerName)
-			if err != nil {
-				return err
-			}
-			l.PeerIndex = link.Attrs().Index
-			if err := addAddrs(link, l.PeerAddr, l.PeerAddrV6); err != nil {
-				return err
-			}
-			if opts.StaticNeighbors {
-				if err := addNeighs(link.Attrs().Index, l.MAC, l.Addr.Addr(), l.AddrV6.Addr()); err != nil {
-					return err
-				}
-			}
-			if opts.TxChecksumOff {
-				if err := setFeature(l.PeerName, unix.ETHTOOL_STXCSUM, unix.ETHTOOL_GTXCSUM, false); err != nil {
-					return err
-				}
-			}
-			if err := netlink.LinkSetUp(link); err != nil {
-				return err
-			}
-			// GRO must be switched on while the device is up: veth only
-			// enables NAPI and marks its peer as an XDP_REDIRECT target
-			// (xdp_features NDO_XMIT) in ndo_set_features when IFF_UP is set.
-			// Set before "up", GRO reads back as on but redirected frames
-			// are still dropped.
-			if opts.GRO {
-				if err := setFeature(l.PeerName, unix.ETHTOOL_SGRO, unix.ETHTOOL_GGRO, true); err != nil {
-					return err
-				}
-			}
-			for _, gw := range []netip.Addr{l.Addr.Addr(), l.AddrV6.Addr()} {
-				if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-					return fmt.Errorf("testnet: default route via %s: %w", gw, err)
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := t.configurePeer(i, l); err != nil {
 			return fmt.Errorf("testnet: configure %s: %w", l.Peer.Name, err)
 		}
 	}
@@ -477,6 +363,163 @@ func (t *Topology) build(names []string) error {
 	}
 	// See waitOperUp and probeLinks: a freshly built topology must not eat
 	// the first packets of the test.
+	if err := t.waitOperUp(readyTimeout); err != nil {
+		return err
+	}
+	return t.probeLinks(readyTimeout)
+}
+
+// addNodeLink creates link l, both ends, from the node's namespace (the
+// caller's), and configures the node's end.
+func (t *Topology) addNodeLink(l *Link) error {
+	peerFd, err := unix.Open(l.Peer.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: l.Name, HardwareAddr: l.MAC},
+		PeerName:         l.PeerName,
+		PeerHardwareAddr: l.PeerMAC,
+		PeerNamespace:    netlink.NsFd(peerFd),
+	}
+	err = netlink.LinkAdd(veth)
+	unix.Close(peerFd)
+	if err != nil {
+		return fmt.Errorf("testnet: add veth %s<->%s/%s: %w", l.Name, l.Peer.Name, l.PeerName, err)
+	}
+	link, err := netlink.LinkByName(l.Name)
+	if err != nil {
+		return err
+	}
+	l.Index = link.Attrs().Index
+	for _, kv := range [][2]string{
+		{"rp_filter", "0"}, {"accept_local", "1"}, {"forwarding", "1"}, {"send_redirects", "0"},
+	} {
+		if err := writeSysctl("net/ipv4/conf/"+l.Name+"/"+kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	for _, kv := range [][2]string{
+		{"disable_ipv6", "0"}, {"forwarding", "1"}, {"accept_dad", "0"},
+	} {
+		if err := writeSysctl("net/ipv6/conf/"+l.Name+"/"+kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	if err := addAddrs(link, l.Addr, l.AddrV6); err != nil {
+		return err
+	}
+	if t.Options.StaticNeighbors {
+		if err := addNeighs(link.Attrs().Index, l.PeerMAC, l.PeerAddr.Addr(), l.PeerAddrV6.Addr()); err != nil {
+			return err
+		}
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return err
+	}
+	return nil
+}
+
+// configurePeer configures the peer's end of link l, the topology's i-th
+// (0: the client's).
+func (t *Topology) configurePeer(i int, l *Link) error {
+	return l.Peer.Do(func() error {
+		if err := linkUp("lo"); err != nil {
+			return err
+		}
+		// IPv6: enabled; neither router advertisements (the node sends
+		// none, and the routes are static) nor autoconfiguration, so the
+		// peer sends no router solicitations either; no DAD (see the
+		// node). eth0 exists already (it was created from the node), so
+		// it is set explicitly, not only through default.
+		if err := writeSysctls([][2]string{
+			{"net/ipv4/conf/all/rp_filter", "0"},
+			{"net/ipv4/conf/default/rp_filter", "0"},
+			{"net/ipv4/conf/eth0/rp_filter", "0"},
+			{"net/ipv4/tcp_tw_reuse", "1"},
+			{"net/ipv6/conf/all/disable_ipv6", "0"},
+			{"net/ipv6/conf/default/disable_ipv6", "0"},
+			{"net/ipv6/conf/eth0/disable_ipv6", "0"},
+			{"net/ipv6/conf/all/accept_ra", "0"},
+			{"net/ipv6/conf/default/accept_ra", "0"},
+			{"net/ipv6/conf/eth0/accept_ra", "0"},
+			{"net/ipv6/conf/default/autoconf", "0"},
+			{"net/ipv6/conf/eth0/autoconf", "0"},
+			{"net/ipv6/conf/all/accept_dad", "0"},
+			{"net/ipv6/conf/default/accept_dad", "0"},
+			{"net/ipv6/conf/eth0/accept_dad", "0"},
+		}); err != nil {
+			return err
+		}
+		if i == 0 {
+			// The client opens many short connections (load tests).
+			if err := writeSysctl("net/ipv4/ip_local_port_range", "1024 65535"); err != nil {
+				return err
+			}
+		}
+		link, err := netlink.LinkByName(l.PeerName)
+		if err != nil {
+			return err
+		}
+		l.PeerIndex = link.Attrs().Index
+		if err := addAddrs(link, l.PeerAddr, l.PeerAddrV6); err != nil {
+			return err
+		}
+		if t.Options.StaticNeighbors {
+			if err := addNeighs(link.Attrs().Index, l.MAC, l.Addr.Addr(), l.AddrV6.Addr()); err != nil {
+				return err
+			}
+		}
+		if t.Options.TxChecksumOff {
+			if err := setFeature(l.PeerName, unix.ETHTOOL_STXCSUM, unix.ETHTOOL_GTXCSUM, false); err != nil {
+				return err
+			}
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return err
+		}
+		// GRO must be switched on while the device is up: veth only
+		// enables NAPI and marks its peer as an XDP_REDIRECT target
+		// (xdp_features NDO_XMIT) in ndo_set_features when IFF_UP is set.
+		// Set before "up", GRO reads back as on but redirected frames
+		// are still dropped.
+		if t.Options.GRO {
+			if err := setFeature(l.PeerName, unix.ETHTOOL_SGRO, unix.ETHTOOL_GGRO, true); err != nil {
+				return err
+			}
+		}
+		for _, gw := range []netip.Addr{l.Addr.Addr(), l.AddrV6.Addr()} {
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+				return fmt.Errorf("testnet: default route via %s: %w", gw, err)
+			}
+		}
+		return nil
+	})
+}
+
+// RecreateLink deletes link i (0: the client's, i: backend i's) and
+// creates it again as Build did, under the same names and addresses: a
+// new interface for the same name, with another ifindex (Link.Index is
+// the new one). It returns once the link carries traffic again.
+func (t *Topology) RecreateLink(i int) error {
+	l := t.Links[i]
+	err := t.Node.Do(func() error {
+		old, err := netlink.LinkByName(l.Name)
+		if err != nil {
+			return err
+		}
+		// Deleting one end of a veth deletes the other.
+		if err := netlink.LinkDel(old); err != nil {
+			return err
+		}
+		return t.addNodeLink(l)
+	})
+	if err != nil {
+		return fmt.Errorf("testnet: recreate %s: %w", l.Name, err)
+	}
+	if err := t.configurePeer(i, l); err != nil {
+		return fmt.Errorf("testnet: recreate %s: configure %s: %w", l.Name, l.Peer.Name, err)
+	}
 	if err := t.waitOperUp(readyTimeout); err != nil {
 		return err
 	}

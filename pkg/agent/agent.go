@@ -174,6 +174,8 @@ type Agent struct {
 	applied bool
 
 	interfaces []string
+	// listed: the config file's interfaces as last applied (FollowInterfaces).
+	listed listed
 	// heartbeatErr: the last heartbeat write failed (logged once).
 	heartbeatErr bool
 	// deadlines tells Run that handled events brought a deadline earlier

@@ -50,9 +50,11 @@ func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 		}
 	}
 	var known []maps.Iface
+	seen := map[string]LinkInfo{}
 	for _, n := range ifaces {
 		if l, err := a.link(n); err == nil {
 			known = append(known, l.iface(l.Veth))
+			seen[n] = l
 		}
 	}
 	var idx []uint32
@@ -62,6 +64,7 @@ func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 			return fmt.Errorf("redirectInterfaces: %q: %w", n, err)
 		}
 		idx = append(idx, uint32(l.Index))
+		seen[n] = l
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -72,7 +75,42 @@ func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 		return err
 	}
 	a.interfaces = ifaces
+	a.listed = listed{ifaces: ifaces, redirect: redirect, seen: seen}
 	return nil
+}
+
+// listed is what applyInterfaces last applied: the config's interfaces
+// and each one's index and master as they were resolved then.
+type listed struct {
+	ifaces, redirect []string
+	seen             map[string]LinkInfo
+}
+
+// FollowInterfaces applies the config's interfaces again when one of
+// them changed on the node (ls: the node's links, from a watch): created
+// again under its name (a new index: the XDP link and pb_ifaces entry of
+// the old one are dead), or given another master (a CNI bridges a veth
+// after it creates it). An interface absent from ls is left as it is
+// until it comes back. Nothing is done before a config's interfaces are
+// applied (Kubernetes mode follows links with SyncLinks).
+func (a *Agent) FollowInterfaces(ls []nodelinks.Link) {
+	a.mu.RLock()
+	l := a.listed
+	a.mu.RUnlock()
+	changed := ""
+	for _, n := range ls {
+		if was, ok := l.seen[n.Name]; ok && (was.Index != n.Index || was.Master != n.Master) {
+			changed = n.Name
+			break
+		}
+	}
+	if changed == "" {
+		return
+	}
+	a.log.Info("a configured interface changed; applying the interfaces again", "interface", changed)
+	if err := a.applyInterfaces(l.ifaces, l.redirect); err != nil {
+		a.log.Error("applying the interfaces again", "interface", changed, "err", err)
+	}
 }
 
 // SyncLinks keeps XDP on exactly the given links (Kubernetes mode: the

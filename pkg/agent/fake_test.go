@@ -23,10 +23,21 @@ type noInflight struct{}
 func (noInflight) Service(uint32) int64 { return 0 }
 func (noInflight) Backend(uint32) int64 { return 0 }
 
-// fakeHooks are XDP attachments to the interfaces of links.
-type fakeHooks struct{ attached map[string]bool }
+// fakeHooks are XDP attachments to the interfaces of links; attaches
+// counts the calls of Attach by name.
+type fakeHooks struct {
+	attached map[string]bool
+	attaches map[string]int
+}
 
-func (h *fakeHooks) Attach(n string) error { h.attached[n] = true; return nil }
+func (h *fakeHooks) Attach(n string) error {
+	h.attached[n] = true
+	if h.attaches == nil {
+		h.attaches = map[string]int{}
+	}
+	h.attaches[n]++
+	return nil
+}
 func (h *fakeHooks) Detach(n string) error { delete(h.attached, n); return nil }
 func (h *fakeHooks) Attached() []string    { return slices.Sorted(maps.Keys(h.attached)) }
 

@@ -35,11 +35,12 @@ type env struct {
 	hooks *fakeHooks
 	sweep *fakeSweeper
 	// links: interfaces that exist (name → index); veths among them.
-	links map[string]int
-	veths map[string]bool
-	a     *Agent
-	ev    *fakeEvents
-	port  uint16 // the client's next source port
+	links   map[string]int
+	veths   map[string]bool
+	masters map[string]int
+	a       *Agent
+	ev      *fakeEvents
+	port    uint16 // the client's next source port
 	// noTrips: the agents built run with --kernel-trips=false.
 	noTrips bool
 	// guard: the agents' SYN guard settings.
@@ -68,7 +69,7 @@ func (e *env) restart() {
 			if !ok {
 				return LinkInfo{}, &netErr{name}
 			}
-			return LinkInfo{Index: idx, Veth: e.veths[name]}, nil
+			return LinkInfo{Index: idx, Veth: e.veths[name], Master: e.masters[name]}, nil
 		},
 		MaxServices: 64, MaxBackends: 256, TableSize: 31, NoKernelTrips: e.noTrips,
 		SYNGuard: e.guard,

@@ -499,8 +499,17 @@ func (d *Datapath) Attach(ifname string) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok := d.links[ifname]; ok {
-		return nil
+	if l, ok := d.links[ifname]; ok {
+		if linkIfindex(l) == iface.Index {
+			return nil
+		}
+		// The interface was deleted (and maybe created again) under the
+		// same name: the link died with the old one and must not stand
+		// for the new.
+		l.Unpin()
+		l.Close()
+		delete(d.links, ifname)
+		d.log.Info("XDP link lost with its interface; attaching again", "interface", ifname, "ifindex", iface.Index)
 	}
 	if err := os.MkdirAll(d.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("attach %s: %w", ifname, err)

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/penaltybox/penaltybox/internal/agentrun"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
@@ -323,5 +325,47 @@ func TestBpftoolReadsPinnedMaps(t *testing.T) {
 	}
 	if _, err := os.Stat(a.BPFFSRoot); !os.IsNotExist(err) {
 		t.Fatalf("pins left after teardown: %v", err)
+	}
+}
+
+// A configured interface deleted and created again under its name (here a
+// backend's veth, as a container runtime recreates one) gets the datapath
+// again without a reload: the agent follows the interface, not the index
+// it had. Until then the backend's replies pass un-translated and its
+// connections fail.
+func TestRecreatedInterfaceIsAttachedAgain(t *testing.T) {
+	e := newEnv(t, 1)
+	a := e.startAgent(config(e.topo, all(1), ""))
+	if rs := e.load(50, time.Second, time.Second); rs.Failures() != 0 || rs.Count(testnet.OK) == 0 {
+		t.Fatalf("before: %v", rs.Counts())
+	}
+	b1 := e.topo.Links[1]
+	old := b1.Index
+	if err := e.topo.RecreateLink(1); err != nil {
+		t.Fatal(err)
+	}
+	if b1.Index == old {
+		t.Fatalf("b1 recreated with its old index %d", old)
+	}
+	xdpOn := func() bool {
+		var on bool
+		if err := e.topo.Node.Do(func() error {
+			l, err := netlink.LinkByName(b1.Name)
+			if err != nil {
+				return err
+			}
+			on = l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	eventually(t, 10*time.Second, "XDP on the recreated b1", xdpOn)
+	if rs := e.load(50, time.Second, time.Second); rs.Failures() != 0 || rs.Count(testnet.OK) == 0 {
+		t.Fatalf("after b1 was recreated: %v", rs.Counts())
+	}
+	if !a.LogContains("a configured interface changed") {
+		t.Errorf("no log line for the change:\n%s", a.LogTail(20))
 	}
 }

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package agent
+
+import (
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/penaltybox/penaltybox/pkg/desired"
+	"github.com/penaltybox/penaltybox/pkg/nodelinks"
+)
+
+// A config file's interfaces are applied again when one of them is
+// created again under its name or gets another master, and only then.
+func TestFollowInterfaces(t *testing.T) {
+	e := newEnv(t)
+	e.links = map[string]int{"cl0": 4, "b1": 5, "eth9": 6}
+	e.veths = map[string]bool{"b1": true}
+	e.masters = map[string]int{}
+	node := &desired.Node{Interfaces: []string{"cl0", "b1"}, RedirectInterfaces: []string{"eth9"}, TableSize: 31}
+	cfg := desired.State{Node: node,
+		Services: []desired.Service{{Name: "web", Key: desired.Key{VIP: vip, Port: 80, Protocol: desired.TCP}, Accrual: settings()}}}
+
+	// Before a config's interfaces are applied (and in Kubernetes mode)
+	// there is nothing to follow.
+	e.a.FollowInterfaces([]nodelinks.Link{{Name: "b1", Index: 9}})
+	if len(e.hooks.attaches) != 0 {
+		t.Fatalf("attached %v before any config", e.hooks.attaches)
+	}
+	if err := e.a.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	current := func() []nodelinks.Link {
+		var ls []nodelinks.Link
+		for _, n := range slices.Sorted(maps.Keys(e.links)) {
+			ls = append(ls, nodelinks.Link{Name: n, Index: e.links[n], Master: e.masters[n]})
+		}
+		return ls
+	}
+	attaches := func() map[string]int { return maps.Clone(e.hooks.attaches) }
+	before := attaches()
+
+	// Nothing of theirs changed (another link came): nothing is done.
+	e.links["veth77"] = 12
+	e.a.FollowInterfaces(current())
+	if got := attaches(); !maps.Equal(got, before) {
+		t.Fatalf("attaches %v after an unrelated link came, want %v", got, before)
+	}
+
+	// The bridge plugin makes cni0 b1's master after it created b1.
+	e.masters["b1"] = 3
+	e.a.FollowInterfaces(current())
+	if got := e.f.Masters[5]; got != 3 {
+		t.Fatalf("b1's master in pb_ifaces %d, want 3", got)
+	}
+	before = attaches()
+
+	// b1 deleted: left as it is until it comes back.
+	delete(e.links, "b1")
+	e.a.FollowInterfaces(current())
+	if got := attaches(); !maps.Equal(got, before) {
+		t.Fatalf("attaches %v while b1 is gone, want %v", got, before)
+	}
+	// ...created again, under another index: attached again, and its
+	// pb_ifaces entry is the new index's.
+	e.links["b1"] = 13
+	e.a.FollowInterfaces(current())
+	if got := e.hooks.attaches["b1"]; got != before["b1"]+1 {
+		t.Fatalf("b1 attached %d times, want %d", got, before["b1"]+1)
+	}
+	if !slices.Equal(e.f.Partial, []uint32{13}) || e.f.Masters[13] != 3 {
+		t.Fatalf("partial %v, masters %v; want b1 at 13, master 3", e.f.Partial, e.f.Masters)
+	}
+
+	// A redirect interface created again: pb_redirect follows.
+	e.links["eth9"] = 14
+	e.a.FollowInterfaces(current())
+	if !slices.Equal(e.f.PbRedirect, []uint32{14}) {
+		t.Fatalf("pb_redirect %v, want [14]", e.f.PbRedirect)
+	}
+}
