@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"github.com/penaltybox/penaltybox/pkg/config"
@@ -54,15 +55,21 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 	// The config's interfaces are named: one deleted and created again
 	// (a new index), or bridged after the agent read it (a new master),
 	// is attached and written again, as Kubernetes mode follows its links.
+	// Both goroutines end before the datapath is closed (n.Close, deferred
+	// above): a late FollowInterfaces would attach to a closed program.
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	links := make(chan nodelinks.Update)
-	go func() {
+	wg.Go(func() {
 		if err := nodelinks.Watch(ctx, nodelinks.Options{External: []string{"*"}, Logger: log.With("component", "interfaces")}, links); err != nil {
 			log.Error("interface watch stopped", "err", err)
 		}
-	}()
-	go func() {
+	})
+	wg.Go(func() {
 		for {
 			select {
 			case <-ctx.Done():
@@ -71,7 +78,7 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 				n.FollowInterfaces(u.Links)
 			}
 		}
-	}()
+	})
 
 	// 4. SIGHUP reloads the config file; a bad one leaves the last good one
 	// in force.

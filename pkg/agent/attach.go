@@ -5,6 +5,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/maps"
@@ -32,15 +33,32 @@ func (a *Agent) checkInterfaces(n *desired.Node) error {
 
 // applyInterfaces attaches XDP where listed and detaches it elsewhere, and
 // tells the datapath which interfaces are veths and which take redirects.
+// An interface that cannot be attached or resolved fails it (a config's
+// interfaces were checked to exist just before).
 func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 	a.hooksMu.Lock()
 	defer a.hooksMu.Unlock()
+	return a.applyInterfacesLocked(ifaces, redirect, nil)
+}
+
+// applyInterfacesLocked is applyInterfaces with hooksMu held. With skip
+// set (following the node's links), an interface that is absent or cannot
+// be attached is passed to skip and left out instead of failing the rest;
+// what was last seen of an absent one is kept, so that its return under a
+// new index is a change.
+func (a *Agent) applyInterfacesLocked(ifaces, redirect []string, skip func(name string, err error)) error {
 	want := map[string]bool{}
+	var attached []string
 	for _, n := range ifaces {
 		want[n] = true
 		if err := a.hooks.Attach(n); err != nil {
-			return err
+			if skip == nil {
+				return err
+			}
+			skip(n, err)
+			continue
 		}
+		attached = append(attached, n)
 	}
 	for _, n := range a.hooks.Attached() {
 		if !want[n] {
@@ -49,9 +67,14 @@ func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 			}
 		}
 	}
-	var known []maps.Iface
 	seen := map[string]LinkInfo{}
-	for _, n := range ifaces {
+	a.mu.RLock()
+	for n, l := range a.listed.seen {
+		seen[n] = l // an absent interface's last sight (skip)
+	}
+	a.mu.RUnlock()
+	var known []maps.Iface
+	for _, n := range attached {
 		if l, err := a.link(n); err == nil {
 			known = append(known, l.iface(l.Veth))
 			seen[n] = l
@@ -61,10 +84,19 @@ func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 	for _, n := range redirect {
 		l, err := a.link(n)
 		if err != nil {
-			return fmt.Errorf("redirectInterfaces: %q: %w", n, err)
+			if skip == nil {
+				return fmt.Errorf("redirectInterfaces: %q: %w", n, err)
+			}
+			skip(n, err)
+			continue
 		}
 		idx = append(idx, uint32(l.Index))
 		seen[n] = l
+	}
+	for n := range seen {
+		if !want[n] && !slices.Contains(redirect, n) {
+			delete(seen, n)
+		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -80,7 +112,7 @@ func (a *Agent) applyInterfaces(ifaces, redirect []string) error {
 }
 
 // listed is what applyInterfaces last applied: the config's interfaces
-// and each one's index and master as they were resolved then.
+// and each one's index and master as they were last seen.
 type listed struct {
 	ifaces, redirect []string
 	seen             map[string]LinkInfo
@@ -90,10 +122,16 @@ type listed struct {
 // them changed on the node (ls: the node's links, from a watch): created
 // again under its name (a new index: the XDP link and pb_ifaces entry of
 // the old one are dead), or given another master (a CNI bridges a veth
-// after it creates it). An interface absent from ls is left as it is
-// until it comes back. Nothing is done before a config's interfaces are
-// applied (Kubernetes mode follows links with SyncLinks).
+// after it creates it). An interface absent from ls is left out of the
+// datapath's lists until it comes back; the others are still followed.
+// Nothing is done before a config's interfaces are applied (Kubernetes
+// mode follows links with SyncLinks).
 func (a *Agent) FollowInterfaces(ls []nodelinks.Link) {
+	// hooksMu first, for the whole check and apply: a reload (applyNode)
+	// applies its interfaces under it too, and the list checked must be
+	// the one applied, not one a reload has replaced meanwhile.
+	a.hooksMu.Lock()
+	defer a.hooksMu.Unlock()
 	a.mu.RLock()
 	l := a.listed
 	a.mu.RUnlock()
@@ -108,7 +146,10 @@ func (a *Agent) FollowInterfaces(ls []nodelinks.Link) {
 		return
 	}
 	a.log.Info("a configured interface changed; applying the interfaces again", "interface", changed)
-	if err := a.applyInterfaces(l.ifaces, l.redirect); err != nil {
+	skip := func(name string, err error) {
+		a.log.Warn("configured interface left out until it can be attached", "interface", name, "err", err)
+	}
+	if err := a.applyInterfacesLocked(l.ifaces, l.redirect, skip); err != nil {
 		a.log.Error("applying the interfaces again", "interface", changed, "err", err)
 	}
 }

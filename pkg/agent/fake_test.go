@@ -24,13 +24,18 @@ func (noInflight) Service(uint32) int64 { return 0 }
 func (noInflight) Backend(uint32) int64 { return 0 }
 
 // fakeHooks are XDP attachments to the interfaces of links; attaches
-// counts the calls of Attach by name.
+// counts the calls of Attach by name. With exists set, Attach fails for
+// an interface it says is absent, as the datapath's does.
 type fakeHooks struct {
 	attached map[string]bool
 	attaches map[string]int
+	exists   func(name string) bool
 }
 
 func (h *fakeHooks) Attach(n string) error {
+	if h.exists != nil && !h.exists(n) {
+		return &netErr{n}
+	}
 	h.attached[n] = true
 	if h.attaches == nil {
 		h.attaches = map[string]int{}

@@ -80,3 +80,61 @@ func TestFollowInterfaces(t *testing.T) {
 		t.Fatalf("pb_redirect %v, want [14]", e.f.PbRedirect)
 	}
 }
+
+// An interface of the config that is gone does not hold up the others:
+// one recreated meanwhile is followed, the gone one left out until it
+// comes back. And an interface a reload dropped is followed no more.
+func TestFollowInterfacesWithOneGone(t *testing.T) {
+	e := newEnv(t)
+	e.links = map[string]int{"cl0": 4, "b1": 5, "eth9": 6}
+	e.veths = map[string]bool{"cl0": true, "b1": true}
+	e.hooks.exists = func(n string) bool { _, ok := e.links[n]; return ok }
+	node := &desired.Node{Interfaces: []string{"cl0", "b1"}, RedirectInterfaces: []string{"eth9"}, TableSize: 31}
+	cfg := desired.State{Node: node,
+		Services: []desired.Service{{Name: "web", Key: desired.Key{VIP: vip, Port: 80, Protocol: desired.TCP}, Accrual: settings()}}}
+	if err := e.a.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	current := func() []nodelinks.Link {
+		var ls []nodelinks.Link
+		for _, n := range slices.Sorted(maps.Keys(e.links)) {
+			ls = append(ls, nodelinks.Link{Name: n, Index: e.links[n]})
+		}
+		return ls
+	}
+
+	// cl0 and eth9 gone for good (for now), b1 created again.
+	delete(e.links, "cl0")
+	delete(e.links, "eth9")
+	e.links["b1"] = 15
+	e.a.FollowInterfaces(current())
+	if e.hooks.attaches["b1"] != 2 || !slices.Equal(e.f.Partial, []uint32{15}) || len(e.f.PbRedirect) != 0 {
+		t.Fatalf("b1 attached %d times, partial %v, redirect %v; want 2, [15], []",
+			e.hooks.attaches["b1"], e.f.Partial, e.f.PbRedirect)
+	}
+	// Nothing changed since: nothing is done again.
+	e.a.FollowInterfaces(current())
+	if e.hooks.attaches["b1"] != 2 {
+		t.Fatalf("b1 attached %d times with nothing changed, want 2", e.hooks.attaches["b1"])
+	}
+	// cl0 and eth9 come back, under new indexes.
+	e.links["cl0"] = 16
+	e.links["eth9"] = 17
+	e.a.FollowInterfaces(current())
+	if e.hooks.attaches["cl0"] != 2 || !slices.Equal(e.f.Partial, []uint32{16, 15}) || !slices.Equal(e.f.PbRedirect, []uint32{17}) {
+		t.Fatalf("cl0 attached %d times, partial %v, redirect %v; want 2, [16 15], [17]",
+			e.hooks.attaches["cl0"], e.f.Partial, e.f.PbRedirect)
+	}
+
+	// A reload drops b1; b1 created again afterwards is not the agent's.
+	node.Interfaces = []string{"cl0"}
+	if err := e.a.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	n := e.hooks.attaches["b1"]
+	e.links["b1"] = 18
+	e.a.FollowInterfaces(current())
+	if e.hooks.attaches["b1"] != n || slices.Contains(e.hooks.Attached(), "b1") {
+		t.Fatalf("b1, dropped from the config, attached again (%d times, attached %v)", e.hooks.attaches["b1"], e.hooks.Attached())
+	}
+}

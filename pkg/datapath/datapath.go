@@ -500,7 +500,9 @@ func (d *Datapath) Attach(ifname string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if l, ok := d.links[ifname]; ok {
-		if linkIfindex(l) == iface.Index {
+		// -1: the link's info could not be read; it is kept, not
+		// replaced on a guess.
+		if idx := linkIfindex(l); idx == iface.Index || idx == -1 {
 			return nil
 		}
 		// The interface was deleted (and maybe created again) under the
