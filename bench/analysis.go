@@ -167,7 +167,12 @@ const (
 		"The pieces overlap (the guard and the hand-over check each include a clock read), so they do not add up; single pieces vary by ±150 ns from round to round, " +
 		"the combinations and the inserts much less. Measured apart (section 1): a Linux client's SYN (20 bytes of options, which syn_doomed walks) costs 1.03× the bench's bare SYN; " +
 		"a new flow to a service lately kube-proxy's (5a39775: the kernel's conntrack looked up per SYN, for --takeover-grace) 1.14×; to one with sessionAffinity ClientIP " +
-		"(d32e237: a pb_affinity lookup and an LRU update per new flow) 1.12×."
+		"(d32e237: a pb_affinity lookup and an LRU update per new flow) 1.12×. " +
+		"Measured again (2026-12-05 20:52 UTC at fcbde84, one run of 5 rounds, `go run ./bench --only packet --rounds 5` with bench/variants/build.sh's " +
+		"asis, no-rev-insert, no-syn-ct, no-event, no-guard, no-handover and no-stats; section 1d not rendered again here): as built 1092 ns (1012-1373), into a full table 1453 ns; " +
+		"medians of the per-round ratios: without the reverse insert 0.82x (full table 0.77x), without the SYN's conntrack lookup 0.91x (full 1.05x), " +
+		"without the NEW_FLOW record 0.97x, without counters 1.00x, without the SYN guard 1.02x, without the hand-over check 1.13x (noise: its rounds ran 0.97-1.63x). " +
+		"So the idle guard costs nothing measurable since its clock read is the cached coarse one, and the reverse insert is still the one piece that is worth a redesign."
 	newRecs = "(1) one conntrack entry per flow: the reverse insert is 230-370 ns of a new flow (290 into a full table) and half the LRU refills; " +
 		"the price is on replies, which find their flow's VIP in the reverse entry today, with the one hash lookup they pay anyway: " +
 		"a single entry must give them the VIP by an array read (the issue's condition), and a backend address and port that serves " +
@@ -175,8 +180,8 @@ const (
 		"pays for its lookup (section 1a). " +
 		"(2) syn_doomed: done by summing in place (d0dd291), not by moving the checks: the first SYN is gone when a retransmission comes, and the agent's " +
 		"connect deadline charges a timeout with no retransmission at all, so only the SYN itself can be judged. (3) clock reads: done for the coarse ones " +
-		"(cached per jiffy); one bpf_ktime_get_ns remains, for the flow's start, which the handshake time is measured from. (4) an idle SYN guard that costs one " +
-		"read (90-130 ns now): test a per-CPU armed word first and count the window with the one clock read. (5) no NEW_FLOW record (80-90 ns), as the issue says: " +
+		"(cached per jiffy); one bpf_ktime_get_ns remains, for the flow's start, which the handshake time is measured from. (4) the idle SYN guard: 90-130 ns when it read its own clock, " +
+		"nothing measurable since the coarse clock is cached per jiffy (measured again 2026-12-05, above). (5) no NEW_FLOW record (80-90 ns), as the issue says: " +
 		"the agent can take the start from conntrack with the outcome. (6) insert first, no lookup before it (70-130 ns): bpf_map_update_elem(BPF_NOEXIST), " +
 		"and the known-tuple path on -EEXIST. (7) the hand-over check from the pb_config_v2 read new_flow makes for the hash seed, with the clock of (3) (up to 50 ns; within the noise here). " +
 		"(8) counters and config reads. With (1)-(7) the new flow measured 571-651 ns (lean-new), 1.35-1.50× the floor; with (3) and (8) too, 560 ns, 1.16× (lean-all): within the 1.3× target. (9) sessionAffinity's pin: refresh it in place (as trust_source does) instead of an LRU update per new flow. " +
