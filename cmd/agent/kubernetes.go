@@ -144,16 +144,9 @@ func runKubernetes(ctx context.Context, o options, log *slog.Logger) error {
 		cancel()
 		wg.Wait()
 	}()
-	wg.Go(func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case u := <-links:
-				n.SyncLinks(u.Links, false)
-				ctrl.SetLocalAddrs(u.Addrs)
-			}
-		}
+	onLinks(ctx, &wg, links, func(u nodelinks.Update) {
+		n.SyncLinks(u.Links, false)
+		ctrl.SetLocalAddrs(u.Addrs)
 	})
 
 	// 4. Readiness, outcomes.
@@ -255,6 +248,21 @@ func preflightNode(ctx context.Context, o options, log *slog.Logger) error {
 }
 
 // linkOptions are the interfaces the flags select.
+// onLinks hands each update of the link watch to f, on a goroutine of wg,
+// until ctx ends.
+func onLinks(ctx context.Context, wg *sync.WaitGroup, links <-chan nodelinks.Update, f func(nodelinks.Update)) {
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case u := <-links:
+				f(u)
+			}
+		}
+	})
+}
+
 func linkOptions(o options, log *slog.Logger) nodelinks.Options {
 	return nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
 		Tunnels: o.tunnelIfaces, IPIP: o.ipipIfaces, Logger: log.With("component", "interfaces")}

@@ -69,16 +69,7 @@ func runStandalone(ctx context.Context, o options, log *slog.Logger) error {
 			log.Error("interface watch stopped", "err", err)
 		}
 	})
-	wg.Go(func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case u := <-links:
-				n.FollowInterfaces(u.Links)
-			}
-		}
-	})
+	onLinks(ctx, &wg, links, func(u nodelinks.Update) { n.FollowInterfaces(u.Links) })
 
 	// 4. SIGHUP reloads the config file; a bad one leaves the last good one
 	// in force.
