@@ -145,13 +145,16 @@ func (a *Agent) FollowInterfaces(ls []nodelinks.Link) {
 	if changed == "" {
 		return
 	}
-	a.log.Info("a configured interface changed; applying the interfaces again", "interface", changed)
 	skip := func(name string, err error) {
 		a.log.Warn("configured interface left out until it can be attached", "interface", name, "err", err)
 	}
 	if err := a.applyInterfacesLocked(l.ifaces, l.redirect, skip); err != nil {
-		a.log.Error("applying the interfaces again", "interface", changed, "err", err)
+		a.log.Error("a configured interface changed; applying the interfaces again failed", "interface", changed, "err", err)
+		return
 	}
+	// Logged once the datapath's entries are written, not before: the
+	// interface is served from here on.
+	a.log.Info("a configured interface changed; interfaces applied again", "interface", changed)
 }
 
 // SyncLinks keeps XDP on exactly the given links (Kubernetes mode: the
