@@ -247,7 +247,6 @@ func preflightNode(ctx context.Context, o options, log *slog.Logger) error {
 	return nil
 }
 
-// linkOptions are the interfaces the flags select.
 // onLinks hands each update of the link watch to f, on a goroutine of wg,
 // until ctx ends.
 func onLinks(ctx context.Context, wg *sync.WaitGroup, links <-chan nodelinks.Update, f func(nodelinks.Update)) {
@@ -263,6 +262,7 @@ func onLinks(ctx context.Context, wg *sync.WaitGroup, links <-chan nodelinks.Upd
 	})
 }
 
+// linkOptions are the interfaces the flags select.
 func linkOptions(o options, log *slog.Logger) nodelinks.Options {
 	return nodelinks.Options{External: o.nodeIfaces, AutoExternal: o.nodeIfacesAuto, Pods: o.podIfaces,
 		Tunnels: o.tunnelIfaces, IPIP: o.ipipIfaces, Logger: log.With("component", "interfaces")}
