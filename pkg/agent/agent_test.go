@@ -388,8 +388,7 @@ func TestApplyConfig(t *testing.T) {
 	e.links = map[string]int{"cl0": 4, "b1": 5, "eth9": 6}
 	e.veths = map[string]bool{"b1": true}
 	node := &desired.Node{Interfaces: []string{"cl0", "nope0"}, TableSize: 31}
-	cfg := desired.State{Node: node,
-		Services: []desired.Service{{Name: "web", Key: desired.Key{VIP: vip, Port: 80, Protocol: desired.TCP}, Accrual: settings()}}}
+	cfg := nodeConfig(node)
 	err := e.a.Apply(cfg)
 	if err == nil || !strings.Contains(err.Error(), `interfaces[1]: "nope0"`) {
 		t.Fatalf("err = %v, want interfaces[1] named", err)

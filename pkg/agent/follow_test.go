@@ -19,8 +19,7 @@ func TestFollowInterfaces(t *testing.T) {
 	e.veths = map[string]bool{"b1": true}
 	e.masters = map[string]int{}
 	node := &desired.Node{Interfaces: []string{"cl0", "b1"}, RedirectInterfaces: []string{"eth9"}, TableSize: 31}
-	cfg := desired.State{Node: node,
-		Services: []desired.Service{{Name: "web", Key: desired.Key{VIP: vip, Port: 80, Protocol: desired.TCP}, Accrual: settings()}}}
+	cfg := nodeConfig(node)
 
 	// Before a config's interfaces are applied (and in Kubernetes mode)
 	// there is nothing to follow.
@@ -31,26 +30,19 @@ func TestFollowInterfaces(t *testing.T) {
 	if err := e.a.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	current := func() []nodelinks.Link {
-		var ls []nodelinks.Link
-		for _, n := range slices.Sorted(maps.Keys(e.links)) {
-			ls = append(ls, nodelinks.Link{Name: n, Index: e.links[n], Master: e.masters[n]})
-		}
-		return ls
-	}
 	attaches := func() map[string]int { return maps.Clone(e.hooks.attaches) }
 	before := attaches()
 
 	// Nothing of theirs changed (another link came): nothing is done.
 	e.links["veth77"] = 12
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if got := attaches(); !maps.Equal(got, before) {
 		t.Fatalf("attaches %v after an unrelated link came, want %v", got, before)
 	}
 
 	// The bridge plugin makes cni0 b1's master after it created b1.
 	e.masters["b1"] = 3
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if got := e.f.Masters[5]; got != 3 {
 		t.Fatalf("b1's master in pb_ifaces %d, want 3", got)
 	}
@@ -58,14 +50,14 @@ func TestFollowInterfaces(t *testing.T) {
 
 	// b1 deleted: left as it is until it comes back.
 	delete(e.links, "b1")
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if got := attaches(); !maps.Equal(got, before) {
 		t.Fatalf("attaches %v while b1 is gone, want %v", got, before)
 	}
 	// ...created again, under another index: attached again, and its
 	// pb_ifaces entry is the new index's.
 	e.links["b1"] = 13
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if got := e.hooks.attaches["b1"]; got != before["b1"]+1 {
 		t.Fatalf("b1 attached %d times, want %d", got, before["b1"]+1)
 	}
@@ -75,7 +67,7 @@ func TestFollowInterfaces(t *testing.T) {
 
 	// A redirect interface created again: pb_redirect follows.
 	e.links["eth9"] = 14
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if !slices.Equal(e.f.PbRedirect, []uint32{14}) {
 		t.Fatalf("pb_redirect %v, want [14]", e.f.PbRedirect)
 	}
@@ -90,37 +82,29 @@ func TestFollowInterfacesWithOneGone(t *testing.T) {
 	e.veths = map[string]bool{"cl0": true, "b1": true}
 	e.hooks.exists = func(n string) bool { _, ok := e.links[n]; return ok }
 	node := &desired.Node{Interfaces: []string{"cl0", "b1"}, RedirectInterfaces: []string{"eth9"}, TableSize: 31}
-	cfg := desired.State{Node: node,
-		Services: []desired.Service{{Name: "web", Key: desired.Key{VIP: vip, Port: 80, Protocol: desired.TCP}, Accrual: settings()}}}
+	cfg := nodeConfig(node)
 	if err := e.a.Apply(cfg); err != nil {
 		t.Fatal(err)
-	}
-	current := func() []nodelinks.Link {
-		var ls []nodelinks.Link
-		for _, n := range slices.Sorted(maps.Keys(e.links)) {
-			ls = append(ls, nodelinks.Link{Name: n, Index: e.links[n]})
-		}
-		return ls
 	}
 
 	// cl0 and eth9 gone for good (for now), b1 created again.
 	delete(e.links, "cl0")
 	delete(e.links, "eth9")
 	e.links["b1"] = 15
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if e.hooks.attaches["b1"] != 2 || !slices.Equal(e.f.Partial, []uint32{15}) || len(e.f.PbRedirect) != 0 {
 		t.Fatalf("b1 attached %d times, partial %v, redirect %v; want 2, [15], []",
 			e.hooks.attaches["b1"], e.f.Partial, e.f.PbRedirect)
 	}
 	// Nothing changed since: nothing is done again.
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if e.hooks.attaches["b1"] != 2 {
 		t.Fatalf("b1 attached %d times with nothing changed, want 2", e.hooks.attaches["b1"])
 	}
 	// cl0 and eth9 come back, under new indexes.
 	e.links["cl0"] = 16
 	e.links["eth9"] = 17
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if e.hooks.attaches["cl0"] != 2 || !slices.Equal(e.f.Partial, []uint32{16, 15}) || !slices.Equal(e.f.PbRedirect, []uint32{17}) {
 		t.Fatalf("cl0 attached %d times, partial %v, redirect %v; want 2, [16 15], [17]",
 			e.hooks.attaches["cl0"], e.f.Partial, e.f.PbRedirect)
@@ -133,8 +117,24 @@ func TestFollowInterfacesWithOneGone(t *testing.T) {
 	}
 	n := e.hooks.attaches["b1"]
 	e.links["b1"] = 18
-	e.a.FollowInterfaces(current())
+	e.a.FollowInterfaces(e.nodeLinks())
 	if e.hooks.attaches["b1"] != n || slices.Contains(e.hooks.Attached(), "b1") {
 		t.Fatalf("b1, dropped from the config, attached again (%d times, attached %v)", e.hooks.attaches["b1"], e.hooks.Attached())
 	}
+}
+
+// nodeConfig is a config file's state: node's interfaces and one service.
+func nodeConfig(node *desired.Node) desired.State {
+	return desired.State{Node: node,
+		Services: []desired.Service{{Name: "web", Key: desired.Key{VIP: vip, Port: 80, Protocol: desired.TCP}, Accrual: settings()}}}
+}
+
+// nodeLinks are the links that exist (e.links, with e.masters), as the
+// link watch reports them.
+func (e *env) nodeLinks() []nodelinks.Link {
+	var ls []nodelinks.Link
+	for _, n := range slices.Sorted(maps.Keys(e.links)) {
+		ls = append(ls, nodelinks.Link{Name: n, Index: e.links[n], Master: e.masters[n]})
+	}
+	return ls
 }

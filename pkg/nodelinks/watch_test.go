@@ -21,9 +21,10 @@ import (
 // pb_ifaces kept the veth without master, and every reply of that pod was
 // refused for good (TestSeedDemoOnACluster: a pod's refusals seen as
 // timeouts, twice in CI). Another change of the veth keeps its master;
-// out of the bridge again, the veth stays listed, without master. (The bridge's own notifications, which the watch
-// skips, say the port is deleted; here they came together with the link's
-// own and were coalesced, so this run passes without the skip too.)
+// out of the bridge again, the veth stays listed, without master. (The
+// bridge's own notifications, which the watch skips, say the port is
+// deleted; here they came together with the link's own and were
+// coalesced, so this run passes without the skip too.)
 func TestWatchReportsAMasterSetLater(t *testing.T) {
 	h := testnet.OwnNetns(t, false)
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "pbbr0"}}
