@@ -507,11 +507,9 @@ func (d *Datapath) Attach(ifname string) error {
 		}
 		// The interface was deleted (and maybe created again) under the
 		// same name: the link died with the old one and must not stand
-		// for the new.
-		l.Unpin()
+		// for the new. Its pin is found defunct below, as after a restart.
 		l.Close()
 		delete(d.links, ifname)
-		d.log.Info("XDP link lost with its interface; attaching again", "interface", ifname, "ifindex", iface.Index)
 	}
 	if err := os.MkdirAll(d.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("attach %s: %w", ifname, err)
@@ -541,6 +539,7 @@ func (d *Datapath) Attach(ifname string) error {
 			return nil
 		}
 		// The interface was recreated under the same name: the old link is defunct.
+		d.log.Info("XDP link lost with its interface; attaching again", "interface", ifname, "ifindex", iface.Index)
 		l.Unpin()
 		l.Close()
 	}
