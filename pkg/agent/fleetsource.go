@@ -7,6 +7,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/fleet"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 // FleetWindows returns what this node can report to the fleet: the windows
@@ -22,7 +23,7 @@ func (a *Agent) FleetWindows() []fleet.Window {
 	for _, w := range ws {
 		s, ok := a.rec.Service(w.Service)
 		b, bok := a.rec.Backend(w.Endpoint)
-		if !ok || !bok || !b.RemovedAt.IsZero() {
+		if !ok || !bok || b.State == maps.BackendRemoved {
 			continue
 		}
 		out = append(out, fleet.Window{

@@ -366,7 +366,7 @@ func (r *Reconciler) retire(b *Backend, now time.Time) {
 		return
 	}
 	b.State = maps.BackendRemoved
-	b.RemovedAt = now
+	r.removedAt[b.ID] = now
 	if err := r.w.SetBackend(b.ID, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
 		r.log.Error("mark backend removed", "backend", b.Addr, "id", b.ID, "err", err)
 	}

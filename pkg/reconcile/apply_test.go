@@ -428,8 +428,8 @@ func TestApplyEndpointChanges(t *testing.T) {
 				if kb := e.f.PbBackends[id]; pbmaps.AddrFrom16(kb.Addr.Bytes) != netip.MustParseAddrPort(x).Addr() || kb.SvcId != s.ID {
 					t.Errorf("removed backend %d lost its address or service: %+v", id, kb)
 				}
-				if got, _ := e.r.Backend(id); got.RemovedAt != t0 {
-					t.Errorf("backend %d RemovedAt %v, want %v", id, got.RemovedAt, t0)
+				if got := e.r.removedAt[id]; got != t0 {
+					t.Errorf("backend %d removed at %v, want %v", id, got, t0)
 				}
 			}
 			slices.Sort(wantRetired)
