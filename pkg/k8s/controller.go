@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -135,7 +134,7 @@ type Controller struct {
 	log      *slog.Logger
 	started  sync.Once // Start
 	factory  informers.SharedInformerFactory
-	services corelisters.ServiceLister
+	services serviceCache
 	// sliceIndex holds the EndpointSlices, indexed by their Service's key
 	// (sliceServiceIndex).
 	sliceIndex cache.Indexer
@@ -244,7 +243,7 @@ func New(client kubernetes.Interface, opts Options) *Controller {
 		opts:     opts,
 		log:      opts.Logger,
 		factory:  factory,
-		services: factory.Core().V1().Services().Lister(),
+		services: serviceCache{factory.Core().V1().Services().Informer().GetIndexer()},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "services"}),
 		recorder: opts.Recorder,
@@ -343,9 +342,8 @@ func (c *Controller) setZone(zone string) {
 		return
 	}
 	c.log.Info("node zone", "zone", zone, "node", c.opts.NodeName)
-	svcs, _ := c.services.List(labels.Everything())
-	for _, s := range svcs {
-		c.queue.Add(s.Namespace + "/" + s.Name)
+	for _, key := range c.services.keys() {
+		c.queue.Add(key)
 	}
 }
 
@@ -371,9 +369,8 @@ func (c *Controller) enqueueNamespace(obj any) {
 	if !ok {
 		return
 	}
-	svcs, _ := c.services.Services(ns.Name).List(labels.Everything())
-	for _, s := range svcs {
-		c.queue.Add(s.Namespace + "/" + s.Name)
+	for _, key := range c.services.keysIn(ns.Name) {
+		c.queue.Add(key)
 	}
 }
 
@@ -475,15 +472,12 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	// Compute everything once before the first hand-over: the agent must
 	// never see a partial state, which would remove the services not yet
 	// computed (and their established flows' backends) from the maps.
-	svcs, err := c.services.List(labels.Everything())
-	if err != nil {
-		return err
-	}
 	// Counted, not logged one by one: at 10,000 Services a line each
 	// was 10,000 lines and writes in the cold start, saying one thing.
 	c.initialServed = map[string]int{}
-	for _, s := range svcs {
-		if err := c.sync(s.Namespace + "/" + s.Name); err != nil {
+	keys := c.services.keys()
+	for _, key := range keys {
+		if err := c.sync(key); err != nil {
 			return err
 		}
 	}
@@ -495,7 +489,7 @@ func (c *Controller) Run(ctx context.Context, out chan<- desired.State) error {
 	default:
 	}
 	first := c.snapshot()
-	c.log.Info("kubernetes caches synced", "services", len(svcs), "ports", len(first.Services), "served_because", served)
+	c.log.Info("kubernetes caches synced", "services", len(keys), "ports", len(first.Services), "served_because", served)
 	select {
 	case out <- first:
 	case <-ctx.Done():
@@ -584,8 +578,8 @@ func (c *Controller) sync(key string) error {
 	if err != nil {
 		return nil // a malformed key will not get better
 	}
-	svc, err := c.services.Services(ns).Get(name)
-	if apierrors.IsNotFound(err) {
+	cached := c.services.get(ns, name)
+	if cached == nil {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if e, ok := c.entries[key]; ok {
@@ -598,9 +592,7 @@ func (c *Controller) sync(key string) error {
 		}
 		return nil
 	}
-	if err != nil {
-		return err
-	}
+	svc := cached.object()
 	objs, err := c.sliceIndex.ByIndex(sliceServiceIndex, key)
 	if err != nil {
 		return err
@@ -917,9 +909,8 @@ func (c *Controller) SetLocalAddrs(addrs []netip.Addr) {
 	}
 	// Before Run has synced the caches this lists nothing, and Run's
 	// first pass computes everything anyway.
-	svcs, _ := c.services.List(labels.Everything())
-	for _, s := range svcs {
-		c.queue.Add(s.Namespace + "/" + s.Name)
+	for _, key := range c.services.keys() {
+		c.queue.Add(key)
 	}
 }
 
@@ -932,33 +923,29 @@ func (c *Controller) serviceOf(name string) (*corev1.Service, error) {
 		return nil, fmt.Errorf("no Service for %q", name)
 	}
 	ns, n, _ := strings.Cut(key, "/")
-	svc, err := c.services.Services(ns).Get(n)
-	if err != nil {
-		return nil, err
+	svc := c.services.get(ns, n)
+	if svc == nil {
+		return nil, fmt.Errorf("no Service %s in the cache", key)
 	}
-	return svc, nil
+	return svc.object(), nil
 }
 
 // stripForCache drops, before an object enters the informers' caches, what
 // the agent never reads and what makes up much of a small object: its
 // managedFields and kubectl's last-applied-configuration annotation (a copy
 // of the whole object). An EndpointSlice is cached as the controller's
-// compact copy (endpointSlice); a Service keeps only the labels and
-// annotations the agent reads (penaltybox.io/ ones, and the Linkerd
-// spellings of our annotations), and neither its selector (the slices
-// say where its endpoints are) nor its status. With
-// 10,000 Services and their EndpointSlices that is tens of megabytes of
-// the agent's memory.
+// compact copy (endpointSlice), a Service as its own (cachedService: the
+// labels and annotations the agent reads, penaltybox.io/ ones and the
+// Linkerd spellings of our annotations, and the spec fields Translate
+// reads; not its selector, since the slices say where its endpoints are,
+// nor its status). With 10,000 Services and their EndpointSlices that is
+// tens of megabytes of the agent's memory.
 func stripForCache(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *discoveryv1.EndpointSlice:
 		return compactSlice(o), nil
 	case *corev1.Service:
-		o.Labels = keepOnly(o.Labels, func(k string) bool { return strings.HasPrefix(k, ourPrefix) })
-		o.Annotations = keepOnly(o.Annotations, annotationRead)
-		o.OwnerReferences = nil
-		o.Spec.Selector = nil
-		o.Status = corev1.ServiceStatus{}
+		return compactService(o), nil
 	}
 	if a, err := meta.Accessor(obj); err == nil {
 		a.SetManagedFields(nil)

@@ -656,7 +656,7 @@ func TestStripForCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := out.(*corev1.Service)
+	got := out.(*cachedService).object()
 	if len(got.ManagedFields) != 0 || got.Annotations[corev1.LastAppliedConfigAnnotation] != "" {
 		t.Errorf("managedFields %v, last-applied %q: want both gone", got.ManagedFields, got.Annotations[corev1.LastAppliedConfigAnnotation])
 	}
@@ -674,7 +674,7 @@ func TestStripForCache(t *testing.T) {
 		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "198.18.9.9"}}}},
 	}
 	out, _ = stripForCache(svc)
-	got = out.(*corev1.Service)
+	got = out.(*cachedService).object()
 	if !maps.Equal(got.Labels, map[string]string{LabelEnabled: "true"}) ||
 		!maps.Equal(got.Annotations, map[string]string{AnnotationMaxFailures: "3"}) ||
 		got.Spec.Selector != nil || len(got.Status.LoadBalancer.Ingress) != 0 {
@@ -699,7 +699,7 @@ func TestStripForCache(t *testing.T) {
 	}} {
 		want, wantErrs := ParseAnnotations(ann, DefaultSettings(0))
 		out, _ = stripForCache(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Annotations: maps.Clone(ann)}})
-		cached := out.(*corev1.Service).Annotations
+		cached := out.(*cachedService).object().Annotations
 		if _, ok := cached["team"]; ok {
 			t.Errorf("kept an annotation nothing reads: %v", cached)
 		}
@@ -712,8 +712,8 @@ func TestStripForCache(t *testing.T) {
 		}
 	}
 	svc = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}}}
-	if out, _ = stripForCache(svc); out.(*corev1.Service).Labels != nil {
-		t.Errorf("labels none of which are ours: %v, want nil", out.(*corev1.Service).Labels)
+	if out, _ = stripForCache(svc); out.(*cachedService).object().Labels != nil {
+		t.Errorf("labels none of which are ours: %v, want nil", out.(*cachedService).object().Labels)
 	}
 	// A tombstone passes as it is.
 	tomb := cache.DeletedFinalStateUnknown{Key: "shop/web", Obj: svc}

@@ -6,10 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -200,11 +198,8 @@ func ancestorStatus(old []PolicyAncestorStatus, verdicts []Verdict, generation i
 
 func (c *Controller) serviceExists(key, section string) bool {
 	ns, name, _ := strings.Cut(key, "/")
-	svc, err := c.services.Services(ns).Get(name)
-	if err != nil {
-		return false
-	}
-	return section == "" || slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == section })
+	svc := c.services.get(ns, name)
+	return svc != nil && (section == "" || svc.hasPort(section))
 }
 
 func (c *Controller) targeting(key string) []*BackendPolicy {
@@ -221,7 +216,7 @@ func (c *Controller) annotated(key string) Settings {
 	ns, name, _ := strings.Cut(key, "/")
 	base := DefaultSettings(c.opts.MaxInflight)
 	var ann map[string]string
-	if svc, err := c.services.Services(ns).Get(name); err == nil {
+	if svc := c.services.get(ns, name); svc != nil {
 		ann = svc.Annotations
 	}
 	s, errs := ParseAnnotations(ann, base)
