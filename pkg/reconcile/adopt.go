@@ -102,7 +102,7 @@ func (r *Reconciler) adopt() error {
 		}
 		b := &Backend{ID: id, Service: v.SvcId, State: maps.BackendState(v.State),
 			Addr: netip.AddrPortFrom(addr, maps.Port(v.Port))}
-		r.backends[id] = b
+		r.backends.set(id, b)
 		if s, ok := r.byID[v.SvcId]; ok && b.State != maps.BackendRemoved {
 			s.Backends = append(s.Backends, id)
 			s.Spec.Endpoints = append(s.Spec.Endpoints, desired.Endpoint{Addr: b.Addr})
@@ -127,7 +127,7 @@ func (r *Reconciler) adopt() error {
 		return fmt.Errorf("adopt VIP slots: %w", err)
 	}
 	if len(svcs) > 0 || len(bes) > 0 {
-		r.log.Info("adopted pinned state", "services", len(r.services), "backends", len(r.backends))
+		r.log.Info("adopted pinned state", "services", len(r.services), "backends", r.backends.len())
 	}
 	return nil
 }
@@ -139,7 +139,7 @@ func (r *Reconciler) Adopted() map[desired.Key]map[netip.AddrPort]uint32 {
 	for k, s := range r.services {
 		m := map[netip.AddrPort]uint32{}
 		for _, id := range s.Backends {
-			m[r.backends[id].Addr] = id
+			m[r.backends.get(id).Addr] = id
 		}
 		out[k] = m
 	}

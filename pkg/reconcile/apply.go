@@ -141,7 +141,7 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 			r.byID[id] = s
 		}
 		r.touched = append(r.touched, s)
-		endpointsChanged := !existed || !sameEndpoints(s, spec.Endpoints, r.backends)
+		endpointsChanged := !existed || !sameEndpoints(s, spec.Endpoints, &r.backends)
 		// Spec shares the caller's endpoints slice (a copy of each
 		// service's was megabytes at 10,000 services): the reconciler
 		// never writes into it, and replaces it where it must differ.
@@ -182,7 +182,7 @@ func (r *Reconciler) sync(st desired.State) ([]Change, error) {
 			errs = append(errs, err)
 		}
 		for _, id := range s.Backends {
-			r.retire(r.backends[id], now)
+			r.retire(r.backends.get(id), now)
 		}
 		retired := s.Backends
 		s.Backends, s.Active, s.Probation = nil, nil, nil
@@ -239,12 +239,12 @@ func identical(a, b []desired.Endpoint) bool {
 	return len(a) == len(b) && len(a) > 0 && &a[0] == &b[0]
 }
 
-func sameEndpoints(s *Service, eps []desired.Endpoint, bes map[uint32]*Backend) bool {
+func sameEndpoints(s *Service, eps []desired.Endpoint, bes *backendTable) bool {
 	if len(s.Backends) != len(eps) {
 		return false
 	}
 	for i, id := range s.Backends {
-		if bes[id].Addr != eps[i].Addr {
+		if bes.get(id).Addr != eps[i].Addr {
 			return false
 		}
 	}
@@ -253,7 +253,7 @@ func sameEndpoints(s *Service, eps []desired.Endpoint, bes map[uint32]*Backend) 
 
 func (r *Reconciler) renameBackends(s *Service) {
 	for i, id := range s.Backends {
-		r.backends[id].Name = s.Spec.Endpoints[i].Name
+		r.backends.get(id).Name = s.Spec.Endpoints[i].Name
 	}
 }
 
@@ -262,7 +262,7 @@ func (r *Reconciler) renameBackends(s *Service) {
 func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, _ error) {
 	have := map[netip.AddrPort]uint32{}
 	for _, id := range s.Backends {
-		have[r.backends[id].Addr] = id
+		have[r.backends.get(id).Addr] = id
 	}
 	var errs []error
 	ids := make([]uint32, 0, len(s.Spec.Endpoints))
@@ -270,7 +270,7 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 		id, ok := have[ep.Addr]
 		if ok {
 			delete(have, ep.Addr)
-			r.backends[id].Name = ep.Name
+			r.backends.get(id).Name = ep.Name
 			ids = append(ids, id)
 			continue
 		}
@@ -284,12 +284,12 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 		// the kernel only reaches a backend through a table, so one that is
 		// in none yet is harmless. Written in one batch by flushBackends.
 		b := &Backend{ID: id, Service: s.ID, Addr: ep.Addr, Name: ep.Name, State: maps.BackendActive, clean: clean}
-		r.backends[id] = b
+		r.backends.set(id, b)
 		r.fresh = append(r.fresh, b)
 		ids = append(ids, id)
 	}
 	for _, id := range have {
-		r.retire(r.backends[id], now)
+		r.retire(r.backends.get(id), now)
 		retired = append(retired, id)
 	}
 	slices.Sort(retired)
@@ -298,7 +298,7 @@ func (r *Reconciler) syncBackends(s *Service, now time.Time) (retired []uint32, 
 	if len(ids) != len(s.Spec.Endpoints) {
 		eps := make([]desired.Endpoint, 0, len(ids))
 		for _, id := range ids {
-			eps = append(eps, desired.Endpoint{Addr: r.backends[id].Addr, Name: r.backends[id].Name})
+			eps = append(eps, desired.Endpoint{Addr: r.backends.get(id).Addr, Name: r.backends.get(id).Name})
 		}
 		s.Spec.Endpoints = eps
 	}
@@ -350,7 +350,7 @@ func (r *Reconciler) flushBackends() error {
 				// A new slice: this one may be the caller's.
 				s.Spec.Endpoints = slices.Delete(slices.Clone(s.Spec.Endpoints), idx, idx+1)
 			}
-			delete(r.backends, b.ID)
+			r.backends.del(b.ID)
 			r.beIDs.put(b.ID)
 			r.dropped = true // its port may be marked for nothing
 		}

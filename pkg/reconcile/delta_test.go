@@ -174,11 +174,11 @@ func sameReconcilers(t *testing.T, step int, a, b *env) {
 			t.Fatalf("step %d: service %d %s: complete %+v, delta %+v", step, x.ID, x.Spec.Name, *x, *y)
 		}
 	}
-	if len(a.r.backends) != len(b.r.backends) {
-		t.Fatalf("step %d: %d backends, delta %d", step, len(a.r.backends), len(b.r.backends))
+	if a.r.backends.len() != b.r.backends.len() {
+		t.Fatalf("step %d: %d backends, delta %d", step, a.r.backends.len(), b.r.backends.len())
 	}
-	for id, x := range a.r.backends {
-		if y, ok := b.r.backends[id]; !ok || *x != *y {
+	for id, x := range a.r.backends.all() {
+		if y, ok := b.r.backends.lookup(id); !ok || *x != *y {
 			t.Fatalf("step %d: backend %d: complete %+v, delta %+v", step, id, x, y)
 		}
 	}

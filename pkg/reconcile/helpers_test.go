@@ -491,7 +491,7 @@ func (e *env) checkKernel() {
 		}
 	}
 	kb, _ := f.Backends()
-	for id, b := range r.backends {
+	for id, b := range r.backends.all() {
 		k, ok := kb[id]
 		if !ok {
 			t.Errorf("backend %d (%s): no pb_backends entry", id, b.Addr)
@@ -506,7 +506,7 @@ func (e *env) checkKernel() {
 		}
 	}
 	for id := range kb {
-		if _, ok := r.backends[id]; !ok {
+		if _, ok := r.backends.lookup(id); !ok {
 			t.Errorf("pb_backends[%d] used but unknown to the reconciler", id)
 		}
 	}

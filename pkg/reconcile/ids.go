@@ -16,7 +16,7 @@ func (r *Reconciler) Sweep(inUse InUse) {
 	}
 	now := r.clk.Now()
 	freed := 0
-	for id, b := range r.backends {
+	for id, b := range r.backends.all() {
 		if b.State != maps.BackendRemoved || now.Sub(r.removedAt[id]) < r.cooldown || inUse.Backends[id] {
 			continue
 		}
@@ -24,7 +24,7 @@ func (r *Reconciler) Sweep(inUse InUse) {
 			r.log.Error("clear backend", "id", id, "err", err)
 			continue
 		}
-		delete(r.backends, id)
+		r.backends.del(id)
 		delete(r.removedAt, id)
 		r.beIDs.put(id)
 		freed++

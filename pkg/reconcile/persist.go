@@ -58,7 +58,7 @@ func (r *Reconciler) PersistedEndpoints() ([]accrual.Record, error) {
 // programmed in the service they were recorded for.
 func (r *Reconciler) PruneEndpoints(recs []accrual.Record) {
 	for _, rec := range recs {
-		if b, ok := r.backends[rec.Endpoint]; !ok || b.Service != rec.Service || b.State == maps.BackendRemoved {
+		if b, ok := r.backends.lookup(rec.Endpoint); !ok || b.Service != rec.Service || b.State == maps.BackendRemoved {
 			r.forgetPersisted(rec.Endpoint)
 		}
 	}

@@ -27,7 +27,7 @@ func (r *Reconciler) syncPrefilters() error {
 	for ap := range r.inUseVIPs {
 		want.vip(ap.Addr(), ap.Port())
 	}
-	for _, b := range r.backends {
+	for _, b := range r.backends.all() {
 		want.ports[b.Addr.Port()] |= maps.PortBackend
 	}
 	return r.writePrefilters(want.ports, want.slots)

@@ -47,7 +47,7 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 		// again; the tables are as they were.
 		var errs []error
 		for _, bid := range s.Backends {
-			if b := r.backends[bid]; b != nil && b.Tripped {
+			if b := r.backends.get(bid); b != nil && b.Tripped {
 				errs = append(errs, r.setState(bid, b.State))
 			}
 		}
@@ -149,7 +149,7 @@ func (r *Reconciler) ProgramService(id uint32, active, probation []uint32, failO
 // probation grants ProbeGrants flows; staying in probation grants nothing
 // new, so a probe the kernel already admitted is not repeated.
 func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
-	b := r.backends[id]
+	b := r.backends.get(id)
 	if b.State == st && !b.Tripped {
 		return nil
 	}
@@ -172,7 +172,7 @@ func (r *Reconciler) setState(id uint32, st maps.BackendState) error {
 // whatever is decided next about it is written, even a state the
 // reconciler believes the kernel holds already.
 func (r *Reconciler) NoteKernelTrip(id uint32) {
-	if b, ok := r.backends[id]; ok {
+	if b, ok := r.backends.lookup(id); ok {
 		b.Tripped = true
 	}
 }
@@ -183,7 +183,7 @@ func (r *Reconciler) NoteKernelTrip(id uint32) {
 // streak starts afresh. A backend written since its trip was noted
 // (NoteKernelTrip) holds that state already: nothing is written twice.
 func (r *Reconciler) UndoTrip(id uint32) error {
-	b, ok := r.backends[id]
+	b, ok := r.backends.lookup(id)
 	if !ok || !b.Tripped {
 		return nil
 	}
@@ -234,7 +234,7 @@ func tripSettings(s *desired.Service) maps.TripSettings {
 // datapath never sees (one judged by a deadline) ends the streak, as it
 // ends accrual's.
 func (r *Reconciler) EndKernelStreak(id uint32) {
-	if _, ok := r.backends[id]; ok {
+	if _, ok := r.backends.lookup(id); ok {
 		r.w.ResetBackendTrip(id)
 	}
 }
@@ -249,7 +249,7 @@ func (r *Reconciler) KernelEjected(id uint32) []uint32 {
 	}
 	var out []uint32
 	for _, bid := range s.Backends {
-		b := r.backends[bid]
+		b := r.backends.get(bid)
 		if b == nil || b.State != maps.BackendActive {
 			continue
 		}
@@ -305,7 +305,7 @@ func affinitySeconds(d time.Duration) uint32 {
 // events lost), or the kernel's entry drifted. It rewrites the entry
 // whatever the reconciler believes it holds.
 func (r *Reconciler) Regrant(id uint32) error {
-	b, ok := r.backends[id]
+	b, ok := r.backends.lookup(id)
 	if !ok || b.State != maps.BackendProbation {
 		return nil
 	}
@@ -329,7 +329,7 @@ func (r *Reconciler) KernelState(id uint32) (maps.BackendState, int32, error) {
 func (r *Reconciler) build(ids []uint32, size uint32) ([]uint32, error) {
 	r.keys = r.keys[:0]
 	for _, id := range ids {
-		r.keys = append(r.keys, r.backends[id].Addr.String())
+		r.keys = append(r.keys, r.backends.get(id).Addr.String())
 	}
 	b := r.builders[size]
 	if b == nil {

@@ -112,7 +112,7 @@ type Reconciler struct {
 
 	services map[desired.Key]*Service
 	byID     map[uint32]*Service
-	backends map[uint32]*Backend
+	backends backendTable
 	// removedAt: when each removed backend left the desired state (Sweep
 	// frees its id after the cooldown). Kept beside Backend, not in it:
 	// removed backends are few, and the field took each of 100,000
@@ -239,7 +239,6 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		tables:       map[uint32][]uint32{},
 		services:     map[desired.Key]*Service{},
 		byID:         map[uint32]*Service{},
-		backends:     map[uint32]*Backend{},
 		removedAt:    map[uint32]time.Time{},
 		retiredSvc:   map[uint32]time.Time{},
 		retiredKey:   map[uint32]desired.Key{},
@@ -298,6 +297,5 @@ func (r *Reconciler) ServicesWhere(keep func(*Service) bool) []*Service {
 
 // Backend returns the backend with id (removed ones included).
 func (r *Reconciler) Backend(id uint32) (*Backend, bool) {
-	b, ok := r.backends[id]
-	return b, ok
+	return r.backends.lookup(id)
 }
