@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
@@ -19,11 +18,11 @@ import (
 // pointers; this one is about half, and at 10,000 Services the cache held
 // about 11 MB of decoded Services (a heap profile of the apiscale bench).
 type cachedService struct {
-	// ObjectMeta keeps the name, namespace, UID and resourceVersion (the
+	// cacheMeta keeps the name, namespace, UID and resourceVersion (the
 	// store's key; Events name the object by them), and the labels and
 	// annotations the agent reads (penaltybox.io/ ones, and the Linkerd
 	// spellings of our annotations).
-	metav1.ObjectMeta
+	cacheMeta
 	typ             corev1.ServiceType
 	clusterIP       string
 	clusterIPs      []string
@@ -43,7 +42,7 @@ type servicePort struct {
 // compactService makes the controller's copy of a Service.
 func compactService(svc *corev1.Service) *cachedService {
 	out := &cachedService{
-		ObjectMeta: metav1.ObjectMeta{
+		cacheMeta: cacheMeta{
 			Name:            svc.Name,
 			Namespace:       svc.Namespace,
 			UID:             svc.UID,
@@ -78,7 +77,7 @@ func compactService(svc *corev1.Service) *cachedService {
 // controller keeps a Service's last good annotations by reference).
 func (s *cachedService) object() *corev1.Service {
 	svc := &corev1.Service{
-		ObjectMeta: s.ObjectMeta,
+		ObjectMeta: s.objectMeta(),
 		Spec: corev1.ServiceSpec{
 			Type:                  s.typ,
 			ClusterIP:             s.clusterIP,
@@ -115,7 +114,7 @@ func (s *cachedService) GetObjectKind() schema.ObjectKind { return schema.EmptyO
 // once decoded, and the ClusterIPs are shared.
 func (s *cachedService) DeepCopyObject() runtime.Object {
 	c := *s
-	s.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	c.cacheMeta = s.cacheMeta.deepCopy()
 	c.ports = append([]servicePort(nil), s.ports...)
 	return &c
 }

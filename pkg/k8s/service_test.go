@@ -10,6 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 )
 
@@ -79,5 +82,35 @@ func TestCachedServiceTranslatesTheSame(t *testing.T) {
 	aff, _ := Translate(cases["client IP affinity"], slices, DefaultSettings(0), node)
 	if len(dual) != 4 || len(dual[0].Endpoints) == 0 || len(aff) != 1 || aff[0].Affinity == 0 {
 		t.Fatalf("the fixtures translate to %+v and %+v", dual, aff)
+	}
+}
+
+// client-go's store keys, indexes and versions the cached copies through
+// meta.Accessor: both kinds must answer it as the API objects would.
+func TestCachedCopiesAnswerMetaAccessor(t *testing.T) {
+	svc := service()
+	svc.ResourceVersion = "41"
+	sl := slice("web-a", nil)
+	sl.UID, sl.ResourceVersion = "uid-slice", "42"
+	for _, c := range []struct {
+		obj           runtime.Object
+		key, uid, ver string
+	}{
+		{compactService(svc), "shop/web", "uid-web", "41"},
+		{compactSlice(sl), "shop/web-a", "uid-slice", "42"},
+	} {
+		a, err := meta.Accessor(c.obj)
+		if err != nil {
+			t.Fatalf("%T: %v", c.obj, err)
+		}
+		key, err := cache.MetaNamespaceKeyFunc(c.obj)
+		ns, _ := cache.MetaNamespaceIndexFunc(c.obj)
+		if err != nil || key != c.key || string(a.GetUID()) != c.uid || a.GetResourceVersion() != c.ver || !reflect.DeepEqual(ns, []string{"shop"}) {
+			t.Errorf("%T: key %q (%v), uid %q, version %q, namespace index %v", c.obj, key, err, a.GetUID(), a.GetResourceVersion(), ns)
+		}
+		tomb := cache.DeletedFinalStateUnknown{Key: c.key, Obj: c.obj}
+		if k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(tomb); err != nil || k != c.key {
+			t.Errorf("%T tombstone: key %q, %v", c.obj, k, err)
+		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"unique"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -23,9 +22,9 @@ import (
 // takes about 1 KB so, and the pod references, node and zone names and
 // copied labels that real clusters' slices carry are not kept at all.
 type endpointSlice struct {
-	// ObjectMeta keeps the name, namespace, UID and resourceVersion: what
+	// cacheMeta keeps the name, namespace, UID and resourceVersion: what
 	// the informer's store and the controller's ordering use.
-	metav1.ObjectMeta
+	cacheMeta
 	// service is the kubernetes.io/service-name label: the Service the
 	// slice belongs to.
 	service     string
@@ -85,7 +84,7 @@ func (e *sliceEndpoint) nodeName() string {
 // compactSlice makes the controller's copy of an EndpointSlice.
 func compactSlice(sl *discoveryv1.EndpointSlice) *endpointSlice {
 	out := &endpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
+		cacheMeta: cacheMeta{
 			Name:            sl.Name,
 			Namespace:       sl.Namespace,
 			UID:             sl.UID,
@@ -181,7 +180,7 @@ func (s *endpointSlice) GetObjectKind() schema.ObjectKind { return schema.EmptyO
 // are shared.
 func (s *endpointSlice) DeepCopyObject() runtime.Object {
 	c := *s
-	s.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	c.cacheMeta = s.cacheMeta.deepCopy()
 	c.ports = slices.Clone(s.ports)
 	c.endpoints = slices.Clone(s.endpoints)
 	return &c

@@ -47,10 +47,10 @@ func TestCompactSlice(t *testing.T) {
 	c := compactSlice(sl)
 	if c.Name != "web-abc" || c.Namespace != "shop" || c.UID != "u1" || c.ResourceVersion != "7" || c.service != "web" ||
 		c.addressType != discoveryv1.AddressTypeIPv4 {
-		t.Errorf("meta: %+v, service %q, type %q", c.ObjectMeta, c.service, c.addressType)
+		t.Errorf("meta: %+v, service %q, type %q", c.cacheMeta, c.service, c.addressType)
 	}
-	if c.Labels != nil || c.Annotations != nil || c.OwnerReferences != nil {
-		t.Errorf("kept what nothing reads: labels %v, annotations %v, owners %v", c.Labels, c.Annotations, c.OwnerReferences)
+	if c.Labels != nil || c.Annotations != nil {
+		t.Errorf("kept what nothing reads: labels %v, annotations %v", c.Labels, c.Annotations)
 	}
 	wantPorts := []slicePort{
 		{name: "http", proto: desired.TCP, known: true, port: 80, hasPort: true},
