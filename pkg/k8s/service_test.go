@@ -75,6 +75,9 @@ func TestCachedServiceTranslatesTheSame(t *testing.T) {
 				t.Errorf("%s: port %q lost", name, p.Name)
 			}
 		}
+		if cached.hasPort("no-such-port") {
+			t.Errorf("%s: has a port it was not given", name)
+		}
 	}
 	// The cases are not vacuous: some translate to something, one per
 	// family and port, one with affinity.

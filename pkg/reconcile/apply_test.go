@@ -518,6 +518,9 @@ func TestRemovedBackendLifecycle(t *testing.T) {
 			if _, ok := e.r.Backend(id); ok {
 				t.Errorf("backend %d still known after Sweep", id)
 			}
+			if at, ok := e.r.removedAt[id]; ok {
+				t.Errorf("backend %d's removal time (%v) kept after Sweep freed it", id, at)
+			}
 			if kb := e.f.PbBackends[id]; kb != (bpf.LbBackend{}) {
 				t.Errorf("pb_backends[%d] = %+v after Sweep, want zeroed", id, kb)
 			}

@@ -4,6 +4,7 @@ package reconcile
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -181,6 +182,9 @@ func sameReconcilers(t *testing.T, step int, a, b *env) {
 		if y, ok := b.r.backends.lookup(id); !ok || *x != *y {
 			t.Fatalf("step %d: backend %d: complete %+v, delta %+v", step, id, x, y)
 		}
+	}
+	if !maps.Equal(a.r.removedAt, b.r.removedAt) {
+		t.Fatalf("step %d: removal times: complete %v, delta %v", step, a.r.removedAt, b.r.removedAt)
 	}
 	if len(a.r.handingBack) != len(b.r.handingBack) {
 		t.Fatalf("step %d: %d handed back, delta %d", step, len(a.r.handingBack), len(b.r.handingBack))
