@@ -21,6 +21,13 @@ type cacheMeta struct {
 	Labels, Annotations map[string]string
 }
 
+// metaOf keeps om's key, UID and version, with the labels and annotations
+// given (those the agent reads of them).
+func metaOf(om *metav1.ObjectMeta, labels, annotations map[string]string) cacheMeta {
+	return cacheMeta{Name: om.Name, Namespace: om.Namespace, UID: om.UID,
+		ResourceVersion: om.ResourceVersion, Labels: labels, Annotations: annotations}
+}
+
 // GetObjectMeta makes the cached copies metav1.ObjectMetaAccessors, which
 // is how client-go's store and informer read their keys and versions
 // (meta.Accessor). It returns a new ObjectMeta each call, sharing the

@@ -42,14 +42,9 @@ type servicePort struct {
 // compactService makes the controller's copy of a Service.
 func compactService(svc *corev1.Service) *cachedService {
 	out := &cachedService{
-		cacheMeta: cacheMeta{
-			Name:            svc.Name,
-			Namespace:       svc.Namespace,
-			UID:             svc.UID,
-			ResourceVersion: svc.ResourceVersion,
-			Labels:          keepOnly(svc.Labels, func(k string) bool { return strings.HasPrefix(k, ourPrefix) }),
-			Annotations:     keepOnly(svc.Annotations, annotationRead),
-		},
+		cacheMeta: metaOf(&svc.ObjectMeta,
+			keepOnly(svc.Labels, func(k string) bool { return strings.HasPrefix(k, ourPrefix) }),
+			keepOnly(svc.Annotations, annotationRead)),
 		typ:             svc.Spec.Type,
 		clusterIP:       svc.Spec.ClusterIP,
 		clusterIPs:      svc.Spec.ClusterIPs,

@@ -84,12 +84,7 @@ func (e *sliceEndpoint) nodeName() string {
 // compactSlice makes the controller's copy of an EndpointSlice.
 func compactSlice(sl *discoveryv1.EndpointSlice) *endpointSlice {
 	out := &endpointSlice{
-		cacheMeta: cacheMeta{
-			Name:            sl.Name,
-			Namespace:       sl.Namespace,
-			UID:             sl.UID,
-			ResourceVersion: sl.ResourceVersion,
-		},
+		cacheMeta:   metaOf(&sl.ObjectMeta, nil, nil),
 		service:     sl.Labels[discoveryv1.LabelServiceName],
 		addressType: internAddressType(sl.AddressType),
 	}
