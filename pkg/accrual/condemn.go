@@ -29,7 +29,7 @@ func (e *Engine) FleetWindows() []FleetWindow {
 			if ep.state != Ready || ep.win == nil {
 				continue
 			}
-			t := ep.win.view(&s.st, now)
+			t := ep.win.view(s.st, now)
 			if t.calls == 0 {
 				continue
 			}
@@ -56,7 +56,7 @@ func (e *Engine) Condemn(id uint32, calls, failures uint32, level int) []Transit
 		return nil
 	}
 	ready := ep.level // 0 in ready, but kept exact
-	ep.level = max(ep.level, clampLevel(&s.st, uint8(min(max(level, 0), 255))))
+	ep.level = max(ep.level, clampLevel(s.st, uint8(min(max(level, 0), 255))))
 	// Each condemnation is its own spell of the rule being due: one the
 	// cap suppresses is reported, as the first was.
 	ep.suppressed &^= ruleBit(ReasonFleet)

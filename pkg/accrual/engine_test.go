@@ -1242,3 +1242,28 @@ func TestRestoreClampsPenalty(t *testing.T) {
 		}
 	}
 }
+
+// Services with the same settings share one copy; a change to one
+// service's settings is its own.
+func TestSettingsSharedAndOwn(t *testing.T) {
+	h := newHarness(t, nil)
+	a, b := testSettings(), testSettings(func(s *Settings) { s.MaxFailures = 5 })
+	h.set(1, a, 1)
+	h.set(2, a, 2)
+	if h.e.svcs[1].st != h.e.svcs[2].st {
+		t.Error("two services with the same settings hold a copy each")
+	}
+	h.set(3, b, 3)
+	h.set(1, b, 1) // 1 changes; 2 keeps a
+	h.set(4, a, 4)
+	for id, want := range map[uint32]Settings{1: b, 2: a, 3: b, 4: a} {
+		if got := *h.e.svcs[id].st; got != sanitize(want) {
+			t.Errorf("service %d: MaxFailures %d, want %d", id, got.MaxFailures, want.MaxFailures)
+		}
+	}
+	// Service 2 still judges on its own settings: three failures eject.
+	h.fails(2, 2, KindRefused)
+	h.wantState(2, Ready)
+	h.fails(2, 1, KindRefused)
+	h.wantState(2, Ejected)
+}

@@ -23,8 +23,14 @@ func (e *Engine) SetService(id uint32, name string, st Settings, endpoints []uin
 		e.svcs[id] = s
 	}
 	s.name = name
-	old := s.st
-	s.st = st
+	var old Settings
+	if s.st != nil {
+		old = *s.st
+	}
+	if e.lastSt == nil || *e.lastSt != st {
+		e.lastSt = &st
+	}
+	s.st = e.lastSt
 
 	e.gen++
 	cause := NoEndpoint
@@ -82,7 +88,7 @@ func (e *Engine) fitWindows(s *service, old Settings, now time.Time) {
 	}
 	if want && s.st.Outliers {
 		if _, ok := e.outliers[s.id]; !ok || reshaped {
-			s.nextOutliers = now.Add(width(&s.st))
+			s.nextOutliers = now.Add(width(s.st))
 		}
 		e.outliers[s.id] = s
 	} else {
@@ -119,10 +125,10 @@ func (e *Engine) applySettings(s *service, now time.Time) {
 		}
 		return
 	}
-	limit := maxDrawn(&s.st)
+	limit := maxDrawn(s.st)
 	for _, id := range s.members {
 		ep := e.eps.at(id)
-		ep.level = clampLevel(&s.st, ep.level)
+		ep.level = clampLevel(s.st, ep.level)
 		if ep.state != Ejected {
 			continue
 		}

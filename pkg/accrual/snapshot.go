@@ -168,7 +168,7 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 	now := e.clk.Now()
 	for _, s := range e.sortedServices() {
 		ss := ServiceSnapshot{
-			ID: s.id, Name: s.name, Settings: s.st,
+			ID: s.id, Name: s.name, Settings: *s.st,
 			Ready: s.count[Ready], Ejected: s.count[Ejected], Probation: s.count[Probation],
 			EjectionCap:      EjectionCap(len(s.members), s.st.MaxEjectionPercent),
 			FailOpen:         s.failOpen,
@@ -187,7 +187,7 @@ func (e *Engine) Snapshot() []ServiceSnapshot {
 				Counters: a.c.export(),
 			}
 			if ep.win != nil {
-				ws := ep.win.view(&s.st, now).snapshot()
+				ws := ep.win.view(s.st, now).snapshot()
 				es.Window = &ws
 			}
 			ss.Endpoints = append(ss.Endpoints, es)
@@ -293,15 +293,15 @@ func (e *Engine) Restore(recs []Record) (ts []Transition, skipped int) {
 			ep.level, a.penalty = 0, 0
 			a.ejectedAt, a.probationAt = time.Time{}, time.Time{}
 		} else {
-			ep.level = clampLevel(&s.st, r.PenaltyLevel)
+			ep.level = clampLevel(s.st, r.PenaltyLevel)
 			// Clamped as the probation time is, so that ejectedAt below
 			// (probation − penalty) cannot wrap.
-			a.penalty = min(max(r.Penalty, 0), maxDrawn(&s.st))
+			a.penalty = min(max(r.Penalty, 0), maxDrawn(s.st))
 			a.probationAt = r.ProbationAt
 			if a.probationAt.IsZero() {
 				a.probationAt = now
 			}
-			if limit := now.Add(maxDrawn(&s.st)); a.probationAt.After(limit) {
+			if limit := now.Add(maxDrawn(s.st)); a.probationAt.After(limit) {
 				a.probationAt = limit
 			}
 			a.ejectedAt = r.EjectedAt

@@ -195,7 +195,7 @@ func (e *Engine) judgeOutliers(s *service, now time.Time) {
 		if ep.state != Ready || ep.win == nil {
 			continue
 		}
-		ep.win.roll(&s.st, now)
+		ep.win.roll(s.st, now)
 		t := ep.win.sum
 		if t.calls < uint32(s.st.OutlierMinCalls) {
 			continue
