@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -930,28 +929,22 @@ func (c *Controller) serviceOf(name string) (*corev1.Service, error) {
 	return svc.object(), nil
 }
 
-// stripForCache drops, before an object enters the informers' caches, what
-// the agent never reads and what makes up much of a small object: its
-// managedFields and kubectl's last-applied-configuration annotation (a copy
-// of the whole object). An EndpointSlice is cached as the controller's
-// compact copy (endpointSlice), a Service as its own (cachedService: the
+// stripForCache is the informers' transform: each object is cached as the
+// controller's compact copy of what the agent reads, not as decoded. An
+// EndpointSlice as an endpointSlice, a Service as a cachedService (the
 // labels and annotations the agent reads, penaltybox.io/ ones and the
 // Linkerd spellings of our annotations, and the spec fields Translate
-// reads; not its selector, since the slices say where its endpoints are,
-// nor its status). With 10,000 Services and their EndpointSlices that is
-// tens of megabytes of the agent's memory.
+// reads). Neither keeps managedFields, kubectl's last-applied copy of the
+// whole object, a Service's selector (the slices say where its endpoints
+// are) or its status. With 10,000 Services and their EndpointSlices that
+// is tens of megabytes of the agent's memory. Anything else (a tombstone)
+// passes as it is.
 func stripForCache(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *discoveryv1.EndpointSlice:
 		return compactSlice(o), nil
 	case *corev1.Service:
 		return compactService(o), nil
-	}
-	if a, err := meta.Accessor(obj); err == nil {
-		a.SetManagedFields(nil)
-		if ann := a.GetAnnotations(); ann[corev1.LastAppliedConfigAnnotation] != "" {
-			delete(ann, corev1.LastAppliedConfigAnnotation)
-		}
 	}
 	return obj, nil
 }
