@@ -37,6 +37,7 @@ const enum pb_event_flag *unused_event_flag __attribute__((unused));
 const enum pb_svc_flag *unused_svc_flag __attribute__((unused));
 const enum pb_trip_kind *unused_trip_kind __attribute__((unused));
 const enum pb_nf_why *unused_nf_why __attribute__((unused));
+const enum pb_ct_expire_result *unused_ct_expire_result __attribute__((unused));
 
 /* The parts, in the order each needs the ones before. */
 #include "pb_pkt.h"
@@ -545,4 +546,57 @@ int pb_xdp(struct xdp_md *ctx)
 	if ((void *)(eth + 1) <= data_end && eth->h_proto == ETH_P_IPV6_BE)
 		return pb_run(ctx, ifindex, PB_AF_INET6);
 	return pb_run(ctx, ifindex, PB_AF_INET);
+}
+
+/* The agent's conntrack sweep, in the kernel: the agent finds the idle
+ * flows in a snapshot of pb_ct_v2 and runs this program (BPF_PROG_RUN)
+ * over a batch of them in pb_ct_expire, where a lookup and a delete per
+ * entry, each its own system call, made expiring a flow four (most of the
+ * agent's cost of a closed connection). An entry goes only if it still
+ * is the flow the snapshot saw: its tuple may have been reused since. */
+static __always_inline __u8 ct_expire_key(const struct ct_key *k, __u64 created_ns, __u32 *deleted)
+{
+	struct ct_value *v = bpf_map_lookup_elem(&pb_ct_v2, k);
+	if (!v)
+		return PB_CT_EXPIRE_ABSENT;
+	if (v->created_ns != created_ns)
+		return PB_CT_EXPIRE_OTHER;
+	/* Gone meanwhile (the LRU, or a concurrent delete) is gone too. */
+	if (bpf_map_delete_elem(&pb_ct_v2, k) == 0)
+		(*deleted)++;
+	return PB_CT_EXPIRE_DELETED;
+}
+
+struct ct_expire_loop {
+	__u32 deleted;
+};
+
+static long ct_expire_one(__u32 i, void *data)
+{
+	struct ct_expire_loop *l = data;
+	struct ct_expire *x = bpf_map_lookup_elem(&pb_ct_expire, &i);
+	if (!x)
+		return 1;
+	x->rev_result = PB_CT_EXPIRE_UNASKED;
+	x->fwd_result = PB_CT_EXPIRE_UNASKED;
+	if (x->rev.family) {
+		x->rev_result = ct_expire_key(&x->rev, x->created_ns, &l->deleted);
+		if (x->rev_result != PB_CT_EXPIRE_DELETED)
+			return 0;
+	}
+	if (x->fwd.family)
+		x->fwd_result = ct_expire_key(&x->fwd, x->created_ns, &l->deleted);
+	return 0;
+}
+
+SEC("syscall")
+int pb_ct_expire_run(struct ct_expire_args *a)
+{
+	struct ct_expire_loop l = {};
+	__u32 n = a->n;
+	if (n > PB_CT_EXPIRE_BATCH)
+		n = PB_CT_EXPIRE_BATCH;
+	bpf_loop(n, ct_expire_one, &l, 0);
+	a->deleted = l.deleted;
+	return 0;
 }

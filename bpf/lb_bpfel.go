@@ -70,6 +70,22 @@ type LbConfig struct {
 	DeadManNs       uint64
 }
 
+type LbCtExpire struct {
+	_         structs.HostLayout
+	Rev       LbCtKey
+	Fwd       LbCtKey
+	CreatedNs uint64
+	RevResult uint8
+	FwdResult uint8
+	Pad       [6]uint8
+}
+
+type LbCtExpireArgs struct {
+	_       structs.HostLayout
+	N       uint32
+	Deleted uint32
+}
+
 type LbCtKey struct {
 	_   structs.HostLayout
 	Src struct {
@@ -201,6 +217,15 @@ type LbPbClock struct {
 	Jiffies uint64
 	Ns      uint64
 }
+
+type LbPbCtExpireResult uint32
+
+const (
+	LbPbCtExpireResultPB_CT_EXPIRE_UNASKED LbPbCtExpireResult = 0
+	LbPbCtExpireResultPB_CT_EXPIRE_DELETED LbPbCtExpireResult = 1
+	LbPbCtExpireResultPB_CT_EXPIRE_ABSENT  LbPbCtExpireResult = 2
+	LbPbCtExpireResultPB_CT_EXPIRE_OTHER   LbPbCtExpireResult = 3
+)
 
 type LbPbEventFlag uint32
 
@@ -374,45 +399,48 @@ type LbSynGuardCpu struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LbMapPbAffinity         = "pb_affinity"
-	LbMapPbBackends         = "pb_backends"
-	LbMapPbBeInflight       = "pb_be_inflight"
-	LbMapPbBeStats          = "pb_be_stats"
-	LbMapPbBeTrip           = "pb_be_trip"
-	LbMapPbConfigV2         = "pb_config_v2"
-	LbMapPbCtV2             = "pb_ct_v2"
-	LbMapPbEvents           = "pb_events"
-	LbMapPbFlows            = "pb_flows"
-	LbMapPbHealth           = "pb_health"
-	LbMapPbIfaces           = "pb_ifaces"
-	LbMapPbMaglev           = "pb_maglev"
-	LbMapPbMaglevFb         = "pb_maglev_fb"
-	LbMapPbNfStats          = "pb_nf_stats"
-	LbMapPbPorts            = "pb_ports"
-	LbMapPbRedirect         = "pb_redirect"
-	LbMapPbScratch          = "pb_scratch"
-	LbMapPbServices         = "pb_services"
-	LbMapPbSrcTrust         = "pb_src_trust"
-	LbMapPbStatsV2          = "pb_stats_v2"
-	LbMapPbSvcBackends      = "pb_svc_backends"
-	LbMapPbSvcInflight      = "pb_svc_inflight"
-	LbMapPbSvcKeys          = "pb_svc_keys"
-	LbMapPbSvcStats         = "pb_svc_stats"
-	LbMapPbSvcTrip          = "pb_svc_trip"
-	LbMapPbSynGuard         = "pb_syn_guard"
-	LbMapPbSynGuardCpu      = "pb_syn_guard_cpu"
-	LbMapPbSynsV2           = "pb_syns_v2"
-	LbMapPbVipSlots         = "pb_vip_slots"
-	LbProgPbXdp             = "pb_xdp"
-	LbVarPbClock            = "pb_clock"
-	LbVarPbNfKfuncs         = "pb_nf_kfuncs"
-	LbVarUnusedBackendState = "unused_backend_state"
-	LbVarUnusedEvent        = "unused_event"
-	LbVarUnusedEventFlag    = "unused_event_flag"
-	LbVarUnusedEventType    = "unused_event_type"
-	LbVarUnusedNfWhy        = "unused_nf_why"
-	LbVarUnusedSvcFlag      = "unused_svc_flag"
-	LbVarUnusedTripKind     = "unused_trip_kind"
+	LbMapPbAffinity           = "pb_affinity"
+	LbMapPbBackends           = "pb_backends"
+	LbMapPbBeInflight         = "pb_be_inflight"
+	LbMapPbBeStats            = "pb_be_stats"
+	LbMapPbBeTrip             = "pb_be_trip"
+	LbMapPbConfigV2           = "pb_config_v2"
+	LbMapPbCtExpire           = "pb_ct_expire"
+	LbMapPbCtV2               = "pb_ct_v2"
+	LbMapPbEvents             = "pb_events"
+	LbMapPbFlows              = "pb_flows"
+	LbMapPbHealth             = "pb_health"
+	LbMapPbIfaces             = "pb_ifaces"
+	LbMapPbMaglev             = "pb_maglev"
+	LbMapPbMaglevFb           = "pb_maglev_fb"
+	LbMapPbNfStats            = "pb_nf_stats"
+	LbMapPbPorts              = "pb_ports"
+	LbMapPbRedirect           = "pb_redirect"
+	LbMapPbScratch            = "pb_scratch"
+	LbMapPbServices           = "pb_services"
+	LbMapPbSrcTrust           = "pb_src_trust"
+	LbMapPbStatsV2            = "pb_stats_v2"
+	LbMapPbSvcBackends        = "pb_svc_backends"
+	LbMapPbSvcInflight        = "pb_svc_inflight"
+	LbMapPbSvcKeys            = "pb_svc_keys"
+	LbMapPbSvcStats           = "pb_svc_stats"
+	LbMapPbSvcTrip            = "pb_svc_trip"
+	LbMapPbSynGuard           = "pb_syn_guard"
+	LbMapPbSynGuardCpu        = "pb_syn_guard_cpu"
+	LbMapPbSynsV2             = "pb_syns_v2"
+	LbMapPbVipSlots           = "pb_vip_slots"
+	LbProgPbCtExpireRun       = "pb_ct_expire_run"
+	LbProgPbXdp               = "pb_xdp"
+	LbVarPbClock              = "pb_clock"
+	LbVarPbNfKfuncs           = "pb_nf_kfuncs"
+	LbVarUnusedBackendState   = "unused_backend_state"
+	LbVarUnusedCtExpireResult = "unused_ct_expire_result"
+	LbVarUnusedEvent          = "unused_event"
+	LbVarUnusedEventFlag      = "unused_event_flag"
+	LbVarUnusedEventType      = "unused_event_type"
+	LbVarUnusedNfWhy          = "unused_nf_why"
+	LbVarUnusedSvcFlag        = "unused_svc_flag"
+	LbVarUnusedTripKind       = "unused_trip_kind"
 )
 
 // LoadLb returns the embedded CollectionSpec for Lb.
@@ -457,7 +485,8 @@ type LbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbProgramSpecs struct {
-	PbXdp *ebpf.ProgramSpec `ebpf:"pb_xdp"`
+	PbCtExpireRun *ebpf.ProgramSpec `ebpf:"pb_ct_expire_run"`
+	PbXdp         *ebpf.ProgramSpec `ebpf:"pb_xdp"`
 }
 
 // LbMapSpecs contains maps before they are loaded into the kernel.
@@ -470,6 +499,7 @@ type LbMapSpecs struct {
 	PbBeStats     *ebpf.MapSpec `ebpf:"pb_be_stats"`
 	PbBeTrip      *ebpf.MapSpec `ebpf:"pb_be_trip"`
 	PbConfigV2    *ebpf.MapSpec `ebpf:"pb_config_v2"`
+	PbCtExpire    *ebpf.MapSpec `ebpf:"pb_ct_expire"`
 	PbCtV2        *ebpf.MapSpec `ebpf:"pb_ct_v2"`
 	PbEvents      *ebpf.MapSpec `ebpf:"pb_events"`
 	PbFlows       *ebpf.MapSpec `ebpf:"pb_flows"`
@@ -499,15 +529,16 @@ type LbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbVariableSpecs struct {
-	PbClock            *ebpf.VariableSpec `ebpf:"pb_clock"`
-	PbNfKfuncs         *ebpf.VariableSpec `ebpf:"pb_nf_kfuncs"`
-	UnusedBackendState *ebpf.VariableSpec `ebpf:"unused_backend_state"`
-	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedEventFlag    *ebpf.VariableSpec `ebpf:"unused_event_flag"`
-	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
-	UnusedNfWhy        *ebpf.VariableSpec `ebpf:"unused_nf_why"`
-	UnusedSvcFlag      *ebpf.VariableSpec `ebpf:"unused_svc_flag"`
-	UnusedTripKind     *ebpf.VariableSpec `ebpf:"unused_trip_kind"`
+	PbClock              *ebpf.VariableSpec `ebpf:"pb_clock"`
+	PbNfKfuncs           *ebpf.VariableSpec `ebpf:"pb_nf_kfuncs"`
+	UnusedBackendState   *ebpf.VariableSpec `ebpf:"unused_backend_state"`
+	UnusedCtExpireResult *ebpf.VariableSpec `ebpf:"unused_ct_expire_result"`
+	UnusedEvent          *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlag      *ebpf.VariableSpec `ebpf:"unused_event_flag"`
+	UnusedEventType      *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedNfWhy          *ebpf.VariableSpec `ebpf:"unused_nf_why"`
+	UnusedSvcFlag        *ebpf.VariableSpec `ebpf:"unused_svc_flag"`
+	UnusedTripKind       *ebpf.VariableSpec `ebpf:"unused_trip_kind"`
 }
 
 // LbObjects contains all objects after they have been loaded into the kernel.
@@ -536,6 +567,7 @@ type LbMaps struct {
 	PbBeStats     *ebpf.Map `ebpf:"pb_be_stats"`
 	PbBeTrip      *ebpf.Map `ebpf:"pb_be_trip"`
 	PbConfigV2    *ebpf.Map `ebpf:"pb_config_v2"`
+	PbCtExpire    *ebpf.Map `ebpf:"pb_ct_expire"`
 	PbCtV2        *ebpf.Map `ebpf:"pb_ct_v2"`
 	PbEvents      *ebpf.Map `ebpf:"pb_events"`
 	PbFlows       *ebpf.Map `ebpf:"pb_flows"`
@@ -569,6 +601,7 @@ func (m *LbMaps) Close() error {
 		m.PbBeStats,
 		m.PbBeTrip,
 		m.PbConfigV2,
+		m.PbCtExpire,
 		m.PbCtV2,
 		m.PbEvents,
 		m.PbFlows,
@@ -599,26 +632,29 @@ func (m *LbMaps) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbVariables struct {
-	PbClock            *ebpf.Variable `ebpf:"pb_clock"`
-	PbNfKfuncs         *ebpf.Variable `ebpf:"pb_nf_kfuncs"`
-	UnusedBackendState *ebpf.Variable `ebpf:"unused_backend_state"`
-	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
-	UnusedEventFlag    *ebpf.Variable `ebpf:"unused_event_flag"`
-	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
-	UnusedNfWhy        *ebpf.Variable `ebpf:"unused_nf_why"`
-	UnusedSvcFlag      *ebpf.Variable `ebpf:"unused_svc_flag"`
-	UnusedTripKind     *ebpf.Variable `ebpf:"unused_trip_kind"`
+	PbClock              *ebpf.Variable `ebpf:"pb_clock"`
+	PbNfKfuncs           *ebpf.Variable `ebpf:"pb_nf_kfuncs"`
+	UnusedBackendState   *ebpf.Variable `ebpf:"unused_backend_state"`
+	UnusedCtExpireResult *ebpf.Variable `ebpf:"unused_ct_expire_result"`
+	UnusedEvent          *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlag      *ebpf.Variable `ebpf:"unused_event_flag"`
+	UnusedEventType      *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedNfWhy          *ebpf.Variable `ebpf:"unused_nf_why"`
+	UnusedSvcFlag        *ebpf.Variable `ebpf:"unused_svc_flag"`
+	UnusedTripKind       *ebpf.Variable `ebpf:"unused_trip_kind"`
 }
 
 // LbPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbPrograms struct {
-	PbXdp *ebpf.Program `ebpf:"pb_xdp"`
+	PbCtExpireRun *ebpf.Program `ebpf:"pb_ct_expire_run"`
+	PbXdp         *ebpf.Program `ebpf:"pb_xdp"`
 }
 
 func (p *LbPrograms) Close() error {
 	return _LbClose(
+		p.PbCtExpireRun,
 		p.PbXdp,
 	)
 }

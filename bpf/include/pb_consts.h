@@ -84,6 +84,17 @@ enum pb_event_type {
 	PB_EV_FIRST_DATA = 8,  /* first payload byte from the backend */
 };
 
+/* What pb_ct_expire_run did with one key of a pb_ct_expire entry. */
+enum pb_ct_expire_result {
+	PB_CT_EXPIRE_UNASKED = 0, /* family 0, or the reverse entry stayed */
+	PB_CT_EXPIRE_DELETED = 1, /* it was the flow's, and is gone */
+	PB_CT_EXPIRE_ABSENT = 2,  /* no entry under the key */
+	PB_CT_EXPIRE_OTHER = 3,   /* another flow's (another created_ns): kept */
+};
+
+/* pb_ct_expire's size: the flows one run of pb_ct_expire_run expires. */
+#define PB_CT_EXPIRE_BATCH 1024
+
 /* pb_services flags. An enum so bpf2go generates them for the agent. The
  * QUIET flags say which events the agent's verdict on a flow of the
  * service does not need: each one costs it a ring buffer record to read. */

@@ -185,6 +185,18 @@ struct {
 	__uint(max_entries, 1);
 } pb_scratch SEC(".maps");
 
+/* pb_ct_expire[i]: the flows the agent's conntrack sweep hands
+ * pb_ct_expire_run to delete, and what it did (struct ct_expire). Written
+ * and read by the agent through a memory map, one batch at a time. Not
+ * pinned: nothing outside one sweep reads it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_expire);
+	__uint(max_entries, PB_CT_EXPIRE_BATCH);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} pb_ct_expire SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);

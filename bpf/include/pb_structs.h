@@ -84,6 +84,27 @@ struct ct_value {
 	__u32 reply_ifindex;    /* REV: the interface the backend's replies passed the reverse-path check on */
 };
 
+/* pb_ct_expire entry: one flow the agent's sweep found idle past its
+ * timeout in its snapshot of pb_ct_v2, for pb_ct_expire_run to delete. An
+ * entry goes only if it still is the flow the snapshot saw (created_ns):
+ * a tuple reused meanwhile is a new flow's. The reverse entry goes first,
+ * and the forward one only once it went; a key of family 0 is not asked
+ * about (a forward entry without its reverse half has rev.family 0). */
+struct ct_expire {
+	struct ct_key rev;
+	struct ct_key fwd;
+	__u64 created_ns;
+	__u8 rev_result; /* enum pb_ct_expire_result, written by the program */
+	__u8 fwd_result;
+	__u8 pad[6];
+};
+
+/* pb_ct_expire_run's context: how many pb_ct_expire entries to act on. */
+struct ct_expire_args {
+	__u32 n;
+	__u32 deleted; /* out: conntrack entries deleted */
+};
+
 /* pb_affinity key: a client of a service with session affinity. */
 struct affinity_key {
 	union addr client;

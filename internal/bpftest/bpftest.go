@@ -70,11 +70,23 @@ func Load(tb testing.TB) *Loaded {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { d.Close() })
+	return &Loaded{Datapath: d, Maps: newMaps(tb, d)}
+}
+
+// newMaps wraps d's maps as the agent does (agent.Open): the conntrack
+// sweep's deletes through pb_ct_expire_run, which every supported kernel
+// loads.
+func newMaps(tb testing.TB, d *datapath.Datapath) *maps.Maps {
+	tb.Helper()
 	m, err := maps.New(&d.LbMaps, d.InnerSpec)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &Loaded{Datapath: d, Maps: m}
+	if err := m.UseCTExpire(d.PbCtExpireRun); err != nil {
+		m.Close()
+		tb.Fatal(err)
+	}
+	return m
 }
 
 // loadOptions are the small maps tests load with, pinned under root.

@@ -71,6 +71,11 @@ func Open(o NodeOptions) (_ *Node, err error) {
 	if n.inflight, err = n.maps.OpenInflight(); err != nil {
 		return nil, err
 	}
+	if p := n.Datapath.PbCtExpireRun; p != nil {
+		if err := n.maps.UseCTExpire(p); err != nil {
+			n.log.Warn("conntrack sweep program not used: the sweep deletes with a system call per entry", "err", err)
+		}
+	}
 	reaper := &conntrack.Reaper{Maps: n.maps, Inflight: n.inflight,
 		Timeouts: conntrack.DefaultTimeouts(), Clocks: conntrack.KernelClocks()}
 	opts := n.Datapath.Opts

@@ -37,6 +37,10 @@ func (a *Agent) SweepConntrack() conntrack.InUse {
 		a.log.Warn("conntrack sweep", "err", err)
 		return conntrack.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, Incomplete: true}
 	}
+	if res.ExpireErr != nil {
+		// Once: the sweeps after it use system calls (maps.ExpireCT).
+		a.log.Warn("conntrack sweep program failed: the sweep deletes with a system call per entry from now on", "err", res.ExpireErr)
+	}
 	if res.Expired > 0 || res.Released > 0 {
 		a.log.Debug("conntrack sweep", "entries", res.Entries, "expired", res.Expired, "released", res.Released)
 	}

@@ -80,6 +80,7 @@ type Reaper struct {
 	ents  []maps.CTEntry
 	pairs pairIndex
 	state []entryState
+	batch expiryBatch
 }
 
 // entryState is what a sweep has decided about one forward entry of its
@@ -110,6 +111,9 @@ type Result struct {
 	Released int // circuit-breaker slots given back
 	Counted  int // pb_flows entries left
 	InUse    InUse
+	// ExpireErr: the kernel's sweep program failed; the flows were
+	// expired by system calls, and will be from now on (maps.ExpireCT).
+	ExpireErr error
 }
 
 // keepEntries bounds the snapshot a sweep keeps for the next: the
@@ -186,6 +190,22 @@ func (r *Reaper) Sweep() (Result, error) {
 	// Live flows whose forward entry is not in the snapshot (evicted, or
 	// another flow's: see below): rare, so a map.
 	var liveElsewhere map[bpf.LbCtKey]bool
+	// Flows found idle are deleted in batches (ExpireCT: in the kernel,
+	// one system call for many), each entry only if it still is the flow
+	// the snapshot saw: the snapshot may be old, and a tuple reused since
+	// is a new flow's.
+	batch := &r.batch
+	batch.reset()
+	// A reverse entry's flow: expired if its reverse entry went. If not
+	// (gone already, or another flow's), its forward entry is judged
+	// below as one without its reverse half.
+	revDone := func(x *maps.CTExpire, fi int32) {
+		if x.RevResult == maps.ExpireDeleted {
+			res.Expired++
+		} else if fi >= 0 {
+			state[fi] = unseen
+		}
+	}
 	for i := range ents {
 		e := &ents[i]
 		if e.Key.Dir != maps.DirRev {
@@ -213,21 +233,17 @@ func (r *Reaper) Sweep() (Result, error) {
 			flags &^= maps.CTEstablished // handshake never completed by the client
 		}
 		if now-int64(last) > int64(r.timeout(e.Key.Proto, flags)) {
-			// The snapshot may be old: if the tuple was reused meanwhile,
-			// the entries are a new flow's. Leave them.
-			if cur, err := r.Maps.CTEntry(e.Key); err != nil || cur.CreatedNs != e.Value.CreatedNs {
-				continue
-			}
-			r.Maps.DeleteCT(e.Key)
+			x := maps.CTExpire{Rev: e.Key, CreatedNs: e.Value.CreatedNs}
 			if f != nil {
 				// The forward key too may be a new flow's by now (the
-				// client's port reused towards another backend).
-				if cur, err := r.Maps.CTEntry(fk); err == nil && cur.CreatedNs == f.Value.CreatedNs {
-					r.Maps.DeleteCT(fk)
-				}
+				// client's port reused towards another backend): it goes
+				// only if it still has the flow's start, and only once
+				// the reverse entry went. The flow's forward entry is
+				// taken for expired until revDone says otherwise.
+				x.Fwd = fk
 				state[fi] = expired
 			}
-			res.Expired++
+			batch.add(r.Maps, x, int32(fi), revDone, &res)
 			continue
 		}
 		if f != nil {
@@ -240,10 +256,23 @@ func (r *Reaper) Sweep() (Result, error) {
 		}
 		use.add(&fk, e.Value.SvcId, e.Value.BackendId)
 	}
+	batch.flush(r.Maps, revDone, &res)
 	// Forward entries whose reverse half is gone (LRU eviction) get the
 	// short closed timeout; until then they pin their ids.
 	isLive := func(fi int, k *bpf.LbCtKey) bool {
 		return (fi >= 0 && state[fi] == live) || liveElsewhere[*k]
+	}
+	fwdDone := func(x *maps.CTExpire, i int32) {
+		switch x.FwdResult {
+		case maps.ExpireDeleted:
+			state[i] = expired
+			res.Expired++
+		case maps.ExpireOther:
+			// A reused tuple's entry is a new flow's; keep it.
+			state[i] = live
+			use.add(&ents[i].Key, ents[i].Value.SvcId, ents[i].Value.BackendId)
+		}
+		// Absent: gone already, neither live nor expired here.
 	}
 	for i := range ents {
 		f := &ents[i]
@@ -255,21 +284,13 @@ func (r *Reaper) Sweep() (Result, error) {
 			continue
 		}
 		if now-int64(f.Value.LastSeenNs) > int64(r.Timeouts.TCPClosed) {
-			cur, err := r.Maps.CTEntry(*k)
-			if err != nil {
-				continue // gone already
-			}
-			// As above: a reused tuple's entry is a new flow's; keep it.
-			if cur.CreatedNs == f.Value.CreatedNs {
-				r.Maps.DeleteCT(*k)
-				state[i] = expired
-				res.Expired++
-				continue
-			}
+			batch.add(r.Maps, maps.CTExpire{Fwd: *k, CreatedNs: f.Value.CreatedNs}, int32(i), fwdDone, &res)
+			continue
 		}
 		state[i] = live
 		use.add(k, f.Value.SvcId, f.Value.BackendId)
 	}
+	batch.flush(r.Maps, fwdDone, &res)
 
 	flows, err := r.Maps.Flows()
 	if err != nil {
@@ -390,4 +411,41 @@ func ForwardKey(rk bpf.LbCtKey, rv bpf.LbCtValue) bpf.LbCtKey {
 	fk.Dir = maps.DirFwd
 	fk.Family = rk.Family
 	return fk
+}
+
+// expiryBatch gathers the flows a sweep found idle for one ExpireCT,
+// each with the snapshot index its result is applied to.
+type expiryBatch struct {
+	flows []maps.CTExpire
+	idx   []int32
+}
+
+// expiryBatchSize: a batch is ExpireCT's (pb_ct_expire's) size, so the
+// sweep's memory for it stays small however many flows expire.
+const expiryBatchSize = 1024
+
+func (b *expiryBatch) reset() { b.flows, b.idx = b.flows[:0], b.idx[:0] }
+
+// add queues x, flushing a full batch first.
+func (b *expiryBatch) add(m *maps.Maps, x maps.CTExpire, idx int32, done func(*maps.CTExpire, int32), res *Result) {
+	if len(b.flows) == expiryBatchSize {
+		b.flush(m, done, res)
+	}
+	b.flows, b.idx = append(b.flows, x), append(b.idx, idx)
+}
+
+// flush expires the queued flows and hands each result to done. The
+// program's failure is kept in res (the flows are expired all the same,
+// by system calls).
+func (b *expiryBatch) flush(m *maps.Maps, done func(*maps.CTExpire, int32), res *Result) {
+	if len(b.flows) == 0 {
+		return
+	}
+	if _, err := m.ExpireCT(b.flows); err != nil && res.ExpireErr == nil {
+		res.ExpireErr = err
+	}
+	for j := range b.flows {
+		done(&b.flows[j], b.idx[j])
+	}
+	b.reset()
 }

@@ -5,6 +5,7 @@ package conntrack_test
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
@@ -19,24 +20,94 @@ import (
 // Nothing is due to expire: what it measures is the scan, which every
 // sweep pays (the agentcpu bench's 10 s window holds one). Needs root.
 func BenchmarkSweep(b *testing.B) {
+	m, in := sweepMaps(b, true)
+	const flows = 100_000
+	clocks := conntrack.KernelClocks()
+	fillSweepTable(b, m, flows, uint64(clocks.Coarse()), false)
+	r := &conntrack.Reaper{Maps: m, Inflight: in, Timeouts: conntrack.DefaultTimeouts(), Clocks: clocks}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		res, err := r.Sweep()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.Entries != 2*flows || res.Expired != 0 {
+			b.Fatalf("swept %d entries, expired %d: want %d, 0", res.Entries, res.Expired, 2*flows)
+		}
+		if u := res.InUse; len(u.Services) != 20 || len(u.Backends) != 200 || len(u.VIPs) != 20 {
+			b.Fatalf("in use: %d services, %d backends, %d VIPs; want 20, 200, 20", len(u.Services), len(u.Backends), len(u.VIPs))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/flows, "ns/flow")
+}
+
+// BenchmarkSweepExpire is a sweep that finds every flow of the table due:
+// what a node pays, once per flow, to delete the closed flows of 10,000
+// connections/s (10 s of them a sweep). Through the datapath's program
+// (pb_ct_expire_run, a system call per 1,024 flows) and through a lookup
+// and a delete per entry. Needs root.
+func BenchmarkSweepExpire(b *testing.B) {
+	for _, prog := range []bool{true, false} {
+		name := "syscalls"
+		if prog {
+			name = "program"
+		}
+		b.Run(name, func(b *testing.B) {
+			m, in := sweepMaps(b, prog)
+			const flows = 100_000
+			clocks := conntrack.KernelClocks()
+			r := &conntrack.Reaper{Maps: m, Inflight: in, Timeouts: conntrack.DefaultTimeouts(), Clocks: clocks}
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				fillSweepTable(b, m, flows, uint64(clocks.Coarse())-uint64(time.Minute), true)
+				b.StartTimer()
+				res, err := r.Sweep()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if res.Entries != 2*flows || res.Expired != flows {
+					b.Fatalf("swept %d entries, expired %d: want %d, %d", res.Entries, res.Expired, 2*flows, flows)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/flows, "ns/flow")
+		})
+	}
+}
+
+// sweepMaps loads the datapath's maps (and the sweep's program, with
+// prog) with a conntrack table of 2^18 entries.
+func sweepMaps(b *testing.B, prog bool) (*maps.Maps, *maps.Inflight) {
 	bpftest.RequireRoot(b)
-	d, err := datapath.Load(datapath.Options{Root: bpftest.TempBPFFS(b), MaxServices: 256, MaxBackends: 256,
+	d, err := datapath.LoadMaps(datapath.Options{Root: bpftest.TempBPFFS(b), MaxServices: 256, MaxBackends: 256,
 		ConntrackSize: 1 << 18, EventsBytes: 1 << 16})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer d.Close()
+	b.Cleanup(func() { d.Close() })
 	m, err := maps.New(&d.LbMaps, d.InnerSpec)
 	if err != nil {
 		b.Fatal(err)
+	}
+	b.Cleanup(m.Close)
+	if prog {
+		if err := m.UseCTExpire(d.PbCtExpireRun); err != nil {
+			b.Fatal(err)
+		}
 	}
 	in, err := m.OpenInflight()
 	if err != nil {
 		b.Fatal(err)
 	}
-	const flows = 100_000
-	clocks := conntrack.KernelClocks()
-	now := uint64(clocks.Coarse())
+	b.Cleanup(func() { in.Close() })
+	return m, in
+}
+
+// fillSweepTable writes flows flows, both entries each, last seen at
+// seen: 90% of them closed (all, with allClosed), from 20 services of
+// 10 backends.
+func fillSweepTable(b *testing.B, m *maps.Maps, flows int, seen uint64, allClosed bool) {
 	keys := make([]bpf.LbCtKey, 0, 2*flows)
 	vals := make([]bpf.LbCtValue, 0, 2*flows)
 	for i := 0; i < flows; i++ {
@@ -57,10 +128,10 @@ func BenchmarkSweep(b *testing.B) {
 		fv.SvcId, rv.SvcId = svc+1, svc+1
 		fv.BackendId, rv.BackendId = uint32(i%200)+1, uint32(i%200)+1
 		fv.CreatedNs, rv.CreatedNs = uint64(i)+1, uint64(i)+1
-		fv.LastSeenNs, rv.LastSeenNs = now, now
+		fv.LastSeenNs, rv.LastSeenNs = seen, seen
 		fv.Flags = maps.CTClientAcked
 		rv.Flags = maps.CTEstablished
-		if i%10 != 0 {
+		if allClosed || i%10 != 0 {
 			rv.Flags |= maps.CTClosed
 		}
 		keys, vals = append(keys, fk, rk), append(vals, fv, rv)
@@ -68,20 +139,4 @@ func BenchmarkSweep(b *testing.B) {
 	if _, err := m.Raw().PbCtV2.BatchUpdate(keys, vals, nil); err != nil {
 		b.Fatal(err)
 	}
-	r := &conntrack.Reaper{Maps: m, Inflight: in, Timeouts: conntrack.DefaultTimeouts(), Clocks: clocks}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		res, err := r.Sweep()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if res.Entries != 2*flows || res.Expired != 0 {
-			b.Fatalf("swept %d entries, expired %d: want %d, 0", res.Entries, res.Expired, 2*flows)
-		}
-		if u := res.InUse; len(u.Services) != 20 || len(u.Backends) != 200 || len(u.VIPs) != 20 {
-			b.Fatalf("in use: %d services, %d backends, %d VIPs; want 20, 200, 20", len(u.Services), len(u.Backends), len(u.VIPs))
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/flows, "ns/flow")
 }

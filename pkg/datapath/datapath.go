@@ -148,8 +148,9 @@ func (o *Options) setDefaults() {
 
 // Datapath is the loaded program and its pinned maps.
 type Datapath struct {
-	// LbObjects: the maps (and variables) once loaded; the program
-	// (PbXdp) once LoadProgram returned, or Program says it did.
+	// LbObjects: the maps (and variables) and the sweep's program
+	// (PbCtExpireRun, nil if the kernel refused it) once loaded; the XDP
+	// program (PbXdp) once LoadProgram returned, or Program says it did.
 	bpf.LbObjects
 	Opts Options
 	// InnerSpec is the Maglev inner map template, for creating tables.
@@ -292,7 +293,24 @@ func LoadMaps(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("datapath: load maps: %w", err)
 	}
 	d.sections = coll
+	d.loadExpire(spec)
 	return d, nil
+}
+
+// loadExpire loads pb_ct_expire_run, the conntrack sweep's deletes in the
+// kernel, over the maps LoadMaps made. It is small (verified in about a
+// millisecond) and the agent sweeps before the XDP program is loaded, so
+// it comes with the maps. A kernel that refuses it leaves the sweep to
+// its system calls (maps.Maps.ExpireCT), which do the same, slower.
+func (d *Datapath) loadExpire(spec *ebpf.CollectionSpec) {
+	var p struct {
+		Run *ebpf.Program `ebpf:"pb_ct_expire_run"`
+	}
+	if err := spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: d.maps}); err != nil {
+		d.log.Warn("conntrack sweep program not loaded: the sweep deletes with a system call per entry", "err", err)
+		return
+	}
+	d.PbCtExpireRun = p.Run
 }
 
 // LoadProgram loads the XDP program over the maps LoadMaps made, once.
@@ -301,7 +319,9 @@ func (d *Datapath) LoadProgram() error {
 		return nil
 	}
 	start := time.Now()
-	var progs bpf.LbPrograms
+	var progs struct {
+		Xdp *ebpf.Program `ebpf:"pb_xdp"`
+	}
 	err := d.spec.LoadAndAssign(&progs, &ebpf.CollectionOptions{MapReplacements: d.maps})
 	if err != nil {
 		var ve *ebpf.VerifierError
@@ -310,7 +330,7 @@ func (d *Datapath) LoadProgram() error {
 		}
 		return fmt.Errorf("datapath: load: %w", err)
 	}
-	d.LbPrograms = progs
+	d.PbXdp = progs.Xdp
 	// The spec (instructions, BTF) is megabytes the agent no longer needs.
 	d.spec, d.maps = nil, nil
 	d.log.Info("datapath program loaded", "took", time.Since(start).Round(time.Millisecond).String())

@@ -126,7 +126,8 @@ type Maps struct {
 
 	t    tables
 	tr   *Trips
-	keys []byte // pb_svc_keys, memory-mapped (svckeys.go); nil read-only
+	keys []byte     // pb_svc_keys, memory-mapped (svckeys.go); nil read-only
+	exp  *ctExpirer // the conntrack sweep's program (expire.go); nil: system calls
 }
 
 // New wraps loaded maps. inner is the Maglev inner map template
@@ -171,6 +172,7 @@ func (m *Maps) Close() {
 		m.tr.Close()
 	}
 	m.closeServiceKeys()
+	m.closeCTExpire()
 }
 
 // SynSlot is the pb_syns_v2 slot of a client's SYN: syn_slot in bpf/lb.c

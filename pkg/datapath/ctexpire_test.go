@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath_test
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+)
+
+// ctFlow is a flow's two conntrack keys, for the expiry tests: client i
+// of 198.18.x.x to a VIP, balanced to a backend.
+func ctFlow(i int) (fk, rk bpf.LbCtKey) {
+	client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), uint16(1024+i%50000))
+	vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 100, 1}), 80)
+	backend := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 1, byte(i % 7)}), 8080)
+	fk.Src.Bytes, fk.Dst.Bytes = maps.Addr16(client.Addr()), maps.Addr16(vip.Addr())
+	fk.Sport, fk.Dport = maps.Port(client.Port()), maps.Port(vip.Port())
+	fk.Proto, fk.Dir, fk.Family = 6, maps.DirFwd, maps.FamilyIPv4
+	rk.Src.Bytes, rk.Dst.Bytes = maps.Addr16(backend.Addr()), maps.Addr16(client.Addr())
+	rk.Sport, rk.Dport = maps.Port(backend.Port()), maps.Port(client.Port())
+	rk.Proto, rk.Dir, rk.Family = 6, maps.DirRev, maps.FamilyIPv4
+	return fk, rk
+}
+
+// ctMaps loads the datapath's maps (and the sweep's program, not the XDP
+// one) with a conntrack table the expiry tests fill to an eighth at most:
+// an LRU map may evict before it is full.
+func ctMaps(t *testing.T) *datapath.Datapath {
+	bpftest.RequireRoot(t)
+	d, err := datapath.LoadMaps(datapath.Options{Root: bpftest.TempBPFFS(t), MaxServices: 16, MaxBackends: 16,
+		ConntrackSize: 1 << 16, EventsBytes: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// expireCase is one flow handed to ExpireCT: which of its entries the
+// table holds, with which start, what is asked, and what must come back.
+type expireCase struct {
+	name             string
+	revAt, fwdAt     uint64 // created_ns of the entry in the table; 0: none
+	askRev, askFwd   bool
+	wantRev, wantFwd uint8
+	revLeft, fwdLeft bool // the entry is still there after
+}
+
+// The sweep's expiries: each entry goes only if it still has the flow's
+// start, the forward entry only once the reverse one went; and the
+// program (pb_ct_expire_run, in batches) does exactly what the system
+// calls do, in every case and past one batch.
+func TestExpireCT(t *testing.T) {
+	const start = 1000
+	cases := []expireCase{
+		{"both halves the flow's", start, start, true, true, maps.ExpireDeleted, maps.ExpireDeleted, false, false},
+		{"reverse entry reused", start + 1, start, true, true, maps.ExpireOther, maps.ExpireUnasked, true, true},
+		{"reverse entry gone", 0, start, true, true, maps.ExpireAbsent, maps.ExpireUnasked, false, true},
+		{"forward entry reused", start, start + 1, true, true, maps.ExpireDeleted, maps.ExpireOther, false, true},
+		{"forward entry gone", start, 0, true, true, maps.ExpireDeleted, maps.ExpireAbsent, false, false},
+		{"reverse half only", start, start, true, false, maps.ExpireDeleted, maps.ExpireUnasked, false, true},
+		{"forward half only", start, start, false, true, maps.ExpireUnasked, maps.ExpireDeleted, true, false},
+		{"forward half only, reused", 0, start + 1, false, true, maps.ExpireUnasked, maps.ExpireOther, false, true},
+		{"forward half only, gone", 0, 0, false, true, maps.ExpireUnasked, maps.ExpireAbsent, false, false},
+	}
+	// Past one batch (PB_CT_EXPIRE_BATCH, 1024): the first case again.
+	const bulk = 2500
+	for _, prog := range []bool{true, false} {
+		t.Run(fmt.Sprintf("program=%v", prog), func(t *testing.T) {
+			l := ctMaps(t)
+			m, err := maps.New(&l.LbMaps, l.InnerSpec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if prog {
+				if err := m.UseCTExpire(l.PbCtExpireRun); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ct := l.LbMaps.PbCtV2
+			var flows []maps.CTExpire
+			var want []expireCase
+			for i := range len(cases) + bulk {
+				c := cases[0]
+				if i < len(cases) {
+					c = cases[i]
+				}
+				fk, rk := ctFlow(i)
+				for _, e := range []struct {
+					k  bpf.LbCtKey
+					at uint64
+				}{{rk, c.revAt}, {fk, c.fwdAt}} {
+					if e.at != 0 {
+						if err := ct.Put(e.k, bpf.LbCtValue{CreatedNs: e.at, SvcId: 1}); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				x := maps.CTExpire{CreatedNs: start}
+				if c.askRev {
+					x.Rev = rk
+				}
+				if c.askFwd {
+					x.Fwd = fk
+				}
+				flows, want = append(flows, x), append(want, c)
+			}
+			deleted, err := m.ExpireCT(flows)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantDeleted := 0
+			for i, c := range want {
+				x := flows[i]
+				if x.RevResult != c.wantRev || x.FwdResult != c.wantFwd {
+					t.Errorf("%s (flow %d): results %d, %d; want %d, %d", c.name, i, x.RevResult, x.FwdResult, c.wantRev, c.wantFwd)
+				}
+				fk, rk := ctFlow(i)
+				for _, e := range []struct {
+					k    bpf.LbCtKey
+					left bool
+					what string
+				}{{rk, c.revLeft, "reverse"}, {fk, c.fwdLeft, "forward"}} {
+					var v bpf.LbCtValue
+					err := ct.Lookup(e.k, &v)
+					if left := err == nil; left != e.left {
+						t.Errorf("%s (flow %d): %s entry left %v, want %v (%v)", c.name, i, e.what, left, e.left, err)
+					} else if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+						t.Fatal(err)
+					}
+				}
+				for _, r := range []uint8{x.RevResult, x.FwdResult} {
+					if r == maps.ExpireDeleted {
+						wantDeleted++
+					}
+				}
+			}
+			if deleted != wantDeleted {
+				t.Errorf("deleted %d entries, want %d", deleted, wantDeleted)
+			}
+		})
+	}
+}
+
+// The program takes no more flows than pb_ct_expire holds, however many
+// it is told to act on.
+func TestExpireCTProgramBound(t *testing.T) {
+	l := bpftest.Shared(t)
+	if l.PbCtExpireRun == nil {
+		t.Fatal("pb_ct_expire_run not loaded")
+	}
+	args := bpf.LbCtExpireArgs{N: 1 << 20}
+	if _, err := l.PbCtExpireRun.Run(&ebpf.RunOptions{Context: &args, ContextOut: &args}); err != nil {
+		t.Fatal(err)
+	}
+	if args.Deleted != 0 {
+		t.Errorf("deleted %d entries of an empty table", args.Deleted)
+	}
+}
+
+// A sweep through the program and one through system calls leave the
+// same table and give the same result, over flows of every kind the
+// sweep judges: live, closed and idle, idle with its forward tuple taken
+// by a new flow, a forward entry without its reverse half (idle, and
+// recent), moved off to another backend.
+func TestSweepProgramAsSyscalls(t *testing.T) {
+	type outcome struct {
+		res  conntrack.Result
+		left []string
+	}
+	var got []outcome
+	for _, prog := range []bool{true, false} {
+		t.Run(fmt.Sprintf("program=%v", prog), func(t *testing.T) {
+			got = append(got, sweepOnce(t, prog))
+		})
+	}
+	if len(got) != 2 {
+		t.Fatal("a sweep failed")
+	}
+	a, b := got[0], got[1]
+	if a.res.Entries != b.res.Entries || a.res.Expired != b.res.Expired || a.res.Released != b.res.Released || a.res.Counted != b.res.Counted {
+		t.Errorf("program: %+v\nsyscalls: %+v", a.res, b.res)
+	}
+	for _, set := range []struct {
+		what string
+		x, y int
+	}{{"services", len(a.res.InUse.Services), len(b.res.InUse.Services)}, {"backends", len(a.res.InUse.Backends), len(b.res.InUse.Backends)}, {"VIPs", len(a.res.InUse.VIPs), len(b.res.InUse.VIPs)}} {
+		if set.x != set.y {
+			t.Errorf("in use: %d %s through the program, %d through system calls", set.x, set.what, set.y)
+		}
+	}
+	if !slices.Equal(a.left, b.left) {
+		t.Errorf("the program left %d entries, the system calls %d, not the same", len(a.left), len(b.left))
+	}
+}
+
+// sweepOnce fills conntrack with 3,000 flows of six kinds, sweeps it once
+// (through pb_ct_expire_run or not), checks what must go went, and
+// returns the result and the keys left.
+func sweepOnce(t *testing.T, prog bool) (out struct {
+	res  conntrack.Result
+	left []string
+}) {
+	l := ctMaps(t)
+	m, err := maps.New(&l.LbMaps, l.InnerSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if prog {
+		if err := m.UseCTExpire(l.PbCtExpireRun); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, err := m.OpenInflight()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	clocks := conntrack.KernelClocks()
+	now := uint64(clocks.Coarse())
+	old := now - uint64(time.Hour)
+	ct := l.LbMaps.PbCtV2
+	put := func(k bpf.LbCtKey, v bpf.LbCtValue) {
+		t.Helper()
+		if err := ct.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const flows = 3000
+	for i := range flows {
+		fk, rk := ctFlow(i)
+		created := uint64(i) + 1
+		fv := bpf.LbCtValue{CreatedNs: created, LastSeenNs: now, SvcId: uint32(1 + i%3), BackendId: uint32(1 + i%7)}
+		fv.NatAddr.Bytes, fv.NatPort = rk.Src.Bytes, rk.Sport
+		rv := fv
+		rv.NatAddr.Bytes, rv.NatPort = fk.Dst.Bytes, fk.Dport
+		fv.Flags, rv.Flags = maps.CTClientAcked, maps.CTEstablished
+		switch i % 6 {
+		case 0: // live
+		case 1: // closed, idle past the closed timeout: both halves go
+			rv.Flags |= maps.CTClosed
+			fv.LastSeenNs, rv.LastSeenNs = old, old
+		case 2: // closed and idle, its forward tuple a new flow's since: the reverse half goes
+			rv.Flags |= maps.CTClosed
+			rv.LastSeenNs = old
+			fv.CreatedNs = created + 5_000_000
+		case 3: // a forward entry alone (its reverse half evicted), idle: it goes
+			fv.LastSeenNs = old
+		case 4: // a forward entry alone, recent: it stays, and pins its ids
+		case 5: // moved off (PB_CT_MOVED): the forward entry is the new backend's flow
+			rv.Flags |= maps.CTClosed
+			rv.LastSeenNs = old
+			fv.CreatedNs = created + 1_000_000
+		}
+		put(fk, fv)
+		if k := i % 6; k != 3 && k != 4 {
+			put(rk, rv)
+		}
+	}
+	r := &conntrack.Reaper{Maps: m, Inflight: in, Timeouts: conntrack.DefaultTimeouts(), Clocks: clocks}
+	res, err := r.Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExpireErr != nil {
+		t.Fatal(res.ExpireErr)
+	}
+	// Kinds 1, 2, 3 and 5 expire a flow each: 500 flows each.
+	if want := 4 * flows / 6; res.Expired != want {
+		t.Errorf("expired %d flows, want %d", res.Expired, want)
+	}
+	left, err := m.Conntrack(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Left: kind 0's two entries and the forward entries of kinds 2, 4, 5.
+	if want := flows / 6 * 5; len(left) != want {
+		t.Errorf("%d entries left, want %d", len(left), want)
+	}
+	for _, e := range left {
+		out.left = append(out.left, fmt.Sprint(e.Key))
+	}
+	slices.Sort(out.left)
+	out.res = res
+	return out
+}
