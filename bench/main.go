@@ -201,7 +201,7 @@ func sizesFor(rounds int, quick bool) sizes {
 		apiscale: apiscaleOpts{Rounds: rounds, Services: 10000, PerService: 10, Rate: 100, ChangeFor: 20 * time.Second, Idle: 3 * time.Second},
 		fleet:    fleetOpts{Rounds: rounds, Nodes: []int{1, 10, 50, 200}, Rate: 500, Limit: 2 * time.Minute},
 		bulk:     bulkOpts{Rounds: rounds, Bytes: 256 << 20},
-		agentcpu: agentCPUOpts{Rounds: rounds, Rate: 10000, Duration: 10 * time.Second, Warmup: time.Second},
+		agentcpu: agentCPUOpts{Rounds: rounds, Rate: 10000, Duration: 10 * time.Second, Warmup: 11 * time.Second},
 	}
 }
 

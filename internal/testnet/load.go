@@ -38,6 +38,11 @@ type LoadSpec struct {
 	// ConnectOnly makes each attempt a bare TCP connect + close (OK =
 	// connected; Backend stays empty): L4 outcomes without HTTP.
 	ConnectOnly bool
+
+	// Sources, if set, are the addresses attempts come from, in turn
+	// (addresses of the namespace: AddAddrs): many clients, whose flows'
+	// tuples are not reused for as long as one address's would be.
+	Sources []netip.Addr
 }
 
 // Result is the outcome of one attempt.
@@ -96,7 +101,13 @@ func Load(ctx context.Context, ns *NS, spec LoadSpec) (Results, error) {
 	// AddrPort.String brackets an IPv6 address, as a Host header needs.
 	req := []byte("GET " + spec.Path + " HTTP/1.1\r\nHost: " + target.String() +
 		"\r\nUser-Agent: penaltybox-testnet\r\nConnection: close\r\n\r\n")
-	d := ns.Dialer(spec.ConnectTimeout)
+	dialers := []*Dialer{ns.Dialer(spec.ConnectTimeout)}
+	if len(spec.Sources) > 0 {
+		dialers = dialers[:0]
+		for _, a := range spec.Sources {
+			dialers = append(dialers, &Dialer{NS: ns, Timeout: spec.ConnectTimeout, LocalAddr: netip.AddrPortFrom(a, 0)})
+		}
+	}
 
 	results := make(Results, n)
 	sem := make(chan struct{}, spec.Concurrency)
@@ -130,7 +141,7 @@ loop:
 		go func(i int, due time.Time) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results[i] = attempt(ctx, d, spec, req)
+			results[i] = attempt(ctx, dialers[i%len(dialers)], spec, req)
 			results[i].Seq = i
 			results[i].Scheduled = due
 		}(i, due)

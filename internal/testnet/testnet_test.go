@@ -592,6 +592,26 @@ func testFamily(t *testing.T, topo *Topology, f family) {
 			t.Errorf("buckets hold %d results, want 40", total)
 		}
 
+		// From several addresses of the client's, in turn: an address the
+		// namespace lacks cannot be bound, so every other attempt fails.
+		srcs := []netip.Addr{netip.MustParseAddr("198.18.0.30"), netip.MustParseAddr("198.18.0.31")}
+		if f.v6 {
+			srcs = []netip.Addr{netip.MustParseAddr("2001:2::30"), netip.MustParseAddr("2001:2::31")}
+		}
+		if err := topo.Client.AddAddrs(srcs...); err != nil {
+			t.Fatal(err)
+		}
+		rsSrc, _ := Load(ctx, topo.Client, LoadSpec{Target: f.hostPort(1, 80), Rate: 200, Count: 10, ConnectTimeout: serveTimeout,
+			Sources: srcs})
+		if rsSrc.Count(OK) != 10 {
+			t.Errorf("from %v: %v", srcs, rsSrc)
+		}
+		rsSrc, _ = Load(ctx, topo.Client, LoadSpec{Target: f.hostPort(1, 80), Rate: 200, Count: 10, ConnectTimeout: serveTimeout,
+			Sources: []netip.Addr{srcs[0], srcs[0].Next().Next().Next()}})
+		if rsSrc.Count(OK) != 5 {
+			t.Errorf("from %s and an address the client lacks: %v, want 5 ok", srcs[0], rsSrc)
+		}
+
 		// Connect-only attempts: L4 outcome without HTTP.
 		acc := topo.Backend(2).Accepted()
 		rs4, _ := Load(ctx, topo.Client, LoadSpec{Target: f.hostPort(2, 80), Rate: 200, Count: 10, ConnectOnly: true})
