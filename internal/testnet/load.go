@@ -13,6 +13,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // LoadSpec describes an open-loop HTTP load: attempt i is scheduled at
@@ -105,7 +107,13 @@ func Load(ctx context.Context, ns *NS, spec LoadSpec) (Results, error) {
 	if len(spec.Sources) > 0 {
 		dialers = dialers[:0]
 		for _, a := range spec.Sources {
-			dialers = append(dialers, &Dialer{NS: ns, Timeout: spec.ConnectTimeout, LocalAddr: netip.AddrPortFrom(a, 0)})
+			dialers = append(dialers, &Dialer{NS: ns, Timeout: spec.ConnectTimeout, LocalAddr: netip.AddrPortFrom(a, 0),
+				// The port chosen at connect, by the whole tuple, as for
+				// an unbound socket: bind's own search for a port free
+				// on the address slowed the client below its rate.
+				Control: func(fd int) error {
+					return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+				}})
 		}
 	}
 
