@@ -26,20 +26,24 @@ func (a *Agent) Maintain() {
 	a.prepareTables()
 }
 
+// sweepProgramFailed is the warning, logged once, that the conntrack
+// sweep's program failed (maps.ExpireCT).
+const sweepProgramFailed = "conntrack sweep program failed: the sweep deletes with a system call per entry from now on"
+
 // SweepConntrack expires idle flows, releasing their circuit-breaker
 // slots, and returns the ids live flows use. It takes no lock: Run calls
 // it off its goroutine, one sweep at a time, then hands the result to
 // SweepDone.
 func (a *Agent) SweepConntrack() conntrack.InUse {
 	res, err := a.sweeper.Sweep()
+	if res.ExpireErr != nil {
+		// Once: the sweeps after it use system calls (maps.ExpireCT).
+		a.log.Warn(sweepProgramFailed, "err", res.ExpireErr)
+	}
 	if err != nil {
 		// A partial view must not free ids that live flows may still use.
 		a.log.Warn("conntrack sweep", "err", err)
 		return conntrack.InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, Incomplete: true}
-	}
-	if res.ExpireErr != nil {
-		// Once: the sweeps after it use system calls (maps.ExpireCT).
-		a.log.Warn("conntrack sweep program failed: the sweep deletes with a system call per entry from now on", "err", res.ExpireErr)
 	}
 	if res.Expired > 0 || res.Released > 0 {
 		a.log.Debug("conntrack sweep", "entries", res.Entries, "expired", res.Expired, "released", res.Released)

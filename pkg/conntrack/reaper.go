@@ -81,6 +81,10 @@ type Reaper struct {
 	pairs pairIndex
 	state []entryState
 	batch expiryBatch
+
+	// afterSnapshot, in tests, changes the table between the snapshot and
+	// the deletes, as the datapath may.
+	afterSnapshot func()
 }
 
 // entryState is what a sweep has decided about one forward entry of its
@@ -91,6 +95,7 @@ const (
 	unseen  entryState = iota
 	live               // its flow lives: its ids are in use
 	expired            // deleted by this sweep
+	pending            // its flow is in the expiry batch, its deletion not yet known
 )
 
 // InUse are the ids live conntrack entries refer to: their events and
@@ -171,6 +176,9 @@ func (r *Reaper) Sweep() (Result, error) {
 	}()
 	res.Entries = len(ents)
 	now := r.Clocks.Coarse()
+	if r.afterSnapshot != nil {
+		r.afterSnapshot()
+	}
 
 	// Pair entries: a reverse entry's forward key is derivable from it.
 	pairs := &r.pairs
@@ -197,13 +205,16 @@ func (r *Reaper) Sweep() (Result, error) {
 	batch := &r.batch
 	batch.reset()
 	// A reverse entry's flow: expired if its reverse entry went. If not
-	// (gone already, or another flow's), its forward entry is judged
-	// below as one without its reverse half.
-	revDone := func(x *maps.CTExpire, fi int32) {
+	// (gone already, or another flow's), its forward entry is as it was
+	// before (unseen: judged below as one without its reverse half).
+	revDone := func(x *maps.CTExpire, fi int32, prev entryState) {
 		if x.RevResult == maps.ExpireDeleted {
 			res.Expired++
+			if fi >= 0 {
+				state[fi] = expired
+			}
 		} else if fi >= 0 {
-			state[fi] = unseen
+			state[fi] = prev
 		}
 	}
 	for i := range ents {
@@ -213,6 +224,12 @@ func (r *Reaper) Sweep() (Result, error) {
 		}
 		fk := ForwardKey(e.Key, e.Value)
 		fi := pairs.find(ents, &fk)
+		if fi >= 0 && state[fi] == pending {
+			// Another reverse entry's flow holds it, its deletion not yet
+			// known: decided first, as a sweep deleting one flow at a
+			// time would have (no flow of the datapath's has two).
+			batch.flush(r.Maps, revDone, &res)
+		}
 		if fi >= 0 && (ents[fi].Value.CreatedNs != e.Value.CreatedNs || state[fi] == expired) {
 			// The two halves of a flow share its start. A forward entry
 			// with another start is another flow's: the one the agent's
@@ -234,16 +251,16 @@ func (r *Reaper) Sweep() (Result, error) {
 		}
 		if now-int64(last) > int64(r.timeout(e.Key.Proto, flags)) {
 			x := maps.CTExpire{Rev: e.Key, CreatedNs: e.Value.CreatedNs}
+			prev := unseen
 			if f != nil {
 				// The forward key too may be a new flow's by now (the
 				// client's port reused towards another backend): it goes
 				// only if it still has the flow's start, and only once
-				// the reverse entry went. The flow's forward entry is
-				// taken for expired until revDone says otherwise.
+				// the reverse entry went.
 				x.Fwd = fk
-				state[fi] = expired
+				prev, state[fi] = state[fi], pending
 			}
-			batch.add(r.Maps, x, int32(fi), revDone, &res)
+			batch.add(r.Maps, x, int32(fi), prev, revDone, &res)
 			continue
 		}
 		if f != nil {
@@ -262,7 +279,7 @@ func (r *Reaper) Sweep() (Result, error) {
 	isLive := func(fi int, k *bpf.LbCtKey) bool {
 		return (fi >= 0 && state[fi] == live) || liveElsewhere[*k]
 	}
-	fwdDone := func(x *maps.CTExpire, i int32) {
+	fwdDone := func(x *maps.CTExpire, i int32, _ entryState) {
 		switch x.FwdResult {
 		case maps.ExpireDeleted:
 			state[i] = expired
@@ -284,7 +301,7 @@ func (r *Reaper) Sweep() (Result, error) {
 			continue
 		}
 		if now-int64(f.Value.LastSeenNs) > int64(r.Timeouts.TCPClosed) {
-			batch.add(r.Maps, maps.CTExpire{Fwd: *k, CreatedNs: f.Value.CreatedNs}, int32(i), fwdDone, &res)
+			batch.add(r.Maps, maps.CTExpire{Fwd: *k, CreatedNs: f.Value.CreatedNs}, int32(i), unseen, fwdDone, &res)
 			continue
 		}
 		state[i] = live
@@ -414,30 +431,35 @@ func ForwardKey(rk bpf.LbCtKey, rv bpf.LbCtValue) bpf.LbCtKey {
 }
 
 // expiryBatch gathers the flows a sweep found idle for one ExpireCT,
-// each with the snapshot index its result is applied to.
+// each with the snapshot index its result is applied to and that entry's
+// state before it was queued.
 type expiryBatch struct {
 	flows []maps.CTExpire
 	idx   []int32
+	prev  []entryState
 }
 
 // expiryBatchSize: a batch is ExpireCT's (pb_ct_expire's) size, so the
 // sweep's memory for it stays small however many flows expire.
 const expiryBatchSize = 1024
 
-func (b *expiryBatch) reset() { b.flows, b.idx = b.flows[:0], b.idx[:0] }
+// expiryDone applies one flow's result.
+type expiryDone func(x *maps.CTExpire, idx int32, prev entryState)
+
+func (b *expiryBatch) reset() { b.flows, b.idx, b.prev = b.flows[:0], b.idx[:0], b.prev[:0] }
 
 // add queues x, flushing a full batch first.
-func (b *expiryBatch) add(m *maps.Maps, x maps.CTExpire, idx int32, done func(*maps.CTExpire, int32), res *Result) {
+func (b *expiryBatch) add(m *maps.Maps, x maps.CTExpire, idx int32, prev entryState, done expiryDone, res *Result) {
 	if len(b.flows) == expiryBatchSize {
 		b.flush(m, done, res)
 	}
-	b.flows, b.idx = append(b.flows, x), append(b.idx, idx)
+	b.flows, b.idx, b.prev = append(b.flows, x), append(b.idx, idx), append(b.prev, prev)
 }
 
 // flush expires the queued flows and hands each result to done. The
 // program's failure is kept in res (the flows are expired all the same,
 // by system calls).
-func (b *expiryBatch) flush(m *maps.Maps, done func(*maps.CTExpire, int32), res *Result) {
+func (b *expiryBatch) flush(m *maps.Maps, done expiryDone, res *Result) {
 	if len(b.flows) == 0 {
 		return
 	}
@@ -445,7 +467,7 @@ func (b *expiryBatch) flush(m *maps.Maps, done func(*maps.CTExpire, int32), res 
 		res.ExpireErr = err
 	}
 	for j := range b.flows {
-		done(&b.flows[j], b.idx[j])
+		done(&b.flows[j], b.idx[j], b.prev[j])
 	}
 	b.reset()
 }

@@ -122,6 +122,9 @@ func TestExpireCT(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if m.CTExpireProgram() != prog {
+				t.Fatalf("after ExpireCT: the program in use %v, want %v", m.CTExpireProgram(), prog)
+			}
 			wantDeleted := 0
 			for i, c := range want {
 				x := flows[i]
@@ -155,19 +158,38 @@ func TestExpireCT(t *testing.T) {
 	}
 }
 
-// The program takes no more flows than pb_ct_expire holds, however many
-// it is told to act on.
-func TestExpireCTProgramBound(t *testing.T) {
-	l := bpftest.Shared(t)
-	if l.PbCtExpireRun == nil {
-		t.Fatal("pb_ct_expire_run not loaded")
-	}
-	args := bpf.LbCtExpireArgs{N: 1 << 20}
-	if _, err := l.PbCtExpireRun.Run(&ebpf.RunOptions{Context: &args, ContextOut: &args}); err != nil {
+// A program that fails (here: closed under the maps) is not run again:
+// the flows it was given are expired by system calls all the same, its
+// error is returned that once, and the next ExpireCT does without it.
+func TestExpireCTAfterTheProgramFails(t *testing.T) {
+	l := ctMaps(t)
+	m, err := maps.New(&l.LbMaps, l.InnerSpec)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if args.Deleted != 0 {
-		t.Errorf("deleted %d entries of an empty table", args.Deleted)
+	defer m.Close()
+	if err := m.UseCTExpire(l.PbCtExpireRun); err != nil {
+		t.Fatal(err)
+	}
+	l.PbCtExpireRun.Close()
+	for round := range 2 {
+		fk, rk := ctFlow(round)
+		for _, k := range []bpf.LbCtKey{fk, rk} {
+			if err := l.LbMaps.PbCtV2.Put(k, bpf.LbCtValue{CreatedNs: 5}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		flows := []maps.CTExpire{{Rev: rk, Fwd: fk, CreatedNs: 5}}
+		deleted, err := m.ExpireCT(flows)
+		if (err != nil) != (round == 0) {
+			t.Errorf("round %d: error %v; want one in the first round only", round, err)
+		}
+		if deleted != 2 || flows[0].RevResult != maps.ExpireDeleted || flows[0].FwdResult != maps.ExpireDeleted {
+			t.Errorf("round %d: deleted %d, results %d, %d; want 2, both deleted", round, deleted, flows[0].RevResult, flows[0].FwdResult)
+		}
+		if m.CTExpireProgram() {
+			t.Errorf("round %d: the program still in use", round)
+		}
 	}
 }
 

@@ -36,6 +36,8 @@ type CTExpire = bpf.LbCtExpire
 const expireBatch = 1024
 
 // ctExpirer runs pb_ct_expire_run over pb_ct_expire, memory-mapped.
+// Maps.expMu guards the pointer to it: a sweep still running when the
+// agent closes its maps must not write the unmapped memory.
 type ctExpirer struct {
 	prog *ebpf.Program
 	mem  []byte
@@ -59,12 +61,28 @@ func (m *Maps) UseCTExpire(p *ebpf.Program) error {
 	if err != nil {
 		return fmt.Errorf("maps: pb_ct_expire: %w", err)
 	}
-	m.closeCTExpire()
+	m.expMu.Lock()
+	defer m.expMu.Unlock()
+	m.closeCTExpireLocked()
 	m.exp = &ctExpirer{prog: p, mem: mem, ents: (*[expireBatch]CTExpire)(unsafe.Pointer(&mem[0]))}
 	return nil
 }
 
+// CTExpireProgram reports whether ExpireCT runs pb_ct_expire_run (false
+// without UseCTExpire, and once a run failed).
+func (m *Maps) CTExpireProgram() bool {
+	m.expMu.Lock()
+	defer m.expMu.Unlock()
+	return m.exp != nil
+}
+
 func (m *Maps) closeCTExpire() {
+	m.expMu.Lock()
+	defer m.expMu.Unlock()
+	m.closeCTExpireLocked()
+}
+
+func (m *Maps) closeCTExpireLocked() {
 	if m.exp != nil {
 		unix.Munmap(m.exp.mem)
 		m.exp = nil
@@ -78,14 +96,19 @@ func (m *Maps) closeCTExpire() {
 // happens: without UseCTExpire it does the same with a lookup and a
 // delete per entry, and if the program fails it does so from then on, and
 // returns the program's error that once.
+//
+// One caller at a time (the reaper's sweeps do not overlap): pb_ct_expire
+// is one buffer.
 func (m *Maps) ExpireCT(flows []CTExpire) (int, error) {
+	m.expMu.Lock()
+	defer m.expMu.Unlock()
 	deleted := 0
 	for m.exp != nil && len(flows) > 0 {
 		n := min(len(flows), expireBatch)
 		copy(m.exp.ents[:n], flows[:n])
 		args := bpf.LbCtExpireArgs{N: uint32(n)}
 		if _, err := m.exp.prog.Run(&ebpf.RunOptions{Context: &args, ContextOut: &args}); err != nil {
-			m.closeCTExpire()
+			m.closeCTExpireLocked()
 			return deleted + m.expireCTSyscalls(flows), fmt.Errorf("pb_ct_expire_run: %w", err)
 		}
 		for i := range n {

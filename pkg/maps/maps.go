@@ -13,6 +13,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -126,8 +127,10 @@ type Maps struct {
 
 	t    tables
 	tr   *Trips
-	keys []byte     // pb_svc_keys, memory-mapped (svckeys.go); nil read-only
-	exp  *ctExpirer // the conntrack sweep's program (expire.go); nil: system calls
+	keys []byte // pb_svc_keys, memory-mapped (svckeys.go); nil read-only
+	// The conntrack sweep's program (expire.go); nil: system calls.
+	expMu sync.Mutex
+	exp   *ctExpirer
 }
 
 // New wraps loaded maps. inner is the Maglev inner map template
