@@ -19,6 +19,7 @@ import (
 	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
 
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -548,4 +549,56 @@ func pseudo6(src, dst []byte, nh byte, n int) []byte {
 	binary.BigEndian.PutUint32(p[32:], uint32(n))
 	p[39] = nh
 	return p
+}
+
+// Sweep is a datapath's maps for the conntrack sweep's tests and
+// benchmarks: loaded into a private bpffs with the sweep's program (not
+// the XDP one), wrapped, and the circuit breaker's counters.
+type Sweep struct {
+	*datapath.Datapath
+	Maps     *maps.Maps
+	Inflight *maps.Inflight
+}
+
+// LoadSweep loads a Sweep with a conntrack table of ctSize entries. The
+// maps run the sweep's deletes through its program (as agent.Open has
+// them) when prog, through system calls otherwise.
+func LoadSweep(tb testing.TB, ctSize uint32, prog bool) *Sweep {
+	tb.Helper()
+	RequireRoot(tb)
+	d, err := datapath.LoadMaps(datapath.Options{Root: TempBPFFS(tb), MaxServices: 256, MaxBackends: 256,
+		ConntrackSize: ctSize, EventsBytes: 1 << 16})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	m, err := maps.New(&d.LbMaps, d.InnerSpec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(m.Close)
+	if prog {
+		if err := m.UseCTExpire(d.PbCtExpireRun); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	in, err := m.OpenInflight()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { in.Close() })
+	return &Sweep{Datapath: d, Maps: m, Inflight: in}
+}
+
+// FlowKeys are the conntrack keys of an IPv4 TCP flow from client to vip
+// balanced to backend: the forward (client -> VIP) and the reverse
+// (backend -> client) one, as the datapath writes them.
+func FlowKeys(client, vip, backend netip.AddrPort) (fk, rk bpf.LbCtKey) {
+	fk.Src.Bytes, fk.Dst.Bytes = maps.Addr16(client.Addr()), maps.Addr16(vip.Addr())
+	fk.Sport, fk.Dport = maps.Port(client.Port()), maps.Port(vip.Port())
+	fk.Proto, fk.Dir, fk.Family = 6, maps.DirFwd, maps.FamilyIPv4
+	rk.Src.Bytes, rk.Dst.Bytes = maps.Addr16(backend.Addr()), maps.Addr16(client.Addr())
+	rk.Sport, rk.Dport = maps.Port(backend.Port()), maps.Port(client.Port())
+	rk.Proto, rk.Dir, rk.Family = 6, maps.DirRev, maps.FamilyIPv4
+	return fk, rk
 }

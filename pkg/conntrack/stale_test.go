@@ -10,7 +10,6 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
-	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -26,28 +25,8 @@ import (
 func TestSweepAfterTheSnapshot(t *testing.T) {
 	for _, prog := range []bool{true, false} {
 		t.Run(fmt.Sprintf("program=%v", prog), func(t *testing.T) {
-			bpftest.RequireRoot(t)
-			d, err := datapath.LoadMaps(datapath.Options{Root: bpftest.TempBPFFS(t), MaxServices: 16, MaxBackends: 16,
-				ConntrackSize: 1 << 16, EventsBytes: 1 << 16})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Close()
-			m, err := maps.New(&d.LbMaps, d.InnerSpec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-			if prog {
-				if err := m.UseCTExpire(d.PbCtExpireRun); err != nil {
-					t.Fatal(err)
-				}
-			}
-			in, err := m.OpenInflight()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer in.Close()
+			l := bpftest.LoadSweep(t, 1<<16, prog)
+			d, m, in := l.Datapath, l.Maps, l.Inflight
 			clocks := KernelClocks()
 			now := uint64(clocks.Coarse())
 			old := now - uint64(time.Hour)

@@ -10,7 +10,6 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
-	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -20,7 +19,8 @@ import (
 // Nothing is due to expire: what it measures is the scan, which every
 // sweep pays (the agentcpu bench's 10 s window holds one). Needs root.
 func BenchmarkSweep(b *testing.B) {
-	m, in := sweepMaps(b, true)
+	l := bpftest.LoadSweep(b, 1<<18, true)
+	m, in := l.Maps, l.Inflight
 	const flows = 100_000
 	clocks := conntrack.KernelClocks()
 	fillSweepTable(b, m, flows, uint64(clocks.Coarse()), false)
@@ -54,7 +54,8 @@ func BenchmarkSweepExpire(b *testing.B) {
 			name = "program"
 		}
 		b.Run(name, func(b *testing.B) {
-			m, in := sweepMaps(b, prog)
+			l := bpftest.LoadSweep(b, 1<<18, prog)
+			m, in := l.Maps, l.Inflight
 			const flows = 100_000
 			clocks := conntrack.KernelClocks()
 			r := &conntrack.Reaper{Maps: m, Inflight: in, Timeouts: conntrack.DefaultTimeouts(), Clocks: clocks}
@@ -76,34 +77,6 @@ func BenchmarkSweepExpire(b *testing.B) {
 	}
 }
 
-// sweepMaps loads the datapath's maps (and the sweep's program, with
-// prog) with a conntrack table of 2^18 entries.
-func sweepMaps(b *testing.B, prog bool) (*maps.Maps, *maps.Inflight) {
-	bpftest.RequireRoot(b)
-	d, err := datapath.LoadMaps(datapath.Options{Root: bpftest.TempBPFFS(b), MaxServices: 256, MaxBackends: 256,
-		ConntrackSize: 1 << 18, EventsBytes: 1 << 16})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.Close() })
-	m, err := maps.New(&d.LbMaps, d.InnerSpec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(m.Close)
-	if prog {
-		if err := m.UseCTExpire(d.PbCtExpireRun); err != nil {
-			b.Fatal(err)
-		}
-	}
-	in, err := m.OpenInflight()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { in.Close() })
-	return m, in
-}
-
 // fillSweepTable writes flows flows, both entries each, last seen at
 // seen: 90% of them closed (all, with allClosed), from 20 services of
 // 10 backends.
@@ -115,13 +88,7 @@ func fillSweepTable(b *testing.B, m *maps.Maps, flows int, seen uint64, allClose
 		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 16), byte(i >> 8)}), uint16(1024+i%50000))
 		vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 100, byte(svc)}), 80)
 		backend := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 1, byte(i % 200)}), 8080)
-		var fk, rk bpf.LbCtKey
-		fk.Src.Bytes, fk.Dst.Bytes = maps.Addr16(client.Addr()), maps.Addr16(vip.Addr())
-		fk.Sport, fk.Dport = maps.Port(client.Port()), maps.Port(vip.Port())
-		fk.Proto, fk.Dir, fk.Family = 6, maps.DirFwd, maps.FamilyIPv4
-		rk.Src.Bytes, rk.Dst.Bytes = maps.Addr16(backend.Addr()), maps.Addr16(client.Addr())
-		rk.Sport, rk.Dport = maps.Port(backend.Port()), maps.Port(client.Port())
-		rk.Proto, rk.Dir, rk.Family = 6, maps.DirRev, maps.FamilyIPv4
+		fk, rk := bpftest.FlowKeys(client, vip, backend)
 		var fv, rv bpf.LbCtValue
 		fv.NatAddr.Bytes, fv.NatPort = maps.Addr16(backend.Addr()), maps.Port(backend.Port())
 		rv.NatAddr.Bytes, rv.NatPort = maps.Addr16(vip.Addr()), maps.Port(vip.Port())

@@ -15,7 +15,6 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
-	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
@@ -25,27 +24,7 @@ func ctFlow(i int) (fk, rk bpf.LbCtKey) {
 	client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), uint16(1024+i%50000))
 	vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 100, 1}), 80)
 	backend := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 1, byte(i % 7)}), 8080)
-	fk.Src.Bytes, fk.Dst.Bytes = maps.Addr16(client.Addr()), maps.Addr16(vip.Addr())
-	fk.Sport, fk.Dport = maps.Port(client.Port()), maps.Port(vip.Port())
-	fk.Proto, fk.Dir, fk.Family = 6, maps.DirFwd, maps.FamilyIPv4
-	rk.Src.Bytes, rk.Dst.Bytes = maps.Addr16(backend.Addr()), maps.Addr16(client.Addr())
-	rk.Sport, rk.Dport = maps.Port(backend.Port()), maps.Port(client.Port())
-	rk.Proto, rk.Dir, rk.Family = 6, maps.DirRev, maps.FamilyIPv4
-	return fk, rk
-}
-
-// ctMaps loads the datapath's maps (and the sweep's program, not the XDP
-// one) with a conntrack table the expiry tests fill to an eighth at most:
-// an LRU map may evict before it is full.
-func ctMaps(t *testing.T) *datapath.Datapath {
-	bpftest.RequireRoot(t)
-	d, err := datapath.LoadMaps(datapath.Options{Root: bpftest.TempBPFFS(t), MaxServices: 16, MaxBackends: 16,
-		ConntrackSize: 1 << 16, EventsBytes: 1 << 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
+	return bpftest.FlowKeys(client, vip, backend)
 }
 
 // expireCase is one flow handed to ExpireCT: which of its entries the
@@ -79,17 +58,9 @@ func TestExpireCT(t *testing.T) {
 	const bulk = 2500
 	for _, prog := range []bool{true, false} {
 		t.Run(fmt.Sprintf("program=%v", prog), func(t *testing.T) {
-			l := ctMaps(t)
-			m, err := maps.New(&l.LbMaps, l.InnerSpec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-			if prog {
-				if err := m.UseCTExpire(l.PbCtExpireRun); err != nil {
-					t.Fatal(err)
-				}
-			}
+			// An eighth full at most: an LRU map may evict before it is.
+			l := bpftest.LoadSweep(t, 1<<16, prog)
+			m := l.Maps
 			ct := l.LbMaps.PbCtV2
 			var flows []maps.CTExpire
 			var want []expireCase
@@ -162,15 +133,8 @@ func TestExpireCT(t *testing.T) {
 // the flows it was given are expired by system calls all the same, its
 // error is returned that once, and the next ExpireCT does without it.
 func TestExpireCTAfterTheProgramFails(t *testing.T) {
-	l := ctMaps(t)
-	m, err := maps.New(&l.LbMaps, l.InnerSpec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.UseCTExpire(l.PbCtExpireRun); err != nil {
-		t.Fatal(err)
-	}
+	l := bpftest.LoadSweep(t, 1<<16, true)
+	m := l.Maps
 	l.PbCtExpireRun.Close()
 	for round := range 2 {
 		fk, rk := ctFlow(round)
@@ -236,22 +200,8 @@ func sweepOnce(t *testing.T, prog bool) (out struct {
 	res  conntrack.Result
 	left []string
 }) {
-	l := ctMaps(t)
-	m, err := maps.New(&l.LbMaps, l.InnerSpec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if prog {
-		if err := m.UseCTExpire(l.PbCtExpireRun); err != nil {
-			t.Fatal(err)
-		}
-	}
-	in, err := m.OpenInflight()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
+	l := bpftest.LoadSweep(t, 1<<16, prog)
+	m, in := l.Maps, l.Inflight
 	clocks := conntrack.KernelClocks()
 	now := uint64(clocks.Coarse())
 	old := now - uint64(time.Hour)
