@@ -97,8 +97,8 @@ func (m *Maps) closeCTExpireLocked() {
 // delete per entry, and if the program fails it does so from then on, and
 // returns the program's error that once.
 //
-// One caller at a time (the reaper's sweeps do not overlap): pb_ct_expire
-// is one buffer.
+// Calls are serialised (pb_ct_expire is one buffer); the reaper's sweeps
+// do not overlap anyway.
 func (m *Maps) ExpireCT(flows []CTExpire) (int, error) {
 	m.expMu.Lock()
 	defer m.expMu.Unlock()
