@@ -298,9 +298,9 @@ func LoadMaps(opts Options) (*Datapath, error) {
 }
 
 // loadExpire loads pb_ct_expire_run, the conntrack sweep's deletes in the
-// kernel, over the maps LoadMaps made. It is small (verified in about a
-// millisecond) and the agent sweeps before the XDP program is loaded, so
-// it comes with the maps. A kernel that refuses it leaves the sweep to
+// kernel, over the maps LoadMaps made. It is a few dozen instructions,
+// and the agent sweeps before the XDP program is loaded, so it comes with
+// the maps. A kernel that refuses it leaves the sweep to
 // its system calls (maps.Maps.ExpireCT), which do the same, slower.
 func (d *Datapath) loadExpire(spec *ebpf.CollectionSpec) {
 	var p struct {
