@@ -71,21 +71,23 @@ func Load(tb testing.TB) *Loaded {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { d.Close() })
-	return &Loaded{Datapath: d, Maps: newMaps(tb, d)}
+	return &Loaded{Datapath: d, Maps: newMaps(tb, d, true)}
 }
 
-// newMaps wraps d's maps as the agent does (agent.Open): the conntrack
-// sweep's deletes through pb_ct_expire_run, which every supported kernel
-// loads.
-func newMaps(tb testing.TB, d *datapath.Datapath) *maps.Maps {
+// newMaps wraps d's maps, with prog as the agent does (agent.Open): the
+// conntrack sweep's deletes through pb_ct_expire_run, which every
+// supported kernel loads; without, through system calls.
+func newMaps(tb testing.TB, d *datapath.Datapath, prog bool) *maps.Maps {
 	tb.Helper()
 	m, err := maps.New(&d.LbMaps, d.InnerSpec)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := m.UseCTExpire(d.PbCtExpireRun); err != nil {
-		m.Close()
-		tb.Fatal(err)
+	if prog {
+		if err := m.UseCTExpire(d.PbCtExpireRun); err != nil {
+			m.Close()
+			tb.Fatal(err)
+		}
 	}
 	return m
 }
@@ -572,16 +574,8 @@ func LoadSweep(tb testing.TB, ctSize uint32, prog bool) *Sweep {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { d.Close() })
-	m, err := maps.New(&d.LbMaps, d.InnerSpec)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	m := newMaps(tb, d, prog)
 	tb.Cleanup(m.Close)
-	if prog {
-		if err := m.UseCTExpire(d.PbCtExpireRun); err != nil {
-			tb.Fatal(err)
-		}
-	}
 	in, err := m.OpenInflight()
 	if err != nil {
 		tb.Fatal(err)

@@ -52,7 +52,7 @@ func Shared(tb testing.TB) *Loaded {
 	if err := reset(shared.d, shared.last); err != nil {
 		tb.Fatalf("emptying the shared datapath's maps: %v", err)
 	}
-	m := newMaps(tb, shared.d)
+	m := newMaps(tb, shared.d, true)
 	shared.last = m
 	// Closed by the next test's reset, after it read what m installed.
 	return &Loaded{Datapath: shared.d, Maps: m}

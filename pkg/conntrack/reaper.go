@@ -439,18 +439,16 @@ type expiryBatch struct {
 	prev  []entryState
 }
 
-// expiryBatchSize: a batch is ExpireCT's (pb_ct_expire's) size, so the
-// sweep's memory for it stays small however many flows expire.
-const expiryBatchSize = 1024
-
 // expiryDone applies one flow's result.
 type expiryDone func(x *maps.CTExpire, idx int32, prev entryState)
 
 func (b *expiryBatch) reset() { b.flows, b.idx, b.prev = b.flows[:0], b.idx[:0], b.prev[:0] }
 
-// add queues x, flushing a full batch first.
+// add queues x, flushing a full batch first: a batch is one run of the
+// sweep's program, and the sweep's memory for it stays small however
+// many flows expire.
 func (b *expiryBatch) add(m *maps.Maps, x maps.CTExpire, idx int32, prev entryState, done expiryDone, res *Result) {
-	if len(b.flows) == expiryBatchSize {
+	if len(b.flows) == maps.CTExpireBatch {
 		b.flush(m, done, res)
 	}
 	b.flows, b.idx, b.prev = append(b.flows, x), append(b.idx, idx), append(b.prev, prev)

@@ -163,11 +163,7 @@ func TestExpireCTAfterTheProgramFails(t *testing.T) {
 // by a new flow, a forward entry without its reverse half (idle, and
 // recent), moved off to another backend.
 func TestSweepProgramAsSyscalls(t *testing.T) {
-	type outcome struct {
-		res  conntrack.Result
-		left []string
-	}
-	var got []outcome
+	var got []sweepOutcome
 	for _, prog := range []bool{true, false} {
 		t.Run(fmt.Sprintf("program=%v", prog), func(t *testing.T) {
 			got = append(got, sweepOnce(t, prog))
@@ -193,13 +189,17 @@ func TestSweepProgramAsSyscalls(t *testing.T) {
 	}
 }
 
+// sweepOutcome is what a sweep gave and left: its result, and the keys
+// left in conntrack, sorted.
+type sweepOutcome struct {
+	res  conntrack.Result
+	left []string
+}
+
 // sweepOnce fills conntrack with 3,000 flows of six kinds, sweeps it once
 // (through pb_ct_expire_run or not), checks what must go went, and
 // returns the result and the keys left.
-func sweepOnce(t *testing.T, prog bool) (out struct {
-	res  conntrack.Result
-	left []string
-}) {
+func sweepOnce(t *testing.T, prog bool) (out sweepOutcome) {
 	l := bpftest.LoadSweep(t, 1<<16, prog)
 	m, in := l.Maps, l.Inflight
 	clocks := conntrack.KernelClocks()

@@ -32,8 +32,9 @@ const (
 // still have to be deleted. ExpireCT writes RevResult and FwdResult.
 type CTExpire = bpf.LbCtExpire
 
-// expireBatch is pb_ct_expire's size (PB_CT_EXPIRE_BATCH).
-const expireBatch = 1024
+// CTExpireBatch is pb_ct_expire's size (PB_CT_EXPIRE_BATCH): the flows
+// one run of the sweep's program takes.
+const CTExpireBatch = 1024
 
 // ctExpirer runs pb_ct_expire_run over pb_ct_expire, memory-mapped.
 // Maps.expMu guards the pointer to it: a sweep still running when the
@@ -41,7 +42,7 @@ const expireBatch = 1024
 type ctExpirer struct {
 	prog *ebpf.Program
 	mem  []byte
-	ents *[expireBatch]CTExpire // mem, as pb_ct_expire's elements lie in it
+	ents *[CTExpireBatch]CTExpire // mem, as pb_ct_expire's elements lie in it
 }
 
 // UseCTExpire makes ExpireCT run p, pb_ct_expire_run, in the kernel: one
@@ -51,8 +52,8 @@ func (m *Maps) UseCTExpire(p *ebpf.Program) error {
 	if p == nil || m.m.PbCtExpire == nil {
 		return errors.New("maps: no conntrack sweep program")
 	}
-	if n := m.m.PbCtExpire.MaxEntries(); n != expireBatch {
-		return fmt.Errorf("maps: pb_ct_expire holds %d entries, want %d", n, expireBatch)
+	if n := m.m.PbCtExpire.MaxEntries(); n != CTExpireBatch {
+		return fmt.Errorf("maps: pb_ct_expire holds %d entries, want %d", n, CTExpireBatch)
 	}
 	if sz := m.m.PbCtExpire.ValueSize(); sz != uint32(unsafe.Sizeof(CTExpire{})) || sz%8 != 0 {
 		return fmt.Errorf("maps: pb_ct_expire's value is %d bytes, want %d", sz, unsafe.Sizeof(CTExpire{}))
@@ -64,7 +65,7 @@ func (m *Maps) UseCTExpire(p *ebpf.Program) error {
 	m.expMu.Lock()
 	defer m.expMu.Unlock()
 	m.closeCTExpireLocked()
-	m.exp = &ctExpirer{prog: p, mem: mem, ents: (*[expireBatch]CTExpire)(unsafe.Pointer(&mem[0]))}
+	m.exp = &ctExpirer{prog: p, mem: mem, ents: (*[CTExpireBatch]CTExpire)(unsafe.Pointer(&mem[0]))}
 	return nil
 }
 
@@ -104,7 +105,7 @@ func (m *Maps) ExpireCT(flows []CTExpire) (int, error) {
 	defer m.expMu.Unlock()
 	deleted := 0
 	for m.exp != nil && len(flows) > 0 {
-		n := min(len(flows), expireBatch)
+		n := min(len(flows), CTExpireBatch)
 		copy(m.exp.ents[:n], flows[:n])
 		args := bpf.LbCtExpireArgs{N: uint32(n)}
 		if _, err := m.exp.prog.Run(&ebpf.RunOptions{Context: &args, ContextOut: &args}); err != nil {
@@ -126,8 +127,8 @@ func (m *Maps) ExpireCT(flows []CTExpire) (int, error) {
 func (m *Maps) expireCTSyscalls(flows []CTExpire) int {
 	deleted := 0
 	one := func(k *bpf.LbCtKey, created uint64) uint8 {
-		var v bpf.LbCtValue
-		if err := m.m.PbCtV2.Lookup(k, &v); err != nil {
+		v, err := m.CTEntry(*k)
+		if err != nil {
 			return ExpireAbsent
 		}
 		if v.CreatedNs != created {
