@@ -390,28 +390,39 @@ func inspectShowsEjected(t *testing.T, ctx context.Context, rig *clusterrig.Rig,
 	t.Logf("kubectl exec %s -- agent inspect:\n%s", agentDS, text)
 }
 
-// dumpState logs what a person debugging a failure looks at first.
+// dumpState writes what a person debugging a failure looks at first to
+// a file outside the cluster's directory (which Down removes), and logs
+// only its name: CI shows a failing run's head and tail, and the test's
+// own failure lines, just before this, must stay in that tail.
 func dumpState(t *testing.T, rig *clusterrig.Rig) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	f, err := os.CreateTemp("", "penaltybox-cluster-failure-*.log")
+	if err != nil {
+		t.Logf("the cluster's state is not dumped: %v", err)
+		return
+	}
+	defer f.Close()
+	section := func(title, body string) { fmt.Fprintf(f, "===== %s\n%s\n\n", title, body) }
 	for _, args := range [][]string{
 		{"get", "pods", "-A", "-o", "wide"},
 		{"get", "events", "-A"},
-		{"logs", "-n", agentNS, agentDS, "--tail=40"},
+		{"logs", "-n", agentNS, agentDS},
+		{"logs", "-n", agentNS, agentDS, "--previous"},
 	} {
 		out, err := rig.Kubectl(ctx, args...)
-		t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		section(fmt.Sprintf("kubectl %s (%v)", strings.Join(args, " "), err), out)
 	}
 	// The datapath's own view: what it refused to take as evidence (a
 	// reply from the wrong side is a pod whose veth pb_ifaces does not
 	// know as its bridge's), and the pod veths' masters it is told of.
 	if m := agentMetrics(t, rig); len(m) > 0 {
 		var lines []string
-		for name, f := range m {
+		for name, fam := range m {
 			if !strings.HasPrefix(name, "penaltybox_datapath_") {
 				continue
 			}
-			for _, s := range f.GetMetric() {
+			for _, s := range fam.GetMetric() {
 				v := s.GetCounter().GetValue() + s.GetGauge().GetValue()
 				if v == 0 {
 					continue
@@ -424,18 +435,18 @@ func dumpState(t *testing.T, rig *clusterrig.Rig) {
 			}
 		}
 		slices.Sort(lines)
-		t.Logf("the agent's non-zero datapath metrics:\n%s", strings.Join(lines, "\n"))
+		section("the agent's non-zero datapath metrics", strings.Join(lines, "\n"))
 	}
 	for _, args := range [][]string{
 		{"ip", "-o", "link", "show", "type", "veth"},
 		{"bpftool", "map", "dump", "pinned", "/sys/fs/bpf/penaltybox/pb_ifaces"},
 	} {
 		out, err := rig.Command(args[0], args[1:]...).CombinedOutput()
-		t.Logf("on the node, %s: %v\n%s", strings.Join(args, " "), err, out)
+		section(fmt.Sprintf("on the node, %s (%v)", strings.Join(args, " "), err), string(out))
 	}
 	for _, c := range []string{"kubelet", "containerd"} {
 		b, _ := os.ReadFile(filepath.Join(rig.Dir, "run", c+".log"))
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		t.Logf("%s log (last lines):\n%s", c, strings.Join(lines[max(0, len(lines)-25):], "\n"))
+		section(c+" log", string(b))
 	}
+	t.Logf("the cluster's state at the failure: %s", f.Name())
 }
