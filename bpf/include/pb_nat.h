@@ -226,17 +226,23 @@ static __always_inline void l4csum_replace(struct pkt *p, int dst, const union a
 		*p->l4csum = pkt_pseudo(p, dst, new_addr);
 		return;
 	}
+	/* RFC 1624 eqn. 3 over every word that changes at once: one fold and
+	 * one write to the packet, where a replace per word read, folded and
+	 * wrote the field five times for an IPv6 address and its port. */
+	__u32 s = (__u16)~*p->l4csum;
 	if (p->family == PB_AF_INET6) {
 		const union addr *old = dst ? &p->ip6->daddr : &p->ip6->saddr;
 #pragma unroll
 		for (int i = 0; i < 4; i++)
-			csum_replace4(p->l4csum, old->v6[i], new_addr->v6[i]);
+			s += csum_delta4(old->v6[i], new_addr->v6[i]);
 	} else {
-		csum_replace4(p->l4csum, dst ? p->ip->daddr : p->ip->saddr, new_addr->v4);
+		s += csum_delta4(dst ? p->ip->daddr : p->ip->saddr, new_addr->v4);
 	}
-	csum_replace2(p->l4csum, old_port, new_port);
-	if (p->proto == IPPROTO_UDP && *p->l4csum == 0)
-		*p->l4csum = 0xffff;
+	s += (__u16)~old_port + (__u16)new_port;
+	__sum16 c = ~csum_fold32(s);
+	if (p->proto == IPPROTO_UDP && c == 0)
+		c = 0xffff;
+	*p->l4csum = c;
 }
 
 /* rewrite sets the source (dst 0) or destination address and port. */
