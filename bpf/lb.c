@@ -282,16 +282,22 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			}
 			return XDP_DROP;
 		}
-		/* The forward key, as the client sent it. */
+		/* The forward key, as the client sent it: built only for a
+		 * packet that can end, settle or judge the flow (a SYN, FIN or
+		 * RST, or the backend's first data; BACKEND_DATA is only ever
+		 * set, so a packet that finds it set here finds it set below),
+		 * not for the replies of an established flow, most of them. */
 		struct ct_key *fkp = &sc->fk;
-		__builtin_memset(fkp, 0, sizeof(*fkp));
-		fkp->src = rk->dst;
-		fkp->dst = rv->nat_addr;
-		fkp->sport = rk->dport;
-		fkp->dport = rv->nat_port;
-		fkp->proto = rk->proto;
-		fkp->dir = PB_DIR_FWD;
-		fkp->family = rk->family;
+		if ((f & (TCP_SYN | TCP_FIN | TCP_RST)) || (p->payload && !(rv->flags & PB_CT_BACKEND_DATA))) {
+			__builtin_memset(fkp, 0, sizeof(*fkp));
+			fkp->src = rk->dst;
+			fkp->dst = rv->nat_addr;
+			fkp->sport = rk->dport;
+			fkp->dport = rv->nat_port;
+			fkp->proto = rk->proto;
+			fkp->dir = PB_DIR_FWD;
+			fkp->family = rk->family;
+		}
 
 		if (f & TCP_RST) {
 			__u32 cur = rv->flags;

@@ -481,6 +481,26 @@ func TestFlowEndOnFinBothWays(t *testing.T) {
 	f.wantEvents(ev(evFlowEnd, 0, id1, client))
 }
 
+// The reply path builds a flow's forward key (the client's tuple its
+// events name) only for a packet that can decide something, into a
+// per-CPU scratch that still holds the last flow's: each event here comes
+// right after a reply of the other flow, and must name its own client.
+func TestReplyEventsNameTheirOwnFlow(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	f.handshake(client2, be1)
+	f.handshake(client, be1) // the scratch now has client's key
+	f.run(bpftest.TCP(be1, client2, bpftest.ACK, []byte("hello")))
+	f.wantEvents(ev(evNewFlow, 0, id1, client2), ev(evEstablished, 0, id1, client2),
+		ev(evNewFlow, 0, id1, client), ev(evEstablished, 0, id1, client),
+		ev(evFirstData, 0, id1, client2))
+	f.run(bpftest.TCP(client2, vip, bpftest.FIN, nil))
+	f.run(bpftest.TCP(be1, client, bpftest.ACK, []byte("hi")))
+	f.run(bpftest.TCP(be1, client, bpftest.ACK, []byte("more"))) // builds no key
+	f.run(bpftest.TCP(be1, client2, bpftest.FIN, nil))
+	f.wantEvents(ev(evFirstData, 0, id1, client), ev(evFlowEnd, 0, id1, client2))
+}
+
 func TestMidstreamPacketGetsBackendWithoutEvent(t *testing.T) {
 	f := newFixture(t)
 	f.table(id1)
