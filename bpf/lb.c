@@ -284,11 +284,13 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		}
 		/* The forward key, as the client sent it: built only for a
 		 * packet that can end, settle or judge the flow (a SYN, FIN or
-		 * RST, or the backend's first data; BACKEND_DATA is only ever
-		 * set, so a packet that finds it set here finds it set below),
-		 * not for the replies of an established flow, most of them. */
+		 * RST, or the backend's first data), not for the replies of an
+		 * established flow, most of them. first_data is read once: the
+		 * LRU may reuse rv's element for another flow meanwhile, and a
+		 * second read could find the bit clear with no key built. */
+		int first_data = p->payload && !(rv->flags & PB_CT_BACKEND_DATA);
 		struct ct_key *fkp = &sc->fk;
-		if ((f & (TCP_SYN | TCP_FIN | TCP_RST)) || (p->payload && !(rv->flags & PB_CT_BACKEND_DATA))) {
+		if ((f & (TCP_SYN | TCP_FIN | TCP_RST)) || first_data) {
 			__builtin_memset(fkp, 0, sizeof(*fkp));
 			fkp->src = rk->dst;
 			fkp->dst = rv->nat_addr;
@@ -394,7 +396,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			}
 			/* The first payload byte settles a connection as working: a reset
 			 * after it is no longer a failure to connect. */
-			if (p->payload && !(rv->flags & PB_CT_BACKEND_DATA)) {
+			if (first_data) {
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_BACKEND_DATA);
 				/* Any flow's, midstream too: a backend sends payload
 				 * only on a connection it accepted. */

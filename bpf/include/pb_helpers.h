@@ -60,8 +60,8 @@ static __always_inline void csum_replace2(__sum16 *sum, __be16 from, __be16 to)
 }
 
 /* csum_delta4 is what replacing the 32-bit word from by to adds to a
- * checksum's inverse (~m + m' of eqn. 3, unfolded: a caller adds up to
- * a few dozen of them in 32 bits before one fold). */
+ * checksum's inverse (~m + m' of eqn. 3, unfolded: at most 4 x 0xffff,
+ * so a 32-bit sum holds thousands of them before its one fold). */
 static __always_inline __u32 csum_delta4(__be32 from, __be32 to)
 {
 	return (~from & 0xffff) + (~from >> 16) + (to & 0xffff) + (to >> 16);

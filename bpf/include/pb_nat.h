@@ -227,8 +227,7 @@ static __always_inline void l4csum_replace(struct pkt *p, int dst, const union a
 		return;
 	}
 	/* RFC 1624 eqn. 3 over every word that changes at once: one fold and
-	 * one write to the packet, where a replace per word read, folded and
-	 * wrote the field five times for an IPv6 address and its port. */
+	 * one write to the packet's field, not one per word. */
 	__u32 s = (__u16)~*p->l4csum;
 	if (p->family == PB_AF_INET6) {
 		const union addr *old = dst ? &p->ip6->daddr : &p->ip6->saddr;

@@ -486,6 +486,7 @@ func TestFlowEndOnFinBothWays(t *testing.T) {
 // per-CPU scratch that still holds the last flow's: each event here comes
 // right after a reply of the other flow, and must name its own client.
 func TestReplyEventsNameTheirOwnFlow(t *testing.T) {
+	oneCPU(t) // the scratch is per CPU
 	f := newFixture(t)
 	f.table(id1)
 	f.handshake(client2, be1)
