@@ -122,10 +122,11 @@ type Result struct {
 }
 
 // keepEntries bounds the snapshot a sweep keeps for the next: the
-// datapath's default table (PB_CT_SIZE), about 27 MB of entries (a quarter
-// more in the array's spare capacity) and a tenth as much in the index. A sweep of a full table needs
-// that much anyway; kept, it is not allocated (and faulted in) again every
-// SweepEvery. A bigger table's snapshot is not kept.
+// datapath's default table (PB_CT_SIZE), about 27 MB of entries (the
+// array grows by doubling, up to the table's size) and a tenth as much in
+// the index. A sweep of a full table needs that much anyway; kept, it is
+// not allocated (and faulted in) again every SweepEvery. A bigger table's
+// snapshot is not kept.
 const keepEntries = 1 << 18
 
 // inUse collects a sweep's InUse. Consecutive flows mostly share their

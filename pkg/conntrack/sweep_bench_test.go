@@ -43,10 +43,10 @@ func BenchmarkSweep(b *testing.B) {
 }
 
 // BenchmarkSweepFirst is BenchmarkSweep's scan by a reaper that has no
-// snapshot yet, as a started agent's first sweeps of a filled table are
-// (a restart, or the table growing): the snapshot grows as the scan reads
-// the table. 65,000 flows (130,000 entries, half the default table). Needs
-// root.
+// snapshot yet, as a started agent's first sweep of a filled table is (a
+// restart): the snapshot, the index and the entries' states are all
+// allocated as the scan reads the table. 65,000 flows (130,000 entries,
+// half the default table). Needs root.
 func BenchmarkSweepFirst(b *testing.B) {
 	l := bpftest.LoadSweep(b, 1<<18, true)
 	m, in := l.Maps, l.Inflight

@@ -126,10 +126,9 @@ func (m *Maps) Conntrack(limit int) ([]CTEntry, error) {
 // table again and again (the conntrack sweep) reuses one array rather than
 // growing a new one, page by page, every time.
 //
-// The array grows by doubling, up to the table's size: append grows a big
-// slice a quarter at a time, and a first scan of 130,000 entries
-// allocated (and faulted in) five times the snapshot, copying it four
-// times (BenchmarkSweepFirst).
+// The array grows by doubling, up to the table's size: append's quarter
+// steps allocated, faulted in and copied a big snapshot several times
+// over (BenchmarkSweepFirst).
 func (m *Maps) ConntrackInto(buf []CTEntry, limit int) ([]CTEntry, error) {
 	out := buf[:0]
 	const chunk = 4096
@@ -141,8 +140,16 @@ func (m *Maps) ConntrackInto(buf []CTEntry, limit int) ([]CTEntry, error) {
 		n, err := m.m.PbCtV2.BatchLookup(&cursor, keys, vals, nil)
 		if need := len(out) + n; need > cap(out) {
 			c := max(2*cap(out), need, chunk)
-			if need <= size {
+			switch {
+			case limit > 0:
+				c = max(min(c, limit), need)
+			case need <= size:
 				c = min(c, size)
+			default:
+				// More than the table holds: a batch read of a table
+				// that changes can see an entry twice. A little room,
+				// not another doubling.
+				c = need + chunk
 			}
 			out = append(make([]CTEntry, 0, c), out...)
 		}
