@@ -105,21 +105,22 @@ KUBE_TEST_PKGS := ./test/cluster ./test/conformance ./test/e2e/k8s
 # Every test, under the race detector. BPF and network tests need root
 # and run in CI (which is root). k8s-tools first, so the test timeout does
 # not include building the API server. Each phase's whole output is also
-# kept in TEST_LOG_DIR (outside the clone, the last run's): a CI log that
-# shows only a failure's head and tail can be read there in full.
+# kept in TEST_LOG_DIR (outside the clone, the last run's), and the cluster
+# test's dump of a failure goes there too: a CI log that shows only a
+# failure's head and tail can be read there in full.
 TEST_LOG_DIR ?= /tmp/penaltybox-test-logs
 test: deps check-generated vet check-rules release-check build k8s-tools prometheus-tools containerd-tools helm-tools e2e-tools
 	@# Each phase's start is stamped, so a slow one shows in CI's log
 	@# (a warm make test is meant to stay under 20 minutes).
-	@mkdir -p $(TEST_LOG_DIR) && rm -f $(TEST_LOG_DIR)/*.log
+	@mkdir -p "$(TEST_LOG_DIR)" && rm -f "$(TEST_LOG_DIR)"/*.log
 	@echo "make test: unit tests, $$(date -u +%T)"
-	set -o pipefail; $(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench) 2>&1 | tee $(TEST_LOG_DIR)/unit.log
+	set -o pipefail; $(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v -e /test/ -e /bench) 2>&1 | tee "$(TEST_LOG_DIR)/unit.log"
 	@# The datapath under arbitrary frames from a client (pkg/datapath
 	@# FuzzXDP's invariants), for a bounded time.
 	@echo "make test: FuzzXDP, $$(date -u +%T)"
-	set -o pipefail; $(GO) test -run='^$$' -fuzz=FuzzXDP -fuzztime=30s ./pkg/datapath 2>&1 | tee $(TEST_LOG_DIR)/fuzz.log
+	set -o pipefail; $(GO) test -run='^$$' -fuzz=FuzzXDP -fuzztime=30s ./pkg/datapath 2>&1 | tee "$(TEST_LOG_DIR)/fuzz.log"
 	@echo "make test: kernel matrix, $$(date -u +%T)"
-	$(MAKE) --no-print-directory kernel-matrix
+	set -o pipefail; $(MAKE) --no-print-directory kernel-matrix 2>&1 | tee "$(TEST_LOG_DIR)/kernel-matrix.log"
 	@# The Kubernetes suites side by side: they mostly wait on API servers,
 	@# kubelets and accrual windows (a third of the two cores between them),
 	@# assert with margins of seconds, and each runs in network namespaces,
@@ -127,9 +128,9 @@ test: deps check-generated vet check-rules release-check build k8s-tools prometh
 	@# internal/kubeapi). The rest one package at a time: on two cores, two
 	@# of them side by side would measure each other.
 	@echo "make test: Kubernetes suites, $$(date -u +%T)"
-	set -o pipefail; $(GO) test -race -count=1 -timeout 12m -p 3 $(KUBE_TEST_PKGS) 2>&1 | tee $(TEST_LOG_DIR)/kubernetes.log
+	set -o pipefail; TEST_LOG_DIR="$(TEST_LOG_DIR)" $(GO) test -race -count=1 -timeout 12m -p 3 $(KUBE_TEST_PKGS) 2>&1 | tee "$(TEST_LOG_DIR)/kubernetes.log"
 	@echo "make test: network tests, $$(date -u +%T)"
-	set -o pipefail; $(GO) test -race -count=1 -timeout 12m -p 1 $$($(GO) list ./test/... ./bench/... | grep -v -x $(patsubst ./%,-e github.com/penaltybox/penaltybox/%,$(KUBE_TEST_PKGS))) 2>&1 | tee $(TEST_LOG_DIR)/network.log
+	set -o pipefail; $(GO) test -race -count=1 -timeout 12m -p 1 $$($(GO) list ./test/... ./bench/... | grep -v -x $(patsubst ./%,-e github.com/penaltybox/penaltybox/%,$(KUBE_TEST_PKGS))) 2>&1 | tee "$(TEST_LOG_DIR)/network.log"
 	@echo "make test: done, $$(date -u +%T)"
 
 # The generated tables of docs/reference/ (flags, metrics, maps, the

@@ -391,13 +391,15 @@ func inspectShowsEjected(t *testing.T, ctx context.Context, rig *clusterrig.Rig,
 }
 
 // dumpState writes what a person debugging a failure looks at first to
-// a file outside the cluster's directory (which Down removes), and logs
-// only its name: CI shows a failing run's head and tail, and the test's
-// own failure lines, just before this, must stay in that tail.
+// a file outside the cluster's directory (which Down removes): in
+// $TEST_LOG_DIR, where make test keeps the run's logs, or the temp
+// directory. It logs the file's name and the pods not running: CI shows a
+// failing run's head and tail, and the test's own failure lines, just
+// before this, must stay in that tail.
 func dumpState(t *testing.T, rig *clusterrig.Rig) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f, err := os.CreateTemp("", "penaltybox-cluster-failure-*.log")
+	f, err := os.CreateTemp(os.Getenv("TEST_LOG_DIR"), "penaltybox-cluster-failure-*.log")
 	if err != nil {
 		t.Logf("the cluster's state is not dumped: %v", err)
 		return
@@ -412,6 +414,14 @@ func dumpState(t *testing.T, rig *clusterrig.Rig) {
 	} {
 		out, err := rig.Kubectl(ctx, args...)
 		section(fmt.Sprintf("kubectl %s (%v)", strings.Join(args, " "), err), out)
+		if args[0] == "get" && args[1] == "pods" {
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "NAMESPACE") || strings.Contains(line, " Running ") || strings.TrimSpace(line) == "" {
+					continue
+				}
+				t.Logf("pod not running: %s", line)
+			}
+		}
 	}
 	// The datapath's own view: what it refused to take as evidence (a
 	// reply from the wrong side is a pod whose veth pb_ifaces does not
@@ -447,6 +457,10 @@ func dumpState(t *testing.T, rig *clusterrig.Rig) {
 	for _, c := range []string{"kubelet", "containerd"} {
 		b, _ := os.ReadFile(filepath.Join(rig.Dir, "run", c+".log"))
 		section(c+" log", string(b))
+	}
+	if err := f.Close(); err != nil {
+		t.Logf("the cluster's state at the failure: %s: %v", f.Name(), err)
+		return
 	}
 	t.Logf("the cluster's state at the failure: %s", f.Name())
 }
