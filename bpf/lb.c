@@ -290,16 +290,8 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		 * second read could find the bit clear with no key built. */
 		int first_data = p->payload && !(rv->flags & PB_CT_BACKEND_DATA);
 		struct ct_key *fkp = &sc->fk;
-		if ((f & (TCP_SYN | TCP_FIN | TCP_RST)) || first_data) {
-			__builtin_memset(fkp, 0, sizeof(*fkp));
-			fkp->src = rk->dst;
-			fkp->dst = rv->nat_addr;
-			fkp->sport = rk->dport;
-			fkp->dport = rv->nat_port;
-			fkp->proto = rk->proto;
-			fkp->dir = PB_DIR_FWD;
-			fkp->family = rk->family;
-		}
+		if ((f & (TCP_SYN | TCP_FIN | TCP_RST)) || first_data)
+			fwd_key(fkp, rk, rv);
 
 		if (f & TCP_RST) {
 			__u32 cur = rv->flags;

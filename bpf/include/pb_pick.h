@@ -202,6 +202,21 @@ static __always_inline __u32 addr_fold(const union addr *a, __u8 family)
 	return a->v4;
 }
 
+/* fwd_key is rev_key's inverse: the forward (client -> VIP) key of the
+ * flow whose reverse entry, keyed rk, holds rv. */
+static __always_inline void fwd_key(struct ct_key *fk, const struct ct_key *rk,
+				    const struct ct_value *rv)
+{
+	fk->src = rk->dst;
+	fk->dst = rv->nat_addr;
+	fk->sport = rk->dport;
+	fk->dport = rv->nat_port;
+	fk->proto = rk->proto;
+	fk->dir = PB_DIR_FWD;
+	fk->family = rk->family;
+	fk->pad = 0;
+}
+
 static __always_inline void rev_key(struct ct_key *rk, const struct ct_key *fk,
 				    const struct ct_value *fv)
 {
