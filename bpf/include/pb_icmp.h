@@ -11,10 +11,9 @@
  * (once: a refusal, if nothing answered before) and ends the flow, as a
  * refused TCP connection ends: the client's next datagram on the same
  * ports is a new flow, picked afresh, not sent to the closed port until
- * the entry idles out. rv and rk are the flow's reverse entry and key,
- * client its address (of rk's family), cport its port. */
-static __always_inline void udp_refused(struct ct_value *rv, const struct ct_key *rk, const union addr *client,
-					__be16 cport, struct global_stats *gs)
+ * the entry idles out. rv and rk are the flow's reverse entry and key
+ * (whose destination is the client). */
+static __always_inline void udp_refused(struct ct_value *rv, const struct ct_key *rk, struct global_stats *gs)
 {
 	__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_CLOSED);
 	if (old & PB_CT_CLOSED)
@@ -23,16 +22,10 @@ static __always_inline void udp_refused(struct ct_value *rv, const struct ct_key
 		__u8 evf = (old & PB_CT_PROBE) ? PB_EVF_PROBE : 0;
 		if (!(old & PB_CT_PROBE))
 			evf |= kernel_trip(rv->svc_id, rv->backend_id, PB_TRIP_REFUSED, rv->created_ns);
-		emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, client, rk->family, cport, gs);
+		emit(PB_EV_REFUSED, evf, rv->svc_id, rv->backend_id, &rk->dst, rk->family, rk->dport, gs);
 	}
-	struct ct_key fk = {};
-	fk.src = *client;
-	fk.dst = rv->nat_addr;
-	fk.sport = cport;
-	fk.dport = rv->nat_port;
-	fk.proto = IPPROTO_UDP;
-	fk.dir = PB_DIR_FWD;
-	fk.family = rk->family;
+	struct ct_key fk;
+	fwd_key(&fk, rk, rv);
 	/* The forward entry only if it is still this flow's: the LRU may have
 	 * evicted it, and the tuple's next datagram made another flow's. */
 	struct ct_value *fv = bpf_map_lookup_elem(&pb_ct_v2, &fk);
@@ -226,9 +219,7 @@ static __always_inline int icmp_error(struct xdp_md *ctx, __u32 ifindex, struct 
 		void *data = (void *)(long)ctx->data;
 		int sum = pb_csum(ctx, (void *)q.icmp - data, be16_len(q.ip->tot_len) - q.ip->ihl * 4);
 		if (sum == 0xffff) {
-			union addr c = {}; /* all 16 bytes: it goes into a key */
-			c.v4 = in->saddr;
-			udp_refused(rv, &rk, &c, q.ports[0], gs);
+			udp_refused(rv, &rk, gs);
 		} else if (gs) {
 			gs->reply_bad_checksum++;
 		}
@@ -398,7 +389,7 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, __u32 ifindex, struct
 		union addr vip6 = rv->nat_addr;
 		__be16 vport6 = rv->nat_port;
 		if (sum >= 0 && csum_fold32((__u32)sum + pseudo_sum6(&q.ip6->saddr, &q.ip6->daddr, IPPROTO_ICMPV6, mlen)) == 0xffff)
-			udp_refused(rv, &k, &in->saddr, q.ports[0], gs);
+			udp_refused(rv, &k, gs);
 		else if (gs)
 			gs->reply_bad_checksum++;
 		quote6_rewrite(&q, 1, &vip6, vport6);
