@@ -31,14 +31,31 @@ type reactionOpts struct {
 	Rounds       int           // the ejections are split into this many consecutive rounds
 }
 
+// The rows of the agent's part of the reaction (each with ", p50", ...)
+// and of the floor process's bpf() calls (each followed by p50 or p99).
+const (
+	reactionOwn     = "of which the agent's own part (reader's hand-over of the batch → maps written)"
+	reactionJudge   = "of the agent's part, judging (hand-over → accrual's decision: the lock, the batch's events before it, accrual)"
+	reactionProgram = "of the agent's part, programming (accrual's decision → maps written: Maglev rebuild, table fill, map writes)"
+	bpfFirstRow     = "diagnostic: the floor process's first bpf() call after its wake-up (a map lookup), "
+	bpfAgainRow     = "diagnostic: the floor process's next bpf() call at once after it, "
+)
+
+// split is one ejection's reaction time (µs) and its parts, from its log
+// line: own, after the reader handed the deciding event over (the agent's
+// own work: reaction_us − reaction_read_us); judge, of that the part up to
+// accrual's decision (reaction_decided_us − reaction_read_us: the lock,
+// the batch's events before it, accrual); program, the rest (reaction_us −
+// reaction_decided_us: the Maglev rebuild and the map writes). NaN where
+// the line has no split.
+type split struct{ reaction, own, judge, program float64 }
+
 // ejections parses the agent's "endpoint ejected" log lines and returns
-// their reaction times in microseconds, in log order, and of each the
-// part after the reader handed the deciding event over (the agent's own
-// work: reaction_us − reaction_read_us; NaN when the line has no split).
-func ejections(logPath string) (reaction, own []float64, err error) {
+// their reaction times and splits, in log order.
+func ejections(logPath string) (out []split, err error) {
 	f, err := os.Open(logPath)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -52,18 +69,22 @@ func ejections(logPath string) (reaction, own []float64, err error) {
 			Msg        string   `json:"msg"`
 			ReactionUS *float64 `json:"reaction_us"`
 			ReadUS     *float64 `json:"reaction_read_us"`
+			DecidedUS  *float64 `json:"reaction_decided_us"`
 		}
 		if json.Unmarshal(line, &rec) != nil || rec.Msg != "endpoint ejected" || rec.ReactionUS == nil {
 			continue
 		}
-		reaction = append(reaction, *rec.ReactionUS)
-		o := math.NaN()
+		sp := split{reaction: *rec.ReactionUS, own: math.NaN(), judge: math.NaN(), program: math.NaN()}
 		if rec.ReadUS != nil {
-			o = *rec.ReactionUS - *rec.ReadUS
+			sp.own = *rec.ReactionUS - *rec.ReadUS
+			if rec.DecidedUS != nil {
+				sp.judge = *rec.DecidedUS - *rec.ReadUS
+				sp.program = *rec.ReactionUS - *rec.DecidedUS
+			}
 		}
-		own = append(own, o)
+		out = append(out, sp)
 	}
-	return reaction, own, sc.Err()
+	return out, sc.Err()
 }
 
 // swapLatencies times updates of a private ARRAY_OF_MAPS (a fresh
@@ -194,68 +215,80 @@ func runReaction(res *Results, o reactionOpts, agentBin string, logf func(string
 	}()
 
 	deadline := time.Now().Add(o.Timeout)
-	var got, own []float64
+	var ej []split
 	attempts := 0
-	for len(got) < o.Ejections && time.Now().Before(deadline) {
+	for len(ej) < o.Ejections && time.Now().Before(deadline) {
 		n, err := loadAll(r, targets, o.Rate, time.Second)
 		attempts += n
 		if err != nil {
 			return err
 		}
-		if got, own, err = ejections(a.LogPath()); err != nil {
+		if ej, err = ejections(a.LogPath()); err != nil {
 			return err
 		}
-		logf("reaction: %d ejections after %d connections", len(got), attempts)
+		logf("reaction: %d ejections after %d connections", len(ej), attempts)
 	}
 	close(stopSwaps)
 	sw := <-swaps
 	floorStopped = true
-	wake, err := floor.stop()
+	ft, err := floor.stop()
 	if err != nil {
 		return err
 	}
-	if len(got) < o.Ejections {
-		return fmt.Errorf("only %d ejections within %v (want %d)", len(got), o.Timeout, o.Ejections)
+	wake := ft.Wake
+	if len(ej) < o.Ejections {
+		return fmt.Errorf("only %d ejections within %v (want %d)", len(ej), o.Timeout, o.Ejections)
 	}
 	rounds := max(1, o.Rounds)
-	per, wper := len(got)/rounds, len(wake)/rounds
+	per, wper := len(ej)/rounds, len(wake)/rounds
 	if wper == 0 {
 		return fmt.Errorf("wake floor: only %d events", len(wake))
 	}
-	// The agent's own part, where its log line splits the reaction (an
+	// field lists one field of a run of ejections, leaving out NaNs: the
+	// agent's parts exist where its log line splits the reaction (an
 	// ejection adopted in the reader's batch; one found otherwise has no
 	// split).
-	ownOf := func(xs []float64) []float64 {
+	field := func(sps []split, f func(split) float64) []float64 {
 		var out []float64
-		for _, x := range xs {
-			if !math.IsNaN(x) {
+		for _, sp := range sps {
+			if x := f(sp); !math.IsNaN(x) {
 				out = append(out, x)
 			}
 		}
 		return out
 	}
+	reactionOf := func(sp split) float64 { return sp.reaction }
+	parts := []struct {
+		name string
+		of   func(split) float64
+	}{
+		{reactionOwn, func(sp split) float64 { return sp.own }},
+		{reactionJudge, func(sp split) float64 { return sp.judge }},
+		{reactionProgram, func(sp split) float64 { return sp.program }},
+	}
+	quantiles := []struct {
+		name string
+		q    float64
+	}{{"p50", 50}, {"p99", 99}, {"max", 100}}
 	for i := range rounds {
-		chunk, wchunk := got[i*per:(i+1)*per], wake[i*wper:(i+1)*wper]
-		ochunk := ownOf(own[i*per : (i+1)*per])
-		for _, p := range []struct {
-			name string
-			q    float64
-		}{{"p50", 50}, {"p99", 99}, {"max", 100}} {
+		round := ej[i*per : (i+1)*per]
+		chunk, wchunk := field(round, reactionOf), wake[i*wper:(i+1)*wper]
+		for _, p := range quantiles {
 			fl := res.figure("reaction", floorName+p.name, "µs")
 			fl.Samples = append(fl.Samples, percentile(wchunk, p.q))
 			f := res.figure("reaction", "reaction time "+p.name, "µs")
 			f.Samples = append(f.Samples, percentile(chunk, p.q))
 			f.Baseline = fl.Name
 		}
-		for _, p := range []struct {
-			name string
-			q    float64
-		}{{"p50", 50}, {"p99", 99}, {"max", 100}} {
-			if len(ochunk) == 0 {
-				break // an agent whose log lines have no split
+		for _, part := range parts {
+			xs := field(round, part.of)
+			if len(xs) == 0 {
+				continue // an agent whose log lines have no such split
 			}
-			f := res.figure("reaction", "of which the agent's own part (reader's hand-over of the batch → maps written), "+p.name, "µs")
-			f.Samples = append(f.Samples, percentile(ochunk, p.q))
+			for _, p := range quantiles {
+				f := res.figure("reaction", part.name+", "+p.name, "µs")
+				f.Samples = append(f.Samples, percentile(xs, p.q))
+			}
 		}
 	}
 	for _, p := range []struct {
@@ -265,15 +298,30 @@ func runReaction(res *Results, o reactionOpts, agentBin string, logf func(string
 		f := res.figure("reaction", "diagnostic: one Maglev-table swap (map-in-map update) under the same load, "+p.name, "µs")
 		f.Samples = append(f.Samples, percentile(sw, p.q))
 	}
-	ownText := ""
-	if allOwn := ownOf(own); len(allOwn) > 0 {
-		ownText = fmt.Sprintf("; the agent's own part of the %d with a split: p50 %.0f µs, p99 %.0f µs, max %.0f µs",
-			len(allOwn), percentile(allOwn, 50), percentile(allOwn, 99), percentile(allOwn, 100))
+	if len(ft.BPF) > 0 {
+		for _, p := range []struct {
+			name string
+			q    float64
+		}{{"p50", 50}, {"p99", 99}} {
+			again := res.figure("reaction", bpfAgainRow+p.name, "µs")
+			again.Samples = append(again.Samples, percentile(ft.BPFAgain, p.q))
+			f := res.figure("reaction", bpfFirstRow+p.name, "µs")
+			f.Samples = append(f.Samples, percentile(ft.BPF, p.q))
+			f.Baseline = again.Name
+		}
+	}
+	got := field(ej, reactionOf)
+	partsText := ""
+	for _, part := range parts {
+		if xs := field(ej, part.of); len(xs) > 0 {
+			partsText += fmt.Sprintf("; %s of the %d with a split: p50 %.0f µs, p99 %.0f µs, max %.0f µs",
+				part.name, len(xs), percentile(xs, 50), percentile(xs, 99), percentile(xs, 100))
+		}
 	}
 	res.extra("reaction", "Over all %d ejections: p50 %.0f µs, p99 %.0f µs, max %.0f µs (the rows above split them into %d consecutive rounds of %d)%s. Wake-up floor over all %d events: p50 %.0f µs, p99 %.0f µs, max %.0f µs.",
-		len(got), percentile(got, 50), percentile(got, 99), percentile(got, 100), rounds, per, ownText,
+		len(got), percentile(got, 50), percentile(got, 99), percentile(got, 100), rounds, per, partsText,
 		len(wake), percentile(wake, 50), percentile(wake, 99), percentile(wake, 100))
-	res.note("reaction", "%d services, each with one healthy backend (b1) and one refusing backend (b3), failure accrual maxFailures 1, minPenalty 5ms, maxPenalty 20ms, jitterRatio 0: every refused connection to b3 (the first one, and every probe after a penalty) is an ejection, and retryRefused is off (no replay in the agent's path). The datapath's kernel trip already excludes b3 in the XDP run that sees the deciding RST; this figure is the agent's part after it: adopting the ejection and rewriting the service's table. Load: %.0f new TCP connections per second spread over the services (connect and close). The figure is the agent's own `reaction_us` from its \"endpoint ejected\" log line: kernel timestamp (bpf_ktime_get_ns) of the RST that decided it → the service's maps rewritten (CLOCK_MONOTONIC in the agent). It includes the ring buffer wake-up, the agent's loop, the Maglev rebuild and the map writes; the \"agent's own part\" rows are the same minus the log line's `reaction_read_us` (kernel timestamp → the reader handing the batch with the deciding event to the agent, taken before the agent's lock): the lock, the events before it in the batch, accrual, the Maglev rebuild and the map writes; the machine is busy with the load generator, the servers and the agent on its 2 cores meanwhile. Ejections are handled one at a time by the agent's loop, so one that arrives while the loop programs another waits: the load is kept low enough (a few dozen ejections per second) that this queueing is the exception. The diagnostic rows time, from this process, one update of a private map-in-map with a fresh 1021-slot inner map every 10 ms under the same load: the kernel follows every such update with synchronize_rcu (maybe_wait_bpf_programs). An ejection does not pay it when the service's two tables are already installed (the agent fills the idle table and flips the pb_services entry); installing a table does. The baseline rows are the floor under the reaction time on this machine at that moment: a process of its own (this benchmark re-executed, idle between events like the agent) waits in pkg/outcomes.Reader, exactly as the agent does, on a private ring buffer into which bench/xdpbase's emit_event submits one event every %v (one BPF_PROG_TEST_RUN, from that process's other thread), during the same load; the figure is the event's kernel timestamp → the reader's handler running. It is the ring buffer's wake-up (irq_work, a wake-up of a sleeping thread, the Go netpoller) and the scheduler: nothing of penaltybox but the reader. The reaction's ratio to it is what the agent adds.", o.Services, o.Rate, wakeFloorEvery)
+	res.note("reaction", "%d services, each with one healthy backend (b1) and one refusing backend (b3), failure accrual maxFailures 1, minPenalty 5ms, maxPenalty 20ms, jitterRatio 0: every refused connection to b3 (the first one, and every probe after a penalty) is an ejection, and retryRefused is off (no replay in the agent's path). The datapath's kernel trip already excludes b3 in the XDP run that sees the deciding RST; this figure is the agent's part after it: adopting the ejection and rewriting the service's table. Load: %.0f new TCP connections per second spread over the services (connect and close). The figure is the agent's own `reaction_us` from its \"endpoint ejected\" log line: kernel timestamp (bpf_ktime_get_ns) of the RST that decided it → the service's maps rewritten (CLOCK_MONOTONIC in the agent). It includes the ring buffer wake-up, the agent's loop, the Maglev rebuild and the map writes; the \"agent's own part\" rows are the same minus the log line's `reaction_read_us` (kernel timestamp → the reader handing the batch with the deciding event to the agent, taken before the agent's lock): the lock, the events before it in the batch, accrual, the Maglev rebuild and the map writes, split at accrual's decision (the line's `reaction_decided_us`) into judging (the lock, the batch's events before the deciding one, accrual) and programming (the Maglev rebuild, the table's fill through its memory map, the map writes: the backend's state, the service's entry); the machine is busy with the load generator, the servers and the agent on its 2 cores meanwhile. Ejections are handled one at a time by the agent's loop, so one that arrives while the loop programs another waits: the load is kept low enough (a few dozen ejections per second) that this queueing is the exception. The diagnostic rows time, from this process, one update of a private map-in-map with a fresh 1021-slot inner map every 10 ms under the same load: the kernel follows every such update with synchronize_rcu (maybe_wait_bpf_programs). An ejection does not pay it when the service's two tables are already installed (the agent fills the idle table and flips the pb_services entry); installing a table does. The bpf() diagnostic rows time, in the floor's process below, the first system call its reader's handler makes after each wake-up (a lookup in a private array map) and the same call at once after it: what the agent's first map write after its own wake-up pays for the system call alone. The baseline rows are the floor under the reaction time on this machine at that moment: a process of its own (this benchmark re-executed, idle between events like the agent) waits in pkg/outcomes.Reader, exactly as the agent does, on a private ring buffer into which bench/xdpbase's emit_event submits one event every %v (one BPF_PROG_TEST_RUN, from that process's other thread), during the same load; the figure is the event's kernel timestamp → the reader's handler running. It is the ring buffer's wake-up (irq_work, a wake-up of a sleeping thread, the Go netpoller) and the scheduler: nothing of penaltybox but the reader. The reaction's ratio to it is what the agent adds.", o.Services, o.Rate, wakeFloorEvery)
 	res.target("reaction", "reaction p99 < 1 ms (all ejections)", percentile(got, 99), 1000, true, "%.0f µs")
 	if err := a.Close(); err != nil {
 		return err

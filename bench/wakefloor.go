@@ -34,9 +34,16 @@ const wakeFloorFlag = "wake-floor-child"
 // and parked when the next one comes, as it has between failures.
 const wakeFloorEvery = 10 * time.Millisecond
 
+// floorTimes are the floor process's measurements, in µs: Wake, each
+// event's kernel timestamp → the reader's handler running (on
+// CLOCK_MONOTONIC); BPF, the first bpf() system call the handler makes
+// then (a map lookup), and BPFAgain the same call at once after it.
+type floorTimes struct {
+	Wake, BPF, BPFAgain []float64
+}
+
 // wakeFloorChild submits one event every wakeFloorEvery until stdin
-// closes, then writes the latencies (µs; kernel timestamp of the event →
-// the reader's handler running, on CLOCK_MONOTONIC) to stdout as JSON.
+// closes, then writes its floorTimes to stdout as JSON.
 func wakeFloorChild() error {
 	var objs xdpbase.BaseObjects
 	// Its own ring buffer (base.c's, 4 MiB like the agent's): emit_event
@@ -52,16 +59,33 @@ func wakeFloorChild() error {
 	}
 	var (
 		mu  sync.Mutex
-		lat []float64
+		out floorTimes
 	)
+	val := make([]byte, objs.LbBackends.ValueSize())
 	done := make(chan error, 1)
 	go func() {
 		done <- rd.Run(func(b []outcomes.Event) {
 			now := outcomes.MonoNow()
+			// What an agent's first map write after its wake-up pays for
+			// the system call alone (some hosts trace bpf() calls: a cold
+			// first one costs more there), and what the next pays.
+			var lookups [2]float64
+			for i := range lookups {
+				t0 := outcomes.MonoNow()
+				if err := objs.LbBackends.Lookup(uint32(0), val); err != nil {
+					lookups[i] = -1 // left out (JSON has no NaN)
+					continue
+				}
+				lookups[i] = float64(outcomes.MonoNow()-t0) / 1e3
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			for _, ev := range b {
-				lat = append(lat, float64(now-(ev.At.UnixNano()-rd.Offset()))/1e3)
+				out.Wake = append(out.Wake, float64(now-(ev.At.UnixNano()-rd.Offset()))/1e3)
+			}
+			if lookups[0] >= 0 && lookups[1] >= 0 {
+				out.BPF = append(out.BPF, lookups[0])
+				out.BPFAgain = append(out.BPFAgain, lookups[1])
 			}
 		})
 	}()
@@ -70,7 +94,7 @@ func wakeFloorChild() error {
 	go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
 	runtime.LockOSThread()
 	pkt := tcpFrame(pkClient, pkA, bpftest.ACK)
-	out := make([]byte, 2048)
+	frame := make([]byte, 2048)
 	sent := 0
 	tick := time.NewTicker(wakeFloorEvery)
 	defer tick.Stop()
@@ -81,7 +105,7 @@ loop:
 			break loop
 		case <-tick.C:
 		}
-		if _, _, _, err := testRun(objs.EmitEvent, pkt, out, 1); err != nil {
+		if _, _, _, err := testRun(objs.EmitEvent, pkt, frame, 1); err != nil {
 			return err
 		}
 		sent++
@@ -95,10 +119,10 @@ loop:
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(lat) != sent {
-		return fmt.Errorf("wake floor: %d events submitted, %d read", sent, len(lat))
+	if len(out.Wake) != sent {
+		return fmt.Errorf("wake floor: %d events submitted, %d read", sent, len(out.Wake))
 	}
-	return json.NewEncoder(os.Stdout).Encode(lat)
+	return json.NewEncoder(os.Stdout).Encode(out)
 }
 
 // wakeFloor is the parent's handle on the floor's process.
@@ -125,15 +149,15 @@ func startWakeFloor() (*wakeFloor, error) {
 	return w, nil
 }
 
-// stop ends the floor's process and returns its latencies in µs.
-func (w *wakeFloor) stop() ([]float64, error) {
+// stop ends the floor's process and returns its measurements.
+func (w *wakeFloor) stop() (floorTimes, error) {
 	w.stdin.Close()
+	var ft floorTimes
 	if err := w.cmd.Wait(); err != nil {
-		return nil, fmt.Errorf("wake floor: %w", err)
+		return ft, fmt.Errorf("wake floor: %w", err)
 	}
-	var lat []float64
-	if err := json.Unmarshal(w.out.Bytes(), &lat); err != nil {
-		return nil, fmt.Errorf("wake floor: %w", err)
+	if err := json.Unmarshal(w.out.Bytes(), &ft); err != nil {
+		return ft, fmt.Errorf("wake floor: %w", err)
 	}
-	return lat, nil
+	return ft, nil
 }

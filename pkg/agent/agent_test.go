@@ -3,6 +3,8 @@
 package agent
 
 import (
+	"bytes"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	pbmaps "github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/maps/mapsfake"
 	"github.com/penaltybox/penaltybox/pkg/nodelinks"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
@@ -519,5 +522,60 @@ func TestSyncLinksFollowsMasters(t *testing.T) {
 	}
 	if !slices.Equal(e.hooks.Attached(), []string{"veth1"}) {
 		t.Fatalf("attached %v: a master's change detaches nothing", e.hooks.Attached())
+	}
+}
+
+// An ejection's log line splits its reaction time at the reader's
+// hand-over and at accrual's decision, each measured from the deciding
+// failure's kernel timestamp: the decision comes before the table is
+// written, the maps last.
+func TestEjectionLogSplitsItsReaction(t *testing.T) {
+	e := newEnv(t)
+	var logged bytes.Buffer
+	e.logTo = &logged
+	e.restart()
+	s := web(80, 3, settings(func(s *accrual.Settings) { s.MaxFailures = 1 }))
+	e.start(state(s))
+	svc, be := e.ids(s)
+	// The failure is stamped as the agent began (the fake events' clock
+	// starts a millisecond early), so its reaction is measurable.
+	e.clk.SetTime(e.clk.Now().Add(-time.Millisecond))
+	// failed: the kernel timestamp the failure stands for; filled: when
+	// the table was written, in µs after it (-1: not yet).
+	failed := e.clk.Now().UnixNano() - e.a.trans.monoOffset
+	filled := int64(-1)
+	check := e.f.Check
+	e.f.Check = func(f *mapsfake.Maps, after mapsfake.Op) {
+		if after.Kind == mapsfake.OpFillTable && filled < 0 {
+			filled = (outcomes.MonoNow() - failed) / 1e3
+		}
+		check(f, after)
+	}
+	e.refused(svc, be[2], false)
+	e.wantState(be[2], "ejected")
+
+	var split map[string]int64 // the ejection line's reaction fields
+	for l := range strings.Lines(logged.String()) {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["msg"] != "endpoint ejected" {
+			continue
+		}
+		split = map[string]int64{}
+		for _, k := range []string{"reaction_us", "reaction_read_us", "reaction_decided_us"} {
+			if v, ok := rec[k].(float64); ok {
+				split[k] = int64(v)
+			}
+		}
+	}
+	if len(split) != 3 {
+		t.Fatalf("no ejection line with reaction_us, reaction_read_us and reaction_decided_us in:\n%s", logged.String())
+	}
+	if filled < 0 {
+		t.Fatal("the ejection wrote no table")
+	}
+	read, decided, reaction := split["reaction_read_us"], split["reaction_decided_us"], split["reaction_us"]
+	if read > decided || decided > filled || filled > reaction {
+		t.Fatalf("read %d µs, decided %d µs, table written %d µs, reaction %d µs: want read <= decided <= table written <= reaction",
+			read, decided, filled, reaction)
 	}
 }

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"io"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -45,6 +46,8 @@ type env struct {
 	noTrips bool
 	// guard: the agents' SYN guard settings.
 	guard pbmaps.SYNGuard
+	// logTo, if set, takes the agents' log as JSON (warnings and up).
+	logTo io.Writer
 }
 
 func newEnv(t testing.TB) *env {
@@ -61,8 +64,12 @@ func newEnv(t testing.TB) *env {
 // gets them.
 func (e *env) restart() {
 	e.t.Helper()
+	log := slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if e.logTo != nil {
+		log = slog.New(slog.NewJSONHandler(e.logTo, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	a, err := New(Config{
-		Log:   slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Log:   log,
 		Clock: e.clk, Writer: e.f, Stats: e.f, Inflight: noInflight{}, Sweeper: e.sweep, Hooks: e.hooks,
 		Link: func(name string) (LinkInfo, error) {
 			idx, ok := e.links[name]

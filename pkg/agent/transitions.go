@@ -66,6 +66,9 @@ func (t *transitions) handle(trs []accrual.Transition) {
 	if len(trs) == 0 {
 		return
 	}
+	// Accrual has decided: what follows is programming the maps (an
+	// ejection's log line splits its reaction time here too).
+	decidedAt := outcomes.MonoNow()
 	var dirty []uint32
 	for _, tr := range trs {
 		if tr.To == accrual.Probation && tr.From != accrual.Probation {
@@ -97,8 +100,11 @@ func (t *transitions) handle(trs []accrual.Transition) {
 			at := tr.FailureAt.UnixNano() - t.monoOffset
 			d.reaction = time.Duration(now - at)
 			t.metrics.Reaction.Observe(d.reaction.Seconds())
+			// Split where a batch the reader handed over held the failure
+			// (not at a connect deadline's expiry, nor a fleet verdict).
 			if t.handed >= at {
 				d.read = time.Duration(t.handed - at)
+				d.decided = time.Duration(decidedAt - at)
 			}
 		}
 		if t.deferring {
@@ -112,8 +118,12 @@ func (t *transitions) handle(trs []accrual.Transition) {
 // decided is a transition whose maps are written, waiting to be reported.
 type decided struct {
 	accrual.Transition
-	reaction, read time.Duration
-	trip           bool // the datapath's own ejection (a kernel trip)
+	// reaction: the deciding failure's kernel timestamp -> the maps
+	// written; read and decided: -> the reader's hand-over of its batch,
+	// -> accrual's decision (0: no batch held the failure).
+	reaction, read, decided time.Duration
+	// trip: the datapath's own ejection (a kernel trip).
+	trip bool
 }
 
 // report counts, persists, logs and hands on (Notify) one transition
@@ -203,10 +213,12 @@ func (t *transitions) logTransition(service string, d decided) {
 	if reaction > 0 {
 		// Kernel's timestamp of the deciding failure -> maps written; of
 		// which -> the reader handed its event over (the ring buffer's
-		// wake-up; the rest is the agent's own work).
+		// wake-up), and -> accrual decided (the lock, the batch's events
+		// before it, accrual); the rest is programming the maps.
 		attrs = append(attrs, "reaction_us", reaction.Microseconds())
 		if read > 0 {
-			attrs = append(attrs, "reaction_read_us", read.Microseconds())
+			attrs = append(attrs, "reaction_read_us", read.Microseconds(),
+				"reaction_decided_us", d.decided.Microseconds())
 		}
 	}
 	if d.trip {
