@@ -554,20 +554,8 @@ func TestEjectionLogSplitsItsReaction(t *testing.T) {
 	e.refused(svc, be[2], false)
 	e.wantState(be[2], "ejected")
 
-	var split map[string]int64 // the ejection line's reaction fields
-	for l := range strings.Lines(logged.String()) {
-		var rec map[string]any
-		if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["msg"] != "endpoint ejected" {
-			continue
-		}
-		split = map[string]int64{}
-		for _, k := range []string{"reaction_us", "reaction_read_us", "reaction_decided_us"} {
-			if v, ok := rec[k].(float64); ok {
-				split[k] = int64(v)
-			}
-		}
-	}
-	if len(split) != 3 {
+	split, ok := reactionFields(logged.String())
+	if !ok || len(split) != 3 {
 		t.Fatalf("no ejection line with reaction_us, reaction_read_us and reaction_decided_us in:\n%s", logged.String())
 	}
 	if filled < 0 {
@@ -578,4 +566,47 @@ func TestEjectionLogSplitsItsReaction(t *testing.T) {
 		t.Fatalf("read %d µs, decided %d µs, table written %d µs, reaction %d µs: want read <= decided <= table written <= reaction",
 			read, decided, filled, reaction)
 	}
+}
+
+// An ejection no batch of the reader's held (a connect deadline's, a fleet
+// verdict's) has a reaction time, and no split: nothing was handed over.
+func TestEjectionOutsideABatchHasNoSplit(t *testing.T) {
+	e := newEnv(t)
+	var logged bytes.Buffer
+	e.logTo = &logged
+	e.restart()
+	s := web(80, 3, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	e.a.mu.Lock()
+	failed := time.Unix(0, outcomes.MonoNow()+e.a.trans.monoOffset)
+	e.a.trans.handle([]accrual.Transition{{Service: svc, Endpoint: be[2], From: accrual.Ready,
+		To: accrual.Ejected, Reason: accrual.ReasonConsecutiveFailures, FailureAt: failed}})
+	e.a.mu.Unlock()
+	split, ok := reactionFields(logged.String())
+	if !ok {
+		t.Fatalf("no ejection line in:\n%s", logged.String())
+	}
+	if _, ok := split["reaction_us"]; !ok || len(split) != 1 {
+		t.Fatalf("reaction fields %v, want reaction_us alone", split)
+	}
+}
+
+// reactionFields reads the reaction fields (reaction_us,
+// reaction_read_us, reaction_decided_us) of the last "endpoint ejected"
+// line of a JSON log; ok is false when there is none.
+func reactionFields(log string) (fields map[string]int64, ok bool) {
+	for l := range strings.Lines(log) {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["msg"] != "endpoint ejected" {
+			continue
+		}
+		fields, ok = map[string]int64{}, true
+		for _, k := range []string{"reaction_us", "reaction_read_us", "reaction_decided_us"} {
+			if v, found := rec[k].(float64); found {
+				fields[k] = int64(v)
+			}
+		}
+	}
+	return fields, ok
 }
