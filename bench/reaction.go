@@ -291,18 +291,13 @@ func runReaction(res *Results, o reactionOpts, agentBin string, logf func(string
 			}
 		}
 	}
-	for _, p := range []struct {
-		name string
-		q    float64
-	}{{"p50", 50}, {"p99", 99}} {
+	// The diagnostics' rows: p50 and p99.
+	for _, p := range quantiles[:2] {
 		f := res.figure("reaction", "diagnostic: one Maglev-table swap (map-in-map update) under the same load, "+p.name, "µs")
 		f.Samples = append(f.Samples, percentile(sw, p.q))
 	}
 	if len(ft.BPF) > 0 {
-		for _, p := range []struct {
-			name string
-			q    float64
-		}{{"p50", 50}, {"p99", 99}} {
+		for _, p := range quantiles[:2] {
 			again := res.figure("reaction", bpfAgainRow+p.name, "µs")
 			again.Samples = append(again.Samples, percentile(ft.BPFAgain, p.q))
 			f := res.figure("reaction", bpfFirstRow+p.name, "µs")
