@@ -116,6 +116,10 @@ func newPacketRig() (*packetRig, error) {
 		r.close()
 		return nil, err
 	}
+	if err = r.m.UseStatsReset(r.dp.PbStatsResetRun); err != nil {
+		r.close()
+		return nil, err
+	}
 	// emit_event writes into the datapath's own ring buffer.
 	if err := r.loadBase(); err != nil {
 		r.close()

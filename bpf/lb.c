@@ -431,7 +431,7 @@ nat:;
 	__u32 bid = rv->backend_id;
 	rewrite_src(p, &rv->nat_addr, rv->nat_port);
 
-	struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &bid);
+	struct be_stats *bs = be_counters(bid);
 	if (bs) {
 		bs->reply_packets++;
 		bs->reply_bytes += p->len;
@@ -598,5 +598,61 @@ int pb_ct_expire_run(struct ct_expire_args *a)
 		n = PB_CT_EXPIRE_BATCH;
 	bpf_loop(n, ct_expire_one, &l, 0);
 	a->deleted = l.deleted;
+	return 0;
+}
+
+/* The agent's reset of a reused id's counters. pb_svc_stats_v2 and
+ * pb_be_stats_v2 hold PB_STATS_BLOCK ids to an element, and the agent
+ * cannot write one slot from user space: a lookup and an update of the
+ * whole element would put back the counts its neighbours gained in
+ * between, which Prometheus reads as a counter reset. This zeroes the one
+ * slot on every CPU, in place. A reused id has no live flow, so nothing
+ * counts into the slot meanwhile. */
+struct stats_reset_loop {
+	__u32 key;
+	__u32 slot;
+	__u32 backend;
+};
+
+static long stats_reset_cpu(__u32 cpu, void *data)
+{
+	struct stats_reset_loop *l = data;
+	__u32 slot = l->slot % PB_STATS_BLOCK;
+	if (l->backend) {
+		struct be_stats_block *b = bpf_map_lookup_percpu_elem(&pb_be_stats_v2, &l->key, cpu);
+		if (!b)
+			return 1; /* past the last CPU */
+		__builtin_memset(&b->b[slot], 0, sizeof(b->b[slot]));
+	} else {
+		struct svc_stats_block *b = bpf_map_lookup_percpu_elem(&pb_svc_stats_v2, &l->key, cpu);
+		if (!b)
+			return 1;
+		__builtin_memset(&b->s[slot], 0, sizeof(b->s[slot]));
+	}
+	return 0;
+}
+
+static long stats_reset_one(__u32 i, void *data)
+{
+	struct stats_reset_args *a = data;
+	struct stats_reset *r = bpf_map_lookup_elem(&pb_stats_reset, &i);
+	if (!r)
+		return 1;
+	struct stats_reset_loop l = {
+		.key = r->id / PB_STATS_BLOCK,
+		.slot = r->id % PB_STATS_BLOCK,
+		.backend = r->backend,
+	};
+	bpf_loop(a->ncpu, stats_reset_cpu, &l, 0);
+	return 0;
+}
+
+SEC("syscall")
+int pb_stats_reset_run(struct stats_reset_args *a)
+{
+	struct stats_reset_args args = *a;
+	if (args.n > PB_STATS_RESET_BATCH)
+		args.n = PB_STATS_RESET_BATCH;
+	bpf_loop(args.n, stats_reset_one, &args, 0);
 	return 0;
 }

@@ -54,6 +54,11 @@ type LbBeStats struct {
 	ReplyBytes   uint64
 }
 
+type LbBeStatsBlock struct {
+	_ structs.HostLayout
+	B [16]LbBeStats
+}
+
 type LbBeTrip struct {
 	_         structs.HostLayout
 	Failures  uint32
@@ -302,6 +307,18 @@ type LbSrcKey struct {
 	Pad    [3]uint8
 }
 
+type LbStatsReset struct {
+	_       structs.HostLayout
+	Id      uint32
+	Backend uint32
+}
+
+type LbStatsResetArgs struct {
+	_    structs.HostLayout
+	N    uint32
+	Ncpu uint32
+}
+
 type LbSvcBackendKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -326,6 +343,11 @@ type LbSvcStats struct {
 	Flows     uint64
 	NoBackend uint64
 	OverLimit uint64
+}
+
+type LbSvcStatsBlock struct {
+	_ structs.HostLayout
+	S [16]LbSvcStats
 }
 
 type LbSvcTrip struct {
@@ -402,7 +424,7 @@ const (
 	LbMapPbAffinity           = "pb_affinity"
 	LbMapPbBackends           = "pb_backends"
 	LbMapPbBeInflight         = "pb_be_inflight"
-	LbMapPbBeStats            = "pb_be_stats"
+	LbMapPbBeStatsV2          = "pb_be_stats_v2"
 	LbMapPbBeTrip             = "pb_be_trip"
 	LbMapPbConfigV2           = "pb_config_v2"
 	LbMapPbCtExpire           = "pb_ct_expire"
@@ -419,17 +441,19 @@ const (
 	LbMapPbScratch            = "pb_scratch"
 	LbMapPbServices           = "pb_services"
 	LbMapPbSrcTrust           = "pb_src_trust"
+	LbMapPbStatsReset         = "pb_stats_reset"
 	LbMapPbStatsV2            = "pb_stats_v2"
 	LbMapPbSvcBackends        = "pb_svc_backends"
 	LbMapPbSvcInflight        = "pb_svc_inflight"
 	LbMapPbSvcKeys            = "pb_svc_keys"
-	LbMapPbSvcStats           = "pb_svc_stats"
+	LbMapPbSvcStatsV2         = "pb_svc_stats_v2"
 	LbMapPbSvcTrip            = "pb_svc_trip"
 	LbMapPbSynGuard           = "pb_syn_guard"
 	LbMapPbSynGuardCpu        = "pb_syn_guard_cpu"
 	LbMapPbSynsV2             = "pb_syns_v2"
 	LbMapPbVipSlots           = "pb_vip_slots"
 	LbProgPbCtExpireRun       = "pb_ct_expire_run"
+	LbProgPbStatsResetRun     = "pb_stats_reset_run"
 	LbProgPbXdp               = "pb_xdp"
 	LbVarPbClock              = "pb_clock"
 	LbVarPbNfKfuncs           = "pb_nf_kfuncs"
@@ -485,8 +509,9 @@ type LbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbProgramSpecs struct {
-	PbCtExpireRun *ebpf.ProgramSpec `ebpf:"pb_ct_expire_run"`
-	PbXdp         *ebpf.ProgramSpec `ebpf:"pb_xdp"`
+	PbCtExpireRun   *ebpf.ProgramSpec `ebpf:"pb_ct_expire_run"`
+	PbStatsResetRun *ebpf.ProgramSpec `ebpf:"pb_stats_reset_run"`
+	PbXdp           *ebpf.ProgramSpec `ebpf:"pb_xdp"`
 }
 
 // LbMapSpecs contains maps before they are loaded into the kernel.
@@ -496,7 +521,7 @@ type LbMapSpecs struct {
 	PbAffinity    *ebpf.MapSpec `ebpf:"pb_affinity"`
 	PbBackends    *ebpf.MapSpec `ebpf:"pb_backends"`
 	PbBeInflight  *ebpf.MapSpec `ebpf:"pb_be_inflight"`
-	PbBeStats     *ebpf.MapSpec `ebpf:"pb_be_stats"`
+	PbBeStatsV2   *ebpf.MapSpec `ebpf:"pb_be_stats_v2"`
 	PbBeTrip      *ebpf.MapSpec `ebpf:"pb_be_trip"`
 	PbConfigV2    *ebpf.MapSpec `ebpf:"pb_config_v2"`
 	PbCtExpire    *ebpf.MapSpec `ebpf:"pb_ct_expire"`
@@ -513,11 +538,12 @@ type LbMapSpecs struct {
 	PbScratch     *ebpf.MapSpec `ebpf:"pb_scratch"`
 	PbServices    *ebpf.MapSpec `ebpf:"pb_services"`
 	PbSrcTrust    *ebpf.MapSpec `ebpf:"pb_src_trust"`
+	PbStatsReset  *ebpf.MapSpec `ebpf:"pb_stats_reset"`
 	PbStatsV2     *ebpf.MapSpec `ebpf:"pb_stats_v2"`
 	PbSvcBackends *ebpf.MapSpec `ebpf:"pb_svc_backends"`
 	PbSvcInflight *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
 	PbSvcKeys     *ebpf.MapSpec `ebpf:"pb_svc_keys"`
-	PbSvcStats    *ebpf.MapSpec `ebpf:"pb_svc_stats"`
+	PbSvcStatsV2  *ebpf.MapSpec `ebpf:"pb_svc_stats_v2"`
 	PbSvcTrip     *ebpf.MapSpec `ebpf:"pb_svc_trip"`
 	PbSynGuard    *ebpf.MapSpec `ebpf:"pb_syn_guard"`
 	PbSynGuardCpu *ebpf.MapSpec `ebpf:"pb_syn_guard_cpu"`
@@ -564,7 +590,7 @@ type LbMaps struct {
 	PbAffinity    *ebpf.Map `ebpf:"pb_affinity"`
 	PbBackends    *ebpf.Map `ebpf:"pb_backends"`
 	PbBeInflight  *ebpf.Map `ebpf:"pb_be_inflight"`
-	PbBeStats     *ebpf.Map `ebpf:"pb_be_stats"`
+	PbBeStatsV2   *ebpf.Map `ebpf:"pb_be_stats_v2"`
 	PbBeTrip      *ebpf.Map `ebpf:"pb_be_trip"`
 	PbConfigV2    *ebpf.Map `ebpf:"pb_config_v2"`
 	PbCtExpire    *ebpf.Map `ebpf:"pb_ct_expire"`
@@ -581,11 +607,12 @@ type LbMaps struct {
 	PbScratch     *ebpf.Map `ebpf:"pb_scratch"`
 	PbServices    *ebpf.Map `ebpf:"pb_services"`
 	PbSrcTrust    *ebpf.Map `ebpf:"pb_src_trust"`
+	PbStatsReset  *ebpf.Map `ebpf:"pb_stats_reset"`
 	PbStatsV2     *ebpf.Map `ebpf:"pb_stats_v2"`
 	PbSvcBackends *ebpf.Map `ebpf:"pb_svc_backends"`
 	PbSvcInflight *ebpf.Map `ebpf:"pb_svc_inflight"`
 	PbSvcKeys     *ebpf.Map `ebpf:"pb_svc_keys"`
-	PbSvcStats    *ebpf.Map `ebpf:"pb_svc_stats"`
+	PbSvcStatsV2  *ebpf.Map `ebpf:"pb_svc_stats_v2"`
 	PbSvcTrip     *ebpf.Map `ebpf:"pb_svc_trip"`
 	PbSynGuard    *ebpf.Map `ebpf:"pb_syn_guard"`
 	PbSynGuardCpu *ebpf.Map `ebpf:"pb_syn_guard_cpu"`
@@ -598,7 +625,7 @@ func (m *LbMaps) Close() error {
 		m.PbAffinity,
 		m.PbBackends,
 		m.PbBeInflight,
-		m.PbBeStats,
+		m.PbBeStatsV2,
 		m.PbBeTrip,
 		m.PbConfigV2,
 		m.PbCtExpire,
@@ -615,11 +642,12 @@ func (m *LbMaps) Close() error {
 		m.PbScratch,
 		m.PbServices,
 		m.PbSrcTrust,
+		m.PbStatsReset,
 		m.PbStatsV2,
 		m.PbSvcBackends,
 		m.PbSvcInflight,
 		m.PbSvcKeys,
-		m.PbSvcStats,
+		m.PbSvcStatsV2,
 		m.PbSvcTrip,
 		m.PbSynGuard,
 		m.PbSynGuardCpu,
@@ -648,13 +676,15 @@ type LbVariables struct {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbPrograms struct {
-	PbCtExpireRun *ebpf.Program `ebpf:"pb_ct_expire_run"`
-	PbXdp         *ebpf.Program `ebpf:"pb_xdp"`
+	PbCtExpireRun   *ebpf.Program `ebpf:"pb_ct_expire_run"`
+	PbStatsResetRun *ebpf.Program `ebpf:"pb_stats_reset_run"`
+	PbXdp           *ebpf.Program `ebpf:"pb_xdp"`
 }
 
 func (p *LbPrograms) Close() error {
 	return _LbClose(
 		p.PbCtExpireRun,
+		p.PbStatsResetRun,
 		p.PbXdp,
 	)
 }

@@ -24,7 +24,7 @@
 #   no-event      emit_at returns at once: no ring-buffer record
 #   no-clock      bpf_ktime_get_ns and bpf_ktime_get_coarse_ns are constants
 #   no-gstats     gstats() is NULL: no global counters
-#   no-stats      no pb_svc_stats or pb_be_stats lookups (per-service and
+#   no-stats      no pb_svc_stats_v2 or pb_be_stats_v2 lookups (per-service and
 #                 per-backend counters)
 #   no-rev-insert new_flow inserts the forward conntrack entry only
 #   no-ct-insert  new_flow inserts no conntrack entry
@@ -82,8 +82,9 @@ ablate() {
 	no-clock) once "$f" '(#include "pb_helpers.h"\n)(?!#define bpf_ktime)@@$1#define bpf_ktime_get_ns() ((__u64)1000000000000ULL)\n#define bpf_ktime_get_coarse_ns() ((__u64)1000000000000ULL)\n' ;;
 	no-gstats) return_first "$f" gstats 0 ;;
 	no-stats)
-		perl -0777 -pi -e 's{bpf_map_lookup_elem\(&pb_(svc|be)_stats, [^)]*\)}{0}g' "$f/lb.c" "$f"/include/*.h
-		if grep -q 'lookup_elem(&pb_\(svc\|be\)_stats' "$f/lb.c" "$f"/include/*.h; then echo "build.sh: no-stats left a lookup" >&2; exit 1; fi ;;
+		local d=$f # once's loop takes f
+		return_first "$d" svc_counters 0
+		return_first "$d" be_counters 0 ;;
 	no-rev-insert) once "$f" 'bpf_map_update_elem\(&pb_ct_v2, fk, fv, BPF_ANY\) \|\|\n\s*bpf_map_update_elem\(&pb_ct_v2, rk, rv, BPF_ANY\)@@bpf_map_update_elem(&pb_ct_v2, fk, fv, BPF_ANY)' ;;
 	no-ct-insert) once "$f" 'bpf_map_update_elem\(&pb_ct_v2, fk, fv, BPF_ANY\) \|\|\n\s*bpf_map_update_elem\(&pb_ct_v2, rk, rv, BPF_ANY\)@@0' ;;
 	no-syn-ct) once "$f" '(syn_guard_drops\(&fk\)\)\n\s*return XDP_DROP;\n\s*\}\n\s*)struct ct_value \*ct = bpf_map_lookup_elem\(&pb_ct_v2, &fk\);@@$1struct ct_value *ct = svcp ? 0 : bpf_map_lookup_elem(&pb_ct_v2, &fk);' ;;

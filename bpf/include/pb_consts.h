@@ -94,6 +94,12 @@ enum pb_ct_expire_result {
 
 /* pb_ct_expire's size: the flows one run of pb_ct_expire_run expires. */
 #define PB_CT_EXPIRE_BATCH 1024
+/* Counters per element of pb_svc_stats_v2 and pb_be_stats_v2: a per-CPU
+ * array allocates each element on its own, and 262,144 allocations made
+ * creating pb_be_stats a third of a second of the agent's start. */
+#define PB_STATS_BLOCK 16
+/* Ids pb_stats_reset_run zeroes per run. */
+#define PB_STATS_RESET_BATCH 4096
 
 /* pb_services flags. An enum so bpf2go generates them for the agent. The
  * QUIET flags say which events the agent's verdict on a flow of the

@@ -268,12 +268,12 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, const u
 				      __be16 port, __u32 svc_id, __u32 backend_id, struct global_stats *gs)
 {
 	rewrite_dst(p, addr, port);
-	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc_id);
+	struct svc_stats *ss = svc_counters(svc_id);
 	if (ss) {
 		ss->packets++;
 		ss->bytes += p->len;
 	}
-	struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &backend_id);
+	struct be_stats *bs = be_counters(backend_id);
 	if (bs) {
 		bs->packets++;
 		bs->bytes += p->len;

@@ -197,21 +197,33 @@ struct {
 	__uint(map_flags, BPF_F_MMAPABLE);
 } pb_ct_expire SEC(".maps");
 
+/* Traffic counters, PB_STATS_BLOCK services or backends to an element
+ * (see PB_STATS_BLOCK). Written by the datapath; zeroed for a reused id
+ * by pb_stats_reset_run. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__type(value, struct svc_stats);
-	__uint(max_entries, PB_MAX_SERVICES);
+	__type(value, struct svc_stats_block);
+	__uint(max_entries, PB_MAX_SERVICES / PB_STATS_BLOCK);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pb_svc_stats SEC(".maps");
+} pb_svc_stats_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__type(value, struct be_stats);
-	__uint(max_entries, PB_MAX_BACKENDS);
+	__type(value, struct be_stats_block);
+	__uint(max_entries, PB_MAX_BACKENDS / PB_STATS_BLOCK);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pb_be_stats SEC(".maps");
+} pb_be_stats_v2 SEC(".maps");
+
+/* pb_stats_reset[i]: the ids whose counters the agent has
+ * pb_stats_reset_run zero (a reused id starts clean). Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct stats_reset);
+	__uint(max_entries, PB_STATS_RESET_BATCH);
+} pb_stats_reset SEC(".maps");
 
 /* Forward conntrack key -> the flow's circuit-breaker accounting. Only
  * flows of services with a limit are here. A plain hash, not LRU: an

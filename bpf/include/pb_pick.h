@@ -334,7 +334,7 @@ static __always_inline void affinity_set(struct scratch *sc, __u32 id, __u64 now
 
 static __always_inline void count_refused(struct svc_value *svc, int over_limit)
 {
-	struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
+	struct svc_stats *ss = svc_counters(svc->id);
 	if (!ss)
 		return;
 	if (over_limit)
@@ -479,10 +479,10 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 		/* Stamped with the flow's start: the time the agent times the
 		 * handshake from is the one conntrack holds. */
 		emit_at(PB_EV_NEW_FLOW, ev_flags, svc->id, pk.id, &fk->src, fk->family, fk->sport, gs, now);
-		struct svc_stats *ss = bpf_map_lookup_elem(&pb_svc_stats, &svc->id);
+		struct svc_stats *ss = svc_counters(svc->id);
 		if (ss)
 			ss->flows++;
-		struct be_stats *bs = bpf_map_lookup_elem(&pb_be_stats, &pk.id);
+		struct be_stats *bs = be_counters(pk.id);
 		if (bs)
 			bs->flows++;
 	}

@@ -82,6 +82,22 @@ static __always_inline struct global_stats *gstats(void)
 	return bpf_map_lookup_elem(&pb_stats_v2, &k);
 }
 
+/* svc_counters and be_counters are a service's and a backend's counters on this
+ * CPU: one slot of a block (see PB_STATS_BLOCK). */
+static __always_inline struct svc_stats *svc_counters(__u32 id)
+{
+	__u32 k = id / PB_STATS_BLOCK;
+	struct svc_stats_block *b = bpf_map_lookup_elem(&pb_svc_stats_v2, &k);
+	return b ? &b->s[id % PB_STATS_BLOCK] : 0;
+}
+
+static __always_inline struct be_stats *be_counters(__u32 id)
+{
+	__u32 k = id / PB_STATS_BLOCK;
+	struct be_stats_block *b = bpf_map_lookup_elem(&pb_be_stats_v2, &k);
+	return b ? &b->b[id % PB_STATS_BLOCK] : 0;
+}
+
 /* scratch is this CPU's room for the largest temporaries. XDP runs to the
  * end on its CPU without another XDP program interleaving (softirq, or
  * BPF_PROG_RUN's live frames with bottom halves off), so one per CPU is

@@ -306,7 +306,8 @@ struct global_stats {
 	__u64 kube_proxy_midstream; /* mid-stream packets of a service just taken over, left to kube-proxy's flow */
 };
 
-/* pb_svc_stats[svc_id], per CPU. */
+/* One service's counters, per CPU: pb_svc_stats_v2[svc_id / PB_STATS_BLOCK]
+ * .s[svc_id % PB_STATS_BLOCK]. */
 struct svc_stats {
 	__u64 packets;   /* client -> VIP packets forwarded */
 	__u64 bytes;
@@ -315,13 +316,37 @@ struct svc_stats {
 	__u64 over_limit; /* new flows refused by the circuit breaker */
 };
 
-/* pb_be_stats[backend_id], per CPU. */
+/* One backend's counters, per CPU: pb_be_stats_v2[backend_id /
+ * PB_STATS_BLOCK].b[backend_id % PB_STATS_BLOCK]. */
 struct be_stats {
 	__u64 packets;       /* client -> backend packets */
 	__u64 bytes;
 	__u64 flows;         /* new flows sent to this backend */
 	__u64 reply_packets; /* backend -> client packets reverse-NATed */
 	__u64 reply_bytes;
+};
+
+/* pb_svc_stats_v2 and pb_be_stats_v2 values: PB_STATS_BLOCK services' or
+ * backends' counters, by consecutive ids. */
+struct svc_stats_block {
+	struct svc_stats s[PB_STATS_BLOCK];
+};
+
+struct be_stats_block {
+	struct be_stats b[PB_STATS_BLOCK];
+};
+
+/* pb_stats_reset entry: a service's or backend's id whose counters
+ * pb_stats_reset_run zeroes on every CPU. */
+struct stats_reset {
+	__u32 id;
+	__u32 backend; /* 1: a backend id, 0: a service id */
+};
+
+/* pb_stats_reset_run's context. */
+struct stats_reset_args {
+	__u32 n;    /* pb_stats_reset entries to act on */
+	__u32 ncpu; /* the possible CPUs: a per-CPU map's copies */
 };
 
 /* pb_health value: one endpoint's failure-accrual state, so a restarted

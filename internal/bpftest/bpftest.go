@@ -74,13 +74,18 @@ func Load(tb testing.TB) *Loaded {
 	return &Loaded{Datapath: d, Maps: newMaps(tb, d, true)}
 }
 
-// newMaps wraps d's maps, with prog as the agent does (agent.Open): the
-// conntrack sweep's deletes through pb_ct_expire_run, which every
-// supported kernel loads; without, through system calls.
+// newMaps wraps d's maps as the agent does (agent.Open): with the
+// counters' reset program, and with prog the conntrack sweep's deletes
+// through pb_ct_expire_run, which every supported kernel loads; without,
+// through system calls.
 func newMaps(tb testing.TB, d *datapath.Datapath, prog bool) *maps.Maps {
 	tb.Helper()
 	m, err := maps.New(&d.LbMaps, d.InnerSpec)
 	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := m.UseStatsReset(d.PbStatsResetRun); err != nil {
+		m.Close()
 		tb.Fatal(err)
 	}
 	if prog {

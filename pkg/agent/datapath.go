@@ -68,6 +68,9 @@ func Open(o NodeOptions) (_ *Node, err error) {
 	if n.maps, err = maps.New(&n.Datapath.LbMaps, n.Datapath.InnerSpec); err != nil {
 		return nil, err
 	}
+	if err = n.maps.UseStatsReset(n.Datapath.PbStatsResetRun); err != nil {
+		return nil, err
+	}
 	if n.inflight, err = n.maps.OpenInflight(); err != nil {
 		return nil, err
 	}

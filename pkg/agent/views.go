@@ -7,6 +7,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/pkg/accrual"
 	"github.com/penaltybox/penaltybox/pkg/admin"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
@@ -36,14 +37,15 @@ func (a *Agent) ServicesView() admin.ServicesView {
 	defer a.mu.RUnlock()
 	// Cloned: the view is encoded after the lock is released.
 	out := admin.ServicesView{Interfaces: slices.Clone(a.interfaces), Services: []admin.Service{}}
-	if gs, err := a.stats.GlobalStats(); err == nil {
+	stats := maps.Snapshot(a.stats) // each element of the counters read once
+	if gs, err := stats.GlobalStats(); err == nil {
 		out.Datapath = admin.NewDatapathCounters(gs)
 	}
 	for _, s := range a.rec.Services() {
 		sj := admin.Service{Name: s.Spec.Name, Served: s.Spec.Served, ID: s.ID, VIP: s.Spec.Key.VIP.String(), Port: s.Spec.Key.Port,
 			Protocol: s.Spec.Key.Protocol.String(), FailOpen: s.FailOpen, RetryRefused: s.Spec.RetryRefused,
 			Backends: []admin.Backend{}}
-		if st, err := a.stats.ServiceStats(s.ID); err == nil {
+		if st, err := stats.ServiceStats(s.ID); err == nil {
 			sj.Counters = admin.NewServiceCounters(st)
 		}
 		if d := a.replays.after(s); d > 0 {
@@ -54,7 +56,7 @@ func (a *Agent) ServicesView() admin.ServicesView {
 			b, _ := a.rec.Backend(id)
 			bj := admin.Backend{ID: id, Endpoint: b.Addr.String(), Name: b.Name, DatapathState: b.State.String(),
 				KernelStreak: a.tripMaps.BackendTrip(id).Failures}
-			if st, err := a.stats.BackendStats(id); err == nil {
+			if st, err := stats.BackendStats(id); err == nil {
 				bj.Counters = admin.NewBackendCounters(st)
 			}
 			sj.Backends = append(sj.Backends, bj)
@@ -102,7 +104,8 @@ func (a *Agent) CircuitBreakersView() admin.CircuitBreakersView {
 	out := admin.CircuitBreakersView{DefaultMaxInflight: a.maxInflightDefault, Services: []admin.CircuitBreaker{},
 		BackendMaxInflightRequests: map[string]uint32{}, BackendInflightCurrent: map[string]int64{},
 		RejectedBackendByName: map[string]uint64{}}
-	if gs, err := a.stats.GlobalStats(); err == nil {
+	stats := maps.Snapshot(a.stats)
+	if gs, err := stats.GlobalStats(); err == nil {
 		out.RejectedTotal = gs.InflightRejected
 		out.UntrackedTotal = gs.InflightUntracked
 	}
@@ -110,7 +113,7 @@ func (a *Agent) CircuitBreakersView() admin.CircuitBreakersView {
 		cb := admin.CircuitBreaker{Service: s.Spec.Name, ID: s.ID, MaxInflight: s.Spec.MaxInflight,
 			MaxInflightPerEndpoint: s.Spec.MaxInflightPerEndpoint, Inflight: a.inflight.Service(s.ID),
 			Endpoints: []admin.EndpointFlows{}}
-		if st, err := a.stats.ServiceStats(s.ID); err == nil {
+		if st, err := stats.ServiceStats(s.ID); err == nil {
 			cb.Rejected = st.OverLimit
 		}
 		for _, id := range s.Backends {

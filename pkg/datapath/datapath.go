@@ -148,8 +148,9 @@ func (o *Options) setDefaults() {
 
 // Datapath is the loaded program and its pinned maps.
 type Datapath struct {
-	// LbObjects: the maps (and variables) and the sweep's program
-	// (PbCtExpireRun, nil if the kernel refused it) once loaded; the XDP
+	// LbObjects: the maps (and variables), the counters' reset program
+	// (PbStatsResetRun) and the sweep's program (PbCtExpireRun, nil if
+	// the kernel refused it) once loaded; the XDP
 	// program (PbXdp) once LoadProgram returned, or Program says it did.
 	bpf.LbObjects
 	Opts Options
@@ -183,6 +184,13 @@ type Datapath struct {
 // recreated counters still refers to their ids.
 func (d *Datapath) Fresh() bool { return d.fresh }
 
+// statsBlocks is how many elements of pb_svc_stats_v2 or pb_be_stats_v2
+// hold n ids' counters (PB_STATS_BLOCK to an element).
+func statsBlocks(n uint32) uint32 {
+	block := uint32(len(bpf.LbSvcStatsBlock{}.S))
+	return max((n+block-1)/block, 1)
+}
+
 // Spec returns the program's collection spec sized by opts.
 func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 	opts.setDefaults()
@@ -195,11 +203,11 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		bpf.LbMapPbSvcKeys:     opts.MaxServices,
 		bpf.LbMapPbMaglev:      2 * opts.MaxServices, // two tables per service
 		bpf.LbMapPbMaglevFb:    opts.MaxServices,
-		bpf.LbMapPbSvcStats:    opts.MaxServices,
+		bpf.LbMapPbSvcStatsV2:  statsBlocks(opts.MaxServices),
 		bpf.LbMapPbSvcInflight: opts.MaxServices,
 		bpf.LbMapPbSvcTrip:     opts.MaxServices,
 		bpf.LbMapPbBackends:    opts.MaxBackends,
-		bpf.LbMapPbBeStats:     opts.MaxBackends,
+		bpf.LbMapPbBeStatsV2:   statsBlocks(opts.MaxBackends),
 		bpf.LbMapPbBeInflight:  opts.MaxBackends,
 		bpf.LbMapPbHealth:      opts.MaxBackends,
 		bpf.LbMapPbBeTrip:      opts.MaxBackends,
@@ -294,7 +302,25 @@ func LoadMaps(opts Options) (*Datapath, error) {
 	}
 	d.sections = coll
 	d.loadExpire(spec)
+	if err := d.loadStatsReset(spec); err != nil {
+		d.Close()
+		return nil, err
+	}
 	return d, nil
+}
+
+// loadStatsReset loads pb_stats_reset_run, which zeroes a reused id's
+// counters (maps.Maps.UseStatsReset), over the maps LoadMaps made. It
+// needs bpf_map_lookup_percpu_elem (KernelFeatures).
+func (d *Datapath) loadStatsReset(spec *ebpf.CollectionSpec) error {
+	var p struct {
+		Run *ebpf.Program `ebpf:"pb_stats_reset_run"`
+	}
+	if err := spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: d.maps}); err != nil {
+		return fmt.Errorf("datapath: load pb_stats_reset_run: %w", err)
+	}
+	d.PbStatsResetRun = p.Run
+	return nil
 }
 
 // loadExpire loads pb_ct_expire_run, the conntrack sweep's deletes in the
@@ -420,9 +446,11 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
 // retiredPins are maps a layout change gave a new name: pb_syns became
 // pb_syns_v2 (16-byte addresses), pb_config pb_config_v2 (the hash seed,
 // the reverse-path check), pb_partial_ifaces pb_ifaces (masters),
-// pb_stats pb_stats_v2 (the evidence counters). pb_ct, now pb_ct_v2 (the
+// pb_stats pb_stats_v2 (the evidence counters), pb_svc_stats and
+// pb_be_stats pb_svc_stats_v2 and pb_be_stats_v2 (PB_STATS_BLOCK ids to an
+// element: their counters restart from 0). pb_ct, now pb_ct_v2 (the
 // flows' sequence numbers), is copied over first (migrateConntrack).
-var retiredPins = []string{"pb_syns", "pb_config", "pb_partial_ifaces", "pb_stats"}
+var retiredPins = []string{"pb_syns", "pb_config", "pb_partial_ifaces", "pb_stats", "pb_svc_stats", "pb_be_stats"}
 
 // ctValueV1 is pb_ct's value before pb_ct_v2.
 type ctValueV1 struct {
@@ -481,7 +509,7 @@ func lostOnRecreate(name string) string {
 		return "established flows (they will be re-balanced, most break)"
 	case bpf.LbMapPbEvents:
 		return "undelivered outcome events"
-	case bpf.LbMapPbStatsV2, bpf.LbMapPbSvcStats, bpf.LbMapPbBeStats, bpf.LbMapPbSynGuardCpu:
+	case bpf.LbMapPbStatsV2, bpf.LbMapPbSvcStatsV2, bpf.LbMapPbBeStatsV2, bpf.LbMapPbSynGuardCpu:
 		return "kernel counters (they restart from 0, which Prometheus reads as a reset)"
 	case bpf.LbMapPbSrcTrust:
 		return "the SYN guard's trusted sources (each proves itself again with its next connection)"

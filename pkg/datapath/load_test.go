@@ -200,7 +200,7 @@ func TestFreshPins(t *testing.T) {
 	}
 
 	old := bpftest.TempBPFFS(t)
-	pinOld(t, old, "pb_be_stats", &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	pinOld(t, old, "pb_be_stats_v2", &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	d, err := datapath.LoadMaps(smallOptions(old))
 	if err != nil {
 		t.Fatal(err)

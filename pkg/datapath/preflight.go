@@ -15,8 +15,8 @@ import (
 
 // MinKernel is the oldest kernel the datapath is tested on (make test runs
 // its suites on 6.1, 6.12 and the host's). Every feature below is older
-// (bpf_xdp_load_bytes, the newest, came in 5.18), but no kernel between
-// 5.18 and 6.1 has been tried.
+// (bpf_map_lookup_percpu_elem, the newest, came in 5.19), but no kernel
+// between 5.19 and 6.1 has been tried.
 const MinKernel = "6.1"
 
 // KernelFeature is something the datapath uses that an older kernel lacks:
@@ -42,6 +42,7 @@ var KernelFeatures = []KernelFeature{
 	{"bpf_ktime_get_coarse_ns", "5.11", helper(asm.FnKtimeGetCoarseNs)},
 	{"bpf_loop", "5.17", helper(asm.FnLoop)},
 	{"bpf_xdp_load_bytes", "5.18", helper(asm.FnXdpLoadBytes)},
+	{"bpf_map_lookup_percpu_elem", "5.19", helper(asm.FnMapLookupPercpuElem)},
 }
 
 // CheckKernel probes the running kernel for every feature fs names and

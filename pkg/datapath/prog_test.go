@@ -265,6 +265,11 @@ func TestDNATAndReverseNAT(t *testing.T) {
 	if bs.Flows != 1 || bs.Packets != 2 || bs.ReplyPackets != 4 {
 		t.Errorf("backend stats = %+v, want 1 flow, 2 packets, 4 replies", bs)
 	}
+	// id2 shares id1's element of pb_be_stats_v2 (16 ids to one), and
+	// saw no traffic.
+	if bs, err := f.Maps.BackendStats(id2); err != nil || bs != (bpf.LbBeStats{}) {
+		t.Errorf("backend %d's stats = %+v (%v), want none: only its neighbour %d had traffic", id2, bs, err, id1)
+	}
 }
 
 func TestUDPChecksums(t *testing.T) {

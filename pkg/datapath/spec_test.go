@@ -30,10 +30,10 @@ func TestMapSizesFollowOptions(t *testing.T) {
 		bpf.LbMapPbSvcKeys:     300,
 		bpf.LbMapPbMaglev:      600, // two tables per service
 		bpf.LbMapPbMaglevFb:    300,
-		bpf.LbMapPbSvcStats:    300,
+		bpf.LbMapPbSvcStatsV2:  19, // 16 services' counters to an element
 		bpf.LbMapPbSvcInflight: 300,
 		bpf.LbMapPbBackends:    700,
-		bpf.LbMapPbBeStats:     700,
+		bpf.LbMapPbBeStatsV2:   44, // 16 backends' counters to an element
 		bpf.LbMapPbBeInflight:  700,
 		bpf.LbMapPbHealth:      700,
 		bpf.LbMapPbSvcBackends: 700,
@@ -48,12 +48,14 @@ func TestMapSizesFollowOptions(t *testing.T) {
 	}
 }
 
-// A pin of a map a layout change renamed (pb_syns, now pb_syns_v2) is
-// removed when the datapath loads: nothing reads it any more.
+// A pin of a map a layout change renamed (pb_syns, now pb_syns_v2;
+// pb_be_stats, now pb_be_stats_v2) is removed when the datapath loads:
+// nothing reads it any more.
 func TestRetiredPinsAreRemoved(t *testing.T) {
 	bpftest.RequireRoot(t)
 	root := bpftest.TempBPFFS(t)
 	pinOld(t, root, "pb_syns", &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	pinOld(t, root, "pb_be_stats", &ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 40, MaxEntries: 16})
 	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 16, MaxBackends: 16, ConntrackSize: 64, EventsBytes: 1 << 16})
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +66,12 @@ func TestRetiredPinsAreRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "pb_syns_v2")); err != nil {
 		t.Errorf("pb_syns_v2 not pinned: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "pb_be_stats")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pb_be_stats still pinned after the load: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "pb_be_stats_v2")); err != nil {
+		t.Errorf("pb_be_stats_v2 not pinned: %v", err)
 	}
 }
 

@@ -131,6 +131,9 @@ type Maps struct {
 	// The conntrack sweep's program (expire.go); nil: system calls.
 	expMu sync.Mutex
 	exp   *ctExpirer
+	// pb_stats_reset_run (stats.go), and pb_stats_reset, its one buffer.
+	resetMu sync.Mutex
+	reset   *ebpf.Program
 }
 
 // New wraps loaded maps. inner is the Maglev inner map template

@@ -37,44 +37,135 @@ func sumCounters[T any](per []T) T {
 	return sum
 }
 
-// ServiceStats sums pb_svc_stats[id] over CPUs.
+// StatsBlock is how many services' or backends' counters one element of
+// pb_svc_stats_v2 and pb_be_stats_v2 holds (PB_STATS_BLOCK): id i is
+// element i/StatsBlock, slot i%StatsBlock.
+const StatsBlock = uint32(len(bpf.LbSvcStatsBlock{}.S))
+
+// StatsResetBatch is pb_stats_reset's size (PB_STATS_RESET_BATCH): the ids
+// one run of pb_stats_reset_run zeroes.
+const StatsResetBatch = 4096
+
+// ServiceStats sums a service's counters (its slot of pb_svc_stats_v2)
+// over CPUs.
 func (m *Maps) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
-	var per []bpf.LbSvcStats
-	var s bpf.LbSvcStats
-	if err := m.m.PbSvcStats.Lookup(id, &per); err != nil {
-		return s, fmt.Errorf("pb_svc_stats[%d]: %w", id, err)
+	var per []bpf.LbSvcStatsBlock
+	if err := m.m.PbSvcStatsV2.Lookup(id/StatsBlock, &per); err != nil {
+		return bpf.LbSvcStats{}, fmt.Errorf("pb_svc_stats_v2[%d] (service %d): %w", id/StatsBlock, id, err)
 	}
-	for _, c := range per {
+	return sumServiceSlot(per, id%StatsBlock), nil
+}
+
+// BackendStats sums a backend's counters (its slot of pb_be_stats_v2)
+// over CPUs.
+func (m *Maps) BackendStats(id uint32) (bpf.LbBeStats, error) {
+	var per []bpf.LbBeStatsBlock
+	if err := m.m.PbBeStatsV2.Lookup(id/StatsBlock, &per); err != nil {
+		return bpf.LbBeStats{}, fmt.Errorf("pb_be_stats_v2[%d] (backend %d): %w", id/StatsBlock, id, err)
+	}
+	return sumBackendSlot(per, id%StatsBlock), nil
+}
+
+func sumServiceSlot(per []bpf.LbSvcStatsBlock, slot uint32) bpf.LbSvcStats {
+	var s bpf.LbSvcStats
+	for i := range per {
+		c := &per[i].S[slot]
 		s.Packets += c.Packets
 		s.Bytes += c.Bytes
 		s.Flows += c.Flows
 		s.NoBackend += c.NoBackend
 		s.OverLimit += c.OverLimit
 	}
-	return s, nil
+	return s
 }
 
-// BackendStats sums pb_be_stats[id] over CPUs.
-func (m *Maps) BackendStats(id uint32) (bpf.LbBeStats, error) {
-	var per []bpf.LbBeStats
+func sumBackendSlot(per []bpf.LbBeStatsBlock, slot uint32) bpf.LbBeStats {
 	var s bpf.LbBeStats
-	if err := m.m.PbBeStats.Lookup(id, &per); err != nil {
-		return s, fmt.Errorf("pb_be_stats[%d]: %w", id, err)
-	}
-	for _, c := range per {
+	for i := range per {
+		c := &per[i].B[slot]
 		s.Packets += c.Packets
 		s.Bytes += c.Bytes
 		s.Flows += c.Flows
 		s.ReplyPackets += c.ReplyPackets
 		s.ReplyBytes += c.ReplyBytes
 	}
-	return s, nil
+	return s
+}
+
+// CounterSnapshot reads the counters of many services and backends, as a
+// scrape does: each element of pb_svc_stats_v2 and pb_be_stats_v2 is read
+// once, for all StatsBlock ids in it, where a read per id would copy
+// every CPU's copy of the element StatsBlock times. Its reads are as of
+// the first read of each element; use one per scrape.
+type CounterSnapshot struct {
+	m   *Maps
+	svc map[uint32][]bpf.LbSvcStatsBlock
+	be  map[uint32][]bpf.LbBeStatsBlock
+}
+
+// Snapshot is c's counters through a CounterSnapshot when c is a *Maps,
+// else c itself.
+func Snapshot(c Counters) Counters {
+	if m, ok := c.(*Maps); ok {
+		return &CounterSnapshot{m: m, svc: map[uint32][]bpf.LbSvcStatsBlock{}, be: map[uint32][]bpf.LbBeStatsBlock{}}
+	}
+	return c
+}
+
+// ServiceStats is Maps.ServiceStats from the snapshot.
+func (s *CounterSnapshot) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
+	k := id / StatsBlock
+	per, ok := s.svc[k]
+	if !ok {
+		if err := s.m.m.PbSvcStatsV2.Lookup(k, &per); err != nil {
+			return bpf.LbSvcStats{}, fmt.Errorf("pb_svc_stats_v2[%d] (service %d): %w", k, id, err)
+		}
+		s.svc[k] = per
+	}
+	return sumServiceSlot(per, id%StatsBlock), nil
+}
+
+// BackendStats is Maps.BackendStats from the snapshot.
+func (s *CounterSnapshot) BackendStats(id uint32) (bpf.LbBeStats, error) {
+	k := id / StatsBlock
+	per, ok := s.be[k]
+	if !ok {
+		if err := s.m.m.PbBeStatsV2.Lookup(k, &per); err != nil {
+			return bpf.LbBeStats{}, fmt.Errorf("pb_be_stats_v2[%d] (backend %d): %w", k, id, err)
+		}
+		s.be[k] = per
+	}
+	return sumBackendSlot(per, id%StatsBlock), nil
+}
+
+// The rest of Counters, read at once.
+
+func (s *CounterSnapshot) GlobalStats() (bpf.LbGlobalStats, error)   { return s.m.GlobalStats() }
+func (s *CounterSnapshot) SYNGuardStats() (bpf.LbSynGuardCpu, error) { return s.m.SYNGuardStats() }
+func (s *CounterSnapshot) NFForgotten() (NFForgotten, error)         { return s.m.NFForgotten() }
+func (s *CounterSnapshot) AffinityFill() (entries, capacity int, err error) {
+	return s.m.AffinityFill()
+}
+
+// UseStatsReset gives the maps pb_stats_reset_run, which ResetServiceStats
+// and ResetBackendStats need (see there).
+func (m *Maps) UseStatsReset(p *ebpf.Program) error {
+	if p == nil || m.m.PbStatsReset == nil {
+		return errors.New("maps: no counter reset program")
+	}
+	if n := m.m.PbStatsReset.MaxEntries(); n != StatsResetBatch {
+		return fmt.Errorf("maps: pb_stats_reset holds %d entries, want %d", n, StatsResetBatch)
+	}
+	m.resetMu.Lock()
+	defer m.resetMu.Unlock()
+	m.reset = p
+	return nil
 }
 
 // ResetServiceStats zeroes a service's counters and circuit-breaker count,
 // so a reused id starts clean. Only for ids no live flow refers to.
 func (m *Maps) ResetServiceStats(id uint32) error {
-	return errors.Join(m.m.PbSvcStats.Put(id, make([]bpf.LbSvcStats, m.ncpu)),
+	return errors.Join(m.resetCounters([]uint32{id}, false),
 		m.m.PbSvcInflight.Put(id, bpf.LbInflight{}))
 }
 
@@ -87,25 +178,58 @@ func (m *Maps) ResetBackendStats(ids []uint32) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	// In chunks: one batch of 100,000 ids (a cold start's) marshalled
-	// megabytes of zeros, every per-CPU value boxed on its own, while the
-	// agent's whole state was live: the peak of its heap.
-	chunk := resetChunk
-	n := min(len(ids), chunk)
-	stats := make([]bpf.LbBeStats, n*m.ncpu)
-	inflight := make([]bpf.LbInflight, n)
 	var errs []error
+	if err := m.resetCounters(ids, true); err != nil {
+		errs = append(errs, err)
+	}
+	chunk := resetChunk
+	inflight := make([]bpf.LbInflight, min(len(ids), chunk))
 	for len(ids) > 0 {
 		c := ids[:min(len(ids), chunk)]
 		ids = ids[len(c):]
-		if _, err := m.m.PbBeStats.BatchUpdate(c, stats[:len(c)*m.ncpu], nil); err != nil {
-			errs = append(errs, err)
-		}
 		if _, err := m.m.PbBeInflight.BatchUpdate(c, inflight[:len(c)], nil); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// resetCounters has pb_stats_reset_run zero the ids' slots of
+// pb_be_stats_v2 (backend) or pb_svc_stats_v2 on every CPU. From user
+// space it would take a read and a write of each whole element, which
+// would lose what the datapath counted for the element's other ids in
+// between.
+func (m *Maps) resetCounters(ids []uint32, backend bool) error {
+	m.resetMu.Lock()
+	defer m.resetMu.Unlock()
+	if m.reset == nil {
+		return errors.New("maps: counters not reset: no pb_stats_reset_run (UseStatsReset)")
+	}
+	flag := uint32(0)
+	if backend {
+		flag = 1
+	}
+	chunk := min(resetChunk, StatsResetBatch)
+	keys := make([]uint32, min(len(ids), chunk))
+	vals := make([]bpf.LbStatsReset, len(keys))
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	for len(ids) > 0 {
+		c := ids[:min(len(ids), chunk)]
+		ids = ids[len(c):]
+		for i, id := range c {
+			vals[i] = bpf.LbStatsReset{Id: id, Backend: flag}
+		}
+		if _, err := m.m.PbStatsReset.BatchUpdate(keys[:len(c)], vals[:len(c)], nil); err != nil {
+			return fmt.Errorf("pb_stats_reset: %w", err)
+		}
+		args := bpf.LbStatsResetArgs{N: uint32(len(c)), Ncpu: uint32(m.ncpu)}
+		if _, err := m.reset.Run(&ebpf.RunOptions{Context: &args}); err != nil {
+			return fmt.Errorf("pb_stats_reset_run: %w", err)
+		}
+	}
+	return nil
 }
 
 // CTEntry is one conntrack entry.

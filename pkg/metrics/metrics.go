@@ -448,7 +448,10 @@ func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ..
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	if gs, err := c.counters.GlobalStats(); err == nil {
+	// One read of each element of the per-service and per-backend
+	// counters for the whole scrape (maps.Snapshot).
+	counters := maps.Snapshot(c.counters)
+	if gs, err := counters.GlobalStats(); err == nil {
 		counter(ch, dEventsLost, gs.EventsLost)
 		counter(ch, dForwarded, gs.Redirected, "redirect")
 		counter(ch, dForwarded, gs.PassedAfterNat, "pass")
@@ -465,7 +468,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dICMP, gs.IcmpTranslated)
 		counter(ch, dKubeProxy, gs.HandedOver, "handed_over")
 		counter(ch, dKubeProxy, gs.KubeProxyMidstream, "taken_over")
-		if nf, err := c.counters.NFForgotten(); err == nil {
+		if nf, err := counters.NFForgotten(); err == nil {
 			counter(ch, dNFForgotten, nf.TakenOver, "taken_over")
 			counter(ch, dNFForgotten, nf.HandedOver, "handed_over")
 		}
@@ -478,7 +481,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	} else {
 		c.log.Warn("metrics: read pb_stats_v2", "err", err)
 	}
-	if g, err := c.counters.SYNGuardStats(); err == nil {
+	if g, err := counters.SYNGuardStats(); err == nil {
 		counter(ch, dSYNGuard, g.Trusted, "trusted")
 		counter(ch, dSYNGuard, g.Admitted, "admitted")
 		counter(ch, dSYNGuard, g.Dropped, "dropped")
@@ -486,7 +489,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	} else {
 		c.log.Warn("metrics: read pb_syn_guard_cpu", "err", err)
 	}
-	if n, max, err := c.counters.AffinityFill(); err == nil {
+	if n, max, err := counters.AffinityFill(); err == nil {
 		gauge(ch, dAffinity, float64(n))
 		gauge(ch, dAffinityMax, float64(max))
 	} else {
@@ -510,7 +513,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(ch, dServed, 1, append(sl, reason)...)
 		gauge(ch, dInflight, float64(s.Inflight), sl...)
-		if st, err := c.counters.ServiceStats(s.ID); err == nil {
+		if st, err := counters.ServiceStats(s.ID); err == nil {
 			counter(ch, dSvcPackets, st.Packets, sl...)
 			counter(ch, dSvcBytes, st.Bytes, sl...)
 			counter(ch, dSvcFlows, st.Flows, sl...)
@@ -522,7 +525,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			if b.Removed || detail != BackendDetailed {
 				continue
 			}
-			if st, err := c.counters.BackendStats(b.ID); err == nil {
+			if st, err := counters.BackendStats(b.ID); err == nil {
 				bl := append(slices.Clone(sl), b.Endpoint)
 				counter(ch, dBePackets, st.Packets, bl...)
 				counter(ch, dBeBytes, st.Bytes, bl...)

@@ -179,7 +179,7 @@ func TestRestartAdmitsNoFlowToAnEjectedEndpoint(t *testing.T) {
 type servicesView admin.ServicesView
 
 // backendFlows is the datapath's count of new flows sent to the endpoint
-// (pb_be_stats.flows, through /admin/services).
+// (pb_be_stats_v2's flows, through /admin/services).
 func (e *env) backendFlows(ep string) uint64 {
 	e.t.Helper()
 	var v servicesView
