@@ -259,7 +259,19 @@ const (
 		"lock); a batch update instead 71 µs on one and 61 µs on two; creating the tables 16-17 µs each on one goroutine and 14 µs on two. " +
 		"The start is CPU-bound, not waiting: the agent's 3.6-4.0 s of CPU and the API server's and etcd's 0.8 s over a start need " +
 		"2.2-2.4 s of this machine's two cores even perfectly overlapped, so 2 s takes about a core-second less work (the verifier's " +
-		"states, one map per service's table, the GC of a heap near the 96 MiB soft limit), not more overlap."
+		"states, one map per service's table, the GC of a heap near the 96 MiB soft limit), not more overlap. " +
+		"Since (2026-12-06; bb75876): creating the maps was 0.3-0.5 s of every start, and the verifier cannot begin before the " +
+		"maps exist. The kernel allocates a per-CPU array's elements one at a time, and pb_be_stats had 262,144 of them " +
+		"(pb_svc_stats 65,536): a test program created pb_be_stats alone in 275-396 ms, the same bytes as 16,384 elements of 640 " +
+		"bytes in 20-30 ms. Now 16 ids' counters share an element (pb_svc_stats_v2, pb_be_stats_v2; a reused id's slot is zeroed " +
+		"in the kernel by pb_stats_reset_run): datapath.LoadMaps 0.30-0.53 s -> 0.10-0.15 s (five loads of each build, " +
+		"alternating, 2026-12-06 11:55 UTC), and in the agent's log the lists' start to the maps loaded 0.80-0.88 s -> " +
+		"0.27-0.49 s. Measured (`go run ./bench --only apiscale --rounds 3 --agent BIN`, the two agents one after the other, " +
+		"12:23-12:33 UTC): this tree 2.50 / 2.67 / 4.95 s to the maps and 3.50 / 3.53 / 4.74 s of the agent's CPU over the start, " +
+		"d3a6306 (before) 3.05 / 3.15 / 3.69 s and 4.31 / 4.43 / 4.43 s; two rounds of each 20 minutes before: 2.06 / 2.56 s " +
+		"against 2.81 / 3.38 s. The slow round (4.95 s) is the lists' (caches synced 2.8 s after they began, against 1.0-1.3 s " +
+		"in the other rounds). 2 s is met in some rounds and missed in most: what is left is the verifier's 1.9-2.1 s at nice 19 " +
+		"beside the lists and the Apply."
 	apiRSSText = "**10,000 Services from the API server: RSS.** The objects are a cluster's since 6aee224 (labelled Services with selectors; slices as the EndpointSlice controller writes them, with pod references, nodes, zones, owners and copied labels): on them the agent before this change held 136 MB live after the cold start (heap profile after a GC, 5 s into a round) and peaked at 334-342 MB RSS; on the old bare objects 97 MB and 264-286 MB. " +
 		"What it held: the informers' API objects (EndpointSlices with their pod references 47 MB, Services 20 MB), the reconciler's services and backends 23 MB, the controller's translated services 20 MB, accrual 9 MB, the agent's per-service policy 3 MB. " +
 		"Done (ab729af, 107817b, 3b5dcb0): the informers' transform caches each EndpointSlice as the controller's compact copy (the fields Translate reads, the address parsed, conditions as flags, node names interned: about 1 KB a slice of ten endpoints, pod references and labels not kept) and a Service without its selector, status and other tools' labels and annotations; the translated endpoints are allocated at their size and shared by the reconciler instead of copied; the controller's pending map is made anew after the first hand-over instead of cleared (a map keeps its room); a cold start's 100,000 backend counter resets are written in batches of 4,096 (one batch marshalled 15 MB of boxed per-CPU zeros while the whole state was live). " +

@@ -612,6 +612,7 @@ struct stats_reset_loop {
 	__u32 key;
 	__u32 slot;
 	__u32 backend;
+	__u32 zeroed; /* CPUs whose copy was zeroed */
 };
 
 static long stats_reset_cpu(__u32 cpu, void *data)
@@ -621,7 +622,7 @@ static long stats_reset_cpu(__u32 cpu, void *data)
 	if (l->backend) {
 		struct be_stats_block *b = bpf_map_lookup_percpu_elem(&pb_be_stats_v2, &l->key, cpu);
 		if (!b)
-			return 1; /* past the last CPU */
+			return 1; /* past the last CPU, or past the map's end */
 		__builtin_memset(&b->b[slot], 0, sizeof(b->b[slot]));
 	} else {
 		struct svc_stats_block *b = bpf_map_lookup_percpu_elem(&pb_svc_stats_v2, &l->key, cpu);
@@ -629,6 +630,7 @@ static long stats_reset_cpu(__u32 cpu, void *data)
 			return 1;
 		__builtin_memset(&b->s[slot], 0, sizeof(b->s[slot]));
 	}
+	l->zeroed++;
 	return 0;
 }
 
@@ -644,6 +646,9 @@ static long stats_reset_one(__u32 i, void *data)
 		.backend = r->backend,
 	};
 	bpf_loop(a->ncpu, stats_reset_cpu, &l, 0);
+	/* Not even CPU 0's copy: the id is past the map's end. */
+	if (!l.zeroed)
+		a->missed++;
 	return 0;
 }
 
@@ -653,6 +658,9 @@ int pb_stats_reset_run(struct stats_reset_args *a)
 	struct stats_reset_args args = *a;
 	if (args.n > PB_STATS_RESET_BATCH)
 		args.n = PB_STATS_RESET_BATCH;
-	bpf_loop(args.n, stats_reset_one, &args, 0);
-	return 0;
+	args.missed = 0;
+	long done = bpf_loop(args.n, stats_reset_one, &args, 0);
+	a->missed = args.missed;
+	/* bpf_loop refuses a count past its limit (1 << 23) outright. */
+	return done == args.n ? 0 : 1;
 }

@@ -314,9 +314,11 @@ type LbStatsReset struct {
 }
 
 type LbStatsResetArgs struct {
-	_    structs.HostLayout
-	N    uint32
-	Ncpu uint32
+	_      structs.HostLayout
+	N      uint32
+	Ncpu   uint32
+	Missed uint32
+	Pad    uint32
 }
 
 type LbSvcBackendKey struct {

@@ -25,7 +25,7 @@ struct svc_key {
 };
 
 struct svc_value {
-	__u32 id;                       /* index into pb_svc_stats, pb_svc_inflight, ... */
+	__u32 id;                       /* index into pb_svc_inflight, ... (pb_svc_stats_v2: id / 16) */
 	__u32 table;                    /* which of the service's two tables is live (0, 1) */
 	__u32 table_size;               /* slots in the live table; 0: no table, new flows dropped */
 	__u32 max_inflight;             /* 0: no limit */
@@ -345,8 +345,10 @@ struct stats_reset {
 
 /* pb_stats_reset_run's context. */
 struct stats_reset_args {
-	__u32 n;    /* pb_stats_reset entries to act on */
-	__u32 ncpu; /* the possible CPUs: a per-CPU map's copies */
+	__u32 n;      /* pb_stats_reset entries to act on */
+	__u32 ncpu;   /* the possible CPUs: a per-CPU map's copies */
+	__u32 missed; /* out: ids past the end of their map, nothing zeroed */
+	__u32 pad;
 };
 
 /* pb_health value: one endpoint's failure-accrual state, so a restarted

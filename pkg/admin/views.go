@@ -72,7 +72,8 @@ type Backend struct {
 	Counters     *BackendCounters `json:"counters,omitempty"`
 }
 
-// ServiceCounters are a service's pb_svc_stats, summed over CPUs.
+// ServiceCounters are a service's counters (its slot of pb_svc_stats_v2),
+// summed over CPUs.
 type ServiceCounters struct {
 	Packets   uint64 `json:"packets"`
 	Bytes     uint64 `json:"bytes"`
@@ -81,7 +82,8 @@ type ServiceCounters struct {
 	OverLimit uint64 `json:"overLimit"`
 }
 
-// BackendCounters are a backend's pb_be_stats, summed over CPUs.
+// BackendCounters are a backend's counters (its slot of pb_be_stats_v2),
+// summed over CPUs.
 type BackendCounters struct {
 	Packets      uint64 `json:"packets"`
 	Bytes        uint64 `json:"bytes"`
@@ -122,12 +124,12 @@ func NewKernelTrips(t bpf.LbSvcTrip) *KernelTrips {
 		Settle: time.Duration(t.SettleNs).String(), Budget: t.Budget, Trips: t.Trips, Suppressed: t.Suppressed}
 }
 
-// NewServiceCounters renames a pb_svc_stats value.
+// NewServiceCounters renames a service's counters.
 func NewServiceCounters(s bpf.LbSvcStats) *ServiceCounters {
 	return &ServiceCounters{Packets: s.Packets, Bytes: s.Bytes, Flows: s.Flows, NoBackend: s.NoBackend, OverLimit: s.OverLimit}
 }
 
-// NewBackendCounters renames a pb_be_stats value.
+// NewBackendCounters renames a backend's counters.
 func NewBackendCounters(s bpf.LbBeStats) *BackendCounters {
 	return &BackendCounters{Packets: s.Packets, Bytes: s.Bytes, Flows: s.Flows, ReplyPackets: s.ReplyPackets, ReplyBytes: s.ReplyBytes}
 }

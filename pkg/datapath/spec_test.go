@@ -55,7 +55,9 @@ func TestRetiredPinsAreRemoved(t *testing.T) {
 	bpftest.RequireRoot(t)
 	root := bpftest.TempBPFFS(t)
 	pinOld(t, root, "pb_syns", &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	pinOld(t, root, "pb_be_stats", &ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 40, MaxEntries: 16})
+	for _, name := range []string{"pb_svc_stats", "pb_be_stats"} {
+		pinOld(t, root, name, &ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 40, MaxEntries: 16})
+	}
 	d, err := datapath.Load(datapath.Options{Root: root, MaxServices: 16, MaxBackends: 16, ConntrackSize: 64, EventsBytes: 1 << 16})
 	if err != nil {
 		t.Fatal(err)
@@ -67,11 +69,13 @@ func TestRetiredPinsAreRemoved(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "pb_syns_v2")); err != nil {
 		t.Errorf("pb_syns_v2 not pinned: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(root, "pb_be_stats")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("pb_be_stats still pinned after the load: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(root, "pb_be_stats_v2")); err != nil {
-		t.Errorf("pb_be_stats_v2 not pinned: %v", err)
+	for _, name := range []string{"pb_svc_stats", "pb_be_stats"} {
+		if _, err := os.Stat(filepath.Join(root, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s still pinned after the load: %v", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(root, name+"_v2")); err != nil {
+			t.Errorf("%s_v2 not pinned: %v", name, err)
+		}
 	}
 }
 

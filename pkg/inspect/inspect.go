@@ -155,6 +155,14 @@ func Read(r Reader, now time.Time, monotonic uint64) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{At: now, Datapath: *admin.NewDatapathCounters(g), NewFlows: newFlows(cfg, monotonic), Services: []Service{}}
+	// Each element of the per-service and per-backend counters read once.
+	var counters interface {
+		ServiceStats(id uint32) (bpf.LbSvcStats, error)
+		BackendStats(id uint32) (bpf.LbBeStats, error)
+	} = r
+	if c, ok := r.(maps.Counters); ok {
+		counters = maps.Snapshot(c)
+	}
 
 	bySvc := map[uint32][]uint32{}
 	for id, b := range bes {
@@ -167,7 +175,7 @@ func Read(r Reader, now time.Time, monotonic uint64) (*Report, error) {
 			Table: v.Table, TableSize: v.TableSize, MaxInflight: v.MaxInflight, MaxInflightPerEndpoint: v.MaxInflightPerBackend,
 			RetryRefused: v.Flags&maps.ServiceRetryRefused != 0, TakenOver: v.Flags&maps.ServiceTakenOver != 0,
 			Endpoints: []Endpoint{}}
-		if st, err := r.ServiceStats(v.Id); err == nil {
+		if st, err := counters.ServiceStats(v.Id); err == nil {
 			s.Counters = *admin.NewServiceCounters(st)
 		}
 		s.KernelTrips = admin.NewKernelTrips(r.ServiceTrip(v.Id))
@@ -208,7 +216,7 @@ func Read(r Reader, now time.Time, monotonic uint64) (*Report, error) {
 			if _, beIn, err := r.InflightCounts(v.Id, id); err == nil {
 				ep.Inflight = beIn
 			}
-			if st, err := r.BackendStats(id); err == nil {
+			if st, err := counters.BackendStats(id); err == nil {
 				ep.Counters = *admin.NewBackendCounters(st)
 			}
 			ep.Accrual = accrualOf(persisted, id, v.Id, now)

@@ -19,3 +19,7 @@ func SetTableWorkers(n, cpus int) (restore func()) {
 	tablesPerWorker, tableCPUs = n, func() int { return cpus }
 	return func() { tablesPerWorker, tableCPUs = oldN, oldCPUs }
 }
+
+// ResetCounters is resetCounters: the counters' reset alone, without the
+// circuit-breaker counts beside it.
+func (m *Maps) ResetCounters(ids []uint32, backend bool) error { return m.resetCounters(ids, backend) }

@@ -95,19 +95,20 @@ func sumBackendSlot(per []bpf.LbBeStatsBlock, slot uint32) bpf.LbBeStats {
 // CounterSnapshot reads the counters of many services and backends, as a
 // scrape does: each element of pb_svc_stats_v2 and pb_be_stats_v2 is read
 // once, for all StatsBlock ids in it, where a read per id would copy
-// every CPU's copy of the element StatsBlock times. Its reads are as of
-// the first read of each element; use one per scrape.
+// every CPU's copy of the element StatsBlock times. It keeps an element's
+// sums (StatsBlock ids' counters, whatever the CPUs), not its copies. Its
+// reads are as of the first read of each element; use one per scrape.
 type CounterSnapshot struct {
 	m   *Maps
-	svc map[uint32][]bpf.LbSvcStatsBlock
-	be  map[uint32][]bpf.LbBeStatsBlock
+	svc map[uint32]*[StatsBlock]bpf.LbSvcStats
+	be  map[uint32]*[StatsBlock]bpf.LbBeStats
 }
 
 // Snapshot is c's counters through a CounterSnapshot when c is a *Maps,
 // else c itself.
 func Snapshot(c Counters) Counters {
 	if m, ok := c.(*Maps); ok {
-		return &CounterSnapshot{m: m, svc: map[uint32][]bpf.LbSvcStatsBlock{}, be: map[uint32][]bpf.LbBeStatsBlock{}}
+		return &CounterSnapshot{m: m, svc: map[uint32]*[StatsBlock]bpf.LbSvcStats{}, be: map[uint32]*[StatsBlock]bpf.LbBeStats{}}
 	}
 	return c
 }
@@ -115,27 +116,37 @@ func Snapshot(c Counters) Counters {
 // ServiceStats is Maps.ServiceStats from the snapshot.
 func (s *CounterSnapshot) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
 	k := id / StatsBlock
-	per, ok := s.svc[k]
+	sums, ok := s.svc[k]
 	if !ok {
+		var per []bpf.LbSvcStatsBlock
 		if err := s.m.m.PbSvcStatsV2.Lookup(k, &per); err != nil {
 			return bpf.LbSvcStats{}, fmt.Errorf("pb_svc_stats_v2[%d] (service %d): %w", k, id, err)
 		}
-		s.svc[k] = per
+		sums = new([StatsBlock]bpf.LbSvcStats)
+		for i := range sums {
+			sums[i] = sumServiceSlot(per, uint32(i))
+		}
+		s.svc[k] = sums
 	}
-	return sumServiceSlot(per, id%StatsBlock), nil
+	return sums[id%StatsBlock], nil
 }
 
 // BackendStats is Maps.BackendStats from the snapshot.
 func (s *CounterSnapshot) BackendStats(id uint32) (bpf.LbBeStats, error) {
 	k := id / StatsBlock
-	per, ok := s.be[k]
+	sums, ok := s.be[k]
 	if !ok {
+		var per []bpf.LbBeStatsBlock
 		if err := s.m.m.PbBeStatsV2.Lookup(k, &per); err != nil {
 			return bpf.LbBeStats{}, fmt.Errorf("pb_be_stats_v2[%d] (backend %d): %w", k, id, err)
 		}
-		s.be[k] = per
+		sums = new([StatsBlock]bpf.LbBeStats)
+		for i := range sums {
+			sums[i] = sumBackendSlot(per, uint32(i))
+		}
+		s.be[k] = sums
 	}
-	return sumBackendSlot(per, id%StatsBlock), nil
+	return sums[id%StatsBlock], nil
 }
 
 // The rest of Counters, read at once.
@@ -169,7 +180,8 @@ func (m *Maps) ResetServiceStats(id uint32) error {
 		m.m.PbSvcInflight.Put(id, bpf.LbInflight{}))
 }
 
-// resetChunk is how many ids ResetBackendStats writes per batch.
+// resetChunk is how many ids ResetBackendStats writes per batch, and
+// (up to StatsResetBatch) pb_stats_reset_run zeroes per run.
 var resetChunk = 4096
 
 // ResetBackendStats zeroes backends' counters and circuit-breaker counts,
@@ -215,6 +227,7 @@ func (m *Maps) resetCounters(ids []uint32, backend bool) error {
 	for i := range keys {
 		keys[i] = uint32(i)
 	}
+	var errs []error
 	for len(ids) > 0 {
 		c := ids[:min(len(ids), chunk)]
 		ids = ids[len(c):]
@@ -222,14 +235,21 @@ func (m *Maps) resetCounters(ids []uint32, backend bool) error {
 			vals[i] = bpf.LbStatsReset{Id: id, Backend: flag}
 		}
 		if _, err := m.m.PbStatsReset.BatchUpdate(keys[:len(c)], vals[:len(c)], nil); err != nil {
-			return fmt.Errorf("pb_stats_reset: %w", err)
+			errs = append(errs, fmt.Errorf("pb_stats_reset: %w", err))
+			continue
 		}
 		args := bpf.LbStatsResetArgs{N: uint32(len(c)), Ncpu: uint32(m.ncpu)}
-		if _, err := m.reset.Run(&ebpf.RunOptions{Context: &args}); err != nil {
-			return fmt.Errorf("pb_stats_reset_run: %w", err)
+		ret, err := m.reset.Run(&ebpf.RunOptions{Context: &args, ContextOut: &args})
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("pb_stats_reset_run: %w", err))
+		case ret != 0:
+			errs = append(errs, fmt.Errorf("pb_stats_reset_run stopped short of its batch of %d ids", len(c)))
+		case args.Missed > 0:
+			errs = append(errs, fmt.Errorf("pb_stats_reset_run: %d of %d ids past the end of their map", args.Missed, len(c)))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // CTEntry is one conntrack entry.

@@ -180,3 +180,23 @@ func cpus(t *testing.T) uint64 {
 	}
 	return uint64(n)
 }
+
+// An id past the end of the counters' map is an error, not a reset that
+// silently did nothing; the ids beside it in the batch are still reset.
+func TestResetPastTheEnd(t *testing.T) {
+	l := bpftest.Shared(t)
+	markBackend(t, l, 30)
+	past := l.PbBeStatsV2.MaxEntries() * maps.StatsBlock // the first id with no element
+	if err := l.Maps.ResetCounters([]uint32{30, past}, true); err == nil {
+		t.Errorf("a reset of backend id %d, past the map's end: no error", past)
+	}
+	if f, _ := backendFlows(t, l, 30); f != 0 {
+		t.Errorf("backend 30 reset beside one past the end: flows %d, want 0", f)
+	}
+	if err := l.Maps.ResetCounters([]uint32{l.PbSvcStatsV2.MaxEntries() * maps.StatsBlock}, false); err == nil {
+		t.Error("a reset of a service id past the map's end: no error")
+	}
+	if err := l.Maps.ResetBackendStats([]uint32{30}); err != nil {
+		t.Fatal(err)
+	}
+}
