@@ -314,6 +314,32 @@ func TestExistingFlowKeepsBackend(t *testing.T) {
 	}
 }
 
+// A reused backend id's counters are zeroed in place (pb_stats_reset_run)
+// and those of the backend sharing its element of pb_be_stats_v2 are not,
+// nor does the datapath stop counting into either.
+func TestCounterResetKeepsItsNeighbours(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	f.run(bpftest.TCP(client, vip, bpftest.SYN, nil))
+	f.table(id2)
+	f.run(bpftest.TCP(client2, vip, bpftest.SYN, nil))
+	f.must(f.Maps.ResetBackendStats([]uint32{id1}))
+	if bs, err := f.Maps.BackendStats(id1); err != nil || bs != (bpf.LbBeStats{}) {
+		t.Errorf("backend %d after its reset: %+v (%v), want nothing counted", id1, bs, err)
+	}
+	if bs, err := f.Maps.BackendStats(id2); err != nil || bs.Flows != 1 || bs.Packets != 1 {
+		t.Errorf("backend %d after its neighbour's reset: %+v (%v), want its flow and packet kept", id2, bs, err)
+	}
+	f.run(bpftest.TCP(client, vip, bpftest.ACK, []byte("again")))
+	f.run(bpftest.TCP(client2, vip, bpftest.ACK, []byte("again")))
+	if bs, err := f.Maps.BackendStats(id1); err != nil || bs.Packets != 1 {
+		t.Errorf("backend %d's packets after the reset and one more: %+v (%v), want 1", id1, bs, err)
+	}
+	if bs, err := f.Maps.BackendStats(id2); err != nil || bs.Packets != 2 {
+		t.Errorf("backend %d's packets: %+v (%v), want 2", id2, bs, err)
+	}
+}
+
 func TestOutcomeEvents(t *testing.T) {
 	f := newFixture(t)
 	f.table(id1)

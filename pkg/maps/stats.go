@@ -115,38 +115,33 @@ func Snapshot(c Counters) Counters {
 
 // ServiceStats is Maps.ServiceStats from the snapshot.
 func (s *CounterSnapshot) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
-	k := id / StatsBlock
-	sums, ok := s.svc[k]
-	if !ok {
-		var per []bpf.LbSvcStatsBlock
-		if err := s.m.m.PbSvcStatsV2.Lookup(k, &per); err != nil {
-			return bpf.LbSvcStats{}, fmt.Errorf("pb_svc_stats_v2[%d] (service %d): %w", k, id, err)
-		}
-		sums = new([StatsBlock]bpf.LbSvcStats)
-		for i := range sums {
-			sums[i] = sumServiceSlot(per, uint32(i))
-		}
-		s.svc[k] = sums
-	}
-	return sums[id%StatsBlock], nil
+	return snapshotRead(s.svc, s.m.m.PbSvcStatsV2, "pb_svc_stats_v2", id, sumServiceSlot)
 }
 
 // BackendStats is Maps.BackendStats from the snapshot.
 func (s *CounterSnapshot) BackendStats(id uint32) (bpf.LbBeStats, error) {
+	return snapshotRead(s.be, s.m.m.PbBeStatsV2, "pb_be_stats_v2", id, sumBackendSlot)
+}
+
+// snapshotRead is id's counters from sums, the element's sums, read from
+// m into sums the first time the element is asked for.
+func snapshotRead[B, S any](sums map[uint32]*[StatsBlock]S, m *ebpf.Map, name string, id uint32,
+	sum func([]B, uint32) S) (S, error) {
 	k := id / StatsBlock
-	sums, ok := s.be[k]
+	el, ok := sums[k]
 	if !ok {
-		var per []bpf.LbBeStatsBlock
-		if err := s.m.m.PbBeStatsV2.Lookup(k, &per); err != nil {
-			return bpf.LbBeStats{}, fmt.Errorf("pb_be_stats_v2[%d] (backend %d): %w", k, id, err)
+		var per []B
+		if err := m.Lookup(k, &per); err != nil {
+			var zero S
+			return zero, fmt.Errorf("%s[%d] (id %d): %w", name, k, id, err)
 		}
-		sums = new([StatsBlock]bpf.LbBeStats)
-		for i := range sums {
-			sums[i] = sumBackendSlot(per, uint32(i))
+		el = new([StatsBlock]S)
+		for i := range el {
+			el[i] = sum(per, uint32(i))
 		}
-		s.be[k] = sums
+		sums[k] = el
 	}
-	return sums[id%StatsBlock], nil
+	return el[id%StatsBlock], nil
 }
 
 // The rest of Counters, read at once.
