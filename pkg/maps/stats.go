@@ -49,9 +49,9 @@ const StatsResetBatch = 4096
 // ServiceStats sums a service's counters (its slot of pb_svc_stats_v2)
 // over CPUs.
 func (m *Maps) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
-	var per []bpf.LbSvcStatsBlock
-	if err := m.m.PbSvcStatsV2.Lookup(id/StatsBlock, &per); err != nil {
-		return bpf.LbSvcStats{}, fmt.Errorf("pb_svc_stats_v2[%d] (service %d): %w", id/StatsBlock, id, err)
+	per, err := statsElement[bpf.LbSvcStatsBlock](m.m.PbSvcStatsV2, "pb_svc_stats_v2", id)
+	if err != nil {
+		return bpf.LbSvcStats{}, err
 	}
 	return sumServiceSlot(per, id%StatsBlock), nil
 }
@@ -59,11 +59,21 @@ func (m *Maps) ServiceStats(id uint32) (bpf.LbSvcStats, error) {
 // BackendStats sums a backend's counters (its slot of pb_be_stats_v2)
 // over CPUs.
 func (m *Maps) BackendStats(id uint32) (bpf.LbBeStats, error) {
-	var per []bpf.LbBeStatsBlock
-	if err := m.m.PbBeStatsV2.Lookup(id/StatsBlock, &per); err != nil {
-		return bpf.LbBeStats{}, fmt.Errorf("pb_be_stats_v2[%d] (backend %d): %w", id/StatsBlock, id, err)
+	per, err := statsElement[bpf.LbBeStatsBlock](m.m.PbBeStatsV2, "pb_be_stats_v2", id)
+	if err != nil {
+		return bpf.LbBeStats{}, err
 	}
 	return sumBackendSlot(per, id%StatsBlock), nil
+}
+
+// statsElement reads the element of m (pb_svc_stats_v2 or pb_be_stats_v2,
+// named name) that holds id's counters: every CPU's copy of it.
+func statsElement[B any](m *ebpf.Map, name string, id uint32) ([]B, error) {
+	var per []B
+	if err := m.Lookup(id/StatsBlock, &per); err != nil {
+		return nil, fmt.Errorf("%s[%d] (id %d): %w", name, id/StatsBlock, id, err)
+	}
+	return per, nil
 }
 
 func sumServiceSlot(per []bpf.LbSvcStatsBlock, slot uint32) bpf.LbSvcStats {
@@ -130,10 +140,10 @@ func snapshotRead[B, S any](sums map[uint32]*[StatsBlock]S, m *ebpf.Map, name st
 	k := id / StatsBlock
 	el, ok := sums[k]
 	if !ok {
-		var per []B
-		if err := m.Lookup(k, &per); err != nil {
+		per, err := statsElement[B](m, name, id)
+		if err != nil {
 			var zero S
-			return zero, fmt.Errorf("%s[%d] (id %d): %w", name, k, id, err)
+			return zero, err
 		}
 		el = new([StatsBlock]S)
 		for i := range el {
