@@ -272,7 +272,19 @@ const (
 		"against 2.81 / 3.38 s. The slow round (4.95 s) is the lists' (caches synced 2.8 s after they began, against 1.0-1.3 s " +
 		"in the other rounds). 2 s is met in some rounds and missed in most. What is left is two paths again, neither alone: the " +
 		"verifier's 1.9-2.1 s at nice 19 (3.4 s in the slow round), and beside it the lists and the Apply, which ended 30 ms, " +
-		"0.3 s and 0.7 s after the program was loaded in this tree's three rounds (the verifier ended last in all three of d3a6306's)."
+		"0.3 s and 0.7 s after the program was loaded in this tree's three rounds (the verifier ended last in all three of d3a6306's). " +
+		"Measured again (2026-12-06 14:55-16:10 UTC, the agent of bd893ee, one run with a profiling signal handler added; 16 rounds over five runs of `go run ./bench --only " +
+		"apiscale`, `make bench` among them): 1.87-3.61 s to the maps, and the spread follows the API server. In the 6 rounds " +
+		"where kube-apiserver and etcd spent at most 0.82 s of CPU over the start the agent took 1.87-2.28 s (median 2.0 s, its " +
+		"own CPU 2.5-2.9 s); in the 10 where they spent 1.3-2.4 s, 2.23-3.61 s. What the API server does in the slow rounds is " +
+		"not pinned down: its metrics, scraped every 2 s through one run of 4 rounds, show its watch cache waiting to be fresh " +
+		"(apiserver_watch_cache_read_wait_seconds) before serving the EndpointSlices in the two slow rounds and not in the two " +
+		"fast ones, and no list read from etcd in any. Tried and not kept: the informers' streaming lists off " +
+		"(KUBE_FEATURE_WatchListClient=false; client-go has them on by default since 1.35, so the agent asks for its initial " +
+		"state as a watch that sends every object as an event). One agent built so, 3 rounds (15:53-15:59 UTC): the API " +
+		"server's CPU over the start steady at 0.45-0.51 s and the start 2.32-2.53 s, but the agent's own CPU 3.2-3.7 s and " +
+		"its RSS when programmed 199-243 MB (a whole list's response decoded at once), against 160-167 MB with them on in the " +
+		"run right after it. The RSS target, and an API server serving a DaemonSet's lists, are better served by the streams."
 	apiRSSText = "**10,000 Services from the API server: RSS.** The objects are a cluster's since 6aee224 (labelled Services with selectors; slices as the EndpointSlice controller writes them, with pod references, nodes, zones, owners and copied labels): on them the agent before this change held 136 MB live after the cold start (heap profile after a GC, 5 s into a round) and peaked at 334-342 MB RSS; on the old bare objects 97 MB and 264-286 MB. " +
 		"What it held: the informers' API objects (EndpointSlices with their pod references 47 MB, Services 20 MB), the reconciler's services and backends 23 MB, the controller's translated services 20 MB, accrual 9 MB, the agent's per-service policy 3 MB. " +
 		"Done (ab729af, 107817b, 3b5dcb0): the informers' transform caches each EndpointSlice as the controller's compact copy (the fields Translate reads, the address parsed, conditions as flags, node names interned: about 1 KB a slice of ten endpoints, pod references and labels not kept) and a Service without its selector, status and other tools' labels and annotations; the translated endpoints are allocated at their size and shared by the reconciler instead of copied; the controller's pending map is made anew after the first hand-over instead of cleared (a map keeps its room); a cold start's 100,000 backend counter resets are written in batches of 4,096 (one batch marshalled 15 MB of boxed per-CPU zeros while the whole state was live). " +
@@ -295,7 +307,11 @@ const (
 		"Then (12f0ec1) the cached copies keep a 96-byte metadata struct of their own instead of metav1.ObjectMeta (232 bytes), answering client-go through GetObjectMeta: one run of 3 rounds (23:38-23:44 UTC) ended at 66 / 66 / 66 MB live, RSS when programmed 158 / 165 / 168 MB, peak at the end 178 / 186 / 191 MB. " +
 		"150 MB still needs about 50 MB live. A heap profile at the end of a round of 12f0ec1 (62 MB in use) has no piece bigger than the cached slices (10 MB, the pods' names 1.5 MB of it): " +
 		"the reconciler's services and backends about 11 MB, accrual about 10 MB, the controller's translated services and their endpoints about 7 MB, the informers' indexes about 5 MB (one set per Service key), the datapath's map handles 3 MB; " +
-		"each is the same endpoints held once per layer, so what is left takes one representation shared by the layers, not another trim."
+		"each is the same endpoints held once per layer, so what is left takes one representation shared by the layers, not another trim. " +
+		"A heap profile after a GC at the end of a round's change window (2026-12-06, the agent of bd893ee, 68 MB in use) is the " +
+		"same picture: the cached slices 12.5 MB (their endpoints 7 MB, the pods' names 3.5 MB), the reconciler's services and " +
+		"backends 13 MB, the controller's translated services 9 MB (their endpoints 5 MB), accrual 7.6 MB, the informers' " +
+		"stores and indexes 9 MB; no one piece is the 18 MB the target needs."
 	apiCPUText = "**100 EndpointSlice changes/s: the agent's CPU.** 8.7-9.2% of a core (33-35% for main measured the same hour; 26-33% at 7ac2e87). " +
 		"Until this branch's last change every hand-over (one per 30 ms debounce, about 25 a second here) carried all 10,000 services: " +
 		"reconcile.Apply looked each one up to find it unchanged (36% of the agent's CPU), prepareTables walked them for spare tables (8%), " +
@@ -318,5 +334,13 @@ const (
 		"hour (`go run ./bench --only apiscale` with the agent's environment set), a tenth less, while its cold start took 3.64 s against " +
 		"3.37 s: not worth a reaction time on one core. A CPU profile of the change window alone at 6b1f638's parent (pprof started 9 s " +
 		"into a round, 14 s; 930 ms of samples) has the agent's loop at 35% (filling tables 10%, of which mmap 8%; batch updates 6%; the " +
-		"maintenance 6%), the watch's stream 24% (protobuf decoding 13%, HTTP/2 and TLS 11%, gzip 6%), the controller 9%, the GC 5%."
+		"maintenance 6%), the watch's stream 24% (protobuf decoding 13%, HTTP/2 and TLS 11%, gzip 6%), the controller 9%, the GC 5%. " +
+		"Profiled again (2026-12-06 14:58 UTC, the agent of bd893ee; `perf record -F 999 -g -p` for 12 s of a round's change " +
+		"window, 8.2-8.9% of a core in that run): the Go runtime's sysmon 20% (a system call after the process went idle wakes " +
+		"it, and it polls every 20 µs while any goroutine runs), the agent's Apply 17% (ProgramService 10%, of it the tables' " +
+		"fills 5%), the watch's decoding 17% (protobuf 8.5%), HTTP/2 and TLS reads 9%, the GC 6%, the controller's sync 5%, " +
+		"the scheduler's hand-offs between threads most of the rest. A Go CPU profile of the same window in another run (SIGPROF, " +
+		"12 s) saw 5.2% of a core against the bench's 8.5%: about 40% of the agent's CPU here is its threads waking and sleeping " +
+		"in the kernel, which only fewer, larger bursts of work would cut. No single piece of the rest is the 3.5 points the " +
+		"target needs."
 )
