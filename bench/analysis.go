@@ -279,7 +279,11 @@ const (
 		"own CPU 2.5-2.9 s); in the 10 where they spent 1.3-2.4 s, 2.23-3.61 s. What the API server does in the slow rounds is " +
 		"not pinned down: its metrics, scraped every 2 s through one run of 4 rounds, show its watch cache waiting to be fresh " +
 		"(apiserver_watch_cache_read_wait_seconds) before serving the EndpointSlices in the two slow rounds and not in the two " +
-		"fast ones, and no list read from etcd in any. Tried and not kept: the informers' streaming lists off " +
+		"fast ones, and no list read from etcd in any. Its CPU sampled every 0.5 s through another run (16:12-16:17 UTC, 4 " +
+		"rounds: 2.46, 2.13, 2.31 and 3.12 s to the maps) puts the difference in serving the agent's own requests: from the " +
+		"agent's start to its caches' sync the API server spent about 0.45 s in the fast rounds and 1.9 s in the slow one, " +
+		"while before each start it ran at the change window's 0.4 of a core, not at a previous round's tail. Tried and not " +
+		"kept: the informers' streaming lists off " +
 		"(KUBE_FEATURE_WatchListClient=false; client-go has them on by default since 1.35, so the agent asks for its initial " +
 		"state as a watch that sends every object as an event). One agent built so, 3 rounds (15:53-15:59 UTC): the API " +
 		"server's CPU over the start steady at 0.45-0.51 s and the start 2.32-2.53 s, but the agent's own CPU 3.2-3.7 s and " +
