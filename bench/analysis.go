@@ -281,8 +281,9 @@ const (
 		"(apiserver_watch_cache_read_wait_seconds) before serving the EndpointSlices in the two slow rounds and not in the two " +
 		"fast ones, and no list read from etcd in any. Its CPU sampled every 0.5 s through another run (16:12-16:17 UTC, 4 " +
 		"rounds: 2.46, 2.13, 2.31 and 3.12 s to the maps) puts the difference in serving the agent's own requests: from the " +
-		"agent's start to its caches' sync the API server spent about 0.45 s in the fast rounds and 1.9 s in the slow one, " +
-		"while before each start it ran at the change window's 0.4 of a core, not at a previous round's tail. Tried and not " +
+		"agent's start to its caches' sync the API server spent 0.6-0.75 s in rounds 2 and 3 (1.0 s in round 1, which began " +
+		"while it was still busy after the Services' creation) and 1.9 s in the slow round 4, while before rounds 2-4 it ran " +
+		"at the change window's 0.4 of a core, not at a previous round's tail. Tried and not " +
 		"kept: the informers' streaming lists off " +
 		"(KUBE_FEATURE_WatchListClient=false; client-go has them on by default since 1.35, so the agent asks for its initial " +
 		"state as a watch that sends every object as an event). One agent built so, 3 rounds (15:53-15:59 UTC): the API " +
@@ -345,6 +346,6 @@ const (
 		"fills 5%), the watch's decoding 17% (protobuf 8.5%), HTTP/2 and TLS reads 9%, the GC 6%, the controller's sync 5%, " +
 		"the scheduler's hand-offs between threads most of the rest. A Go CPU profile of the same window in another run (SIGPROF, " +
 		"12 s) saw 5.2% of a core against the bench's 8.5%: about 40% of the agent's CPU here is its threads waking and sleeping " +
-		"in the kernel, which only fewer, larger bursts of work would cut. No single piece of the rest is the 3.5 points the " +
+		"in the kernel, which only fewer, larger bursts of work would cut. No single piece of the rest is the 3.5-4 points the " +
 		"target needs."
 )
