@@ -84,18 +84,17 @@ func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 			slow = true
 		}
 	}
-	if slow {
-		// Which step left it to the client (a rare failure, 1 in 15 runs
-		// on 2026-12-06): the agent's replay results (stale, no_copy,
-		// error) and the datapath's rescues and retries.
-		m := e.metrics()
-		t.Logf("replays: %v; datapath: %v", m.NonZero("penaltybox_syn_replays"),
-			m.NonZero("penaltybox_datapath_refused_retried"))
-	}
 	if st, _ := e.state(b3v6); st != "ejected" && st != "probation" {
 		t.Errorf("b3 is %s, want ejected", st)
 	}
 	m := e.metrics()
+	if slow {
+		// Which step left it to the client (a rare failure, 1 in 15 runs
+		// on 2026-12-06): the agent's replay results (stale, no_copy,
+		// error) and the datapath's rescues and retries.
+		t.Logf("replays: %v; datapath: %v", m.NonZero("penaltybox_syn_replays"),
+			m.NonZero("penaltybox_datapath_refused_retried"))
+	}
 	if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3v6, "kind", "refused"); got < maxFailures {
 		t.Errorf("refused failures of b3 = %v, want >= %d", got, maxFailures)
 	}
