@@ -289,7 +289,15 @@ const (
 		"state as a watch that sends every object as an event). One agent built so, 3 rounds (15:53-15:59 UTC): the API " +
 		"server's CPU over the start steady at 0.45-0.51 s and the start 2.32-2.53 s, but the agent's own CPU 3.2-3.7 s and " +
 		"its RSS when programmed 199-243 MB (a whole list's response decoded at once), against 160-167 MB with them on in the " +
-		"run right after it. The RSS target, and an API server serving a DaemonSet's lists, are better served by the streams."
+		"run right after it. The RSS target, and an API server serving a DaemonSet's lists, are better served by the streams. " +
+		"Tried and not kept (2026-12-06, evening): the streams asked for at resourceVersion 0, as kube-proxy lists (the API " +
+		"server streams its watch cache as it stands, where a start at no version makes it first wait for the cache to catch " +
+		"up with etcd, the wait seen in the slow rounds). Two runs of 3 rounds of each agent, alternating (`go run ./bench " +
+		"--only apiscale --rounds 3 --agent BIN`, 18:22-18:39 UTC): 1.81-3.82 s to the maps (median 2.77 s) as built, " +
+		"2.09-3.57 s (median 2.43 s) at version 0; the API server's and etcd's CPU over the start 0.58-2.59 s and 0.66-2.51 s. " +
+		"A round at version 0 still had the server spend 2.51 s, so its freshness wait is not what costs it the extra CPU; " +
+		"the medians' difference is within the rounds' spread, and a start at any version may miss the last moments' " +
+		"changes until the watch brings them: not worth that without a clear gain."
 	apiRSSText = "**10,000 Services from the API server: RSS.** The objects are a cluster's since 6aee224 (labelled Services with selectors; slices as the EndpointSlice controller writes them, with pod references, nodes, zones, owners and copied labels): on them the agent before this change held 136 MB live after the cold start (heap profile after a GC, 5 s into a round) and peaked at 334-342 MB RSS; on the old bare objects 97 MB and 264-286 MB. " +
 		"What it held: the informers' API objects (EndpointSlices with their pod references 47 MB, Services 20 MB), the reconciler's services and backends 23 MB, the controller's translated services 20 MB, accrual 9 MB, the agent's per-service policy 3 MB. " +
 		"Done (ab729af, 107817b, 3b5dcb0): the informers' transform caches each EndpointSlice as the controller's compact copy (the fields Translate reads, the address parsed, conditions as flags, node names interned: about 1 KB a slice of ten endpoints, pod references and labels not kept) and a Service without its selector, status and other tools' labels and annotations; the translated endpoints are allocated at their size and shared by the reconciler instead of copied; the controller's pending map is made anew after the first hand-over instead of cleared (a map keeps its room); a cold start's 100,000 backend counter resets are written in batches of 4,096 (one batch marshalled 15 MB of boxed per-CPU zeros while the whole state was live). " +
@@ -347,5 +355,10 @@ const (
 		"the scheduler's hand-offs between threads most of the rest. A Go CPU profile of the same window in another run (SIGPROF, " +
 		"12 s) saw 5.2% of a core against the bench's 8.5%: about 40% of the agent's CPU here is its threads waking and sleeping " +
 		"in the kernel, which only fewer, larger bursts of work would cut. No single piece of the rest is the 3.5-4 points the " +
-		"target needs."
+		"target needs. Tried and not kept (2026-12-06, evening): fewer, larger hand-overs, the controller's debounce at 60 ms " +
+		"instead of 30 ms (half as many Applies, each with twice the changes). Two runs of 3 rounds of each agent, alternating " +
+		"(`go run ./bench --only apiscale --rounds 3 --agent BIN`, 18:48-19:05 UTC): 7.55-8.89% of a core (median 8.2%) as " +
+		"built, 7.04-8.95% (median 8.2%) at 60 ms, while the change's p99 went from 43-52 ms to 72-107 ms. So the cost is not " +
+		"per hand-over: it is per watch event (each decoded, then passed through the informer's goroutines to the " +
+		"controller's worker, one by one) or per second, which a longer wait does not batch."
 )
