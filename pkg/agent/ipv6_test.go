@@ -13,19 +13,20 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
-// fakeReplayer records the replays asked of it.
+// fakeReplayer records the replays asked of it, and answers each with err.
 type fakeReplayer struct {
 	refused, unanswered []netip.AddrPort // clients
+	err                 error
 }
 
 func (r *fakeReplayer) Replay(client, _, _ netip.AddrPort) error {
 	r.refused = append(r.refused, client)
-	return nil
+	return r.err
 }
 
 func (r *fakeReplayer) ReplayUnanswered(client, _, _ netip.AddrPort, _ uint32) error {
 	r.unanswered = append(r.unanswered, client)
-	return nil
+	return r.err
 }
 
 var (

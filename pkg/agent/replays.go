@@ -68,6 +68,8 @@ func (r *replays) refused(ev *outcomes.Event) {
 	s, ok := r.rec.Service(ev.Service)
 	b, bok := r.rec.Backend(ev.Backend)
 	if !ok || !bok {
+		// Its service or backend left the desired state since.
+		r.metrics.Replays.WithLabelValues("refused", "stale").Inc()
 		return
 	}
 	// An old refusal (a backlog after a restart, a reader far behind) has
@@ -240,6 +242,8 @@ func (r *replays) count(reason, service string, client netip.AddrPort, err error
 		r.metrics.Replays.WithLabelValues(reason, "stale").Inc()
 	case errors.Is(err, replay.ErrNoCopy):
 		r.metrics.Replays.WithLabelValues(reason, "no_copy").Inc()
+	case errors.Is(err, replay.ErrDropped):
+		r.metrics.Replays.WithLabelValues(reason, "dropped").Inc()
 	default:
 		r.metrics.Replays.WithLabelValues(reason, "error").Inc()
 		if !r.failed {

@@ -4,6 +4,7 @@ package datapath_test
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -165,6 +166,44 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	// The new backend's answer goes through.
 	if _, p, _ := f.run(bpftest.TCPSeq(be2, client, bpftest.SYNACK, nil, bpftest.ISN, 43)); p.Src != vip {
 		t.Fatalf("new backend's SYN-ACK: %v", p.Src)
+	}
+}
+
+// A replay the datapath drops (here: an unanswered SYN with no other
+// backend listed to move it to) went nowhere: the replayer says so
+// (ErrDropped, its own metric result), not that it was sent. Run as the
+// agent runs it, in live-frame mode; only the dropped case, which sends
+// no frame out of the test.
+func TestReplayTheDatapathDropsIsNotSent(t *testing.T) {
+	f := newFixture(t)
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.table(id1)
+	syn := bpftest.LinuxSYN(client, vip, 42)
+	f.runMeta(nil, syn) // kept with the ingress interface 1 (lo), as live frames need one
+	f.svc.BackendCount = 1
+	f.writeService()
+	r := replay.New(func() (*ebpf.Program, error) { return f.PbXdp, nil }, f.Maps)
+	if err := r.ReplayUnanswered(client, vip, be1, id1); !errors.Is(err, replay.ErrDropped) {
+		t.Fatalf("replay with nowhere to move the flow: %v, want ErrDropped", err)
+	}
+	// The flow is as it was: still with its backend, waiting.
+	var v bpf.LbCtValue
+	f.must(f.LbMaps.PbCtV2.Lookup(maps.ReplyKey(be1, client), &v))
+	if v.BackendId != id1 || v.Flags&(maps.CTRetry|maps.CTClosed) != 0 {
+		t.Errorf("flow after a dropped replay: backend %d flags %#x, want it unchanged on %d", v.BackendId, v.Flags, id1)
+	}
+
+	// A rescued refusal (another client port) of a service left with no
+	// backend at all.
+	client2 := netip.AddrPortFrom(client.Addr(), client.Port()+1)
+	f.runMeta(nil, bpftest.LinuxSYN(client2, vip, 5000))
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, client2, 5000)); ret != bpftest.XDPDrop {
+		t.Fatalf("refusal verdict %d, want it kept from the client", ret)
+	}
+	f.svc.TableSize = 0
+	f.writeService()
+	if err := r.Replay(client2, vip, be1); !errors.Is(err, replay.ErrDropped) {
+		t.Fatalf("refused replay with no backend: %v, want ErrDropped", err)
 	}
 }
 

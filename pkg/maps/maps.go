@@ -97,6 +97,7 @@ const (
 	CTClientAcked uint32 = 0x0100 // forward entry: the client finished the handshake
 	CTRescued     uint32 = 0x0400 // refused, and the RST kept from the client
 	CTRetry       uint32 = 0x0800 // a rescued flow's second try
+	CTMoved       uint32 = 0x8000 // reverse entry of the backend an unanswered flow was moved off
 )
 
 // ReplyKey is the pb_ct key of a TCP flow's reverse entry: as the backend's

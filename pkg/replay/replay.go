@@ -41,6 +41,11 @@ var ErrNoCopy = errors.New("replay: no copy of the SYN")
 // A replay now would be a second SYN on whatever the flow has become.
 var ErrStale = errors.New("replay: the flow has moved on")
 
+// ErrDropped: the datapath did not move the flow (no other backend to
+// move it to, or no backend at all): the replay went nowhere, and the
+// client's own retransmission is what it waits for.
+var ErrDropped = errors.New("replay: the datapath did not move the flow")
+
 // Replayer replays refused SYNs through the datapath program.
 type Replayer struct {
 	prog func() (*ebpf.Program, error)
@@ -66,7 +71,17 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 	if flags&(maps.CTClosed|maps.CTRescued|maps.CTRetry) != maps.CTClosed|maps.CTRescued {
 		return ErrStale
 	}
-	return r.send(client, vip, Meta(0))
+	if err := r.send(client, vip, Meta(0)); err != nil {
+		return err
+	}
+	// A live frame's run returns no verdict, so the flow says whether the
+	// datapath moved it: a moved flow's entry with this backend is gone,
+	// or a retry's (back to the same backend, when no other is active).
+	if flags, err := r.flowFlags(client, backend); err == nil &&
+		flags&(maps.CTClosed|maps.CTRescued|maps.CTRetry) == maps.CTClosed|maps.CTRescued {
+		return ErrDropped
+	}
+	return nil
 }
 
 // flowFlags are the flags of client's flow with backend (its reverse
@@ -91,10 +106,18 @@ func (r *Replayer) ReplayUnanswered(client, vip, backend netip.AddrPort, backend
 	if err != nil {
 		return err
 	}
-	if flags&(maps.CTEstablished|maps.CTClosed|maps.CTRetry) != 0 {
+	if flags&(maps.CTEstablished|maps.CTClosed|maps.CTRetry|maps.CTMoved) != 0 {
 		return ErrStale
 	}
-	return r.send(client, vip, Meta(backendID))
+	if err := r.send(client, vip, Meta(backendID)); err != nil {
+		return err
+	}
+	// Moved, the flow leaves this backend's entry marked (PB_CT_MOVED), for
+	// its late answer; a replay the datapath kept on it leaves it unmarked.
+	if flags, err := r.flowFlags(client, backend); err == nil && flags&maps.CTMoved == 0 {
+		return ErrDropped
+	}
+	return nil
 }
 
 // Meta is the XDP metadata (struct replay_meta) of a replayed SYN: it
