@@ -114,6 +114,19 @@ func ReplyKey(backend, client netip.AddrPort) bpf.LbCtKey {
 	return k
 }
 
+// RequestKey is the pb_ct key of a TCP flow's forward entry: as the
+// client's packets to the VIP carry it.
+func RequestKey(client, vip netip.AddrPort) bpf.LbCtKey {
+	var k bpf.LbCtKey
+	k.Src.Bytes = Addr16(client.Addr())
+	k.Dst.Bytes = Addr16(vip.Addr())
+	k.Sport, k.Dport = Port(client.Port()), Port(vip.Port())
+	k.Proto = 6 // TCP
+	k.Dir = DirFwd
+	k.Family = Family(client.Addr())
+	return k
+}
+
 // Conntrack directions.
 const (
 	DirFwd uint8 = 0

@@ -75,10 +75,14 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 		return err
 	}
 	// A live frame's run returns no verdict, so the flow says whether the
-	// datapath moved it: a moved flow's entry with this backend is gone,
-	// or a retry's (back to the same backend, when no other is active).
-	if flags, err := r.flowFlags(client, backend); err == nil &&
-		flags&(maps.CTClosed|maps.CTRescued|maps.CTRetry) == maps.CTClosed|maps.CTRescued {
+	// datapath sent the SYN on: its forward entry is then a retry's, or
+	// (the entry lost and made again) another backend's. Still the
+	// refusal's, the SYN went nowhere: no backend to take it, or the
+	// circuit breaker turned it away. Gone, the tuple was handed over to
+	// kube-proxy.
+	fwd, err := r.m.CTEntry(maps.RequestKey(client, vip))
+	if err == nil && fwd.Flags&maps.CTRetry == 0 &&
+		netip.AddrPortFrom(maps.AddrFromFamily(maps.Family(client.Addr()), fwd.NatAddr.Bytes), maps.Port(fwd.NatPort)) == backend {
 		return ErrDropped
 	}
 	return nil
@@ -114,7 +118,13 @@ func (r *Replayer) ReplayUnanswered(client, vip, backend netip.AddrPort, backend
 	}
 	// Moved, the flow leaves this backend's entry marked (PB_CT_MOVED), for
 	// its late answer; a replay the datapath kept on it leaves it unmarked.
-	if flags, err := r.flowFlags(client, backend); err == nil && flags&maps.CTMoved == 0 {
+	// Gone, the client's own retransmission moved the flow first, and the
+	// replay found it moved.
+	flags, err = r.flowFlags(client, backend)
+	if err != nil {
+		return err
+	}
+	if flags&maps.CTMoved == 0 {
 		return ErrDropped
 	}
 	return nil
