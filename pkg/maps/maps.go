@@ -104,26 +104,24 @@ const (
 // replies to the client carry it. Its family is the client's (a flow's
 // addresses are all of one family).
 func ReplyKey(backend, client netip.AddrPort) bpf.LbCtKey {
-	var k bpf.LbCtKey
-	k.Src.Bytes = Addr16(backend.Addr())
-	k.Dst.Bytes = Addr16(client.Addr())
-	k.Sport, k.Dport = Port(backend.Port()), Port(client.Port())
-	k.Proto = 6 // TCP
-	k.Dir = DirRev
-	k.Family = Family(client.Addr())
-	return k
+	return tcpKey(backend, client, DirRev, Family(client.Addr()))
 }
 
 // RequestKey is the pb_ct key of a TCP flow's forward entry: as the
 // client's packets to the VIP carry it.
 func RequestKey(client, vip netip.AddrPort) bpf.LbCtKey {
+	return tcpKey(client, vip, DirFwd, Family(client.Addr()))
+}
+
+// tcpKey is the pb_ct key of a TCP packet from src to dst.
+func tcpKey(src, dst netip.AddrPort, dir, family uint8) bpf.LbCtKey {
 	var k bpf.LbCtKey
-	k.Src.Bytes = Addr16(client.Addr())
-	k.Dst.Bytes = Addr16(vip.Addr())
-	k.Sport, k.Dport = Port(client.Port()), Port(vip.Port())
+	k.Src.Bytes = Addr16(src.Addr())
+	k.Dst.Bytes = Addr16(dst.Addr())
+	k.Sport, k.Dport = Port(src.Port()), Port(dst.Port())
 	k.Proto = 6 // TCP
-	k.Dir = DirFwd
-	k.Family = Family(client.Addr())
+	k.Dir = dir
+	k.Family = family
 	return k
 }
 
