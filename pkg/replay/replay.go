@@ -42,8 +42,9 @@ var ErrNoCopy = errors.New("replay: no copy of the SYN")
 var ErrStale = errors.New("replay: the flow has moved on")
 
 // ErrDropped: the datapath did not move the flow (no other backend to
-// move it to, or no backend at all): the replay went nowhere, and the
-// client's own retransmission is what it waits for.
+// move it to, or the circuit breaker turned it away): the replay went
+// nowhere, and the client's own retransmission is what it waits for (or,
+// turned away, the breaker's RST).
 var ErrDropped = errors.New("replay: the datapath did not move the flow")
 
 // Replayer replays refused SYNs through the datapath program.
