@@ -13,8 +13,8 @@ import (
 )
 
 // Every rescued refusal the agent reads shows in a replay result, so that
-// the results add up to the datapath's rescues: one the datapath dropped
-// (nowhere to move it) is "dropped", not "sent", and one whose service or
+// the results can be held against the datapath's rescues: one the
+// datapath did not move is "dropped", not "sent", and one whose service or
 // backend left the desired state is "stale", not silently skipped.
 func TestReplayResultsAccountForEveryRescue(t *testing.T) {
 	e := newEnv(t)

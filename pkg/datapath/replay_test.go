@@ -169,11 +169,11 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 	}
 }
 
-// A replay the datapath drops (here: an unanswered SYN with no other
-// backend listed to move it to) went nowhere: the replayer says so
-// (ErrDropped, its own metric result), not that it was sent. Run as the
-// agent runs it, in live-frame mode; only the dropped case, which sends
-// no frame out of the test.
+// A replay the datapath does not move (an unanswered SYN with no other
+// backend listed to move it to; a refused one of a service left with no
+// backend) went nowhere: the replayer says so (ErrDropped, its own metric
+// result), not that it was sent. Run as the agent runs it, in live-frame
+// mode; only the dropped cases, which send no frame out of the test.
 func TestReplayTheDatapathDropsIsNotSent(t *testing.T) {
 	f := newFixture(t)
 	f.svc.Flags = maps.ServiceRetryRefused

@@ -83,7 +83,7 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 	// kube-proxy.
 	fwd, err := r.m.CTEntry(maps.RequestKey(client, vip))
 	if err == nil && fwd.Flags&maps.CTRetry == 0 &&
-		netip.AddrPortFrom(maps.AddrFromFamily(maps.Family(client.Addr()), fwd.NatAddr.Bytes), maps.Port(fwd.NatPort)) == backend {
+		fwd.NatAddr.Bytes == maps.Addr16(backend.Addr()) && fwd.NatPort == maps.Port(backend.Port()) {
 		return ErrDropped
 	}
 	return nil

@@ -91,8 +91,8 @@ func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 	if slow {
 		// Which step left it to the client (a rare failure, 1 in 15 runs
 		// on 2026-12-06): the agent's replay results (stale, no_copy,
-		// error), and every datapath counter (rescues and retries, SYNs
-		// dropped with no backend, steering, the SYN guard).
+		// dropped, error), and every datapath counter (rescues and
+		// retries, SYNs dropped with no backend, steering, the SYN guard).
 		t.Logf("replays: %v; datapath: %v", m.NonZero("penaltybox_syn_replays"),
 			strings.Join(m.NonZero("penaltybox_datapath_"), "; "))
 	}
