@@ -664,3 +664,315 @@ int pb_stats_reset_run(struct stats_reset_args *a)
 	/* bpf_loop refuses a count past its limit (1 << 23) outright. */
 	return done == args.n ? 0 : 1;
 }
+
+/* The agent's whole conntrack sweep, in the kernel: what the agent's
+ * reaper (pkg/conntrack) does with a copy of pb_ct_v2, done here with
+ * lookups in the table itself. A closed flow keeps its two entries for
+ * the closed timeout (10 s), so at 10,000 connections a second the copy
+ * was of some 200,000 entries, most of the agent's sweep. Three walks:
+ *   1. reverse entries: a flow idle past its state's timeout (last seen by
+ *      either half) goes, both halves; otherwise its ids are in use;
+ *   2. forward entries without their reverse half: one idle past the
+ *      closed timeout goes; otherwise its ids are in use;
+ *   3. pb_flows: an entry whose flow is gone, and older than the orphan
+ *      age, is released and its breaker slots given back.
+ * Each walk is its own run (ct_sweep_args.walk, the state kept in
+ * pb_ct_sweep_state): a walk cannot be preempted, and on a kernel without
+ * preemption no other task runs on its CPU until it returns, some 30-40 ms
+ * for a full default table.
+ * An entry found due is deleted only when the walk has moved on (at the
+ * next callback, or after the walk): the walk reads an entry's successor
+ * after its callback, and a deleted LRU entry can be handed to a new flow
+ * at once, which would take the walk into another bucket.
+ *
+ * Walk 1 marks the forward half of each live flow (sweep_mark), so walk 2
+ * need not look anything up for it. Its lookup of each reverse entry's
+ * forward half counts as a use for the LRU: after a sweep, every forward
+ * entry looks recently used. */
+struct bpf_map;
+
+struct ct_sweep_walk {
+	struct ct_sweep_args a;
+	struct ct_expire pend; /* a due flow, deleted at the next step */
+	__u32 pend_svc, pend_be; /* a due forward entry's ids, in use if it was another flow's */
+	struct ct_key pend_flow; /* a pb_flows entry to release at the next step */
+	struct flow_value pend_fv;
+	__u32 deleted; /* conntrack entries deleted */
+	__u8 has_pend;
+	__u8 has_pend_flow;
+	__u8 pad[2];
+};
+
+/* The walk's state lives in pb_ct_sweep_state, not on the stack: the
+ * verifier then sees its fields as unknown values, where on the stack it
+ * tracked every value a counter or flag took through the callbacks and
+ * never finished. */
+/* pb_ct_sweep_state[0]: one sweep's walks. Not per-CPU: the agent's
+ * thread may move to another CPU between its walks. Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_sweep_walk);
+	__uint(max_entries, 1);
+} pb_ct_sweep_state SEC(".maps");
+
+static __always_inline struct ct_sweep_walk *sweep_state(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&pb_ct_sweep_state, &zero);
+}
+
+static __always_inline __u64 sweep_timeout(const struct ct_sweep_args *a, __u8 proto, __u32 flags)
+{
+	if (proto != IPPROTO_TCP)
+		return a->udp;
+	if (flags & PB_CT_CLOSED)
+		return a->tcp_closed;
+	if (flags & PB_CT_ESTABLISHED)
+		return a->tcp_established;
+	return a->tcp_opening;
+}
+
+/* sweep_use marks a flow's ids, and the VIP its forward key is addressed
+ * to, in use. */
+static __always_inline void sweep_use(struct ct_sweep_walk *w, const struct ct_key *fk, __u32 svc, __u32 be)
+{
+	__u32 zero = 0;
+	struct ct_inuse *u = bpf_map_lookup_elem(&pb_ct_inuse, &zero);
+	if (!u) {
+		w->a.failed |= PB_SWEEP_FAIL_INUSE;
+		return;
+	}
+	if (svc < PB_MAX_SERVICES && be < PB_MAX_BACKENDS) {
+		u->svc[svc / 64] |= 1ULL << (svc % 64);
+		u->be[be / 64] |= 1ULL << (be % 64);
+	} else {
+		w->a.failed |= PB_SWEEP_FAIL_ID;
+	}
+	struct vip_use_key vk = {};
+	vk.addr = fk->dst;
+	vk.port = fk->dport;
+	vk.family = fk->family;
+	/* Most live flows' VIPs are there already; an update of a map without
+	 * preallocation allocates even to replace. */
+	if (bpf_map_lookup_elem(&pb_ct_inuse_vips, &vk))
+		return;
+	__u8 one = 1;
+	if (bpf_map_update_elem(&pb_ct_inuse_vips, &vk, &one, BPF_ANY))
+		w->a.failed |= PB_SWEEP_FAIL_VIPS;
+}
+
+/* sweep_settle deletes what the last step found due, now that the walk
+ * has moved past it. Each entry goes only if it is still the flow's (its
+ * start): the datapath may have reused the tuple meanwhile. */
+static __always_inline void sweep_settle(struct ct_sweep_walk *w)
+{
+	__u32 deleted = 0;
+	if (w->has_pend) {
+		struct ct_expire *x = &w->pend;
+		w->has_pend = 0;
+		if (x->rev.family) {
+			if (ct_expire_key(&x->rev, x->created_ns, &deleted) == PB_CT_EXPIRE_DELETED) {
+				w->a.expired++;
+				if (x->fwd.family)
+					ct_expire_key(&x->fwd, x->created_ns, &deleted);
+			}
+		} else {
+			__u8 r = ct_expire_key(&x->fwd, x->created_ns, &deleted);
+			if (r == PB_CT_EXPIRE_DELETED)
+				w->a.expired++;
+			else if (r == PB_CT_EXPIRE_OTHER)
+				sweep_use(w, &x->fwd, w->pend_svc, w->pend_be);
+		}
+		w->deleted += deleted;
+	}
+	if (w->has_pend_flow) {
+		w->has_pend_flow = 0;
+		/* Only the delete that removed the entry gives its slots back:
+		 * the datapath releases it itself at a FIN or RST. */
+		if (bpf_map_delete_elem(&pb_flows, &w->pend_flow) == 0) {
+			struct inflight *c = bpf_map_lookup_elem(&pb_svc_inflight, &w->pend_fv.svc_id);
+			if (c)
+				__sync_fetch_and_add(&c->count, -1);
+			c = bpf_map_lookup_elem(&pb_be_inflight, &w->pend_fv.backend_id);
+			if (c)
+				__sync_fetch_and_add(&c->count, -1);
+			w->a.released++;
+		}
+	}
+}
+
+static long ct_sweep_rev(struct bpf_map *map, const struct ct_key *k, struct ct_value *v, void *ctx)
+{
+	struct ct_sweep_walk *w = sweep_state();
+	if (!w)
+		return 1;
+	sweep_settle(w);
+	if (k->dir != PB_DIR_REV)
+		return 0;
+	struct ct_key fk = {};
+	fk.src = k->dst;
+	fk.dst = v->nat_addr;
+	fk.sport = k->dport;
+	fk.dport = v->nat_port;
+	fk.proto = k->proto;
+	fk.dir = PB_DIR_FWD;
+	fk.family = k->family;
+	__u64 created = v->created_ns;
+	__u64 last = v->last_seen_ns;
+	__u32 flags = v->flags;
+	struct ct_value *f = bpf_map_lookup_elem(&pb_ct_v2, &fk);
+	/* The two halves of a flow share its start. A forward entry with
+	 * another start is another flow's: the one a replay moved off this
+	 * entry's backend, which has its own reverse entry. */
+	if (f && f->created_ns != created)
+		f = NULL;
+	if (f && f->last_seen_ns > last)
+		last = f->last_seen_ns;
+	if (!f || !(f->flags & PB_CT_CLIENT_ACKED))
+		flags &= ~PB_CT_ESTABLISHED; /* handshake never completed by the client */
+	if ((__s64)(w->a.now_coarse - last) > (__s64)sweep_timeout(&w->a, k->proto, flags)) {
+		__builtin_memset(&w->pend, 0, sizeof(w->pend));
+		w->pend.rev = *k;
+		if (f)
+			w->pend.fwd = fk;
+		w->pend.created_ns = created;
+		w->has_pend = 1;
+		return 0;
+	}
+	if (f) {
+		/* Walk 2 passes it by without looking its reverse half up. */
+		f->sweep_mark = w->a.mark;
+	} else {
+		/* Its forward key stays the live flow's: walk 2 keeps the entry
+		 * there (the moved flow's), walk 3 the flow's pb_flows entry. */
+		__u8 one = 1;
+		if (bpf_map_update_elem(&pb_ct_sweep_apart, &fk, &one, BPF_ANY))
+			w->a.failed |= PB_SWEEP_FAIL_APART;
+	}
+	sweep_use(w, &fk, v->svc_id, v->backend_id);
+	return 0;
+}
+
+static long ct_sweep_fwd(struct bpf_map *map, const struct ct_key *k, struct ct_value *v, void *ctx)
+{
+	struct ct_sweep_walk *w = sweep_state();
+	if (!w)
+		return 1;
+	sweep_settle(w);
+	w->a.entries++;
+	if (k->dir != PB_DIR_FWD)
+		return 0;
+	/* Its flow's reverse half was found live by walk 1 (a due one took
+	 * it along). A mark from an earlier sweep differs: the agent counts
+	 * them up, and a new entry's is 0. */
+	if (v->sweep_mark == w->a.mark)
+		return 0;
+	if (bpf_map_lookup_elem(&pb_ct_sweep_apart, k))
+		return 0;
+	/* Whether a live reverse entry names it is not known: left to the
+	 * agent's own sweep (ErrSweepIncomplete). */
+	if (w->a.failed & PB_SWEEP_FAIL_APART)
+		return 0;
+	/* Without its reverse half (the LRU took it): the closed timeout;
+	 * until then it keeps its ids. */
+	if ((__s64)(w->a.now_coarse - v->last_seen_ns) > (__s64)w->a.tcp_closed) {
+		__builtin_memset(&w->pend, 0, sizeof(w->pend));
+		w->pend.fwd = *k;
+		w->pend.created_ns = v->created_ns;
+		w->pend_svc = v->svc_id;
+		w->pend_be = v->backend_id;
+		w->has_pend = 1;
+		return 0;
+	}
+	sweep_use(w, k, v->svc_id, v->backend_id);
+	return 0;
+}
+
+static long ct_sweep_flow(struct bpf_map *map, const struct ct_key *k, struct flow_value *fv, void *ctx)
+{
+	struct ct_sweep_walk *w = sweep_state();
+	if (!w)
+		return 1;
+	sweep_settle(w);
+	/* Its flow lives if its forward entry does, or a live reverse entry
+	 * still names its key; a young entry may be a flow being created (its
+	 * pb_flows entry is written before its conntrack entries). */
+	if (bpf_map_lookup_elem(&pb_ct_v2, k) || bpf_map_lookup_elem(&pb_ct_sweep_apart, k) ||
+	    (__s64)(w->a.now_mono - fv->created_ns) < (__s64)w->a.orphan) {
+		w->a.counted++;
+		sweep_use(w, k, fv->svc_id, fv->backend_id);
+		return 0;
+	}
+	if (w->a.failed & PB_SWEEP_FAIL_APART)
+		return 0; /* as in walk 2 */
+	w->pend_flow = *k;
+	w->pend_fv = *fv;
+	w->has_pend_flow = 1;
+	return 0;
+}
+
+static long sweep_clear_apart(struct bpf_map *map, const struct ct_key *k, __u8 *v, void *ctx)
+{
+	bpf_map_delete_elem(&pb_ct_sweep_apart, k);
+	return 0;
+}
+
+static long sweep_clear_vip(struct bpf_map *map, const struct vip_use_key *k, __u8 *v, void *ctx)
+{
+	bpf_map_delete_elem(&pb_ct_inuse_vips, k);
+	return 0;
+}
+
+static long sweep_clear_word(__u32 i, void *ctx)
+{
+	__u32 zero = 0;
+	struct ct_inuse *u = bpf_map_lookup_elem(&pb_ct_inuse, &zero);
+	if (!u)
+		return 1;
+	if (i < PB_MAX_SERVICES / 64)
+		u->svc[i] = 0;
+	if (i < PB_MAX_BACKENDS / 64)
+		u->be[i] = 0;
+	return 0;
+}
+
+SEC("syscall")
+int pb_ct_sweep_run(struct ct_sweep_args *a)
+{
+	struct ct_sweep_walk *w = sweep_state();
+	if (!w)
+		return 1;
+	switch (a->walk) {
+	case 1:
+		__builtin_memset(w, 0, sizeof(*w));
+		w->a = *a;
+		w->a.entries = w->a.expired = w->a.released = w->a.counted = w->a.failed = 0;
+		bpf_for_each_map_elem(&pb_ct_sweep_apart, sweep_clear_apart, NULL, 0);
+		bpf_for_each_map_elem(&pb_ct_inuse_vips, sweep_clear_vip, NULL, 0);
+		bpf_loop(PB_MAX_BACKENDS / 64, sweep_clear_word, NULL, 0);
+		bpf_for_each_map_elem(&pb_ct_v2, ct_sweep_rev, NULL, 0);
+		sweep_settle(w);
+		/* The table's size when the sweep began: what walk 1 deleted,
+		 * and what walk 2 sees (it counts each entry before it deletes
+		 * any). */
+		w->a.entries = w->deleted;
+		break;
+	case 2:
+		bpf_for_each_map_elem(&pb_ct_v2, ct_sweep_fwd, NULL, 0);
+		sweep_settle(w);
+		break;
+	case 3:
+		bpf_for_each_map_elem(&pb_flows, ct_sweep_flow, NULL, 0);
+		sweep_settle(w);
+		break;
+	default:
+		return 1;
+	}
+	a->entries = w->a.entries;
+	a->expired = w->a.expired;
+	a->released = w->a.released;
+	a->counted = w->a.counted;
+	a->failed = w->a.failed;
+	return 0;
+}

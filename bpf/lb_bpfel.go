@@ -91,6 +91,12 @@ type LbCtExpireArgs struct {
 	Deleted uint32
 }
 
+type LbCtInuse struct {
+	_   structs.HostLayout
+	Svc [1024]uint64
+	Be  [4096]uint64
+}
+
 type LbCtKey struct {
 	_   structs.HostLayout
 	Src struct {
@@ -109,6 +115,39 @@ type LbCtKey struct {
 	Pad    uint8
 }
 
+type LbCtSweepArgs struct {
+	_              structs.HostLayout
+	NowCoarse      uint64
+	NowMono        uint64
+	TcpEstablished uint64
+	TcpOpening     uint64
+	TcpClosed      uint64
+	Udp            uint64
+	Orphan         uint64
+	Entries        uint32
+	Expired        uint32
+	Released       uint32
+	Counted        uint32
+	Failed         uint32
+	Mark           uint16
+	Walk           uint8
+	Pad            uint8
+}
+
+type LbCtSweepWalk struct {
+	_           structs.HostLayout
+	A           LbCtSweepArgs
+	Pend        LbCtExpire
+	PendSvc     uint32
+	PendBe      uint32
+	PendFlow    LbCtKey
+	PendFv      LbFlowValue
+	Deleted     uint32
+	HasPend     uint8
+	HasPendFlow uint8
+	Pad         [2]uint8
+}
+
 type LbCtValue struct {
 	_       structs.HostLayout
 	NatAddr struct {
@@ -116,7 +155,7 @@ type LbCtValue struct {
 		Bytes [16]uint8
 	}
 	NatPort      uint16
-	Pad          uint16
+	SweepMark    uint16
 	Flags        uint32
 	SvcId        uint32
 	BackendId    uint32
@@ -419,6 +458,17 @@ type LbSynGuardCpu struct {
 	Armed           uint64
 }
 
+type LbVipUseKey struct {
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Port   uint16
+	Family uint8
+	Pad    uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -430,6 +480,10 @@ const (
 	LbMapPbBeTrip             = "pb_be_trip"
 	LbMapPbConfigV2           = "pb_config_v2"
 	LbMapPbCtExpire           = "pb_ct_expire"
+	LbMapPbCtInuse            = "pb_ct_inuse"
+	LbMapPbCtInuseVips        = "pb_ct_inuse_vips"
+	LbMapPbCtSweepApart       = "pb_ct_sweep_apart"
+	LbMapPbCtSweepState       = "pb_ct_sweep_state"
 	LbMapPbCtV2               = "pb_ct_v2"
 	LbMapPbEvents             = "pb_events"
 	LbMapPbFlows              = "pb_flows"
@@ -455,6 +509,7 @@ const (
 	LbMapPbSynsV2             = "pb_syns_v2"
 	LbMapPbVipSlots           = "pb_vip_slots"
 	LbProgPbCtExpireRun       = "pb_ct_expire_run"
+	LbProgPbCtSweepRun        = "pb_ct_sweep_run"
 	LbProgPbStatsResetRun     = "pb_stats_reset_run"
 	LbProgPbXdp               = "pb_xdp"
 	LbVarPbClock              = "pb_clock"
@@ -512,6 +567,7 @@ type LbSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbProgramSpecs struct {
 	PbCtExpireRun   *ebpf.ProgramSpec `ebpf:"pb_ct_expire_run"`
+	PbCtSweepRun    *ebpf.ProgramSpec `ebpf:"pb_ct_sweep_run"`
 	PbStatsResetRun *ebpf.ProgramSpec `ebpf:"pb_stats_reset_run"`
 	PbXdp           *ebpf.ProgramSpec `ebpf:"pb_xdp"`
 }
@@ -520,37 +576,41 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
-	PbAffinity    *ebpf.MapSpec `ebpf:"pb_affinity"`
-	PbBackends    *ebpf.MapSpec `ebpf:"pb_backends"`
-	PbBeInflight  *ebpf.MapSpec `ebpf:"pb_be_inflight"`
-	PbBeStatsV2   *ebpf.MapSpec `ebpf:"pb_be_stats_v2"`
-	PbBeTrip      *ebpf.MapSpec `ebpf:"pb_be_trip"`
-	PbConfigV2    *ebpf.MapSpec `ebpf:"pb_config_v2"`
-	PbCtExpire    *ebpf.MapSpec `ebpf:"pb_ct_expire"`
-	PbCtV2        *ebpf.MapSpec `ebpf:"pb_ct_v2"`
-	PbEvents      *ebpf.MapSpec `ebpf:"pb_events"`
-	PbFlows       *ebpf.MapSpec `ebpf:"pb_flows"`
-	PbHealth      *ebpf.MapSpec `ebpf:"pb_health"`
-	PbIfaces      *ebpf.MapSpec `ebpf:"pb_ifaces"`
-	PbMaglev      *ebpf.MapSpec `ebpf:"pb_maglev"`
-	PbMaglevFb    *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
-	PbNfStats     *ebpf.MapSpec `ebpf:"pb_nf_stats"`
-	PbPorts       *ebpf.MapSpec `ebpf:"pb_ports"`
-	PbRedirect    *ebpf.MapSpec `ebpf:"pb_redirect"`
-	PbScratch     *ebpf.MapSpec `ebpf:"pb_scratch"`
-	PbServices    *ebpf.MapSpec `ebpf:"pb_services"`
-	PbSrcTrust    *ebpf.MapSpec `ebpf:"pb_src_trust"`
-	PbStatsReset  *ebpf.MapSpec `ebpf:"pb_stats_reset"`
-	PbStatsV2     *ebpf.MapSpec `ebpf:"pb_stats_v2"`
-	PbSvcBackends *ebpf.MapSpec `ebpf:"pb_svc_backends"`
-	PbSvcInflight *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
-	PbSvcKeys     *ebpf.MapSpec `ebpf:"pb_svc_keys"`
-	PbSvcStatsV2  *ebpf.MapSpec `ebpf:"pb_svc_stats_v2"`
-	PbSvcTrip     *ebpf.MapSpec `ebpf:"pb_svc_trip"`
-	PbSynGuard    *ebpf.MapSpec `ebpf:"pb_syn_guard"`
-	PbSynGuardCpu *ebpf.MapSpec `ebpf:"pb_syn_guard_cpu"`
-	PbSynsV2      *ebpf.MapSpec `ebpf:"pb_syns_v2"`
-	PbVipSlots    *ebpf.MapSpec `ebpf:"pb_vip_slots"`
+	PbAffinity     *ebpf.MapSpec `ebpf:"pb_affinity"`
+	PbBackends     *ebpf.MapSpec `ebpf:"pb_backends"`
+	PbBeInflight   *ebpf.MapSpec `ebpf:"pb_be_inflight"`
+	PbBeStatsV2    *ebpf.MapSpec `ebpf:"pb_be_stats_v2"`
+	PbBeTrip       *ebpf.MapSpec `ebpf:"pb_be_trip"`
+	PbConfigV2     *ebpf.MapSpec `ebpf:"pb_config_v2"`
+	PbCtExpire     *ebpf.MapSpec `ebpf:"pb_ct_expire"`
+	PbCtInuse      *ebpf.MapSpec `ebpf:"pb_ct_inuse"`
+	PbCtInuseVips  *ebpf.MapSpec `ebpf:"pb_ct_inuse_vips"`
+	PbCtSweepApart *ebpf.MapSpec `ebpf:"pb_ct_sweep_apart"`
+	PbCtSweepState *ebpf.MapSpec `ebpf:"pb_ct_sweep_state"`
+	PbCtV2         *ebpf.MapSpec `ebpf:"pb_ct_v2"`
+	PbEvents       *ebpf.MapSpec `ebpf:"pb_events"`
+	PbFlows        *ebpf.MapSpec `ebpf:"pb_flows"`
+	PbHealth       *ebpf.MapSpec `ebpf:"pb_health"`
+	PbIfaces       *ebpf.MapSpec `ebpf:"pb_ifaces"`
+	PbMaglev       *ebpf.MapSpec `ebpf:"pb_maglev"`
+	PbMaglevFb     *ebpf.MapSpec `ebpf:"pb_maglev_fb"`
+	PbNfStats      *ebpf.MapSpec `ebpf:"pb_nf_stats"`
+	PbPorts        *ebpf.MapSpec `ebpf:"pb_ports"`
+	PbRedirect     *ebpf.MapSpec `ebpf:"pb_redirect"`
+	PbScratch      *ebpf.MapSpec `ebpf:"pb_scratch"`
+	PbServices     *ebpf.MapSpec `ebpf:"pb_services"`
+	PbSrcTrust     *ebpf.MapSpec `ebpf:"pb_src_trust"`
+	PbStatsReset   *ebpf.MapSpec `ebpf:"pb_stats_reset"`
+	PbStatsV2      *ebpf.MapSpec `ebpf:"pb_stats_v2"`
+	PbSvcBackends  *ebpf.MapSpec `ebpf:"pb_svc_backends"`
+	PbSvcInflight  *ebpf.MapSpec `ebpf:"pb_svc_inflight"`
+	PbSvcKeys      *ebpf.MapSpec `ebpf:"pb_svc_keys"`
+	PbSvcStatsV2   *ebpf.MapSpec `ebpf:"pb_svc_stats_v2"`
+	PbSvcTrip      *ebpf.MapSpec `ebpf:"pb_svc_trip"`
+	PbSynGuard     *ebpf.MapSpec `ebpf:"pb_syn_guard"`
+	PbSynGuardCpu  *ebpf.MapSpec `ebpf:"pb_syn_guard_cpu"`
+	PbSynsV2       *ebpf.MapSpec `ebpf:"pb_syns_v2"`
+	PbVipSlots     *ebpf.MapSpec `ebpf:"pb_vip_slots"`
 }
 
 // LbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -589,37 +649,41 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
-	PbAffinity    *ebpf.Map `ebpf:"pb_affinity"`
-	PbBackends    *ebpf.Map `ebpf:"pb_backends"`
-	PbBeInflight  *ebpf.Map `ebpf:"pb_be_inflight"`
-	PbBeStatsV2   *ebpf.Map `ebpf:"pb_be_stats_v2"`
-	PbBeTrip      *ebpf.Map `ebpf:"pb_be_trip"`
-	PbConfigV2    *ebpf.Map `ebpf:"pb_config_v2"`
-	PbCtExpire    *ebpf.Map `ebpf:"pb_ct_expire"`
-	PbCtV2        *ebpf.Map `ebpf:"pb_ct_v2"`
-	PbEvents      *ebpf.Map `ebpf:"pb_events"`
-	PbFlows       *ebpf.Map `ebpf:"pb_flows"`
-	PbHealth      *ebpf.Map `ebpf:"pb_health"`
-	PbIfaces      *ebpf.Map `ebpf:"pb_ifaces"`
-	PbMaglev      *ebpf.Map `ebpf:"pb_maglev"`
-	PbMaglevFb    *ebpf.Map `ebpf:"pb_maglev_fb"`
-	PbNfStats     *ebpf.Map `ebpf:"pb_nf_stats"`
-	PbPorts       *ebpf.Map `ebpf:"pb_ports"`
-	PbRedirect    *ebpf.Map `ebpf:"pb_redirect"`
-	PbScratch     *ebpf.Map `ebpf:"pb_scratch"`
-	PbServices    *ebpf.Map `ebpf:"pb_services"`
-	PbSrcTrust    *ebpf.Map `ebpf:"pb_src_trust"`
-	PbStatsReset  *ebpf.Map `ebpf:"pb_stats_reset"`
-	PbStatsV2     *ebpf.Map `ebpf:"pb_stats_v2"`
-	PbSvcBackends *ebpf.Map `ebpf:"pb_svc_backends"`
-	PbSvcInflight *ebpf.Map `ebpf:"pb_svc_inflight"`
-	PbSvcKeys     *ebpf.Map `ebpf:"pb_svc_keys"`
-	PbSvcStatsV2  *ebpf.Map `ebpf:"pb_svc_stats_v2"`
-	PbSvcTrip     *ebpf.Map `ebpf:"pb_svc_trip"`
-	PbSynGuard    *ebpf.Map `ebpf:"pb_syn_guard"`
-	PbSynGuardCpu *ebpf.Map `ebpf:"pb_syn_guard_cpu"`
-	PbSynsV2      *ebpf.Map `ebpf:"pb_syns_v2"`
-	PbVipSlots    *ebpf.Map `ebpf:"pb_vip_slots"`
+	PbAffinity     *ebpf.Map `ebpf:"pb_affinity"`
+	PbBackends     *ebpf.Map `ebpf:"pb_backends"`
+	PbBeInflight   *ebpf.Map `ebpf:"pb_be_inflight"`
+	PbBeStatsV2    *ebpf.Map `ebpf:"pb_be_stats_v2"`
+	PbBeTrip       *ebpf.Map `ebpf:"pb_be_trip"`
+	PbConfigV2     *ebpf.Map `ebpf:"pb_config_v2"`
+	PbCtExpire     *ebpf.Map `ebpf:"pb_ct_expire"`
+	PbCtInuse      *ebpf.Map `ebpf:"pb_ct_inuse"`
+	PbCtInuseVips  *ebpf.Map `ebpf:"pb_ct_inuse_vips"`
+	PbCtSweepApart *ebpf.Map `ebpf:"pb_ct_sweep_apart"`
+	PbCtSweepState *ebpf.Map `ebpf:"pb_ct_sweep_state"`
+	PbCtV2         *ebpf.Map `ebpf:"pb_ct_v2"`
+	PbEvents       *ebpf.Map `ebpf:"pb_events"`
+	PbFlows        *ebpf.Map `ebpf:"pb_flows"`
+	PbHealth       *ebpf.Map `ebpf:"pb_health"`
+	PbIfaces       *ebpf.Map `ebpf:"pb_ifaces"`
+	PbMaglev       *ebpf.Map `ebpf:"pb_maglev"`
+	PbMaglevFb     *ebpf.Map `ebpf:"pb_maglev_fb"`
+	PbNfStats      *ebpf.Map `ebpf:"pb_nf_stats"`
+	PbPorts        *ebpf.Map `ebpf:"pb_ports"`
+	PbRedirect     *ebpf.Map `ebpf:"pb_redirect"`
+	PbScratch      *ebpf.Map `ebpf:"pb_scratch"`
+	PbServices     *ebpf.Map `ebpf:"pb_services"`
+	PbSrcTrust     *ebpf.Map `ebpf:"pb_src_trust"`
+	PbStatsReset   *ebpf.Map `ebpf:"pb_stats_reset"`
+	PbStatsV2      *ebpf.Map `ebpf:"pb_stats_v2"`
+	PbSvcBackends  *ebpf.Map `ebpf:"pb_svc_backends"`
+	PbSvcInflight  *ebpf.Map `ebpf:"pb_svc_inflight"`
+	PbSvcKeys      *ebpf.Map `ebpf:"pb_svc_keys"`
+	PbSvcStatsV2   *ebpf.Map `ebpf:"pb_svc_stats_v2"`
+	PbSvcTrip      *ebpf.Map `ebpf:"pb_svc_trip"`
+	PbSynGuard     *ebpf.Map `ebpf:"pb_syn_guard"`
+	PbSynGuardCpu  *ebpf.Map `ebpf:"pb_syn_guard_cpu"`
+	PbSynsV2       *ebpf.Map `ebpf:"pb_syns_v2"`
+	PbVipSlots     *ebpf.Map `ebpf:"pb_vip_slots"`
 }
 
 func (m *LbMaps) Close() error {
@@ -631,6 +695,10 @@ func (m *LbMaps) Close() error {
 		m.PbBeTrip,
 		m.PbConfigV2,
 		m.PbCtExpire,
+		m.PbCtInuse,
+		m.PbCtInuseVips,
+		m.PbCtSweepApart,
+		m.PbCtSweepState,
 		m.PbCtV2,
 		m.PbEvents,
 		m.PbFlows,
@@ -679,6 +747,7 @@ type LbVariables struct {
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbPrograms struct {
 	PbCtExpireRun   *ebpf.Program `ebpf:"pb_ct_expire_run"`
+	PbCtSweepRun    *ebpf.Program `ebpf:"pb_ct_sweep_run"`
 	PbStatsResetRun *ebpf.Program `ebpf:"pb_stats_reset_run"`
 	PbXdp           *ebpf.Program `ebpf:"pb_xdp"`
 }
@@ -686,6 +755,7 @@ type LbPrograms struct {
 func (p *LbPrograms) Close() error {
 	return _LbClose(
 		p.PbCtExpireRun,
+		p.PbCtSweepRun,
 		p.PbStatsResetRun,
 		p.PbXdp,
 	)

@@ -52,6 +52,7 @@ MODULE_DIRS=(kernel/net kernel/drivers/net kernel/lib kernel/crypto kernel/arch)
 # modules loaded for it alone (comma-separated; unloaded after it).
 SUITES=(
   "pkg/datapath 900s nf_conntrack,nf_conntrack_netlink"
+  "pkg/conntrack 300s"
   "internal/testnet 600s"
 )
 

@@ -92,6 +92,13 @@ enum pb_ct_expire_result {
 	PB_CT_EXPIRE_OTHER = 3,   /* another flow's (another created_ns): kept */
 };
 
+/* pb_ct_sweep_run's failures (ct_sweep_args.failed): a set it could not
+ * write, so the agent sweeps without it. */
+#define PB_SWEEP_FAIL_APART 0x1 /* pb_ct_sweep_apart full, or no memory */
+#define PB_SWEEP_FAIL_VIPS 0x2  /* pb_ct_inuse_vips full, or no memory */
+#define PB_SWEEP_FAIL_ID 0x4    /* an id past PB_MAX_SERVICES or PB_MAX_BACKENDS */
+#define PB_SWEEP_FAIL_INUSE 0x8 /* pb_ct_inuse unreadable */
+
 /* pb_ct_expire's size: the flows one run of pb_ct_expire_run expires. */
 #define PB_CT_EXPIRE_BATCH 1024
 /* Counters per element of pb_svc_stats_v2 and pb_be_stats_v2: a per-CPU

@@ -197,6 +197,38 @@ struct {
 	__uint(map_flags, BPF_F_MMAPABLE);
 } pb_ct_expire SEC(".maps");
 
+/* pb_ct_sweep_run's working set: the forward keys of live reverse
+ * entries whose forward entry is gone (the LRU) or another flow's (the
+ * one a replay moved off the backend). Such a key keeps its forward entry
+ * and its pb_flows entry alive, as the flow it was written for lives.
+ * Emptied and filled by each run. Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_key);
+	__type(value, __u8);
+	__uint(max_entries, PB_CT_SIZE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} pb_ct_sweep_apart SEC(".maps");
+
+/* pb_ct_inuse[0]: the ids live flows use (struct ct_inuse), and
+ * pb_ct_inuse_vips: the VIPs and ports they are addressed to. Emptied and
+ * filled by each run of pb_ct_sweep_run, read by the agent after it. Not
+ * pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_inuse);
+	__uint(max_entries, 1);
+} pb_ct_inuse SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct vip_use_key);
+	__type(value, __u8);
+	__uint(max_entries, PB_MAX_SERVICES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} pb_ct_inuse_vips SEC(".maps");
+
 /* Traffic counters, PB_STATS_BLOCK services or backends to an element
  * (see PB_STATS_BLOCK). Written by the datapath; zeroed for a reused id
  * by pb_stats_reset_run. */

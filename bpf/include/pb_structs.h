@@ -72,7 +72,7 @@ struct ct_key {
 struct ct_value {
 	union addr nat_addr; /* FWD: backend address; REV: VIP */
 	__be16 nat_port;        /* FWD: backend port;    REV: VIP port */
-	__u16 pad;
+	__u16 sweep_mark;       /* FWD: the last kernel sweep that found its reverse half live (pb_ct_sweep_run) */
 	__u32 flags;            /* PB_CT_*; canonical in the REV entry */
 	__u32 svc_id;
 	__u32 backend_id;
@@ -103,6 +103,43 @@ struct ct_expire {
 struct ct_expire_args {
 	__u32 n;
 	__u32 deleted; /* out: conntrack entries deleted */
+};
+
+/* pb_ct_sweep_run's context: the agent's clocks and timeouts in, what
+ * the sweep did out. Times are nanoseconds; last_seen_ns is on the coarse
+ * clock, created_ns on the monotonic one. */
+struct ct_sweep_args {
+	__u64 now_coarse;
+	__u64 now_mono;
+	__u64 tcp_established; /* timeouts by state, as the agent's Timeouts */
+	__u64 tcp_opening;
+	__u64 tcp_closed;
+	__u64 udp;
+	__u64 orphan; /* a pb_flows entry without its flow is released once this old */
+	__u32 entries;  /* out: pb_ct_v2 entries seen */
+	__u32 expired;  /* out: flows expired */
+	__u32 released; /* out: pb_flows entries released (their slots given back) */
+	__u32 counted;  /* out: pb_flows entries kept */
+	__u32 failed;   /* out: PB_SWEEP_FAIL_*: the in-use sets are not whole */
+	__u16 mark;     /* in: this sweep's sweep_mark, never 0 (a new entry's) */
+	__u8 walk;      /* in: the walk this run makes, 1 to 3 (1 starts a sweep) */
+	__u8 pad;
+};
+
+/* pb_ct_inuse[0]: the service and backend ids live conntrack entries and
+ * counted flows refer to, one bit each, as pb_ct_sweep_run last found
+ * them. */
+struct ct_inuse {
+	__u64 svc[PB_MAX_SERVICES / 64];
+	__u64 be[PB_MAX_BACKENDS / 64];
+};
+
+/* pb_ct_inuse_vips key: a VIP and port live flows are addressed to. */
+struct vip_use_key {
+	union addr addr;
+	__be16 port;
+	__u8 family;
+	__u8 pad;
 };
 
 /* pb_affinity key: a client of a service with session affinity. */

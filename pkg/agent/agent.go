@@ -218,9 +218,7 @@ func New(c Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	if swept.ExpireErr != nil {
-		c.Log.Warn(sweepProgramFailed, "err", swept.ExpireErr)
-	}
+	logSweepErrs(c.Log, swept)
 	rec, err := reconcile.New(c.Writer, reconcile.Options{
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, TableSize: c.TableSize,
 		Clock: c.Clock, Logger: c.Log, InUse: swept.InUse, NoKernelTrips: c.NoKernelTrips,

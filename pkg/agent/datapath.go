@@ -79,6 +79,11 @@ func Open(o NodeOptions) (_ *Node, err error) {
 			n.log.Warn("conntrack sweep program not used: the sweep deletes with a system call per entry", "err", err)
 		}
 	}
+	if p := n.Datapath.PbCtSweepRun; p != nil {
+		if err := n.maps.UseCTSweep(p); err != nil {
+			n.log.Warn("kernel conntrack sweep not used: the agent sweeps a copy of the table", "err", err)
+		}
+	}
 	reaper := &conntrack.Reaper{Maps: n.maps, Inflight: n.inflight,
 		Timeouts: conntrack.DefaultTimeouts(), Clocks: conntrack.KernelClocks()}
 	opts := n.Datapath.Opts

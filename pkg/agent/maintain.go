@@ -3,6 +3,8 @@
 package agent
 
 import (
+	"log/slog"
+
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 )
 
@@ -30,16 +32,24 @@ func (a *Agent) Maintain() {
 // sweep's program failed (maps.ExpireCT).
 const sweepProgramFailed = "conntrack sweep program failed: the sweep deletes with a system call per entry from now on"
 
+// logSweepErrs logs what went wrong with a sweep's programs. Each program
+// failure is logged once: the sweeps after it do without the program.
+func logSweepErrs(log *slog.Logger, res conntrack.Result) {
+	if res.ExpireErr != nil {
+		log.Warn(sweepProgramFailed, "err", res.ExpireErr)
+	}
+	if res.KernelErr != nil {
+		log.Warn("kernel conntrack sweep failed: this sweep copied the table", "err", res.KernelErr)
+	}
+}
+
 // SweepConntrack expires idle flows, releasing their circuit-breaker
 // slots, and returns the ids live flows use. It takes no lock: Run calls
 // it off its goroutine, one sweep at a time, then hands the result to
 // SweepDone.
 func (a *Agent) SweepConntrack() conntrack.InUse {
 	res, err := a.sweeper.Sweep()
-	if res.ExpireErr != nil {
-		// Once: the sweeps after it use system calls (maps.ExpireCT).
-		a.log.Warn(sweepProgramFailed, "err", res.ExpireErr)
-	}
+	logSweepErrs(a.log, res)
 	if err != nil {
 		// A partial view must not free ids that live flows may still use.
 		a.log.Warn("conntrack sweep", "err", err)

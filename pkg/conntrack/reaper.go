@@ -116,6 +116,13 @@ type Result struct {
 	Released int // circuit-breaker slots given back
 	Counted  int // pb_flows entries left
 	InUse    InUse
+	// Kernel: the sweep ran in the kernel (pb_ct_sweep_run), without a
+	// copy of the table.
+	Kernel bool
+	// KernelErr: the kernel sweep failed, or could not fill its in-use
+	// sets; this sweep (and, if the program failed, every later one)
+	// copied the table as before.
+	KernelErr error
 	// ExpireErr: the kernel's sweep program failed; the flows were
 	// expired by system calls, and will be from now on (maps.ExpireCT).
 	ExpireErr error
@@ -158,8 +165,41 @@ func (u *inUse) add(fk *bpf.LbCtKey, svc, backend uint32) {
 	u.any = true
 }
 
-// Sweep expires idle flows and releases their slots.
+// Sweep expires idle flows and releases their slots: in the kernel when
+// the maps have its program (maps.SweepCT), with a copy of the table
+// otherwise, or when the kernel's sweep could not say which ids are in
+// use.
 func (r *Reaper) Sweep() (Result, error) {
+	if !r.Maps.CTSweepProgram() {
+		return r.sweepCopy()
+	}
+	s, err := r.Maps.SweepCT(r.sweepArgs())
+	if err == nil {
+		return Result{Kernel: true, Entries: s.Entries, Expired: s.Expired, Released: s.Released, Counted: s.Counted,
+			InUse: InUse{Services: s.Services, Backends: s.Backends, VIPs: s.VIPs}}, nil
+	}
+	// What the kernel expired and released stands; the copy finds the
+	// rest, and the ids in use.
+	res, cerr := r.sweepCopy()
+	res.Expired += s.Expired
+	res.Released += s.Released
+	res.KernelErr = err
+	return res, cerr
+}
+
+// sweepArgs are the kernel sweep's clocks and timeouts, as sweepCopy
+// reads them.
+func (r *Reaper) sweepArgs() maps.CTSweepArgs {
+	t := r.Timeouts
+	return maps.CTSweepArgs{
+		NowCoarse: uint64(r.Clocks.Coarse()), NowMono: uint64(r.Clocks.Mono()),
+		TcpEstablished: uint64(t.TCPEstablished), TcpOpening: uint64(t.TCPOpening),
+		TcpClosed: uint64(t.TCPClosed), Udp: uint64(t.UDP), Orphan: uint64(t.Orphan),
+	}
+}
+
+// sweepCopy is Sweep with a copy of the table (maps.ConntrackInto).
+func (r *Reaper) sweepCopy() (Result, error) {
 	use := inUse{InUse: InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{}, VIPs: map[netip.AddrPort]bool{}}}
 	res := Result{InUse: use.InUse} // the same maps, filled by use.add
 	ents, err := r.Maps.ConntrackInto(r.ents, 0)

@@ -17,29 +17,53 @@ import (
 // 10,000 new connections/s: 100,000 flows (closed flows stay 10 s), both
 // entries each, 90% of them closed, from 20 services of 10 backends.
 // Nothing is due to expire: what it measures is the scan, which every
-// sweep pays (the agentcpu bench's 10 s window holds one). Needs root.
+// sweep pays (the agentcpu bench's 10 s window holds one). On a copy of
+// the table, and in the kernel (pb_ct_sweep_run). Needs root.
 func BenchmarkSweep(b *testing.B) {
+	for _, kernel := range []bool{false, true} {
+		b.Run(sweepName(kernel), func(b *testing.B) {
+			l := loadSweep(b, kernel)
+			m, in := l.Maps, l.Inflight
+			const flows = 100_000
+			clocks := conntrack.KernelClocks()
+			fillSweepTable(b, m, flows, uint64(clocks.Coarse()), false)
+			r := &conntrack.Reaper{Maps: m, Inflight: in, Timeouts: conntrack.DefaultTimeouts(), Clocks: clocks}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				res, err := r.Sweep()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if res.Kernel != kernel || res.Entries != 2*flows || res.Expired != 0 {
+					b.Fatalf("swept in the kernel %v, %d entries, expired %d: want %v, %d, 0", res.Kernel, res.Entries, res.Expired, kernel, 2*flows)
+				}
+				if u := res.InUse; len(u.Services) != 20 || len(u.Backends) != 200 || len(u.VIPs) != 20 {
+					b.Fatalf("in use: %d services, %d backends, %d VIPs; want 20, 200, 20", len(u.Services), len(u.Backends), len(u.VIPs))
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/flows, "ns/flow")
+		})
+	}
+}
+
+func sweepName(kernel bool) string {
+	if kernel {
+		return "kernel"
+	}
+	return "copy"
+}
+
+// loadSweep loads a table of the default size, swept in the kernel or on
+// a copy (with pb_ct_expire_run's deletes).
+func loadSweep(b *testing.B, kernel bool) *bpftest.Sweep {
 	l := bpftest.LoadSweep(b, 1<<18, true)
-	m, in := l.Maps, l.Inflight
-	const flows = 100_000
-	clocks := conntrack.KernelClocks()
-	fillSweepTable(b, m, flows, uint64(clocks.Coarse()), false)
-	r := &conntrack.Reaper{Maps: m, Inflight: in, Timeouts: conntrack.DefaultTimeouts(), Clocks: clocks}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		res, err := r.Sweep()
-		if err != nil {
+	if kernel {
+		if err := l.Maps.UseCTSweep(l.Datapath.PbCtSweepRun); err != nil {
 			b.Fatal(err)
 		}
-		if res.Entries != 2*flows || res.Expired != 0 {
-			b.Fatalf("swept %d entries, expired %d: want %d, 0", res.Entries, res.Expired, 2*flows)
-		}
-		if u := res.InUse; len(u.Services) != 20 || len(u.Backends) != 200 || len(u.VIPs) != 20 {
-			b.Fatalf("in use: %d services, %d backends, %d VIPs; want 20, 200, 20", len(u.Services), len(u.Backends), len(u.VIPs))
-		}
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/flows, "ns/flow")
+	return l
 }
 
 // BenchmarkSweepFirst is BenchmarkSweep's scan by a reaper that has no
@@ -72,15 +96,17 @@ func BenchmarkSweepFirst(b *testing.B) {
 // what a node pays, once per flow, to delete the closed flows of 10,000
 // connections/s (10 s of them a sweep). Through the datapath's program
 // (pb_ct_expire_run, a system call per 1,024 flows) and through a lookup
-// and a delete per entry. Needs root.
+// and a delete per entry, each after a copy of the table; and the whole
+// sweep in the kernel (pb_ct_sweep_run). Needs root.
 func BenchmarkSweepExpire(b *testing.B) {
-	for _, prog := range []bool{true, false} {
-		name := "syscalls"
-		if prog {
-			name = "program"
-		}
-		b.Run(name, func(b *testing.B) {
-			l := bpftest.LoadSweep(b, 1<<18, prog)
+	for _, way := range []string{"kernel", "program", "syscalls"} {
+		b.Run(way, func(b *testing.B) {
+			l := bpftest.LoadSweep(b, 1<<18, way == "program")
+			if way == "kernel" {
+				if err := l.Maps.UseCTSweep(l.Datapath.PbCtSweepRun); err != nil {
+					b.Fatal(err)
+				}
+			}
 			m, in := l.Maps, l.Inflight
 			const flows = 100_000
 			clocks := conntrack.KernelClocks()

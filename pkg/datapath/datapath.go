@@ -149,8 +149,8 @@ func (o *Options) setDefaults() {
 // Datapath is the loaded program and its pinned maps.
 type Datapath struct {
 	// LbObjects: the maps (and variables), the counters' reset program
-	// (PbStatsResetRun) and the sweep's program (PbCtExpireRun, nil if
-	// the kernel refused it) once loaded; the XDP
+	// (PbStatsResetRun) and the sweep's programs (PbCtExpireRun and
+	// PbCtSweepRun, each nil if the kernel refused it) once loaded; the XDP
 	// program (PbXdp) once LoadProgram returned, or Program says it did.
 	bpf.LbObjects
 	Opts Options
@@ -199,23 +199,25 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		return nil, err
 	}
 	sizes := map[string]uint32{
-		bpf.LbMapPbServices:    opts.MaxServices,
-		bpf.LbMapPbSvcKeys:     opts.MaxServices,
-		bpf.LbMapPbMaglev:      2 * opts.MaxServices, // two tables per service
-		bpf.LbMapPbMaglevFb:    opts.MaxServices,
-		bpf.LbMapPbSvcStatsV2:  statsBlocks(opts.MaxServices),
-		bpf.LbMapPbSvcInflight: opts.MaxServices,
-		bpf.LbMapPbSvcTrip:     opts.MaxServices,
-		bpf.LbMapPbBackends:    opts.MaxBackends,
-		bpf.LbMapPbBeStatsV2:   statsBlocks(opts.MaxBackends),
-		bpf.LbMapPbBeInflight:  opts.MaxBackends,
-		bpf.LbMapPbHealth:      opts.MaxBackends,
-		bpf.LbMapPbBeTrip:      opts.MaxBackends,
-		bpf.LbMapPbSvcBackends: opts.MaxBackends,
-		bpf.LbMapPbCtV2:        opts.ConntrackSize,
-		bpf.LbMapPbFlows:       max(opts.ConntrackSize/2, 1), // a flow takes two conntrack entries
-		bpf.LbMapPbEvents:      opts.EventsBytes,
-		bpf.LbMapPbAffinity:    opts.AffinityClients,
+		bpf.LbMapPbServices:     opts.MaxServices,
+		bpf.LbMapPbSvcKeys:      opts.MaxServices,
+		bpf.LbMapPbMaglev:       2 * opts.MaxServices, // two tables per service
+		bpf.LbMapPbMaglevFb:     opts.MaxServices,
+		bpf.LbMapPbSvcStatsV2:   statsBlocks(opts.MaxServices),
+		bpf.LbMapPbSvcInflight:  opts.MaxServices,
+		bpf.LbMapPbSvcTrip:      opts.MaxServices,
+		bpf.LbMapPbBackends:     opts.MaxBackends,
+		bpf.LbMapPbBeStatsV2:    statsBlocks(opts.MaxBackends),
+		bpf.LbMapPbBeInflight:   opts.MaxBackends,
+		bpf.LbMapPbHealth:       opts.MaxBackends,
+		bpf.LbMapPbBeTrip:       opts.MaxBackends,
+		bpf.LbMapPbSvcBackends:  opts.MaxBackends,
+		bpf.LbMapPbCtV2:         opts.ConntrackSize,
+		bpf.LbMapPbFlows:        max(opts.ConntrackSize/2, 1), // a flow takes two conntrack entries
+		bpf.LbMapPbCtSweepApart: opts.ConntrackSize,
+		bpf.LbMapPbCtInuseVips:  opts.MaxServices,
+		bpf.LbMapPbEvents:       opts.EventsBytes,
+		bpf.LbMapPbAffinity:     opts.AffinityClients,
 	}
 	for name, n := range sizes {
 		ms, ok := spec.Maps[name]
@@ -302,6 +304,7 @@ func LoadMaps(opts Options) (*Datapath, error) {
 	}
 	d.sections = coll
 	d.loadExpire(spec)
+	d.loadSweep(spec)
 	if err := d.loadStatsReset(spec); err != nil {
 		d.Close()
 		return nil, err
@@ -337,6 +340,20 @@ func (d *Datapath) loadExpire(spec *ebpf.CollectionSpec) {
 		return
 	}
 	d.PbCtExpireRun = p.Run
+}
+
+// loadSweep loads pb_ct_sweep_run, the whole conntrack sweep in the
+// kernel (maps.Maps.UseCTSweep), over the maps LoadMaps made. A kernel
+// that refuses it leaves the sweep to the agent's copy of the table.
+func (d *Datapath) loadSweep(spec *ebpf.CollectionSpec) {
+	var p struct {
+		Run *ebpf.Program `ebpf:"pb_ct_sweep_run"`
+	}
+	if err := spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: d.maps}); err != nil {
+		d.log.Warn("kernel conntrack sweep not loaded: the agent sweeps a copy of the table", "err", err)
+		return
+	}
+	d.PbCtSweepRun = p.Run
 }
 
 // LoadProgram loads the XDP program over the maps LoadMaps made, once.

@@ -141,8 +141,10 @@ type Maps struct {
 	tr   *Trips
 	keys []byte // pb_svc_keys, memory-mapped (svckeys.go); nil read-only
 	// The conntrack sweep's program (expire.go); nil: system calls.
-	expMu sync.Mutex
-	exp   *ctExpirer
+	expMu     sync.Mutex
+	exp       *ctExpirer
+	sweep     *ebpf.Program // pb_ct_sweep_run (sweep.go); nil: the agent's copy
+	sweepMark uint16        // the last kernel sweep's mark
 	// pb_stats_reset_run (stats.go), and pb_stats_reset, its one buffer.
 	resetMu sync.Mutex
 	reset   *ebpf.Program
