@@ -80,6 +80,9 @@ type options struct {
 	// kernelTrips: the datapath ejects a backend at its deciding failure
 	// (the agent adopts it); off, the agent's accrual alone does.
 	kernelTrips bool
+	// kernelSweep: the conntrack sweep runs in the kernel (pb_ct_sweep_run);
+	// off, the agent sweeps a copy of the table.
+	kernelSweep bool
 	// synGuard: the SYN guard's budget and trust (Rate 0: no guard).
 	synGuard maps.SYNGuard
 	// dpConfig: the datapath's settings: what it takes as a backend's
@@ -202,6 +205,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9464", "address for /metrics, /healthz and /readyz (every interface by default; the DaemonSet binds the pod's IP)")
 	fs.StringVar(&o.adminAddr, "admin-addr", "127.0.0.1:9465", `address for the read-only, unauthenticated /admin/* JSON views: loopback by default (kubectl port-forward reaches it); "" serves none`)
 	fs.StringVar(&o.bpffsRoot, "bpffs-root", datapath.DefaultRoot, "directory on a bpffs for the pinned maps and links; they must outlive the agent, so a bpffs is mounted only in the host's mount namespace, on /sys/fs/bpf or an empty directory, when none is there")
+	fs.BoolVar(&o.kernelSweep, "kernel-sweep", true, "the conntrack sweep (every 10 s: idle flows expired, the breaker's slots of vanished flows released) runs in the kernel, without copying the table; each of its three walks is one system call the kernel does not preempt, up to about 80 ms at a full default table on a 2.8 GHz guest, so on a kernel without preemption (PREEMPT_NONE) a task on that CPU can wait that long; false: the agent copies the table in batches, at about twice the agent's CPU for the sweep")
 	fs.BoolVar(&o.kernelTrips, "kernel-trips", true, "the datapath ejects an endpoint itself at the failure that decides it, before the agent reacts; false: the agent alone ejects (about a millisecond later, new flows still reach the endpoint meanwhile)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Func("backend-metrics", `series per backend (a service's endpoint) on /metrics: "basic", 5 (ejected now, ejections, restores, connects, failures); "detailed", also failures by kind, probes, ejections by reason, slow connects, window rates and traffic (20 more, 23 with window rules); "none", only the per-service series (default basic)`,

@@ -31,7 +31,7 @@ func start(ctx context.Context, o options, log *slog.Logger, tableSize uint32) (
 		takeover = o.takeoverGrace
 	}
 	an, err := agent.Open(agent.NodeOptions{Datapath: o.dp, Log: log,
-		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault, NoKernelTrips: !o.kernelTrips,
+		TableSize: tableSize, MaxInflightDefault: o.maxInflightDefault, NoKernelTrips: !o.kernelTrips, NoKernelSweep: !o.kernelSweep,
 		SYNGuard: o.synGuard, TrackerMemory: o.trackerMemory, Config: o.dpConfig, TakeoverGrace: takeover})
 	if re := (*datapath.RootError)(nil); errors.As(err, &re) {
 		return nil, fmt.Errorf("--bpffs-root %w", err)

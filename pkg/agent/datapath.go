@@ -40,6 +40,10 @@ type NodeOptions struct {
 	// NoKernelTrips, SYNGuard, TrackerMemory: see Config.
 	NoKernelTrips bool
 	SYNGuard      maps.SYNGuard
+	// NoKernelSweep: the conntrack sweep copies the table instead of
+	// running in the kernel (pb_ct_sweep_run), whose walks the kernel
+	// does not preempt.
+	NoKernelSweep bool
 	TrackerMemory int64
 	// Config: the datapath's settings, what it takes as a backend's
 	// answer (the reverse-path check, the SYN retransmission's minimum
@@ -79,7 +83,10 @@ func Open(o NodeOptions) (_ *Node, err error) {
 			n.log.Warn("conntrack sweep program not used: the sweep deletes with a system call per entry", "err", err)
 		}
 	}
-	if p := n.Datapath.PbCtSweepRun; p != nil {
+	switch p := n.Datapath.PbCtSweepRun; {
+	case o.NoKernelSweep:
+		n.log.Info("the agent sweeps a copy of the conntrack table (--kernel-sweep=false)")
+	case p != nil:
 		if err := n.maps.UseCTSweep(p); err != nil {
 			n.log.Warn("kernel conntrack sweep not used: the agent sweeps a copy of the table", "err", err)
 		}

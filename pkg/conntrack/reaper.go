@@ -5,7 +5,9 @@
 // itself (FIN both ways, RST); this covers the rest: clients that vanish,
 // UDP flows, entries the LRU evicted under pressure. It also reports which
 // service and backend ids live flows still use, so the reconciler does not
-// recycle them.
+// recycle them. The sweep runs in the kernel (pb_ct_sweep_run, through
+// maps.SweepCT) where it loads, and on a copy of the table otherwise; both
+// decide alike (kernel_test.go).
 package conntrack
 
 import (

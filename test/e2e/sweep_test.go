@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/penaltybox/penaltybox/internal/testnet"
+)
+
+// The conntrack sweep ends the flows the datapath leaves behind: 40
+// connections, each closed, are expired once the closed timeout (10 s)
+// has passed, by the kernel's sweep (pb_ct_sweep_run, the default) and by
+// the agent's copy of the table (--kernel-sweep=false), which the agent
+// says it uses.
+func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
+	for _, kernel := range []bool{true, false} {
+		name := "kernel"
+		if !kernel {
+			name = "copy"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, 2)
+			a := e.startAgent(config(e.topo, all(2), ""), "--kernel-sweep="+map[bool]string{true: "true", false: "false"}[kernel])
+			rs, err := testnet.Load(e.ctx, e.topo.Client, testnet.LoadSpec{Target: testnet.VIP + ":80",
+				Rate: 200, Count: 40, ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok := rs.Count(testnet.OK); ok != 40 {
+				t.Fatalf("%d of 40 connections succeeded: %v", ok, rs)
+			}
+			// Closed 10 s ago at the sweep after that: two sweeps (10 s
+			// apart) at most, and a margin for a loaded machine.
+			eventually(t, 40*time.Second, "40 flows expired", func() bool {
+				return e.metrics().Get("penaltybox_conntrack_expired_flows_total") >= 40
+			})
+			if got := e.metrics().Get("penaltybox_conntrack_expired_flows_total"); got != 40 {
+				t.Errorf("expired %v flows, want 40", got)
+			}
+			b, err := os.ReadFile(a.LogPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			copied := strings.Contains(string(b), "sweeps a copy of the conntrack table (--kernel-sweep=false)")
+			if copied == kernel {
+				t.Errorf("the agent says it copies the table: %v; want %v", copied, !kernel)
+			}
+			if strings.Contains(string(b), "kernel conntrack sweep") {
+				t.Errorf("the kernel's sweep was refused or failed:\n%s", a.LogTail(40))
+			}
+		})
+	}
+}
