@@ -145,7 +145,8 @@ type LbCtSweepWalk struct {
 	Deleted     uint32
 	HasPend     uint8
 	HasPendFlow uint8
-	Pad         [2]uint8
+	PendTail    uint8
+	Pad         uint8
 }
 
 type LbCtValue struct {

@@ -201,7 +201,7 @@ struct {
  * entries whose forward entry is gone (the LRU) or another flow's (the
  * one a replay moved off the backend). Such a key keeps its forward entry
  * and its pb_flows entry alive, as the flow it was written for lives.
- * Emptied and filled by each run. Not pinned. */
+ * Emptied and filled by each sweep (its first walk). Not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct ct_key);
@@ -211,9 +211,9 @@ struct {
 } pb_ct_sweep_apart SEC(".maps");
 
 /* pb_ct_inuse[0]: the ids live flows use (struct ct_inuse), and
- * pb_ct_inuse_vips: the VIPs and ports they are addressed to. Emptied and
- * filled by each run of pb_ct_sweep_run, read by the agent after it. Not
- * pinned. */
+ * pb_ct_inuse_vips: the VIPs and ports they are addressed to. Emptied by
+ * the first walk of each sweep of pb_ct_sweep_run and filled by its
+ * walks, read by the agent after the last. Not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

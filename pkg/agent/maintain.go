@@ -32,8 +32,9 @@ func (a *Agent) Maintain() {
 // sweep's program failed (maps.ExpireCT).
 const sweepProgramFailed = "conntrack sweep program failed: the sweep deletes with a system call per entry from now on"
 
-// logSweepErrs logs what went wrong with a sweep's programs. Each program
-// failure is logged once: the sweeps after it do without the program.
+// logSweepErrs logs what went wrong with a sweep's programs. A program
+// that fails is logged once (the sweeps after it do without it); a kernel
+// sweep that could not fill its in-use sets, at each sweep it happens.
 func logSweepErrs(log *slog.Logger, res conntrack.Result) {
 	if res.ExpireErr != nil {
 		log.Warn(sweepProgramFailed, "err", res.ExpireErr)

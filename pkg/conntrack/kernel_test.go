@@ -49,9 +49,11 @@ func randomSweepTable(rng *rand.Rand, n int, coarse, mono uint64) sweepTable {
 		t.bes[be]++
 	}
 	for i := range n {
-		v6 := rng.IntN(4) == 0
-		svc := uint32(1 + rng.IntN(20))
-		be := uint32(1 + rng.IntN(60))
+		// Ids across several words of the kernel's bitmaps (the test's
+		// maps hold 256 of each). A service is of one family: one VIP.
+		svc := uint32(1 + rng.IntN(200))
+		be := uint32(1 + rng.IntN(250))
+		v6 := svc%4 == 0
 		client := netip.AddrPortFrom(addr(v6, 0, byte(i>>8), byte(i)), uint16(1024+i))
 		vip := netip.AddrPortFrom(addr(v6, 1, 100, byte(svc)), 80)
 		backend := netip.AddrPortFrom(addr(v6, 1, 1, byte(be)), 8080)
@@ -87,7 +89,7 @@ func randomSweepTable(rng *rand.Rand, n int, coarse, mono uint64) sweepTable {
 		default: // moved off be to another backend, which answered (8) or not (9)
 			rv.Flags |= pbmaps.CTMoved
 			t.ct[rk] = rv
-			nb := uint32(1 + rng.IntN(60))
+			nb := uint32(1 + rng.IntN(250))
 			nbackend := netip.AddrPortFrom(addr(v6, 1, 2, byte(nb)), 8080)
 			nrk, nrv := reverseEntry(client, vip, nbackend)
 			nrk.Proto = proto
@@ -122,7 +124,7 @@ func randomSweepTable(rng *rand.Rand, n int, coarse, mono uint64) sweepTable {
 		if i%3 == 0 {
 			c = mono - uint64(time.Second)
 		}
-		count(fk, 1+uint32(i%20), 1+uint32(i%60), c)
+		count(fk, 1+uint32(i%200), 1+uint32(i%250), c)
 	}
 	return t
 }
@@ -186,7 +188,9 @@ func (t sweepTable) read(tb testing.TB, l *bpftest.Sweep) sweepTable {
 // same counts; on random tables of every shape, several seeds. A second
 // sweep, after a third of the reverse entries left were dropped (as the
 // LRU does) and 15 s passed, must see the forward entries the first one
-// marked as their flows' and now without their reverse half.
+// marked as their flows' and now without their reverse half, and must
+// not report what was in use at the first (the young orphans are old by
+// then, and released).
 func TestKernelSweepMatchesTheCopy(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -222,6 +226,7 @@ func TestKernelSweepMatchesTheCopy(t *testing.T) {
 				t.Fatal("no reverse entry dropped")
 			}
 			coarse += uint64(15 * time.Second)
+			mono += uint64(15 * time.Second)
 			compareSweeps(t, "second sweep", tbl, copyL, kernL, copyR, kernR)
 		})
 	}

@@ -82,7 +82,8 @@ func (m *Maps) CTSweepProgram() bool {
 // expired, orphaned pb_flows entries released (their breaker slots given
 // back in pb_svc_inflight and pb_be_inflight), and the ids and VIPs live
 // flows use read back. A failed run disables the program (CTSweepProgram
-// is false from then on); a run whose sets are not whole returns
+// is false from then on) and returns, with its error, what the walks
+// before it did; a sweep whose sets are not whole returns
 // ErrSweepIncomplete with what it did.
 func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 	m.expMu.Lock()
@@ -91,7 +92,9 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 		return CTSweep{}, errors.New("maps: no kernel conntrack sweep")
 	}
 	args.Mark = m.nextSweepMark()
-	// One run per walk: the kernel does not preempt a run.
+	// One run per walk: a kernel without full preemption keeps the CPU
+	// for a run's whole length.
+	var s CTSweep
 	for walk := uint8(1); walk <= 3; walk++ {
 		args.Walk = walk
 		ret, err := m.sweep.Run(&ebpf.RunOptions{Context: &args, ContextOut: &args})
@@ -99,11 +102,12 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 			err = fmt.Errorf("walk %d returned %d", walk, ret)
 		}
 		if err != nil {
+			// What the walks before it expired and released stands.
 			m.sweep = nil
-			return CTSweep{}, fmt.Errorf("pb_ct_sweep_run: %w", err)
+			return s, fmt.Errorf("pb_ct_sweep_run: %w", err)
 		}
+		s = CTSweep{Entries: int(args.Entries), Expired: int(args.Expired), Released: int(args.Released), Counted: int(args.Counted)}
 	}
-	s := CTSweep{Entries: int(args.Entries), Expired: int(args.Expired), Released: int(args.Released), Counted: int(args.Counted)}
 	if args.Failed != 0 {
 		return s, ErrSweepIncomplete{args.Failed}
 	}
