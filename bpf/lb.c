@@ -813,20 +813,10 @@ static __always_inline void sweep_settle(struct ct_sweep_walk *w, const struct c
 	}
 	if (w->has_pend_flow) {
 		w->has_pend_flow = 0;
-		/* Only if it is still the flow's, and only the delete that
-		 * removed it gives its slots back: the datapath releases an
-		 * entry itself at a FIN or RST. */
-		struct flow_value *fv = bpf_map_lookup_elem(&pb_flows, &w->pend_flow);
-		if (fv && fv->created_ns == w->pend_fv.created_ns &&
-		    bpf_map_delete_elem(&pb_flows, &w->pend_flow) == 0) {
-			struct inflight *c = bpf_map_lookup_elem(&pb_svc_inflight, &w->pend_fv.svc_id);
-			if (c)
-				__sync_fetch_and_add(&c->count, -1);
-			c = bpf_map_lookup_elem(&pb_be_inflight, &w->pend_fv.backend_id);
-			if (c)
-				__sync_fetch_and_add(&c->count, -1);
+		/* Only if it is still the flow's: the datapath may have
+		 * released it (a FIN or RST) and counted a new flow there. */
+		if (release_flow(&w->pend_flow, w->pend_fv.created_ns, 1))
 			w->a.released++;
-		}
 	}
 }
 
@@ -838,14 +828,8 @@ static long ct_sweep_rev(struct bpf_map *map, const struct ct_key *k, struct ct_
 	sweep_settle(w, k);
 	if (k->dir != PB_DIR_REV)
 		return 0;
-	struct ct_key fk = {};
-	fk.src = k->dst;
-	fk.dst = v->nat_addr;
-	fk.sport = k->dport;
-	fk.dport = v->nat_port;
-	fk.proto = k->proto;
-	fk.dir = PB_DIR_FWD;
-	fk.family = k->family;
+	struct ct_key fk;
+	fwd_key(&fk, k, v);
 	__u64 created = v->created_ns;
 	__u64 last = v->last_seen_ns;
 	__u32 flags = v->flags;
@@ -912,14 +896,8 @@ static long ct_sweep_fwd(struct bpf_map *map, const struct ct_key *k, struct ct_
 		 * it (the datapath's churn moved the walk past it), or another
 		 * agent's sweep on the same maps marked the entry since. The
 		 * flow is judged at the next sweep; meanwhile it lives. */
-		struct ct_key rk = {};
-		rk.src = v->nat_addr;
-		rk.dst = k->src;
-		rk.sport = v->nat_port;
-		rk.dport = k->sport;
-		rk.proto = k->proto;
-		rk.dir = PB_DIR_REV;
-		rk.family = k->family;
+		struct ct_key rk;
+		rev_key(&rk, k, v);
 		struct ct_value *r = bpf_map_lookup_elem(&pb_ct_v2, &rk);
 		if (r && r->created_ns == v->created_ns) {
 			sweep_use(w, k, v->svc_id, v->backend_id);

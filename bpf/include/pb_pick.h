@@ -237,23 +237,31 @@ static __always_inline void inflight_add(void *map, __u32 id, __s64 d)
 		__sync_fetch_and_add(&c->count, d);
 }
 
-/* release gives back a counted flow's circuit-breaker slot. Whoever
- * deletes the pb_flows entry releases it (the datapath on FIN or RST, the
- * agent on expiry), so it happens exactly once. */
-static __always_inline void release(const struct ct_key *fk)
+/* release_flow gives back a counted flow's circuit-breaker slot and
+ * says whether it did. Whoever deletes the pb_flows entry releases it (the
+ * datapath on FIN or RST, the sweep on expiry), so it happens exactly
+ * once. With check_start, only an entry with that start (created_ns):
+ * the sweep's, which judged the entry a while before. */
+static __always_inline int release_flow(const struct ct_key *fk, __u64 created_ns, int check_start)
 {
 	/* Programs have no lookup-and-delete for hashes. Between the lookup
 	 * and the delete, another releaser of the same flow would have to
 	 * delete it and a new flow on the same tuple be counted for this to
 	 * release the wrong ids: nanoseconds apart, on one tuple. */
 	struct flow_value *fl = bpf_map_lookup_elem(&pb_flows, fk);
-	if (!fl)
-		return;
+	if (!fl || (check_start && fl->created_ns != created_ns))
+		return 0;
 	__u32 svc = fl->svc_id, be = fl->backend_id;
 	if (bpf_map_delete_elem(&pb_flows, fk))
-		return;
+		return 0;
 	inflight_add(&pb_svc_inflight, svc, -1);
 	inflight_add(&pb_be_inflight, be, -1);
+	return 1;
+}
+
+static __always_inline void release(const struct ct_key *fk)
+{
+	release_flow(fk, 0, 0);
 }
 
 /* backend_slot takes a slot on the picked backend or, when it is at its
