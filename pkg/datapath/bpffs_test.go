@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,13 +14,29 @@ import (
 )
 
 // bpfMounts counts the bpf filesystems mounted in this mount namespace.
-func bpfMounts(t *testing.T) int {
+// bpfMounts counts the bpffs mounts under dir: only the test's own, as
+// other packages' tests mount and unmount theirs meanwhile (go test runs
+// packages side by side).
+func bpfMounts(t *testing.T, dir string) int {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(string(b), " - bpf ")
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		// mount ID, parent ID, major:minor, root, mount point, options,
+		// optional fields, "-", type, source, super options.
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if sep < 5 || sep+1 >= len(f) || f[sep+1] != "bpf" {
+			continue
+		}
+		if mp := f[4]; mp == dir || strings.HasPrefix(mp, dir+"/") {
+			n++
+		}
+	}
+	return n
 }
 
 func mountFS(t *testing.T, fstype, dir string) {
@@ -49,12 +66,12 @@ func TestEnsureBPFFS(t *testing.T) {
 	t.Run("root at a bpffs mount point is used as it is", func(t *testing.T) {
 		mnt := sub("at")
 		mountFS(t, "bpf", mnt)
-		before := bpfMounts(t)
+		before := bpfMounts(t, tmp)
 		pr, err := ensureBPFFS(mnt)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := bpfMounts(t); n != before {
+		if n := bpfMounts(t, tmp); n != before {
 			t.Fatalf("%d bpffs mounts after, %d before: one was mounted over the root", n, before)
 		}
 		if pr.Mounted || pr.Mount != mnt {
@@ -66,12 +83,12 @@ func TestEnsureBPFFS(t *testing.T) {
 		mnt := sub("under")
 		mountFS(t, "bpf", mnt)
 		root := filepath.Join(mnt, "a", "penaltybox")
-		before := bpfMounts(t)
+		before := bpfMounts(t, tmp)
 		pr, err := ensureBPFFS(root)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if on, _ := isBPFFS(root); !on || bpfMounts(t) != before || pr.Mounted || pr.Mount != mnt {
+		if on, _ := isBPFFS(root); !on || bpfMounts(t, tmp) != before || pr.Mounted || pr.Mount != mnt {
 			t.Fatalf("%+v, on bpffs %v", pr, on)
 		}
 	})
@@ -96,13 +113,13 @@ func TestEnsureBPFFS(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(root, "someones"), nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		before := bpfMounts(t)
+		before := bpfMounts(t, tmp)
 		_, err := ensureBPFFS(root)
 		var re *RootError
 		if !errors.As(err, &re) || !strings.Contains(err.Error(), "is not empty") {
 			t.Fatalf("err = %v, want a RootError saying the directory is not empty", err)
 		}
-		if bpfMounts(t) != before {
+		if bpfMounts(t, tmp) != before {
 			t.Fatal("mounted anyway")
 		}
 	})
@@ -110,11 +127,11 @@ func TestEnsureBPFFS(t *testing.T) {
 	t.Run("never over another mount", func(t *testing.T) {
 		root := sub("tmpfs")
 		mountFS(t, "tmpfs", root)
-		before := bpfMounts(t)
+		before := bpfMounts(t, tmp)
 		if _, err := ensureBPFFS(root); err == nil || !strings.Contains(err.Error(), "mount point") {
 			t.Fatalf("err = %v, want a refusal naming the mount point", err)
 		}
-		if bpfMounts(t) != before {
+		if bpfMounts(t, tmp) != before {
 			t.Fatal("mounted anyway")
 		}
 	})
