@@ -5,6 +5,7 @@ package agent
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -609,4 +610,35 @@ func reactionFields(log string) (fields map[string]int64, ok bool) {
 		}
 	}
 	return fields, ok
+}
+
+// conntrack_sweeps_total says how each sweep ran: in the kernel, on a copy
+// (no program, or one that failed), or on a copy after a kernel sweep that
+// could not fill its in-use sets.
+func TestConntrackSweepsCountedByWay(t *testing.T) {
+	e := newEnv(t)
+	sweeps := e.a.Metrics().ConntrackSweeps
+	for _, c := range []struct {
+		kernel bool
+		err    error
+		way    string
+	}{
+		{true, nil, "kernel"},
+		{false, nil, "copy"},
+		{false, errors.New("pb_ct_sweep_run: walk 2 returned 1"), "copy"},
+		{false, pbmaps.ErrSweepIncomplete{Failed: pbmaps.SweepFailVIPs}, "fallback"},
+	} {
+		e.sweep.kernel, e.sweep.kernelErr = c.kernel, c.err
+		before := testutil.ToFloat64(sweeps.WithLabelValues(c.way))
+		e.a.SweepConntrack()
+		if got := testutil.ToFloat64(sweeps.WithLabelValues(c.way)) - before; got != 1 {
+			t.Errorf("kernel %v, err %v: %s sweeps went up by %v, want 1", c.kernel, c.err, c.way, got)
+		}
+	}
+	for _, way := range []string{"kernel", "copy", "fallback"} {
+		want := map[string]float64{"kernel": 1, "copy": 2, "fallback": 1}[way]
+		if got := testutil.ToFloat64(sweeps.WithLabelValues(way)); got != want {
+			t.Errorf("%s sweeps: %v, want %v", way, got, want)
+		}
+	}
 }

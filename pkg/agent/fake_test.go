@@ -11,11 +11,16 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
 
-// fakeSweeper reports inUse as live.
-type fakeSweeper struct{ inUse conntrack.InUse }
+// fakeSweeper reports inUse as live, and sweeps as kernel and kernelErr
+// say.
+type fakeSweeper struct {
+	inUse     conntrack.InUse
+	kernel    bool
+	kernelErr error
+}
 
 func (s *fakeSweeper) Sweep() (conntrack.Result, error) {
-	return conntrack.Result{InUse: s.inUse}, nil
+	return conntrack.Result{InUse: s.inUse, Kernel: s.kernel, KernelErr: s.kernelErr}, nil
 }
 
 type noInflight struct{}

@@ -3,9 +3,12 @@
 package agent
 
 import (
+	"errors"
 	"log/slog"
 
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/metrics"
 )
 
 // Maintain keeps probation from stalling, retries services whose
@@ -44,6 +47,20 @@ func logSweepErrs(log *slog.Logger, res conntrack.Result) {
 	}
 }
 
+// sweepWay is how a sweep ran, for conntrack_sweeps_total: a kernel
+// sweep that failed is a copy from then on, one that could not fill its
+// sets a fallback.
+func sweepWay(res conntrack.Result) string {
+	var inc maps.ErrSweepIncomplete
+	switch {
+	case res.Kernel:
+		return metrics.SweepKernel
+	case errors.As(res.KernelErr, &inc):
+		return metrics.SweepFallback
+	}
+	return metrics.SweepCopy
+}
+
 // SweepConntrack expires idle flows, releasing their circuit-breaker
 // slots, and returns the ids live flows use. It takes no lock: Run calls
 // it off its goroutine, one sweep at a time, then hands the result to
@@ -61,6 +78,7 @@ func (a *Agent) SweepConntrack() conntrack.InUse {
 	}
 	a.metrics.ConntrackEntries.Set(float64(res.Entries))
 	a.metrics.ConntrackExpired.Add(float64(res.Expired))
+	a.metrics.ConntrackSweeps.WithLabelValues(sweepWay(res)).Inc()
 	return res.InUse
 }
 

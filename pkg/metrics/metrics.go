@@ -168,6 +168,7 @@ type Metrics struct {
 	InvalidSettings    *ServiceCounterVec
 	ConntrackEntries   prometheus.Gauge
 	ConntrackExpired   prometheus.Counter
+	ConntrackSweeps    *prometheus.CounterVec
 	MaxInflightDefault prometheus.Gauge
 	// KernelTrips and FlowsToEjected: every service's series from the
 	// start, at 0 (ServiceCounters: Add when it is programmed).
@@ -280,8 +281,12 @@ func New(src Source, counters maps.Counters, log *slog.Logger) *Metrics {
 		}),
 		ConntrackExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "conntrack_expired_flows_total",
-			Help: "Idle flows the agent expired (their circuit-breaker slots released).",
+			Help: "Idle flows the conntrack sweep expired (their circuit-breaker slots released).",
 		}),
+		ConntrackSweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "conntrack_sweeps_total",
+			Help: "Conntrack sweeps (every 10 s), by how they ran: kernel (pb_ct_sweep_run), copy (the agent copied the table: --kernel-sweep=false, or a kernel that refused the program or where it failed once), fallback (the kernel's sweep could not fill its in-use sets and the agent copied the table after it).",
+		}, []string{"way"}),
 		KernelTrips: NewServiceCounters(prometheus.CounterOpts{
 			Namespace: ns, Name: "kernel_trips_total",
 			Help: "Endpoints the datapath ejected on its own at their maxFailures-th consecutive failure (kernel trips), by what the agent did: adopted (its ejection, with penalty and probation) or undone (accrual kept the endpoint in: max-ejection cap, fail-open).",
@@ -334,7 +339,7 @@ func New(src Source, counters maps.Counters, log *slog.Logger) *Metrics {
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow, m.TrackedFlows, m.TrackedFlowsLimit, m.UntrackedFlows,
 		m.Withheld, m.FloodMode, m.SYNGuard, m.ProbeRegrants,
-		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired,
+		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired, m.ConntrackSweeps,
 		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.FleetReportWrites, m.FleetVerdictWrites, m.FleetAggregator, m.FleetCondemned, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {
@@ -348,8 +353,19 @@ func New(src Source, counters maps.Counters, log *slog.Logger) *Metrics {
 			m.Replays.WithLabelValues(reason, result)
 		}
 	}
+	// So that the first fallback shows in increase() too.
+	for _, way := range []string{SweepKernel, SweepCopy, SweepFallback} {
+		m.ConntrackSweeps.WithLabelValues(way)
+	}
 	return m
 }
+
+// How a conntrack sweep ran: conntrack_sweeps_total's way.
+const (
+	SweepKernel   = "kernel"
+	SweepCopy     = "copy"
+	SweepFallback = "fallback"
+)
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(ns+"_"+name, help, labels, nil)

@@ -15,7 +15,7 @@ import (
 // connections, each closed, are expired once the closed timeout (10 s)
 // has passed, by the kernel's sweep (pb_ct_sweep_run, the default) and by
 // the agent's copy of the table (--kernel-sweep=false), which the agent
-// says it uses.
+// says it uses and conntrack_sweeps_total counts.
 func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 	for _, kernel := range []bool{true, false} {
 		name := "kernel"
@@ -40,6 +40,17 @@ func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 			})
 			if got := e.metrics().Get("penaltybox_conntrack_expired_flows_total"); got != 40 {
 				t.Errorf("expired %v flows, want 40", got)
+			}
+			m := e.metrics()
+			way, other := "kernel", "copy"
+			if !kernel {
+				way, other = other, way
+			}
+			if m.Get("penaltybox_conntrack_sweeps_total", "way", way) < 1 || m.Get("penaltybox_conntrack_sweeps_total", "way", other) != 0 ||
+				m.Get("penaltybox_conntrack_sweeps_total", "way", "fallback") != 0 {
+				t.Errorf("sweeps: kernel %v, copy %v, fallback %v; want only %s",
+					m.Get("penaltybox_conntrack_sweeps_total", "way", "kernel"), m.Get("penaltybox_conntrack_sweeps_total", "way", "copy"),
+					m.Get("penaltybox_conntrack_sweeps_total", "way", "fallback"), way)
 			}
 			b, err := os.ReadFile(a.LogPath())
 			if err != nil {
