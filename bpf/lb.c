@@ -678,7 +678,7 @@ int pb_stats_reset_run(struct stats_reset_args *a)
  *      age, is released and its breaker slots given back.
  * Each walk is its own run (ct_sweep_args.walk, the state kept in
  * pb_ct_sweep_state): on a kernel without full preemption a run keeps its
- * CPU until it returns (walk 1 took 63-67 ms at 240,000 entries, none of
+ * CPU until it returns (walk 1 took 63-84 ms at 240,000 entries, none of
  * them due, and 81-104 ms with all of them due, on a 2.8 GHz guest).
  * An entry found due is deleted only when the walk has moved past it (at
  * a later callback, or after the walk): the walk reads an entry's
@@ -696,7 +696,7 @@ struct bpf_map;
 
 struct ct_sweep_walk {
 	struct ct_sweep_args a;
-	struct ct_expire pend; /* a due flow, deleted at the next step */
+	struct ct_expire pend; /* a due flow, deleted once the walk is past it */
 	__u32 pend_svc, pend_be; /* a due forward entry's ids, in use if it was another flow's */
 	struct ct_key pend_flow; /* a pb_flows entry to release at the next step */
 	struct flow_value pend_fv;
@@ -707,12 +707,11 @@ struct ct_sweep_walk {
 	__u8 pad;
 };
 
-/* The walk's state lives in pb_ct_sweep_state, not on the stack: the
- * verifier then sees its fields as unknown values, where on the stack it
- * tracked every value a counter or flag took through the callbacks and
- * never finished. */
-/* pb_ct_sweep_state[0]: one sweep's walks. Not per-CPU: the agent's
- * thread may move to another CPU between its walks. Not pinned. */
+/* pb_ct_sweep_state[0]: one sweep's walks. In a map, not on the stack:
+ * the verifier then sees its fields as unknown values, where on the stack
+ * it tracked every value a counter or flag took through the callbacks and
+ * never finished. Not per-CPU: the agent's thread may move to another CPU
+ * between its walks. Not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
