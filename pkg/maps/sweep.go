@@ -27,7 +27,8 @@ const (
 	SweepFailInUse = uint32(0x8) // pb_ct_inuse could not be read
 )
 
-// CTSweep is what one run of pb_ct_sweep_run did and found.
+// CTSweep is what one sweep of pb_ct_sweep_run (its three runs) did and
+// found.
 type CTSweep struct {
 	Entries, Expired, Released, Counted int
 	// The ids and VIPs live flows use.
