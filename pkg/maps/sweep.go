@@ -117,25 +117,17 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 		return s, fmt.Errorf("pb_ct_inuse: %w", err)
 	}
 	s.Services, s.Backends = setBits(u.Svc[:]), setBits(u.Be[:])
-	s.VIPs = map[netip.AddrPort]bool{}
-	const chunk = 1024
-	keys := make([]bpf.LbVipUseKey, chunk)
-	vals := make([]uint8, chunk)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.m.PbCtInuseVips.BatchLookup(&cursor, keys, vals, nil)
-		for _, k := range keys[:n] {
-			if a := AddrFromFamily(k.Family, k.Addr.Bytes); a.IsValid() {
-				s.VIPs[netip.AddrPortFrom(a, Port(k.Port))] = true
-			}
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return s, nil
-		}
-		if err != nil {
-			return s, fmt.Errorf("pb_ct_inuse_vips: %w", err)
+	vips, err := entries[bpf.LbVipUseKey, uint8](m.m.PbCtInuseVips)
+	if err != nil {
+		return s, fmt.Errorf("pb_ct_inuse_vips: %w", err)
+	}
+	s.VIPs = make(map[netip.AddrPort]bool, len(vips))
+	for k := range vips {
+		if a := AddrFromFamily(k.Family, k.Addr.Bytes); a.IsValid() {
+			s.VIPs[netip.AddrPortFrom(a, Port(k.Port))] = true
 		}
 	}
+	return s, nil
 }
 
 // nextSweepMark is the next sweep's mark for the forward entries whose
