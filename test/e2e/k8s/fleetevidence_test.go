@@ -34,8 +34,9 @@ import (
 // node most over the threshold, which the aggregator leaves out). With
 // fleet evidence off (the Service's annotation) no node ejects it over two
 // and a half windows; turned on, every node ejects it, with reason fleet,
-// within two windows; back through its probes after its 2 s penalty and
-// failing again, it is condemned again a level up and every node ejects it
+// within two windows; back through its probes after its 2 s penalty (the
+// backend refuses nothing until every node has it back) and failing
+// again, it is condemned again a level up and every node ejects it
 // again. The agents run with bound service-account tokens of pods on their
 // nodes, under deploy/'s RBAC and admission policies, which refuse a
 // report written for another node and a verdict from an agent that does
@@ -225,6 +226,21 @@ func TestFleetEvidence(t *testing.T) {
 			t.Errorf("node %d ejected %s %v after fleet evidence was turned on, want within two windows (20s)", i+1, badEP, d.Round(100*time.Millisecond))
 		}
 	}
+	// Its probes bring it back after its 2 s penalty: the backend answers
+	// every SYN until each node has it ready again. With its 30% refusals
+	// left on, a node whose probes kept failing (0.3⁴ for a minute) would
+	// hold it out on its own, and the two nodes left, less the one most
+	// over the threshold, are too few to judge it: no renewal, by design.
+	if err := bad.RefuseShare(0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, 30*time.Second, "every node returns "+badEP+" through a probe", func() bool {
+		return !slices.ContainsFunc(states(), func(s string) bool { return s != "ready" })
+	})
+	if err := bad.RefuseShare(0.3); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("every node returned %s through its probe %v after the last ejection", badEP, time.Since(on.Add(slices.Max(ejectedAt))).Round(100*time.Millisecond))
 	for i, a := range agents {
 		m, err := a.Metrics(ctx)
 		if err != nil {
@@ -265,10 +281,9 @@ func TestFleetEvidence(t *testing.T) {
 		t.Logf("kubectl get endpointreports:\n%s", out)
 	}
 
-	// Its probes bring it back after its 2 s penalty and it fails as
-	// before: judged on the counts of the nodes that took it out (their
-	// windows hold only calls made since), the condemnation is renewed a
-	// level up, and every node ejects it again.
+	// Back, it fails as before: judged on the counts of the nodes that
+	// took it out (their windows hold only calls made since), the
+	// condemnation is renewed a level up, and every node ejects it again.
 	fleetEjections := func(a *agentrun.Agent) float64 {
 		m, err := a.Metrics(ctx)
 		if err != nil {
