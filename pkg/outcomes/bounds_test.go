@@ -167,7 +167,7 @@ func TestTrackerCeilingCountsPerService(t *testing.T) {
 // queuedDeadlines counts the deadlines in tr's queues, decided or not.
 func queuedDeadlines(tr *Tracker) int {
 	n := 0
-	for _, qs := range []map[time.Duration]*fifo{tr.queues, tr.replays} {
+	for _, qs := range []queueSet{tr.queues, tr.replays} {
 		for _, q := range qs {
 			n += len(q.q) - q.head
 		}

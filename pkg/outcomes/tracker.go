@@ -170,11 +170,29 @@ type deadline struct {
 	at  time.Time
 }
 
-// fifo holds deadlines of one length. Events arrive in time order, so
+// fifo holds deadlines of one length, d. Events arrive in time order, so
 // appending keeps each queue sorted and expiry only looks at heads.
 type fifo struct {
+	d    time.Duration
 	q    []deadline
 	head int
+}
+
+// queueSet holds a fifo per deadline length. There are few lengths (one
+// per connect timeout and replay delay in use): a slice searched in
+// order costs less than a map on every push and every scan of the heads.
+type queueSet []*fifo
+
+// of returns the queue of deadlines d long, made if there is none.
+func (qs *queueSet) of(d time.Duration) *fifo {
+	for _, q := range *qs {
+		if q.d == d {
+			return q
+		}
+	}
+	q := &fifo{d: d}
+	*qs = append(*qs, q)
+	return q
 }
 
 func (f *fifo) push(d deadline) { f.q = append(f.q, d) }
@@ -222,10 +240,10 @@ func (f *fifo) pop() {
 type Tracker struct {
 	policy  PolicyFunc
 	pending map[flowKey]pending
-	queues  map[time.Duration]*fifo
+	queues  queueSet
 	// replays: the replay deadlines of connecting flows (Policy.Replay),
 	// queued by length like the connect deadlines.
-	replays map[time.Duration]*fifo
+	replays queueSet
 	seq     uint64
 	// queued counts the deadlines in queues and replays, decided ones
 	// included (compact drops those).
@@ -277,8 +295,6 @@ func NewTracker(policy PolicyFunc) *Tracker {
 	return &Tracker{
 		policy:     policy,
 		pending:    map[flowKey]pending{},
-		queues:     map[time.Duration]*fifo{},
-		replays:    map[time.Duration]*fifo{},
 		MaxPending: 1 << 20,
 		svcs:       map[uint32]*svcCount{},
 	}
@@ -329,9 +345,14 @@ func (t *Tracker) count(p pending, d int) {
 // drop forgets key's pending entry.
 func (t *Tracker) drop(key flowKey) {
 	if p, ok := t.pending[key]; ok {
-		t.count(p, -1)
-		delete(t.pending, key)
+		t.forget(key, p)
 	}
+}
+
+// forget drops key's entry p, which the caller looked up.
+func (t *Tracker) forget(key flowKey, p pending) {
+	t.count(p, -1)
+	delete(t.pending, key)
 }
 
 // Pending is the number of flows the tracker holds: those without a
@@ -402,6 +423,11 @@ const (
 // flow.
 func (t *Tracker) wait(key flowKey, p pending, at time.Time, d time.Duration) shedReason {
 	old, replace := t.pending[key]
+	return t.put(key, old, replace, p, at, d)
+}
+
+// put is wait with key's entry looked up by the caller: old, if replace.
+func (t *Tracker) put(key flowKey, old pending, replace bool, p pending, at time.Time, d time.Duration) shedReason {
 	if !replace {
 		if len(t.pending) >= t.MaxPending {
 			return overMemory
@@ -420,13 +446,13 @@ func (t *Tracker) wait(key flowKey, p pending, at time.Time, d time.Duration) sh
 	}
 	t.count(p, 1)
 	t.pending[key] = p
-	t.enqueue(t.queues, d, deadline{key: key, seq: t.seq, at: at.Add(d)})
+	t.enqueue(&t.queues, d, deadline{key: key, seq: t.seq, at: at.Add(d)})
 	return tracked
 }
 
 // enqueue queues dl in qs under its length d, compacting the queues when
 // decided deadlines have piled up.
-func (t *Tracker) enqueue(qs map[time.Duration]*fifo, d time.Duration, dl deadline) {
+func (t *Tracker) enqueue(qs *queueSet, d time.Duration, dl deadline) {
 	// Nearly every flow is decided long before its deadline, which stays
 	// queued until it comes up: at a high rate of new flows the queues
 	// would hold rate × deadline entries whatever MaxPending says. Live
@@ -437,26 +463,25 @@ func (t *Tracker) enqueue(qs map[time.Duration]*fifo, d time.Duration, dl deadli
 	if t.queued > 3*len(t.pending)+4096 {
 		t.compact()
 	}
-	q := qs[d]
-	if q == nil {
-		q = &fifo{}
-		qs[d] = q
-	}
-	q.push(dl)
+	qs.of(d).push(dl)
 	t.queued++
 }
 
-// compact drops every decided deadline, and the queues left empty.
+// compact drops every decided deadline, and the queues left empty. The
+// sets are made anew, not filtered in place: Expire may be ranging over
+// the old one (its wait can compact).
 func (t *Tracker) compact() {
 	t.queued = 0
-	for _, qs := range []map[time.Duration]*fifo{t.queues, t.replays} {
-		for d, q := range qs {
+	for _, qs := range []*queueSet{&t.queues, &t.replays} {
+		var kept queueSet
+		for _, q := range *qs {
 			q.keep(func(dl deadline) bool { return !t.decided(dl) })
-			if q.len() == 0 {
-				delete(qs, d)
+			if q.len() > 0 {
+				kept = append(kept, q)
 			}
 			t.queued += q.len()
 		}
+		*qs = kept
 	}
 }
 
@@ -477,7 +502,7 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	p, known := t.pending[key]
 	if known && (p.phase == timedOut || p.phase == settled) && ev.Type != NewFlow {
 		if ev.Type == FlowEnd || ev.Type == Refused || ev.Type == Reset {
-			t.drop(key)
+			t.forget(key, p)
 		}
 		return o, false
 	}
@@ -493,10 +518,10 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		// client's own retry): it gets none of its own. A probe gets one:
 		// its client need not wait for our experiment (its verdict is
 		// still the connect deadline's).
-		r := t.wait(key, pending{phase: connecting, probe: o.Probe, start: ev.At, datagram: pol.Datagram, svc: pol.Service}, ev.At, pol.ConnectTimeout)
+		r := t.put(key, p, known, pending{phase: connecting, probe: o.Probe, start: ev.At, datagram: pol.Datagram, svc: pol.Service}, ev.At, pol.ConnectTimeout)
 		t.shed(pol.Service, r)
 		if r == tracked && pol.Replay > 0 && pol.Replay < pol.ConnectTimeout && ev.Flags&FlagRepick == 0 {
-			t.enqueue(t.replays, pol.Replay, deadline{key: key, seq: t.seq, at: ev.At.Add(pol.Replay)})
+			t.enqueue(&t.replays, pol.Replay, deadline{key: key, seq: t.seq, at: ev.At.Add(pol.Replay)})
 		}
 		return o, false
 	case Established:
@@ -511,15 +536,17 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 		// reset into a streak.
 		// (Counted as shed at its SYN, if it was.)
 		if pol.Settle != SettleOnSynAck &&
-			t.wait(key, pending{phase: settling, probe: o.Probe, settle: pol.Settle, start: o.Started, handshake: o.Handshake, svc: pol.Service}, ev.At, pol.ConnectTimeout) == tracked {
+			t.put(key, p, known, pending{phase: settling, probe: o.Probe, settle: pol.Settle, start: o.Started, handshake: o.Handshake, svc: pol.Service}, ev.At, pol.ConnectTimeout) == tracked {
 			return o, false
 		}
-		t.drop(key)
+		if known {
+			t.forget(key, p)
+		}
 		o.Success = true
 		return o, true
 	case FirstData:
 		if known && p.phase == settling && p.settle == SettleOnData {
-			t.drop(key)
+			t.forget(key, p)
 			o.Success, o.Handshake = true, p.handshake
 			return o, true
 		}
@@ -583,18 +610,19 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 // judged while its connection's SYN-ACK is still unread in the ring would
 // turn a late event into a false timeout.
 func (t *Tracker) Expire(now time.Time, emit func(accrual.Outcome)) {
-	for dur, q := range t.queues {
+	for _, q := range t.queues {
+		dur := q.d
 		for {
 			d, ok := q.peek()
 			if !ok || d.at.After(now) {
 				break
 			}
 			t.pop(q)
-			if t.decided(d) {
-				continue
+			p, live := t.pending[d.key]
+			if !live || p.seq != d.seq {
+				continue // decided (see decided)
 			}
-			p := t.pending[d.key]
-			t.drop(d.key)
+			t.forget(d.key, p)
 			o := accrual.Outcome{Endpoint: d.key.backend, Probe: p.probe, At: d.at, Started: p.start}
 			switch p.phase {
 			case connecting:
@@ -646,8 +674,8 @@ func (t *Tracker) DueReplays(now time.Time, emit func(backend uint32, client net
 				break
 			}
 			t.pop(q)
-			if t.decided(d) || t.pending[d.key].phase != connecting {
-				continue
+			if p, live := t.pending[d.key]; !live || p.seq != d.seq || p.phase != connecting {
+				continue // decided (see decided), or answered
 			}
 			emit(d.key.backend, d.key.client())
 		}
@@ -669,7 +697,7 @@ func (t *Tracker) decided(d deadline) bool {
 func (t *Tracker) NextDeadline() (time.Time, bool) {
 	var best time.Time
 	found := false
-	for _, qs := range []map[time.Duration]*fifo{t.queues, t.replays} {
+	for _, qs := range []queueSet{t.queues, t.replays} {
 		for _, q := range qs {
 			for {
 				d, ok := q.peek()
