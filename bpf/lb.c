@@ -689,7 +689,13 @@ int pb_stats_reset_run(struct stats_reset_args *a)
  * an unmarked forward entry only if its reverse half is not there.
  *
  * Walk 1 marks the forward half of each live flow (sweep_mark), so walk 2
- * need not look anything up for it. Its lookup of each reverse entry's
+ * need not look anything up for it. Walk 2 clears every other mark it
+ * finds: marks count up and come round after 65,535 sweeps, and an
+ * agent's first sweep trusts none (PB_SWEEP_OPT_NO_MARKS), so no mark an
+ * earlier sweep or agent left can pass for the current one. A forward
+ * entry passed by on such a mark would be neither expired nor have its
+ * ids in use, and the agent could hand its ids to another service or
+ * backend while it lives. Its lookup of each reverse entry's
  * forward half counts as a use for the LRU: after a sweep, every forward
  * entry looks recently used. */
 struct bpf_map;
@@ -876,12 +882,13 @@ static long ct_sweep_fwd(struct bpf_map *map, const struct ct_key *k, struct ct_
 		return 0;
 	/* Its flow's reverse half was found live by walk 1 (a due one took
 	 * it along). A mark from an earlier sweep differs: the agent counts
-	 * them up, and a new entry's is 0. (A mark left by an agent before
-	 * the last restart can equal this one, 1 in 65,535: the entry is
-	 * then passed by, neither expired nor its ids in use, for one
-	 * sweep.) */
-	if (v->sweep_mark == w->a.mark)
+	 * them up, and a new entry's is 0. Any other mark is cleared here, so
+	 * that no later sweep's can equal it; an agent's first sweep trusts
+	 * none, as its predecessor's last marks are still there. */
+	if (v->sweep_mark == w->a.mark && !(w->a.opts & PB_SWEEP_OPT_NO_MARKS))
 		return 0;
+	if (v->sweep_mark)
+		v->sweep_mark = 0;
 	if (bpf_map_lookup_elem(&pb_ct_sweep_apart, k))
 		return 0;
 	/* Whether a live reverse entry names it is not known: left to the

@@ -131,7 +131,7 @@ type LbCtSweepArgs struct {
 	Failed         uint32
 	Mark           uint16
 	Walk           uint8
-	Pad            uint8
+	Opts           uint8
 }
 
 type LbCtSweepWalk struct {

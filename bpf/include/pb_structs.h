@@ -123,7 +123,7 @@ struct ct_sweep_args {
 	__u32 failed;   /* out: PB_SWEEP_FAIL_*: the in-use sets are not whole */
 	__u16 mark;     /* in: this sweep's sweep_mark, never 0 (a new entry's) */
 	__u8 walk;      /* in: the walk this run makes, 1 to 3 (1 starts a sweep) */
-	__u8 pad;
+	__u8 opts;      /* in: PB_SWEEP_OPT_* (read at walk 1) */
 };
 
 /* pb_ct_inuse[0]: the service and backend ids live conntrack entries and

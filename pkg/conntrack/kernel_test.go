@@ -190,7 +190,12 @@ func (t sweepTable) read(tb testing.TB, l *bpftest.Sweep) sweepTable {
 // LRU does) and 15 s passed, must see the forward entries the first one
 // marked as their flows' and now without their reverse half, and must
 // not report what was in use at the first (the young orphans are old by
-// then, and released).
+// then, and released). Marks an earlier agent left (the first sweep's
+// own, on every forward entry) and a mark that came round (the third
+// sweep's, put on before the second) must not make a sweep pass a
+// forward entry by: a third sweep, 15 s on, must expire the forward
+// entries without a reverse half that only their clients' traffic kept
+// alive at the second.
 func TestKernelSweepMatchesTheCopy(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -206,6 +211,10 @@ func TestKernelSweepMatchesTheCopy(t *testing.T) {
 			}
 			tbl.write(t, copyL)
 			tbl.write(t, kernL)
+			// What the sweeps of the agent before this one left: here the
+			// first sweep's own mark, on every forward entry. Trusted, it
+			// would pass the forward entries without a reverse half by.
+			markForward(t, kernL, nextMark(kernL.Maps.CTSweepMark()))
 			copyR := &Reaper{Maps: copyL.Maps, Inflight: copyL.Inflight, Timeouts: DefaultTimeouts(), Clocks: fixed}
 			kernR := &Reaper{Maps: kernL.Maps, Inflight: kernL.Inflight, Timeouts: DefaultTimeouts(), Clocks: fixed}
 			compareSweeps(t, "first sweep", tbl, copyL, kernL, copyR, kernR)
@@ -227,9 +236,82 @@ func TestKernelSweepMatchesTheCopy(t *testing.T) {
 			}
 			coarse += uint64(15 * time.Second)
 			mono += uint64(15 * time.Second)
+			// Some forward entries just seen (their clients still send):
+			// not due at the second sweep, due at the third.
+			if touchForward(t, coarse, copyL, kernL) == 0 {
+				t.Fatal("no forward entry touched")
+			}
+			// A mark that came round (after 65,535 sweeps): the third
+			// sweep's, on every forward entry. The second sweep marks the
+			// live flows' anew, and must clear it from the others.
+			markForward(t, kernL, nextMark(nextMark(kernL.Maps.CTSweepMark())))
 			compareSweeps(t, "second sweep", tbl, copyL, kernL, copyR, kernR)
+			coarse += uint64(15 * time.Second)
+			mono += uint64(15 * time.Second)
+			compareSweeps(t, "third sweep", tbl, copyL, kernL, copyR, kernR)
 		})
 	}
+}
+
+// nextMark is the kernel sweep's mark after m (0 is no sweep's).
+func nextMark(m uint16) uint16 {
+	if m++; m == 0 {
+		m = 1
+	}
+	return m
+}
+
+// markForward gives every forward entry in l's table mark, as a sweep
+// would have.
+func markForward(t *testing.T, l *bpftest.Sweep, mark uint16) {
+	t.Helper()
+	ents, err := l.Maps.ConntrackInto(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if e.Key.Dir != pbmaps.DirFwd {
+			continue
+		}
+		e.Value.SweepMark = mark
+		if err := l.Datapath.LbMaps.PbCtV2.Put(e.Key, e.Value); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatal("no forward entry to mark")
+	}
+}
+
+// touchForward makes a quarter of the forward entries last seen at
+// coarse, in each of the tables (the same entries: they hold the same
+// flows), and returns how many it touched.
+func touchForward(t *testing.T, coarse uint64, ls ...*bpftest.Sweep) int {
+	t.Helper()
+	ents, err := ls[0].Maps.ConntrackInto(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if e.Key.Dir != pbmaps.DirFwd || e.Key.Sport%4 != 0 {
+			continue
+		}
+		for _, l := range ls {
+			var v bpf.LbCtValue
+			if err := l.Datapath.LbMaps.PbCtV2.Lookup(e.Key, &v); err != nil {
+				t.Fatal(err)
+			}
+			v.LastSeenNs = coarse
+			if err := l.Datapath.LbMaps.PbCtV2.Put(e.Key, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n++
+	}
+	return n
 }
 
 // compareSweeps sweeps both tables, the copy's way and the kernel's, and

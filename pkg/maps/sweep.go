@@ -27,6 +27,11 @@ const (
 	SweepFailInUse = uint32(0x8) // pb_ct_inuse could not be read
 )
 
+// SweepOptNoMarks (ct_sweep_args.opts): the sweep's second walk trusts
+// no forward entry's mark. SweepCT sets it on an agent's first sweep,
+// when the marks of the agent before it are still in the table.
+const SweepOptNoMarks = uint8(0x1)
+
 // CTSweep is what one sweep of pb_ct_sweep_run (its three runs) did and
 // found.
 type CTSweep struct {
@@ -65,10 +70,22 @@ func (m *Maps) UseCTSweep(p *ebpf.Program) error {
 	m.expMu.Lock()
 	defer m.expMu.Unlock()
 	m.sweep = p
-	// A mark another agent's sweeps may have left on an entry is unlikely
-	// to be this one's: see nextSweepMark.
+	// Marks an agent before this one left are still in the table: the
+	// first sweep trusts none and clears them. A random start makes
+	// another agent sweeping the same maps at the same time unlikely to
+	// use the same marks.
 	m.sweepMark = uint16(rand.Uint32())
+	m.sweepFresh = true
 	return nil
+}
+
+// CTSweepMark is the mark the last kernel sweep gave live flows' forward
+// halves (ct_value.sweep_mark); before the first, the one the next
+// sweep's counts up from.
+func (m *Maps) CTSweepMark() uint16 {
+	m.expMu.Lock()
+	defer m.expMu.Unlock()
+	return m.sweepMark
 }
 
 // CTSweepProgram reports whether SweepCT can run (false without
@@ -93,6 +110,9 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 		return CTSweep{}, errors.New("maps: no kernel conntrack sweep")
 	}
 	args.Mark = m.nextSweepMark()
+	if m.sweepFresh {
+		args.Opts |= SweepOptNoMarks
+	}
 	// One run per walk: a kernel without full preemption keeps the CPU
 	// for a run's whole length.
 	var s CTSweep
@@ -108,6 +128,9 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 			return s, fmt.Errorf("pb_ct_sweep_run: %w", err)
 		}
 		s = CTSweep{Entries: int(args.Entries), Expired: int(args.Expired), Released: int(args.Released), Counted: int(args.Counted)}
+		if walk == 2 {
+			m.sweepFresh = false // the earlier marks are cleared
+		}
 	}
 	if args.Failed != 0 {
 		return s, ErrSweepIncomplete{args.Failed}
@@ -131,10 +154,9 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 }
 
 // nextSweepMark is the next sweep's mark for the forward entries whose
-// reverse half it finds live: one that no sweep before it used, as long
-// as an entry sees fewer than 65,535 sweeps in between (an unmarked
-// forward entry lives the closed timeout, one sweep or two), and never 0,
-// a new entry's.
+// reverse half it finds live, and never 0, a new entry's. It comes round
+// after 65,535 sweeps; the second walk clears every mark but the current
+// one, so none that old is left.
 func (m *Maps) nextSweepMark() uint16 {
 	m.sweepMark++
 	if m.sweepMark == 0 {
