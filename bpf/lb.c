@@ -689,13 +689,15 @@ int pb_stats_reset_run(struct stats_reset_args *a)
  * an unmarked forward entry only if its reverse half is not there.
  *
  * Walk 1 marks the forward half of each live flow (sweep_mark), so walk 2
- * need not look anything up for it. Walk 2 clears every other mark it
- * finds: marks count up and come round after 65,535 sweeps, and an
- * agent's first sweep trusts none (PB_SWEEP_OPT_NO_MARKS), so no mark an
- * earlier sweep or agent left can pass for the current one. A forward
- * entry passed by on such a mark would be neither expired nor have its
+ * need not look anything up for it. A forward entry passed by on a mark
+ * an earlier sweep or agent left would be neither expired nor have its
  * ids in use, and the agent could hand its ids to another service or
- * backend while it lives. Its lookup of each reverse entry's
+ * backend while it lives. So walk 2 clears every mark but the current
+ * one (marks count up and come round after 65,535 sweeps), and an
+ * agent's first sweep trusts and clears them all (PB_SWEEP_OPT_NO_MARKS).
+ * What is left: an entry the walk missed keeps its mark, and a second
+ * agent sweeping the same maps may mark with this one's mark, 1 in 65,535
+ * each. Its lookup of each reverse entry's
  * forward half counts as a use for the LRU: after a sweep, every forward
  * entry looks recently used. */
 struct bpf_map;
@@ -884,7 +886,8 @@ static long ct_sweep_fwd(struct bpf_map *map, const struct ct_key *k, struct ct_
 	 * it along). A mark from an earlier sweep differs: the agent counts
 	 * them up, and a new entry's is 0. Any other mark is cleared here, so
 	 * that no later sweep's can equal it; an agent's first sweep trusts
-	 * none, as its predecessor's last marks are still there. */
+	 * none and clears them all, as its predecessor's last marks are
+	 * still there. */
 	if (v->sweep_mark == w->a.mark && !(w->a.opts & PB_SWEEP_OPT_NO_MARKS))
 		return 0;
 	if (v->sweep_mark)

@@ -187,15 +187,15 @@ func (t sweepTable) read(tb testing.TB, l *bpftest.Sweep) sweepTable {
 // flows released and slots given back, the same ids and VIPs in use, the
 // same counts; on random tables of every shape, several seeds. A second
 // sweep, after a third of the reverse entries left were dropped (as the
-// LRU does) and 15 s passed, must see the forward entries the first one
-// marked as their flows' and now without their reverse half, and must
-// not report what was in use at the first (the young orphans are old by
-// then, and released). Marks an earlier agent left (the first sweep's
-// own, on every forward entry) and a mark that came round (the third
-// sweep's, put on before the second) must not make a sweep pass a
-// forward entry by: a third sweep, 15 s on, must expire the forward
-// entries without a reverse half that only their clients' traffic kept
-// alive at the second.
+// LRU does) and 15 s passed, must judge the forward entries now without
+// their reverse half, and must not report what was in use at the first
+// (the young orphans are old by then, and released). Marks an earlier
+// agent left (the first sweep's own, on every forward entry) and a mark
+// that came round (the third sweep's, put on before the second) must not
+// make a sweep pass a forward entry by: a third sweep, 15 s on, must
+// expire the forward entries without a reverse half that only their
+// clients' traffic kept alive at the second. The sweeps after an agent's
+// first must still mark (it is what saves their second walk's lookups).
 func TestKernelSweepMatchesTheCopy(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -246,6 +246,9 @@ func TestKernelSweepMatchesTheCopy(t *testing.T) {
 			// live flows' anew, and must clear it from the others.
 			markForward(t, kernL, nextMark(nextMark(kernL.Maps.CTSweepMark())))
 			compareSweeps(t, "second sweep", tbl, copyL, kernL, copyR, kernR)
+			if n := countMarked(t, kernL, kernL.Maps.CTSweepMark()); n == 0 {
+				t.Fatal("no forward entry carries the second sweep's mark: it trusted no mark")
+			}
 			coarse += uint64(15 * time.Second)
 			mono += uint64(15 * time.Second)
 			compareSweeps(t, "third sweep", tbl, copyL, kernL, copyR, kernR)
@@ -283,6 +286,22 @@ func markForward(t *testing.T, l *bpftest.Sweep, mark uint16) {
 	if n == 0 {
 		t.Fatal("no forward entry to mark")
 	}
+}
+
+// countMarked counts the forward entries in l's table that carry mark.
+func countMarked(t *testing.T, l *bpftest.Sweep, mark uint16) int {
+	t.Helper()
+	ents, err := l.Maps.ConntrackInto(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if e.Key.Dir == pbmaps.DirFwd && e.Value.SweepMark == mark {
+			n++
+		}
+	}
+	return n
 }
 
 // touchForward makes a quarter of the forward entries last seen at

@@ -79,8 +79,9 @@ func (m *Maps) UseCTSweep(p *ebpf.Program) error {
 	return nil
 }
 
-// CTSweepMark is the mark the last kernel sweep gave live flows' forward
-// halves (ct_value.sweep_mark); before the first, the one the next
+// CTSweepMark is the last kernel sweep's mark (ct_sweep_args.mark, what
+// its first walk writes into live flows' forward halves; an agent's first
+// sweep clears its own again); before the first sweep, the one the next
 // sweep's counts up from.
 func (m *Maps) CTSweepMark() uint16 {
 	m.expMu.Lock()
@@ -156,7 +157,7 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 // nextSweepMark is the next sweep's mark for the forward entries whose
 // reverse half it finds live, and never 0, a new entry's. It comes round
 // after 65,535 sweeps; the second walk clears every mark but the current
-// one, so none that old is left.
+// one from the entries it sees, so none that old is left on them.
 func (m *Maps) nextSweepMark() uint16 {
 	m.sweepMark++
 	if m.sweepMark == 0 {
