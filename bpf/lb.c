@@ -697,9 +697,9 @@ int pb_stats_reset_run(struct stats_reset_args *a)
  * agent's first sweep trusts and clears them all (PB_SWEEP_OPT_NO_MARKS).
  * What is left: an entry the walk missed keeps its mark, and a second
  * agent sweeping the same maps may mark with this one's mark, 1 in 65,535
- * each. Its lookup of each reverse entry's
- * forward half counts as a use for the LRU: after a sweep, every forward
- * entry looks recently used. */
+ * each. Walk 1's lookup of each reverse entry's forward half counts as a
+ * use for the LRU: after a sweep, every forward entry looks recently
+ * used. */
 struct bpf_map;
 
 struct ct_sweep_walk {
