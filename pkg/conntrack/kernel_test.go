@@ -264,40 +264,44 @@ func nextMark(m uint16) uint16 {
 	return m
 }
 
-// markForward gives every forward entry in l's table mark, as a sweep
-// would have.
-func markForward(t *testing.T, l *bpftest.Sweep, mark uint16) {
+// forwardEntries lists the forward entries in l's table.
+func forwardEntries(t *testing.T, l *bpftest.Sweep) []pbmaps.CTEntry {
 	t.Helper()
 	ents, err := l.Maps.ConntrackInto(nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var fwd []pbmaps.CTEntry
 	for _, e := range ents {
-		if e.Key.Dir != pbmaps.DirFwd {
-			continue
+		if e.Key.Dir == pbmaps.DirFwd {
+			fwd = append(fwd, e)
 		}
+	}
+	return fwd
+}
+
+// markForward gives every forward entry in l's table mark, as a sweep
+// would have.
+func markForward(t *testing.T, l *bpftest.Sweep, mark uint16) {
+	t.Helper()
+	fwd := forwardEntries(t, l)
+	if len(fwd) == 0 {
+		t.Fatal("no forward entry to mark")
+	}
+	for _, e := range fwd {
 		e.Value.SweepMark = mark
 		if err := l.Datapath.LbMaps.PbCtV2.Put(e.Key, e.Value); err != nil {
 			t.Fatal(err)
 		}
-		n++
-	}
-	if n == 0 {
-		t.Fatal("no forward entry to mark")
 	}
 }
 
 // countMarked counts the forward entries in l's table that carry mark.
 func countMarked(t *testing.T, l *bpftest.Sweep, mark uint16) int {
 	t.Helper()
-	ents, err := l.Maps.ConntrackInto(nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, e := range ents {
-		if e.Key.Dir == pbmaps.DirFwd && e.Value.SweepMark == mark {
+	for _, e := range forwardEntries(t, l) {
+		if e.Value.SweepMark == mark {
 			n++
 		}
 	}
@@ -309,13 +313,9 @@ func countMarked(t *testing.T, l *bpftest.Sweep, mark uint16) int {
 // flows), and returns how many it touched.
 func touchForward(t *testing.T, coarse uint64, ls ...*bpftest.Sweep) int {
 	t.Helper()
-	ents, err := ls[0].Maps.ConntrackInto(nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, e := range ents {
-		if e.Key.Dir != pbmaps.DirFwd || e.Key.Sport%4 != 0 {
+	for _, e := range forwardEntries(t, ls[0]) {
+		if e.Key.Sport%4 != 0 {
 			continue
 		}
 		for _, l := range ls {

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// bpfMounts counts the bpf filesystems mounted in this mount namespace.
 // bpfMounts counts the bpffs mounts under dir: only the test's own, as
 // other packages' tests mount and unmount theirs meanwhile (go test runs
 // packages side by side).

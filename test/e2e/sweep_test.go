@@ -39,10 +39,10 @@ func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 			eventually(t, 40*time.Second, "40 flows expired", func() bool {
 				return e.metrics().Get("penaltybox_conntrack_expired_flows_total") >= 40
 			})
-			if got := e.metrics().Get("penaltybox_conntrack_expired_flows_total"); got != 40 {
+			m := e.metrics()
+			if got := m.Get("penaltybox_conntrack_expired_flows_total"); got != 40 {
 				t.Errorf("expired %v flows, want 40", got)
 			}
-			m := e.metrics()
 			sweeps := map[string]float64{}
 			for _, way := range []string{"kernel", "copy", "fallback"} {
 				sweeps[way] = m.Get("penaltybox_conntrack_sweeps_total", "way", way)
