@@ -28,6 +28,10 @@ type Events interface {
 	// reader's next poll (a deadline is due that it has not caught up
 	// with).
 	Kick()
+	// OnCaughtUp, before the reader starts, has it call f each time it
+	// has handed over every event up to at; f says by when the ring must
+	// be read next (the zero time: no sooner than the reader polls).
+	OnCaughtUp(f func(at time.Time) (readBy time.Time))
 }
 
 // core is what every feature of the loop works with, all of it under the

@@ -58,10 +58,16 @@ type fakeEvents struct {
 	kicks  int
 	caught *time.Time
 	clk    interface{ Now() time.Time }
+	// onCaught: the agent's hook (OnCaughtUp).
+	onCaught func(time.Time) time.Time
 }
 
 // Kick counts the kicks.
 func (e *fakeEvents) Kick() { e.kicks++ }
+
+// OnCaughtUp keeps the agent's hook, for a test to call as the reader
+// would.
+func (e *fakeEvents) OnCaughtUp(f func(time.Time) time.Time) { e.onCaught = f }
 
 func (e *fakeEvents) CaughtUp() time.Time {
 	if e.caught != nil {

@@ -76,11 +76,32 @@ func (a *Agent) Advance() {
 		a.flood.checkLoss(now)
 	}
 	a.tracker.Expire(upTo, a.observer.observeSettled)
+	// The reader runs the replays as it reads (caughtUp); what is due
+	// here besides is not left for its next read.
 	if a.replays.replayer != nil {
 		a.tracker.DueReplays(upTo, a.replays.unanswered)
 	}
 	a.metrics.PendingConnects.Set(float64(a.tracker.PendingConnects()))
 	a.counts.sync()
+}
+
+// caughtUp is the reader's, on its goroutine, each time it has handed
+// over every event up to at: it replays the SYNs still unanswered at
+// their replay deadline by then, and asks to read again by the next one.
+// A replay deadline (16 ms or more) falls due before the poll's 50 ms
+// under load, and only a read can say whether its SYN was answered: run
+// from the loop, each cost a wake-up of the loop, a kick of the reader
+// and a second wake-up once it had read.
+func (a *Agent) caughtUp(at time.Time) (readBy time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.replays.replayer != nil {
+		a.tracker.DueReplays(at, a.replays.unanswered)
+	}
+	if next, ok := a.tracker.NextReplay(); ok {
+		return next
+	}
+	return time.Time{}
 }
 
 // wake tells Run of a deadline earlier than the one its timer is armed
@@ -100,7 +121,11 @@ func (a *Agent) wake() {
 // now when there is none. Called with mu held.
 func (a *Agent) nextDeadline() time.Time {
 	next, ok := a.engine.NextDeadline()
-	if t, tok := a.tracker.NextDeadline(); tok {
+	tracked := a.tracker.NextDeadline
+	if a.replays.byReader {
+		tracked = a.tracker.NextExpiry
+	}
+	if t, tok := tracked(); tok {
 		// A deadline the reader has not caught up with yet is looked at
 		// again shortly, not in a busy loop.
 		if now := a.clk.Now(); !t.After(now) && a.events != nil {

@@ -5,6 +5,7 @@ package agent
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -44,5 +45,60 @@ func TestReplayResultsAccountForEveryRescue(t *testing.T) {
 	}
 	if got := result("stale"); got != 1 {
 		t.Errorf("replays_total{refused,stale} = %v, want 1", got)
+	}
+}
+
+// The reader runs the replay deadlines as it reads (caughtUp), so the
+// loop's timer does not wake for them (under load each cost a wake-up of
+// the loop, a kick of the reader and another wake-up): it asks to read
+// again by the next replay deadline, and a SYN still unanswered when it
+// has read up to that deadline is replayed, once; one answered before is
+// not.
+func TestReaderRunsReplayDeadlines(t *testing.T) {
+	e := newEnv(t)
+	rp := &fakeReplayer{}
+	e.a.replays.replayer = rp
+	s := web(80, 2, settings())
+	s.RetryRefused = true
+	e.start(state(s))
+	svc, be := e.ids(s)
+	after := e.a.policyOf(be[0]).Replay
+	if after <= 0 || after >= time.Second {
+		t.Fatalf("replay deadline %v, want one before the 1s connect timeout", after)
+	}
+	if e.ev.onCaught == nil {
+		t.Fatal("the agent gave the reader no hook")
+	}
+	start := e.clk.Now()
+	answered, silent := e.nextPort(), e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], answered, 0), e.event(outcomes.NewFlow, svc, be[1], silent, 0)})
+	if next := e.a.NextDeadline(); !next.Equal(start.Add(time.Second)) {
+		t.Errorf("the loop's next deadline in %v, want the connect timeout's 1s (not the replay's %v)", next.Sub(start), after)
+	}
+	if by := e.ev.onCaught(start); !by.Equal(start.Add(after)) {
+		t.Fatalf("read asked by %v, want the replay deadline %v", by.Sub(start), after)
+	}
+	e.clk.Step(after / 2)
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.Established, svc, be[0], answered, 0)})
+	if by := e.ev.onCaught(e.clk.Now()); !by.Equal(start.Add(after)) {
+		t.Fatalf("read asked by %v, want the silent flow's replay deadline %v", by.Sub(start), after)
+	}
+	if len(rp.unanswered) != 0 {
+		t.Fatalf("replayed before the deadline: %v", rp.unanswered)
+	}
+	e.clk.Step(after - after/2)
+	if by := e.ev.onCaught(e.clk.Now()); !by.IsZero() {
+		t.Errorf("read asked by %v with no replay deadline left", by.Sub(start))
+	}
+	if len(rp.unanswered) != 1 || rp.unanswered[0].Port() != silent {
+		t.Fatalf("replayed %v, want the silent flow's client (port %d) once", rp.unanswered, silent)
+	}
+	e.a.Advance()
+	e.ev.onCaught(e.clk.Now())
+	if len(rp.unanswered) != 1 {
+		t.Errorf("replayed %v, want no second replay", rp.unanswered)
+	}
+	if e.ev.kicks != 0 {
+		t.Errorf("%d kicks: the replay deadlines need none", e.ev.kicks)
 	}
 }

@@ -33,6 +33,28 @@ func TestNextPoll(t *testing.T) {
 	}
 }
 
+// The reader waits its poll, or less to read by a deadline that asked
+// for a read (OnCaughtUp), and not at all for one already past.
+func TestWaitFor(t *testing.T) {
+	now := int64(1_000_000_000)
+	ms := int64(time.Millisecond)
+	for _, c := range []struct {
+		name   string
+		readBy int64
+		want   time.Duration
+	}{
+		{"no deadline", 0, PollMax},
+		{"a deadline after the poll", now + 80*ms, PollMax},
+		{"a deadline before it", now + 16*ms, 16 * time.Millisecond},
+		{"a deadline now", now, 0},
+		{"a deadline past", now - ms, 0},
+	} {
+		if got := waitFor(PollMax, c.readBy, now); got != c.want {
+			t.Errorf("%s: waitFor = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 // A flow's key gives back the client the event named, whatever its
 // family: IPv4, IPv6, and an IPv4-mapped IPv6 address (a different client
 // from the IPv4 one, as netip has it).

@@ -689,38 +689,54 @@ func (t *Tracker) decided(d deadline) bool {
 	return !live || p.seq != d.seq
 }
 
-// NextDeadline is the earliest deadline of a connection still pending.
-// It drops the decided ones it finds at the heads of the queues on the
-// way: nearly every connection is decided by its events long before its
-// deadline, and a stale head would wake the agent for nothing (under
-// load, once per connection).
+// NextDeadline is the earliest deadline of a connection still pending,
+// its connect, settle or replay deadline.
 func (t *Tracker) NextDeadline() (time.Time, bool) {
+	next, ok := t.NextExpiry()
+	if r, rok := t.NextReplay(); rok && (!ok || r.Before(next)) {
+		next, ok = r, true
+	}
+	return next, ok
+}
+
+// NextExpiry is the earliest connect or settle deadline still pending:
+// when Expire next has work.
+func (t *Tracker) NextExpiry() (time.Time, bool) { return t.next(t.queues) }
+
+// NextReplay is the earliest replay deadline still pending: when
+// DueReplays next has work.
+func (t *Tracker) NextReplay() (time.Time, bool) { return t.next(t.replays) }
+
+// next is the earliest live deadline in qs. It drops the decided ones it
+// finds at the heads of the queues on the way: nearly every connection is
+// decided by its events long before its deadline, and a stale head would
+// wake the agent for nothing (under load, once per connection).
+func (t *Tracker) next(qs queueSet) (time.Time, bool) {
 	var best time.Time
 	found := false
-	for _, qs := range []queueSet{t.queues, t.replays} {
-		for _, q := range qs {
-			for {
-				d, ok := q.peek()
-				if !ok {
-					break
-				}
-				if t.decided(d) {
-					t.pop(q)
-					continue
-				}
-				if !found || d.at.Before(best) {
-					best, found = d.at, true
-				}
+	for _, q := range qs {
+		for {
+			d, ok := q.peek()
+			if !ok {
 				break
 			}
+			if t.decided(d) {
+				t.pop(q)
+				continue
+			}
+			if !found || d.at.Before(best) {
+				best, found = d.at, true
+			}
+			break
 		}
 	}
 	return best, found
 }
 
-// Due reports whether a pending connection's deadline has passed by now.
+// Due reports whether a pending connection's connect or settle deadline
+// has passed by now: whether Expire has work.
 func (t *Tracker) Due(now time.Time) bool {
-	next, ok := t.NextDeadline()
+	next, ok := t.NextExpiry()
 	return ok && !next.After(now)
 }
 

@@ -352,6 +352,17 @@ func TestTrackerDueReplays(t *testing.T) {
 	if next, ok := tr.NextDeadline(); !ok || !next.Equal(t0.Add(20*time.Millisecond)) {
 		t.Fatalf("next deadline %v, %v: want the replay deadline at 20ms", next, ok)
 	}
+	// Apart: the replays' for the reader, which runs them; the connect
+	// deadlines' for the loop, which Due speaks of.
+	if next, ok := tr.NextReplay(); !ok || !next.Equal(t0.Add(20*time.Millisecond)) {
+		t.Fatalf("next replay %v, %v: want 20ms", next, ok)
+	}
+	if next, ok := tr.NextExpiry(); !ok || !next.Equal(t0.Add(pol.ConnectTimeout)) {
+		t.Fatalf("next expiry %v, %v: want the connect timeout", next, ok)
+	}
+	if tr.Due(t0.Add(20 * time.Millisecond)) {
+		t.Fatal("Due at a replay deadline: nothing for Expire there")
+	}
 	var due []uint16
 	tr.DueReplays(t0.Add(19*time.Millisecond), func(_ uint32, cl netip.AddrPort) { due = append(due, cl.Port()) })
 	if len(due) != 0 {
