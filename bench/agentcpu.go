@@ -38,6 +38,16 @@ var agentCPUSources = func() []netip.Addr {
 	return a
 }()
 
+// agentCPUConntrack is the conntrack table the agents run with here,
+// sized for the rate as an operator would size it: a closed flow's two
+// entries stay 10 s (Timeouts.TCPClosed) and the sweep runs every 10 s,
+// so 10,000 connections/s keep up to 400,000 entries. The default
+// (262,144) overflows: the LRU then evicts live flows, whose backend's
+// first data the datapath no longer reports (the flow is picked up
+// midstream), and each such flow's settle deadline woke the agent (about
+// 300 every 10 s, 2026-12-07).
+const agentCPUConntrack = 1 << 19
+
 // agentCPUModes are the accrual modes measured: the verdict work differs
 // (a streak, a rate window, both, handshake times for slow connects).
 var agentCPUModes = []struct{ name, accrual string }{
@@ -101,7 +111,9 @@ func runAgentCPU(res *Results, o agentCPUOpts, agentBin string, logf func(string
 	worst := 0.0
 	for round := range o.Rounds {
 		for mi, m := range agentCPUModes {
-			l, err := r.fresh(m.name, func() (lb, error) { return r.penaltybox(false, m.accrual) })
+			l, err := r.fresh(m.name, func() (lb, error) {
+				return r.penaltybox(false, m.accrual, "--conntrack-size", strconv.Itoa(agentCPUConntrack))
+			})
 			if err != nil {
 				return err
 			}

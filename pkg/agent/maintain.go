@@ -77,6 +77,7 @@ func (a *Agent) SweepConntrack() conntrack.InUse {
 		a.log.Debug("conntrack sweep", "entries", res.Entries, "expired", res.Expired, "released", res.Released)
 	}
 	a.metrics.ConntrackEntries.Set(float64(res.Entries))
+	a.metrics.ConntrackSize.Set(float64(res.Size))
 	a.metrics.ConntrackExpired.Add(float64(res.Expired))
 	a.metrics.ConntrackSweeps.WithLabelValues(sweepWay(res)).Inc()
 	return res.InUse

@@ -114,6 +114,7 @@ type InUse struct {
 // Result says what one sweep saw and did.
 type Result struct {
 	Entries  int // conntrack entries scanned
+	Size     int // entries the table holds (--conntrack-size)
 	Expired  int // flows expired (both entries deleted)
 	Released int // circuit-breaker slots given back
 	Counted  int // pb_flows entries left
@@ -172,6 +173,12 @@ func (u *inUse) add(fk *bpf.LbCtKey, svc, backend uint32) {
 // otherwise, or when the kernel's sweep could not say which ids are in
 // use.
 func (r *Reaper) Sweep() (Result, error) {
+	res, err := r.sweep()
+	res.Size = r.Maps.ConntrackSize()
+	return res, err
+}
+
+func (r *Reaper) sweep() (Result, error) {
 	if !r.Maps.CTSweepProgram() {
 		return r.sweepCopy()
 	}

@@ -271,6 +271,9 @@ func (m *Maps) Conntrack(limit int) ([]CTEntry, error) {
 	return m.ConntrackInto(nil, limit)
 }
 
+// ConntrackSize is the entries the conntrack table holds (two per flow).
+func (m *Maps) ConntrackSize() int { return int(m.m.PbCtV2.MaxEntries()) }
+
 // ConntrackInto is Conntrack appending to buf[:0]: a caller that scans the
 // table again and again (the conntrack sweep) reuses one array rather than
 // growing a new one, page by page, every time.
@@ -283,7 +286,7 @@ func (m *Maps) ConntrackInto(buf []CTEntry, limit int) ([]CTEntry, error) {
 	const chunk = 4096
 	keys := make([]bpf.LbCtKey, chunk)
 	vals := make([]bpf.LbCtValue, chunk)
-	size := int(m.m.PbCtV2.MaxEntries())
+	size := m.ConntrackSize()
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.m.PbCtV2.BatchLookup(&cursor, keys, vals, nil)

@@ -167,6 +167,7 @@ type Metrics struct {
 	ProbeRegrants      *ServiceCounterVec
 	InvalidSettings    *ServiceCounterVec
 	ConntrackEntries   prometheus.Gauge
+	ConntrackSize      prometheus.Gauge
 	ConntrackExpired   prometheus.Counter
 	ConntrackSweeps    *prometheus.CounterVec
 	MaxInflightDefault prometheus.Gauge
@@ -279,6 +280,10 @@ func New(src Source, counters maps.Counters, log *slog.Logger) *Metrics {
 			Namespace: ns, Name: "conntrack_entries",
 			Help: "Conntrack entries at the last sweep (two per flow). Near --conntrack-size, the LRU starts evicting live flows.",
 		}),
+		ConntrackSize: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "conntrack_size",
+			Help: "Entries the conntrack table holds (--conntrack-size; two per flow), as of the last sweep. Full, its LRU evicts flows, live ones included: their outcomes are lost.",
+		}),
 		ConntrackExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "conntrack_expired_flows_total",
 			Help: "Idle flows the conntrack sweep expired (their circuit-breaker slots released).",
@@ -339,7 +344,7 @@ func New(src Source, counters maps.Counters, log *slog.Logger) *Metrics {
 	r.MustRegister(m.Events, m.EventsUndecodable, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigLastOK,
 		m.ProgramErrors, m.Reaction, m.Transitions, m.PendingConnects, m.PendingOverflow, m.TrackedFlows, m.TrackedFlowsLimit, m.UntrackedFlows,
 		m.Withheld, m.FloodMode, m.SYNGuard, m.ProbeRegrants,
-		m.InvalidSettings, m.ConntrackEntries, m.ConntrackExpired, m.ConntrackSweeps,
+		m.InvalidSettings, m.ConntrackEntries, m.ConntrackSize, m.ConntrackExpired, m.ConntrackSweeps,
 		m.MaxInflightDefault, m.PolicyStatusLeader, m.PolicyStatusWrites, m.FleetReportWrites, m.FleetVerdictWrites, m.FleetAggregator, m.FleetCondemned, m.KernelTrips, m.FlowsToEjected, m.UnansweredUDP, m.Replays, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src != nil {

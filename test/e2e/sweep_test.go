@@ -16,7 +16,9 @@ import (
 // connections, each closed, are expired once the closed timeout (10 s)
 // has passed, by the kernel's sweep (pb_ct_sweep_run, the default) and by
 // the agent's copy of the table (--kernel-sweep=false), which the agent
-// says it uses and conntrack_sweeps_total counts.
+// says it uses and conntrack_sweeps_total counts. conntrack_size is the
+// table's size (--conntrack-size), which PenaltyboxConntrackFull holds
+// conntrack_entries against.
 func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 	for _, kernel := range []bool{true, false} {
 		name := "kernel"
@@ -25,7 +27,7 @@ func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, 2)
-			a := e.startAgent(config(e.topo, all(2), ""), "--kernel-sweep="+strconv.FormatBool(kernel))
+			a := e.startAgent(config(e.topo, all(2), ""), "--kernel-sweep="+strconv.FormatBool(kernel), "--conntrack-size=131072")
 			rs, err := testnet.Load(e.ctx, e.topo.Client, testnet.LoadSpec{Target: testnet.VIP + ":80",
 				Rate: 200, Count: 40, ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second})
 			if err != nil {
@@ -42,6 +44,9 @@ func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 			m := e.metrics()
 			if got := m.Get("penaltybox_conntrack_expired_flows_total"); got != 40 {
 				t.Errorf("expired %v flows, want 40", got)
+			}
+			if got := m.Get("penaltybox_conntrack_size"); got != 131072 {
+				t.Errorf("conntrack_size %v, want --conntrack-size's 131072", got)
 			}
 			sweeps := map[string]float64{}
 			for _, way := range []string{"kernel", "copy", "fallback"} {
