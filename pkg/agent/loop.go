@@ -78,11 +78,30 @@ func (a *Agent) Advance() {
 	a.tracker.Expire(upTo, a.observer.observeSettled)
 	// The reader runs the replays as it reads (caughtUp); what is due
 	// here besides is not left for its next read.
-	if a.replays.replayer != nil {
-		a.tracker.DueReplays(upTo, a.replays.unanswered)
-	}
+	a.runReplays(upTo, now)
 	a.metrics.PendingConnects.Set(float64(a.tracker.PendingConnects()))
 	a.counts.sync()
+}
+
+// runReplays replays the SYNs still unanswered at their replay deadline
+// by upTo, a time up to which every event has been read. Called with mu
+// held.
+func (a *Agent) runReplays(upTo, now time.Time) {
+	if a.replays.replayer == nil {
+		return
+	}
+	if !a.tracker.ReplayDue(upTo) {
+		return
+	}
+	// As before Expire: events lost since the last look are flood mode,
+	// in which no replay is sent (a lost SYN-ACK would leave its flow
+	// looking unanswered).
+	a.flood.checkLoss(now)
+	// Deadlines read long after they passed (a reader that lagged) are
+	// not replayed: the replay would come well after the moment it was
+	// for.
+	a.tracker.DueReplays(upTo.Add(-maxReplayAge), a.replays.late)
+	a.tracker.DueReplays(upTo, a.replays.unanswered)
 }
 
 // caughtUp is the reader's, on its goroutine, each time it has handed
@@ -95,14 +114,23 @@ func (a *Agent) Advance() {
 func (a *Agent) caughtUp(at time.Time) (readBy time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.replays.replayer != nil {
-		a.tracker.DueReplays(at, a.replays.unanswered)
+	a.runReplays(at, a.clk.Now())
+	next, ok := a.tracker.NextReplay()
+	if !ok || a.flood.on {
+		// In flood mode no replay is sent: the deadlines wait for the
+		// reader's poll, not a wake-up each.
+		return time.Time{}
 	}
-	if next, ok := a.tracker.NextReplay(); ok {
-		return next
+	// Deadlines a moment apart (many SYNs unanswered) are read together.
+	if soon := at.Add(replaySlack); next.Before(soon) {
+		return soon
 	}
-	return time.Time{}
+	return next
 }
+
+// replaySlack is how late a replay may be for the reader to take the
+// deadlines after it with it: a replay deadline is 16 ms at least.
+const replaySlack = time.Millisecond
 
 // wake tells Run of a deadline earlier than the one its timer is armed
 // for. Called with mu held, after events or a condemnation: new connects

@@ -231,6 +231,12 @@ func (r *replays) unanswered(backend uint32, client netip.AddrPort) {
 	r.count("unanswered", s.Spec.Name, client, ur.ReplayUnanswered(client, vip, b.Addr, backend))
 }
 
+// late counts an unanswered SYN whose replay deadline was read too late
+// to replay it (runReplays). Called with mu held.
+func (r *replays) late(uint32, netip.AddrPort) {
+	r.metrics.Replays.WithLabelValues("unanswered", "stale").Inc()
+}
+
 // unansweredReplayer is a Replayer that can also move an unanswered SYN.
 type unansweredReplayer interface {
 	ReplayUnanswered(client, vip, backend netip.AddrPort, backendID uint32) error

@@ -53,7 +53,7 @@ func TestReplayResultsAccountForEveryRescue(t *testing.T) {
 // the loop, a kick of the reader and another wake-up): it asks to read
 // again by the next replay deadline, and a SYN still unanswered when it
 // has read up to that deadline is replayed, once; one answered before is
-// not.
+// not, and nothing is replayed before the reader has read up to it.
 func TestReaderRunsReplayDeadlines(t *testing.T) {
 	e := newEnv(t)
 	rp := &fakeReplayer{}
@@ -63,31 +63,46 @@ func TestReaderRunsReplayDeadlines(t *testing.T) {
 	e.start(state(s))
 	svc, be := e.ids(s)
 	after := e.a.policyOf(be[0]).Replay
-	if after <= 0 || after >= time.Second {
-		t.Fatalf("replay deadline %v, want one before the 1s connect timeout", after)
+	if after < 16*time.Millisecond || after >= time.Second {
+		t.Fatalf("replay deadline %v, want one of 16ms or more before the 1s connect timeout", after)
 	}
 	if e.ev.onCaught == nil {
 		t.Fatal("the agent gave the reader no hook")
 	}
+	// The reader has read up to start only.
 	start := e.clk.Now()
+	e.ev.caught = &start
 	answered, silent := e.nextPort(), e.nextPort()
-	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], answered, 0), e.event(outcomes.NewFlow, svc, be[1], silent, 0)})
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], answered, 0)})
+	e.clk.Step(after / 4)
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], silent, 0)})
 	if next := e.a.NextDeadline(); !next.Equal(start.Add(time.Second)) {
-		t.Errorf("the loop's next deadline in %v, want the connect timeout's 1s (not the replay's %v)", next.Sub(start), after)
+		t.Errorf("the loop's next deadline in %v, want the first connect timeout's 1s (not a replay's %v)", next.Sub(start), after)
 	}
-	if by := e.ev.onCaught(start); !by.Equal(start.Add(after)) {
-		t.Fatalf("read asked by %v, want the replay deadline %v", by.Sub(start), after)
-	}
-	e.clk.Step(after / 2)
-	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.Established, svc, be[0], answered, 0)})
 	if by := e.ev.onCaught(e.clk.Now()); !by.Equal(start.Add(after)) {
-		t.Fatalf("read asked by %v, want the silent flow's replay deadline %v", by.Sub(start), after)
+		t.Fatalf("read asked by %v, want the first flow's replay deadline %v", by.Sub(start), after)
 	}
+	e.clk.Step(after / 4)
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.Established, svc, be[0], answered, 0)})
+	silentDue := start.Add(after / 4).Add(after)
+	if by := e.ev.onCaught(e.clk.Now()); !by.Equal(silentDue) {
+		t.Fatalf("read asked by %v, want the silent flow's replay deadline %v", by.Sub(start), silentDue.Sub(start))
+	}
+	e.clk.Step(silentDue.Sub(e.clk.Now()))
+	// The loop, woken for something else, leaves the deadline to the
+	// reader: it neither kicks it nor replays what the reader has not
+	// read up to.
+	e.a.NextDeadline()
+	e.a.Advance()
+	if e.ev.kicks != 0 {
+		t.Errorf("%d kicks: the replay deadlines need none", e.ev.kicks)
+	}
+	// Read up to a moment before the deadline: not yet.
+	e.ev.onCaught(silentDue.Add(-time.Microsecond))
 	if len(rp.unanswered) != 0 {
-		t.Fatalf("replayed before the deadline: %v", rp.unanswered)
+		t.Fatalf("replayed before the reader read up to the deadline: %v", rp.unanswered)
 	}
-	e.clk.Step(after - after/2)
-	if by := e.ev.onCaught(e.clk.Now()); !by.IsZero() {
+	if by := e.ev.onCaught(silentDue); !by.IsZero() {
 		t.Errorf("read asked by %v with no replay deadline left", by.Sub(start))
 	}
 	if len(rp.unanswered) != 1 || rp.unanswered[0].Port() != silent {
@@ -98,7 +113,70 @@ func TestReaderRunsReplayDeadlines(t *testing.T) {
 	if len(rp.unanswered) != 1 {
 		t.Errorf("replayed %v, want no second replay", rp.unanswered)
 	}
-	if e.ev.kicks != 0 {
-		t.Errorf("%d kicks: the replay deadlines need none", e.ev.kicks)
+}
+
+// Replay deadlines a moment apart are read together: the reader is asked
+// to read no sooner than replaySlack after it caught up, not once a SYN.
+// In flood mode, where no replay is sent, it is asked for no early read.
+func TestReplayDeadlinesAreReadTogether(t *testing.T) {
+	e := newEnv(t)
+	e.a.replays.replayer = &fakeReplayer{}
+	s := web(80, 2, settings())
+	s.RetryRefused = true
+	e.start(state(s))
+	svc, be := e.ids(s)
+	after := e.a.policyOf(be[0]).Replay
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), 0)})
+	due := e.clk.Now().Add(after)
+	at := due.Add(-replaySlack / 4)
+	if by := e.ev.onCaught(at); !by.Equal(at.Add(replaySlack)) {
+		t.Errorf("read asked by %v after the read, want %v", by.Sub(at), replaySlack)
+	}
+	e.a.mu.Lock()
+	e.a.flood.sign(e.clk.Now(), "test")
+	e.a.mu.Unlock()
+	if by := e.ev.onCaught(e.clk.Now()); !by.IsZero() {
+		t.Errorf("in flood mode, read asked by %v; want no early read", by.Sub(e.clk.Now()))
+	}
+}
+
+// A replay waits for the events it depends on: with events lost since the
+// last look (a lost SYN-ACK leaves its flow looking unanswered) the agent
+// is in flood mode and sends none; and a deadline read long after it
+// passed (a reader that lagged) is not replayed either, but counted stale.
+func TestReplaysAfterLossOrLag(t *testing.T) {
+	e := newEnv(t)
+	rp := &fakeReplayer{}
+	e.a.replays.replayer = rp
+	s := web(80, 2, settings())
+	s.RetryRefused = true
+	e.start(state(s))
+	svc, be := e.ids(s)
+	after := e.a.policyOf(be[0]).Replay
+	result := func(r string) float64 {
+		return testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("unanswered", r))
+	}
+
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), 0)})
+	e.f.Global.EventsLost += 1000
+	e.clk.Step(after)
+	e.ev.onCaught(e.clk.Now())
+	if len(rp.unanswered) != 0 || result("flood") != 1 {
+		t.Errorf("with events lost: replayed %v, replays_total{unanswered,flood} = %v; want none sent, 1 counted in flood", rp.unanswered, result("flood"))
+	}
+	if !e.a.flood.on {
+		t.Error("events lost, and no flood mode")
+	}
+
+	e2 := newEnv(t)
+	rp2 := &fakeReplayer{}
+	e2.a.replays.replayer = rp2
+	e2.start(state(s))
+	svc, be = e2.ids(s)
+	e2.a.HandleEvents([]outcomes.Event{e2.event(outcomes.NewFlow, svc, be[0], e2.nextPort(), 0)})
+	e2.clk.Step(after + maxReplayAge + time.Millisecond)
+	e2.ev.onCaught(e2.clk.Now())
+	if got := testutil.ToFloat64(e2.a.metrics.Replays.WithLabelValues("unanswered", "stale")); len(rp2.unanswered) != 0 || got != 1 {
+		t.Errorf("read %v after its deadline: replayed %v, replays_total{unanswered,stale} = %v; want none sent, 1 stale", maxReplayAge+time.Millisecond, rp2.unanswered, got)
 	}
 }

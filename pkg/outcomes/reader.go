@@ -127,9 +127,10 @@ func (r *Reader) Offset() int64 { return r.offset }
 // most of its CPU per healthy connection when it polled every Poll (the
 // agentcpu benchmark part). Nothing judged waits for these reads: a
 // failure wakes the reader (and everything before it in the ring is read
-// with it, in order), a probe's events too, and a deadline that needs the
-// reader caught up kicks it (Kick). The reader polls as seldom as PollMax,
-// and more often when the ring fills fast (nextPoll).
+// with it, in order), a probe's events too, a replay deadline bounds the
+// wait (OnCaughtUp), and another deadline that needs the reader caught up
+// kicks it (Kick). The reader polls as seldom as PollMax, and more often
+// when the ring fills fast (nextPoll).
 const (
 	Poll    = 5 * time.Millisecond
 	PollMax = 50 * time.Millisecond
@@ -292,7 +293,11 @@ func (r *Reader) Run(handle func([]Event)) error {
 			if rec.Remaining > 0 {
 				continue
 			}
-			if n, _ := r.available(); n == 0 {
+			n, ok := r.available()
+			if !ok {
+				return nil
+			}
+			if n == 0 {
 				emptyAt = r.now()
 				break
 			}

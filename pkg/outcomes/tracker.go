@@ -236,7 +236,8 @@ func (f *fifo) pop() {
 // Tracker classifies events into outcomes: one verdict per connection,
 // success or a failure kind. It runs the connect deadline of every
 // unanswered new flow and the settle deadline of every established one.
-// Not safe for concurrent use: the agent's loop owns it.
+// Not safe for concurrent use: the agent calls it under its lock, from its
+// loop and from the events' reader.
 type Tracker struct {
 	policy  PolicyFunc
 	pending map[flowKey]pending
@@ -731,6 +732,13 @@ func (t *Tracker) next(qs queueSet) (time.Time, bool) {
 		}
 	}
 	return best, found
+}
+
+// ReplayDue reports whether a connection's replay deadline has passed by
+// now: whether DueReplays has work.
+func (t *Tracker) ReplayDue(now time.Time) bool {
+	next, ok := t.NextReplay()
+	return ok && !next.After(now)
 }
 
 // Due reports whether a pending connection's connect or settle deadline
