@@ -642,3 +642,28 @@ func TestConntrackSweepsCountedByWay(t *testing.T) {
 		}
 	}
 }
+
+// events_total counts every event read by its type, a batch's in
+// Prometheus once the batch is handled.
+func TestEventsCountedByType(t *testing.T) {
+	e := newEnv(t)
+	s := web(80, 2, settings())
+	e.start(state(s))
+	svc, be := e.ids(s)
+	a, b := e.nextPort(), e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{
+		e.event(outcomes.NewFlow, svc, be[0], a, 0),
+		e.event(outcomes.NewFlow, svc, be[1], b, 0),
+		e.event(outcomes.Established, svc, be[0], a, 0),
+	})
+	count := func(typ outcomes.Type) float64 {
+		return testutil.ToFloat64(e.a.Metrics().Events.WithLabelValues(typ.String()))
+	}
+	if n, est := count(outcomes.NewFlow), count(outcomes.Established); n != 2 || est != 1 {
+		t.Fatalf("events_total: new_flow %v, established %v; want 2 and 1", n, est)
+	}
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.FirstData, svc, be[0], a, 0)})
+	if n, fd := count(outcomes.NewFlow), count(outcomes.FirstData); n != 2 || fd != 1 {
+		t.Fatalf("events_total after a second batch: new_flow %v, first_data %v; want 2 and 1", n, fd)
+	}
+}
