@@ -48,6 +48,20 @@ func TestReplayResultsAccountForEveryRescue(t *testing.T) {
 	}
 }
 
+// replayEnv is an agent with a replayer, serving a web service with
+// retryRefused: its endpoints' ids, and their replay deadline.
+func replayEnv(t *testing.T) (e *env, rp *fakeReplayer, svc uint32, be []uint32, after time.Duration) {
+	t.Helper()
+	e = newEnv(t)
+	rp = &fakeReplayer{}
+	e.a.replays.replayer = rp
+	s := web(80, 2, settings())
+	s.RetryRefused = true
+	e.start(state(s))
+	svc, be = e.ids(s)
+	return e, rp, svc, be, e.a.policyOf(be[0]).Replay
+}
+
 // The reader runs the replay deadlines as it reads (caughtUp), so the
 // loop's timer does not wake for them (under load each cost a wake-up of
 // the loop, a kick of the reader and another wake-up): it asks to read
@@ -55,14 +69,7 @@ func TestReplayResultsAccountForEveryRescue(t *testing.T) {
 // has read up to that deadline is replayed, once; one answered before is
 // not, and nothing is replayed before the reader has read up to it.
 func TestReaderRunsReplayDeadlines(t *testing.T) {
-	e := newEnv(t)
-	rp := &fakeReplayer{}
-	e.a.replays.replayer = rp
-	s := web(80, 2, settings())
-	s.RetryRefused = true
-	e.start(state(s))
-	svc, be := e.ids(s)
-	after := e.a.policyOf(be[0]).Replay
+	e, rp, svc, be, after := replayEnv(t)
 	if after < 16*time.Millisecond || after >= time.Second {
 		t.Fatalf("replay deadline %v, want one of 16ms or more before the 1s connect timeout", after)
 	}
@@ -119,13 +126,7 @@ func TestReaderRunsReplayDeadlines(t *testing.T) {
 // to read no sooner than replaySlack after it caught up, not once a SYN.
 // In flood mode, where no replay is sent, it is asked for no early read.
 func TestReplayDeadlinesAreReadTogether(t *testing.T) {
-	e := newEnv(t)
-	e.a.replays.replayer = &fakeReplayer{}
-	s := web(80, 2, settings())
-	s.RetryRefused = true
-	e.start(state(s))
-	svc, be := e.ids(s)
-	after := e.a.policyOf(be[0]).Replay
+	e, _, svc, be, after := replayEnv(t)
 	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], e.nextPort(), 0)})
 	due := e.clk.Now().Add(after)
 	at := due.Add(-replaySlack / 4)
@@ -145,14 +146,7 @@ func TestReplayDeadlinesAreReadTogether(t *testing.T) {
 // is in flood mode and sends none; and a deadline read long after it
 // passed (a reader that lagged) is not replayed either, but counted stale.
 func TestReplaysAfterLossOrLag(t *testing.T) {
-	e := newEnv(t)
-	rp := &fakeReplayer{}
-	e.a.replays.replayer = rp
-	s := web(80, 2, settings())
-	s.RetryRefused = true
-	e.start(state(s))
-	svc, be := e.ids(s)
-	after := e.a.policyOf(be[0]).Replay
+	e, rp, svc, be, after := replayEnv(t)
 	result := func(r string) float64 {
 		return testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("unanswered", r))
 	}
@@ -168,11 +162,7 @@ func TestReplaysAfterLossOrLag(t *testing.T) {
 		t.Error("events lost, and no flood mode")
 	}
 
-	e2 := newEnv(t)
-	rp2 := &fakeReplayer{}
-	e2.a.replays.replayer = rp2
-	e2.start(state(s))
-	svc, be = e2.ids(s)
+	e2, rp2, svc, be, _ := replayEnv(t)
 	e2.a.HandleEvents([]outcomes.Event{e2.event(outcomes.NewFlow, svc, be[0], e2.nextPort(), 0)})
 	e2.clk.Step(after + maxReplayAge + time.Millisecond)
 	e2.ev.onCaught(e2.clk.Now())
