@@ -107,10 +107,10 @@ func (a *Agent) runReplays(upTo, now time.Time) {
 // caughtUp is the reader's, on its goroutine, each time it has handed
 // over every event up to at: it replays the SYNs still unanswered at
 // their replay deadline by then, and asks to read again by the next one.
-// A replay deadline (16 ms or more) falls due before the poll's 50 ms
-// under load, and only a read can say whether its SYN was answered: run
-// from the loop, each cost a wake-up of the loop, a kick of the reader
-// and a second wake-up once it had read.
+// A replay deadline (16 ms or more) can fall due before the reader's
+// 50 ms poll, and only a read can say whether its SYN was answered: run
+// from the loop, such a deadline cost a wake-up of the loop, a kick of
+// the reader and a second wake-up once it had read.
 func (a *Agent) caughtUp(at time.Time) (readBy time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -128,8 +128,9 @@ func (a *Agent) caughtUp(at time.Time) (readBy time.Time) {
 	return next
 }
 
-// replaySlack is how late a replay may be for the reader to take the
-// deadlines after it with it: a replay deadline is 16 ms at least.
+// replaySlack is the soonest the reader is asked to read again after a
+// read: deadlines closer together are read together, a replay at most
+// that late (a replay deadline is 16 ms at least).
 const replaySlack = time.Millisecond
 
 // wake tells Run of a deadline earlier than the one its timer is armed

@@ -58,8 +58,9 @@ type replays struct {
 	byReader bool
 }
 
-// maxReplayAge: a refusal older than this is not replayed. Linux clients
-// retransmit a SYN after 1 s, after which the flow has moved on its own.
+// maxReplayAge: a refusal older than this, or a replay deadline passed
+// this long before it is read, is not replayed. Linux clients retransmit a
+// SYN after 1 s, after which the flow has moved on its own.
 const maxReplayAge = 200 * time.Millisecond
 
 // refused sends a refused flow's SYN again, so that the datapath moves it

@@ -158,10 +158,10 @@ func nextPoll(ring, bytes int, d int64) time.Duration {
 // OnCaughtUp, called before Run, has Run call f on its goroutine each
 // time it has handed over every event up to at (the events' clock); f
 // says by when the ring must be read again (the zero time: no sooner than
-// the poll). The agent runs its replay deadlines there: under load they
-// fall due every few milliseconds, and waking its loop to kick the
-// reader, then again once the reader had read, cost it more than the
-// events themselves (the agentcpu benchmark part).
+// the poll). The agent runs its replay deadlines there: one can fall due
+// before the poll, and waking the agent's loop to kick the reader, then
+// again once the reader had read, cost it measurably (the agentcpu
+// benchmark part).
 func (r *Reader) OnCaughtUp(f func(at time.Time) (readBy time.Time)) { r.onCaught = f }
 
 // waitFor is the wait before the next read: the poll, or less to read by
