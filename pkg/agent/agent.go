@@ -302,7 +302,6 @@ func (a *Agent) Begin(ev Events) {
 	a.events = ev
 	// The reader runs the replay deadlines as it reads (see caughtUp).
 	ev.OnCaughtUp(a.caughtUp)
-	a.replays.byReader = true
 	a.trans.monoOffset = ev.Offset()
 	// A pinned ring may hold events from while no agent ran: they are
 	// evidence as they come, but a connect deadline of a connection that

@@ -150,8 +150,10 @@ func (a *Agent) wake() {
 // now when there is none. Called with mu held.
 func (a *Agent) nextDeadline() time.Time {
 	next, ok := a.engine.NextDeadline()
+	// Once the reader is there, it runs the replay deadlines (caughtUp):
+	// the loop's timer does not wake for them.
 	tracked := a.tracker.NextDeadline
-	if a.replays.byReader {
+	if a.events != nil {
 		tracked = a.tracker.NextExpiry
 	}
 	if t, tok := tracked(); tok {

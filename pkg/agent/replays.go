@@ -53,9 +53,6 @@ type replays struct {
 	handshakes map[uint32]*handshakes
 	// flood: no replays in flood mode.
 	flood *floodMode
-	// byReader: the events' reader runs the replay deadlines (caughtUp),
-	// so the loop's timer does not wake for them.
-	byReader bool
 }
 
 // maxReplayAge: a refusal older than this, or a replay deadline passed
