@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -438,27 +439,61 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
 			d.log.Warn("remove a retired pin", "map", name, "err", err)
 		}
 	}
+	drop := map[string]string{} // pin name → why it goes
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
 		}
-		path := filepath.Join(d.Opts.Root, name)
-		m, err := ebpf.LoadPinnedMap(path, nil)
+		m, err := ebpf.LoadPinnedMap(filepath.Join(d.Opts.Root, name), nil)
 		if err != nil {
 			continue
 		}
 		cerr := ms.Compatible(m)
 		m.Close()
-		if cerr == nil {
+		if cerr != nil {
+			drop[name] = cerr.Error()
+		}
+	}
+	for _, group := range pinGroups {
+		var cause string
+		for _, name := range group {
+			if _, ok := drop[name]; ok {
+				cause = name
+				break
+			}
+		}
+		if cause == "" {
 			continue
 		}
-		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", cerr.Error(),
+		for _, name := range group {
+			if _, ok := drop[name]; !ok {
+				drop[name] = "recreated with " + cause
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(drop)) {
+		path := filepath.Join(d.Opts.Root, name)
+		if _, err := os.Stat(path); err != nil {
+			continue // a group's member not pinned yet
+		}
+		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name],
 			"lost", lostOnRecreate(name))
 		if err := os.Remove(path); err != nil {
 			d.log.Error("remove pinned map", "map", name, "err", err)
 		}
 	}
 }
+
+// pinGroups are maps whose contents count each other's: recreating one
+// alone would leave the others wrong for good. pb_svc_inflight and
+// pb_be_inflight count the flows pb_flows holds, and only a delete from
+// pb_flows gives a slot back; so a pb_flows recreated empty (its size
+// follows --conntrack-size) beside kept counters would hold their slots
+// forever, and counters recreated at zero (--max-services,
+// --max-backends) beside kept flows would go negative as those end.
+// Recreated together, the breakers start from zero: flows open at the
+// restart go uncounted until they end.
+var pinGroups = [][]string{{bpf.LbMapPbFlows, bpf.LbMapPbSvcInflight, bpf.LbMapPbBeInflight}}
 
 // retiredPins are maps a layout change gave a new name: pb_syns became
 // pb_syns_v2 (16-byte addresses), pb_config pb_config_v2 (the hash seed,
@@ -528,6 +563,8 @@ func lostOnRecreate(name string) string {
 		return "undelivered outcome events"
 	case bpf.LbMapPbStatsV2, bpf.LbMapPbSvcStatsV2, bpf.LbMapPbBeStatsV2, bpf.LbMapPbSynGuardCpu:
 		return "kernel counters (they restart from 0, which Prometheus reads as a reset)"
+	case bpf.LbMapPbFlows, bpf.LbMapPbSvcInflight, bpf.LbMapPbBeInflight:
+		return "the circuit breakers' counts (they restart from 0: flows open now go uncounted until they end)"
 	case bpf.LbMapPbSrcTrust:
 		return "the SYN guard's trusted sources (each proves itself again with its next connection)"
 	default:

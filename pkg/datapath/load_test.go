@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 )
@@ -208,5 +209,91 @@ func TestFreshPins(t *testing.T) {
 	defer d.Close()
 	if d.Fresh() {
 		t.Error("maps loaded beside a pin of an older layout are fresh")
+	}
+}
+
+// The breakers' counters and pb_flows, the flows they count, are
+// recreated together: a resized conntrack table (pb_flows follows
+// --conntrack-size) beside kept counters would hold the slots of flows
+// nothing can release any more, and recreated counters beside kept flows
+// would go negative as those end. Other maps are kept.
+func TestBreakerPinsRecreatedTogether(t *testing.T) {
+	bpftest.RequireRoot(t)
+	fk := bpf.LbCtKey{Sport: 1234, Dport: 80, Proto: 6}
+	fk.Src.Bytes[15], fk.Dst.Bytes[15] = 1, 2
+	// seed pins a flow of service 3 and backend 4, counted, and a health
+	// entry that no resize concerns.
+	seed := func(root string) {
+		t.Helper()
+		d, err := datapath.LoadMaps(smallOptions(root))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if err := d.PbFlows.Put(fk, bpf.LbFlowValue{SvcId: 3, BackendId: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.PbSvcInflight.Put(uint32(3), bpf.LbInflight{Count: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.PbBeInflight.Put(uint32(4), bpf.LbInflight{Count: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.PbHealth.Put(uint32(4), bpf.LbEndpointHealth{SvcId: 3, EjectedAtNs: 42}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// kept reports what the reloaded maps hold: the flow, both counts,
+	// and the health entry.
+	kept := func(d *datapath.Datapath) (flow bool, svc, be int64, health bool) {
+		t.Helper()
+		var fv bpf.LbFlowValue
+		flow = d.PbFlows.Lookup(fk, &fv) == nil
+		var c bpf.LbInflight
+		if err := d.PbSvcInflight.Lookup(uint32(3), &c); err != nil {
+			t.Fatal(err)
+		}
+		svc = c.Count
+		if err := d.PbBeInflight.Lookup(uint32(4), &c); err != nil {
+			t.Fatal(err)
+		}
+		be = c.Count
+		var h bpf.LbEndpointHealth
+		health = d.PbHealth.Lookup(uint32(4), &h) == nil && h.EjectedAtNs == 42
+		return flow, svc, be, health
+	}
+	for _, tc := range []struct {
+		name     string
+		change   func(*datapath.Options)
+		recreate bool
+	}{
+		{"same sizes", func(*datapath.Options) {}, false},
+		{"conntrack resized", func(o *datapath.Options) { o.ConntrackSize *= 2 }, true},
+		{"more backends", func(o *datapath.Options) { o.MaxBackends *= 2 }, true},
+		{"more services", func(o *datapath.Options) { o.MaxServices *= 2 }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := bpftest.TempBPFFS(t)
+			seed(root)
+			opts := smallOptions(root)
+			tc.change(&opts)
+			d, err := datapath.LoadMaps(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			flow, svc, be, health := kept(d)
+			if tc.recreate {
+				if flow || svc != 0 || be != 0 {
+					t.Errorf("after the change: pb_flows entry %v, counts %d/%d; want all gone", flow, svc, be)
+				}
+			} else if !flow || svc != 1 || be != 1 {
+				t.Errorf("unchanged sizes: pb_flows entry %v, counts %d/%d; want all kept", flow, svc, be)
+			}
+			// pb_health follows --max-backends; under any other change it stays.
+			if wantHealth := tc.name != "more backends"; health != wantHealth {
+				t.Errorf("pb_health entry kept %v, want %v", health, wantHealth)
+			}
+		})
 	}
 }
