@@ -637,3 +637,52 @@ func TestAdoptionOfADuplicatedID(t *testing.T) {
 		}
 	}
 }
+
+// Backend ids live flows refer to at start, with no pinned backend to hold
+// them (pb_backends recreated at a new --max-backends beside a kept
+// conntrack table), are not handed out until no flow refers to them: a
+// new endpoint under such an id would take the old flows' outcome events
+// and kernel trips.
+func TestRestartKeepsBackendIDsOfLiveFlows(t *testing.T) {
+	e := newEnv(t)
+	e.opts.InUse = InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{1: true, 2: true}}
+	e.restart()
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"), ep("198.19.1.3:8080"))
+	e.apply(web)
+	ids := func(d desired.Service) []uint32 {
+		t.Helper()
+		s, ok := e.r.ServiceByKey(d.Key)
+		if !ok {
+			t.Fatalf("service %s not programmed", d.Name)
+		}
+		return s.Backends
+	}
+	for _, id := range ids(web) {
+		if id == 1 || id == 2 {
+			t.Fatalf("backends %v: id %d, which live flows still use, handed out", ids(web), id)
+		}
+	}
+
+	// Within the cooldown, or with a flow on it, an id stays retired.
+	e.r.Sweep(InUse{Backends: map[uint32]bool{}})
+	api := svc("api", vip2, 80, ep("198.19.2.1:8080"))
+	e.apply(web, api)
+	if got := ids(api); !slices.Equal(got, []uint32{6}) {
+		t.Fatalf("api's backends %v, want [6]: ids 1 and 2 are in their cooldown", got)
+	}
+	e.clk.Step(testCooldown)
+	e.r.Sweep(InUse{Backends: map[uint32]bool{1: true}})
+	db := svc("db", vip3, 5432, ep("198.19.3.1:5432"))
+	e.apply(web, api, db)
+	if got := ids(db); !slices.Equal(got, []uint32{2}) {
+		t.Fatalf("db's backends %v, want [2]: freed once no flow used it", got)
+	}
+	e.r.Sweep(InUse{})
+	dns := svc("dns", "198.18.0.13", 53, ep("198.19.4.1:53"))
+	e.apply(web, api, db, dns)
+	if got := ids(dns); !slices.Equal(got, []uint32{1}) {
+		t.Fatalf("dns's backends %v, want [1]: freed once its last flow ended", got)
+	}
+	e.programAll()
+	e.checkKernel()
+}

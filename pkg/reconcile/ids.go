@@ -29,6 +29,12 @@ func (r *Reconciler) Sweep(inUse InUse) {
 		r.beIDs.put(id)
 		freed++
 	}
+	for id, at := range r.retiredBe {
+		if now.Sub(at) >= r.cooldown && !inUse.Backends[id] {
+			delete(r.retiredBe, id)
+			r.beIDs.put(id)
+		}
+	}
 	r.endHandBacks(inUse, now)
 	for id, at := range r.retiredSvc {
 		if _, pending := r.deleting[id]; pending {

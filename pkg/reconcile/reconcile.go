@@ -121,6 +121,13 @@ type Reconciler struct {
 	// retired: ids of removed services and backends, reusable once their
 	// cooldown passed and no flow refers to them (see Sweep).
 	retiredSvc map[uint32]time.Time
+	// retiredBe: backend ids live flows referred to at start that no
+	// pinned backend holds (pb_backends recreated for a new
+	// --max-backends beside a kept conntrack table). Handed out again,
+	// such an id would take the old flows' outcome events and kernel
+	// trips for another endpoint; kept like removed backends' until no
+	// flow refers to them.
+	retiredBe map[uint32]time.Time
 	// retiredKey: the key of each retired service whose key is known. Its
 	// VIP port (pb_ports) and address (pb_vip_slots) stay marked until the
 	// id is freed, so a removed service's established flows keep their NAT
@@ -172,9 +179,9 @@ type Options struct {
 	// Cooldown keeps removed ids out of reuse, so a quickly re-added service
 	// or endpoint never inherits a stale count or a late event.
 	Cooldown time.Duration
-	// InUse are ids live flows refer to at start. Service ids among them
-	// that no pinned service holds (removed before a restart) stay out of
-	// reuse like retired ones.
+	// InUse are ids live flows refer to at start. Ids among them that no
+	// pinned service or backend holds (removed before a restart, or their
+	// map recreated at a new size) stay out of reuse like retired ones.
 	InUse InUse
 	// NoKernelTrips keeps the datapath from ejecting backends itself: the
 	// agent's accrual alone decides (an operator's switch, and the
@@ -241,6 +248,7 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		byID:         map[uint32]*Service{},
 		removedAt:    map[uint32]time.Time{},
 		retiredSvc:   map[uint32]time.Time{},
+		retiredBe:    map[uint32]time.Time{},
 		retiredKey:   map[uint32]desired.Key{},
 		inUseVIPs:    opts.InUse.VIPs,
 		deleting:     map[uint32]desired.Key{},
@@ -258,6 +266,11 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 	for id := range opts.InUse.Services {
 		if _, ok := r.byID[id]; !ok && r.svcIDs.take(id) {
 			r.retiredSvc[id] = r.clk.Now()
+		}
+	}
+	for id := range opts.InUse.Backends {
+		if _, ok := r.backends.lookup(id); !ok && r.beIDs.take(id) {
+			r.retiredBe[id] = r.clk.Now()
 		}
 	}
 	return r, nil
