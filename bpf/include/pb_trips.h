@@ -44,8 +44,11 @@ static __always_inline __u8 kernel_trip(__u32 svc_id, __u32 bid, __u32 kind, __u
 	__u32 n = __sync_fetch_and_add(&bt->failures, 1) + 1;
 	if (n < st->max_failures)
 		return 0;
+	/* An entry with no family is no endpoint of the agent's (cleared, or
+	 * never written: an id a flow kept from before its map was recreated),
+	 * though its zeroed state reads PB_BE_ACTIVE. */
 	struct backend *be = bpf_map_lookup_elem(&pb_backends, &bid);
-	if (!be || be->state != PB_BE_ACTIVE)
+	if (!be || !be->family || be->state != PB_BE_ACTIVE)
 		return 0;
 	if (take_budget(st)) {
 		__sync_fetch_and_add(&st->suppressed, 1);

@@ -282,7 +282,9 @@ func LoadMaps(opts Options) (*Datapath, error) {
 	if entries, err := os.ReadDir(opts.Root); err == nil && len(entries) == 0 {
 		d.fresh = true
 	}
-	d.dropIncompatiblePins(spec)
+	if err := d.dropIncompatiblePins(spec); err != nil {
+		return nil, err
+	}
 
 	// The maps alone (the loader copies what it changes; the programs'
 	// instructions need no copy to be left out).
@@ -426,9 +428,12 @@ func (d *Datapath) Program() (*ebpf.Program, error) {
 
 // dropIncompatiblePins removes pinned maps whose type, sizes or flags no
 // longer match the spec, so they are created afresh instead of failing the
-// load. Layout changes get a new map name (see README), so this only fires
-// when an operator changed a size flag.
-func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
+// load, and with them the maps whose contents refer to theirs (pinGroups,
+// pinFollowers). Layout changes get a new map name (see README), so this
+// only fires when an operator changed a size flag. A map of a group that
+// cannot be removed fails the load: kept beside its group's new maps, it
+// would be wrong for good.
+func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	// Maps a layout change renamed: an older agent's pins, which nothing
 	// reads any more.
 	for _, name := range retiredPins {
@@ -440,6 +445,7 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
 		}
 	}
 	drop := map[string]string{} // pin name → why it goes
+	pinned := map[string]bool{}
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
@@ -448,6 +454,7 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
 		if err != nil {
 			continue
 		}
+		pinned[name] = true
 		cerr := ms.Compatible(m)
 		m.Close()
 		if cerr != nil {
@@ -455,33 +462,45 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
 		}
 	}
 	for _, group := range pinGroups {
-		var cause string
+		cause, n := "", 0
 		for _, name := range group {
-			if _, ok := drop[name]; ok {
-				cause = name
-				break
+			if pinned[name] {
+				n++
+			}
+			if _, ok := drop[name]; ok && cause == "" {
+				cause = "recreated with " + name
 			}
 		}
-		if cause == "" {
-			continue
+		if cause == "" && n > 0 && n < len(group) {
+			cause = "a map of its group is not pinned" // created empty beside it
 		}
 		for _, name := range group {
-			if _, ok := drop[name]; !ok {
-				drop[name] = "recreated with " + cause
+			if _, ok := drop[name]; !ok && pinned[name] && cause != "" {
+				drop[name] = cause
 			}
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(drop)) {
-		path := filepath.Join(d.Opts.Root, name)
-		if _, err := os.Stat(path); err != nil {
-			continue // a group's member not pinned yet
+	for lead, followers := range pinFollowers {
+		if _, ok := drop[lead]; ok {
+			for _, name := range followers {
+				if _, ok := drop[name]; !ok && pinned[name] {
+					drop[name] = "recreated with " + lead
+				}
+			}
 		}
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(drop)) {
 		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name],
 			"lost", lostOnRecreate(name))
-		if err := os.Remove(path); err != nil {
+		if err := os.Remove(filepath.Join(d.Opts.Root, name)); err != nil {
 			d.log.Error("remove pinned map", "map", name, "err", err)
+			if inGroup(name) {
+				errs = append(errs, fmt.Errorf("datapath: remove the pin of %s: %w", name, err))
+			}
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // pinGroups are maps whose contents count each other's: recreating one
@@ -494,6 +513,21 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
 // Recreated together, the breakers start from zero: flows open at the
 // restart go uncounted until they end.
 var pinGroups = [][]string{{bpf.LbMapPbFlows, bpf.LbMapPbSvcInflight, bpf.LbMapPbBeInflight}}
+
+// pinFollowers are maps recreated whenever the map they follow is, but
+// not the other way round. pb_svc_backends is keyed by service id: beside
+// a recreated pb_services (--max-services) its lists are of ids nothing
+// holds any more, and nothing would ever delete them.
+var pinFollowers = map[string][]string{bpf.LbMapPbServices: {bpf.LbMapPbSvcBackends}}
+
+func inGroup(name string) bool {
+	for _, g := range pinGroups {
+		if slices.Contains(g, name) {
+			return true
+		}
+	}
+	return false
+}
 
 // retiredPins are maps a layout change gave a new name: pb_syns became
 // pb_syns_v2 (16-byte addresses), pb_config pb_config_v2 (the hash seed,
@@ -565,6 +599,8 @@ func lostOnRecreate(name string) string {
 		return "kernel counters (they restart from 0, which Prometheus reads as a reset)"
 	case bpf.LbMapPbFlows, bpf.LbMapPbSvcInflight, bpf.LbMapPbBeInflight:
 		return "the circuit breakers' counts (they restart from 0: flows open now go uncounted until they end)"
+	case bpf.LbMapPbHealth:
+		return "the endpoints' ejections and penalties (an ejected endpoint is readmitted)"
 	case bpf.LbMapPbSrcTrust:
 		return "the SYN guard's trusted sources (each proves itself again with its next connection)"
 	default:

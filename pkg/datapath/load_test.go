@@ -216,13 +216,17 @@ func TestFreshPins(t *testing.T) {
 // recreated together: a resized conntrack table (pb_flows follows
 // --conntrack-size) beside kept counters would hold the slots of flows
 // nothing can release any more, and recreated counters beside kept flows
-// would go negative as those end. Other maps are kept.
+// would go negative as those end. A group with a member's pin missing is
+// recreated whole too. pb_svc_backends, keyed by service id, goes with a
+// recreated pb_services. Other maps are kept.
 func TestBreakerPinsRecreatedTogether(t *testing.T) {
 	bpftest.RequireRoot(t)
 	fk := bpf.LbCtKey{Sport: 1234, Dport: 80, Proto: 6}
 	fk.Src.Bytes[15], fk.Dst.Bytes[15] = 1, 2
-	// seed pins a flow of service 3 and backend 4, counted, and a health
-	// entry that no resize concerns.
+	sk := bpf.LbSvcKey{Port: 80, Proto: 6, Family: 1}
+	lk := bpf.LbSvcBackendKey{SvcId: 3, Idx: 0}
+	// seed pins a flow of service 3 and backend 4, counted; the service,
+	// its backend list, and a health entry.
 	seed := func(root string) {
 		t.Helper()
 		d, err := datapath.LoadMaps(smallOptions(root))
@@ -230,69 +234,80 @@ func TestBreakerPinsRecreatedTogether(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer d.Close()
-		if err := d.PbFlows.Put(fk, bpf.LbFlowValue{SvcId: 3, BackendId: 4}); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.PbSvcInflight.Put(uint32(3), bpf.LbInflight{Count: 1}); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.PbBeInflight.Put(uint32(4), bpf.LbInflight{Count: 1}); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.PbHealth.Put(uint32(4), bpf.LbEndpointHealth{SvcId: 3, EjectedAtNs: 42}); err != nil {
-			t.Fatal(err)
+		for _, err := range []error{
+			d.PbFlows.Put(fk, bpf.LbFlowValue{SvcId: 3, BackendId: 4}),
+			d.PbSvcInflight.Put(uint32(3), bpf.LbInflight{Count: 1}),
+			d.PbBeInflight.Put(uint32(4), bpf.LbInflight{Count: 1}),
+			d.PbHealth.Put(uint32(4), bpf.LbEndpointHealth{SvcId: 3, EjectedAtNs: 42}),
+			d.PbServices.Put(sk, bpf.LbSvcValue{Id: 3}),
+			d.PbSvcBackends.Put(lk, uint32(4)),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	// kept reports what the reloaded maps hold: the flow, both counts,
-	// and the health entry.
-	kept := func(d *datapath.Datapath) (flow bool, svc, be int64, health bool) {
+	type state struct {
+		flow     bool
+		svc, be  int64
+		health   bool
+		service  bool
+		backends bool
+	}
+	kept := func(d *datapath.Datapath) state {
 		t.Helper()
+		var st state
 		var fv bpf.LbFlowValue
-		flow = d.PbFlows.Lookup(fk, &fv) == nil
+		st.flow = d.PbFlows.Lookup(fk, &fv) == nil
 		var c bpf.LbInflight
 		if err := d.PbSvcInflight.Lookup(uint32(3), &c); err != nil {
 			t.Fatal(err)
 		}
-		svc = c.Count
+		st.svc = c.Count
 		if err := d.PbBeInflight.Lookup(uint32(4), &c); err != nil {
 			t.Fatal(err)
 		}
-		be = c.Count
+		st.be = c.Count
 		var h bpf.LbEndpointHealth
-		health = d.PbHealth.Lookup(uint32(4), &h) == nil && h.EjectedAtNs == 42
-		return flow, svc, be, health
+		st.health = d.PbHealth.Lookup(uint32(4), &h) == nil && h.EjectedAtNs == 42
+		var sv bpf.LbSvcValue
+		st.service = d.PbServices.Lookup(sk, &sv) == nil
+		var id uint32
+		st.backends = d.PbSvcBackends.Lookup(lk, &id) == nil
+		return st
 	}
+	all := state{flow: true, svc: 1, be: 1, health: true, service: true, backends: true}
 	for _, tc := range []struct {
-		name     string
-		change   func(*datapath.Options)
-		recreate bool
+		name   string
+		change func(root string, o *datapath.Options)
+		want   state
 	}{
-		{"same sizes", func(*datapath.Options) {}, false},
-		{"conntrack resized", func(o *datapath.Options) { o.ConntrackSize *= 2 }, true},
-		{"more backends", func(o *datapath.Options) { o.MaxBackends *= 2 }, true},
-		{"more services", func(o *datapath.Options) { o.MaxServices *= 2 }, true},
+		{"same sizes", func(string, *datapath.Options) {}, all},
+		{"conntrack resized", func(_ string, o *datapath.Options) { o.ConntrackSize *= 2 },
+			state{health: true, service: true, backends: true}},
+		// pb_health and pb_svc_backends follow --max-backends too.
+		{"more backends", func(_ string, o *datapath.Options) { o.MaxBackends *= 2 },
+			state{service: true}},
+		{"more services", func(_ string, o *datapath.Options) { o.MaxServices *= 2 },
+			state{health: true}},
+		{"a counter's pin removed", func(root string, _ *datapath.Options) {
+			if err := os.Remove(filepath.Join(root, "pb_be_inflight")); err != nil {
+				t.Fatal(err)
+			}
+		}, state{health: true, service: true, backends: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := bpftest.TempBPFFS(t)
 			seed(root)
 			opts := smallOptions(root)
-			tc.change(&opts)
+			tc.change(root, &opts)
 			d, err := datapath.LoadMaps(opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			flow, svc, be, health := kept(d)
-			if tc.recreate {
-				if flow || svc != 0 || be != 0 {
-					t.Errorf("after the change: pb_flows entry %v, counts %d/%d; want all gone", flow, svc, be)
-				}
-			} else if !flow || svc != 1 || be != 1 {
-				t.Errorf("unchanged sizes: pb_flows entry %v, counts %d/%d; want all kept", flow, svc, be)
-			}
-			// pb_health follows --max-backends; under any other change it stays.
-			if wantHealth := tc.name != "more backends"; health != wantHealth {
-				t.Errorf("pb_health entry kept %v, want %v", health, wantHealth)
+			if got := kept(d); got != tc.want {
+				t.Errorf("after the change the maps hold %+v, want %+v", got, tc.want)
 			}
 		})
 	}

@@ -134,6 +134,28 @@ func TestKernelTripLimits(t *testing.T) {
 			t.Errorf("backend 1 is %v after the tripping reset", f.state(id1))
 		}
 	})
+	t.Run("no endpoint under the id", func(t *testing.T) {
+		// A flow kept from before pb_backends was recreated (a new
+		// --max-backends): its backend's entry is zeroed, whose state
+		// reads active. Its refusal may not eject that id.
+		f := tripFixture(t, 1, maps.TripRefused, 5)
+		c := clientN(0)
+		if _, p, _ := f.run(bpftest.TCP(c, vip, bpftest.SYN, nil)); p.Dst != be1 {
+			t.Fatalf("flow went to %v, want %v", p.Dst, be1)
+		}
+		f.must(f.Maps.ClearBackend(id1))
+		f.run(bpftest.TCP(be1, c, bpftest.RST, nil))
+		evs := f.events()
+		if len(evs) != 2 || evs[1].Type != evRefused || evs[1].Flags&evfTripped != 0 {
+			t.Fatalf("events %+v: want NEW_FLOW and a REFUSED that trips nothing", evs)
+		}
+		if f.state(id1) != maps.BackendActive {
+			t.Errorf("the cleared entry's state is %v, want it left zeroed", f.state(id1))
+		}
+		if st := f.Maps.ServiceTrip(svcID); st.Trips != 0 || st.Budget != 5 {
+			t.Errorf("pb_svc_trip %+v: want no trip, the budget untouched", st)
+		}
+	})
 	t.Run("probation never trips", func(t *testing.T) {
 		f := tripFixture(t, 1, maps.TripRefused, 5)
 		f.must(f.Maps.SetBackend(id1, maps.NewBackend(be1, svcID, maps.BackendProbation, 1)))

@@ -640,48 +640,76 @@ func TestAdoptionOfADuplicatedID(t *testing.T) {
 
 // Backend ids live flows refer to at start, with no pinned backend to hold
 // them (pb_backends recreated at a new --max-backends beside a kept
-// conntrack table), are not handed out until no flow refers to them: a
-// new endpoint under such an id would take the old flows' outcome events
-// and kernel trips.
+// conntrack table), are not handed out until their cooldown passed and no
+// flow refers to them: a new endpoint under such an id would take the old
+// flows' outcome events. A reused id's counters and streak start afresh.
 func TestRestartKeepsBackendIDsOfLiveFlows(t *testing.T) {
 	e := newEnv(t)
-	e.opts.InUse = InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{1: true, 2: true}}
-	e.restart()
-	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"), ep("198.19.1.3:8080"))
+	web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
 	e.apply(web)
+	e.programAll()
 	ids := func(d desired.Service) []uint32 {
 		t.Helper()
 		s, ok := e.r.ServiceByKey(d.Key)
 		if !ok {
 			t.Fatalf("service %s not programmed", d.Name)
 		}
-		return s.Backends
+		return slices.Sorted(slices.Values(s.Backends))
 	}
-	for _, id := range ids(web) {
-		if id == 1 || id == 2 {
-			t.Fatalf("backends %v: id %d, which live flows still use, handed out", ids(web), id)
-		}
+	if got := ids(web); !slices.Equal(got, []uint32{1, 2}) {
+		t.Fatalf("web's backends %v, want [1 2]", got)
 	}
 
-	// Within the cooldown, or with a flow on it, an id stays retired.
+	// The restart: the service is pinned, its backends and lists are not;
+	// web's flows still live on ids 1 and 2.
+	clear(e.f.PbBackends)
+	clear(e.f.PbSvcBackends)
+	e.opts.InUse = InUse{Services: map[uint32]bool{}, Backends: map[uint32]bool{1: true, 2: true}}
+	e.restart()
+	// Until the first Apply is done, the pinned tables name ids the new
+	// pb_backends does not hold; the program before this agent's serves
+	// from its own maps until the new one is attached, after that Apply.
+	check := e.f.Check
+	e.f.Check = func(*mapsfake.Maps, mapsfake.Op) {}
+	e.apply(web)
+	e.programAll()
+	e.f.Check = check
+	e.checkKernel()
+	if got := ids(web); !slices.Equal(got, []uint32{3, 4}) {
+		t.Fatalf("web's backends after the restart %v, want [3 4]: ids 1 and 2 are its old flows'", got)
+	}
+
+	// Within the cooldown no id is freed, and past it only one no flow uses.
 	e.r.Sweep(InUse{Backends: map[uint32]bool{}})
 	api := svc("api", vip2, 80, ep("198.19.2.1:8080"))
 	e.apply(web, api)
-	if got := ids(api); !slices.Equal(got, []uint32{6}) {
-		t.Fatalf("api's backends %v, want [6]: ids 1 and 2 are in their cooldown", got)
+	if got := ids(api); !slices.Equal(got, []uint32{5}) {
+		t.Fatalf("api's backends %v, want [5]: ids 1 and 2 are in their cooldown", got)
 	}
 	e.clk.Step(testCooldown)
 	e.r.Sweep(InUse{Backends: map[uint32]bool{1: true}})
-	db := svc("db", vip3, 5432, ep("198.19.3.1:5432"))
+	e.f.TakeOps()
+	db := svc("db", vip3, 5432, ep("198.19.3.1:5432"), ep("198.19.3.2:5432"))
 	e.apply(web, api, db)
-	if got := ids(db); !slices.Equal(got, []uint32{2}) {
-		t.Fatalf("db's backends %v, want [2]: freed once no flow used it", got)
+	if got := ids(db); !slices.Equal(got, []uint32{2, 6}) {
+		t.Fatalf("db's backends %v, want [2 6]: id 1 still has a flow", got)
 	}
 	e.r.Sweep(InUse{})
 	dns := svc("dns", "198.18.0.13", 53, ep("198.19.4.1:53"))
 	e.apply(web, api, db, dns)
 	if got := ids(dns); !slices.Equal(got, []uint32{1}) {
 		t.Fatalf("dns's backends %v, want [1]: freed once its last flow ended", got)
+	}
+	reset := map[uint32]bool{}
+	for _, op := range e.f.TakeOps() {
+		if op.Kind == mapsfake.OpResetBeStats {
+			reset[op.ID] = true
+		}
+	}
+	for _, id := range []uint32{1, 2} {
+		if !reset[id] || e.f.TripResets[id] == 0 {
+			t.Errorf("reused id %d: counters reset %v, streak reset %d times; want both", id, reset[id], e.f.TripResets[id])
+		}
 	}
 	e.programAll()
 	e.checkKernel()

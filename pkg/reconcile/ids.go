@@ -15,7 +15,6 @@ func (r *Reconciler) Sweep(inUse InUse) {
 		return
 	}
 	now := r.clk.Now()
-	freed := 0
 	for id, b := range r.backends.all() {
 		if b.State != maps.BackendRemoved || now.Sub(r.removedAt[id]) < r.cooldown || inUse.Backends[id] {
 			continue
@@ -27,7 +26,6 @@ func (r *Reconciler) Sweep(inUse InUse) {
 		r.backends.del(id)
 		delete(r.removedAt, id)
 		r.beIDs.put(id)
-		freed++
 	}
 	for id, at := range r.retiredBe {
 		if now.Sub(at) >= r.cooldown && !inUse.Backends[id] {
