@@ -172,6 +172,9 @@ type Datapath struct {
 
 	// fresh: the pin directory was empty when LoadMaps ran (see Fresh).
 	fresh bool
+	// resized: the previous pins of maps whose entries LoadMaps copies
+	// into their new, resized maps (copyOnResize), by name; nil after.
+	resized map[string]*ebpf.Map
 
 	log   *slog.Logger
 	mu    sync.Mutex
@@ -282,6 +285,14 @@ func LoadMaps(opts Options) (*Datapath, error) {
 	if entries, err := os.ReadDir(opts.Root); err == nil && len(entries) == 0 {
 		d.fresh = true
 	}
+	// The previous pins of resized maps, had LoadMaps no new maps to copy
+	// them into.
+	defer func() {
+		for _, m := range d.resized {
+			m.Close()
+		}
+		d.resized = nil
+	}()
 	if err := d.dropIncompatiblePins(spec); err != nil {
 		return nil, err
 	}
@@ -306,6 +317,7 @@ func LoadMaps(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("datapath: load maps: %w", err)
 	}
 	d.sections = coll
+	d.copyResized()
 	d.loadExpire(spec)
 	d.loadSweep(spec)
 	if err := d.loadStatsReset(spec); err != nil {
@@ -456,7 +468,16 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 		}
 		pinned[name] = true
 		cerr := ms.Compatible(m)
-		m.Close()
+		if cerr != nil && copyOnResize[name] != nil && onlySizeDiffers(ms, m) {
+			// Its handle keeps the old map (and what the running
+			// program writes to it) alive until its entries are copied.
+			if d.resized == nil {
+				d.resized = map[string]*ebpf.Map{}
+			}
+			d.resized[name] = m
+		} else {
+			m.Close()
+		}
 		if cerr != nil {
 			drop[name] = cerr.Error()
 		}
@@ -491,8 +512,11 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(drop)) {
-		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name],
-			"lost", lostOnRecreate(name))
+		lost := lostOnRecreate(name)
+		if d.resized[name] != nil {
+			lost = "nothing: its entries are copied into the new map (a smaller one keeps as many as it holds)"
+		}
+		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name], "lost", lost)
 		if err := os.Remove(filepath.Join(d.Opts.Root, name)); err != nil {
 			d.log.Error("remove pinned map", "map", name, "err", err)
 			if inGroup(name) {
@@ -501,6 +525,74 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// copyOnResize are the maps whose entries survive a new size: LoadMaps
+// copies them from the previous pin into the new map. pb_ct_v2, so that
+// an operator can resize the table (PenaltyboxConntrackFull) without
+// re-balancing every established flow. What the previous program adds
+// between the copy and the switch to the new one is not copied: those
+// flows are picked up midstream, as at an upgrade (migrateConntrack). Its
+// entries name service and backend ids: the start's sweep, which reads
+// the new table, keeps those out of reuse (reconcile.Options.InUse).
+var copyOnResize = map[string]func(from, to *ebpf.Map) (n, failed int, err error){
+	bpf.LbMapPbCtV2: copyEntries[bpf.LbCtKey, bpf.LbCtValue],
+}
+
+// onlySizeDiffers reports whether m is ms but for its number of entries.
+func onlySizeDiffers(ms *ebpf.MapSpec, m *ebpf.Map) bool {
+	c := ms.Copy()
+	c.MaxEntries = m.MaxEntries()
+	return c.Compatible(m) == nil
+}
+
+// copyResized copies the entries of the maps' previous, resized pins into
+// the new maps (copyOnResize) and lets the previous maps go.
+func (d *Datapath) copyResized() {
+	for name, old := range d.resized {
+		n, failed, err := copyOnResize[name](old, d.maps[name])
+		args := []any{"map", name, "from_size", old.MaxEntries(), "to_size", d.maps[name].MaxEntries(),
+			"copied", n, "failed", failed}
+		if err != nil {
+			d.log.Error("copy the entries of a resized map", append(args, "err", err)...)
+		} else {
+			d.log.Info("copied the entries of a resized map", args...)
+		}
+		old.Close()
+	}
+	d.resized = nil
+}
+
+// copyEntries writes every entry of from into to, in batches (into an
+// LRU map smaller than from, the later writes evict the earlier ones).
+// A batch the kernel refuses is written entry by entry, and what fails
+// then is counted. K and V are the maps' key and value types.
+func copyEntries[K, V any](from, to *ebpf.Map) (n, failed int, err error) {
+	const chunk = 4096
+	keys, vals := make([]K, chunk), make([]V, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		got, lerr := from.BatchLookup(&cursor, keys, vals, nil)
+		if got > 0 {
+			if _, uerr := to.BatchUpdate(keys[:got], vals[:got], nil); uerr == nil {
+				n += got
+			} else {
+				for i := range got {
+					if to.Update(&keys[i], &vals[i], ebpf.UpdateAny) == nil {
+						n++
+					} else {
+						failed++
+					}
+				}
+			}
+		}
+		if errors.Is(lerr, ebpf.ErrKeyNotExist) {
+			return n, failed, nil
+		}
+		if lerr != nil {
+			return n, failed, lerr
+		}
+	}
 }
 
 // pinGroups are maps whose contents count each other's: recreating one

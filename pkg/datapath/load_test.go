@@ -312,3 +312,70 @@ func TestBreakerPinsRecreatedTogether(t *testing.T) {
 		})
 	}
 }
+
+// A new --conntrack-size keeps the flows: their entries are copied from the
+// previous table into the resized one (into a smaller one, as many as it
+// holds).
+func TestConntrackResizeKeepsFlows(t *testing.T) {
+	bpftest.RequireRoot(t)
+	root := bpftest.TempBPFFS(t)
+	const flows = 20
+	key := func(i int) bpf.LbCtKey {
+		k := bpf.LbCtKey{Sport: uint16(40000 + i), Dport: 80, Proto: 6, Family: 1}
+		k.Src.Bytes[15], k.Dst.Bytes[15] = 1, 2
+		return k
+	}
+	val := func(i int) bpf.LbCtValue {
+		return bpf.LbCtValue{SvcId: 3, BackendId: uint32(i), CreatedNs: uint64(i) + 1}
+	}
+	load := func(size uint32) *datapath.Datapath {
+		t.Helper()
+		o := smallOptions(root)
+		o.ConntrackSize = size
+		d, err := datapath.LoadMaps(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.PbCtV2.MaxEntries(); got != size {
+			t.Fatalf("pb_ct_v2 has %d entries, want %d", got, size)
+		}
+		return d
+	}
+	// held counts the entries the table holds, each checked against what
+	// was written under its key.
+	held := func(d *datapath.Datapath) int {
+		t.Helper()
+		n := 0
+		for i := range flows {
+			var v bpf.LbCtValue
+			if err := d.PbCtV2.Lookup(key(i), &v); err != nil {
+				continue
+			}
+			if v != val(i) {
+				t.Errorf("flow %d: %+v, want %+v", i, v, val(i))
+			}
+			n++
+		}
+		return n
+	}
+
+	d := load(64)
+	for i := range flows {
+		if err := d.PbCtV2.Put(key(i), val(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.Close()
+
+	d = load(128)
+	if n := held(d); n != flows {
+		t.Errorf("after growing the table: %d of %d flows", n, flows)
+	}
+	d.Close()
+
+	d = load(16)
+	if n := held(d); n == 0 || n > 16 {
+		t.Errorf("after shrinking the table to 16 entries: %d of %d flows, want some, at most 16", n, flows)
+	}
+	d.Close()
+}
