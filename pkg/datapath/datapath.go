@@ -535,8 +535,13 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 // flows are picked up midstream, as at an upgrade (migrateConntrack). Its
 // entries name service and backend ids: the start's sweep, which reads
 // the new table, keeps those out of reuse (reconcile.Options.InUse).
+// Each entry is what it was, keyed and valued alike: a map whose layout
+// changes gets a new name instead (see README).
 var copyOnResize = map[string]func(from, to *ebpf.Map) (n, failed int, err error){
 	bpf.LbMapPbCtV2: copyEntries[bpf.LbCtKey, bpf.LbCtValue],
+	// The clients' pins of sessionAffinity ClientIP (--affinity-clients),
+	// so that a resize moves no client off its backend.
+	bpf.LbMapPbAffinity: copyEntries[bpf.LbAffinityKey, bpf.LbAffinityValue],
 }
 
 // onlySizeDiffers reports whether m is ms but for its number of entries.

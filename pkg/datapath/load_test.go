@@ -379,3 +379,36 @@ func TestConntrackResizeKeepsFlows(t *testing.T) {
 	}
 	d.Close()
 }
+
+// A new --affinity-clients keeps the clients' pins to their backends.
+func TestAffinityResizeKeepsPins(t *testing.T) {
+	bpftest.RequireRoot(t)
+	root := bpftest.TempBPFFS(t)
+	key := bpf.LbAffinityKey{SvcId: 3, Family: 1}
+	key.Client.Bytes[15] = 7
+	pin := bpf.LbAffinityValue{BackendId: 4, LastNs: 42}
+	load := func(clients uint32) *datapath.Datapath {
+		t.Helper()
+		o := smallOptions(root)
+		o.AffinityClients = clients
+		d, err := datapath.LoadMaps(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d := load(64)
+	if err := d.PbAffinity.Put(key, pin); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	d = load(128)
+	defer d.Close()
+	var got bpf.LbAffinityValue
+	if err := d.PbAffinity.Lookup(key, &got); err != nil || got != pin {
+		t.Errorf("after the resize the client's pin is %+v (%v), want %+v", got, err, pin)
+	}
+	if n := d.PbAffinity.MaxEntries(); n != 128 {
+		t.Errorf("pb_affinity has %d entries, want 128", n)
+	}
+}
