@@ -3,6 +3,7 @@
 package datapath_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 func smallOptions(root string) datapath.Options {
@@ -313,13 +315,16 @@ func TestBreakerPinsRecreatedTogether(t *testing.T) {
 	}
 }
 
-// A new --conntrack-size keeps the flows: their entries are copied from the
-// previous table into the resized one (into a smaller one, as many as it
-// holds).
+// A new --conntrack-size keeps the flows: the previous table's pin is
+// moved aside and its entries copied into the resized one at load, and
+// again at the switch to the new program (FinishResize), with what the
+// previous program wrote meanwhile; a start that stops before the switch
+// leaves the table aside for the next. A smaller table takes the entries
+// only if they fit with room to spare, or it would keep halves of flows.
 func TestConntrackResizeKeepsFlows(t *testing.T) {
 	bpftest.RequireRoot(t)
 	root := bpftest.TempBPFFS(t)
-	const flows = 20
+	aside := filepath.Join(root, "pb_ct_v2"+datapath.ResizeSuffix)
 	key := func(i int) bpf.LbCtKey {
 		k := bpf.LbCtKey{Sport: uint16(40000 + i), Dport: 80, Proto: 6, Family: 1}
 		k.Src.Bytes[15], k.Dst.Bytes[15] = 1, 2
@@ -341,42 +346,104 @@ func TestConntrackResizeKeepsFlows(t *testing.T) {
 		}
 		return d
 	}
-	// held counts the entries the table holds, each checked against what
-	// was written under its key.
-	held := func(d *datapath.Datapath) int {
+	// want checks that the table holds flows 0..n-1 as written, but for
+	// the closed one, and nothing else.
+	closed := -1
+	want := func(d *datapath.Datapath, n int, when string) {
 		t.Helper()
-		n := 0
-		for i := range flows {
+		for i := range n {
 			var v bpf.LbCtValue
 			if err := d.PbCtV2.Lookup(key(i), &v); err != nil {
+				t.Errorf("%s: flow %d: %v", when, i, err)
 				continue
 			}
-			if v != val(i) {
-				t.Errorf("flow %d: %+v, want %+v", i, v, val(i))
+			w := val(i)
+			if i == closed {
+				w.Flags = maps.CTClosed
 			}
-			n++
+			if v != w {
+				t.Errorf("%s: flow %d: %+v, want %+v", when, i, v, w)
+			}
 		}
-		return n
+		var k bpf.LbCtKey
+		var v bpf.LbCtValue
+		held := 0
+		for it := d.PbCtV2.Iterate(); it.Next(&k, &v); {
+			held++
+		}
+		if held != n {
+			t.Errorf("%s: the table holds %d entries, want %d", when, held, n)
+		}
+	}
+	// previous is the table moved aside, which the previous program still
+	// writes.
+	previous := func() *ebpf.Map {
+		t.Helper()
+		m, err := ebpf.LoadPinnedMap(aside, nil)
+		if err != nil {
+			t.Fatalf("the previous table is not aside: %v", err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	noneAside := func(when string) {
+		t.Helper()
+		if _, err := os.Stat(aside); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: the previous table's pin is still aside (%v)", when, err)
+		}
 	}
 
 	d := load(64)
-	for i := range flows {
+	for i := range 20 {
 		if err := d.PbCtV2.Put(key(i), val(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	d.Close()
 
+	// Grown: copied at load; the previous program then closes flow 0 and
+	// begins flow 20, which the switch copies.
 	d = load(128)
-	if n := held(d); n != flows {
-		t.Errorf("after growing the table: %d of %d flows", n, flows)
+	want(d, 20, "at load")
+	old := previous()
+	closed = 0
+	cv := val(0)
+	cv.Flags = maps.CTClosed
+	if err := old.Put(key(0), cv); err != nil {
+		t.Fatal(err)
 	}
+	if err := old.Put(key(20), val(20)); err != nil {
+		t.Fatal(err)
+	}
+	d.FinishResize()
+	want(d, 21, "after the switch")
+	noneAside("after the switch")
 	d.Close()
 
-	d = load(16)
-	if n := held(d); n == 0 || n > 16 {
-		t.Errorf("after shrinking the table to 16 entries: %d of %d flows, want some, at most 16", n, flows)
+	// A start that stops before the switch leaves the previous table
+	// aside, still written; the next start copies from it, not from the
+	// pinned copy.
+	d = load(256)
+	d.Close()
+	if err := previous().Put(key(21), val(21)); err != nil {
+		t.Fatal(err)
 	}
+	d = load(256)
+	want(d, 22, "after an unfinished resize")
+	d.FinishResize()
+	noneAside("after the second start's switch")
+	d.Close()
+
+	// Smaller, with room: every flow. Too small: none, and the previous
+	// table's flows are lost, not split.
+	d = load(32)
+	want(d, 22, "shrunk to 32")
+	d.FinishResize()
+	d.Close()
+	d = load(16)
+	want(d, 0, "shrunk to 16")
+	d.FinishResize()
+	noneAside("after the shrink")
 	d.Close()
 }
 

@@ -173,7 +173,7 @@ func TestConntrackResizeKeepsConnections(t *testing.T) {
 	if err := a.Start(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`"copied the entries of a resized map","map":"pb_ct_v2","from_size":8192,"to_size":16384,"copied":(\d+),"failed":0`).
+	m := regexp.MustCompile(`"copied the entries of a resized map","map":"pb_ct_v2","copy":"at load","from_size":8192,"to_size":16384,"copied":(\d+),"failed":0`).
 		FindStringSubmatch(a.LogTail(200))
 	if m == nil {
 		t.Fatalf("no copy of the resized table logged:\n%s", a.LogTail(40))
@@ -195,6 +195,13 @@ func TestConntrackResizeKeepsConnections(t *testing.T) {
 	}
 	if got := c.mustGet("after the restart"); got != first {
 		t.Fatalf("connection moved from %s to %s across the resize", first, got)
+	}
+	// Attached, the agent copied again and let the previous table go.
+	if !a.LogContains("copied the entries of a resized map", "at the switch to the new program") {
+		t.Errorf("no second copy at the switch to the new program:\n%s", a.LogTail(40))
+	}
+	if _, err := os.Stat(filepath.Join(a.BPFFSRoot, "pb_ct_v2_resized")); !os.IsNotExist(err) {
+		t.Errorf("the previous table is still pinned aside after the switch (%v)", err)
 	}
 }
 
