@@ -172,10 +172,6 @@ type Datapath struct {
 
 	// fresh: the pin directory was empty when LoadMaps ran (see Fresh).
 	fresh bool
-	// resized: the previous maps of resized pins of copyOnResize, by
-	// name, whose entries are copied into the new maps at load and again
-	// at the first Attach (finishResize); nil after.
-	resized map[string]*ebpf.Map
 
 	log   *slog.Logger
 	mu    sync.Mutex
@@ -286,14 +282,6 @@ func LoadMaps(opts Options) (*Datapath, error) {
 	if entries, err := os.ReadDir(opts.Root); err == nil && len(entries) == 0 {
 		d.fresh = true
 	}
-	// The previous maps of resized pins, if LoadMaps fails: the pins moved
-	// aside stay for the next start.
-	loaded := false
-	defer func() {
-		if !loaded {
-			d.closeResized()
-		}
-	}()
 	if err := d.dropIncompatiblePins(spec); err != nil {
 		return nil, err
 	}
@@ -318,24 +306,13 @@ func LoadMaps(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("datapath: load maps: %w", err)
 	}
 	d.sections = coll
-	d.copyResized("at load")
 	d.loadExpire(spec)
 	d.loadSweep(spec)
 	if err := d.loadStatsReset(spec); err != nil {
 		d.Close()
 		return nil, err
 	}
-	loaded = true
 	return d, nil
-}
-
-// closeResized lets the previous maps of resized pins go, their pins (moved
-// aside) left for the next start to copy from.
-func (d *Datapath) closeResized() {
-	for _, m := range d.resized {
-		m.Close()
-	}
-	d.resized = nil
 }
 
 // loadStatsReset loads pb_stats_reset_run, which zeroes a reused id's
@@ -453,10 +430,9 @@ func (d *Datapath) Program() (*ebpf.Program, error) {
 // longer match the spec, so they are created afresh instead of failing the
 // load, and with them the maps whose contents refer to theirs (pinGroups,
 // pinFollowers). Layout changes get a new map name (see README), so this
-// only fires when an operator changed a size flag. A map of a group, or a
-// follower, that cannot be removed fails the load: kept beside the new
-// maps, it would be wrong for good. A resized map of copyOnResize is not
-// removed but moved aside (resizeSuffix), its entries to be copied.
+// only fires when an operator changed a size flag. A map of a group that
+// cannot be removed fails the load: kept beside its group's new maps, it
+// would be wrong for good.
 func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	// Maps a layout change renamed: an older agent's pins, which nothing
 	// reads any more.
@@ -470,48 +446,17 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	}
 	drop := map[string]string{} // pin name → why it goes
 	pinned := map[string]bool{}
-	d.resized = map[string]*ebpf.Map{}
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
 		}
-		path := filepath.Join(d.Opts.Root, name)
-		if copyOnResize[name] != nil {
-			// A resize a start before this one did not finish: the map
-			// moved aside is the one the running program still writes,
-			// and the pinned one a copy of it, out of date.
-			if old, err := ebpf.LoadPinnedMap(path+resizeSuffix, nil); err == nil {
-				if onlySizeDiffers(ms, old) {
-					d.resized[name] = old
-				} else {
-					old.Close()
-					os.Remove(path + resizeSuffix)
-				}
-			}
-		}
-		m, err := ebpf.LoadPinnedMap(path, nil)
+		m, err := ebpf.LoadPinnedMap(filepath.Join(d.Opts.Root, name), nil)
 		if err != nil {
 			continue
 		}
 		pinned[name] = true
 		cerr := ms.Compatible(m)
-		switch {
-		case d.resized[name] != nil:
-			m.Close()
-			drop[name] = "a copy of the map an unfinished resize moved aside"
-			continue
-		case cerr != nil && copyOnResize[name] != nil && onlySizeDiffers(ms, m):
-			// Moved aside, not removed: until its entries are copied into
-			// the new map for good (finishResize), a start that fails
-			// leaves it for the next to copy from. The handle keeps it
-			// alive either way.
-			if err := os.Rename(path, path+resizeSuffix); err != nil {
-				d.log.Warn("move a resized map's pin aside", "map", name, "err", err)
-			}
-			d.resized[name] = m
-		default:
-			m.Close()
-		}
+		m.Close()
 		if cerr != nil {
 			drop[name] = cerr.Error()
 		}
@@ -546,154 +491,16 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(drop)) {
-		lost := lostOnRecreate(name)
-		if d.resized[name] != nil {
-			lost = "nothing, if its entries fit: they are copied into the new map (logged below)"
-		}
-		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name], "lost", lost)
-		err := os.Remove(filepath.Join(d.Opts.Root, name))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name],
+			"lost", lostOnRecreate(name))
+		if err := os.Remove(filepath.Join(d.Opts.Root, name)); err != nil {
 			d.log.Error("remove pinned map", "map", name, "err", err)
-			if inGroup(name) || isFollower(name) {
+			if inGroup(name) {
 				errs = append(errs, fmt.Errorf("datapath: remove the pin of %s: %w", name, err))
 			}
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// resizeSuffix names the pin a resized map of copyOnResize is moved to
-// (bpffs takes no dots in names) until its entries are in the new map for
-// good.
-const resizeSuffix = "_resized"
-
-// copyOnResize are the maps whose entries survive a new size: the previous
-// pin is moved aside, and its entries copied into the new map twice. Once
-// when the maps are loaded, so that the start's sweep sees them (pb_ct_v2's
-// entries name service and backend ids, which reconcile.Options.InUse
-// keeps out of reuse); and again at the switch to the new program
-// (finishResize), since the previous program writes the old map until
-// then: flows it began, moved or closed meanwhile (an entry it deleted
-// stays, to expire as its state says). What it does between that copy and
-// the switch of its last link is lost (a new flow is picked up midstream). pb_ct_v2, so that an operator can resize the table
-// (PenaltyboxConntrackFull) without re-balancing every established flow.
-// Each entry is what it was, keyed and valued alike: a map whose layout
-// changes gets a new name instead (see README).
-var copyOnResize = map[string]func(from, to *ebpf.Map) (n, failed int, err error){
-	bpf.LbMapPbCtV2: copyEntries[bpf.LbCtKey, bpf.LbCtValue],
-	// The clients' pins of sessionAffinity ClientIP (--affinity-clients),
-	// so that a resize moves no client off its backend.
-	bpf.LbMapPbAffinity: copyEntries[bpf.LbAffinityKey, bpf.LbAffinityValue],
-}
-
-// onlySizeDiffers reports whether m is ms but for its number of entries.
-func onlySizeDiffers(ms *ebpf.MapSpec, m *ebpf.Map) bool {
-	c := ms.Copy()
-	c.MaxEntries = m.MaxEntries()
-	return c.Compatible(m) == nil
-}
-
-// copyResized copies the entries of the maps' previous, resized pins into
-// the new maps (copyOnResize). when says which of the two copies it is.
-func (d *Datapath) copyResized(when string) {
-	for _, name := range slices.Sorted(maps.Keys(d.resized)) {
-		old, to := d.resized[name], d.maps[name]
-		if to == nil { // after LoadProgram: the maps by their handles
-			to = d.mapByName(name)
-		}
-		n, failed, err := copyOnResize[name](old, to)
-		args := []any{"map", name, "copy", when, "from_size", old.MaxEntries(), "to_size", to.MaxEntries(),
-			"copied", n, "failed", failed}
-		switch {
-		case errors.Is(err, errNoRoom):
-			d.log.Warn("the resized map cannot hold the previous one's entries: none copied, they are lost", args...)
-		case err != nil:
-			d.log.Error("copy the entries of a resized map", append(args, "err", err)...)
-		default:
-			d.log.Info("copied the entries of a resized map", args...)
-		}
-	}
-}
-
-// mapByName is the loaded map of a copyOnResize name.
-func (d *Datapath) mapByName(name string) *ebpf.Map {
-	switch name {
-	case bpf.LbMapPbCtV2:
-		return d.PbCtV2
-	case bpf.LbMapPbAffinity:
-		return d.PbAffinity
-	}
-	return nil
-}
-
-// finishResize copies the resized maps' entries a second time, now that
-// the previous program is to be replaced, and removes the pins moved
-// aside. Called with d.mu held, before the first link switches program.
-func (d *Datapath) finishResize() {
-	if len(d.resized) == 0 {
-		return
-	}
-	d.copyResized("at the switch to the new program")
-	for name, old := range d.resized {
-		old.Close()
-		if err := os.Remove(filepath.Join(d.Opts.Root, name+resizeSuffix)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			d.log.Warn("remove a resized map's previous pin", "map", name, "err", err)
-		}
-	}
-	d.resized = nil
-}
-
-// errNoRoom: a smaller map than the entries to copy need.
-var errNoRoom = errors.New("no room for the entries")
-
-// copyEntries writes every entry of from into to, in batches, over what
-// to holds. Into a map smaller than from it copies only if the entries
-// take at most three quarters of it: an LRU map evicts before it is full
-// (each CPU keeps free elements of its own), and an eviction takes one
-// half of a flow and leaves the other. A batch the kernel refuses is
-// written entry by entry, and what fails then is counted. K and V are the
-// maps' key and value types.
-func copyEntries[K, V any](from, to *ebpf.Map) (n, failed int, err error) {
-	const chunk = 4096
-	keys, vals := make([]K, chunk), make([]V, chunk)
-	each := func(f func(got int)) error {
-		var cursor ebpf.MapBatchCursor
-		for {
-			got, err := from.BatchLookup(&cursor, keys, vals, nil)
-			if got > 0 {
-				f(got)
-			}
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-		}
-	}
-	if to.MaxEntries() < from.MaxEntries() {
-		count := 0
-		if err := each(func(got int) { count += got }); err != nil {
-			return 0, 0, err
-		}
-		if count > int(to.MaxEntries())/4*3 {
-			return 0, 0, errNoRoom
-		}
-	}
-	err = each(func(got int) {
-		if _, err := to.BatchUpdate(keys[:got], vals[:got], nil); err == nil {
-			n += got
-			return
-		}
-		for i := range got {
-			if to.Update(&keys[i], &vals[i], ebpf.UpdateAny) == nil {
-				n++
-			} else {
-				failed++
-			}
-		}
-	})
-	return n, failed, err
 }
 
 // pinGroups are maps whose contents count each other's: recreating one
@@ -716,15 +523,6 @@ var pinFollowers = map[string][]string{bpf.LbMapPbServices: {bpf.LbMapPbSvcBacke
 func inGroup(name string) bool {
 	for _, g := range pinGroups {
 		if slices.Contains(g, name) {
-			return true
-		}
-	}
-	return false
-}
-
-func isFollower(name string) bool {
-	for _, fs := range pinFollowers {
-		if slices.Contains(fs, name) {
 			return true
 		}
 	}
@@ -839,9 +637,6 @@ func (d *Datapath) Attach(ifname string) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	// The first link to run this program: what the previous one wrote
-	// since the maps were loaded goes into the resized maps now.
-	d.finishResize()
 	if l, ok := d.links[ifname]; ok {
 		// -1: the link's info could not be read; it is kept, not
 		// replaced on a guess.
@@ -967,9 +762,6 @@ func (d *Datapath) Close() error {
 	if d.sections != nil {
 		d.sections.Close()
 	}
-	d.mu.Lock()
-	d.closeResized() // never attached: the pins moved aside stay
-	d.mu.Unlock()
 	return d.LbObjects.Close()
 }
 

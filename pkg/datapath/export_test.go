@@ -30,14 +30,3 @@ func (d *Datapath) BreakProgram() {
 	d.spec = d.spec.Copy()
 	d.spec.Programs[bpf.LbProgPbXdp].Instructions = asm.Instructions{asm.Return()}
 }
-
-// FinishResize is what the first Attach does first: the second copy of the
-// resized maps' entries, and the pins moved aside removed.
-func (d *Datapath) FinishResize() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.finishResize()
-}
-
-// ResizeSuffix names a resized map's previous pin while it is moved aside.
-const ResizeSuffix = resizeSuffix

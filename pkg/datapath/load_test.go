@@ -3,7 +3,6 @@
 package datapath_test
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -17,7 +16,6 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
-	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 func smallOptions(root string) datapath.Options {
@@ -312,170 +310,5 @@ func TestBreakerPinsRecreatedTogether(t *testing.T) {
 				t.Errorf("after the change the maps hold %+v, want %+v", got, tc.want)
 			}
 		})
-	}
-}
-
-// A new --conntrack-size keeps the flows: the previous table's pin is
-// moved aside and its entries copied into the resized one at load, and
-// again at the switch to the new program (FinishResize), with what the
-// previous program wrote meanwhile; a start that stops before the switch
-// leaves the table aside for the next. A smaller table takes the entries
-// only if they fit with room to spare, or it would keep halves of flows.
-func TestConntrackResizeKeepsFlows(t *testing.T) {
-	bpftest.RequireRoot(t)
-	root := bpftest.TempBPFFS(t)
-	aside := filepath.Join(root, "pb_ct_v2"+datapath.ResizeSuffix)
-	key := func(i int) bpf.LbCtKey {
-		k := bpf.LbCtKey{Sport: uint16(40000 + i), Dport: 80, Proto: 6, Family: 1}
-		k.Src.Bytes[15], k.Dst.Bytes[15] = 1, 2
-		return k
-	}
-	val := func(i int) bpf.LbCtValue {
-		return bpf.LbCtValue{SvcId: 3, BackendId: uint32(i), CreatedNs: uint64(i) + 1}
-	}
-	load := func(size uint32) *datapath.Datapath {
-		t.Helper()
-		o := smallOptions(root)
-		o.ConntrackSize = size
-		d, err := datapath.LoadMaps(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := d.PbCtV2.MaxEntries(); got != size {
-			t.Fatalf("pb_ct_v2 has %d entries, want %d", got, size)
-		}
-		return d
-	}
-	// want checks that the table holds flows 0..n-1 as written, but for
-	// the closed one, and nothing else.
-	closed := -1
-	want := func(d *datapath.Datapath, n int, when string) {
-		t.Helper()
-		for i := range n {
-			var v bpf.LbCtValue
-			if err := d.PbCtV2.Lookup(key(i), &v); err != nil {
-				t.Errorf("%s: flow %d: %v", when, i, err)
-				continue
-			}
-			w := val(i)
-			if i == closed {
-				w.Flags = maps.CTClosed
-			}
-			if v != w {
-				t.Errorf("%s: flow %d: %+v, want %+v", when, i, v, w)
-			}
-		}
-		var k bpf.LbCtKey
-		var v bpf.LbCtValue
-		held := 0
-		for it := d.PbCtV2.Iterate(); it.Next(&k, &v); {
-			held++
-		}
-		if held != n {
-			t.Errorf("%s: the table holds %d entries, want %d", when, held, n)
-		}
-	}
-	// previous is the table moved aside, which the previous program still
-	// writes.
-	previous := func() *ebpf.Map {
-		t.Helper()
-		m, err := ebpf.LoadPinnedMap(aside, nil)
-		if err != nil {
-			t.Fatalf("the previous table is not aside: %v", err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m
-	}
-	noneAside := func(when string) {
-		t.Helper()
-		if _, err := os.Stat(aside); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s: the previous table's pin is still aside (%v)", when, err)
-		}
-	}
-
-	d := load(64)
-	for i := range 20 {
-		if err := d.PbCtV2.Put(key(i), val(i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d.Close()
-
-	// Grown: copied at load; the previous program then closes flow 0 and
-	// begins flow 20, which the switch copies.
-	d = load(128)
-	want(d, 20, "at load")
-	old := previous()
-	closed = 0
-	cv := val(0)
-	cv.Flags = maps.CTClosed
-	if err := old.Put(key(0), cv); err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Put(key(20), val(20)); err != nil {
-		t.Fatal(err)
-	}
-	d.FinishResize()
-	want(d, 21, "after the switch")
-	noneAside("after the switch")
-	d.Close()
-
-	// A start that stops before the switch leaves the previous table
-	// aside, still written; the next start copies from it, not from the
-	// pinned copy.
-	d = load(256)
-	d.Close()
-	if err := previous().Put(key(21), val(21)); err != nil {
-		t.Fatal(err)
-	}
-	d = load(256)
-	want(d, 22, "after an unfinished resize")
-	d.FinishResize()
-	noneAside("after the second start's switch")
-	d.Close()
-
-	// Smaller, with room: every flow. Too small: none, and the previous
-	// table's flows are lost, not split.
-	d = load(32)
-	want(d, 22, "shrunk to 32")
-	d.FinishResize()
-	d.Close()
-	d = load(16)
-	want(d, 0, "shrunk to 16")
-	d.FinishResize()
-	noneAside("after the shrink")
-	d.Close()
-}
-
-// A new --affinity-clients keeps the clients' pins to their backends.
-func TestAffinityResizeKeepsPins(t *testing.T) {
-	bpftest.RequireRoot(t)
-	root := bpftest.TempBPFFS(t)
-	key := bpf.LbAffinityKey{SvcId: 3, Family: 1}
-	key.Client.Bytes[15] = 7
-	pin := bpf.LbAffinityValue{BackendId: 4, LastNs: 42}
-	load := func(clients uint32) *datapath.Datapath {
-		t.Helper()
-		o := smallOptions(root)
-		o.AffinityClients = clients
-		d, err := datapath.LoadMaps(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	d := load(64)
-	if err := d.PbAffinity.Put(key, pin); err != nil {
-		t.Fatal(err)
-	}
-	d.Close()
-	d = load(128)
-	defer d.Close()
-	var got bpf.LbAffinityValue
-	if err := d.PbAffinity.Lookup(key, &got); err != nil || got != pin {
-		t.Errorf("after the resize the client's pin is %+v (%v), want %+v", got, err, pin)
-	}
-	if n := d.PbAffinity.MaxEntries(); n != 128 {
-		t.Errorf("pb_affinity has %d entries, want 128", n)
 	}
 }

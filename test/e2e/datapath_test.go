@@ -10,8 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -151,57 +149,6 @@ func TestAgentRestartKeepsConnections(t *testing.T) {
 	}
 	if rs := e.load(100, 2*time.Second, time.Second); rs.Failures() != 0 || len(rs.ByBackend()) != 3 {
 		t.Fatalf("after restart: %v over %v", rs.Counts(), rs.ByBackend())
-	}
-}
-
-// A new --conntrack-size keeps the established flows: the restarted agent
-// copies the pinned table's entries into the resized one before its
-// program goes live (without the copy, the connection's next packet would
-// find no entry and be picked up midstream, deciding nothing).
-// Nothing but the held connection runs, and it sends nothing between the
-// restart and the first sweep.
-func TestConntrackResizeKeepsConnections(t *testing.T) {
-	e := newEnv(t, 3)
-	a := e.startAgent(config(e.topo, all(3), ""), "--conntrack-size=8192")
-	c := e.dialVIP()
-	first := c.mustGet("before the restart")
-
-	if err := a.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	a.Args = []string{"--conntrack-size=16384"}
-	if err := a.Start(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`"copied the entries of a resized map","map":"pb_ct_v2","copy":"at load","from_size":8192,"to_size":16384,"copied":(\d+),"failed":0`).
-		FindStringSubmatch(a.LogTail(200))
-	if m == nil {
-		t.Fatalf("no copy of the resized table logged:\n%s", a.LogTail(40))
-	}
-	// The held connection's two entries at least.
-	if n, _ := strconv.Atoi(m[1]); n < 2 {
-		t.Errorf("copied %d entries, want at least the held connection's 2", n)
-	}
-	// The first sweep's count, before any packet since the restart: the
-	// copied entries, or none.
-	var entries float64
-	eventually(t, 15*time.Second, "a sweep of the resized table", func() bool {
-		mm := e.metrics()
-		entries = mm.Get("penaltybox_conntrack_entries")
-		return mm.Get("penaltybox_conntrack_size") == 16384
-	})
-	if entries < 2 {
-		t.Errorf("the resized table holds %v entries before any packet, want the held connection's 2", entries)
-	}
-	if got := c.mustGet("after the restart"); got != first {
-		t.Fatalf("connection moved from %s to %s across the resize", first, got)
-	}
-	// Attached, the agent copied again and let the previous table go.
-	if !a.LogContains("copied the entries of a resized map", "at the switch to the new program") {
-		t.Errorf("no second copy at the switch to the new program:\n%s", a.LogTail(40))
-	}
-	if _, err := os.Stat(filepath.Join(a.BPFFSRoot, "pb_ct_v2_resized")); !os.IsNotExist(err) {
-		t.Errorf("the previous table is still pinned aside after the switch (%v)", err)
 	}
 }
 
