@@ -430,9 +430,9 @@ func (d *Datapath) Program() (*ebpf.Program, error) {
 // longer match the spec, so they are created afresh instead of failing the
 // load, and with them the maps whose contents refer to theirs (pinGroups,
 // pinFollowers). Layout changes get a new map name (see README), so this
-// only fires when an operator changed a size flag. A map of a group that
-// cannot be removed fails the load: kept beside its group's new maps, it
-// would be wrong for good.
+// only fires when an operator changed a size flag. A map of a group, or a
+// follower, that cannot be removed fails the load: kept beside the new
+// maps, it would be wrong for good. A pin gone already is no failure.
 func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	// Maps a layout change renamed: an older agent's pins, which nothing
 	// reads any more.
@@ -481,7 +481,7 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 		}
 	}
 	for lead, followers := range pinFollowers {
-		if _, ok := drop[lead]; ok {
+		if _, ok := drop[lead]; ok || !pinned[lead] {
 			for _, name := range followers {
 				if _, ok := drop[name]; !ok && pinned[name] {
 					drop[name] = "recreated with " + lead
@@ -493,9 +493,10 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	for _, name := range slices.Sorted(maps.Keys(drop)) {
 		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name],
 			"lost", lostOnRecreate(name))
-		if err := os.Remove(filepath.Join(d.Opts.Root, name)); err != nil {
+		err := os.Remove(filepath.Join(d.Opts.Root, name))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			d.log.Error("remove pinned map", "map", name, "err", err)
-			if inGroup(name) {
+			if inGroup(name) || isFollower(name) {
 				errs = append(errs, fmt.Errorf("datapath: remove the pin of %s: %w", name, err))
 			}
 		}
@@ -523,6 +524,15 @@ var pinFollowers = map[string][]string{bpf.LbMapPbServices: {bpf.LbMapPbSvcBacke
 func inGroup(name string) bool {
 	for _, g := range pinGroups {
 		if slices.Contains(g, name) {
+			return true
+		}
+	}
+	return false
+}
+
+func isFollower(name string) bool {
+	for _, fs := range pinFollowers {
+		if slices.Contains(fs, name) {
 			return true
 		}
 	}

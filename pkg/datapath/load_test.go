@@ -218,7 +218,7 @@ func TestFreshPins(t *testing.T) {
 // nothing can release any more, and recreated counters beside kept flows
 // would go negative as those end. A group with a member's pin missing is
 // recreated whole too. pb_svc_backends, keyed by service id, goes with a
-// recreated pb_services. Other maps are kept.
+// recreated (or unpinned) pb_services. Other maps are kept.
 func TestBreakerPinsRecreatedTogether(t *testing.T) {
 	bpftest.RequireRoot(t)
 	fk := bpf.LbCtKey{Sport: 1234, Dport: 80, Proto: 6}
@@ -295,6 +295,11 @@ func TestBreakerPinsRecreatedTogether(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, state{health: true, service: true, backends: true}},
+		{"pb_services' pin removed", func(root string, _ *datapath.Options) {
+			if err := os.Remove(filepath.Join(root, "pb_services")); err != nil {
+				t.Fatal(err)
+			}
+		}, state{flow: true, svc: 1, be: 1, health: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := bpftest.TempBPFFS(t)
