@@ -3,10 +3,16 @@
 package datapath_test
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
@@ -81,5 +87,132 @@ func TestAttachFollowsARecreatedInterface(t *testing.T) {
 	// Attached again: nothing changes.
 	if err := d.Attach("pbt-a0"); err != nil || progOn("pbt-a0") != prog {
 		t.Errorf("a second Attach: %v, program %d", err, progOn("pbt-a0"))
+	}
+}
+
+// A resize across agents: the previous program keeps running on the table
+// moved aside until a link switches to the new one. A start that ends
+// before the switch leaves it aside, and the next start copies from it
+// (the program the pinned link runs uses it), not from the stale copy
+// pinned under pb_ct_v2. The switch brings the new table up to date and
+// removes the pin aside; a pin left aside that no program uses is stale
+// and goes, the pinned table kept.
+func TestConntrackResizeAcrossASwitch(t *testing.T) {
+	bpftest.RequireRoot(t)
+	h := testnet.OwnNetns(t, false)
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pbt-r0"}, PeerName: "pbt-r1"}
+	if err := h.LinkAdd(v); err != nil {
+		t.Fatal(err)
+	}
+	root := bpftest.TempBPFFS(t)
+	aside := filepath.Join(root, datapath.CTAside)
+	load := func(size uint32) *datapath.Datapath {
+		t.Helper()
+		o := smallOptions(root)
+		o.ConntrackSize = size
+		d, err := datapath.LoadMaps(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.StartProgramLoad()
+		return d
+	}
+	// runs reports whether the program on pbt-r0 uses m.
+	runs := func(m *ebpf.Map) bool {
+		t.Helper()
+		l, err := h.LinkByName("pbt-r0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := l.Attrs().Xdp
+		if x == nil || !x.Attached {
+			t.Fatal("no program on pbt-r0")
+		}
+		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		pi, err := p.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mi, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := mi.ID()
+		ids, _ := pi.MapIDs()
+		return slices.Contains(ids, id)
+	}
+
+	want := map[int]bpf.LbCtValue{}
+	d := load(64)
+	if err := d.Attach("pbt-r0"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		k, v := resizeFlow(i)
+		if err := d.PbCtV2.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+		want[i] = v
+	}
+	d.Close() // the link and its program stay
+
+	// A start that ends before it attaches: the table is aside, and the
+	// first program still runs on it.
+	d = load(128)
+	ctHolds(t, d.PbCtV2, want, "copied at load")
+	d.Close()
+	old, err := ebpf.LoadPinnedMap(aside, nil)
+	if err != nil {
+		t.Fatalf("the previous table is not aside after a start that did not attach: %v", err)
+	}
+	defer old.Close()
+	if !runs(old) {
+		t.Fatal("the program on pbt-r0 does not use the table aside")
+	}
+	k10, v10 := resizeFlow(10)
+	if err := old.Put(k10, v10); err != nil { // the first program's new flow
+		t.Fatal(err)
+	}
+	want[10] = v10
+
+	d = load(128)
+	defer d.Close()
+	ctHolds(t, d.PbCtV2, want, "copied from the table aside, at the next start")
+	k11, v11 := resizeFlow(11)
+	if err := old.Put(k11, v11); err != nil {
+		t.Fatal(err)
+	}
+	want[11] = v11
+	if err := d.Attach("pbt-r0"); err != nil {
+		t.Fatal(err)
+	}
+	ctHolds(t, d.PbCtV2, want, "after the switch")
+	if !runs(d.PbCtV2) {
+		t.Error("the program on pbt-r0 does not use the new table after the switch")
+	}
+	if _, err := os.Stat(aside); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the pin aside is left after the switch (%v)", err)
+	}
+
+	// A pin aside that no program uses (an agent that switched, then
+	// died before removing it): stale, removed, the pinned table kept.
+	stale, err := ebpf.NewMap(&ebpf.MapSpec{Type: d.PbCtV2.Type(), KeySize: d.PbCtV2.KeySize(),
+		ValueSize: d.PbCtV2.ValueSize(), MaxEntries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close()
+	if err := stale.Pin(aside); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	d = load(128)
+	ctHolds(t, d.PbCtV2, want, "beside a stale pin aside")
+	if _, err := os.Stat(aside); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a stale pin aside is kept (%v)", err)
 	}
 }

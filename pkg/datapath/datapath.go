@@ -37,8 +37,9 @@ import (
 const DefaultRoot = "/sys/fs/bpf/penaltybox"
 
 // Options size the maps. Zero values take the defaults below. Changing a
-// size of a pinned map recreates that map (and, for conntrack, drops the
-// flows it held): the agent logs it when it happens.
+// size of a pinned map recreates that map, with what refers to it
+// (pinGroups, pinFollowers): the agent logs it when it happens. Conntrack's
+// flows are carried into the resized table (resize.go).
 type Options struct {
 	Root          string
 	MaxServices   uint32
@@ -172,6 +173,9 @@ type Datapath struct {
 
 	// fresh: the pin directory was empty when LoadMaps ran (see Fresh).
 	fresh bool
+	// ctOld: the previous pb_ct_v2 of a resize, until a link runs the new
+	// program (resize.go); nil otherwise.
+	ctOld *ebpf.Map
 
 	log   *slog.Logger
 	mu    sync.Mutex
@@ -282,6 +286,15 @@ func LoadMaps(opts Options) (*Datapath, error) {
 	if entries, err := os.ReadDir(opts.Root); err == nil && len(entries) == 0 {
 		d.fresh = true
 	}
+	// A failed load lets the previous table of a resize go, its pin left
+	// aside for the next start.
+	loaded := false
+	defer func() {
+		if !loaded && d.ctOld != nil {
+			d.ctOld.Close()
+			d.ctOld = nil
+		}
+	}()
 	if err := d.dropIncompatiblePins(spec); err != nil {
 		return nil, err
 	}
@@ -306,12 +319,14 @@ func LoadMaps(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("datapath: load maps: %w", err)
 	}
 	d.sections = coll
+	d.copyCT()
 	d.loadExpire(spec)
 	d.loadSweep(spec)
 	if err := d.loadStatsReset(spec); err != nil {
 		d.Close()
 		return nil, err
 	}
+	loaded = true
 	return d, nil
 }
 
@@ -446,6 +461,7 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	}
 	drop := map[string]string{} // pin name → why it goes
 	pinned := map[string]bool{}
+	dropCT := d.prepareCTResize(spec.Maps[bpf.LbMapPbCtV2])
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
@@ -459,6 +475,9 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 		m.Close()
 		if cerr != nil {
 			drop[name] = cerr.Error()
+		}
+		if name == bpf.LbMapPbCtV2 && dropCT != "" {
+			drop[name] = dropCT
 		}
 	}
 	for _, group := range pinGroups {
@@ -491,8 +510,11 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 	}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(drop)) {
-		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name],
-			"lost", lostOnRecreate(name))
+		lost := lostOnRecreate(name)
+		if name == bpf.LbMapPbCtV2 && d.ctOld != nil {
+			lost = "nothing, if they fit: the flows are copied from the table moved aside (logged below)"
+		}
+		d.log.Warn("pinned map does not match, recreating it", "map", name, "reason", drop[name], "lost", lost)
 		err := os.Remove(filepath.Join(d.Opts.Root, name))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			d.log.Error("remove pinned map", "map", name, "err", err)
@@ -647,6 +669,18 @@ func (d *Datapath) Attach(ifname string) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// Until a link runs this program, a resized table is brought up to
+	// date with the previous one before each switch (resize.go).
+	d.syncCT()
+	if err := d.attachLocked(ifname, iface, prog); err != nil {
+		return err
+	}
+	d.releaseCT()
+	return nil
+}
+
+// attachLocked is Attach with d.mu held.
+func (d *Datapath) attachLocked(ifname string, iface *net.Interface, prog *ebpf.Program) error {
 	if l, ok := d.links[ifname]; ok {
 		// -1: the link's info could not be read; it is kept, not
 		// replaced on a guess.
@@ -693,6 +727,7 @@ func (d *Datapath) Attach(ifname string) error {
 	}
 
 	var l link.Link
+	var err error
 	var errs []string
 	for _, f := range attempts {
 		if l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: iface.Index, Flags: f}); err == nil {
@@ -772,6 +807,12 @@ func (d *Datapath) Close() error {
 	if d.sections != nil {
 		d.sections.Close()
 	}
+	d.mu.Lock()
+	if d.ctOld != nil { // no link switched: the pin aside stays for the next start
+		d.ctOld.Close()
+		d.ctOld = nil
+	}
+	d.mu.Unlock()
 	return d.LbObjects.Close()
 }
 

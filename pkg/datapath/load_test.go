@@ -3,6 +3,7 @@
 package datapath_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 func smallOptions(root string) datapath.Options {
@@ -315,5 +317,103 @@ func TestBreakerPinsRecreatedTogether(t *testing.T) {
 				t.Errorf("after the change the maps hold %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// resizeFlow is the i-th test flow's forward key and a value to tell it by.
+func resizeFlow(i int) (bpf.LbCtKey, bpf.LbCtValue) {
+	k := bpf.LbCtKey{Sport: uint16(40000 + i), Dport: 80, Proto: 6, Family: 1}
+	k.Src.Bytes[15], k.Dst.Bytes[15] = 1, 2
+	return k, bpf.LbCtValue{SvcId: 3, BackendId: uint32(i), CreatedNs: uint64(i) + 1}
+}
+
+// ctHolds checks that m holds exactly the flows of want, each with its
+// value.
+func ctHolds(t *testing.T, m *ebpf.Map, want map[int]bpf.LbCtValue, when string) {
+	t.Helper()
+	got := map[int]bpf.LbCtValue{}
+	var k bpf.LbCtKey
+	var v bpf.LbCtValue
+	for it := m.Iterate(); it.Next(&k, &v); {
+		got[int(k.Sport)-40000] = v
+	}
+	for i, w := range want {
+		if g, ok := got[i]; !ok || g != w {
+			t.Errorf("%s: flow %d: %+v (held %v), want %+v", when, i, g, ok, w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s: the table holds %d flows, want %d", when, len(got), len(want))
+	}
+}
+
+// A new --conntrack-size keeps the flows: the previous table is moved
+// aside and copied into the resized one at load, and brought up to date
+// (SyncCT: what Attach does before a switch) with what the previous
+// program did since, its deletes included. A smaller table takes the
+// flows only if they fill at most three quarters of it. Without a program
+// running on the table aside, a pin left there is stale and goes.
+func TestConntrackResizeKeepsFlows(t *testing.T) {
+	bpftest.RequireRoot(t)
+	root := bpftest.TempBPFFS(t)
+	aside := filepath.Join(root, datapath.CTAside)
+	load := func(size uint32) *datapath.Datapath {
+		t.Helper()
+		o := smallOptions(root)
+		o.ConntrackSize = size
+		d, err := datapath.LoadMaps(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.PbCtV2.MaxEntries(); got != size {
+			t.Fatalf("pb_ct_v2 has %d entries, want %d", got, size)
+		}
+		return d
+	}
+	want := map[int]bpf.LbCtValue{}
+	d := load(64)
+	for i := range 20 {
+		k, v := resizeFlow(i)
+		if err := d.PbCtV2.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+		want[i] = v
+	}
+	d.Close()
+
+	d = load(128)
+	ctHolds(t, d.PbCtV2, want, "grown, at load")
+	old, err := ebpf.LoadPinnedMap(aside, nil)
+	if err != nil {
+		t.Fatalf("the previous table is not aside: %v", err)
+	}
+	defer old.Close()
+	// The previous program closes flow 0, begins flow 20, and flow 1's
+	// entry goes.
+	k0, v0 := resizeFlow(0)
+	v0.Flags = maps.CTClosed
+	k1, _ := resizeFlow(1)
+	k20, v20 := resizeFlow(20)
+	for _, err := range []error{old.Put(k0, v0), old.Delete(k1), old.Put(k20, v20)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	want[0], want[20] = v0, v20
+	delete(want, 1)
+	d.SyncCT()
+	ctHolds(t, d.PbCtV2, want, "brought up to date")
+	d.Close()
+
+	// No link runs a program on the table aside: its pin is stale, and
+	// the pinned table (20 flows, 128 entries) is the one resized now.
+	d = load(32)
+	ctHolds(t, d.PbCtV2, want, "shrunk to 32")
+	d.Close()
+	d = load(16) // 20 flows do not fit in three quarters of 16
+	ctHolds(t, d.PbCtV2, nil, "shrunk to 16")
+	d.Close()
+	if _, err := os.Stat(aside); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the pin aside is left after a table too small to copy into (%v)", err)
 	}
 }

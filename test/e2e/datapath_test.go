@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -149,6 +151,57 @@ func TestAgentRestartKeepsConnections(t *testing.T) {
 	}
 	if rs := e.load(100, 2*time.Second, time.Second); rs.Failures() != 0 || len(rs.ByBackend()) != 3 {
 		t.Fatalf("after restart: %v over %v", rs.Counts(), rs.ByBackend())
+	}
+}
+
+// A new --conntrack-size keeps the established flows: the restarted agent
+// copies the pinned table's entries into the resized one when it loads the
+// maps, and brings it up to date when it switches the interface to its
+// program (without the copy, the connection's next packet would find no
+// entry and be picked up midstream, deciding nothing).
+// Nothing but the held connection runs, and it sends nothing between the
+// restart and the first sweep.
+func TestConntrackResizeKeepsConnections(t *testing.T) {
+	e := newEnv(t, 3)
+	a := e.startAgent(config(e.topo, all(3), ""), "--conntrack-size=8192")
+	c := e.dialVIP()
+	first := c.mustGet("before the restart")
+
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	a.Args = []string{"--conntrack-size=16384"}
+	if err := a.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`"copied the flows of the resized table","map":"pb_ct_v2","from_size":8192,"to_size":16384,"copied":(\d+)`).
+		FindStringSubmatch(a.LogTail(200))
+	if m == nil {
+		t.Fatalf("no copy of the resized table logged:\n%s", a.LogTail(40))
+	}
+	// The held connection's two entries at least.
+	if n, _ := strconv.Atoi(m[1]); n < 2 {
+		t.Errorf("copied %d entries, want at least the held connection's 2", n)
+	}
+	// The first sweep's count, before any packet since the restart: the
+	// copied entries, or none.
+	var entries float64
+	eventually(t, 15*time.Second, "a sweep of the resized table", func() bool {
+		mm := e.metrics()
+		entries = mm.Get("penaltybox_conntrack_entries")
+		return mm.Get("penaltybox_conntrack_size") == 16384
+	})
+	if entries < 2 {
+		t.Errorf("the resized table holds %v entries before any packet, want the held connection's 2", entries)
+	}
+	if got := c.mustGet("after the restart"); got != first {
+		t.Fatalf("connection moved from %s to %s across the resize", first, got)
+	}
+	if !a.LogContains("brought the resized table up to date at the switch to the new program") {
+		t.Errorf("the resized table was not brought up to date at the switch:\n%s", a.LogTail(40))
+	}
+	if _, err := os.Stat(filepath.Join(a.BPFFSRoot, "pb_ct_v2_resized")); !os.IsNotExist(err) {
+		t.Errorf("the previous table is still pinned aside after the switch (%v)", err)
 	}
 }
 
