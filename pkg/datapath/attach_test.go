@@ -16,6 +16,7 @@ import (
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 // An interface deleted and created again under the same name gets the
@@ -182,11 +183,19 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 	d = load(128)
 	defer d.Close()
 	ctHolds(t, d.PbCtV2, want, "copied from the table aside, at the next start")
+	// Before the switch, the first program closes flow 0, begins flow 11,
+	// and flow 1's entry goes: the switch brings all three over.
+	k0, v0 := resizeFlow(0)
+	v0.Flags = maps.CTClosed
+	k1, _ := resizeFlow(1)
 	k11, v11 := resizeFlow(11)
-	if err := old.Put(k11, v11); err != nil {
-		t.Fatal(err)
+	for _, err := range []error{old.Put(k0, v0), old.Delete(k1), old.Put(k11, v11)} {
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	want[11] = v11
+	want[0], want[11] = v0, v11
+	delete(want, 1)
 	if err := d.Attach("pbt-r0"); err != nil {
 		t.Fatal(err)
 	}

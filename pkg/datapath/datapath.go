@@ -174,8 +174,10 @@ type Datapath struct {
 	// fresh: the pin directory was empty when LoadMaps ran (see Fresh).
 	fresh bool
 	// ctOld: the previous pb_ct_v2 of a resize, until a link runs the new
-	// program (resize.go); nil otherwise.
-	ctOld *ebpf.Map
+	// program (resize.go); nil otherwise. ctLive: a pinned link's program
+	// still writes it.
+	ctOld  *ebpf.Map
+	ctLive bool
 
 	log   *slog.Logger
 	mu    sync.Mutex

@@ -31,12 +31,5 @@ func (d *Datapath) BreakProgram() {
 	d.spec.Programs[bpf.LbProgPbXdp].Instructions = asm.Instructions{asm.Return()}
 }
 
-// SyncCT is what Attach does first while a resize has a table aside.
-func (d *Datapath) SyncCT() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.syncCT()
-}
-
 // CTAside is the pin a resized table is moved aside to.
 const CTAside = ctAside

@@ -28,19 +28,25 @@ import (
 //     is full (each CPU keeps free elements of its own), and an eviction
 //     keeps one half of a flow and drops the other.
 //  3. Each Attach, until one switches a link to the new program, first
-//     makes the new table what the previous one is then (syncCT): every
-//     entry copied over again, and what the previous one no longer holds
-//     deleted. Between that and the switch of the node's last link, the
-//     previous program's changes are lost: a flow it begins is picked up
-//     midstream, one it closes lives on until its idle timeout.
+//     makes the new table what the previous one is then (syncCT): what the
+//     previous one no longer holds deleted, then every entry copied over
+//     again. That also brings back what the agent's first sweep expired
+//     in the new table: the next sweep, 10 s on, expires it again (as
+//     late as any sweep can be). Between the sync and the switch of the
+//     node's last link (an Attach each), the previous program's changes
+//     are lost: a flow it begins is picked up midstream, and one it
+//     closes stays open in the new table until its idle timeout (6 h for
+//     an established flow).
 //  4. After the first switch, the pin aside is removed (releaseCT).
 //
-// A start that ends before 4 leaves the pin aside. The next one finds the
-// previous table there, and tells whether it is still the live one by the
-// maps of the program the pinned links run (ctAsideLive): if so, the
-// pinned pb_ct_v2 is a stale copy and is dropped, and the copy starts
-// again from the table aside; if not (a switch happened, or no program
-// runs), the pin aside is stale and goes.
+// When no pinned link runs the previous program (the agent detached
+// them), the table is frozen: step 2 is the only copy, and the pin aside
+// goes at once. A start that ends before 4 leaves the pin aside. The next
+// one finds the previous table there, and tells which table is live by
+// the maps of the programs the pinned links run (ctTablesInUse): if one
+// runs on the table aside and none on the pinned pb_ct_v2, the pinned one
+// is a stale copy and is dropped, and the copy starts again from the
+// table aside; otherwise the pin aside is stale and goes.
 const ctAside = bpf.LbMapPbCtV2 + "_resized" // bpffs takes no dots in names
 
 // prepareCTResize is step 1, and the checks of a pin left aside. ms is
@@ -50,8 +56,15 @@ func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 	main := filepath.Join(d.Opts.Root, bpf.LbMapPbCtV2)
 	aside := filepath.Join(d.Opts.Root, ctAside)
 	if old, err := ebpf.LoadPinnedMap(aside, nil); err == nil {
-		if onlySizeDiffers(ms, old) && d.ctAsideLive(old) {
-			d.ctOld = old
+		var pinnedUsed, asideUsed bool
+		if cur, err := ebpf.LoadPinnedMap(main, nil); err == nil {
+			pinnedUsed, asideUsed = d.ctTablesInUse(cur, old)
+			cur.Close()
+		} else {
+			_, asideUsed = d.ctTablesInUse(nil, old)
+		}
+		if onlySizeDiffers(ms, old) && asideUsed && !pinnedUsed {
+			d.ctOld, d.ctLive = old, true
 			return "a copy of the table a resize moved aside, which the running program still writes"
 		}
 		old.Close()
@@ -76,19 +89,28 @@ func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 		return ""
 	}
 	d.ctOld = old
+	_, d.ctLive = d.ctTablesInUse(nil, old)
 	return ""
 }
 
-// ctAsideLive reports whether a program the pinned links run uses m.
-func (d *Datapath) ctAsideLive(m *ebpf.Map) bool {
-	info, err := m.Info()
-	if err != nil {
-		return false
+// ctTablesInUse reports whether a program a pinned link runs uses each
+// of the tables (nil: not asked). A link whose interface is gone (ifindex
+// 0) runs nothing. Each program's maps are read once (ProgramInfo copies
+// the program's code with them).
+func (d *Datapath) ctTablesInUse(pinned, aside *ebpf.Map) (pinnedUsed, asideUsed bool) {
+	id := func(m *ebpf.Map) ebpf.MapID {
+		if m == nil {
+			return 0
+		}
+		info, err := m.Info()
+		if err != nil {
+			return 0
+		}
+		id, _ := info.ID()
+		return id
 	}
-	id, ok := info.ID()
-	if !ok {
-		return false
-	}
+	pid, aid := id(pinned), id(aside)
+	seen := map[ebpf.ProgramID]bool{}
 	ents, _ := os.ReadDir(d.linkDir())
 	for _, e := range ents {
 		l, err := link.LoadPinnedLink(filepath.Join(d.linkDir(), e.Name()), nil)
@@ -98,8 +120,13 @@ func (d *Datapath) ctAsideLive(m *ebpf.Map) bool {
 		li, err := l.Info()
 		l.Close()
 		if err != nil {
+			d.log.Warn("read a pinned link's program", "link", e.Name(), "err", err)
 			continue
 		}
+		if x := li.XDP(); x == nil || x.Ifindex == 0 || seen[li.Program] {
+			continue
+		}
+		seen[li.Program] = true
 		p, err := ebpf.NewProgramFromID(li.Program)
 		if err != nil {
 			continue
@@ -107,13 +134,14 @@ func (d *Datapath) ctAsideLive(m *ebpf.Map) bool {
 		pi, err := p.Info()
 		p.Close()
 		if err != nil {
+			d.log.Warn("read a pinned link's program", "link", e.Name(), "err", err)
 			continue
 		}
-		if ids, ok := pi.MapIDs(); ok && slices.Contains(ids, id) {
-			return true
-		}
+		ids, _ := pi.MapIDs()
+		pinnedUsed = pinnedUsed || (pid != 0 && slices.Contains(ids, pid))
+		asideUsed = asideUsed || (aid != 0 && slices.Contains(ids, aid))
 	}
-	return false
+	return pinnedUsed, asideUsed
 }
 
 // onlySizeDiffers reports whether m is ms but for its number of entries.
@@ -145,6 +173,9 @@ func (d *Datapath) copyCT() {
 		d.log.Error("copy the flows of the resized table", append(args, "copied", n, "err", err)...)
 	default:
 		d.log.Info("copied the flows of the resized table", append(args, "copied", n)...)
+	}
+	if d.ctOld != nil && !d.ctLive {
+		d.releaseCT() // no program writes it: nothing to bring up to date
 	}
 }
 
@@ -199,26 +230,29 @@ func (d *Datapath) syncCT() {
 	if d.ctOld == nil {
 		return
 	}
-	// The room was judged at load (copyCT): a table that took the flows
-	// then takes them now, whatever came since.
-	copied, err := copyCTEntries(d.ctOld, d.PbCtV2, false)
+	// Deletes first: into a smaller table, the copy then needs no more
+	// room than the previous table's flows.
 	var gone []bpf.LbCtKey
-	if err == nil {
-		var v bpf.LbCtValue
-		err = eachCT(d.PbCtV2, func(keys []bpf.LbCtKey, _ []bpf.LbCtValue) error {
-			for _, k := range keys {
-				if lerr := d.ctOld.Lookup(&k, &v); errors.Is(lerr, ebpf.ErrKeyNotExist) {
-					gone = append(gone, k)
-				}
+	var v bpf.LbCtValue
+	err := eachCT(d.PbCtV2, func(keys []bpf.LbCtKey, _ []bpf.LbCtValue) error {
+		for _, k := range keys {
+			if lerr := d.ctOld.Lookup(&k, &v); errors.Is(lerr, ebpf.ErrKeyNotExist) {
+				gone = append(gone, k)
 			}
-			return nil
-		})
-	}
+		}
+		return nil
+	})
 	deleted := 0
 	for _, k := range gone {
 		if d.PbCtV2.Delete(&k) == nil {
 			deleted++
 		}
+	}
+	// The room was judged at load (copyCT): a table that took the flows
+	// then takes them now.
+	copied := 0
+	if err == nil {
+		copied, err = copyCTEntries(d.ctOld, d.PbCtV2, false)
 	}
 	args := []any{"map", bpf.LbMapPbCtV2, "copied", copied, "deleted", deleted}
 	if err != nil {
