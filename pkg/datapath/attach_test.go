@@ -94,10 +94,10 @@ func TestAttachFollowsARecreatedInterface(t *testing.T) {
 // A resize across agents: the previous program keeps running on the table
 // moved aside until a link switches to the new one. A start that ends
 // before the switch leaves it aside, and the next start copies from it
-// (the program the pinned link runs uses it), not from the stale copy
-// pinned under pb_ct_v2. The switch brings the new table up to date and
-// removes the pin aside; a pin left aside that no program uses is stale
-// and goes, the pinned table kept.
+// (a pinned link still runs), not from the stale copy pinned under
+// pb_ct_v2. The switch brings the new table up to date and removes the pin
+// aside; a pin left aside with no link running is stale and goes, the
+// pinned table kept.
 func TestConntrackResizeAcrossASwitch(t *testing.T) {
 	bpftest.RequireRoot(t)
 	h := testnet.OwnNetns(t, false)
@@ -207,8 +207,11 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 		t.Errorf("the pin aside is left after the switch (%v)", err)
 	}
 
-	// A pin aside that no program uses (an agent that switched, then
-	// died before removing it): stale, removed, the pinned table kept.
+	// A pin aside with no program running (the links detached): the table
+	// aside is frozen and the pinned one its copy, so it goes.
+	if err := d.Detach("pbt-r0"); err != nil {
+		t.Fatal(err)
+	}
 	stale, err := ebpf.NewMap(&ebpf.MapSpec{Type: d.PbCtV2.Type(), KeySize: d.PbCtV2.KeySize(),
 		ValueSize: d.PbCtV2.ValueSize(), MaxEntries: 64})
 	if err != nil {

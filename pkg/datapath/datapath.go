@@ -674,6 +674,7 @@ func (d *Datapath) Attach(ifname string) error {
 	// Until a link runs this program, a resized table is brought up to
 	// date with the previous one before each switch (resize.go).
 	d.syncCT()
+	d.unpinAside()
 	if err := d.attachLocked(ifname, iface, prog); err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -37,16 +36,27 @@ import (
 //     are lost: a flow it begins is picked up midstream, and one it
 //     closes stays open in the new table until its idle timeout (6 h for
 //     an established flow).
-//  4. After the first switch, the pin aside is removed (releaseCT).
+//  4. Before the first switch, the pin aside is removed, and after the
+//     first switch that succeeds the previous table is let go
+//     (releaseCT); an Attach that fails brings the table up to date again
+//     at the next one. An agent that ends after a failed switch loses
+//     what the previous program did since that update (its table is no
+//     longer pinned).
 //
-// When no pinned link runs the previous program (the agent detached
-// them), the table is frozen: step 2 is the only copy, and the pin aside
-// goes at once. A start that ends before 4 leaves the pin aside. The next
-// one finds the previous table there, and tells which table is live by
-// the maps of the programs the pinned links run (ctTablesInUse): if one
-// runs on the table aside and none on the pinned pb_ct_v2, the pinned one
-// is a stale copy and is dropped, and the copy starts again from the
-// table aside; otherwise the pin aside is stale and goes.
+// An older agent knows nothing of the pin aside: rolled back to after a
+// start that ended before the switch, it runs on the pinned copy, and a
+// later start would take the pin aside, by then stale, for the live table.
+//
+// So a pin aside that a later start finds means no link was switched
+// since it was moved: if pinned links run (on interfaces still there),
+// they run the previous program on it, and the pinned pb_ct_v2 is a stale
+// copy, dropped; the copy starts again from the table aside. With no
+// program on it the table is frozen: step 2 is the only copy, and the pin
+// aside goes at once, unless no pb_ct_v2 is pinned (a start that failed
+// after the move), when it is the table to copy from. Which program uses
+// which map only CAP_SYS_ADMIN could read (a program by its id), which the
+// DaemonSet does not grant; the pinned links and the order above need
+// none.
 const ctAside = bpf.LbMapPbCtV2 + "_resized" // bpffs takes no dots in names
 
 // prepareCTResize is step 1, and the checks of a pin left aside. ms is
@@ -55,16 +65,15 @@ const ctAside = bpf.LbMapPbCtV2 + "_resized" // bpffs takes no dots in names
 func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 	main := filepath.Join(d.Opts.Root, bpf.LbMapPbCtV2)
 	aside := filepath.Join(d.Opts.Root, ctAside)
+	running := d.linksRun()
 	if old, err := ebpf.LoadPinnedMap(aside, nil); err == nil {
-		var pinnedUsed, asideUsed bool
-		if cur, err := ebpf.LoadPinnedMap(main, nil); err == nil {
-			pinnedUsed, asideUsed = d.ctTablesInUse(cur, old)
-			cur.Close()
-		} else {
-			_, asideUsed = d.ctTablesInUse(nil, old)
-		}
-		if onlySizeDiffers(ms, old) && asideUsed && !pinnedUsed {
-			d.ctOld, d.ctLive = old, true
+		_, serr := os.Stat(main)
+		mainGone := errors.Is(serr, os.ErrNotExist)
+		if onlySizeDiffers(ms, old) && (running || mainGone) {
+			d.ctOld, d.ctLive = old, running
+			if mainGone {
+				return ""
+			}
 			return "a copy of the table a resize moved aside, which the running program still writes"
 		}
 		old.Close()
@@ -88,29 +97,13 @@ func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 		old.Close()
 		return ""
 	}
-	d.ctOld = old
-	_, d.ctLive = d.ctTablesInUse(nil, old)
+	d.ctOld, d.ctLive = old, running
 	return ""
 }
 
-// ctTablesInUse reports whether a program a pinned link runs uses each
-// of the tables (nil: not asked). A link whose interface is gone (ifindex
-// 0) runs nothing. Each program's maps are read once (ProgramInfo copies
-// the program's code with them).
-func (d *Datapath) ctTablesInUse(pinned, aside *ebpf.Map) (pinnedUsed, asideUsed bool) {
-	id := func(m *ebpf.Map) ebpf.MapID {
-		if m == nil {
-			return 0
-		}
-		info, err := m.Info()
-		if err != nil {
-			return 0
-		}
-		id, _ := info.ID()
-		return id
-	}
-	pid, aid := id(pinned), id(aside)
-	seen := map[ebpf.ProgramID]bool{}
+// linksRun reports whether a pinned link runs a program on an interface
+// that is still there (a link whose interface is gone reads ifindex 0).
+func (d *Datapath) linksRun() bool {
 	ents, _ := os.ReadDir(d.linkDir())
 	for _, e := range ents {
 		l, err := link.LoadPinnedLink(filepath.Join(d.linkDir(), e.Name()), nil)
@@ -120,28 +113,14 @@ func (d *Datapath) ctTablesInUse(pinned, aside *ebpf.Map) (pinnedUsed, asideUsed
 		li, err := l.Info()
 		l.Close()
 		if err != nil {
-			d.log.Warn("read a pinned link's program", "link", e.Name(), "err", err)
+			d.log.Warn("read a pinned link", "link", e.Name(), "err", err)
 			continue
 		}
-		if x := li.XDP(); x == nil || x.Ifindex == 0 || seen[li.Program] {
-			continue
+		if x := li.XDP(); x != nil && x.Ifindex != 0 {
+			return true
 		}
-		seen[li.Program] = true
-		p, err := ebpf.NewProgramFromID(li.Program)
-		if err != nil {
-			continue
-		}
-		pi, err := p.Info()
-		p.Close()
-		if err != nil {
-			d.log.Warn("read a pinned link's program", "link", e.Name(), "err", err)
-			continue
-		}
-		ids, _ := pi.MapIDs()
-		pinnedUsed = pinnedUsed || (pid != 0 && slices.Contains(ids, pid))
-		asideUsed = asideUsed || (aid != 0 && slices.Contains(ids, aid))
 	}
-	return pinnedUsed, asideUsed
+	return false
 }
 
 // onlySizeDiffers reports whether m is ms but for its number of entries.
@@ -174,7 +153,7 @@ func (d *Datapath) copyCT() {
 	default:
 		d.log.Info("copied the flows of the resized table", append(args, "copied", n)...)
 	}
-	if d.ctOld != nil && !d.ctLive {
+	if d.ctOld != nil && !d.ctLive && err == nil {
 		d.releaseCT() // no program writes it: nothing to bring up to date
 	}
 }
@@ -262,14 +241,25 @@ func (d *Datapath) syncCT() {
 	d.log.Info("brought the resized table up to date at the switch to the new program", args...)
 }
 
-// releaseCT is step 4. Called with d.mu held.
+// unpinAside removes the pin aside before a link switches (step 4), so
+// that a pin aside found later always means no link was switched.
+// Called with d.mu held.
+func (d *Datapath) unpinAside() {
+	if d.ctOld == nil {
+		return
+	}
+	if err := os.Remove(filepath.Join(d.Opts.Root, ctAside)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		d.log.Warn("remove the resized table's previous pin", "pin", ctAside, "err", err)
+	}
+}
+
+// releaseCT lets the previous table go and removes its pin aside.
+// Called with d.mu held, or before d is shared.
 func (d *Datapath) releaseCT() {
 	if d.ctOld == nil {
 		return
 	}
+	d.unpinAside()
 	d.ctOld.Close()
 	d.ctOld = nil
-	if err := os.Remove(filepath.Join(d.Opts.Root, ctAside)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		d.log.Warn("remove the resized table's previous pin", "pin", ctAside, "err", err)
-	}
 }

@@ -170,6 +170,14 @@ func TestConntrackResizeKeepsConnections(t *testing.T) {
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
 	}
+	// Restarted with the DaemonSet's capabilities alone, as in a cluster
+	// (no CAP_SYS_ADMIN: no program or map can be opened by its id).
+	wrap := filepath.Join(t.TempDir(), "agent")
+	script := fmt.Sprintf("#!/bin/sh\nexec setpriv --bounding-set=-all,%s --inh-caps=-all %s \"$@\"\n", daemonSetCaps(t), agentBin)
+	if err := os.WriteFile(wrap, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a.Binary = wrap
 	a.Args = []string{"--conntrack-size=16384"}
 	if err := a.Start(e.ctx); err != nil {
 		t.Fatal(err)
