@@ -96,8 +96,8 @@ func TestAttachFollowsARecreatedInterface(t *testing.T) {
 // before the switch leaves it aside, and the next start copies from it
 // (a pinned link still runs), not from the stale copy pinned under
 // pb_ct_v2. The switch brings the new table up to date and removes the pin
-// aside; a pin left aside with no link running is stale and goes, the
-// pinned table kept.
+// aside. A pin aside is taken over a partial pinned copy even with no link
+// running (frozen: copied once, its pin gone).
 func TestConntrackResizeAcrossASwitch(t *testing.T) {
 	bpftest.RequireRoot(t)
 	h := testnet.OwnNetns(t, false)
@@ -180,6 +180,29 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 	}
 	want[10] = v10
 
+	// A start whose switch fails pins the table aside again for the next:
+	// pbt-r2's link cannot be pinned (a map holds its pin's name).
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pbt-r2"}, PeerName: "pbt-r3"}); err != nil {
+		t.Fatal(err)
+	}
+	block, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer block.Close()
+	if err := block.Pin(filepath.Join(root, "links", "pbt-r2")); err != nil {
+		t.Fatal(err)
+	}
+	dn := load(128)
+	if err := dn.Attach("pbt-r2"); err == nil {
+		t.Fatal("pbt-r2 attached over its pin's name taken")
+	}
+	if _, err := os.Stat(aside); err != nil {
+		t.Errorf("no pin aside after a failed switch: %v", err)
+	}
+	dn.Close()
+	block.Unpin()
+
 	d = load(128)
 	defer d.Close()
 	ctHolds(t, d.PbCtV2, want, "copied from the table aside, at the next start")
@@ -207,24 +230,37 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 		t.Errorf("the pin aside is left after the switch (%v)", err)
 	}
 
-	// A pin aside with no program running (the links detached): the table
-	// aside is frozen and the pinned one its copy, so it goes.
+	// A start killed after the move and before its copy left the pinned
+	// table partial: a pin aside found is the previous table, taken over
+	// the pinned one. With the link detached it is frozen, copied once,
+	// and its pin goes.
 	if err := d.Detach("pbt-r0"); err != nil {
 		t.Fatal(err)
 	}
-	stale, err := ebpf.NewMap(&ebpf.MapSpec{Type: d.PbCtV2.Type(), KeySize: d.PbCtV2.KeySize(),
+	prev, err := ebpf.NewMap(&ebpf.MapSpec{Type: d.PbCtV2.Type(), KeySize: d.PbCtV2.KeySize(),
 		ValueSize: d.PbCtV2.ValueSize(), MaxEntries: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stale.Close()
-	if err := stale.Pin(aside); err != nil {
+	defer prev.Close()
+	for i, v := range want {
+		k, _ := resizeFlow(i)
+		if err := prev.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := d.PbCtV2.Delete(k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := prev.Pin(aside); err != nil {
 		t.Fatal(err)
 	}
 	d.Close()
 	d = load(128)
-	ctHolds(t, d.PbCtV2, want, "beside a stale pin aside")
+	ctHolds(t, d.PbCtV2, want, "taken from the pin aside over a partial copy")
 	if _, err := os.Stat(aside); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a stale pin aside is kept (%v)", err)
+		t.Errorf("the pin aside of a frozen table is kept (%v)", err)
 	}
 }

@@ -676,6 +676,7 @@ func (d *Datapath) Attach(ifname string) error {
 	d.syncCT()
 	d.unpinAside()
 	if err := d.attachLocked(ifname, iface, prog); err != nil {
+		d.repinAside() // no link switched
 		return err
 	}
 	d.releaseCT()
@@ -811,7 +812,7 @@ func (d *Datapath) Close() error {
 		d.sections.Close()
 	}
 	d.mu.Lock()
-	if d.ctOld != nil { // no link switched: the pin aside stays for the next start
+	if d.ctOld != nil { // no link switched: the table aside (pinned) is the next start's
 		d.ctOld.Close()
 		d.ctOld = nil
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/bpf"
 )
@@ -43,20 +44,21 @@ import (
 //     what the previous program did since that update (its table is no
 //     longer pinned).
 //
+// So a pin aside that a later start finds means no link was switched
+// since it was moved (or the switch failed, and Attach pinned it again):
+// it is the previous table, at least as complete as the pinned pb_ct_v2,
+// which is a copy of it that the start before may have left partial. The
+// copy starts again from it, and the pinned one is dropped; it is live
+// (brought up to date at the switch) while pinned links run on interfaces
+// still there (a link whose interface is gone reads ifindex 0), and frozen
+// otherwise. Which maps a running program uses could be read only by
+// opening it by id (CAP_SYS_ADMIN, which the DaemonSet does not grant);
+// the order above needs no capability beyond the DaemonSet's.
+//
 // An older agent knows nothing of the pin aside: rolled back to after a
 // start that ended before the switch, it runs on the pinned copy, and a
-// later start would take the pin aside, by then stale, for the live table.
-//
-// So a pin aside that a later start finds means no link was switched
-// since it was moved: if pinned links run (on interfaces still there),
-// they run the previous program on it, and the pinned pb_ct_v2 is a stale
-// copy, dropped; the copy starts again from the table aside. With no
-// program on it the table is frozen: step 2 is the only copy, and the pin
-// aside goes at once, unless no pb_ct_v2 is pinned (a start that failed
-// after the move), when it is the table to copy from. Which program uses
-// which map only CAP_SYS_ADMIN could read (a program by its id), which the
-// DaemonSet does not grant; the pinned links and the order above need
-// none.
+// later start would take the pin aside, by then stale, for the previous
+// table. Remove it before such a rollback (see the runbook).
 const ctAside = bpf.LbMapPbCtV2 + "_resized" // bpffs takes no dots in names
 
 // prepareCTResize is step 1, and the checks of a pin left aside. ms is
@@ -65,22 +67,19 @@ const ctAside = bpf.LbMapPbCtV2 + "_resized" // bpffs takes no dots in names
 func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 	main := filepath.Join(d.Opts.Root, bpf.LbMapPbCtV2)
 	aside := filepath.Join(d.Opts.Root, ctAside)
-	running := d.linksRun()
 	if old, err := ebpf.LoadPinnedMap(aside, nil); err == nil {
-		_, serr := os.Stat(main)
-		mainGone := errors.Is(serr, os.ErrNotExist)
-		if onlySizeDiffers(ms, old) && (running || mainGone) {
-			d.ctOld, d.ctLive = old, running
-			if mainGone {
+		if onlySizeDiffers(ms, old) {
+			d.ctOld, d.ctLive = old, d.linksRun()
+			if _, err := os.Stat(main); errors.Is(err, os.ErrNotExist) {
 				return ""
 			}
-			return "a copy of the table a resize moved aside, which the running program still writes"
+			return "a copy of the table a resize moved aside, whose switch never came"
 		}
 		old.Close()
 		if err := os.Remove(aside); err != nil {
-			d.log.Warn("remove a stale pin of a resized table", "pin", ctAside, "err", err)
+			d.log.Warn("remove a pin aside of another layout", "pin", ctAside, "err", err)
 		} else {
-			d.log.Info("removed a stale pin of a resized table", "pin", ctAside)
+			d.log.Info("removed a pin aside of another layout", "pin", ctAside)
 		}
 	}
 	old, err := ebpf.LoadPinnedMap(main, nil)
@@ -97,7 +96,7 @@ func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 		old.Close()
 		return ""
 	}
-	d.ctOld, d.ctLive = old, running
+	d.ctOld, d.ctLive = old, d.linksRun()
 	return ""
 }
 
@@ -250,6 +249,34 @@ func (d *Datapath) unpinAside() {
 	}
 	if err := os.Remove(filepath.Join(d.Opts.Root, ctAside)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		d.log.Warn("remove the resized table's previous pin", "pin", ctAside, "err", err)
+	}
+}
+
+// repinAside pins the previous table aside again after a failed switch,
+// so that a start after this one copies from it. Called with d.mu held.
+func (d *Datapath) repinAside() {
+	if d.ctOld == nil {
+		return
+	}
+	// Through a handle of its own: ctOld remembers the path it was loaded
+	// from, which ebpf.Map.Pin would rename (it may be the new table's).
+	fail := func(err error) {
+		d.log.Warn("pin the resized table's previous table aside again", "pin", ctAside, "err", err)
+	}
+	fd, err := unix.Dup(d.ctOld.FD())
+	if err != nil {
+		fail(err)
+		return
+	}
+	m, err := ebpf.NewMapFromFD(fd)
+	if err != nil {
+		unix.Close(fd)
+		fail(err)
+		return
+	}
+	defer m.Close()
+	if err := m.Pin(filepath.Join(d.Opts.Root, ctAside)); err != nil {
+		fail(err)
 	}
 }
 
