@@ -9,7 +9,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/bpf"
 )
@@ -40,9 +39,8 @@ import (
 //  4. Before the first switch, the pin aside is removed, and after the
 //     first switch that succeeds the previous table is let go
 //     (releaseCT); an Attach that fails brings the table up to date again
-//     at the next one. An agent that ends after a failed switch loses
-//     what the previous program did since that update (its table is no
-//     longer pinned).
+//     at the next one; a failed switch pins the previous table aside
+//     again (repinAside), for a start after this one.
 //
 // So a pin aside that a later start finds means no link was switched
 // since it was moved (or the switch failed, and Attach pinned it again):
@@ -258,25 +256,16 @@ func (d *Datapath) repinAside() {
 	if d.ctOld == nil {
 		return
 	}
-	// Through a handle of its own: ctOld remembers the path it was loaded
-	// from, which ebpf.Map.Pin would rename (it may be the new table's).
-	fail := func(err error) {
+	// Through a clone (a handle of its own, with no pinned path): ctOld
+	// remembers the path it was loaded from, which ebpf.Map.Pin would
+	// rename (it may be the new table's).
+	m, err := d.ctOld.Clone()
+	if err == nil {
+		err = m.Pin(filepath.Join(d.Opts.Root, ctAside))
+		m.Close()
+	}
+	if err != nil {
 		d.log.Warn("pin the resized table's previous table aside again", "pin", ctAside, "err", err)
-	}
-	fd, err := unix.Dup(d.ctOld.FD())
-	if err != nil {
-		fail(err)
-		return
-	}
-	m, err := ebpf.NewMapFromFD(fd)
-	if err != nil {
-		unix.Close(fd)
-		fail(err)
-		return
-	}
-	defer m.Close()
-	if err := m.Pin(filepath.Join(d.Opts.Root, ctAside)); err != nil {
-		fail(err)
 	}
 }
 
