@@ -109,12 +109,7 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 	aside := filepath.Join(root, datapath.CTAside)
 	load := func(size uint32) *datapath.Datapath {
 		t.Helper()
-		o := smallOptions(root)
-		o.ConntrackSize = size
-		d, err := datapath.LoadMaps(o)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := loadSized(t, root, size)
 		d.StartProgramLoad()
 		return d
 	}

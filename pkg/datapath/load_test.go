@@ -358,12 +358,7 @@ func TestConntrackResizeKeepsFlows(t *testing.T) {
 	aside := filepath.Join(root, datapath.CTAside)
 	load := func(size uint32) *datapath.Datapath {
 		t.Helper()
-		o := smallOptions(root)
-		o.ConntrackSize = size
-		d, err := datapath.LoadMaps(o)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := loadSized(t, root, size)
 		if got := d.PbCtV2.MaxEntries(); got != size {
 			t.Fatalf("pb_ct_v2 has %d entries, want %d", got, size)
 		}
@@ -392,4 +387,17 @@ func TestConntrackResizeKeepsFlows(t *testing.T) {
 	d = load(16) // 20 flows do not fit in three quarters of 16
 	ctHolds(t, d.PbCtV2, nil, "shrunk to 16")
 	d.Close()
+}
+
+// loadSized loads the maps under root with a conntrack table of size
+// entries.
+func loadSized(t *testing.T, root string, size uint32) *datapath.Datapath {
+	t.Helper()
+	o := smallOptions(root)
+	o.ConntrackSize = size
+	d, err := datapath.LoadMaps(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
