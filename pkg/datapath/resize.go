@@ -59,9 +59,9 @@ import (
 // table. Remove it before such a rollback (see the runbook).
 const ctAside = bpf.LbMapPbCtV2 + "_resized" // bpffs takes no dots in names
 
-// prepareCTResize is step 1, and the checks of a pin left aside. ms is
-// pb_ct_v2's spec. It reports a reason to drop the pinned pb_ct_v2 when
-// the table aside is the live one.
+// prepareCTResize is step 1, or takes a pin left aside as the previous
+// table. ms is pb_ct_v2's spec. It reports a reason to drop the pinned
+// pb_ct_v2 when a pin aside is taken (the pinned one is its copy).
 func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 	main := filepath.Join(d.Opts.Root, bpf.LbMapPbCtV2)
 	aside := filepath.Join(d.Opts.Root, ctAside)
