@@ -142,8 +142,12 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 		return slices.Contains(ids, id)
 	}
 
+	// Tables of a thousand entries and more: a small LRU map evicts long
+	// before it is full (each CPU takes free elements in batches), and
+	// the test's writes to the table aside would lose flows on a 2-CPU
+	// kernel (they did, at 64 entries, on 6.1).
 	want := map[int]bpf.LbCtValue{}
-	d := load(64)
+	d := load(1024)
 	if err := d.Attach("pbt-r0"); err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +162,7 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 
 	// A start that ends before it attaches: the table is aside, and the
 	// first program still runs on it.
-	d = load(128)
+	d = load(2048)
 	ctHolds(t, d.PbCtV2, want, "copied at load")
 	d.Close()
 	old, err := ebpf.LoadPinnedMap(aside, nil)
@@ -188,7 +192,7 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 	if err := block.Pin(filepath.Join(root, "links", "pbt-r2")); err != nil {
 		t.Fatal(err)
 	}
-	dn := load(128)
+	dn := load(2048)
 	if err := dn.Attach("pbt-r2"); err == nil {
 		t.Fatal("pbt-r2 attached over its pin's name taken")
 	}
@@ -198,7 +202,7 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 	dn.Close()
 	block.Unpin()
 
-	d = load(128)
+	d = load(2048)
 	defer d.Close()
 	ctHolds(t, d.PbCtV2, want, "copied from the table aside, at the next start")
 	// Before the switch, the first program closes flow 0, begins flow 11,
@@ -233,7 +237,7 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 		t.Fatal(err)
 	}
 	prev, err := ebpf.NewMap(&ebpf.MapSpec{Type: d.PbCtV2.Type(), KeySize: d.PbCtV2.KeySize(),
-		ValueSize: d.PbCtV2.ValueSize(), MaxEntries: 64})
+		ValueSize: d.PbCtV2.ValueSize(), MaxEntries: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +257,7 @@ func TestConntrackResizeAcrossASwitch(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Close()
-	d = load(128)
+	d = load(2048)
 	ctHolds(t, d.PbCtV2, want, "taken from the pin aside over a partial copy")
 	if _, err := os.Stat(aside); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the pin aside of a frozen table is kept (%v)", err)

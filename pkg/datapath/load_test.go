@@ -367,8 +367,11 @@ func TestConntrackResizeKeepsFlows(t *testing.T) {
 		}
 		return d
 	}
+	// Tables of a thousand entries and more, but for the one too small:
+	// a small LRU map evicts long before it is full (each CPU takes free
+	// elements in batches).
 	want := map[int]bpf.LbCtValue{}
-	d := load(64)
+	d := load(1024)
 	for i := range 20 {
 		k, v := resizeFlow(i)
 		if err := d.PbCtV2.Put(k, v); err != nil {
@@ -378,11 +381,11 @@ func TestConntrackResizeKeepsFlows(t *testing.T) {
 	}
 	d.Close()
 
-	d = load(128)
+	d = load(2048)
 	ctHolds(t, d.PbCtV2, want, "grown")
 	d.Close()
-	d = load(32)
-	ctHolds(t, d.PbCtV2, want, "shrunk to 32")
+	d = load(512)
+	ctHolds(t, d.PbCtV2, want, "shrunk to 512")
 	d.Close()
 	d = load(16) // 20 flows do not fit in three quarters of 16
 	ctHolds(t, d.PbCtV2, nil, "shrunk to 16")
