@@ -174,10 +174,8 @@ type Datapath struct {
 	// fresh: the pin directory was empty when LoadMaps ran (see Fresh).
 	fresh bool
 	// ctOld: the previous pb_ct_v2 of a resize, until a link runs the new
-	// program (resize.go); nil otherwise. ctLive: a pinned link's program
-	// still writes it.
-	ctOld  *ebpf.Map
-	ctLive bool
+	// program (resize.go); nil otherwise.
+	ctOld *ebpf.Map
 
 	log   *slog.Logger
 	mu    sync.Mutex
@@ -520,7 +518,7 @@ func (d *Datapath) dropIncompatiblePins(spec *ebpf.CollectionSpec) error {
 		err := os.Remove(filepath.Join(d.Opts.Root, name))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			d.log.Error("remove pinned map", "map", name, "err", err)
-			if inGroup(name) || isFollower(name) {
+			if recreatedWithOthers(name) {
 				errs = append(errs, fmt.Errorf("datapath: remove the pin of %s: %w", name, err))
 			}
 		}
@@ -545,16 +543,14 @@ var pinGroups = [][]string{{bpf.LbMapPbFlows, bpf.LbMapPbSvcInflight, bpf.LbMapP
 // holds any more, and nothing would ever delete them.
 var pinFollowers = map[string][]string{bpf.LbMapPbServices: {bpf.LbMapPbSvcBackends}}
 
-func inGroup(name string) bool {
+// recreatedWithOthers reports whether name is in a pin group or follows
+// another map: kept beside the others recreated, it would be wrong.
+func recreatedWithOthers(name string) bool {
 	for _, g := range pinGroups {
 		if slices.Contains(g, name) {
 			return true
 		}
 	}
-	return false
-}
-
-func isFollower(name string) bool {
 	for _, fs := range pinFollowers {
 		if slices.Contains(fs, name) {
 			return true

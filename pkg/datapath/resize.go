@@ -67,7 +67,7 @@ func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 	aside := filepath.Join(d.Opts.Root, ctAside)
 	if old, err := ebpf.LoadPinnedMap(aside, nil); err == nil {
 		if onlySizeDiffers(ms, old) {
-			d.ctOld, d.ctLive = old, d.linksRun()
+			d.ctOld = old
 			if _, err := os.Stat(main); errors.Is(err, os.ErrNotExist) {
 				return ""
 			}
@@ -94,7 +94,7 @@ func (d *Datapath) prepareCTResize(ms *ebpf.MapSpec) (dropPinned string) {
 		old.Close()
 		return ""
 	}
-	d.ctOld, d.ctLive = old, d.linksRun()
+	d.ctOld = old
 	return ""
 }
 
@@ -142,16 +142,14 @@ func (d *Datapath) copyCT() {
 	switch {
 	case errors.Is(err, errNoRoom):
 		d.log.Warn("the resized table cannot hold the previous one's flows: none copied, they are lost", args...)
-		d.ctOld.Close()
-		d.ctOld = nil
-		os.Remove(filepath.Join(d.Opts.Root, ctAside))
+		d.releaseCT()
 	case err != nil:
 		d.log.Error("copy the flows of the resized table", append(args, "copied", n, "err", err)...)
 	default:
 		d.log.Info("copied the flows of the resized table", append(args, "copied", n)...)
-	}
-	if d.ctOld != nil && !d.ctLive && err == nil {
-		d.releaseCT() // no program writes it: nothing to bring up to date
+		if !d.linksRun() {
+			d.releaseCT() // no program writes it: nothing to bring up to date
+		}
 	}
 }
 
