@@ -22,6 +22,7 @@ import (
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/pkg/datapath"
 	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/replay"
 )
 
 // RequireRoot skips when BPF cannot be used at all (not root). CI runs as
@@ -30,6 +31,16 @@ func RequireRoot(tb testing.TB) {
 	tb.Helper()
 	if os.Geteuid() != 0 {
 		tb.Skip("needs root for BPF (CI runs as root)")
+	}
+}
+
+// RequireLiveFrames skips tb when the kernel refuses BPF_PROG_RUN's
+// live-frame mode (replay.Probe), which SYN replays need: some hardened
+// kernels refuse it even to root.
+func RequireLiveFrames(tb testing.TB) {
+	tb.Helper()
+	if err := replay.Probe(); err != nil {
+		tb.Skipf("this kernel refuses what SYN replays need: %v", err)
 	}
 }
 

@@ -91,6 +91,12 @@ func Open(o NodeOptions) (_ *Node, err error) {
 			n.log.Warn("kernel conntrack sweep not used: the agent sweeps a copy of the table", "err", err)
 		}
 	}
+	// Replays run the program in BPF_PROG_RUN's live-frame mode, which some
+	// hardened kernels refuse: said once at start rather than at the first
+	// refused SYN (each replay's failure is still counted).
+	if err := replay.Probe(); err != nil {
+		n.log.Warn("SYN replays unavailable: refused and unanswered SYNs wait for the client's own retransmission", "err", err)
+	}
 	reaper := &conntrack.Reaper{Maps: n.maps, Inflight: n.inflight,
 		Timeouts: conntrack.DefaultTimeouts(), Clocks: conntrack.KernelClocks()}
 	opts := n.Datapath.Opts

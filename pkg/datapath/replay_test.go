@@ -175,6 +175,7 @@ func TestUnansweredReplayMovesTheFlow(t *testing.T) {
 // result), not that it was sent. Run as the agent runs it, in live-frame
 // mode; only the dropped cases, which send no frame out of the test.
 func TestReplayTheDatapathDropsIsNotSent(t *testing.T) {
+	bpftest.RequireLiveFrames(t)
 	f := newFixture(t)
 	f.svc.Flags = maps.ServiceRetryRefused
 	f.table(id1)

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/bpf"
@@ -240,4 +241,27 @@ func Frame(c *bpf.LbSynCopy, ipID uint16) ([]byte, error) {
 		csum.SetTCP4(f)
 	}
 	return f, nil
+}
+
+// Probe says whether this kernel runs XDP programs in BPF_PROG_RUN's
+// live-frame mode, which Replay needs: it runs a program that drops its
+// frame in that mode. Some hardened or sandboxed kernels refuse the mode
+// (EPERM, even for root); replays then fail and clients wait for their own
+// retransmission.
+func Probe() error {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.XDP,
+		License:      "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1 /* XDP_DROP */), asm.Return()},
+	})
+	if err != nil {
+		return fmt.Errorf("replay: probe program: %w", err)
+	}
+	defer p.Close()
+	frame := make([]byte, 64)
+	ctx := xdpMD{DataEnd: uint32(len(frame))}
+	if _, err := p.Run(&ebpf.RunOptions{Data: frame, Context: ctx, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES}); err != nil {
+		return fmt.Errorf("replay: BPF_PROG_RUN in live-frame mode: %w", err)
+	}
+	return nil
 }
