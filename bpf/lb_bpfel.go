@@ -323,14 +323,34 @@ const (
 )
 
 type LbScratch struct {
-	_       structs.HostLayout
-	Rk      LbCtKey
-	Rv      LbCtValue
-	Fv      LbCtValue
-	Fk      LbCtKey
-	Svc     LbSvcValue
-	Ak      LbAffinityKey
-	Av      LbAffinityValue
+	_   structs.HostLayout
+	Rk  LbCtKey
+	Rv  LbCtValue
+	Fv  LbCtValue
+	Fk  LbCtKey
+	Svc LbSvcValue
+	Ak  LbAffinityKey
+	Av  LbAffinityValue
+	Pq  struct {
+		_        structs.HostLayout
+		Hash     uint32
+		Seed     uint32
+		Avoid    uint32
+		MayProbe uint32
+		Id       uint32
+		Probe    uint32
+	}
+	Scan struct {
+		_     structs.HostLayout
+		SvcId uint32
+		Start uint32
+		N     uint32
+		Limit uint32
+		Skip  uint32
+		Avoid uint32
+		Take  uint32
+		Found uint32
+	}
 	Fib     [8]uint64
 	Buf     [1028]uint8
 	NfTuple [10]uint32

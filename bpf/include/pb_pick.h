@@ -53,20 +53,6 @@ static __always_inline int take_slot(struct inflight *c, __u32 limit)
 	return 0;
 }
 
-/* scan walks a service's list of active backends (pb_svc_backends) from
- * a hashed start for one that is active, is neither skip nor avoid, and,
- * when take is set, has room under limit (a slot is then taken on it). */
-struct scan {
-	__u32 svc_id;
-	__u32 start;
-	__u32 n;
-	__u32 limit;
-	__u32 skip;
-	__u32 avoid;
-	__u32 take;
-	__u32 found;
-};
-
 /* scan_entry reads entry k of a service's list: the backend, when it is
  * one of the service's. */
 static __always_inline struct backend *scan_entry(const struct scan *sc, const struct svc_backend_key *k,
@@ -82,9 +68,17 @@ static __always_inline struct backend *scan_entry(const struct scan *sc, const s
 	return be;
 }
 
-static long scan_backend(__u32 i, struct scan *sc)
+/* scan_ref is bpf_loop's context for scan_backend: a loop's context must
+ * be on the stack, and the walk's state is in the per-CPU scratch (the
+ * stack has no room for it beside its callers'). */
+struct scan_ref {
+	struct scan *sc;
+};
+
+static long scan_backend(__u32 i, struct scan_ref *ref)
 {
-	if (!sc->n)
+	struct scan *sc = ref->sc;
+	if (!sc || !sc->n)
 		return 1;
 	struct svc_backend_key k = {.svc_id = sc->svc_id, .idx = (sc->start + i) % sc->n};
 	__u32 id = 0;
@@ -108,40 +102,54 @@ static __always_inline __u32 scan_count(struct svc_value *svc)
 	return n > PB_MAX_SCAN ? PB_MAX_SCAN : n;
 }
 
+/* scan_run walks sc's list: 1 when it found a backend (sc->found). */
+static __always_inline int scan_run(struct scan *sc)
+{
+	struct scan_ref ref = {.sc = sc};
+	return sc->n && bpf_loop(sc->n, scan_backend, &ref, 0) > 0 && sc->found;
+}
+
 #define PB_STEER_TRIES 3
 
-/* pick_backend chooses the backend for a new flow: the Maglev slot's
- * backend if it is active, or if it is in probation and a grant is left
- * (the flow becomes the probe). Otherwise the flow is steered: first to the
- * same slot of the service's table without probation backends, then to a
- * few rehashed slots, then to the first active backend of the service's
- * list. avoid (0: none) is never picked while another active backend
- * exists: the backend a retried flow leaves. Only when nothing else is
- * found is the flow sent to the slot's backend anyway. */
-static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, __u32 seed, int may_probe,
-					__u32 avoid, struct pick *out, struct global_stats *gs)
+/* pb_pick_backend chooses the backend for a new flow of service svc: the
+ * Maglev slot's backend if it is active, or if it is in probation and a
+ * grant is left (the flow becomes the probe). Otherwise the flow is
+ * steered: first to the same slot of the service's table without
+ * probation backends, then to a few rehashed slots, then to the first
+ * active backend of the service's list. rq->avoid (0: none) is never
+ * picked while another active backend exists: the backend a retried flow
+ * leaves. Only when nothing else is found is the flow sent to the slot's
+ * backend anyway. The answer is in rq->id and rq->probe; -1: no backend.
+ *
+ * A global function: the verifier walks it once, with its arguments
+ * unknown, instead of once in every path of the program that reaches a
+ * new flow (its branches and rehashes were most of the instructions it
+ * walked, and of the time it took to load the program). */
+__noinline int pb_pick_backend(struct svc_value *svc, struct pick_req *rq)
 {
+	if (!svc || !rq)
+		return -1;
 	__u32 size = svc->table_size;
 	if (size == 0)
 		return -1;
-	__u32 slot = hash % size;
+	__u32 slot = rq->hash % size;
 	__u32 id = 0;
 	struct backend *be = table_lookup(&pb_maglev, table_key(svc), slot, &id, svc->id);
 	if (!be)
 		return -1;
 
-	out->id = id;
-	out->be = be;
-	out->probe = 0;
-	if (likely(be->state == PB_BE_ACTIVE && id != avoid))
+	rq->id = id;
+	rq->probe = 0;
+	if (likely(be->state == PB_BE_ACTIVE && id != rq->avoid))
 		return 0;
 	/* Steering counts moves off backends that are not active; a retry
 	 * leaving an active one is counted as a retry. */
 	int off = be->state != PB_BE_ACTIVE;
 
-	if (be->state == PB_BE_PROBATION && may_probe && id != avoid && be->probe_grants > 0 &&
+	if (be->state == PB_BE_PROBATION && rq->may_probe && id != rq->avoid && be->probe_grants > 0 &&
 	    __sync_fetch_and_add(&be->probe_grants, -1) > 0) {
-		out->probe = 1;
+		rq->probe = 1;
+		struct global_stats *gs = gstats();
 		if (gs)
 			gs->probe_admitted++;
 		return 0;
@@ -149,41 +157,76 @@ static __always_inline int pick_backend(struct svc_value *svc, __u32 hash, __u32
 
 	__u32 alt_id = 0;
 	struct backend *alt = table_lookup(&pb_maglev_fb, svc->id, slot, &alt_id, svc->id);
-	if (alt && alt->state == PB_BE_ACTIVE && alt_id != avoid)
+	if (alt && alt->state == PB_BE_ACTIVE && alt_id != rq->avoid)
 		goto steered;
 
 #pragma unroll
 	for (__u32 i = 1; i <= PB_STEER_TRIES; i++) {
-		alt = table_lookup(&pb_maglev, table_key(svc), jhash_3words(hash, i, 0, seed) % size,
+		alt = table_lookup(&pb_maglev, table_key(svc), jhash_3words(rq->hash, i, 0, rq->seed) % size,
 				   &alt_id, svc->id);
-		if (alt && alt->state == PB_BE_ACTIVE && alt_id != avoid)
+		if (alt && alt->state == PB_BE_ACTIVE && alt_id != rq->avoid)
 			goto steered;
 	}
-	__u32 n = scan_count(svc);
-	struct scan sc = {.svc_id = svc->id, .start = hash, .n = n, .avoid = avoid};
-	if (n && bpf_loop(n, scan_backend, &sc, 0) > 0 && sc.found) {
-		alt_id = sc.found;
-		alt = bpf_map_lookup_elem(&pb_backends, &alt_id);
-		if (alt)
+	struct scratch *scr = scratch();
+	if (scr) {
+		struct scan *sc = &scr->scan;
+		__builtin_memset(sc, 0, sizeof(*sc));
+		sc->svc_id = svc->id;
+		sc->start = rq->hash;
+		sc->n = scan_count(svc);
+		sc->avoid = rq->avoid;
+		if (scan_run(sc)) {
+			alt_id = sc->found;
 			goto steered;
+		}
 	}
 	/* Nothing else is active: a retry goes back to the backend it left
 	 * rather than to a slot's backend that is not active (in probation
 	 * with its grant spent, or ejected). */
-	if (avoid && off) {
-		alt_id = avoid;
+	if (rq->avoid && off) {
+		alt_id = rq->avoid;
 		alt = bpf_map_lookup_elem(&pb_backends, &alt_id);
 		if (alt && alt->family && alt->svc_id == svc->id && alt->state == PB_BE_ACTIVE)
 			goto steered;
 	}
-	if (gs && off)
-		gs->steer_failed++;
+	if (off) {
+		struct global_stats *gs = gstats();
+		if (gs)
+			gs->steer_failed++;
+	}
 	return 0;
 steered:
-	out->id = alt_id;
-	out->be = alt;
-	if (gs && off)
-		gs->steered++;
+	rq->id = alt_id;
+	if (off) {
+		struct global_stats *gs = gstats();
+		if (gs)
+			gs->steered++;
+	}
+	return 0;
+}
+
+/* pick_backend is pb_pick_backend's answer for a new flow, its backend
+ * looked up again (a global function cannot hand back a pointer into a
+ * map; pb_backends is an array, the lookup a load). */
+static __always_inline int pick_backend(struct scratch *sc, struct svc_value *svc, __u32 hash, __u32 seed,
+					int may_probe, __u32 avoid, struct pick *out)
+{
+	struct pick_req *rq = &sc->pq;
+	rq->hash = hash;
+	rq->seed = seed;
+	rq->avoid = avoid;
+	rq->may_probe = may_probe;
+	rq->id = 0;
+	rq->probe = 0;
+	if (pb_pick_backend(svc, rq) < 0)
+		return -1;
+	__u32 id = rq->id;
+	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
+	if (!be)
+		return -1;
+	out->id = id;
+	out->be = be;
+	out->probe = rq->probe;
 	return 0;
 }
 
@@ -268,8 +311,8 @@ static __always_inline void release(const struct ct_key *fk)
  * per-endpoint limit, on the first active backend of the service with
  * room (a scan of the service's backend list from a hashed start, so the
  * overflow spreads). Returns -1 when every backend is full. */
-static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, __u32 avoid,
-					struct pick *pk)
+static __always_inline int backend_slot(struct scratch *scr, struct svc_value *svc, __u32 hash,
+					__u32 avoid, struct pick *pk)
 {
 	__u32 limit = svc->max_inflight_per_backend;
 	if (!take_slot(bpf_map_lookup_elem(&pb_be_inflight, &pk->id), limit))
@@ -279,12 +322,18 @@ static __always_inline int backend_slot(struct svc_value *svc, __u32 hash, __u32
 		__sync_fetch_and_add(&pk->be->probe_grants, 1);
 		pk->probe = 0;
 	}
-	__u32 n = scan_count(svc);
-	struct scan sc = {.svc_id = svc->id, .start = hash, .n = n, .limit = limit, .skip = pk->id,
-			  .avoid = avoid, .take = 1};
-	if (!n || bpf_loop(n, scan_backend, &sc, 0) <= 0 || !sc.found)
+	struct scan *sc = &scr->scan;
+	__builtin_memset(sc, 0, sizeof(*sc));
+	sc->svc_id = svc->id;
+	sc->start = hash;
+	sc->n = scan_count(svc);
+	sc->limit = limit;
+	sc->skip = pk->id;
+	sc->avoid = avoid;
+	sc->take = 1;
+	if (!scan_run(sc))
 		return -1;
-	__u32 id = sc.found;
+	__u32 id = sc->found;
 	struct backend *be = bpf_map_lookup_elem(&pb_backends, &id);
 	if (!be) {
 		inflight_add(&pb_be_inflight, id, -1);
@@ -397,7 +446,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	__u64 now = bpf_ktime_get_ns();
 	int sticky = svc->affinity_timeout_s != 0;
 	if ((!sticky || affinity_pick(sc, svc, fk, avoid, now, &pk) < 0) &&
-	    pick_backend(svc, hash, seed, may_probe, avoid, &pk, gs) < 0) {
+	    pick_backend(sc, svc, hash, seed, may_probe, avoid, &pk) < 0) {
 		if (limited)
 			inflight_add(&pb_svc_inflight, svc->id, -1);
 		if (gs)
@@ -408,7 +457,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 
 	__u32 flags = ct_flags;
 	if (limited) {
-		if (backend_slot(svc, hash, avoid, &pk)) {
+		if (backend_slot(sc, svc, hash, avoid, &pk)) {
 			inflight_add(&pb_svc_inflight, svc->id, -1);
 			if (gs)
 				gs->inflight_rejected++;

@@ -158,6 +158,31 @@ struct affinity_value {
 	__u64 last_ns;
 };
 
+/* scan walks a service's list of active backends (pb_svc_backends) from
+ * a hashed start for one that is active, is neither skip nor avoid, and,
+ * when take is set, has room under limit (a slot is then taken on it). */
+struct scan {
+	__u32 svc_id;
+	__u32 start;
+	__u32 n;
+	__u32 limit;
+	__u32 skip;
+	__u32 avoid;
+	__u32 take;
+	__u32 found;
+};
+
+/* pb_pick_backend's request (hash, seed, avoid, may_probe) and answer
+ * (id, probe): more than a function's five argument registers hold. */
+struct pick_req {
+	__u32 hash;
+	__u32 seed;
+	__u32 avoid;
+	__u32 may_probe;
+	__u32 id;
+	__u32 probe;
+};
+
 /* pb_scratch value: temporaries of one program run (see scratch()). */
 struct scratch {
 	struct ct_key rk;   /* new_flow, established, handle_reply: a reverse entry's key */
@@ -167,6 +192,8 @@ struct scratch {
 	struct svc_value svc; /* handle_forward: the service, as it was when the packet came */
 	struct affinity_key ak;   /* new_flow: the client's pb_affinity key */
 	struct affinity_value av; /* new_flow: its new pb_affinity value */
+	struct pick_req pq;       /* new_flow: pb_pick_backend's request and answer */
+	struct scan scan;         /* pb_pick_backend, backend_slot: a walk of a service's backends */
 	/* forward, pb_reverse_path_ok: a struct bpf_fib_lookup (as words: its
 	 * anonymous unions have no Go twin in bpf2go's bindings) */
 	__u64 fib[8];
