@@ -124,7 +124,11 @@ static __always_inline int scan_run(struct scan *sc)
  * A global function: the verifier walks it once, with its arguments
  * unknown, instead of once in every path of the program that reaches a
  * new flow (its branches and rehashes were most of the instructions it
- * walked, and of the time it took to load the program). */
+ * walked, and of the time it took to load the program). Its frame counts
+ * against the 512 bytes of stack with pb_xdp's and scan_backend's (each
+ * rounded up to 32 bytes on 6.1): the walk's state is in the scratch,
+ * and the total is at the limit, so a new local here or in pb_xdp is
+ * likely to be refused at load ("combined stack size"). */
 __noinline int pb_pick_backend(struct svc_value *svc, struct pick_req *rq)
 {
 	if (!svc || !rq)
@@ -434,9 +438,10 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	struct pick pk = {};
 	/* A retried client has been refused once: it is not our experiment. */
 	int may_probe = !midstream && !(ct_flags & PB_CT_RETRY);
-	/* The reverse entry and the affinity key are built in the per-CPU
-	 * scratch: the stack (512 bytes for the whole inlined program) has no
-	 * room for them. */
+	/* The reverse entry, the affinity key and the pick's request are
+	 * built in the per-CPU scratch: the stack (512 bytes for pb_xdp's
+	 * inlined frame, pb_pick_backend's and scan_backend's together) has
+	 * no room for them. */
 	struct scratch *sc = scratch();
 	if (!sc) {
 		if (limited)
