@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/penaltybox/penaltybox/bpf"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 // A new --conntrack-size makes a new pb_ct_v2. Its flows are carried over,
@@ -179,23 +180,7 @@ func copyCTEntries(from, to *ebpf.Map, checkRoom bool) (n int, err error) {
 
 // eachCT hands f the entries of a conntrack table, a batch at a time.
 func eachCT(m *ebpf.Map, f func([]bpf.LbCtKey, []bpf.LbCtValue) error) error {
-	const chunk = 4096
-	keys, vals := make([]bpf.LbCtKey, chunk), make([]bpf.LbCtValue, chunk)
-	var cursor ebpf.MapBatchCursor
-	for {
-		got, err := m.BatchLookup(&cursor, keys, vals, nil)
-		if got > 0 {
-			if ferr := f(keys[:got], vals[:got]); ferr != nil {
-				return ferr
-			}
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return maps.EachBatch(m, 4096, f)
 }
 
 // syncCT is step 3: the new table made what the previous one is now.

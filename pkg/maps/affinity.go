@@ -49,19 +49,10 @@ func (m *Maps) AffinityFill() (entries, capacity int, err error) {
 // eachAffinity calls f with each pb_affinity key, read in batches (one
 // system call per affinityBatch entries: the map can hold many).
 func (m *Maps) eachAffinity(f func(*bpf.LbAffinityKey)) error {
-	keys := make([]bpf.LbAffinityKey, affinityBatch)
-	vals := make([]bpf.LbAffinityValue, affinityBatch)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.m.PbAffinity.BatchLookup(&cursor, keys, vals, nil)
-		for i := range keys[:n] {
+	return EachBatch(m.m.PbAffinity, affinityBatch, func(keys []bpf.LbAffinityKey, _ []bpf.LbAffinityValue) error {
+		for i := range keys {
 			f(&keys[i])
 		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
+		return nil
+	})
 }

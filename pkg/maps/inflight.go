@@ -117,22 +117,16 @@ type Flow struct {
 // It reads in batches, like Conntrack, so deletions meanwhile cannot abort it.
 func (m *Maps) Flows() ([]Flow, error) {
 	var out []Flow
-	const chunk = 4096
-	keys := make([]bpf.LbCtKey, chunk)
-	vals := make([]bpf.LbFlowValue, chunk)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.m.PbFlows.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
+	err := EachBatch(m.m.PbFlows, 4096, func(keys []bpf.LbCtKey, vals []bpf.LbFlowValue) error {
+		for i := range keys {
 			out = append(out, Flow{keys[i], vals[i]})
 		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil
-		}
-		if err != nil {
-			return out, fmt.Errorf("pb_flows: %w", err)
-		}
+		return nil
+	})
+	if err != nil {
+		return out, fmt.Errorf("pb_flows: %w", err)
 	}
+	return out, nil
 }
 
 // ReleaseFlow ends the accounting of a flow: it deletes the pb_flows entry

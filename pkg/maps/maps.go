@@ -435,24 +435,18 @@ func (m *Maps) ClearBackend(id uint32) error {
 // Backends returns the used entries of pb_backends (those with a family).
 func (m *Maps) Backends() (map[uint32]bpf.LbBackend, error) {
 	out := map[uint32]bpf.LbBackend{}
-	const chunk = 8192
-	keys := make([]uint32, chunk)
-	vals := make([]bpf.LbBackend, chunk)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.m.PbBackends.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
+	err := EachBatch(m.m.PbBackends, 8192, func(keys []uint32, vals []bpf.LbBackend) error {
+		for i := range keys {
 			if vals[i].Family != 0 {
 				out[keys[i]] = vals[i]
 			}
 		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("pb_backends: %w", err)
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pb_backends: %w", err)
 	}
+	return out, nil
 }
 
 // NewBackend builds a pb_backends value; its family is the address's.

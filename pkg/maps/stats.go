@@ -274,6 +274,9 @@ func (m *Maps) Conntrack(limit int) ([]CTEntry, error) {
 // ConntrackSize is the entries the conntrack table holds (two per flow).
 func (m *Maps) ConntrackSize() int { return int(m.m.PbCtV2.MaxEntries()) }
 
+// errEnough ends a batch walk that has what it wanted.
+var errEnough = errors.New("enough")
+
 // ConntrackInto is Conntrack appending to buf[:0]: a caller that scans the
 // table again and again (the conntrack sweep) reuses one array rather than
 // growing a new one, page by page, every time.
@@ -284,12 +287,9 @@ func (m *Maps) ConntrackSize() int { return int(m.m.PbCtV2.MaxEntries()) }
 func (m *Maps) ConntrackInto(buf []CTEntry, limit int) ([]CTEntry, error) {
 	out := buf[:0]
 	const chunk = 4096
-	keys := make([]bpf.LbCtKey, chunk)
-	vals := make([]bpf.LbCtValue, chunk)
 	size := m.ConntrackSize()
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.m.PbCtV2.BatchLookup(&cursor, keys, vals, nil)
+	err := EachBatch(m.m.PbCtV2, chunk, func(keys []bpf.LbCtKey, vals []bpf.LbCtValue) error {
+		n := len(keys)
 		if need := len(out) + n; need > cap(out) {
 			c := max(2*cap(out), need, chunk)
 			switch {
@@ -305,19 +305,18 @@ func (m *Maps) ConntrackInto(buf []CTEntry, limit int) ([]CTEntry, error) {
 			}
 			out = append(make([]CTEntry, 0, c), out...)
 		}
-		for i := 0; i < n; i++ {
+		for i := range n {
 			out = append(out, CTEntry{keys[i], vals[i]})
 			if limit > 0 && len(out) >= limit {
-				return out, nil
+				return errEnough
 			}
 		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil
-		}
-		if err != nil {
-			return out, err
-		}
+		return nil
+	})
+	if errors.Is(err, errEnough) {
+		return out, nil
 	}
+	return out, err
 }
 
 // CTEntry reads one conntrack entry.
