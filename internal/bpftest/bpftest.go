@@ -39,6 +39,7 @@ func RequireRoot(tb testing.TB) {
 // kernels refuse it even to root.
 func RequireLiveFrames(tb testing.TB) {
 	tb.Helper()
+	RequireRoot(tb)
 	if err := replay.Probe(); err != nil {
 		tb.Skipf("this kernel refuses what SYN replays need: %v", err)
 	}

@@ -92,10 +92,13 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		}
 	}
 	// Replays run the program in BPF_PROG_RUN's live-frame mode, which some
-	// hardened kernels refuse: said once at start rather than at the first
-	// refused SYN (each replay's failure is still counted).
+	// hardened kernels refuse even to root. There the agent replays
+	// nothing (no deadlines to keep, no failing call per refused SYN) and
+	// says so once.
+	var replayer Replayer = replay.New(n.Datapath.Program, n.maps)
 	if err := replay.Probe(); err != nil {
-		n.log.Warn("SYN replays unavailable: refused and unanswered SYNs wait for the client's own retransmission", "err", err)
+		replayer = nil
+		n.log.Warn("SYN replays off: a refused SYN waits for the client's own retransmission, which goes to another backend; an unanswered one too once its backend is ejected", "err", err)
 	}
 	reaper := &conntrack.Reaper{Maps: n.maps, Inflight: n.inflight,
 		Timeouts: conntrack.DefaultTimeouts(), Clocks: conntrack.KernelClocks()}
@@ -106,7 +109,7 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		MaxServices: opts.MaxServices, MaxBackends: opts.MaxBackends,
 		TableSize: o.TableSize, MaxInflightDefault: o.MaxInflightDefault, NoKernelTrips: o.NoKernelTrips,
 		SYNGuard: o.SYNGuard, TakeoverGrace: o.TakeoverGrace, TrackerMemory: o.TrackerMemory,
-		Replayer: replay.New(n.Datapath.Program, n.maps), Fresh: n.Datapath.Fresh(),
+		Replayer: replayer, Fresh: n.Datapath.Fresh(),
 	})
 	if err != nil {
 		return nil, err

@@ -336,14 +336,10 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 	m := e.metrics()
 	replayed := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent")
 	t.Logf("%v SYNs replayed, %d connections waited >= 500ms", replayed, waited)
-	if !replaysWork(t) {
-		// Each rescued connection waits for its own retransmission, which
-		// the datapath sends to another backend; the agent counts each
-		// replay it could not send.
-		if failed := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "error"); failed < maxFailures {
-			t.Errorf("replays counted as errors = %v, want >= %d", failed, maxFailures)
-		}
-	} else {
+	// Without replays (a kernel that refuses them) each rescued
+	// connection waits for its own retransmission, which the datapath
+	// moves to another backend (the retried flows below).
+	if replaysWork(t) {
 		if waited != 0 {
 			t.Errorf("%d connections waited for their own SYN retransmission", waited)
 		}
@@ -366,6 +362,13 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 // and moved by the datapath to another backend; the connect deadline
 // still ejects the silent backend.
 func TestUnansweredSYNsAreReplayed(t *testing.T) {
+	if !replaysWork(t) {
+		// Without replays a flow leaves a silent backend on the client's
+		// retransmission only once that backend is ejected: a race of
+		// timings this test would not be fair to (the ejection itself is
+		// TestBlackholedBackendIsEjected's).
+		t.Skip("this kernel refuses SYN replays, which this test is about")
+	}
 	e := newEnv(t, 3)
 	e.topo.Backend(3).SetMode(testnet.Blackhole)
 	e.startAgent(config(e.topo, all(3), accrualYAML))
@@ -385,17 +388,11 @@ func TestUnansweredSYNsAreReplayed(t *testing.T) {
 	if f := rs.Failures(); f != 0 {
 		t.Fatalf("%d connections failed: %v", f, rs.Counts())
 	}
-	if !replaysWork(t) {
-		if failed := m.Get("penaltybox_syn_replays_total", "reason", "unanswered", "result", "error"); failed < 1 {
-			t.Errorf("no unanswered SYN's replay counted as an error")
-		}
-	} else {
-		if waited != 0 {
-			t.Errorf("%d connections waited for their own SYN retransmission", waited)
-		}
-		if replayed < 1 {
-			t.Errorf("no unanswered SYN replayed")
-		}
+	if waited != 0 {
+		t.Errorf("%d connections waited for their own SYN retransmission", waited)
+	}
+	if replayed < 1 {
+		t.Errorf("no unanswered SYN replayed")
 	}
 	if st, _ := e.state(b3); st != "ejected" && st != "probation" {
 		t.Errorf("b3 is %s, want ejected by its connect timeouts", st)
