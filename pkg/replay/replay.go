@@ -246,8 +246,8 @@ func Frame(c *bpf.LbSynCopy, ipID uint16) ([]byte, error) {
 // Probe says whether this kernel runs XDP programs in BPF_PROG_RUN's
 // live-frame mode, which Replay needs: it runs a program that drops its
 // frame in that mode. Some hardened or sandboxed kernels refuse the mode
-// (EPERM, even for root); replays then fail and clients wait for their own
-// retransmission.
+// (EPERM, even for root); the agent then sends no replay, and clients
+// wait for their own retransmission.
 func Probe() error {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:         ebpf.XDP,
