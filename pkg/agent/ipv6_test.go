@@ -80,6 +80,25 @@ func TestIPv6IsReplayed(t *testing.T) {
 
 // Names print in the usual notation: "[2001:2::1:2]:8080" for an IPv6
 // endpoint, the bare address for a VIP with its port beside it.
+// Without a replayer (the agent on a kernel that refuses live frames)
+// no SYN is replayed: no replay deadline in a backend's policy, and none
+// shown in /admin/services, though the service keeps retryRefused.
+func TestNoReplayerNoReplayDeadline(t *testing.T) {
+	e := newEnv(t) // no replayer
+	v6 := web6(80, 2)
+	e.start(state(v6))
+	_, be6 := e.ids(v6)
+	for _, id := range be6 {
+		if d := e.a.policyOf(id).Replay; d != 0 {
+			t.Errorf("backend %d: replay deadline %v, want none", id, d)
+		}
+	}
+	sv := e.a.ServicesView().Services[0]
+	if !sv.RetryRefused || sv.ReplayAfter != "" {
+		t.Errorf("/admin/services: retryRefused %v, replayAfter %q; want true and none", sv.RetryRefused, sv.ReplayAfter)
+	}
+}
+
 func TestIPv6Names(t *testing.T) {
 	e := newEnv(t)
 	v6 := web6(443, 2)
