@@ -7,6 +7,7 @@ package bpftest
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -40,8 +41,11 @@ func RequireRoot(tb testing.TB) {
 func RequireLiveFrames(tb testing.TB) {
 	tb.Helper()
 	RequireRoot(tb)
-	if err := replay.Probe(); err != nil {
+	switch err := replay.Probe(); {
+	case errors.Is(err, replay.ErrLiveFramesRefused):
 		tb.Skipf("this kernel refuses what SYN replays need: %v", err)
+	case err != nil:
+		tb.Fatal(err)
 	}
 }
 

@@ -5,6 +5,7 @@ package agent
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -94,11 +95,15 @@ func Open(o NodeOptions) (_ *Node, err error) {
 	// Replays run the program in BPF_PROG_RUN's live-frame mode, which some
 	// hardened kernels refuse even to root. There the agent replays
 	// nothing (no deadlines to keep, no failing call per refused SYN) and
-	// says so once.
+	// says so once. A probe that could not run (its program not loaded)
+	// leaves replays on: each then says for itself.
 	var replayer Replayer = replay.New(n.Datapath.Program, n.maps)
-	if err := replay.Probe(); err != nil {
+	switch err := replay.Probe(); {
+	case errors.Is(err, replay.ErrLiveFramesRefused):
 		replayer = nil
 		n.log.Warn("SYN replays off: a refused SYN waits for the client's own retransmission, which goes to another backend; an unanswered one too once its backend is ejected", "err", err)
+	case err != nil:
+		n.log.Warn("SYN replays not checked at start: they stay on", "err", err)
 	}
 	reaper := &conntrack.Reaper{Maps: n.maps, Inflight: n.inflight,
 		Timeouts: conntrack.DefaultTimeouts(), Clocks: conntrack.KernelClocks()}

@@ -78,8 +78,6 @@ func TestIPv6IsReplayed(t *testing.T) {
 	}
 }
 
-// Names print in the usual notation: "[2001:2::1:2]:8080" for an IPv6
-// endpoint, the bare address for a VIP with its port beside it.
 // Without a replayer (the agent on a kernel that refuses live frames)
 // no SYN is replayed: no replay deadline in a backend's policy, and none
 // shown in /admin/services, though the service keeps retryRefused.
@@ -99,6 +97,8 @@ func TestNoReplayerNoReplayDeadline(t *testing.T) {
 	}
 }
 
+// Names print in the usual notation: "[2001:2::1:2]:8080" for an IPv6
+// endpoint, the bare address for a VIP with its port beside it.
 func TestIPv6Names(t *testing.T) {
 	e := newEnv(t)
 	v6 := web6(443, 2)

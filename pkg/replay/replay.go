@@ -243,11 +243,16 @@ func Frame(c *bpf.LbSynCopy, ipID uint16) ([]byte, error) {
 	return f, nil
 }
 
+// ErrLiveFramesRefused: the kernel refused to run an XDP program in
+// BPF_PROG_RUN's live-frame mode (Probe), which replays need.
+var ErrLiveFramesRefused = errors.New("the kernel refuses BPF_PROG_RUN's live-frame mode")
+
 // Probe says whether this kernel runs XDP programs in BPF_PROG_RUN's
 // live-frame mode, which Replay needs: it runs a program that drops its
 // frame in that mode. Some hardened or sandboxed kernels refuse the mode
-// (EPERM, even for root); the agent then sends no replay, and clients
-// wait for their own retransmission.
+// (EPERM, even for root): ErrLiveFramesRefused. The agent then sends no
+// replay, and clients wait for their own retransmission. Another error
+// (the probe program not loaded) says nothing of the mode.
 func Probe() error {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:         ebpf.XDP,
@@ -261,7 +266,7 @@ func Probe() error {
 	frame := make([]byte, 64)
 	ctx := xdpMD{DataEnd: uint32(len(frame))}
 	if _, err := p.Run(&ebpf.RunOptions{Data: frame, Context: ctx, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES}); err != nil {
-		return fmt.Errorf("replay: BPF_PROG_RUN in live-frame mode: %w", err)
+		return fmt.Errorf("replay: %w: %w", ErrLiveFramesRefused, err)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -345,6 +347,14 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 		}
 		if replayed < maxFailures {
 			t.Errorf("replayed SYNs = %v, want >= %d", replayed, maxFailures)
+		}
+	} else {
+		// The agent said so at start, and tried none.
+		if b, err := os.ReadFile(e.agent.LogPath()); err != nil || !strings.Contains(string(b), "SYN replays off") {
+			t.Errorf("the agent's log does not say that SYN replays are off (%v)", err)
+		}
+		if n := len(m.NonZero("penaltybox_syn_replays")); n != 0 {
+			t.Errorf("replays counted though the agent has none: %v", m.NonZero("penaltybox_syn_replays"))
 		}
 	}
 	if got := m.Get("penaltybox_datapath_refused_retried_total", "result", "retried"); got < maxFailures {
