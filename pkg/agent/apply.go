@@ -133,9 +133,7 @@ func (ad adoption) Program(id uint32) { ad.a.trans.program(id) }
 func (a *Agent) setPolicy(s *reconcile.Service) {
 	pol := outcomes.PolicyFor(s.Spec.Accrual, s.Spec.Key.Protocol == desired.TCP)
 	pol.Service = s.ID
-	if a.replays.unansweredToo() {
-		pol.Replay = a.replays.after(s)
-	}
+	pol.Replay = a.replays.after(s)
 	// Grown as ids are handed out, not sized for MaxServices and
 	// MaxBackends up front (most of it never used).
 	a.svcPolicy = atLeast(a.svcPolicy, int(s.ID)+1)

@@ -183,8 +183,12 @@ func (r *replays) unansweredToo() bool {
 	return ok
 }
 
-// after is service s's replay deadline now; 0: no replays.
+// after is service s's replay deadline now; 0: no replays (none for the
+// service, or no replayer that can move an unanswered SYN).
 func (r *replays) after(s *reconcile.Service) time.Duration {
+	if !r.unansweredToo() {
+		return 0
+	}
 	return replayAfter(&s.Spec, r.handshakes[s.ID])
 }
 

@@ -48,7 +48,7 @@ func (a *Agent) ServicesView() admin.ServicesView {
 		if st, err := stats.ServiceStats(s.ID); err == nil {
 			sj.Counters = admin.NewServiceCounters(st)
 		}
-		if d := a.replays.after(s); d > 0 && a.replays.unansweredToo() {
+		if d := a.replays.after(s); d > 0 {
 			sj.ReplayAfter = d.String()
 		}
 		sj.KernelTrips = admin.NewKernelTrips(a.tripMaps.ServiceTrip(s.ID))
