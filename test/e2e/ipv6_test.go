@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
@@ -77,7 +78,7 @@ func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 	}
 	// Replayed at once by the agent, not on the client's retransmission
 	// a second later.
-	replays := replaysWork(t)
+	replays := bpftest.LiveFrames(t)
 	slow := false
 	for _, r := range rs {
 		if replays && r.Latency > 500*time.Millisecond {

@@ -3,29 +3,29 @@
 package e2e
 
 import (
-	"errors"
-	"sync"
+	"os"
+	"strings"
 	"testing"
 
-	"github.com/penaltybox/penaltybox/pkg/replay"
+	"github.com/penaltybox/penaltybox/internal/agentrun"
 )
 
-// liveFrames is replay.Probe's answer on this kernel, asked once.
-var liveFrames = sync.OnceValue(replay.Probe)
-
-// replaysWork says whether this kernel lets the agent send SYN replays.
-// Where it refuses (some hardened kernels refuse BPF_PROG_RUN's
-// live-frame mode even to root), the agent replays nothing, and the tests
-// that expect replays check what holds without them: no client failure
-// when clients wait long enough for their own retransmission.
-func replaysWork(t *testing.T) bool {
+// replaysOff checks what an agent says and does on a kernel that refuses
+// SYN replays (bpftest.LiveFrames false): it said so at start, replays
+// nothing, and shows no replay deadline.
+func (e *env) replaysOff(t *testing.T, m agentrun.Metrics) {
 	t.Helper()
-	switch err := liveFrames(); {
-	case errors.Is(err, replay.ErrLiveFramesRefused):
-		t.Logf("this kernel refuses SYN replays (the agent sends none): %v", err)
-		return false
-	case err != nil:
+	if b, err := os.ReadFile(e.agent.LogPath()); err != nil || !strings.Contains(string(b), "SYN replays off") {
+		t.Errorf("the agent's log does not say that SYN replays are off (%v)", err)
+	}
+	if got := m.NonZero("penaltybox_syn_replays"); len(got) != 0 {
+		t.Errorf("replays counted though the agent has none: %v", got)
+	}
+	var v servicesView
+	if err := e.agent.JSON(e.ctx, "/admin/services", &v); err != nil {
 		t.Fatal(err)
 	}
-	return true
+	if got := v.Services[0].ReplayAfter; got != "" {
+		t.Errorf("/admin/services replayAfter %q, want none", got)
+	}
 }

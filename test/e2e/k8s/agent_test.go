@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -33,10 +32,10 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/agentrun"
+	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 	pbk8s "github.com/penaltybox/penaltybox/pkg/k8s"
 	"github.com/penaltybox/penaltybox/pkg/maps"
-	"github.com/penaltybox/penaltybox/pkg/replay"
 )
 
 const (
@@ -246,14 +245,10 @@ func TestKubernetesMode(t *testing.T) {
 		// refuses the mode (some hardened ones do, even to root) gets no
 		// replays: its clients wait for their own retransmission (1 s),
 		// and need a longer connect timeout to see no failure either.
-		replays := true
+		replays := bpftest.LiveFrames(t)
 		connect := time.Second
-		switch err := replay.Probe(); {
-		case errors.Is(err, replay.ErrLiveFramesRefused):
-			t.Logf("this kernel refuses SYN replays: %v", err)
-			replays, connect = false, 3*time.Second
-		case err != nil:
-			t.Fatal(err)
+		if !replays {
+			connect = 3 * time.Second
 		}
 		rs, err := testnet.Load(ctx, w.topo.Client, testnet.LoadSpec{
 			Target: netip.AddrPortFrom(vip, 80).String(), Rate: 100, Duration: 2 * time.Second, ConnectTimeout: connect})
