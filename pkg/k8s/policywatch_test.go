@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	clienttesting "k8s.io/client-go/testing"
 )
 
 // policyHarness is a harness whose controller reads BackendPolicies from a
@@ -44,6 +45,27 @@ func newPolicyHarnessScope(t *testing.T, scope Scope, policies []*BackendPolicy,
 	for _, p := range policies {
 		ph.createPolicy(t, p)
 	}
+	// The fake stores whatever an update sends, status or not, so a
+	// status write made from a copy older than a spec update would put
+	// the old spec back. The API server's status subresource keeps the
+	// stored spec and takes only the status: do the same.
+	ph.dyn.PrependReactor("update", PolicyGVR.Resource, func(a clienttesting.Action) (bool, runtime.Object, error) {
+		up, ok := a.(clienttesting.UpdateAction)
+		if !ok || up.GetSubresource() != "status" {
+			return false, nil, nil
+		}
+		sent, ok := up.GetObject().(*unstructured.Unstructured)
+		if !ok {
+			return false, nil, nil
+		}
+		cur, err := ph.dyn.Tracker().Get(PolicyGVR, up.GetNamespace(), sent.GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		stored := cur.(*unstructured.Unstructured).DeepCopy()
+		stored.Object["status"] = sent.Object["status"]
+		return true, stored, ph.dyn.Tracker().Update(PolicyGVR, stored, up.GetNamespace())
+	})
 	ph.harness = newHarnessWith(t, debounce, func(h *harness, o *Options) {
 		o.Policies = ph.dyn
 		o.Scope = scope
