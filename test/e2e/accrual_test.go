@@ -323,11 +323,10 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 		t.Fatalf("%d connections failed: %v", f, rs.Counts())
 	}
 	// A replayed connection takes a round trip more; one left to the
-	// client's retransmission takes a second more. Half a second tells
-	// them apart on any machine.
+	// client's retransmission takes a second more (waitedForRetransmission).
 	var waited int
 	for _, r := range rs {
-		if r.Latency >= 500*time.Millisecond {
+		if r.Latency >= waitedForRetransmission {
 			waited++
 		}
 	}
@@ -336,7 +335,7 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 	}
 	m := e.metrics()
 	replayed := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent")
-	t.Logf("%v SYNs replayed, %d connections waited >= 500ms", replayed, waited)
+	t.Logf("%v SYNs replayed, %d connections waited >= %v", replayed, waited, waitedForRetransmission)
 	// Without replays (a kernel that refuses them) each rescued
 	// connection waits for its own retransmission, which the datapath
 	// moves to another backend (the retried flows below).
@@ -382,13 +381,13 @@ func TestUnansweredSYNsAreReplayed(t *testing.T) {
 	var slowest time.Duration
 	for _, r := range rs {
 		slowest = max(slowest, r.Latency)
-		if r.Latency >= 500*time.Millisecond {
+		if r.Latency >= waitedForRetransmission {
 			waited++
 		}
 	}
 	m := e.metrics()
 	replayed := m.Get("penaltybox_syn_replays_total", "reason", "unanswered", "result", "sent")
-	t.Logf("%v; %v unanswered SYNs replayed, slowest connection %v, %d waited >= 500ms", rs, replayed, slowest, waited)
+	t.Logf("%v; %v unanswered SYNs replayed, slowest connection %v, %d waited >= %v", rs, replayed, slowest, waited, waitedForRetransmission)
 	if f := rs.Failures(); f != 0 {
 		t.Fatalf("%d connections failed: %v", f, rs.Counts())
 	}

@@ -6,9 +6,20 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/penaltybox/penaltybox/internal/agentrun"
 )
+
+// waitedForRetransmission: a connection that took this long waited for
+// its client's own SYN retransmission. Linux retransmits an unanswered
+// SYN after 1 s (its initial RTO), and a timer never fires early, so such
+// a connection takes at least 1 s. A replayed one takes its replay
+// deadline (at most half the connect timeout: 150 ms in these tests) and
+// a round trip: natively well under 500 ms, but 411-457 ms at the slowest
+// in the kernel matrix's emulated VMs, where these tests run too
+// (scripts/kernel-matrix.sh). 800 ms keeps a margin on both sides.
+const waitedForRetransmission = 800 * time.Millisecond
 
 // replaysOff checks what an agent says and does on a kernel that refuses
 // SYN replays (bpftest.LiveFrames false): it said so at start, replays
