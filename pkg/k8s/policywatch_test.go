@@ -127,6 +127,24 @@ func (ph *policyHarness) status(t *testing.T, name string, cond func(PolicyStatu
 	return st
 }
 
+// settled is c's value once it has held still for 100 ms: a status
+// write is counted just after the status it wrote is visible, so a count
+// read as soon as the status shows may still be one short.
+func settled(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	v := testutil.ToFloat64(c)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		w := testutil.ToFloat64(c)
+		if w == v {
+			return v
+		}
+		v = w
+	}
+	t.Fatalf("the count never settled (last %v)", v)
+	return v
+}
+
 func accepted(reason string) func(PolicyStatus) bool {
 	return func(st PolicyStatus) bool {
 		return len(st.Ancestors) == 1 && len(st.Ancestors[0].Conditions) == 1 && st.Ancestors[0].Conditions[0].Reason == reason
@@ -211,7 +229,7 @@ func TestControllerConflictingPolicies(t *testing.T) {
 	ph.createPolicy(t, policy("stray", 0, "", "nope"))
 	ph.status(t, "stray", accepted(ReasonTargetNotFound))
 	// Writes happen only on change: the count settles.
-	before := testutil.ToFloat64(ph.writes.WithLabelValues("ok"))
+	before := settled(t, ph.writes.WithLabelValues("ok"))
 	ph.ctrl.policyStatusFor("shop/web")
 	time.Sleep(100 * time.Millisecond)
 	if after := testutil.ToFloat64(ph.writes.WithLabelValues("ok")); after != before {
