@@ -61,7 +61,7 @@ SUITES=(
   "pkg/datapath 900s nf_conntrack,nf_conntrack_netlink"
   "pkg/conntrack 300s"
   "internal/testnet 600s"
-  "test/e2e 600s none $E2E_REPLAYS"
+  "test/e2e 300s none $E2E_REPLAYS"
 )
 
 # Host tools the suites run inside the VM, copied with their libraries.
@@ -248,13 +248,21 @@ accel() {
 ACCEL=$(accel)
 log "accelerator: $ACCEL; consoles in $OUT"
 
+# A VM may run its suites' limits end to end, plus its boot and the
+# modules' loads: past that it is stuck, and killed.
+vm_limit=300
+for s in "${SUITES[@]}"; do
+  read -r _ limit _ <<<"$s"
+  vm_limit=$((vm_limit + ${limit%s}))
+done
+
 pids=()
 for name in "${selected[@]}"; do
   initramfs "$name"
   # 2 vCPUs: per-CPU maps and the SYN guard's per-CPU budget are exercised
   # on more than one CPU, as on a node.
   # shellcheck disable=SC2086
-  timeout 2400 qemu-system-x86_64 $ACCEL -m 2048 -smp 2 -kernel "$KCACHE/$name/vmlinuz" \
+  timeout "$vm_limit" qemu-system-x86_64 $ACCEL -m 2048 -smp 2 -kernel "$KCACHE/$name/vmlinuz" \
     -initrd "$WORK/initrd-$name.gz" -append "console=ttyS0 quiet panic=-1 oops=panic" \
     -nographic -no-reboot </dev/null >"$OUT/$name.log" 2>&1 &
   pids+=($!)
