@@ -36,6 +36,21 @@ var explanations = []struct {
 	{"ok during the flood", "**SYN flood: what legit connections still lose** (%s: penaltybox %s%% ok, with native XDP on the veths %s%%, the same build without the SYN guard %s%%). The guard drops the flood's SYNs at their first XDP pass, judged right after the service lookup and before conntrack is read (the packet part's \"flood SYN the SYN guard drops\" row). What legit connections lose they lose before XDP runs: the client's veth dropped %s packets during the flood (native XDP on the veths: %s; nftables DNAT: %s), legit SYNs among them, and with the 1 s connect timeout a dropped SYN is a failed connection (Linux retransmits a SYN after 1 s). With generic XDP (`--xdp-mode auto` attaches it to veths) and with nftables a SYN is processed in the receive path of the sender's own softirq, behind the per-CPU backlog, so the sender slows down instead of overflowing anything (nftables DNAT: %s SYNs/s sent); with native XDP a veth queues its sender's packets in a 256-entry ring that its NAPI drains on the CPU that scheduled it, and the ring overflows while that CPU, shared by the sender, the clients, the servers and the agent on this 2-core VM, runs something else. What is left to try: less work per flood SYN in the program (the service lookup, the guard's per-CPU state and the trust lookup remain), and the same flood on a NIC with native XDP, whose rings are 4–16 times a veth's and spread over RSS queues, which this machine does not have."},
 }
 
+// liveFramesRefusedNote begins the failing part's note on a kernel that
+// refuses the live-frame mode: the closing note then explains the
+// replayed rows' figures by the clients' own retransmissions.
+const liveFramesRefusedNote = "This machine's kernel refuses BPF_PROG_RUN's live-frame mode, which SYN replays need"
+
+// noted says whether a note of part begins with prefix.
+func (r *Results) noted(part, prefix string) bool {
+	for _, n := range r.Notes[part] {
+		if strings.HasPrefix(n, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
 // closingNote writes the explanations of the missed targets.
 func (r *Results) closingNote(w io.Writer) {
 	var missed []Target
@@ -116,6 +131,10 @@ func (r *Results) closingNote(w io.Writer) {
 				df, uf := bulkFloorBest(r, bulkDirs[0]), bulkFloorBest(r, bulkDirs[1])
 				text = fmt.Sprintf(text, fmtNum(dd, 2), fmtNum(ud, 2), fmtNum(dp, 2), fmtNum(up, 2), fmtNum(df, 2), fmtNum(uf, 2),
 					fmtNum(r.ratio("bulk", bulkRow(bulkDirs[0], bulkXDPFloor)), 2), fmtNum(r.ratio("bulk", bulkRow(bulkDirs[1], bulkXDPFloor)), 2))
+			case "p99 latency < 100 ms":
+				if r.noted("failing", liveFramesRefusedNote) {
+					text = fmt.Sprintf("**Dropping SYNs where replays are off.** This run's kernel refuses the live-frame mode SYN replays need (the failing part's note), so the agent replays nothing: a connection whose SYN the dropping backend swallowed completes on its client's own retransmission, a second after its SYN, which the datapath sends to a healthy backend once the silent one is ejected. This run's p99, %s, is that second. On a kernel that allows the mode it is the replay deadline, as follows. ", t.Measured) + text
+				}
 			case "reaction p99":
 				text = fmt.Sprintf(text,
 					fmtNum(r.median("reaction", "reaction time p50"), 0),
