@@ -41,6 +41,16 @@ var explanations = []struct {
 // replayed rows' figures by the clients' own retransmissions.
 const liveFramesRefusedNote = "This machine's kernel refuses BPF_PROG_RUN's live-frame mode, which SYN replays need"
 
+// replaysOffFixes rewrite the closing note's sentences that say what the
+// replays did, for a run whose kernel refused them (liveFramesRefusedNote):
+// its clients waited for their own retransmissions instead.
+var replaysOffFixes = []struct{ was, off string }{
+	{"retryRefused, whose replays took every refused connection elsewhere in every round (100% beside it)",
+		"retryRefused, which took every refused connection elsewhere in every round (100% beside it; in this run, whose kernel refuses replays, on the clients' own SYN retransmissions)"},
+	{"penaltybox one round trip after the refusal (the \"slower than\" and \"slowest\" rows)",
+		"penaltybox one round trip after the refusal where the kernel allows replays, and in this run, whose kernel refuses them, on the client's own retransmission a second later (the \"slower than\" and \"slowest\" rows)"},
+}
+
 // noted says whether a note of part begins with prefix.
 func (r *Results) noted(part, prefix string) bool {
 	for _, n := range r.Notes[part] {
@@ -154,6 +164,11 @@ func (r *Results) closingNote(w io.Writer) {
 					fmtNum(r.median("reaction", bpfFirstRow+"p50"), 0),
 					fmtNum(r.median("reaction", bpfFirstRow+"p99"), 0),
 					fmtNum(r.median("reaction", bpfAgainRow+"p50"), 1))
+			}
+			if r.noted("failing", liveFramesRefusedNote) {
+				for _, f := range replaysOffFixes {
+					text = strings.Replace(text, f.was, f.off, 1)
+				}
 			}
 			fmt.Fprintf(w, "%s\n\n", text)
 		}
