@@ -77,6 +77,7 @@ func (r *Results) closingNote(w io.Writer) {
 		fmt.Fprintf(w, "- %s: %s — %s.\n", t.What, t.Measured, t.Missing)
 	}
 	fmt.Fprintln(w)
+	replaysOff := r.noted("failing", liveFramesRefusedNote)
 	done := map[int]bool{}
 	for _, t := range missed {
 		for i, e := range explanations {
@@ -142,7 +143,7 @@ func (r *Results) closingNote(w io.Writer) {
 				text = fmt.Sprintf(text, fmtNum(dd, 2), fmtNum(ud, 2), fmtNum(dp, 2), fmtNum(up, 2), fmtNum(df, 2), fmtNum(uf, 2),
 					fmtNum(r.ratio("bulk", bulkRow(bulkDirs[0], bulkXDPFloor)), 2), fmtNum(r.ratio("bulk", bulkRow(bulkDirs[1], bulkXDPFloor)), 2))
 			case "p99 latency < 100 ms":
-				if r.noted("failing", liveFramesRefusedNote) {
+				if replaysOff {
 					text = fmt.Sprintf("**Dropping SYNs where replays are off.** This run's kernel refuses the live-frame mode SYN replays need (the failing part's note), so the agent replays nothing: a connection whose SYN the dropping backend swallowed completes on its client's own retransmission, a second after its SYN, which the datapath sends to a healthy backend once the silent one is ejected. This run's p99, %s, is that second. On a kernel that allows the mode it is the replay deadline, as follows. ", t.Measured) + text
 				}
 			case "reaction p99":
@@ -165,7 +166,7 @@ func (r *Results) closingNote(w io.Writer) {
 					fmtNum(r.median("reaction", bpfFirstRow+"p99"), 0),
 					fmtNum(r.median("reaction", bpfAgainRow+"p50"), 1))
 			}
-			if r.noted("failing", liveFramesRefusedNote) {
+			if replaysOff {
 				for _, f := range replaysOffFixes {
 					text = strings.Replace(text, f.was, f.off, 1)
 				}
