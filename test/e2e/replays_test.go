@@ -17,8 +17,9 @@ import (
 // a connection takes at least 1 s. A replayed one takes its replay
 // deadline (at most half the connect timeout: 150 ms in these tests) and
 // a round trip: natively well under 500 ms, but 411-457 ms at the slowest
-// in the kernel matrix's emulated VMs, where these tests run too
-// (scripts/kernel-matrix.sh). 800 ms keeps a margin on both sides.
+// in the kernel matrix's emulated VMs (TestUnansweredSYNsAreReplayed, run
+// there once; some of these tests run there: scripts/kernel-matrix.sh).
+// 800 ms keeps a margin on both sides.
 const waitedForRetransmission = 800 * time.Millisecond
 
 // replaysOff checks what an agent says and does on a kernel that refuses
