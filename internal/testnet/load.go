@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"sort"
@@ -53,9 +54,15 @@ type Result struct {
 	Scheduled time.Time     // wall-clock time the attempt was due
 	Started   time.Time     // when it actually started (zero if NotStarted)
 	Latency   time.Duration // from Started to the outcome
+	Connect   time.Duration // from Started to the connection's handshake (zero if it never connected)
 	Backend   string        // responding backend (body, trimmed) if OK
 	Class     Class
 	Err       error
+
+	// SYNRetransmits: how often the client sent its SYN again before the
+	// handshake (TCP_INFO's total retransmissions, read once connected:
+	// no data is sent before). Each one is a second or more of waiting.
+	SYNRetransmits int
 }
 
 // End is when the attempt's outcome was known (Scheduled if NotStarted).
@@ -174,6 +181,8 @@ func attempt(ctx context.Context, d *Dialer, spec LoadSpec, req []byte) Result {
 		return finish(err)
 	}
 	defer c.Close()
+	r.Connect = time.Since(r.Started)
+	r.SYNRetransmits = synRetransmits(c)
 	if spec.ConnectOnly {
 		return finish(nil)
 	}
@@ -201,6 +210,26 @@ func attempt(ctx context.Context, d *Dialer, spec LoadSpec, req []byte) Result {
 	}
 	r.Backend = BackendOf(string(body))
 	return finish(nil)
+}
+
+// synRetransmits is how many times a just-connected TCP socket
+// retransmitted (its SYN: nothing else was sent yet); -1 if unknown.
+func synRetransmits(c net.Conn) int {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return -1
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	n := -1
+	raw.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			n = int(info.Total_retrans)
+		}
+	})
+	return n
 }
 
 // Results are the attempts of one Load run, in schedule order.

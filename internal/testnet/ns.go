@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -278,6 +279,53 @@ func deleteNetns(name string) error {
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("testnet: remove %s: %w", p, err)
+	}
+	return nil
+}
+
+// TCPCounters reads the namespace's TCP counters (/proc/net/snmp's Tcp
+// and /proc/net/netstat's TcpExt lines, e.g. "TcpExt.TCPSynRetrans",
+// "TcpExt.ListenDrops"). They are the namespace's own: what its sockets
+// did, whatever the node's program did to their packets.
+func (n *NS) TCPCounters() (map[string]uint64, error) {
+	out := map[string]uint64{}
+	err := n.Do(func() error {
+		// thread-self: the namespace this thread entered (/proc/self
+		// would follow the process's first thread).
+		for _, f := range []string{"snmp", "netstat"} {
+			b, err := os.ReadFile("/proc/thread-self/net/" + f)
+			if err != nil {
+				return err
+			}
+			if err := parseProcNetCounters(string(b), out); err != nil {
+				return fmt.Errorf("testnet: /proc/net/%s: %w", f, err)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// parseProcNetCounters adds the Tcp and TcpExt counters of a /proc/net/snmp
+// or netstat text to out: each group is a line of names and a line of
+// values, both led by "Group:".
+func parseProcNetCounters(text string, out map[string]uint64) error {
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	for i := 0; i+1 < len(lines); i += 2 {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) != len(values) || len(names) == 0 || names[0] != values[0] {
+			return fmt.Errorf("line %d: names and values do not pair", i+1)
+		}
+		group := strings.TrimSuffix(names[0], ":")
+		if group != "Tcp" && group != "TcpExt" {
+			continue
+		}
+		for j := 1; j < len(names); j++ {
+			// Tcp's MaxConn is -1: not a counter.
+			if v, err := strconv.ParseUint(values[j], 10, 64); err == nil {
+				out[group+"."+names[j]] = v
+			}
+		}
 	}
 	return nil
 }

@@ -317,32 +317,28 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 	e.startAgent(config(e.topo, all(3), accrualYAML+"    retryRefused: true\n"))
 
 	// Clients wait 3s to connect: room for one SYN retransmission (1s).
-	rs := e.load(200, 5*time.Second, 3*time.Second)
-	t.Logf("%v", rs)
+	// 50 connections a second: a sixth of what the emulated VMs of the
+	// kernel matrix can serve, where 200 made hundreds of connections
+	// queue for over a second and the agent read refusals late (replays
+	// "stale").
+	before := e.synCounters()
+	rs := e.load(50, 5*time.Second, 3*time.Second)
+	syns := e.synCounters().since(before)
+	t.Logf("%v; %v; %s", rs, syns, slowConnections(rs))
 	if f := rs.Failures(); f != 0 {
 		t.Fatalf("%d connections failed: %v", f, rs.Counts())
-	}
-	// A replayed connection takes a round trip more; one left to the
-	// client's retransmission takes a second more (waitedForRetransmission).
-	var waited int
-	for _, r := range rs {
-		if r.Latency >= waitedForRetransmission {
-			waited++
-		}
 	}
 	if st, _ := e.state(b3); st != "ejected" && st != "probation" {
 		t.Fatalf("b3 is %s, want ejected", st)
 	}
 	m := e.metrics()
 	replayed := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent")
-	t.Logf("%v SYNs replayed, %d connections waited >= %v", replayed, waited, waitedForRetransmission)
+	t.Logf("%v SYNs replayed", replayed)
 	// Without replays (a kernel that refuses them) each rescued
 	// connection waits for its own retransmission, which the datapath
 	// moves to another backend (the retried flows below).
 	if bpftest.LiveFrames(t) {
-		if waited != 0 {
-			t.Errorf("%d connections waited for their own SYN retransmission", waited)
-		}
+		noneWaited(t, rs, syns, m, "refused")
 		if replayed < maxFailures {
 			t.Errorf("replayed SYNs = %v, want >= %d", replayed, maxFailures)
 		}
@@ -376,18 +372,12 @@ func TestUnansweredSYNsAreReplayed(t *testing.T) {
 	if !replays {
 		connect = 8 * time.Second
 	}
-	rs := e.load(200, 5*time.Second, connect)
-	var waited int
-	var slowest time.Duration
-	for _, r := range rs {
-		slowest = max(slowest, r.Latency)
-		if r.Latency >= waitedForRetransmission {
-			waited++
-		}
-	}
+	before := e.synCounters()
+	rs := e.load(50, 5*time.Second, connect) // the rate: TestRetryRefusedHidesRefusals
+	syns := e.synCounters().since(before)
 	m := e.metrics()
 	replayed := m.Get("penaltybox_syn_replays_total", "reason", "unanswered", "result", "sent")
-	t.Logf("%v; %v unanswered SYNs replayed, slowest connection %v, %d waited >= %v", rs, replayed, slowest, waited, waitedForRetransmission)
+	t.Logf("%v; %v unanswered SYNs replayed; %v; %s", rs, replayed, syns, slowConnections(rs))
 	if f := rs.Failures(); f != 0 {
 		t.Fatalf("%d connections failed: %v", f, rs.Counts())
 	}
@@ -398,20 +388,21 @@ func TestUnansweredSYNsAreReplayed(t *testing.T) {
 		e.replaysOff(t, m)
 		return
 	}
-	if waited != 0 {
-		// Which step left it to the client: the replays' results (stale:
-		// a deadline read too late; dropped, no_copy, error).
-		t.Errorf("%d connections waited for their own SYN retransmission; replays: %v", waited, m.NonZero("penaltybox_syn_replays"))
-	}
+	noneWaited(t, rs, syns, m, "unanswered")
 	if replayed < 1 {
 		t.Errorf("no unanswered SYN replayed")
 	}
-	// Learnt from the healthy backends' handshakes: the floor, on veths.
+	// Learnt from the healthy backends' handshakes: natively the floor
+	// (16 ms: handshakes on veths take well under 4 ms), under emulation
+	// up to a few times that; before any is learnt, the cautious start,
+	// half the connect timeout (150 ms).
 	var v servicesView
 	if err := e.agent.JSON(e.ctx, "/admin/services", &v); err != nil {
 		t.Fatal(err)
 	}
-	if got := v.Services[0].ReplayAfter; got != "16ms" {
-		t.Errorf("/admin/services replayAfter %q, want 16ms (the floor: handshakes here take well under 4ms)", got)
+	got, err := time.ParseDuration(v.Services[0].ReplayAfter)
+	if err != nil || got < 16*time.Millisecond || got >= 150*time.Millisecond {
+		t.Errorf("/admin/services replayAfter %q, want one learnt from the handshakes: from 16ms (the floor) to under 150ms (the start)", v.Services[0].ReplayAfter)
 	}
+	t.Logf("replay deadline learnt: %v", got)
 }
