@@ -43,6 +43,9 @@ IpExt: 9
 	if err := parseProcNetCounters("Tcp: A B\nTcp: 1\n", map[string]uint64{}); err == nil {
 		t.Errorf("a values line shorter than its names parsed")
 	}
+	if err := parseProcNetCounters("Tcp: A\nTcp: 1\nUdp: B\n", map[string]uint64{}); err == nil {
+		t.Errorf("a names line without its values parsed")
+	}
 }
 
 // A namespace's counters are its own: the client's dial to a backend

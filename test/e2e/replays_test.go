@@ -21,37 +21,45 @@ import (
 // slow is where the logs start calling a connection slow.
 const slow = 800 * time.Millisecond
 
+// emulated: the tests run in the kernel matrix's VMs (scripts/
+// kernel-matrix.sh sets PB_E2E_EMULATED), where the guest runs about ten
+// times slower than natively and a run of it can stall: the agent may read
+// one refusal or deadline too late to replay it, and handshakes can take
+// longer than 4 ms.
+func emulated() bool { return os.Getenv("PB_E2E_EMULATED") == "1" }
+
 // noneWaited checks, where the agent replays SYNs, that no client of a
-// load (rs; syns, the namespaces' counts over it) sent its SYN twice. A
-// retransmission is excused only by a SYN the agent judged too late to
-// replay (reason's "stale" results: the refusal, or the deadline, read
-// more than maxReplayAge after it, which an overloaded emulated VM can
-// bring about) or one a backend's full accept queue dropped; and late
-// reads must stay the exception, no more than the replays sent.
+// load (rs; syns, the namespaces' counts over it) sent its SYN twice.
+// Under emulation, one replay the agent judged stale (reason's "stale"
+// results: above all a refusal or deadline read more than maxReplayAge
+// late) may leave one client to its own retransmission; natively none.
 func noneWaited(t *testing.T, rs testnet.Results, syns synCounters, m agentrun.Metrics, reason string) {
 	t.Helper()
 	var waited []string
 	for _, r := range rs {
-		if r.SYNRetransmits != 0 {
+		switch {
+		case r.SYNRetransmits < 0:
+			t.Errorf("#%d: its socket's retransmissions could not be read (TCP_INFO)", r.Seq)
+		case r.SYNRetransmits > 0:
 			waited = append(waited, fmt.Sprintf("#%d: %d retransmits, connected after %v", r.Seq, r.SYNRetransmits, r.Connect))
 		}
 	}
-	sent := m.Get("penaltybox_syn_replays_total", "reason", reason, "result", "sent")
-	stale := m.Get("penaltybox_syn_replays_total", "reason", reason, "result", "stale")
-	if excused := int(stale) + int(syns.listenDrops); len(waited) > excused {
-		t.Errorf("%d connections waited for their own SYN retransmission (%v replays stale, %v): %s; replays: %v; datapath: %v",
-			len(waited), stale, syns, strings.Join(waited[:min(len(waited), 5)], "; "), m.NonZero("penaltybox_syn_replays"),
-			strings.Join(m.NonZero("penaltybox_datapath_"), "; "))
+	stale := int(m.Get("penaltybox_syn_replays_total", "reason", reason, "result", "stale"))
+	allowed := 0
+	if emulated() {
+		allowed = 1
 	}
-	if stale > sent {
-		t.Errorf("%s SYNs: %v replays stale, %v sent: the agent reads its events late", reason, stale, sent)
+	if stale > allowed || len(waited) > stale {
+		t.Errorf("%d connections waited for their own SYN retransmission, %d %s replays stale (allowed: %d; %v): %s; replays: %v; datapath: %v",
+			len(waited), stale, reason, allowed, syns, strings.Join(waited[:min(len(waited), 5)], "; "),
+			m.NonZero("penaltybox_syn_replays"), strings.Join(m.NonZero("penaltybox_datapath_"), "; "))
 	}
 }
 
-// synCounters are the namespaces' counts beside the connections': every
-// SYN the client retransmitted (a connection that then failed too), and
-// the SYNs the backends' full accept queues dropped, whatever the
-// datapath did.
+// synCounters are the namespaces' counts, logged beside the connections':
+// every SYN the client retransmitted (a connection that then failed too),
+// and what the backends' full accept queues dropped (SYNs, or the
+// handshakes' last ACKs), whatever the datapath did.
 type synCounters struct{ synRetrans, listenDrops uint64 }
 
 func (e *env) synCounters() synCounters {
