@@ -52,14 +52,7 @@ IpExt: 9
 // that drops SYNs shows as the client's SYN retransmission, not the
 // backend's, and a served dial as the backend's passive open.
 func TestTCPCounters(t *testing.T) {
-	topo := New(t, Options{Backends: 2})
-	b1, b2 := topo.Backend(1), topo.Backend(2)
-	for _, b := range []*Backend{b1, b2} {
-		if err := b.ServeHTTP(80); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b2.SetMode(Blackhole)
+	topo, b1, b2 := servingAndSilent(t)
 	counters := func(ns *NS) map[string]uint64 {
 		t.Helper()
 		c, err := ns.TCPCounters()
@@ -101,14 +94,7 @@ func TestTCPCounters(t *testing.T) {
 // A connection whose first SYN was dropped, and its retransmission
 // answered, says so in its Result; one answered at once does not.
 func TestLoadCountsSYNRetransmits(t *testing.T) {
-	topo := New(t, Options{Backends: 2})
-	b1, b2 := topo.Backend(1), topo.Backend(2)
-	for _, b := range []*Backend{b1, b2} {
-		if err := b.ServeHTTP(80); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b2.SetMode(Blackhole)
+	topo, b1, b2 := servingAndSilent(t)
 	// Healed within the client's first RTO (1 s): its retransmission
 	// connects.
 	healed := time.AfterFunc(300*time.Millisecond, func() { b2.SetMode(Serve) })
@@ -126,4 +112,20 @@ func TestLoadCountsSYNRetransmits(t *testing.T) {
 			t.Errorf("%s: %v, %d SYN retransmits after %v; want ok, %d", c.b.Name, r.Class, r.SYNRetransmits, r.Connect, c.want)
 		}
 	}
+}
+
+// servingAndSilent is a topology of two backends serving HTTP on port 80,
+// the second dropping SYNs.
+func servingAndSilent(t *testing.T) (*Topology, *Backend, *Backend) {
+	topo := New(t, Options{Backends: 2})
+	b1, b2 := topo.Backend(1), topo.Backend(2)
+	for _, b := range []*Backend{b1, b2} {
+		if err := b.ServeHTTP(80); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b2.SetMode(Blackhole); err != nil {
+		t.Fatal(err)
+	}
+	return topo, b1, b2
 }
