@@ -97,7 +97,11 @@ func TestLoadCountsSYNRetransmits(t *testing.T) {
 	topo, b1, b2 := servingAndSilent(t)
 	// Healed within the client's first RTO (1 s): its retransmission
 	// connects.
-	healed := time.AfterFunc(300*time.Millisecond, func() { b2.SetMode(Serve) })
+	healed := time.AfterFunc(300*time.Millisecond, func() {
+		if err := b2.SetMode(Serve); err != nil {
+			t.Error(err)
+		}
+	})
 	defer healed.Stop()
 	for _, c := range []struct {
 		b    *Backend

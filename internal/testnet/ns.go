@@ -295,7 +295,7 @@ func (n *NS) TCPCounters() (map[string]uint64, error) {
 		for _, f := range []string{"snmp", "netstat"} {
 			b, err := os.ReadFile("/proc/thread-self/net/" + f)
 			if err != nil {
-				return err
+				return fmt.Errorf("testnet: %s's counters: %w", n.Name, err)
 			}
 			if err := parseProcNetCounters(string(b), out); err != nil {
 				return fmt.Errorf("testnet: /proc/net/%s: %w", f, err)

@@ -16,23 +16,33 @@ import (
 // A client that waits for its own SYN retransmission waits a second or
 // more (Linux's initial RTO). The replay tests count those waits by the
 // connections' own retransmissions (testnet.Result.SYNRetransmits), not by
-// their times: an overloaded emulated VM (the kernel matrix's) once made
-// hundreds of connections take over a second with no SYN sent twice.
-// slow is where the logs start calling a connection slow.
-const slow = 800 * time.Millisecond
+// their times: at 200 connections a second the kernel matrix's emulated VM
+// once made 723 of 1,000 take over 800 ms, and in 13 of 15 runs so no SYN
+// had been sent twice. slowConnect is where the logs call a connection
+// slow.
+const slowConnect = 800 * time.Millisecond
 
-// emulated: the tests run in the kernel matrix's VMs (scripts/
-// kernel-matrix.sh sets PB_E2E_EMULATED), where the guest runs about ten
-// times slower than natively and a run of it can stall: the agent may read
-// one refusal or deadline too late to replay it, and handshakes can take
-// longer than 4 ms.
-func emulated() bool { return os.Getenv("PB_E2E_EMULATED") == "1" }
+// inVM: the tests run in a VM of the kernel matrix (scripts/
+// kernel-matrix.sh sets PB_E2E_VM), whose guest, under TCG about ten times
+// slower than the host, can fall behind or stall: the agent may read one
+// refusal or deadline too late to replay it, and handshakes can take over
+// 4 ms. There the replay tests run 50 connections a second; natively 200.
+func inVM() bool { return os.Getenv("PB_E2E_VM") == "1" }
+
+// replayLoadRate is the replay tests' connections a second (inVM).
+func replayLoadRate() float64 {
+	if inVM() {
+		return 50
+	}
+	return 200
+}
 
 // noneWaited checks, where the agent replays SYNs, that no client of a
-// load (rs; syns, the namespaces' counts over it) sent its SYN twice.
-// Under emulation, one replay the agent judged stale (reason's "stale"
-// results: above all a refusal or deadline read more than maxReplayAge
-// late) may leave one client to its own retransmission; natively none.
+// load (rs; syns, the namespaces' counts over it) sent its SYN twice. In a
+// VM, one wait is allowed if the agent counted a replay of reason stale
+// (above all a refusal or deadline read more than maxReplayAge late); a
+// stale replay that left no client waiting (a backend that answered just
+// after the deadline) fails nothing.
 func noneWaited(t *testing.T, rs testnet.Results, syns synCounters, m agentrun.Metrics, reason string) {
 	t.Helper()
 	var waited []string
@@ -45,13 +55,13 @@ func noneWaited(t *testing.T, rs testnet.Results, syns synCounters, m agentrun.M
 		}
 	}
 	stale := int(m.Get("penaltybox_syn_replays_total", "reason", reason, "result", "stale"))
-	allowed := 0
-	if emulated() {
-		allowed = 1
+	excused := 0
+	if inVM() {
+		excused = min(stale, 1)
 	}
-	if stale > allowed || len(waited) > stale {
-		t.Errorf("%d connections waited for their own SYN retransmission, %d %s replays stale (allowed: %d; %v): %s; replays: %v; datapath: %v",
-			len(waited), stale, reason, allowed, syns, strings.Join(waited[:min(len(waited), 5)], "; "),
+	if len(waited) > excused {
+		t.Errorf("%d connections waited for their own SYN retransmission (%d %s replays stale, %d wait excused; %v): %s; replays: %v; datapath: %v",
+			len(waited), stale, reason, excused, syns, strings.Join(waited[:min(len(waited), 5)], "; "),
 			m.NonZero("penaltybox_syn_replays"), strings.Join(m.NonZero("penaltybox_datapath_"), "; "))
 	}
 }
@@ -98,7 +108,7 @@ func slowConnections(rs testnet.Results) string {
 		if r.SYNRetransmits > 0 {
 			retransmitted++
 		}
-		if r.Latency < slow {
+		if r.Latency < slowConnect {
 			continue
 		}
 		at := r.Scheduled.Sub(rs[0].Scheduled)
@@ -106,14 +116,14 @@ func slowConnections(rs testnet.Results) string {
 			first = at
 		}
 		last = at
-		if r.Connect == 0 || r.Connect >= slow {
+		if r.Connect == 0 || r.Connect >= slowConnect {
 			connect++
 		} else {
 			after++
 		}
 	}
 	return fmt.Sprintf("%d connections sent their SYN twice; %d took %v or more to connect, %d after connecting, scheduled %v to %v into the load",
-		retransmitted, connect, slow, after, first.Round(time.Millisecond), last.Round(time.Millisecond))
+		retransmitted, connect, slowConnect, after, first.Round(time.Millisecond), last.Round(time.Millisecond))
 }
 
 // replaysOff checks what an agent says and does on a kernel that refuses
