@@ -314,7 +314,7 @@ func parseProcNetCounters(text string, out map[string]uint64) error {
 	if len(lines)%2 != 0 {
 		return fmt.Errorf("%d lines: want pairs of names and values", len(lines))
 	}
-	for i := 0; i+1 < len(lines); i += 2 {
+	for i := 0; i < len(lines); i += 2 {
 		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
 		if len(names) != len(values) || len(names) == 0 || names[0] != values[0] {
 			return fmt.Errorf("line %d: names and values do not pair", i+1)
