@@ -669,50 +669,56 @@ int pb_stats_reset_run(struct stats_reset_args *a)
  * reaper (pkg/conntrack) does with a copy of pb_ct_v2, done here with
  * lookups in the table itself. A closed flow keeps its two entries for
  * the closed timeout (10 s), so at 10,000 connections a second the copy
- * was of some 200,000 entries, most of the agent's sweep. Three walks:
- *   1. reverse entries: a flow idle past its state's timeout (last seen by
- *      either half) goes, both halves; otherwise its ids are in use;
- *   2. forward entries without their reverse half: one idle past the
- *      closed timeout goes; otherwise its ids are in use;
+ * was of some 200,000 entries, most of the agent's sweep. The walks:
+ *   1. every entry of pb_ct_v2, once. The first half of a flow the walk
+ *      comes to judges the flow for both: idle past its state's timeout
+ *      (last seen by either half), both halves go; otherwise its ids are
+ *      in use. It marks the other half (sweep_mark), which the walk then
+ *      passes by. A forward entry without its reverse half is put aside
+ *      (pb_ct_sweep_lone);
+ *   2. those forward entries: one idle past the closed timeout goes,
+ *      unless a live reverse entry of another flow names its key (walk 1
+ *      put that key in pb_ct_sweep_apart); otherwise its ids are in use;
  *   3. pb_flows: an entry whose flow is gone, and older than the orphan
  *      age, is released and its breaker slots given back.
+ * A walk of the table costs a visit of every entry (about 190 ns each on
+ * a 2.8 GHz guest, the entries scattered over a table bigger than the
+ * cache): one walk instead of one per direction spares half of them.
  * Each walk is its own run (ct_sweep_args.walk, the state kept in
  * pb_ct_sweep_state): on a kernel without full preemption a run keeps its
- * CPU until it returns (walk 1 took 63-84 ms at 240,000 entries, none of
- * them due, and 81-104 ms with all of them due, on a 2.8 GHz guest).
+ * CPU until it returns (the two walks it replaced took 63-84 ms and 18-29
+ * ms at 240,000 entries, none of them due, on a 2.8 GHz guest).
  * An entry found due is deleted only when the walk has moved past it (at
  * a later callback, or after the walk): the walk reads an entry's
- * successor after its callback, and a deleted LRU entry can be handed to
- * a new flow at once, which would take the walk into another bucket. The
- * datapath's own deletes and evictions can do that to the walk all the
- * same, and a live flow's reverse entry can go unseen: so walk 2 deletes
- * an unmarked forward entry only if its reverse half is not there.
+ * successor after its callback (before 6.15), and a deleted LRU entry can
+ * be handed to a new flow at once, which would take the walk into another
+ * bucket. So
+ * a due flow's other half, if the walk comes to it next, waits for the
+ * callback after. The datapath's own deletes and evictions can move the
+ * walk all the same, and a live flow's reverse entry can go unseen: so
+ * walk 2 deletes a forward entry only if its reverse half is not there.
  *
- * Walk 1 marks the forward half of each live flow (sweep_mark), so walk 2
- * need not look anything up for it. A forward entry passed by on a mark
- * an earlier sweep or agent left would be neither expired nor have its
- * ids in use, and the agent could hand its ids to another service or
- * backend while it lives. So walk 2 clears every mark but the current
- * one (marks count up and come round after 65,535 sweeps), and an
- * agent's first sweep trusts and clears them all (PB_SWEEP_OPT_NO_MARKS).
- * What is left: an entry the walk missed keeps its mark, and a second
- * agent sweeping the same maps may mark with this one's mark, 1 in 65,535
- * each. Walk 1's lookup of each reverse entry's forward half counts as a
- * use for the LRU: after a sweep, every forward entry looks recently
- * used. */
+ * A mark from an earlier sweep is not this one's: the agent counts them
+ * up, and a new entry's is 0. The walk clears any other mark from the
+ * entries it judges, so that after a sweep every entry carries its mark
+ * or none. An agent's first sweep clears them all first (walk 0): the
+ * marks its predecessor left may equal its own. What is left: an entry
+ * the walk missed keeps its mark, and a second agent sweeping the same
+ * maps may mark with this one's mark, 1 in 65,535 each. A lookup of a
+ * flow's other half counts as a use for the LRU: after a sweep, every
+ * entry looks recently used. */
 struct bpf_map;
 
 struct ct_sweep_walk {
 	struct ct_sweep_args a;
 	struct ct_expire pend; /* a due flow, deleted once the walk is past it */
-	__u32 pend_svc, pend_be; /* a due forward entry's ids, in use if it was another flow's */
+	__u32 pend_svc, pend_be; /* its ids, in use if its forward half stays */
 	struct ct_key pend_flow; /* a pb_flows entry to release at the next step */
 	struct flow_value pend_fv;
-	__u32 deleted; /* conntrack entries deleted */
 	__u8 has_pend;
 	__u8 has_pend_flow;
-	__u8 pend_tail; /* pend's reverse half went: its forward half follows, uncounted */
-	__u8 pad;
+	__u8 pend_rev_seen; /* the walk came to pend.rev: counted in entries */
+	__u8 pend_fwd_seen; /* the walk came to pend.fwd: counted in entries */
 };
 
 /* pb_ct_sweep_state[0]: one sweep's walks. In a map, not on the stack:
@@ -782,41 +788,59 @@ static __always_inline int ct_key_eq(const struct ct_key *a, const struct ct_key
 	return 1;
 }
 
-/* sweep_settle deletes what an earlier step found due, now that the walk
- * has moved past it (cur: the entry the walk is on; NULL after the walk).
- * A due flow's forward half may be the very entry the walk is on: it stays
- * pending until the walk moves on. Each entry goes only if it is still the
- * flow's (its start): the datapath may have reused the tuple meanwhile. */
+/* sweep_expire deletes entry k if it still is the flow that started at
+ * created (ct_expire_key). One the walk has yet to come to is counted in
+ * entries here, and marked gone first: the walk may come to it all the
+ * same, as kernels since 6.15 (and stable backports, 6.12.y's among
+ * them) read an entry's successor before its callback, and it must
+ * neither count nor judge it then. */
+static __always_inline __u8 sweep_expire(struct ct_sweep_walk *w, const struct ct_key *k, __u64 created, __u8 seen)
+{
+	struct ct_value *v = bpf_map_lookup_elem(&pb_ct_v2, k);
+	if (!v)
+		return PB_CT_EXPIRE_ABSENT;
+	if (v->created_ns != created)
+		return PB_CT_EXPIRE_OTHER;
+	if (!seen)
+		v->sweep_mark = PB_SWEEP_MARK_GONE;
+	/* Gone meanwhile (the LRU, or a concurrent delete) is gone too. */
+	if (bpf_map_delete_elem(&pb_ct_v2, k) == 0 && !seen)
+		w->a.entries++;
+	return PB_CT_EXPIRE_DELETED;
+}
+
+/* sweep_settle deletes the due flow walk 1 found, now that the walk has
+ * moved past it (cur: the entry the walk is on; NULL after the walk). The
+ * walk may be on the flow's other half: the flow waits for the next
+ * step. Each entry goes only if it is still the flow's (its start): the
+ * datapath may have reused the tuple meanwhile. An entry deleted before
+ * the walk came to it is counted in entries here. */
 static __always_inline void sweep_settle(struct ct_sweep_walk *w, const struct ct_key *cur)
 {
-	__u32 deleted = 0;
 	if (w->has_pend) {
 		struct ct_expire *x = &w->pend;
-		if (x->rev.family) {
-			__u8 r = ct_expire_key(&x->rev, x->created_ns, &deleted);
-			x->rev.family = 0;
+		int on_rev = cur && ct_key_eq(&x->rev, cur);
+		int on_fwd = cur && x->fwd.family && ct_key_eq(&x->fwd, cur);
+		if (on_rev)
+			w->pend_rev_seen = 1;
+		if (on_fwd)
+			w->pend_fwd_seen = 1;
+		if (!on_rev && !on_fwd) {
+			__u8 r = sweep_expire(w, &x->rev, x->created_ns, w->pend_rev_seen);
 			if (r == PB_CT_EXPIRE_DELETED) {
 				w->a.expired++;
-				w->pend_tail = 1;
-			} else {
-				x->fwd.family = 0;
+				if (x->fwd.family)
+					sweep_expire(w, &x->fwd, x->created_ns, w->pend_fwd_seen);
+			} else if (x->fwd.family) {
+				/* The reverse key is another flow's by now: the
+				 * forward half stays, the walk passed it by on its
+				 * mark, and it keeps its ids until the next sweep. */
+				sweep_use(w, &x->fwd, w->pend_svc, w->pend_be);
 			}
-		}
-		if (x->fwd.family && !(cur && ct_key_eq(&x->fwd, cur))) {
-			__u8 r = ct_expire_key(&x->fwd, x->created_ns, &deleted);
-			x->fwd.family = 0;
-			if (!w->pend_tail) {
-				if (r == PB_CT_EXPIRE_DELETED)
-					w->a.expired++;
-				else if (r == PB_CT_EXPIRE_OTHER)
-					sweep_use(w, &x->fwd, w->pend_svc, w->pend_be);
-			}
-		}
-		if (!x->fwd.family) {
 			w->has_pend = 0;
-			w->pend_tail = 0;
+			w->pend_rev_seen = 0;
+			w->pend_fwd_seen = 0;
 		}
-		w->deleted += deleted;
 	}
 	if (w->has_pend_flow) {
 		w->has_pend_flow = 0;
@@ -827,84 +851,117 @@ static __always_inline void sweep_settle(struct ct_sweep_walk *w, const struct c
 	}
 }
 
-static long ct_sweep_rev(struct bpf_map *map, const struct ct_key *k, struct ct_value *v, void *ctx)
+/* sweep_flow judges the flow of reverse entry rv (key rk), whose forward
+ * half is f (key fk; NULL: gone, or another flow's), at the first of its
+ * halves walk 1 came to; other is the half the walk has yet to come to
+ * (NULL: none). */
+static __always_inline void sweep_flow(struct ct_sweep_walk *w, const struct ct_key *rk, struct ct_value *rv,
+				       const struct ct_key *fk, struct ct_value *f, struct ct_value *other)
 {
-	struct ct_sweep_walk *w = sweep_state();
-	if (!w)
-		return 1;
-	sweep_settle(w, k);
-	if (k->dir != PB_DIR_REV)
-		return 0;
-	struct ct_key fk;
-	fwd_key(&fk, k, v);
-	__u64 created = v->created_ns;
-	__u64 last = v->last_seen_ns;
-	__u32 flags = v->flags;
-	struct ct_value *f = bpf_map_lookup_elem(&pb_ct_v2, &fk);
-	/* The two halves of a flow share its start. A forward entry with
-	 * another start is another flow's: the one a replay moved off this
-	 * entry's backend, which has its own reverse entry. */
-	if (f && f->created_ns != created)
-		f = NULL;
+	__u64 last = rv->last_seen_ns;
+	__u32 flags = rv->flags;
 	if (f && f->last_seen_ns > last)
 		last = f->last_seen_ns;
 	if (!f || !(f->flags & PB_CT_CLIENT_ACKED))
 		flags &= ~PB_CT_ESTABLISHED; /* handshake never completed by the client */
-	if ((__s64)(w->a.now_coarse - last) > (__s64)sweep_timeout(&w->a, k->proto, flags)) {
+	/* The walk passes the other half by, due or not: a due one is
+	 * deleted with this one. */
+	if (other)
+		other->sweep_mark = w->a.mark;
+	if ((__s64)(w->a.now_coarse - last) > (__s64)sweep_timeout(&w->a, rk->proto, flags)) {
 		__builtin_memset(&w->pend, 0, sizeof(w->pend));
-		w->pend.rev = *k;
+		w->pend.rev = *rk;
 		if (f)
-			w->pend.fwd = fk;
-		w->pend.created_ns = created;
+			w->pend.fwd = *fk;
+		w->pend.created_ns = rv->created_ns;
+		w->pend_svc = rv->svc_id;
+		w->pend_be = rv->backend_id;
+		w->pend_rev_seen = other != rv;
+		w->pend_fwd_seen = f && other != f;
 		w->has_pend = 1;
-		return 0;
+		return;
 	}
-	if (f) {
-		/* Walk 2 passes it by without looking its reverse half up. */
-		f->sweep_mark = w->a.mark;
-	} else {
+	if (!f) {
 		/* Its forward key stays the live flow's: walk 2 keeps the entry
 		 * there (the moved flow's), walk 3 the flow's pb_flows entry. */
 		__u8 one = 1;
-		if (bpf_map_update_elem(&pb_ct_sweep_apart, &fk, &one, BPF_ANY))
+		if (bpf_map_update_elem(&pb_ct_sweep_apart, fk, &one, BPF_ANY))
 			w->a.failed |= PB_SWEEP_FAIL_APART;
 	}
-	sweep_use(w, &fk, v->svc_id, v->backend_id);
-	return 0;
+	sweep_use(w, fk, rv->svc_id, rv->backend_id);
 }
 
-static long ct_sweep_fwd(struct bpf_map *map, const struct ct_key *k, struct ct_value *v, void *ctx)
+static long ct_sweep_entry(struct bpf_map *map, const struct ct_key *k, struct ct_value *v, void *ctx)
 {
 	struct ct_sweep_walk *w = sweep_state();
 	if (!w)
 		return 1;
 	sweep_settle(w, k);
+	if (v->sweep_mark == PB_SWEEP_MARK_GONE)
+		return 0; /* deleted, and counted, before the walk came to it */
 	w->a.entries++;
-	if (k->dir != PB_DIR_FWD)
-		return 0;
-	/* Its flow's reverse half was found live by walk 1 (a due one took
-	 * it along). A mark from an earlier sweep differs: the agent counts
-	 * them up, and a new entry's is 0. Any other mark is cleared here, so
-	 * that no later sweep's can equal it; an agent's first sweep trusts
-	 * none and clears them all, as its predecessor's last marks are
-	 * still there. */
-	if (v->sweep_mark == w->a.mark && !(w->a.opts & PB_SWEEP_OPT_NO_MARKS))
+	/* Judged at its other half (walk 0 cleared an earlier agent's
+	 * marks). */
+	if (v->sweep_mark == w->a.mark)
 		return 0;
 	if (v->sweep_mark)
 		v->sweep_mark = 0;
+	/* The two halves of a flow share its start. A forward entry with
+	 * another start is another flow's: the one a replay moved off the
+	 * reverse entry's backend, which has its own reverse entry. */
+	if (k->dir == PB_DIR_REV) {
+		struct ct_key fk;
+		fwd_key(&fk, k, v);
+		struct ct_value *f = bpf_map_lookup_elem(&pb_ct_v2, &fk);
+		if (f && f->created_ns != v->created_ns)
+			f = NULL;
+		sweep_flow(w, k, v, &fk, f, f);
+		return 0;
+	}
+	if (k->dir != PB_DIR_FWD)
+		return 0;
+	struct ct_key rk;
+	rev_key(&rk, k, v);
+	struct ct_value *r = bpf_map_lookup_elem(&pb_ct_v2, &rk);
+	if (r && r->created_ns == v->created_ns) {
+		sweep_flow(w, &rk, r, k, v, r);
+		return 0;
+	}
+	/* Without its reverse half (the LRU took it, or a replay moved the
+	 * flow and the new backend has not answered): judged by walk 2. */
+	if (bpf_map_update_elem(&pb_ct_sweep_lone, k, &v->created_ns, BPF_ANY))
+		w->a.failed |= PB_SWEEP_FAIL_LONE;
+	return 0;
+}
+
+/* ct_sweep_lone judges a forward entry walk 1 found without its reverse
+ * half, if it is still there. */
+static long ct_sweep_lone(struct bpf_map *map, const struct ct_key *k, __u64 *created, void *ctx)
+{
+	struct ct_sweep_walk *w = sweep_state();
+	if (!w)
+		return 1;
+	struct ct_value *v = bpf_map_lookup_elem(&pb_ct_v2, k);
+	if (!v)
+		return 0;
+	if (v->created_ns != *created) {
+		/* A new flow on the tuple since walk 1: young, in use. */
+		sweep_use(w, k, v->svc_id, v->backend_id);
+		return 0;
+	}
 	if (bpf_map_lookup_elem(&pb_ct_sweep_apart, k))
 		return 0;
 	/* Whether a live reverse entry names it is not known: left to the
 	 * agent's own sweep (ErrSweepIncomplete). */
 	if (w->a.failed & PB_SWEEP_FAIL_APART)
 		return 0;
-	/* Without its reverse half (the LRU took it): the closed timeout;
-	 * until then it keeps its ids. */
+	/* Without its reverse half: the closed timeout; until then it keeps
+	 * its ids. */
 	if ((__s64)(w->a.now_coarse - v->last_seen_ns) > (__s64)w->a.tcp_closed) {
 		/* Unless its reverse half is there after all: walk 1 did not see
-		 * it (the datapath's churn moved the walk past it), or another
-		 * agent's sweep on the same maps marked the entry since. The
-		 * flow is judged at the next sweep; meanwhile it lives. */
+		 * it (the datapath's churn moved the walk past it, or made it
+		 * since). The flow is judged at the next sweep; meanwhile it
+		 * lives. */
 		struct ct_key rk;
 		rev_key(&rk, k, v);
 		struct ct_value *r = bpf_map_lookup_elem(&pb_ct_v2, &rk);
@@ -912,12 +969,9 @@ static long ct_sweep_fwd(struct bpf_map *map, const struct ct_key *k, struct ct_
 			sweep_use(w, k, v->svc_id, v->backend_id);
 			return 0;
 		}
-		__builtin_memset(&w->pend, 0, sizeof(w->pend));
-		w->pend.fwd = *k;
-		w->pend.created_ns = v->created_ns;
-		w->pend_svc = v->svc_id;
-		w->pend_be = v->backend_id;
-		w->has_pend = 1;
+		/* Not the table this walk is on: deleted at once. */
+		bpf_map_delete_elem(&pb_ct_v2, k);
+		w->a.expired++;
 		return 0;
 	}
 	sweep_use(w, k, v->svc_id, v->backend_id);
@@ -953,6 +1007,19 @@ static long sweep_clear_apart(struct bpf_map *map, const struct ct_key *k, __u8 
 	return 0;
 }
 
+static long sweep_clear_lone(struct bpf_map *map, const struct ct_key *k, __u64 *v, void *ctx)
+{
+	bpf_map_delete_elem(&pb_ct_sweep_lone, k);
+	return 0;
+}
+
+static long sweep_clear_mark(struct bpf_map *map, const struct ct_key *k, struct ct_value *v, void *ctx)
+{
+	if (v->sweep_mark)
+		v->sweep_mark = 0;
+	return 0;
+}
+
 static long sweep_clear_vip(struct bpf_map *map, const struct vip_use_key *k, __u8 *v, void *ctx)
 {
 	bpf_map_delete_elem(&pb_ct_inuse_vips, k);
@@ -975,6 +1042,10 @@ static long sweep_clear_word(__u32 i, void *ctx)
 SEC("syscall")
 int pb_ct_sweep_run(struct ct_sweep_args *a)
 {
+	if (a->walk == 0) {
+		bpf_for_each_map_elem(&pb_ct_v2, sweep_clear_mark, NULL, 0);
+		return 0;
+	}
 	struct ct_sweep_walk *w = sweep_state();
 	if (!w)
 		return 1;
@@ -984,19 +1055,17 @@ int pb_ct_sweep_run(struct ct_sweep_args *a)
 		w->a = *a;
 		w->a.entries = w->a.expired = w->a.released = w->a.counted = w->a.failed = 0;
 		bpf_for_each_map_elem(&pb_ct_sweep_apart, sweep_clear_apart, NULL, 0);
+		bpf_for_each_map_elem(&pb_ct_sweep_lone, sweep_clear_lone, NULL, 0);
 		bpf_for_each_map_elem(&pb_ct_inuse_vips, sweep_clear_vip, NULL, 0);
 		bpf_loop(PB_MAX_BACKENDS / 64, sweep_clear_word, NULL, 0);
-		bpf_for_each_map_elem(&pb_ct_v2, ct_sweep_rev, NULL, 0);
+		/* entries: the table's size when the sweep began (on a table
+		 * the datapath changes meanwhile, about): every entry the walk
+		 * came to, and those it deleted before it came to them. */
+		bpf_for_each_map_elem(&pb_ct_v2, ct_sweep_entry, NULL, 0);
 		sweep_settle(w, NULL);
-		/* The table's size when the sweep began (on a table the
-		 * datapath changes meanwhile, about): what walk 1 deleted, and
-		 * what walk 2 sees (it counts each entry before it deletes
-		 * any). */
-		w->a.entries = w->deleted;
 		break;
 	case 2:
-		bpf_for_each_map_elem(&pb_ct_v2, ct_sweep_fwd, NULL, 0);
-		sweep_settle(w, NULL);
+		bpf_for_each_map_elem(&pb_ct_sweep_lone, ct_sweep_lone, NULL, 0);
 		break;
 	case 3:
 		bpf_for_each_map_elem(&pb_flows, ct_sweep_flow, NULL, 0);

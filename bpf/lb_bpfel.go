@@ -131,7 +131,7 @@ type LbCtSweepArgs struct {
 	Failed         uint32
 	Mark           uint16
 	Walk           uint8
-	Opts           uint8
+	Pad            uint8
 }
 
 type LbCtSweepWalk struct {
@@ -142,11 +142,11 @@ type LbCtSweepWalk struct {
 	PendBe      uint32
 	PendFlow    LbCtKey
 	PendFv      LbFlowValue
-	Deleted     uint32
 	HasPend     uint8
 	HasPendFlow uint8
-	PendTail    uint8
-	Pad         uint8
+	PendRevSeen uint8
+	PendFwdSeen uint8
+	_           [4]byte
 }
 
 type LbCtValue struct {
@@ -504,6 +504,7 @@ const (
 	LbMapPbCtInuse            = "pb_ct_inuse"
 	LbMapPbCtInuseVips        = "pb_ct_inuse_vips"
 	LbMapPbCtSweepApart       = "pb_ct_sweep_apart"
+	LbMapPbCtSweepLone        = "pb_ct_sweep_lone"
 	LbMapPbCtSweepState       = "pb_ct_sweep_state"
 	LbMapPbCtV2               = "pb_ct_v2"
 	LbMapPbEvents             = "pb_events"
@@ -607,6 +608,7 @@ type LbMapSpecs struct {
 	PbCtInuse      *ebpf.MapSpec `ebpf:"pb_ct_inuse"`
 	PbCtInuseVips  *ebpf.MapSpec `ebpf:"pb_ct_inuse_vips"`
 	PbCtSweepApart *ebpf.MapSpec `ebpf:"pb_ct_sweep_apart"`
+	PbCtSweepLone  *ebpf.MapSpec `ebpf:"pb_ct_sweep_lone"`
 	PbCtSweepState *ebpf.MapSpec `ebpf:"pb_ct_sweep_state"`
 	PbCtV2         *ebpf.MapSpec `ebpf:"pb_ct_v2"`
 	PbEvents       *ebpf.MapSpec `ebpf:"pb_events"`
@@ -680,6 +682,7 @@ type LbMaps struct {
 	PbCtInuse      *ebpf.Map `ebpf:"pb_ct_inuse"`
 	PbCtInuseVips  *ebpf.Map `ebpf:"pb_ct_inuse_vips"`
 	PbCtSweepApart *ebpf.Map `ebpf:"pb_ct_sweep_apart"`
+	PbCtSweepLone  *ebpf.Map `ebpf:"pb_ct_sweep_lone"`
 	PbCtSweepState *ebpf.Map `ebpf:"pb_ct_sweep_state"`
 	PbCtV2         *ebpf.Map `ebpf:"pb_ct_v2"`
 	PbEvents       *ebpf.Map `ebpf:"pb_events"`
@@ -719,6 +722,7 @@ func (m *LbMaps) Close() error {
 		m.PbCtInuse,
 		m.PbCtInuseVips,
 		m.PbCtSweepApart,
+		m.PbCtSweepLone,
 		m.PbCtSweepState,
 		m.PbCtV2,
 		m.PbEvents,

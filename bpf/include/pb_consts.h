@@ -98,8 +98,10 @@ enum pb_ct_expire_result {
 #define PB_SWEEP_FAIL_VIPS 0x2  /* pb_ct_inuse_vips full, or no memory */
 #define PB_SWEEP_FAIL_ID 0x4    /* an id past PB_MAX_SERVICES or PB_MAX_BACKENDS */
 #define PB_SWEEP_FAIL_INUSE 0x8 /* pb_ct_inuse unreadable */
-/* ct_sweep_args.opts */
-#define PB_SWEEP_OPT_NO_MARKS 0x1 /* walk 2 trusts no sweep_mark: an agent's first sweep, whose predecessor's marks may equal its own */
+#define PB_SWEEP_FAIL_LONE 0x10 /* pb_ct_sweep_lone full, or no memory */
+/* sweep_mark of an entry pb_ct_sweep_run deleted before its walk came to
+ * it; never a sweep's mark. */
+#define PB_SWEEP_MARK_GONE 0xffff
 
 /* pb_ct_expire's size: the flows one run of pb_ct_expire_run expires. */
 #define PB_CT_EXPIRE_BATCH 1024

@@ -210,6 +210,19 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } pb_ct_sweep_apart SEC(".maps");
 
+/* pb_ct_sweep_run's other working set: the forward entries its first walk
+ * found without their reverse half (value: the entry's created_ns). Only
+ * once that walk is over is it known whether a live reverse entry of
+ * another start names one (pb_ct_sweep_apart): the second walk judges
+ * them then. Emptied and filled by each sweep. Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_key);
+	__type(value, __u64);
+	__uint(max_entries, PB_CT_SIZE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} pb_ct_sweep_lone SEC(".maps");
+
 /* pb_ct_inuse[0]: the ids live flows use (struct ct_inuse), and
  * pb_ct_inuse_vips: the VIPs and ports they are addressed to. Emptied by
  * the first walk of each sweep of pb_ct_sweep_run and filled by its

@@ -72,7 +72,7 @@ struct ct_key {
 struct ct_value {
 	union addr nat_addr; /* FWD: backend address; REV: VIP */
 	__be16 nat_port;        /* FWD: backend port;    REV: VIP port */
-	__u16 sweep_mark;       /* FWD: the last kernel sweep that found its reverse half live (pb_ct_sweep_run) */
+	__u16 sweep_mark;       /* the kernel sweep that judged the flow at its other half (pb_ct_sweep_run) */
 	__u32 flags;            /* PB_CT_*; canonical in the REV entry */
 	__u32 svc_id;
 	__u32 backend_id;
@@ -122,8 +122,8 @@ struct ct_sweep_args {
 	__u32 counted;  /* out: pb_flows entries kept */
 	__u32 failed;   /* out: PB_SWEEP_FAIL_*: the in-use sets are not whole */
 	__u16 mark;     /* in: this sweep's sweep_mark, never 0 (a new entry's) */
-	__u8 walk;      /* in: the walk this run makes, 1 to 3 (1 starts a sweep) */
-	__u8 opts;      /* in: PB_SWEEP_OPT_* (read at walk 1) */
+	__u8 walk;      /* in: the walk this run makes, 0 to 3 (1 starts a sweep; 0, before it, clears every mark) */
+	__u8 pad;
 };
 
 /* pb_ct_inuse[0]: the service and backend ids live conntrack entries and

@@ -9,11 +9,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
@@ -600,9 +602,22 @@ type Sweep struct {
 // them) when prog, through system calls otherwise.
 func LoadSweep(tb testing.TB, ctSize uint32, prog bool) *Sweep {
 	tb.Helper()
+	return loadSweep(tb, ctSize, prog, false)
+}
+
+// LoadSweepUnseeded is LoadSweep with pb_ct_v2's hash unseeded
+// (datapath.Options.UnseededConntrack): an entry's bucket is
+// CTBucket's.
+func LoadSweepUnseeded(tb testing.TB, ctSize uint32, prog bool) *Sweep {
+	tb.Helper()
+	return loadSweep(tb, ctSize, prog, true)
+}
+
+func loadSweep(tb testing.TB, ctSize uint32, prog, unseeded bool) *Sweep {
+	tb.Helper()
 	RequireRoot(tb)
 	d, err := datapath.LoadMaps(datapath.Options{Root: TempBPFFS(tb), MaxServices: 256, MaxBackends: 256,
-		ConntrackSize: ctSize, EventsBytes: 1 << 16})
+		ConntrackSize: ctSize, EventsBytes: 1 << 16, UnseededConntrack: unseeded})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -628,4 +643,74 @@ func FlowKeys(client, vip, backend netip.AddrPort) (fk, rk bpf.LbCtKey) {
 	rk.Sport, rk.Dport = maps.Port(backend.Port()), maps.Port(client.Port())
 	rk.Proto, rk.Dir, rk.Family = 6, maps.DirRev, maps.FamilyIPv4
 	return fk, rk
+}
+
+// CTBucket is the bucket of an unseeded pb_ct_v2 of size entries (a power
+// of two: the kernel's hash maps have as many buckets as entries, rounded
+// up) that key k goes in: the kernel hashes a key whose length is a
+// multiple of 4 with jhash2 over its 32-bit words (htab_map_hash), here
+// with a zero seed.
+func CTBucket(k bpf.LbCtKey, size uint32) uint32 {
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&k)), unsafe.Sizeof(k))
+	words := make([]uint32, len(raw)/4)
+	for i := range words {
+		words[i] = binary.NativeEndian.Uint32(raw[4*i:])
+	}
+	return jhash2(words, 0) & (size - 1)
+}
+
+// jhash2 is the kernel's (include/linux/jhash.h).
+func jhash2(k []uint32, initval uint32) uint32 {
+	rol := bits.RotateLeft32
+	a := 0xdeadbeef + uint32(len(k))<<2 + initval
+	b, c := a, a
+	for len(k) > 3 {
+		a += k[0]
+		b += k[1]
+		c += k[2]
+		a -= c
+		a ^= rol(c, 4)
+		c += b
+		b -= a
+		b ^= rol(a, 6)
+		a += c
+		c -= b
+		c ^= rol(b, 8)
+		b += a
+		a -= c
+		a ^= rol(c, 16)
+		c += b
+		b -= a
+		b ^= rol(a, 19)
+		a += c
+		c -= b
+		c ^= rol(b, 4)
+		b += a
+		k = k[3:]
+	}
+	switch len(k) {
+	case 3:
+		c += k[2]
+		fallthrough
+	case 2:
+		b += k[1]
+		fallthrough
+	case 1:
+		a += k[0]
+		c ^= b
+		c -= rol(b, 14)
+		a ^= c
+		a -= rol(c, 11)
+		b ^= a
+		b -= rol(a, 25)
+		c ^= b
+		c -= rol(b, 16)
+		a ^= c
+		a -= rol(c, 4)
+		b ^= a
+		b -= rol(a, 14)
+		c ^= b
+		c -= rol(b, 24)
+	}
+	return c
 }

@@ -195,7 +195,8 @@ func (t sweepTable) read(tb testing.TB, l *bpftest.Sweep) sweepTable {
 // make a sweep pass a forward entry by: a third sweep, 15 s on, must
 // expire the forward entries without a reverse half that only their
 // clients' traffic kept alive at the second. The sweeps after an agent's
-// first must still mark (it is what saves their second walk's lookups).
+// first must still mark (it is what lets the walk pass a flow's second
+// half by).
 func TestKernelSweepMatchesTheCopy(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -256,9 +257,90 @@ func TestKernelSweepMatchesTheCopy(t *testing.T) {
 	}
 }
 
-// nextMark is the kernel sweep's mark after m (0 is no sweep's).
+// A due flow's other half is deleted at the walk's next step, and may be
+// just ahead of the walk there: the entry the walk is on (its deletion
+// must wait for the step after), or the one after it (which kernels since
+// 6.15 read before the step, so the walk comes to it deleted). Either way
+// each entry counts once and the flow expires once. An unseeded table
+// puts the entries there: one bucket holds, in the walk's order, a due
+// flow's forward half, a live flow's forward half and the due flow's
+// reverse half; another, a due flow's forward half and then its reverse
+// half.
+func TestKernelSweepDeletesAheadOfItsWalk(t *testing.T) {
+	const size = 1 << 10
+	l := bpftest.LoadSweepUnseeded(t, size, true)
+	if err := l.Maps.UseCTSweep(l.Datapath.PbCtSweepRun); err != nil {
+		t.Fatal(err)
+	}
+	clocks := KernelClocks()
+	now := uint64(clocks.Coarse())
+	vip := netip.MustParseAddrPort("198.19.100.1:80")
+	backend := netip.MustParseAddrPort("198.19.1.1:8080")
+	type entry struct {
+		k bpf.LbCtKey
+		v bpf.LbCtValue
+	}
+	flow := func(port uint16, seen uint64) (f, r entry) {
+		client := netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), port)
+		rk, rv := reverseEntry(client, vip, backend)
+		fv := bpf.LbCtValue{SvcId: 1, BackendId: 1, CreatedNs: uint64(port), LastSeenNs: seen, Flags: pbmaps.CTClientAcked}
+		fv.NatAddr.Bytes, fv.NatPort = rk.Src.Bytes, rk.Sport
+		rv.SvcId, rv.BackendId, rv.CreatedNs, rv.LastSeenNs = 1, 1, uint64(port), seen
+		rv.Flags = pbmaps.CTEstablished | pbmaps.CTClosed
+		return entry{ForwardKey(rk, rv), fv}, entry{rk, rv}
+	}
+	bucket := func(e entry) uint32 { return bpftest.CTBucket(e.k, size) }
+	var due [2][2]entry // forward, reverse
+	n, port := 0, uint16(1024)
+	for ; n < 2 && port < 30000; port++ {
+		f, r := flow(port, now-uint64(time.Minute))
+		if bucket(f) == bucket(r) && (n == 0 || bucket(f) != bucket(due[0][0])) {
+			due[n] = [2]entry{f, r}
+			n++
+		}
+	}
+	var live [2]entry
+	for ; port < 60000 && live[0].v.CreatedNs == 0; port++ {
+		f, r := flow(port, now)
+		if bucket(f) == bucket(due[0][0]) && bucket(r) != bucket(due[0][0]) && bucket(r) != bucket(due[1][0]) {
+			live = [2]entry{f, r}
+		}
+	}
+	if n < 2 || live[0].v.CreatedNs == 0 {
+		t.Fatalf("no flows of the shape wanted below port %d", port)
+	}
+	// A new entry goes at the head of its bucket: written in the reverse
+	// of the walk's order.
+	for _, e := range []entry{due[0][1], live[0], due[0][0], due[1][1], due[1][0], live[1]} {
+		if err := l.Datapath.LbMaps.PbCtV2.Put(e.k, e.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &Reaper{Maps: l.Maps, Inflight: l.Inflight, Timeouts: DefaultTimeouts(), Clocks: clocks}
+	res, err := r.Sweep()
+	if err != nil || !res.Kernel || res.KernelErr != nil {
+		t.Fatalf("sweep: %v; in the kernel %v (%v)", err, res.Kernel, res.KernelErr)
+	}
+	if res.Entries != 6 || res.Expired != 2 {
+		t.Errorf("swept %d entries, expired %d flows: want 6, 2", res.Entries, res.Expired)
+	}
+	ents, err := l.Maps.ConntrackInto(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := map[bpf.LbCtKey]bool{}
+	for _, e := range ents {
+		left[e.Key] = true
+	}
+	if len(left) != 2 || !left[live[0].k] || !left[live[1].k] {
+		t.Errorf("left %d entries, want the live flow's two: %v", len(left), left)
+	}
+}
+
+// nextMark is the kernel sweep's mark after m (0 is no sweep's, 0xffff
+// an entry's the sweep deleted).
 func nextMark(m uint16) uint16 {
-	if m++; m == 0 {
+	if m++; m == 0 || m == 0xffff {
 		m = 1
 	}
 	return m

@@ -51,6 +51,10 @@ type Options struct {
 	AffinityClients uint32
 	XDPMode         string // XDPAuto (the default), XDPNative or XDPGeneric
 	Logger          *slog.Logger
+	// UnseededConntrack, for tests: pb_ct_v2 hashes its keys without a
+	// random seed (BPF_F_ZERO_SEED; CAP_SYS_ADMIN), so a test can put
+	// entries in the buckets it wants, in the order it wants.
+	UnseededConntrack bool
 }
 
 // XDP attach modes (--xdp-mode).
@@ -220,6 +224,7 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		bpf.LbMapPbCtV2:         opts.ConntrackSize,
 		bpf.LbMapPbFlows:        max(opts.ConntrackSize/2, 1), // a flow takes two conntrack entries
 		bpf.LbMapPbCtSweepApart: opts.ConntrackSize,
+		bpf.LbMapPbCtSweepLone:  opts.ConntrackSize,
 		bpf.LbMapPbCtInuseVips:  opts.MaxServices,
 		bpf.LbMapPbEvents:       opts.EventsBytes,
 		bpf.LbMapPbAffinity:     opts.AffinityClients,
@@ -230,6 +235,9 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 			return nil, fmt.Errorf("datapath: map %s missing from object", name)
 		}
 		ms.MaxEntries = n
+	}
+	if opts.UnseededConntrack {
+		spec.Maps[bpf.LbMapPbCtV2].Flags |= unix.BPF_F_ZERO_SEED
 	}
 	if HaveNFKfuncs() {
 		if err := spec.Variables[bpf.LbVarPbNfKfuncs].Set(uint32(1)); err != nil {

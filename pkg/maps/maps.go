@@ -145,8 +145,8 @@ type Maps struct {
 	exp       *ctExpirer
 	sweep     *ebpf.Program // pb_ct_sweep_run (sweep.go); nil: the agent's copy
 	sweepMark uint16        // the last kernel sweep's mark
-	// sweepFresh: no kernel sweep has run through its second walk since
-	// UseCTSweep; the next one trusts no mark (SweepOptNoMarks).
+	// sweepFresh: no kernel sweep has cleared the table's marks since
+	// UseCTSweep; the next one does first (its walk 0).
 	sweepFresh bool
 	// pb_stats_reset_run (stats.go), and pb_stats_reset, its one buffer.
 	resetMu sync.Mutex

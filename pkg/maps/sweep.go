@@ -21,16 +21,12 @@ type CTSweepArgs = bpf.LbCtSweepArgs
 
 // What made a kernel sweep's in-use sets not whole (ct_sweep_args.failed).
 const (
-	SweepFailApart = uint32(0x1) // pb_ct_sweep_apart could not take a key
-	SweepFailVIPs  = uint32(0x2) // pb_ct_inuse_vips could not take a VIP
-	SweepFailID    = uint32(0x4) // an id past the bitmaps of pb_ct_inuse
-	SweepFailInUse = uint32(0x8) // pb_ct_inuse could not be read
+	SweepFailApart = uint32(0x1)  // pb_ct_sweep_apart could not take a key
+	SweepFailVIPs  = uint32(0x2)  // pb_ct_inuse_vips could not take a VIP
+	SweepFailID    = uint32(0x4)  // an id past the bitmaps of pb_ct_inuse
+	SweepFailInUse = uint32(0x8)  // pb_ct_inuse could not be read
+	SweepFailLone  = uint32(0x10) // pb_ct_sweep_lone could not take a key
 )
-
-// SweepOptNoMarks (ct_sweep_args.opts): the sweep's second walk trusts
-// no forward entry's mark. SweepCT sets it on an agent's first sweep,
-// when the marks of the agent before it are still in the table.
-const SweepOptNoMarks = uint8(0x1)
 
 // CTSweep is what one sweep of pb_ct_sweep_run (its three runs) did and
 // found.
@@ -53,7 +49,8 @@ func (e ErrSweepIncomplete) Error() string {
 
 // UseCTSweep makes SweepCT run p, pb_ct_sweep_run.
 func (m *Maps) UseCTSweep(p *ebpf.Program) error {
-	if p == nil || m.m.PbCtInuse == nil || m.m.PbCtInuseVips == nil || m.m.PbCtSweepApart == nil {
+	if p == nil || m.m.PbCtInuse == nil || m.m.PbCtInuseVips == nil || m.m.PbCtSweepApart == nil ||
+		m.m.PbCtSweepLone == nil {
 		return errors.New("maps: no kernel conntrack sweep")
 	}
 	if sz := m.m.PbCtInuse.ValueSize(); sz != uint32(unsafe.Sizeof(bpf.LbCtInuse{})) {
@@ -71,7 +68,7 @@ func (m *Maps) UseCTSweep(p *ebpf.Program) error {
 	defer m.expMu.Unlock()
 	m.sweep = p
 	// Marks an agent before this one left are still in the table: the
-	// first sweep trusts none and clears them. A random start makes
+	// first sweep clears them before it judges (walk 0). A random start makes
 	// another agent sweeping the same maps at the same time unlikely to
 	// use the same marks.
 	m.sweepMark = uint16(rand.Uint32())
@@ -80,9 +77,8 @@ func (m *Maps) UseCTSweep(p *ebpf.Program) error {
 }
 
 // CTSweepMark is the last kernel sweep's mark (ct_sweep_args.mark, what
-// its first walk writes into live flows' forward halves; an agent's first
-// sweep clears its own again); before the first sweep, the one the next
-// sweep's counts up from.
+// its walk writes into the half of each flow it judged at the other);
+// before the first sweep, the one the next sweep's counts up from.
 func (m *Maps) CTSweepMark() uint16 {
 	m.expMu.Lock()
 	defer m.expMu.Unlock()
@@ -111,13 +107,15 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 		return CTSweep{}, errors.New("maps: no kernel conntrack sweep")
 	}
 	args.Mark = m.nextSweepMark()
-	if m.sweepFresh {
-		args.Opts |= SweepOptNoMarks
-	}
 	// One run per walk: a kernel without full preemption keeps the CPU
-	// for a run's whole length.
+	// for a run's whole length. Walk 0, an agent's first, clears the
+	// marks the agent before it left, which may equal this one's.
 	var s CTSweep
-	for walk := uint8(1); walk <= 3; walk++ {
+	first := uint8(1)
+	if m.sweepFresh {
+		first = 0
+	}
+	for walk := first; walk <= 3; walk++ {
 		args.Walk = walk
 		ret, err := m.sweep.Run(&ebpf.RunOptions{Context: &args, ContextOut: &args})
 		if err == nil && ret != 0 {
@@ -128,10 +126,11 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 			m.sweep = nil
 			return s, fmt.Errorf("pb_ct_sweep_run: %w", err)
 		}
-		s = CTSweep{Entries: int(args.Entries), Expired: int(args.Expired), Released: int(args.Released), Counted: int(args.Counted)}
-		if walk == 2 {
+		if walk == 0 {
 			m.sweepFresh = false // the earlier marks are cleared
+			continue
 		}
+		s = CTSweep{Entries: int(args.Entries), Expired: int(args.Expired), Released: int(args.Released), Counted: int(args.Counted)}
 	}
 	if args.Failed != 0 {
 		return s, ErrSweepIncomplete{args.Failed}
@@ -154,13 +153,18 @@ func (m *Maps) SweepCT(args CTSweepArgs) (CTSweep, error) {
 	return s, nil
 }
 
-// nextSweepMark is the next sweep's mark for the forward entries whose
-// reverse half it finds live, and never 0, a new entry's. It comes round
-// after 65,535 sweeps; the second walk clears every mark but the current
-// one from the entries it sees, so none that old is left on them.
+// sweepMarkGone is PB_SWEEP_MARK_GONE: the mark of an entry a sweep
+// deleted before its walk came to it.
+const sweepMarkGone = 0xffff
+
+// nextSweepMark is the next sweep's mark for the halves of the flows it
+// judges at their other half, and never 0, a new entry's, nor
+// sweepMarkGone. It comes round
+// after 65,535 sweeps; each walk clears every other mark from the entries
+// it judges, so none that old is left on them.
 func (m *Maps) nextSweepMark() uint16 {
 	m.sweepMark++
-	if m.sweepMark == 0 {
+	if m.sweepMark == 0 || m.sweepMark == sweepMarkGone {
 		m.sweepMark = 1
 	}
 	return m.sweepMark
