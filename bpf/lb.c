@@ -704,9 +704,9 @@ int pb_stats_reset_run(struct stats_reset_args *a)
  * or none. An agent's first sweep clears them all first (walk 0): the
  * marks its predecessor left may equal its own. What is left: an entry
  * the walk missed keeps its mark, and a second agent sweeping the same
- * maps may mark with this one's mark, 1 in 65,535 each. A lookup of a
- * flow's other half counts as a use for the LRU: after a sweep, every
- * entry looks recently used. */
+ * maps may mark with this one's mark, 1 in 65,534 each. A lookup counts
+ * as a use for the LRU: after a sweep, every live flow's forward half
+ * looks recently used (see sweep_flow). */
 struct bpf_map;
 
 struct ct_sweep_walk {
@@ -833,8 +833,9 @@ static __always_inline void sweep_settle(struct ct_sweep_walk *w, const struct c
 					sweep_expire(w, &x->fwd, x->created_ns, w->pend_fwd_seen);
 			} else if (x->fwd.family) {
 				/* The reverse key is another flow's by now: the
-				 * forward half stays, the walk passed it by on its
-				 * mark, and it keeps its ids until the next sweep. */
+				 * forward half stays (marked: the walk passes it by
+				 * if it has yet to come to it), and keeps its ids
+				 * until the next sweep. */
 				sweep_use(w, &x->fwd, w->pend_svc, w->pend_be);
 			}
 			w->has_pend = 0;
@@ -853,10 +854,9 @@ static __always_inline void sweep_settle(struct ct_sweep_walk *w, const struct c
 
 /* sweep_flow judges the flow of reverse entry rv (key rk), whose forward
  * half is f (key fk; NULL: gone, or another flow's), at the first of its
- * halves walk 1 came to; other is the half the walk has yet to come to
- * (NULL: none). */
+ * halves walk 1 came to: rv if rev_first, else f. */
 static __always_inline void sweep_flow(struct ct_sweep_walk *w, const struct ct_key *rk, struct ct_value *rv,
-				       const struct ct_key *fk, struct ct_value *f, struct ct_value *other)
+				       const struct ct_key *fk, struct ct_value *f, int rev_first)
 {
 	__u64 last = rv->last_seen_ns;
 	__u32 flags = rv->flags;
@@ -865,9 +865,15 @@ static __always_inline void sweep_flow(struct ct_sweep_walk *w, const struct ct_
 	if (!f || !(f->flags & PB_CT_CLIENT_ACKED))
 		flags &= ~PB_CT_ESTABLISHED; /* handshake never completed by the client */
 	/* The walk passes the other half by, due or not: a due one is
-	 * deleted with this one. */
-	if (other)
+	 * deleted with this one. One that carries this sweep's mark already
+	 * (a walk's miss, or another agent's sweep) was passed by and
+	 * counted. */
+	struct ct_value *other = rev_first ? f : rv;
+	__u8 other_seen = 0;
+	if (other) {
+		other_seen = other->sweep_mark == w->a.mark;
 		other->sweep_mark = w->a.mark;
+	}
 	if ((__s64)(w->a.now_coarse - last) > (__s64)sweep_timeout(&w->a, rk->proto, flags)) {
 		__builtin_memset(&w->pend, 0, sizeof(w->pend));
 		w->pend.rev = *rk;
@@ -876,8 +882,8 @@ static __always_inline void sweep_flow(struct ct_sweep_walk *w, const struct ct_
 		w->pend.created_ns = rv->created_ns;
 		w->pend_svc = rv->svc_id;
 		w->pend_be = rv->backend_id;
-		w->pend_rev_seen = other != rv;
-		w->pend_fwd_seen = f && other != f;
+		w->pend_rev_seen = rev_first ? 1 : other_seen;
+		w->pend_fwd_seen = rev_first ? other_seen : 1;
 		w->has_pend = 1;
 		return;
 	}
@@ -887,6 +893,13 @@ static __always_inline void sweep_flow(struct ct_sweep_walk *w, const struct ct_
 		__u8 one = 1;
 		if (bpf_map_update_elem(&pb_ct_sweep_apart, fk, &one, BPF_ANY))
 			w->a.failed |= PB_SWEEP_FAIL_APART;
+	} else if (!rev_first) {
+		/* A lookup is a use for the LRU. The datapath rebuilds a lost
+		 * reverse half from the forward one, not the other way round:
+		 * each sweep keeps every live flow's forward half recently
+		 * used, as a lookup of it does when the reverse half comes
+		 * first. */
+		bpf_map_lookup_elem(&pb_ct_v2, fk);
 	}
 	sweep_use(w, fk, rv->svc_id, rv->backend_id);
 }
@@ -897,8 +910,14 @@ static long ct_sweep_entry(struct bpf_map *map, const struct ct_key *k, struct c
 	if (!w)
 		return 1;
 	sweep_settle(w, k);
-	if (v->sweep_mark == PB_SWEEP_MARK_GONE)
-		return 0; /* deleted, and counted, before the walk came to it */
+	if (v->sweep_mark == PB_SWEEP_MARK_GONE) {
+		/* Deleted, and counted, before the walk came to it; unless it is
+		 * still there after all (its delete failed): judged then. */
+		struct ct_value *c = bpf_map_lookup_elem(&pb_ct_v2, k);
+		if (!c || c->created_ns != v->created_ns || c->sweep_mark != PB_SWEEP_MARK_GONE)
+			return 0;
+		c->sweep_mark = 0;
+	}
 	w->a.entries++;
 	/* Judged at its other half (walk 0 cleared an earlier agent's
 	 * marks). */
@@ -915,7 +934,7 @@ static long ct_sweep_entry(struct bpf_map *map, const struct ct_key *k, struct c
 		struct ct_value *f = bpf_map_lookup_elem(&pb_ct_v2, &fk);
 		if (f && f->created_ns != v->created_ns)
 			f = NULL;
-		sweep_flow(w, k, v, &fk, f, f);
+		sweep_flow(w, k, v, &fk, f, 1);
 		return 0;
 	}
 	if (k->dir != PB_DIR_FWD)
@@ -924,7 +943,7 @@ static long ct_sweep_entry(struct bpf_map *map, const struct ct_key *k, struct c
 	rev_key(&rk, k, v);
 	struct ct_value *r = bpf_map_lookup_elem(&pb_ct_v2, &rk);
 	if (r && r->created_ns == v->created_ns) {
-		sweep_flow(w, &rk, r, k, v, r);
+		sweep_flow(w, &rk, r, k, v, 0);
 		return 0;
 	}
 	/* Without its reverse half (the LRU took it, or a replay moved the

@@ -309,6 +309,7 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 					    PB_CT_MIDSTREAM;
 				rv->last_seen_ns = now;
 				rv->reply_ifindex = 0;
+				rv->sweep_mark = 0; /* the sweep's, of the other half */
 				bpf_map_update_elem(&pb_ct_v2, &sc->rk, rv, BPF_NOEXIST);
 			}
 		}

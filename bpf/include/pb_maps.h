@@ -201,7 +201,7 @@ struct {
  * entries whose forward entry is gone (the LRU) or another flow's (the
  * one a replay moved off the backend). Such a key keeps its forward entry
  * and its pb_flows entry alive, as the flow it was written for lives.
- * Emptied and filled by each sweep (its first walk). Not pinned. */
+ * Emptied and filled by walk 1 of each sweep. Not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct ct_key);
@@ -214,7 +214,7 @@ struct {
  * found without their reverse half (value: the entry's created_ns). Only
  * once that walk is over is it known whether a live reverse entry of
  * another start names one (pb_ct_sweep_apart): the second walk judges
- * them then. Emptied and filled by each sweep. Not pinned. */
+ * them then. Emptied and filled by walk 1 of each sweep. Not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct ct_key);
@@ -225,8 +225,8 @@ struct {
 
 /* pb_ct_inuse[0]: the ids live flows use (struct ct_inuse), and
  * pb_ct_inuse_vips: the VIPs and ports they are addressed to. Emptied by
- * the first walk of each sweep of pb_ct_sweep_run and filled by its
- * walks, read by the agent after the last. Not pinned. */
+ * walk 1 of each sweep of pb_ct_sweep_run and filled by its walks, read
+ * by the agent after the last. Not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

@@ -121,7 +121,7 @@ struct ct_sweep_args {
 	__u32 released; /* out: pb_flows entries released (their slots given back) */
 	__u32 counted;  /* out: pb_flows entries kept */
 	__u32 failed;   /* out: PB_SWEEP_FAIL_*: the in-use sets are not whole */
-	__u16 mark;     /* in: this sweep's sweep_mark, never 0 (a new entry's) */
+	__u16 mark;     /* in: this sweep's sweep_mark, never 0 (a new entry's) nor PB_SWEEP_MARK_GONE */
 	__u8 walk;      /* in: the walk this run makes, 0 to 3 (1 starts a sweep; 0, before it, clears every mark) */
 	__u8 pad;
 };

@@ -190,9 +190,9 @@ func (t sweepTable) read(tb testing.TB, l *bpftest.Sweep) sweepTable {
 // LRU does) and 15 s passed, must judge the forward entries now without
 // their reverse half, and must not report what was in use at the first
 // (the young orphans are old by then, and released). Marks an earlier
-// agent left (the first sweep's own, on every forward entry) and a mark
-// that came round (the third sweep's, put on before the second) must not
-// make a sweep pass a forward entry by: a third sweep, 15 s on, must
+// agent left (the first sweep's own, on every entry) and a mark that came
+// round (the third sweep's, put on before the second) must not make a
+// sweep pass an entry by: a third sweep, 15 s on, must
 // expire the forward entries without a reverse half that only their
 // clients' traffic kept alive at the second. The sweeps after an agent's
 // first must still mark (it is what lets the walk pass a flow's second
@@ -213,9 +213,9 @@ func TestKernelSweepMatchesTheCopy(t *testing.T) {
 			tbl.write(t, copyL)
 			tbl.write(t, kernL)
 			// What the sweeps of the agent before this one left: here the
-			// first sweep's own mark, on every forward entry. Trusted, it
-			// would pass the forward entries without a reverse half by.
-			markForward(t, kernL, nextMark(kernL.Maps.CTSweepMark()))
+			// first sweep's own mark, on every entry. Trusted, it would pass
+			// the entries without their other half by.
+			markAll(t, kernL, nextMark(kernL.Maps.CTSweepMark()))
 			copyR := &Reaper{Maps: copyL.Maps, Inflight: copyL.Inflight, Timeouts: DefaultTimeouts(), Clocks: fixed}
 			kernR := &Reaper{Maps: kernL.Maps, Inflight: kernL.Inflight, Timeouts: DefaultTimeouts(), Clocks: fixed}
 			compareSweeps(t, "first sweep", tbl, copyL, kernL, copyR, kernR)
@@ -242,13 +242,13 @@ func TestKernelSweepMatchesTheCopy(t *testing.T) {
 			if touchForward(t, coarse, copyL, kernL) == 0 {
 				t.Fatal("no forward entry touched")
 			}
-			// A mark that came round (after 65,535 sweeps): the third
-			// sweep's, on every forward entry. The second sweep marks the
-			// live flows' anew, and must clear it from the others.
-			markForward(t, kernL, nextMark(nextMark(kernL.Maps.CTSweepMark())))
+			// A mark that came round (after 65,534 sweeps): the third
+			// sweep's, on every entry. The second sweep marks the live
+			// flows' second halves anew, and must clear it from the others.
+			markAll(t, kernL, nextMark(nextMark(kernL.Maps.CTSweepMark())))
 			compareSweeps(t, "second sweep", tbl, copyL, kernL, copyR, kernR)
 			if n := countMarked(t, kernL, kernL.Maps.CTSweepMark()); n == 0 {
-				t.Fatal("no forward entry carries the second sweep's mark: it trusted no mark")
+				t.Fatal("no entry carries the second sweep's mark: it marked nothing")
 			}
 			coarse += uint64(15 * time.Second)
 			mono += uint64(15 * time.Second)
@@ -362,15 +362,17 @@ func forwardEntries(t *testing.T, l *bpftest.Sweep) []pbmaps.CTEntry {
 	return fwd
 }
 
-// markForward gives every forward entry in l's table mark, as a sweep
-// would have.
-func markForward(t *testing.T, l *bpftest.Sweep, mark uint16) {
+// markAll gives every entry in l's table mark, as sweeps would have.
+func markAll(t *testing.T, l *bpftest.Sweep, mark uint16) {
 	t.Helper()
-	fwd := forwardEntries(t, l)
-	if len(fwd) == 0 {
-		t.Fatal("no forward entry to mark")
+	ents, err := l.Maps.ConntrackInto(nil, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, e := range fwd {
+	if len(ents) == 0 {
+		t.Fatal("no entry to mark")
+	}
+	for _, e := range ents {
 		e.Value.SweepMark = mark
 		if err := l.Datapath.LbMaps.PbCtV2.Put(e.Key, e.Value); err != nil {
 			t.Fatal(err)
@@ -378,11 +380,15 @@ func markForward(t *testing.T, l *bpftest.Sweep, mark uint16) {
 	}
 }
 
-// countMarked counts the forward entries in l's table that carry mark.
+// countMarked counts the entries in l's table that carry mark.
 func countMarked(t *testing.T, l *bpftest.Sweep, mark uint16) int {
 	t.Helper()
+	ents, err := l.Maps.ConntrackInto(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	n := 0
-	for _, e := range forwardEntries(t, l) {
+	for _, e := range ents {
 		if e.Value.SweepMark == mark {
 			n++
 		}

@@ -28,7 +28,7 @@ const (
 	SweepFailLone  = uint32(0x10) // pb_ct_sweep_lone could not take a key
 )
 
-// CTSweep is what one sweep of pb_ct_sweep_run (its three runs) did and
+// CTSweep is what one sweep of pb_ct_sweep_run (a run per walk) did and
 // found.
 type CTSweep struct {
 	Entries, Expired, Released, Counted int
@@ -39,8 +39,8 @@ type CTSweep struct {
 
 // ErrSweepIncomplete: the kernel sweep could not fill a set (Failed says
 // which). What it expired and released stands; an unpaired forward entry
-// or a counted flow it could not judge for want of pb_ct_sweep_apart it
-// left alone.
+// or a counted flow it could not judge for want of pb_ct_sweep_apart or
+// pb_ct_sweep_lone it left alone.
 type ErrSweepIncomplete struct{ Failed uint32 }
 
 func (e ErrSweepIncomplete) Error() string {
@@ -160,7 +160,7 @@ const sweepMarkGone = 0xffff
 // nextSweepMark is the next sweep's mark for the halves of the flows it
 // judges at their other half, and never 0, a new entry's, nor
 // sweepMarkGone. It comes round
-// after 65,535 sweeps; each walk clears every other mark from the entries
+// after 65,534 sweeps; each walk clears every other mark from the entries
 // it judges, so none that old is left on them.
 func (m *Maps) nextSweepMark() uint16 {
 	m.sweepMark++
