@@ -209,7 +209,7 @@ const (
 		"The pieces overlap (the guard and the hand-over check each include a clock read), so they do not add up; single pieces vary by ±150 ns from round to round, " +
 		"the combinations and the inserts much less. Measured apart (section 1): a Linux client's SYN (20 bytes of options, which syn_doomed walks) costs 1.03× the bench's bare SYN; " +
 		"a new flow to a service lately kube-proxy's (5a39775: the kernel's conntrack looked up per SYN, for --takeover-grace) 1.14×; to one with sessionAffinity ClientIP " +
-		"(d32e237: a pb_affinity lookup and an LRU update per new flow) 1.12×. " +
+		"(d32e237: a pb_affinity lookup and an LRU update per new flow) 1.12× (this table's figure is from the run above, before the pin was written in place; see (9)). " +
 		"Measured again (2026-12-05 20:52 UTC at fcbde84, one run of 5 rounds, `go run ./bench --only packet --rounds 5` with bench/variants/build.sh's " +
 		"asis, no-rev-insert, no-syn-ct, no-event, no-guard, no-handover and no-stats; section 1d not rendered again here): as built 1092 ns (1012-1373), into a full table 1453 ns; " +
 		"medians of the per-round ratios: without the reverse insert 0.82x (full table 0.77x), without the SYN's conntrack lookup 0.91x (full 1.05x), " +
@@ -226,7 +226,7 @@ const (
 		"nothing measurable since the coarse clock is cached per jiffy (measured again 2026-12-05, above). (5) no NEW_FLOW record (80-90 ns), as the issue says: " +
 		"the agent can take the start from conntrack with the outcome. (6) insert first, no lookup before it (70-130 ns): bpf_map_update_elem(BPF_NOEXIST), " +
 		"and the known-tuple path on -EEXIST. (7) the hand-over check from the pb_config_v2 read new_flow makes for the hash seed, with the clock of (3) (up to 50 ns; within the noise here). " +
-		"(8) counters and config reads. With (1)-(7) the new flow measured 571-651 ns (lean-new), 1.35-1.50× the floor; with (3) and (8) too, 560 ns, 1.16× (lean-all): within the 1.3× target. (9) sessionAffinity's pin: refresh it in place (as trust_source does) instead of an LRU update per new flow. " +
+		"(8) counters and config reads. With (1)-(7) the new flow measured 571-651 ns (lean-new), 1.35-1.50× the floor; with (3) and (8) too, 560 ns, 1.16× (lean-all): within the 1.3× target. (9) sessionAffinity's pin: done (written in place when the client has one, instead of an LRU update per new flow): against the new flow SYN of the same rounds, 1.12 / 1.33 / 1.20× before and 0.92 / 0.82 / 0.92× after (medians of three 5-round runs of each build, alternating, `go run ./bench --only packet --rounds 5`, 2026-12-07 17:22 UTC; a pinned client's flow skips the Maglev pick). " +
 		"The Maglev pick through pb_maglev's array of maps costs a helper call for the inner table where a flat ARRAY is one inlined read: small, not measured apart."
 )
 

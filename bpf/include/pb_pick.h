@@ -357,9 +357,10 @@ static __always_inline int backend_slot(struct scratch *scr, struct svc_value *s
  * timeout ago and the backend is still an active one of the service (not
  * avoid). Accrual wins over affinity: an ejected or probation backend is
  * not returned, the flow gets a fresh pick, and the client is pinned to
- * that one (affinity_set). The key is left in the scratch's ak. */
+ * that one (affinity_set). The key is left in the scratch's ak, the
+ * client's pin, if it has one, in *pin. */
 static __always_inline int affinity_pick(struct scratch *sc, struct svc_value *svc, const struct ct_key *fk,
-					 __u32 avoid, __u64 now, struct pick *out)
+					 __u32 avoid, __u64 now, struct pick *out, struct affinity_value **pin)
 {
 	struct affinity_key *k = &sc->ak;
 	__builtin_memset(k, 0, sizeof(*k));
@@ -367,6 +368,7 @@ static __always_inline int affinity_pick(struct scratch *sc, struct svc_value *s
 	k->svc_id = svc->id;
 	k->family = fk->family;
 	struct affinity_value *v = bpf_map_lookup_elem(&pb_affinity, k);
+	*pin = v;
 	if (!v)
 		return -1;
 	/* Signed: another CPU may have stamped it a moment after now. */
@@ -384,9 +386,22 @@ static __always_inline int affinity_pick(struct scratch *sc, struct svc_value *s
 	return 0;
 }
 
-/* affinity_set pins the client of key sc->ak to backend id from now on. */
-static __always_inline void affinity_set(struct scratch *sc, __u32 id, __u64 now)
+/* affinity_set pins the client of key sc->ak to backend id from now on.
+ * A pin the client has (pin) is written in place: an update of an LRU
+ * map takes a free element and frees the old one, each under a lock, for
+ * two words. A reader between the two stores sees the new backend with
+ * the old stamp (a stale one makes it pick afresh); an element freed and
+ * reused meanwhile (the agent forgetting the service's pins) is another
+ * client's pin to this service's backend, which affinity_pick checks
+ * before it follows one. */
+static __always_inline void affinity_set(struct scratch *sc, struct affinity_value *pin, __u32 id, __u64 now)
 {
+	if (pin) {
+		if (pin->backend_id != id)
+			pin->backend_id = id;
+		pin->last_ns = now;
+		return;
+	}
 	sc->av.backend_id = id;
 	sc->av.pad = 0;
 	sc->av.last_ns = now;
@@ -450,7 +465,8 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	}
 	__u64 now = bpf_ktime_get_ns();
 	int sticky = svc->affinity_timeout_s != 0;
-	if ((!sticky || affinity_pick(sc, svc, fk, avoid, now, &pk) < 0) &&
+	struct affinity_value *pin = NULL;
+	if ((!sticky || affinity_pick(sc, svc, fk, avoid, now, &pk, &pin) < 0) &&
 	    pick_backend(sc, svc, hash, seed, may_probe, avoid, &pk) < 0) {
 		if (limited)
 			inflight_add(&pb_svc_inflight, svc->id, -1);
@@ -484,7 +500,7 @@ static __always_inline int new_flow(struct pkt *p, struct svc_value *svc, struct
 	/* Where the flow goes now, past the breaker's moves, is where the
 	 * client's next flows go. */
 	if (sticky)
-		affinity_set(sc, pk.id, now);
+		affinity_set(sc, pin, pk.id, now);
 	if (pk.probe)
 		flags |= PB_CT_PROBE;
 	if (svc->flags & PB_SVC_F_RETRY_REFUSED)
