@@ -209,7 +209,7 @@ const (
 		"The pieces overlap (the guard and the hand-over check each include a clock read), so they do not add up; single pieces vary by ±150 ns from round to round, " +
 		"the combinations and the inserts much less. Measured apart (section 1): a Linux client's SYN (20 bytes of options, which syn_doomed walks) costs 1.03× the bench's bare SYN; " +
 		"a new flow to a service lately kube-proxy's (5a39775: the kernel's conntrack looked up per SYN, for --takeover-grace) 1.14×; to one with sessionAffinity ClientIP " +
-		"(d32e237: a pb_affinity lookup and an LRU update per new flow) 1.12× (this table's figure is from the run above, before the pin was written in place; see (9)). " +
+		"(d32e237: a pb_affinity lookup and an LRU update per new flow) 1.12× (measured before the pin was written in place: see (9)). " +
 		"Measured again (2026-12-05 20:52 UTC at fcbde84, one run of 5 rounds, `go run ./bench --only packet --rounds 5` with bench/variants/build.sh's " +
 		"asis, no-rev-insert, no-syn-ct, no-event, no-guard, no-handover and no-stats; section 1d not rendered again here): as built 1092 ns (1012-1373), into a full table 1453 ns; " +
 		"medians of the per-round ratios: without the reverse insert 0.82x (full table 0.77x), without the SYN's conntrack lookup 0.91x (full 1.05x), " +

@@ -389,11 +389,16 @@ static __always_inline int affinity_pick(struct scratch *sc, struct svc_value *s
 /* affinity_set pins the client of key sc->ak to backend id from now on.
  * A pin the client has (pin) is written in place: an update of an LRU
  * map takes a free element and frees the old one, each under a lock, for
- * two words. A reader between the two stores sees the new backend with
- * the old stamp (a stale one makes it pick afresh); an element freed and
- * reused meanwhile (the agent forgetting the service's pins) is another
- * client's pin to this service's backend, which affinity_pick checks
- * before it follows one. */
+ * two words. What that gives up, rarely:
+ * - a reader between the two stores may see one of them only: at worst
+ *   it follows the pin's old backend while that is still active, as two
+ *   racing flows of the client could before;
+ * - an LRU reuses a freed element at once. If the pin was freed since
+ *   the lookup (the agent forgetting the service's pins, or a full map's
+ *   eviction for another CPU's insert) and reused, this writes another
+ *   pin: affinity_pick follows it only to an active backend of its own
+ *   service, so at worst another client of this service is pinned to
+ *   this flow's backend; and this client's next flow picks afresh. */
 static __always_inline void affinity_set(struct scratch *sc, struct affinity_value *pin, __u32 id, __u64 now)
 {
 	if (pin) {
