@@ -554,13 +554,17 @@ int pb_xdp(struct xdp_md *ctx)
  * entry, each its own system call, made expiring a flow four (most of the
  * agent's cost of a closed connection). An entry goes only if it still
  * is the flow the snapshot saw: its tuple may have been reused since. */
-static __always_inline __u8 ct_expire_key(const struct ct_key *k, __u64 created_ns, __u32 *deleted)
+static __always_inline __u8 ct_expire_key(const struct ct_key *k, __u64 created_ns, __u16 mark, __u32 *deleted)
 {
 	struct ct_value *v = bpf_map_lookup_elem(&pb_ct_v2, k);
 	if (!v)
 		return PB_CT_EXPIRE_ABSENT;
 	if (v->created_ns != created_ns)
 		return PB_CT_EXPIRE_OTHER;
+	/* mark, when not 0, is left on it for a walk that may yet come to it
+	 * (sweep_expire). */
+	if (mark)
+		v->sweep_mark = mark;
 	/* Gone meanwhile (the LRU, or a concurrent delete) is gone too. */
 	if (bpf_map_delete_elem(&pb_ct_v2, k) == 0)
 		(*deleted)++;
@@ -580,12 +584,12 @@ static long ct_expire_one(__u32 i, void *data)
 	x->rev_result = PB_CT_EXPIRE_UNASKED;
 	x->fwd_result = PB_CT_EXPIRE_UNASKED;
 	if (x->rev.family) {
-		x->rev_result = ct_expire_key(&x->rev, x->created_ns, &l->deleted);
+		x->rev_result = ct_expire_key(&x->rev, x->created_ns, 0, &l->deleted);
 		if (x->rev_result != PB_CT_EXPIRE_DELETED)
 			return 0;
 	}
 	if (x->fwd.family)
-		x->fwd_result = ct_expire_key(&x->fwd, x->created_ns, &l->deleted);
+		x->fwd_result = ct_expire_key(&x->fwd, x->created_ns, 0, &l->deleted);
 	return 0;
 }
 
@@ -796,17 +800,11 @@ static __always_inline int ct_key_eq(const struct ct_key *a, const struct ct_key
  * neither count nor judge it then. */
 static __always_inline __u8 sweep_expire(struct ct_sweep_walk *w, const struct ct_key *k, __u64 created, __u8 seen)
 {
-	struct ct_value *v = bpf_map_lookup_elem(&pb_ct_v2, k);
-	if (!v)
-		return PB_CT_EXPIRE_ABSENT;
-	if (v->created_ns != created)
-		return PB_CT_EXPIRE_OTHER;
+	__u32 deleted = 0;
+	__u8 r = ct_expire_key(k, created, seen ? 0 : PB_SWEEP_MARK_GONE, &deleted);
 	if (!seen)
-		v->sweep_mark = PB_SWEEP_MARK_GONE;
-	/* Gone meanwhile (the LRU, or a concurrent delete) is gone too. */
-	if (bpf_map_delete_elem(&pb_ct_v2, k) == 0 && !seen)
-		w->a.entries++;
-	return PB_CT_EXPIRE_DELETED;
+		w->a.entries += deleted;
+	return r;
 }
 
 /* sweep_settle deletes the due flow walk 1 found, now that the walk has
