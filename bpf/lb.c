@@ -1018,15 +1018,11 @@ static long ct_sweep_flow(struct bpf_map *map, const struct ct_key *k, struct fl
 	return 0;
 }
 
-static long sweep_clear_apart(struct bpf_map *map, const struct ct_key *k, __u8 *v, void *ctx)
+/* sweep_clear empties the map it walks: pb_ct_sweep_apart,
+ * pb_ct_sweep_lone and pb_ct_inuse_vips alike. */
+static long sweep_clear(struct bpf_map *map, const void *k, void *v, void *ctx)
 {
-	bpf_map_delete_elem(&pb_ct_sweep_apart, k);
-	return 0;
-}
-
-static long sweep_clear_lone(struct bpf_map *map, const struct ct_key *k, __u64 *v, void *ctx)
-{
-	bpf_map_delete_elem(&pb_ct_sweep_lone, k);
+	bpf_map_delete_elem(map, k);
 	return 0;
 }
 
@@ -1034,12 +1030,6 @@ static long sweep_clear_mark(struct bpf_map *map, const struct ct_key *k, struct
 {
 	if (v->sweep_mark)
 		v->sweep_mark = 0;
-	return 0;
-}
-
-static long sweep_clear_vip(struct bpf_map *map, const struct vip_use_key *k, __u8 *v, void *ctx)
-{
-	bpf_map_delete_elem(&pb_ct_inuse_vips, k);
 	return 0;
 }
 
@@ -1071,9 +1061,9 @@ int pb_ct_sweep_run(struct ct_sweep_args *a)
 		__builtin_memset(w, 0, sizeof(*w));
 		w->a = *a;
 		w->a.entries = w->a.expired = w->a.released = w->a.counted = w->a.failed = 0;
-		bpf_for_each_map_elem(&pb_ct_sweep_apart, sweep_clear_apart, NULL, 0);
-		bpf_for_each_map_elem(&pb_ct_sweep_lone, sweep_clear_lone, NULL, 0);
-		bpf_for_each_map_elem(&pb_ct_inuse_vips, sweep_clear_vip, NULL, 0);
+		bpf_for_each_map_elem(&pb_ct_sweep_apart, sweep_clear, NULL, 0);
+		bpf_for_each_map_elem(&pb_ct_sweep_lone, sweep_clear, NULL, 0);
+		bpf_for_each_map_elem(&pb_ct_inuse_vips, sweep_clear, NULL, 0);
 		bpf_loop(PB_MAX_BACKENDS / 64, sweep_clear_word, NULL, 0);
 		/* entries: the table's size when the sweep began (on a table
 		 * the datapath changes meanwhile, about): every entry the walk
