@@ -159,11 +159,7 @@ func (t sweepTable) read(tb testing.TB, l *bpftest.Sweep) sweepTable {
 	tb.Helper()
 	got := sweepTable{ct: map[bpf.LbCtKey]bpf.LbCtValue{}, flows: map[bpf.LbCtKey]bpf.LbFlowValue{},
 		svcs: map[uint32]int64{}, bes: map[uint32]int64{}}
-	ents, err := l.Maps.ConntrackInto(nil, 0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, e := range ents {
+	for _, e := range tableEntries(tb, l) {
 		got.ct[e.Key] = e.Value
 	}
 	fl, err := l.Maps.Flows()
@@ -324,12 +320,8 @@ func TestKernelSweepDeletesAheadOfItsWalk(t *testing.T) {
 	if res.Entries != 6 || res.Expired != 2 {
 		t.Errorf("swept %d entries, expired %d flows: want 6, 2", res.Entries, res.Expired)
 	}
-	ents, err := l.Maps.ConntrackInto(nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	left := map[bpf.LbCtKey]bool{}
-	for _, e := range ents {
+	for _, e := range tableEntries(t, l) {
 		left[e.Key] = true
 	}
 	if len(left) != 2 || !left[live[0].k] || !left[live[1].k] {
@@ -346,15 +338,21 @@ func nextMark(m uint16) uint16 {
 	return m
 }
 
+// tableEntries lists the entries in l's table.
+func tableEntries(tb testing.TB, l *bpftest.Sweep) []pbmaps.CTEntry {
+	tb.Helper()
+	ents, err := l.Maps.ConntrackInto(nil, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ents
+}
+
 // forwardEntries lists the forward entries in l's table.
 func forwardEntries(t *testing.T, l *bpftest.Sweep) []pbmaps.CTEntry {
 	t.Helper()
-	ents, err := l.Maps.ConntrackInto(nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var fwd []pbmaps.CTEntry
-	for _, e := range ents {
+	for _, e := range tableEntries(t, l) {
 		if e.Key.Dir == pbmaps.DirFwd {
 			fwd = append(fwd, e)
 		}
@@ -365,10 +363,7 @@ func forwardEntries(t *testing.T, l *bpftest.Sweep) []pbmaps.CTEntry {
 // markAll gives every entry in l's table mark, as sweeps would have.
 func markAll(t *testing.T, l *bpftest.Sweep, mark uint16) {
 	t.Helper()
-	ents, err := l.Maps.ConntrackInto(nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ents := tableEntries(t, l)
 	if len(ents) == 0 {
 		t.Fatal("no entry to mark")
 	}
@@ -383,12 +378,8 @@ func markAll(t *testing.T, l *bpftest.Sweep, mark uint16) {
 // countMarked counts the entries in l's table that carry mark.
 func countMarked(t *testing.T, l *bpftest.Sweep, mark uint16) int {
 	t.Helper()
-	ents, err := l.Maps.ConntrackInto(nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, e := range ents {
+	for _, e := range tableEntries(t, l) {
 		if e.Value.SweepMark == mark {
 			n++
 		}
