@@ -36,9 +36,11 @@ var explanations = []struct {
 	{"ok during the flood", "**SYN flood: what legit connections still lose** (%s: penaltybox %s%% ok, with native XDP on the veths %s%%, the same build without the SYN guard %s%%). The guard drops the flood's SYNs at their first XDP pass, judged right after the service lookup and before conntrack is read (the packet part's \"flood SYN the SYN guard drops\" row). What legit connections lose they lose before XDP runs: the client's veth dropped %s packets during the flood (native XDP on the veths: %s; nftables DNAT: %s), legit SYNs among them, and with the 1 s connect timeout a dropped SYN is a failed connection (Linux retransmits a SYN after 1 s). With generic XDP (`--xdp-mode auto` attaches it to veths) and with nftables a SYN is processed in the receive path of the sender's own softirq, behind the per-CPU backlog, so the sender slows down instead of overflowing anything (nftables DNAT: %s SYNs/s sent); with native XDP a veth queues its sender's packets in a 256-entry ring that its NAPI drains on the CPU that scheduled it, and the ring overflows while that CPU, shared by the sender, the clients, the servers and the agent on this 2-core VM, runs something else. What is left to try: less work per flood SYN in the program (the service lookup, the guard's per-CPU state and the trust lookup remain), and the same flood on a NIC with native XDP, whose rings are 4–16 times a veth's and spread over RSS queues, which this machine does not have."},
 }
 
-// liveFramesRefusedNote begins the failing part's note on a kernel that
-// refuses the live-frame mode: the closing note then explains the
-// replayed rows' figures by the clients' own retransmissions.
+// liveFramesRefusedNote begins the failing part's note where the agent
+// could send no replays (the kernel refuses the live-frame mode and no raw
+// socket opened): the closing note then explains the replayed rows'
+// figures by the clients' own retransmissions. (Worded as the runs
+// before the raw-socket fallback wrote it, so their JSON renders alike.)
 const liveFramesRefusedNote = "This machine's kernel refuses BPF_PROG_RUN's live-frame mode, which SYN replays need"
 
 // replaysOffFixes rewrite the closing note's sentences that say what the

@@ -149,10 +149,16 @@ func runFailing(res *Results, o failingOpts, agentBin string, logf func(string, 
 	res.note("failing", "penaltybox: maxFailures %d, minPenalty 2s, maxPenalty 1m, jitterRatio 0.2, connectTimeout 300ms (its own connect deadline, equal to HAProxy's `timeout connect`). After the penalty a probe (one real connection) goes to the backend; while it still fails, that probe is a client-visible failure and the penalty doubles (2 s, then 4 s, ±20%%): how many of them fall inside a %v run shows in its failed connections and its time until the last failure. Dropped SYNs: the agent's 300 ms deadline ejects the backend, and the clients' retransmitted SYNs (after 1 s) are moved to a healthy backend in the kernel, so they succeed.", maxFailures, o.Duration)
 	res.note("failing", "HAProxy (%s): `mode tcp`, `balance roundrobin`, `retries 3`, `timeout connect 300ms`, servers `check inter 60s observe layer4 error-limit %d on-error mark-down`. The documentation says observe needs health checks enabled; `haproxy -c` says: %s so `check` is on, with `inter 60s` so active checks stay out of a run (a marked-down server then stays down for the run: no probe, so no late failure, but also no way back until an active check passes). Without `option redispatch` a failed connect is retried on the same server (HAProxy's default); with `option redispatch 1` every retry may go to another server, the quickest way round a refusing server HAProxy has. penaltybox: the accrual with `retryRefused: false`, so refusals reach the clients. penaltybox, retryRefused (the default): the same accrual, and a refused new connection's RST is kept from the client while the agent replays its SYN at once, which the datapath sends to another backend (the client's own retransmission, after 1 s, when the agent cannot).", version, maxFailures, said)
 	res.note("failing", noFailureNote)
-	// As the agent decides: replays are off only where the kernel refuses
-	// the mode, not where the probe could not run.
+	// As the agent decides: where the kernel refuses the mode (not where
+	// the probe could not run), replays go through a raw socket, or are
+	// off without one.
 	if err := replay.Probe(); errors.Is(err, replay.ErrLiveFramesRefused) {
-		res.note("failing", liveFramesRefusedNote+" (%v): the agent replays nothing here, so the rows that say SYNs are replayed measure clients waiting for their own retransmission (about 1 s) instead.", err)
+		if sock, serr := replay.OpenSocket(); serr != nil {
+			res.note("failing", liveFramesRefusedNote+" (%v), and the agent could open no raw socket (%v): it replays nothing here, so the rows that say SYNs are replayed measure clients waiting for their own retransmission (about 1 s) instead.", err, serr)
+		} else {
+			sock.Close()
+			res.note("failing", "This machine's kernel refuses BPF_PROG_RUN's live-frame mode (%v): the agent sends its SYN replays through a raw socket here (the datapath runs on each in the ordinary mode, and the agent sends the packet it returns).", err)
+		}
 	}
 
 	for _, sc := range scenarios {

@@ -38,19 +38,37 @@ func RequireRoot(tb testing.TB) {
 }
 
 // LiveFrames says whether this kernel runs XDP programs in BPF_PROG_RUN's
-// live-frame mode (replay.Probe), which SYN replays need: some hardened
-// kernels refuse it even to root, and an agent there replays nothing. A
-// probe that cannot run at all fails tb.
+// live-frame mode (replay.Probe), which SYN replays use: some hardened
+// kernels refuse it even to root, and an agent there sends them through a
+// raw socket instead (Replays). A probe that cannot run at all fails tb.
 func LiveFrames(tb testing.TB) bool {
 	tb.Helper()
 	RequireRoot(tb)
 	switch err := replay.Probe(); {
 	case errors.Is(err, replay.ErrLiveFramesRefused):
-		tb.Logf("this kernel refuses SYN replays (an agent here sends none): %v", err)
+		tb.Logf("this kernel refuses the live-frame mode: %v", err)
 		return false
 	case err != nil:
 		tb.Fatal(err)
 	}
+	return true
+}
+
+// Replays says whether an agent here sends SYN replays: in the live-frame
+// mode (LiveFrames) or, where the kernel refuses it, through a raw socket
+// (replay.Socket), which root may open.
+func Replays(tb testing.TB) bool {
+	tb.Helper()
+	if LiveFrames(tb) {
+		return true
+	}
+	s, err := replay.OpenSocket()
+	if err != nil {
+		tb.Logf("no raw socket either: an agent here sends no SYN replays: %v", err)
+		return false
+	}
+	s.Close()
+	tb.Logf("an agent here sends its SYN replays through a raw socket")
 	return true
 }
 
@@ -59,7 +77,7 @@ func LiveFrames(tb testing.TB) bool {
 func RequireLiveFrames(tb testing.TB) {
 	tb.Helper()
 	if !LiveFrames(tb) {
-		tb.Skip("this kernel refuses what SYN replays need")
+		tb.Skip("this kernel refuses the live-frame mode")
 	}
 }
 

@@ -30,6 +30,9 @@ type Node struct {
 	maps     *maps.Maps
 	inflight *maps.Inflight
 	reader   *outcomes.Reader
+	// replaySock sends the replays where the kernel refuses the
+	// live-frame mode (nil elsewhere).
+	replaySock *replay.Socket
 }
 
 // NodeOptions configure Open.
@@ -93,15 +96,25 @@ func Open(o NodeOptions) (_ *Node, err error) {
 		}
 	}
 	// Replays run the program in BPF_PROG_RUN's live-frame mode, which some
-	// hardened kernels refuse even to root. There the agent replays
-	// nothing (no deadlines to keep, no failing call per refused SYN) and
-	// says so once. A probe that could not run (its program not loaded)
-	// leaves replays on: each then says for itself.
-	var replayer Replayer = replay.New(n.Datapath.Program, n.maps)
+	// hardened kernels refuse even to root. There the agent sends them
+	// through a raw socket (replay.Socket) if it may, and says so once;
+	// without CAP_NET_RAW it replays nothing (no deadlines to keep, no
+	// failing call per refused SYN) and says that. A probe that could not
+	// run (its program not loaded) leaves replays on: each then says for
+	// itself.
+	rp := replay.New(n.Datapath.Program, n.maps)
+	var replayer Replayer = rp
 	switch err := replay.Probe(); {
 	case errors.Is(err, replay.ErrLiveFramesRefused):
-		replayer = nil
-		n.log.Warn("SYN replays off: a refused SYN waits for the client's own retransmission, which goes to another backend; an unanswered one too once its backend is ejected", "err", err)
+		sock, serr := replay.OpenSocket()
+		if serr != nil {
+			replayer = nil
+			n.log.Warn("SYN replays off: a refused SYN waits for the client's own retransmission, which goes to another backend; an unanswered one too once its backend is ejected", "err", err, "socket", serr)
+			break
+		}
+		n.replaySock = sock
+		rp.SendThrough(sock)
+		n.log.Info("SYN replays sent through a raw socket: the kernel refuses the live-frame mode", "err", err)
 	case err != nil:
 		n.log.Warn("SYN replays not checked at start: they stay on", "err", err)
 	}
@@ -260,6 +273,10 @@ func (n *Node) Close() {
 	if n.reader != nil {
 		n.reader.Close()
 		n.reader = nil
+	}
+	if n.replaySock != nil {
+		n.replaySock.Close()
+		n.replaySock = nil
 	}
 	if n.inflight != nil {
 		n.inflight.Close()

@@ -15,6 +15,9 @@
 // client's retransmission (a rescued flow's SYN goes to another backend,
 // once) and the kernel then forwards it as it forwards any client packet.
 // The client never knows: it sees the new backend's SYN-ACK for its SYN.
+// A kernel that refuses the live-frame mode gets the same replay through
+// a raw socket (Socket): the program runs in the ordinary mode and the
+// agent sends the packet it returns.
 package replay
 
 import (
@@ -53,6 +56,9 @@ type Replayer struct {
 	prog func() (*ebpf.Program, error)
 	m    *maps.Maps
 	ipID atomic.Uint32
+	// sock, if set, sends the replays (SendThrough); nil: the live-frame
+	// mode.
+	sock *Socket
 }
 
 // New replays through the program prog returns (the datapath's XDP
@@ -60,6 +66,13 @@ type Replayer struct {
 // reading SYN copies (pb_syns) and flow state (pb_ct) from m.
 func New(prog func() (*ebpf.Program, error), m *maps.Maps) *Replayer {
 	return &Replayer{prog: prog, m: m}
+}
+
+// SendThrough makes r send its replays through s, for a kernel that
+// refuses the live-frame mode (Probe); r is returned. The caller closes s.
+func (r *Replayer) SendThrough(s *Socket) *Replayer {
+	r.sock = s
+	return r
 }
 
 // Replay sends again the SYN that client sent to vip, which backend
@@ -76,7 +89,8 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 	if err := r.send(client, vip, Meta(0)); err != nil {
 		return err
 	}
-	// A live frame's run returns no verdict, so the flow says whether the
+	// A live frame's run returns no verdict (and a Socket's sends what the
+	// program returned as a live frame would), so the flow says whether the
 	// datapath sent the SYN on: its forward entry is then a retry's, or
 	// (the entry lost and made again) another backend's. Still the
 	// refusal's, the SYN went nowhere: no backend to take it, or the
@@ -171,6 +185,9 @@ func (r *Replayer) send(client, vip netip.AddrPort, meta []byte) error {
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}
+	if r.sock != nil {
+		return r.sock.run(prog, data, ctx)
+	}
 	_, err = prog.Run(&ebpf.RunOptions{Data: data, Context: ctx, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
 	if err != nil {
 		return fmt.Errorf("replay: run the datapath on the SYN (ifindex %d): %w", c.Ifindex, err)
@@ -244,15 +261,17 @@ func Frame(c *bpf.LbSynCopy, ipID uint16) ([]byte, error) {
 }
 
 // ErrLiveFramesRefused: the kernel refused to run an XDP program in
-// BPF_PROG_RUN's live-frame mode (Probe), which replays need.
+// BPF_PROG_RUN's live-frame mode (Probe), which replays use unless sent
+// through a Socket.
 var ErrLiveFramesRefused = errors.New("the kernel refuses BPF_PROG_RUN's live-frame mode")
 
 // Probe says whether this kernel runs XDP programs in BPF_PROG_RUN's
 // live-frame mode, which Replay needs: it runs a program that drops its
 // frame in that mode. Some hardened or sandboxed kernels refuse the mode
-// (EPERM, even for root): ErrLiveFramesRefused. The agent then sends no
-// replay, and clients wait for their own retransmission. Another error
-// (the probe program not loaded) says nothing of the mode.
+// (EPERM, even for root): ErrLiveFramesRefused. The agent then sends its
+// replays through a Socket, or, without CAP_NET_RAW, none: clients wait
+// for their own retransmission. Another error (the probe program not
+// loaded) says nothing of the mode.
 func Probe() error {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:         ebpf.XDP,

@@ -199,11 +199,11 @@ func agentLogClean(t *testing.T, ctx context.Context, rig *clusterrig.Rig) {
 }
 
 // agentCapabilities: the agent runs with the DaemonSet's capabilities and
-// nothing more (CAP_NET_ADMIN 12, CAP_PERFMON 38, CAP_BPF 39), as the
-// kubelet and runc applied them to its process on the node.
+// nothing more (CAP_NET_ADMIN 12, CAP_NET_RAW 13, CAP_PERFMON 38, CAP_BPF
+// 39), as the kubelet and runc applied them to its process on the node.
 func agentCapabilities(t *testing.T, rig *clusterrig.Rig) {
 	t.Helper()
-	const want = 1<<12 | 1<<38 | 1<<39
+	const want = 1<<12 | 1<<13 | 1<<38 | 1<<39
 	out, err := exec.Command("ip", "netns", "pids", rig.Netns).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -221,9 +221,9 @@ func agentCapabilities(t *testing.T, rig *clusterrig.Rig) {
 			if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
 				got, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
 				if err != nil || got != want {
-					t.Errorf("the agent's effective capabilities: %s, want %016x (BPF, NET_ADMIN, PERFMON)", strings.TrimSpace(v), uint64(want))
+					t.Errorf("the agent's effective capabilities: %s, want %016x (BPF, NET_ADMIN, PERFMON, NET_RAW)", strings.TrimSpace(v), uint64(want))
 				}
-				t.Logf("the agent (pid %s) runs with CapEff %016x: BPF, NET_ADMIN, PERFMON", pid, got)
+				t.Logf("the agent (pid %s) runs with CapEff %016x: BPF, NET_ADMIN, PERFMON, NET_RAW", pid, got)
 				return
 			}
 		}

@@ -333,7 +333,7 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 	// Without replays (a kernel that refuses them) each rescued
 	// connection waits for its own retransmission, which the datapath
 	// moves to another backend (the retried flows below).
-	if bpftest.LiveFrames(t) {
+	if bpftest.Replays(t) {
 		noneWaited(t, rs, syns, m, "refused")
 		if replayed < maxFailures {
 			t.Errorf("replayed SYNs = %v, want >= %d", replayed, maxFailures)
@@ -359,7 +359,7 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 // the backend is ejected: the clients wait 8 s to connect there (SYNs
 // retransmitted after 1, 3 and 7 s), and none may fail either.
 func TestUnansweredSYNsAreReplayed(t *testing.T) {
-	replays := bpftest.LiveFrames(t)
+	replays := bpftest.Replays(t)
 	e := newEnv(t, 3)
 	e.topo.Backend(3).SetMode(testnet.Blackhole)
 	e.startAgent(config(e.topo, all(3), accrualYAML))

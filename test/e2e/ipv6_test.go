@@ -84,7 +84,7 @@ func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 	m := e.metrics()
 	// Replayed at once by the agent, not on the client's retransmission
 	// a second later.
-	replays := bpftest.LiveFrames(t)
+	replays := bpftest.Replays(t)
 	if replays {
 		noneWaited(t, rs, syns, m, "refused")
 	}

@@ -126,9 +126,10 @@ func slowConnections(rs testnet.Results) string {
 		retransmitted, connect, slowConnect, after, first.Round(time.Millisecond), last.Round(time.Millisecond))
 }
 
-// replaysOff checks what an agent says and does on a kernel that refuses
-// SYN replays (bpftest.LiveFrames false): it said so at start, replays
-// nothing, and shows no replay deadline.
+// replaysOff checks what an agent says and does where it can send no SYN
+// replays (bpftest.Replays false: the kernel refuses the live-frame mode
+// and no raw socket opens): it said so at start, replays nothing, and
+// shows no replay deadline.
 func (e *env) replaysOff(t *testing.T, m agentrun.Metrics) {
 	t.Helper()
 	if b, err := os.ReadFile(e.agent.LogPath()); err != nil || !strings.Contains(string(b), "SYN replays off") {

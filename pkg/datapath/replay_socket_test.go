@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/internal/testnet"
+	"github.com/penaltybox/penaltybox/pkg/maps"
+	"github.com/penaltybox/penaltybox/pkg/replay"
+)
+
+// sockNet is a network namespace of the test's own (the test's thread
+// joins it for the rest of the test) with one veth pair, on whose first
+// end the routes to the given prefixes lie (every address in them a
+// static neighbour, so nothing waits for ARP or neighbour discovery), and
+// a packet socket that sees what leaves through that end. A replay sent
+// through a raw socket opened here can go nowhere but there: the host's
+// network is never touched.
+type sockNet struct {
+	t   *testing.T
+	cap int // the packet socket
+}
+
+func newSockNet(t *testing.T, prefixes ...string) *sockNet {
+	t.Helper()
+	h := testnet.OwnNetns(t, false)
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pbt-replay0"}, PeerName: "pbt-replay1"}
+	if err := h.LinkAdd(v); err != nil {
+		t.Fatal(err)
+	}
+	peer, err := h.LinkByName("pbt-replay1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []netlink.Link{v, peer} {
+		if err := h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range prefixes {
+		a, err := netlink.ParseAddr(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.IP.To4() == nil {
+			a.Flags = unix.IFA_F_NODAD // usable as a source at once
+		}
+		if err := h.AddrAdd(v, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idx := v.Attrs().Index
+	for _, ip := range []string{"198.18.2.2", "2001:2:0:2::2"} {
+		nb := &netlink.Neigh{LinkIndex: idx, IP: net.ParseIP(ip), State: netlink.NUD_PERMANENT,
+			HardwareAddr: net.HardwareAddr{0x02, 0, 0, 0, 0, 2}}
+		if err := h.NeighSet(nb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: idx}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
+		t.Fatal(err)
+	}
+	return &sockNet{t: t, cap: fd}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// tcpTo returns the first TCP packet to dst that leaves the interface (the
+// interface's own traffic, IPv6's neighbour and router messages, is passed
+// over), failing the test if none does within a few seconds.
+func (n *sockNet) tcpTo(dst netip.AddrPort) (bpftest.Parsed, []byte) {
+	n.t.Helper()
+	buf := make([]byte, 2048)
+	for range 64 {
+		sz, _, err := unix.Recvfrom(n.cap, buf, 0)
+		if err != nil {
+			n.t.Fatalf("no packet to %v left the interface: %v", dst, err)
+		}
+		p, err := bpftest.Parse(buf[:sz])
+		if err == nil && p.Proto == 6 && p.Dst == dst {
+			return p, buf[:sz]
+		}
+	}
+	n.t.Fatalf("no packet to %v among the first 64 to leave the interface", dst)
+	return bpftest.Parsed{}, nil
+}
+
+// tcpSeqFlags reads a captured TCP packet's sequence number and flags
+// (IPv4 without options or IPv6 without extension headers, as replays are).
+func tcpSeqFlags(frame []byte) (seq uint32, flags byte) {
+	l4 := 14 + 20
+	if binary.BigEndian.Uint16(frame[12:14]) == unix.ETH_P_IPV6 {
+		l4 = 14 + 40
+	}
+	return binary.BigEndian.Uint32(frame[l4+4:]), frame[l4+13]
+}
+
+// Where the kernel refuses the live-frame mode the agent sends its
+// replays through a raw socket: the datapath runs on the rebuilt SYN in
+// the ordinary mode, moves the flow, and the packet it returns leaves on
+// its route, DNATed to the other backend, one hop older (the forward the
+// live frame would have taken), the client's address and sequence number
+// kept. The flow is then the retry's, as after a live replay.
+func TestReplayThroughARawSocket(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		v6                   bool
+		client, vip, be, new netip.AddrPort
+		prefix               string
+	}{
+		{"IPv4", false, client, vip, be1, be2, "198.18.2.1/24"},
+		{"IPv6", true, client6, vip6, be6a, be6b, "2001:2:0:2::1/64"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f *fixture
+			if tc.v6 {
+				f = fixture6(t, 6)
+				f.svc6(6, 0, maps.ServiceRetryRefused)
+			} else {
+				f = newFixture(t)
+				f.svc.Flags = maps.ServiceRetryRefused
+				f.table(id1)
+			}
+			n := newSockNet(t, tc.prefix)
+			sock, err := replay.OpenSocket()
+			f.must(err)
+			t.Cleanup(func() { sock.Close() })
+			r := replay.New(func() (*ebpf.Program, error) { return f.PbXdp, nil }, f.Maps).SendThrough(sock)
+
+			const isn = 0x12345678
+			syn := bpftest.LinuxSYN(tc.client, tc.vip, isn)
+			f.run(syn)
+			if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(tc.be, tc.client, isn)); ret != bpftest.XDPDrop {
+				t.Fatalf("refusal verdict %d, want it kept from the client", ret)
+			}
+			// Every slot on the other backend now: the replay goes there.
+			if tc.v6 {
+				tbl := make([]uint32, size6)
+				for i := range tbl {
+					tbl[i] = id6b
+				}
+				f.must(f.Maps.FillTable(svc6, 0, tbl))
+			} else {
+				f.table(id2)
+			}
+			if err := r.Replay(tc.client, tc.vip, tc.be); err != nil {
+				t.Fatalf("replay through the raw socket: %v", err)
+			}
+			p, frame := n.tcpTo(tc.new)
+			seq, flags := tcpSeqFlags(frame)
+			if p.Src != tc.client || seq != isn || flags != 0x02 || p.TTL != 63 {
+				t.Errorf("replay left as %v -> %v seq %#x flags %#x TTL %d, want %v -> %v seq %#x, a bare SYN, TTL 63 (the client's 64, forwarded once)",
+					p.Src, p.Dst, seq, flags, p.TTL, tc.client, tc.new, uint32(isn))
+			}
+			fwd, err := f.Maps.CTEntry(maps.RequestKey(tc.client, tc.vip))
+			f.must(err)
+			if fwd.Flags&maps.CTRetry == 0 || fwd.NatAddr.Bytes != maps.Addr16(tc.new.Addr()) {
+				t.Errorf("flow after the replay: flags %#x to %v, want the retry's, to %v", fwd.Flags, net.IP(fwd.NatAddr.Bytes[:]), tc.new)
+			}
+		})
+	}
+}
+
+// A replay the datapath drops sends nothing through the socket either
+// (here any send would fail: the namespace has no route to the backends),
+// and the replayer says it went nowhere.
+func TestReplayThroughARawSocketTheDatapathDrops(t *testing.T) {
+	f := newFixture(t)
+	f.svc.Flags = maps.ServiceRetryRefused
+	f.table(id1)
+	testnet.OwnNetns(t, false)
+	sock, err := replay.OpenSocket()
+	f.must(err)
+	t.Cleanup(func() { sock.Close() })
+	r := replay.New(func() (*ebpf.Program, error) { return f.PbXdp, nil }, f.Maps).SendThrough(sock)
+	f.runMeta(nil, bpftest.LinuxSYN(client, vip, 42))
+	f.svc.BackendCount = 1
+	f.writeService()
+	if err := r.ReplayUnanswered(client, vip, be1, id1); !errors.Is(err, replay.ErrDropped) {
+		t.Fatalf("replay with nowhere to move the flow: %v, want ErrDropped", err)
+	}
+}
