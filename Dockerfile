@@ -28,7 +28,8 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
 
 # Run stage: nothing but the binary (no shell, no libc). The agent runs as
 # uid 0 with only the capabilities the DaemonSet adds (BPF, NET_ADMIN,
-# PERFMON); distroless/static's default user is root for that reason.
+# PERFMON, NET_RAW); distroless/static's default user is root for that
+# reason.
 FROM gcr.io/distroless/static-debian12
 COPY --from=build /out/agent /usr/local/bin/agent
 ENTRYPOINT ["/usr/local/bin/agent"]

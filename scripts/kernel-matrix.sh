@@ -57,8 +57,9 @@ MODULE_DIRS=(kernel/net kernel/drivers/net kernel/lib kernel/crypto kernel/arch)
 # absent).
 # The end-to-end tests of SYN replays run here because the host's kernel
 # may refuse the live-frame mode replays use (this CI machine's does):
-# there they check the fallback, and the agent's replays themselves would
-# go untested end to end. They run the agent binary built below, on one
+# there the agent sends them through a raw socket instead, and the
+# live-frame path would go untested end to end. They run the agent binary
+# built below, on one
 # kernel: the datapath's replay tests run on each, and the agent's code
 # is the same on both (6.12's VM is the quicker one; on both, the matrix
 # took a minute longer).

@@ -246,6 +246,7 @@ type unansweredReplayer interface {
 
 // count counts a replay's result, and logs the first failure.
 func (r *replays) count(reason, service string, client netip.AddrPort, err error) {
+	var notSent *replay.NotSentError
 	switch {
 	case err == nil:
 		r.metrics.Replays.WithLabelValues(reason, "sent").Inc()
@@ -255,12 +256,26 @@ func (r *replays) count(reason, service string, client netip.AddrPort, err error
 		r.metrics.Replays.WithLabelValues(reason, "no_copy").Inc()
 	case errors.Is(err, replay.ErrDropped):
 		r.metrics.Replays.WithLabelValues(reason, "dropped").Inc()
+	case errors.As(err, &notSent):
+		// The datapath moved the flow, but its SYN never left (the raw
+		// socket's send failed): the new backend's silence until the
+		// client's own retransmission is no evidence against it.
+		r.metrics.Replays.WithLabelValues(reason, "not_sent").Inc()
+		if notSent.Backend != 0 {
+			r.tracker.Void(notSent.Backend, client, r.clk.Now())
+		}
+		r.logFailure(service, client, err)
 	default:
 		r.metrics.Replays.WithLabelValues(reason, "error").Inc()
-		if !r.failed {
-			r.failed = true
-			r.log.Error("replaying a SYN failed; clients wait for their own retransmission (further failures are only counted)",
-				"service", service, "client", client.String(), "err", err)
-		}
+		r.logFailure(service, client, err)
+	}
+}
+
+// logFailure logs a replay's failure, the first only.
+func (r *replays) logFailure(service string, client netip.AddrPort, err error) {
+	if !r.failed {
+		r.failed = true
+		r.log.Error("replaying a SYN failed; clients wait for their own retransmission (further failures are only counted)",
+			"service", service, "client", client.String(), "err", err)
 	}
 }

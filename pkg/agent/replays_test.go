@@ -170,3 +170,44 @@ func TestReplaysAfterLossOrLag(t *testing.T) {
 		t.Errorf("read %v after its deadline: replayed %v, replays_total{unanswered,stale} = %v; want none sent, 1 stale", maxReplayAge+time.Millisecond, rp2.unanswered, got)
 	}
 }
+
+// A replay whose SYN the raw socket could not send (replay.NotSentError)
+// moved its flow to another backend, which never saw the SYN: what that
+// flow does until the client's own retransmission gets there (its
+// NEW_FLOW, that retransmission's SYN_RETRANS, the connect deadline) is no
+// evidence against the backend. The same events after a replay that was
+// sent are a timeout.
+func TestUnsentReplayDecidesNothing(t *testing.T) {
+	for _, sent := range []bool{false, true} {
+		e, rp, svc, be, _ := replayEnv(t)
+		if !sent {
+			rp.err = &replay.NotSentError{Backend: be[1], Err: replay.ErrNotSent}
+		}
+		p := e.nextPort()
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], p, 0),
+			e.event(outcomes.Refused, svc, be[0], p, outcomes.FlagRescued)})
+		if len(rp.refused) != 1 {
+			t.Fatalf("replays asked %v, want one", rp.refused)
+		}
+		result := "sent"
+		if !sent {
+			result = "not_sent"
+		}
+		if got := testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("refused", result)); got != 1 {
+			t.Errorf("replays_total{refused,%s} = %v, want 1", result, got)
+		}
+		// The datapath's report of the move, read after the replay.
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], p, outcomes.FlagRepick)})
+		e.clk.Step(time.Second)
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.SynRetrans, svc, be[1], p, 0)})
+		e.clk.Step(time.Second)
+		e.a.Advance()
+		got := e.endpoint(be[1])
+		switch {
+		case !sent && (got.ConsecutiveFailures != 0 || got.LastFailureKind != ""):
+			t.Errorf("unsent replay: backend %d has %d failures (last %q), want none", be[1], got.ConsecutiveFailures, got.LastFailureKind)
+		case sent && (got.ConsecutiveFailures != 1 || got.LastFailureKind != "timeout"):
+			t.Errorf("sent replay: backend %d has %d failures (last %q), want the timeout", be[1], got.ConsecutiveFailures, got.LastFailureKind)
+		}
+	}
+}

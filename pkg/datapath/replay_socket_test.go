@@ -20,18 +20,23 @@ import (
 )
 
 // sockNet is a network namespace of the test's own (the test's thread
-// joins it for the rest of the test) with one veth pair, on whose first
-// end the routes to the given prefixes lie (every address in them a
-// static neighbour, so nothing waits for ARP or neighbour discovery), and
-// a packet socket that sees what leaves through that end. A replay sent
-// through a raw socket opened here can go nowhere but there: the host's
-// network is never touched.
+// joins it for the rest of the test) with one veth pair, and a packet
+// socket that sees what leaves through its first end. The backends'
+// prefixes (198.18.2.0/24, 2001:2:0:2::/64) are routed there only for the
+// fixture's clients (198.18.0.2, 2001:2::2): by a policy rule on the
+// source, in a table of their own, as CNIs route each pod's traffic out of
+// its own interface; the main table has no route to them. Every address
+// there is a static neighbour, so nothing waits for ARP or neighbour
+// discovery. A replay sent through a raw socket opened here can go nowhere
+// but that veth: the host's network is never touched.
 type sockNet struct {
 	t   *testing.T
 	cap int // the packet socket
 }
 
-func newSockNet(t *testing.T, prefixes ...string) *sockNet {
+const sockNetTable = 100
+
+func newSockNet(t *testing.T) *sockNet {
 	t.Helper()
 	h := testnet.OwnNetns(t, false)
 	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pbt-replay0"}, PeerName: "pbt-replay1"}
@@ -47,21 +52,36 @@ func newSockNet(t *testing.T, prefixes ...string) *sockNet {
 			t.Fatal(err)
 		}
 	}
-	for _, p := range prefixes {
-		a, err := netlink.ParseAddr(p)
+	idx := v.Attrs().Index
+	for _, n := range []struct{ own, prefix, client, neighbour string }{
+		{"198.18.2.1/32", "198.18.2.0/24", "198.18.0.2/32", "198.18.2.2"},
+		{"2001:2:0:2::1/128", "2001:2:0:2::/64", "2001:2::2/128", "2001:2:0:2::2"},
+	} {
+		// The node's own address on the link, with no prefix route.
+		a, err := netlink.ParseAddr(n.own)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if a.IP.To4() == nil {
-			a.Flags = unix.IFA_F_NODAD // usable as a source at once
+			a.Flags = unix.IFA_F_NODAD // usable at once
 		}
 		if err := h.AddrAdd(v, a); err != nil {
 			t.Fatal(err)
 		}
-	}
-	idx := v.Attrs().Index
-	for _, ip := range []string{"198.18.2.2", "2001:2:0:2::2"} {
-		nb := &netlink.Neigh{LinkIndex: idx, IP: net.ParseIP(ip), State: netlink.NUD_PERMANENT,
+		_, dst, _ := net.ParseCIDR(n.prefix)
+		if err := h.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: dst, Table: sockNetTable, Scope: netlink.SCOPE_LINK}); err != nil {
+			t.Fatal(err)
+		}
+		_, src, _ := net.ParseCIDR(n.client)
+		r := netlink.NewRule()
+		r.Src, r.Table, r.Family = src, sockNetTable, netlink.FAMILY_V4
+		if src.IP.To4() == nil {
+			r.Family = netlink.FAMILY_V6
+		}
+		if err := h.RuleAdd(r); err != nil {
+			t.Fatal(err)
+		}
+		nb := &netlink.Neigh{LinkIndex: idx, IP: net.ParseIP(n.neighbour), State: netlink.NUD_PERMANENT,
 			HardwareAddr: net.HardwareAddr{0x02, 0, 0, 0, 0, 2}}
 		if err := h.NeighSet(nb); err != nil {
 			t.Fatal(err)
@@ -116,18 +136,19 @@ func tcpSeqFlags(frame []byte) (seq uint32, flags byte) {
 // Where the kernel refuses the live-frame mode the agent sends its
 // replays through a raw socket: the datapath runs on the rebuilt SYN in
 // the ordinary mode, moves the flow, and the packet it returns leaves on
-// its route, DNATed to the other backend, one hop older (the forward the
-// live frame would have taken), the client's address and sequence number
-// kept. The flow is then the retry's, as after a live replay.
+// the route the client's own packets take (here one that only a rule on
+// the client's source address finds), DNATed to the other backend, one hop
+// older (the forward the live frame would have taken), the client's
+// address and sequence number kept. The flow is then the retry's, as
+// after a live replay.
 func TestReplayThroughARawSocket(t *testing.T) {
 	for _, tc := range []struct {
 		name                 string
 		v6                   bool
 		client, vip, be, new netip.AddrPort
-		prefix               string
 	}{
-		{"IPv4", false, client, vip, be1, be2, "198.18.2.1/24"},
-		{"IPv6", true, client6, vip6, be6a, be6b, "2001:2:0:2::1/64"},
+		{"IPv4", false, client, vip, be1, be2},
+		{"IPv6", true, client6, vip6, be6a, be6b},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var f *fixture
@@ -139,7 +160,7 @@ func TestReplayThroughARawSocket(t *testing.T) {
 				f.svc.Flags = maps.ServiceRetryRefused
 				f.table(id1)
 			}
-			n := newSockNet(t, tc.prefix)
+			n := newSockNet(t)
 			sock, err := replay.OpenSocket()
 			f.must(err)
 			t.Cleanup(func() { sock.Close() })
@@ -181,7 +202,9 @@ func TestReplayThroughARawSocket(t *testing.T) {
 
 // A replay the datapath drops sends nothing through the socket either
 // (here any send would fail: the namespace has no route to the backends),
-// and the replayer says it went nowhere.
+// and the replayer says it went nowhere. One the datapath moves but the
+// socket cannot send says where the flow went (replay.NotSentError), for
+// the agent to take nothing that flow does as evidence.
 func TestReplayThroughARawSocketTheDatapathDrops(t *testing.T) {
 	f := newFixture(t)
 	f.svc.Flags = maps.ServiceRetryRefused
@@ -196,5 +219,19 @@ func TestReplayThroughARawSocketTheDatapathDrops(t *testing.T) {
 	f.writeService()
 	if err := r.ReplayUnanswered(client, vip, be1, id1); !errors.Is(err, replay.ErrDropped) {
 		t.Fatalf("replay with nowhere to move the flow: %v, want ErrDropped", err)
+	}
+
+	// A rescued refusal (another client port), moved to the other backend.
+	f.svc.BackendCount = 2
+	f.writeService()
+	client2 := netip.AddrPortFrom(client.Addr(), client.Port()+1)
+	f.runMeta(nil, bpftest.LinuxSYN(client2, vip, 5000))
+	if ret, _ := bpftest.Run(t, f.PbXdp, bpftest.Refusal(be1, client2, 5000)); ret != bpftest.XDPDrop {
+		t.Fatalf("refusal verdict %d, want it kept from the client", ret)
+	}
+	f.table(id2)
+	var ns *replay.NotSentError
+	if err := r.Replay(client2, vip, be1); !errors.As(err, &ns) || ns.Backend != id2 || !errors.Is(err, unix.ENETUNREACH) {
+		t.Fatalf("replay moved to backend %d with no route there: %v, want a NotSentError naming it (ENETUNREACH)", id2, err)
 	}
 }

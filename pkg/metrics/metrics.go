@@ -306,7 +306,7 @@ func New(src Source, counters maps.Counters, log *slog.Logger) *Metrics {
 		}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "syn_replays_total",
-			Help: "Client SYNs the agent sent again for the datapath to move to another backend (retryRefused), by reason (refused: the backend refused it; unanswered: the backend left it unanswered past the service's replay deadline) and result: sent; no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead); stale (read too late, the flow had moved on, or its service or backend had gone); dropped (the datapath did not move the flow: no other backend to take it, or the circuit breaker turned it away); flood (not replayed in flood mode); error.",
+			Help: "Client SYNs the agent sent again for the datapath to move to another backend (retryRefused), by reason (refused: the backend refused it; unanswered: the backend left it unanswered past the service's replay deadline) and result: sent; no_copy (another flow's SYN had taken its pb_syns slot: the client's own retransmission is moved instead); stale (read too late, the flow had moved on, or its service or backend had gone); dropped (the datapath did not move the flow: no other backend to take it, or the circuit breaker turned it away); flood (not replayed in flood mode); not_sent (on a kernel that refuses the live-frame mode, the datapath moved the flow but the raw socket could not send its SYN: the flow decides nothing about the backend it moved to, and the client's own retransmission goes there); error.",
 		}, []string{"reason", "result"}),
 		MaxInflightDefault: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "max_inflight_default",

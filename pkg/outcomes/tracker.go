@@ -106,6 +106,7 @@ const (
 	settling                    // established, success not yet decided
 	timedOut                    // our deadline judged it; later news changes nothing
 	settled                     // our deadline judged it a success; a later reset is no second verdict
+	voided                      // a replay moved it here but was never sent (Void): nothing it does is a verdict
 )
 
 // timedOutMemory is how many connect timeouts a timed-out flow is
@@ -501,7 +502,12 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	}
 	key := keyOf(ev.Backend, ev.Client)
 	p, known := t.pending[key]
-	if known && (p.phase == timedOut || p.phase == settled) && ev.Type != NewFlow {
+	// The NEW_FLOW of a voided flow is the unsent replay's own (a
+	// repick): it starts no wait. Another flow on the tuple replaces it.
+	if known && p.phase == voided && ev.Type == NewFlow && ev.Flags&FlagRepick != 0 {
+		return o, false
+	}
+	if known && (p.phase == timedOut || p.phase == settled || p.phase == voided) && ev.Type != NewFlow {
 		if ev.Type == FlowEnd || ev.Type == Refused || ev.Type == Reset {
 			t.forget(key, p)
 		}
@@ -603,6 +609,22 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	}
 	t.drop(key)
 	return o, true
+}
+
+// Void says that the agent's replay moved client's flow to backend at
+// at, but its SYN was never sent there: until the client's own
+// retransmission reaches the backend, its silence says nothing of it. The
+// flow's events (its NEW_FLOW, which the datapath reported and the reader
+// has yet to read, the retransmission, the late SYN-ACK) then decide
+// nothing for memory(ConnectTimeout), as after a verdict.
+func (t *Tracker) Void(backend uint32, client netip.AddrPort, at time.Time) {
+	pol := t.policy(backend)
+	if !pol.Tracked {
+		return
+	}
+	key := keyOf(backend, client)
+	t.drop(key)
+	t.wait(key, pending{phase: voided, svc: pol.Service}, at, memory(pol.ConnectTimeout))
 }
 
 // Expire decides every connection whose deadline passed by now: a

@@ -87,7 +87,7 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 		return ErrStale
 	}
 	if err := r.send(client, vip, Meta(0)); err != nil {
-		return err
+		return r.notSent(client, vip, err)
 	}
 	// A live frame's run returns no verdict (and a Socket's sends what the
 	// program returned as a live frame would), so the flow says whether the
@@ -102,6 +102,20 @@ func (r *Replayer) Replay(client, vip, backend netip.AddrPort) error {
 		return ErrDropped
 	}
 	return nil
+}
+
+// notSent is err, or, for a replay the datapath carried out whose packet
+// could not be sent (ErrNotSent), a NotSentError naming the backend the
+// flow moved to, read from its forward entry (a retry's now).
+func (r *Replayer) notSent(client, vip netip.AddrPort, err error) error {
+	if !errors.Is(err, ErrNotSent) {
+		return err
+	}
+	ns := &NotSentError{Err: err}
+	if fwd, ferr := r.m.CTEntry(maps.RequestKey(client, vip)); ferr == nil && fwd.Flags&maps.CTRetry != 0 {
+		ns.Backend = fwd.BackendId
+	}
+	return ns
 }
 
 // flowFlags are the flags of client's flow with backend (its reverse
@@ -130,7 +144,7 @@ func (r *Replayer) ReplayUnanswered(client, vip, backend netip.AddrPort, backend
 		return ErrStale
 	}
 	if err := r.send(client, vip, Meta(backendID)); err != nil {
-		return err
+		return r.notSent(client, vip, err)
 	}
 	// Moved, the flow leaves this backend's entry marked (PB_CT_MOVED), for
 	// its late answer; a replay the datapath kept on it leaves it unmarked.
@@ -266,12 +280,13 @@ func Frame(c *bpf.LbSynCopy, ipID uint16) ([]byte, error) {
 var ErrLiveFramesRefused = errors.New("the kernel refuses BPF_PROG_RUN's live-frame mode")
 
 // Probe says whether this kernel runs XDP programs in BPF_PROG_RUN's
-// live-frame mode, which Replay needs: it runs a program that drops its
-// frame in that mode. Some hardened or sandboxed kernels refuse the mode
-// (EPERM, even for root): ErrLiveFramesRefused. The agent then sends its
-// replays through a Socket, or, without CAP_NET_RAW, none: clients wait
-// for their own retransmission. Another error (the probe program not
-// loaded) says nothing of the mode.
+// live-frame mode, which Replay uses unless it sends through a Socket: it
+// runs a program that drops its frame in that mode. Some hardened or
+// sandboxed kernels refuse the mode (EPERM, even for root):
+// ErrLiveFramesRefused. The agent then sends its replays through a
+// Socket, or, without CAP_NET_RAW, none: clients wait for their own
+// retransmission. Another error (the probe program not loaded) says
+// nothing of the mode.
 func Probe() error {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:         ebpf.XDP,

@@ -17,7 +17,8 @@ import (
 // have forwarded goes out one hop older (here to a closed descriptor,
 // whose error shows it was sent).
 func TestSocketSendsWhatAForwardWould(t *testing.T) {
-	s := &Socket{fd4: -1, fd6: -1}
+	const closed = 1 << 20 // a descriptor no process has open
+	s := &Socket{fd4: closed, fd6: closed}
 	if err := s.send(make([]byte, 10), true); err == nil {
 		t.Error("a 10-byte frame was sent")
 	}

@@ -5,11 +5,13 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/penaltybox/penaltybox/internal/agentrun"
+	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
@@ -144,5 +146,46 @@ func (e *env) replaysOff(t *testing.T, m agentrun.Metrics) {
 	}
 	if got := v.Services[0].ReplayAfter; got != "" {
 		t.Errorf("/admin/services replayAfter %q, want none", got)
+	}
+}
+
+// Without CAP_NET_RAW (the DaemonSet's capabilities less NET_RAW) the
+// agent replays refused SYNs only where the kernel allows the live-frame
+// mode. Where it refuses it (this CI machine's kernel), the agent says
+// "SYN replays off" at start and replays nothing, and a refused client
+// waits for its own retransmission, which the datapath moves to another
+// backend: no connection fails.
+func TestReplaysWithoutNetRaw(t *testing.T) {
+	live := bpftest.LiveFrames(t)
+	e := newEnv(t, 3)
+	e.topo.Backend(3).SetMode(testnet.Refuse)
+	var caps []string
+	for _, c := range strings.Split(daemonSetCaps(t), ",") {
+		if c != "+net_raw" {
+			caps = append(caps, c)
+		}
+	}
+	wrap := filepath.Join(t.TempDir(), "agent")
+	script := fmt.Sprintf("#!/bin/sh\nexec setpriv --bounding-set=-all,%s --inh-caps=-all %s \"$@\"\n", strings.Join(caps, ","), agentBin)
+	if err := os.WriteFile(wrap, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.startAgentWith(config(e.topo, all(3), accrualYAML+"    retryRefused: true\n"), func(a *agentrun.Agent) { a.Binary = wrap })
+	rs := e.load(100, 2*time.Second, 3*time.Second)
+	m := e.metrics()
+	t.Logf("%v; %s", rs, slowConnections(rs))
+	if f := rs.Failures(); f != 0 {
+		t.Fatalf("%d connections failed: %v", f, rs.Counts())
+	}
+	sent := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent")
+	if live {
+		if sent < maxFailures {
+			t.Errorf("replayed SYNs = %v, want >= %d (the live-frame mode needs no NET_RAW)", sent, maxFailures)
+		}
+		return
+	}
+	e.replaysOff(t, m)
+	if got := m.Get("penaltybox_datapath_refused_retried_total", "result", "retried"); got < maxFailures {
+		t.Errorf("retried flows = %v, want >= %d (the clients' own retransmissions, moved)", got, maxFailures)
 	}
 }
