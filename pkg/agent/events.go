@@ -53,6 +53,9 @@ func (a *Agent) HandleEvents(batch []outcomes.Event) {
 		if trip {
 			a.trips.adopt(ev.Service, ev.Backend, tripKind(ev), ev.At)
 		}
+		if len(a.replays.unsent) > 0 {
+			a.replays.applyVoids()
+		}
 	}
 	a.metrics.PendingConnects.Set(float64(a.tracker.PendingConnects()))
 	a.counts.sync()

@@ -102,6 +102,7 @@ func (a *Agent) runReplays(upTo, now time.Time) {
 	// for.
 	a.tracker.DueReplays(upTo.Add(-maxReplayAge), a.replays.late)
 	a.tracker.DueReplays(upTo, a.replays.unanswered)
+	a.replays.applyVoids()
 }
 
 // caughtUp is the reader's, on its goroutine, each time it has handed

@@ -53,6 +53,28 @@ type replays struct {
 	handshakes map[uint32]*handshakes
 	// flood: no replays in flood mode.
 	flood *floodMode
+	// unsent: flows whose replay moved them but was never sent, for
+	// applyVoids.
+	unsent []unsentFlow
+}
+
+// unsentFlow is a flow an unsent replay moved to backend.
+type unsentFlow struct {
+	backend uint32
+	client  netip.AddrPort
+}
+
+// applyVoids tells the tracker of the flows whose replay was not sent
+// (Tracker.Void). Called with mu held, after the event that led to the
+// replay was classified (the flow may have moved back to the backend
+// that refused it, whose refusal is a verdict) and outside the tracker's
+// walk of its replay deadlines.
+func (r *replays) applyVoids() {
+	now := r.clk.Now()
+	for _, u := range r.unsent {
+		r.tracker.Void(u.backend, u.client, now)
+	}
+	r.unsent = r.unsent[:0]
 }
 
 // maxReplayAge: a refusal older than this, or a replay deadline passed
@@ -262,7 +284,7 @@ func (r *replays) count(reason, service string, client netip.AddrPort, err error
 		// client's own retransmission is no evidence against it.
 		r.metrics.Replays.WithLabelValues(reason, "not_sent").Inc()
 		if notSent.Backend != 0 {
-			r.tracker.Void(notSent.Backend, client, r.clk.Now())
+			r.unsent = append(r.unsent, unsentFlow{notSent.Backend, client})
 		}
 		r.logFailure(service, client, err)
 	default:

@@ -172,42 +172,80 @@ func TestReplaysAfterLossOrLag(t *testing.T) {
 }
 
 // A replay whose SYN the raw socket could not send (replay.NotSentError)
-// moved its flow to another backend, which never saw the SYN: what that
-// flow does until the client's own retransmission gets there (its
-// NEW_FLOW, that retransmission's SYN_RETRANS, the connect deadline) is no
-// evidence against the backend. The same events after a replay that was
-// sent are a timeout.
+// moved its flow to another backend, which never saw the SYN: the flow's
+// NEW_FLOW and the time until the client's own retransmission are no
+// evidence against that backend. The retransmission (SYN_RETRANS) is when
+// the backend gets the SYN: from there its answer is a verdict, and its
+// silence a timeout at the connect deadline. After a replay that was
+// sent, the same SYN_RETRANS is the timeout.
 func TestUnsentReplayDecidesNothing(t *testing.T) {
-	for _, sent := range []bool{false, true} {
-		e, rp, svc, be, _ := replayEnv(t)
-		if !sent {
-			rp.err = &replay.NotSentError{Backend: be[1], Err: replay.ErrNotSent}
-		}
-		p := e.nextPort()
-		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], p, 0),
-			e.event(outcomes.Refused, svc, be[0], p, outcomes.FlagRescued)})
-		if len(rp.refused) != 1 {
-			t.Fatalf("replays asked %v, want one", rp.refused)
-		}
-		result := "sent"
-		if !sent {
-			result = "not_sent"
-		}
-		if got := testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("refused", result)); got != 1 {
-			t.Errorf("replays_total{refused,%s} = %v, want 1", result, got)
-		}
-		// The datapath's report of the move, read after the replay.
-		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], p, outcomes.FlagRepick)})
-		e.clk.Step(time.Second)
-		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.SynRetrans, svc, be[1], p, 0)})
-		e.clk.Step(time.Second)
-		e.a.Advance()
-		got := e.endpoint(be[1])
-		switch {
-		case !sent && (got.ConsecutiveFailures != 0 || got.LastFailureKind != ""):
-			t.Errorf("unsent replay: backend %d has %d failures (last %q), want none", be[1], got.ConsecutiveFailures, got.LastFailureKind)
-		case sent && (got.ConsecutiveFailures != 1 || got.LastFailureKind != "timeout"):
-			t.Errorf("sent replay: backend %d has %d failures (last %q), want the timeout", be[1], got.ConsecutiveFailures, got.LastFailureKind)
-		}
+	for _, tc := range []struct {
+		name     string
+		sent     bool
+		answered bool // the backend answers the client's retransmission
+		failures uint32
+	}{
+		{"unsent, then answered", false, true, 0},
+		{"unsent, then silent", false, false, 1},
+		{"sent", true, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, rp, svc, be, _ := replayEnv(t)
+			if !tc.sent {
+				rp.err = &replay.NotSentError{Backend: be[1], Err: replay.ErrNotSent}
+			}
+			p := e.nextPort()
+			e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], p, 0),
+				e.event(outcomes.Refused, svc, be[0], p, outcomes.FlagRescued)})
+			if len(rp.refused) != 1 {
+				t.Fatalf("replays asked %v, want one", rp.refused)
+			}
+			result := "sent"
+			if !tc.sent {
+				result = "not_sent"
+			}
+			if got := testutil.ToFloat64(e.a.metrics.Replays.WithLabelValues("refused", result)); got != 1 {
+				t.Errorf("replays_total{refused,%s} = %v, want 1", result, got)
+			}
+			// The refusal counts against the backend that refused.
+			if got := e.endpoint(be[0]); got.ConsecutiveFailures != 1 || got.LastFailureKind != "refused" {
+				t.Errorf("backend %d: %d failures (last %q), want its refusal", be[0], got.ConsecutiveFailures, got.LastFailureKind)
+			}
+			// The datapath's report of the move, read after the replay; the
+			// client retransmits a second later (past the settings' 1 s
+			// connect timeout).
+			e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[1], p, outcomes.FlagRepick)})
+			e.clk.Step(time.Second)
+			e.a.Advance()
+			e.a.HandleEvents([]outcomes.Event{e.event(outcomes.SynRetrans, svc, be[1], p, 0)})
+			if tc.answered {
+				e.a.HandleEvents([]outcomes.Event{e.event(outcomes.Established, svc, be[1], p, 0),
+					e.event(outcomes.FirstData, svc, be[1], p, 0)})
+			}
+			e.clk.Step(time.Second)
+			e.a.Advance()
+			got := e.endpoint(be[1])
+			want := ""
+			if tc.failures > 0 {
+				want = "timeout"
+			}
+			if got.ConsecutiveFailures != tc.failures || got.LastFailureKind != want {
+				t.Errorf("backend %d: %d failures (last %q), want %d (%q)", be[1], got.ConsecutiveFailures, got.LastFailureKind, tc.failures, want)
+			}
+		})
+	}
+}
+
+// An unsent replay whose flow moved back to the backend that refused it
+// (no other backend active) leaves that refusal a verdict, a probe's too:
+// the flow is voided only after the refusal was classified.
+func TestUnsentReplayKeepsTheRefusal(t *testing.T) {
+	e, rp, svc, be, _ := replayEnv(t)
+	rp.err = &replay.NotSentError{Backend: be[0], Err: replay.ErrNotSent}
+	p := e.nextPort()
+	e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], p, 0),
+		e.event(outcomes.Refused, svc, be[0], p, outcomes.FlagRescued)})
+	if got := e.endpoint(be[0]); got.ConsecutiveFailures != 1 || got.LastFailureKind != "refused" {
+		t.Errorf("backend %d: %d failures (last %q), want its refusal", be[0], got.ConsecutiveFailures, got.LastFailureKind)
 	}
 }

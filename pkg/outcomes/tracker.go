@@ -102,12 +102,16 @@ func (k flowKey) client() netip.AddrPort {
 type phase uint8
 
 const (
-	connecting phase = iota + 1 // waiting for SYN-ACK or RST
-	settling                    // established, success not yet decided
-	timedOut                    // our deadline judged it; later news changes nothing
-	settled                     // our deadline judged it a success; a later reset is no second verdict
-	voided                      // a replay moved it here but was never sent (Void): nothing it does is a verdict
+	connecting     phase = iota + 1 // waiting for SYN-ACK or RST
+	settling                        // established, success not yet decided
+	timedOut                        // our deadline judged it; later news changes nothing
+	settled                         // our deadline judged it a success; a later reset is no second verdict
+	voided                          // a replay moved it here but was never sent (Void): its repick's NEW_FLOW is still to come
+	voidedRepicked                  // voided, its NEW_FLOW read: the backend has yet to see its SYN
 )
+
+// void reports whether p is a flow whose replay was never sent (Void).
+func (p pending) void() bool { return p.phase == voided || p.phase == voidedRepicked }
 
 // timedOutMemory is how many connect timeouts a timed-out flow is
 // remembered, so a late SYN-ACK, RST or retransmission signal for it is not
@@ -502,12 +506,22 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 	}
 	key := keyOf(ev.Backend, ev.Client)
 	p, known := t.pending[key]
-	// The NEW_FLOW of a voided flow is the unsent replay's own (a
-	// repick): it starts no wait. Another flow on the tuple replaces it.
-	if known && p.phase == voided && ev.Type == NewFlow && ev.Flags&FlagRepick != 0 {
-		return o, false
+	if known && p.void() {
+		switch {
+		case ev.Type == NewFlow && ev.Flags&FlagRepick != 0 && p.phase == voided:
+			// The unsent replay's own report of the move: no wait
+			// starts. Another flow on the tuple replaces the entry.
+			p.phase = voidedRepicked
+			t.pending[key] = p
+			return o, false
+		case ev.Type == SynRetrans:
+			// The client's own retransmission: the backend gets the SYN
+			// now, and its answer (or silence) from here is a verdict.
+			t.put(key, p, true, pending{phase: connecting, start: ev.At, svc: pol.Service}, ev.At, pol.ConnectTimeout)
+			return o, false
+		}
 	}
-	if known && (p.phase == timedOut || p.phase == settled || p.phase == voided) && ev.Type != NewFlow {
+	if known && (p.phase == timedOut || p.phase == settled || p.void()) && ev.Type != NewFlow {
 		if ev.Type == FlowEnd || ev.Type == Refused || ev.Type == Reset {
 			t.forget(key, p)
 		}
@@ -614,9 +628,11 @@ func (t *Tracker) Classify(ev Event) (o accrual.Outcome, ok bool) {
 // Void says that the agent's replay moved client's flow to backend at
 // at, but its SYN was never sent there: until the client's own
 // retransmission reaches the backend, its silence says nothing of it. The
-// flow's events (its NEW_FLOW, which the datapath reported and the reader
-// has yet to read, the retransmission, the late SYN-ACK) then decide
-// nothing for memory(ConnectTimeout), as after a verdict.
+// flow's NEW_FLOW (a repick, which the datapath reported and the reader
+// has yet to read) starts no wait; the retransmission (SYN_RETRANS) starts
+// the connect deadline, from when the backend gets the SYN; anything else
+// before it decides nothing. The entry is forgotten after
+// memory(ConnectTimeout).
 func (t *Tracker) Void(backend uint32, client netip.AddrPort, at time.Time) {
 	pol := t.policy(backend)
 	if !pol.Tracked {
