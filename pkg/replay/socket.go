@@ -147,46 +147,47 @@ func (s *Socket) send(frame []byte, hop bool) error {
 		return fmt.Errorf("replay: output frame of %d bytes", len(frame))
 	}
 	pkt := frame[14:]
+	// Where the header's version, TTL (hop limit) and addresses are.
+	var hdr, ttlAt, srcAt, dstAt, alen int
+	var version byte
 	switch binary.BigEndian.Uint16(frame[12:14]) {
 	case unix.ETH_P_IP:
-		if len(pkt) < 20 || pkt[0]>>4 != 4 {
-			return fmt.Errorf("replay: output frame: no IPv4 header")
-		}
-		if hop {
-			if pkt[8] <= 1 {
-				return nil
-			}
-			// The kernel computes the header checksum again for a
-			// packet sent with its own header (IPPROTO_RAW).
-			pkt[8]--
-		}
-		sa := &unix.SockaddrInet4{}
-		copy(sa.Addr[:], pkt[16:20])
-		info := unix.Inet4Pktinfo{}
-		copy(info.Spec_dst[:], pkt[12:16])
-		_, err := unix.SendmsgN(s.fd4, pkt, unix.PktInfo4(&info), sa, unix.MSG_DONTWAIT)
-		return sendErr(err)
+		hdr, version, ttlAt, srcAt, dstAt, alen = 20, 4, 8, 12, 16, 4
 	case unix.ETH_P_IPV6:
-		if len(pkt) < 40 || pkt[0]>>4 != 6 {
-			return fmt.Errorf("replay: output frame: no IPv6 header")
+		hdr, version, ttlAt, srcAt, dstAt, alen = 40, 6, 7, 8, 24, 16
+	default:
+		return fmt.Errorf("replay: output frame of ethertype %#04x", binary.BigEndian.Uint16(frame[12:14]))
+	}
+	if len(pkt) < hdr || pkt[0]>>4 != version {
+		return fmt.Errorf("replay: output frame: no IPv%d header", version)
+	}
+	if hop {
+		if pkt[ttlAt] <= 1 {
+			return nil
 		}
-		if hop {
-			if pkt[7] <= 1 {
-				return nil
-			}
-			pkt[7]--
-		}
+		// IPv4's header checksum the kernel computes again for a packet
+		// sent with its own header (IPPROTO_RAW).
+		pkt[ttlAt]--
+	}
+	src, dst := pkt[srcAt:srcAt+alen], pkt[dstAt:dstAt+alen]
+	var err error
+	if version == 4 {
+		sa := &unix.SockaddrInet4{}
+		copy(sa.Addr[:], dst)
+		info := unix.Inet4Pktinfo{}
+		copy(info.Spec_dst[:], src)
+		_, err = unix.SendmsgN(s.fd4, pkt, unix.PktInfo4(&info), sa, unix.MSG_DONTWAIT)
+	} else {
 		if s.fd6 < 0 {
 			return errors.New("replay: no raw IPv6 socket (the kernel has no IPv6)")
 		}
 		sa := &unix.SockaddrInet6{}
-		copy(sa.Addr[:], pkt[24:40])
+		copy(sa.Addr[:], dst)
 		info := unix.Inet6Pktinfo{}
-		copy(info.Addr[:], pkt[8:24])
-		_, err := unix.SendmsgN(s.fd6, pkt, unix.PktInfo6(&info), sa, unix.MSG_DONTWAIT)
-		return sendErr(err)
+		copy(info.Addr[:], src)
+		_, err = unix.SendmsgN(s.fd6, pkt, unix.PktInfo6(&info), sa, unix.MSG_DONTWAIT)
 	}
-	return fmt.Errorf("replay: output frame of ethertype %#04x", binary.BigEndian.Uint16(frame[12:14]))
+	return sendErr(err)
 }
 
 // sendErr words a send's error. The send never waits (MSG_DONTWAIT): the
