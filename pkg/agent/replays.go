@@ -31,6 +31,7 @@ const (
 	replayFloor   = 16 * time.Millisecond
 	replayFactor  = 4
 	replaySamples = 128 // handshakes kept per service
+	replayFirst   = 8   // handshakes before the first estimate
 	replayEvery   = 32  // the deadline is recomputed every this many
 )
 
@@ -127,7 +128,7 @@ func replayAfter(spec *desired.Service, h *handshakes) time.Duration {
 	if limit < replayFloor {
 		return 0 // a connect timeout this short judges before a replay could help
 	}
-	if h == nil || h.n < replayEvery {
+	if h == nil || h.n < replayFirst {
 		return limit // nothing known yet: the cautious end
 	}
 	n := min(h.n, replaySamples)
@@ -192,7 +193,11 @@ func (r *replays) noteHandshake(o accrual.Outcome) {
 	}
 	h.ring[h.n%replaySamples] = o.Handshake
 	h.n++
-	if h.n%replayEvery == 0 {
+	// A service's first handshakes set its deadline soon (after 8 and
+	// 16): until then every unanswered SYN waits the cautious half of
+	// the connect timeout, which at a new agent's start or a new
+	// service's was the p99 of a silent backend's clients.
+	if h.n%replayEvery == 0 || h.n == replayFirst || h.n == 2*replayFirst {
 		r.retune(s)
 	}
 }

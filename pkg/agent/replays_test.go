@@ -249,3 +249,26 @@ func TestUnsentReplayKeepsTheRefusal(t *testing.T) {
 		t.Errorf("backend %d: %d failures (last %q), want its refusal", be[0], got.ConsecutiveFailures, got.LastFailureKind)
 	}
 }
+
+// A service's replay deadline is set from its first 8 handshakes: until
+// then each unanswered SYN waits the cautious half of the connect timeout.
+func TestReplayDeadlineFromTheFirstHandshakes(t *testing.T) {
+	e, _, svc, be, after := replayEnv(t)
+	if after != 500*time.Millisecond {
+		t.Fatalf("replay deadline before any handshake %v, want 500ms (half the connect timeout)", after)
+	}
+	for i := range replayFirst {
+		p := e.nextPort()
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.NewFlow, svc, be[0], p, 0)})
+		e.clk.Step(300 * time.Microsecond)
+		e.a.HandleEvents([]outcomes.Event{e.event(outcomes.Established, svc, be[0], p, 0),
+			e.event(outcomes.FirstData, svc, be[0], p, 0)})
+		want := 500 * time.Millisecond
+		if i+1 == replayFirst {
+			want = replayFloor
+		}
+		if got := e.a.policyOf(be[0]).Replay; got != want {
+			t.Fatalf("after %d handshakes of 300µs the replay deadline is %v, want %v", i+1, got, want)
+		}
+	}
+}

@@ -210,8 +210,9 @@ func TestKernelTripWithoutItsEvent(t *testing.T) {
 }
 
 // The replay deadline: cautious (half the connect timeout) until the
-// service's handshakes are known, then four times their 99th percentile,
-// at least 16ms, a power of two of milliseconds; none without retryRefused.
+// service's first 8 handshakes are known, then four times their 99th
+// percentile, at least 16ms, a power of two of milliseconds; none without
+// retryRefused.
 func TestReplayAfter(t *testing.T) {
 	s := web(80, 3, settings())
 	s.RetryRefused = true
@@ -219,6 +220,17 @@ func TestReplayAfter(t *testing.T) {
 		t.Errorf("no handshakes yet: %v, want 500ms (half of the 1s connect timeout)", d)
 	}
 	h := &handshakes{}
+	for i := range replayFirst {
+		h.ring[i] = 300 * time.Microsecond
+		h.n = i + 1
+		want := 500 * time.Millisecond
+		if h.n == replayFirst {
+			want = replayFloor
+		}
+		if d := replayAfter(&s, h); d != want {
+			t.Errorf("%d LAN handshakes: %v, want %v", h.n, d, want)
+		}
+	}
 	for i := range replaySamples {
 		h.ring[i] = time.Duration(100+i) * time.Microsecond
 	}
