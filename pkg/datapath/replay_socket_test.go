@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -31,7 +32,8 @@ import (
 // but that veth: the host's network is never touched.
 type sockNet struct {
 	t   *testing.T
-	cap int // the packet socket
+	cap int    // the packet socket
+	idx uint32 // the veth end's ifindex
 }
 
 const sockNetTable = 100
@@ -53,6 +55,22 @@ func newSockNet(t *testing.T) *sockNet {
 		}
 	}
 	idx := v.Attrs().Index
+	// The program's own forwarding (bpf_fib_lookup) needs the
+	// namespace to forward, and the replay's ingress (ifindex 1, lo) up.
+	lo, err := h.LinkByIndex(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ipv4/conf/all/forwarding", "ipv6/conf/all/forwarding"} {
+		// /proc/sys/net is the namespace of the thread that opens it:
+		// this one's.
+		if err := os.WriteFile("/proc/sys/net/"+k, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, n := range []struct{ own, prefix, client, neighbour string }{
 		{"198.18.2.1/32", "198.18.2.0/24", "198.18.0.2/32", "198.18.2.2"},
 		{"2001:2:0:2::1/128", "2001:2:0:2::/64", "2001:2::2/128", "2001:2:0:2::2"},
@@ -98,7 +116,7 @@ func newSockNet(t *testing.T) *sockNet {
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
 		t.Fatal(err)
 	}
-	return &sockNet{t: t, cap: fd}
+	return &sockNet{t: t, cap: fd, idx: uint32(idx)}
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
@@ -138,18 +156,26 @@ func tcpSeqFlags(frame []byte) (seq uint32, flags byte) {
 // the ordinary mode, moves the flow, and the packet it returns leaves on
 // the route the client's own packets take (here one that only a rule on
 // the client's source address finds), DNATed to the other backend, one hop
-// older (the forward the live frame would have taken), the client's
-// address and sequence number kept. The flow is then the retry's, as
-// after a live replay.
+// older (the forward the live frame would have taken: the socket takes it
+// off a passed frame, the program itself off one it redirects), the
+// client's address and sequence number kept. The flow is then the
+// retry's, as after a live replay.
 func TestReplayThroughARawSocket(t *testing.T) {
-	for _, tc := range []struct {
+	type replayCase struct {
 		name                 string
-		v6                   bool
+		v6, redirect         bool
 		client, vip, be, new netip.AddrPort
-	}{
-		{"IPv4", false, client, vip, be1, be2},
-		{"IPv6", true, client6, vip6, be6a, be6b},
-	} {
+	}
+	var cases []replayCase
+	for _, redirect := range []bool{false, true} {
+		suffix := ", passed"
+		if redirect {
+			suffix = ", redirected"
+		}
+		cases = append(cases, replayCase{"IPv4" + suffix, false, redirect, client, vip, be1, be2},
+			replayCase{"IPv6" + suffix, true, redirect, client6, vip6, be6a, be6b})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var f *fixture
 			if tc.v6 {
@@ -161,6 +187,15 @@ func TestReplayThroughARawSocket(t *testing.T) {
 				f.table(id1)
 			}
 			n := newSockNet(t)
+			if tc.redirect {
+				// Forwarded by the program (bpf_fib_lookup, which finds
+				// the route by the client's source too, and the devmap).
+				c, err := f.Maps.Config()
+				f.must(err)
+				c.Redirect = true
+				f.must(f.Maps.SetConfig(c))
+				f.must(f.Maps.SetRedirect([]uint32{n.idx}))
+			}
 			sock, err := replay.OpenSocket()
 			f.must(err)
 			t.Cleanup(func() { sock.Close() })
@@ -190,6 +225,11 @@ func TestReplayThroughARawSocket(t *testing.T) {
 			if p.Src != tc.client || seq != isn || flags != 0x02 || p.TTL != 63 {
 				t.Errorf("replay left as %v -> %v seq %#x flags %#x TTL %d, want %v -> %v seq %#x, a bare SYN, TTL 63 (the client's 64, forwarded once)",
 					p.Src, p.Dst, seq, flags, p.TTL, tc.client, tc.new, uint32(isn))
+			}
+			gs, err := f.Maps.GlobalStats()
+			f.must(err)
+			if redirected := gs.Redirected != 0; redirected != tc.redirect {
+				t.Errorf("the program redirected %d frames, want the replay redirected: %v", gs.Redirected, tc.redirect)
 			}
 			fwd, err := f.Maps.CTEntry(maps.RequestKey(tc.client, tc.vip))
 			f.must(err)
