@@ -437,3 +437,77 @@ func TestTrackerIPv6Clients(t *testing.T) {
 		t.Errorf("due replays %v, want %v", due, v6)
 	}
 }
+
+// A flow the agent voided (its replay moved it here but was never sent):
+// its repick's NEW_FLOW starts no wait and nothing before the client's own
+// retransmission decides anything; that SYN_RETRANS starts the connect
+// deadline from there. Another NEW_FLOW on the tuple is another flow. The
+// void takes no part in the connect counts, and is forgotten in time.
+func TestTrackerVoid(t *testing.T) {
+	const void = Type(255) // a step that calls Void
+	ms := time.Millisecond
+	cases := []struct {
+		name  string
+		steps []step
+		want  []string
+	}{
+		{"the unsent flow's silence, then its answer", []step{
+			{0, void, 0, 1}, {0, NewFlow, FlagRepick, 1}, {1500 * ms, 0, 0, 0},
+			{2 * time.Second, SynRetrans, 0, 1}, {2001 * ms, Established, 0, 1}, {2002 * ms, FirstData, 0, 1}},
+			[]string{"success@2.002s"}},
+		{"silent after the retransmission too: a timeout from it", []step{
+			{0, void, 0, 1}, {0, NewFlow, FlagRepick, 1}, {2 * time.Second, SynRetrans, 0, 1},
+			{2999 * ms, 0, 0, 0}, {3 * time.Second, 0, 0, 0}},
+			[]string{"timeout@3s"}},
+		{"a refusal before the retransmission decides nothing", []step{
+			{0, void, 0, 1}, {0, NewFlow, FlagRepick, 1}, {5 * ms, Refused, 0, 1}, {9 * time.Second, 0, 0, 0}},
+			nil},
+		{"a second repick is another flow", []step{
+			{0, void, 0, 1}, {0, NewFlow, FlagRepick, 1}, {10 * ms, NewFlow, FlagRepick, 1}, {1010 * ms, 0, 0, 0}},
+			[]string{"timeout@1.01s"}},
+		{"a new flow on the tuple is tracked", []step{
+			{0, void, 0, 1}, {10 * ms, NewFlow, 0, 1}, {1010 * ms, 0, 0, 0}},
+			[]string{"timeout@1.01s"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pol := PolicyFor(accrual.Defaults(), true)
+			pol.ConnectTimeout = time.Second
+			tr := NewTracker(func(uint32) Policy { return pol })
+			var got []string
+			record := func(o accrual.Outcome) {
+				s := "success"
+				if !o.Success {
+					s = o.Kind.String()
+				}
+				got = append(got, fmt.Sprintf("%s@%v", s, o.At.Sub(t0)))
+			}
+			client := func(port uint16) netip.AddrPort {
+				return netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), 40000+port)
+			}
+			for _, s := range c.steps {
+				now := t0.Add(s.at)
+				switch s.typ {
+				case 0:
+					tr.Expire(now, record)
+				case void:
+					tr.Void(7, client(s.port), now)
+					if n := tr.PendingConnects(); n != 0 {
+						t.Fatalf("a void counts as %d connects waiting, want 0", n)
+					}
+				default:
+					if o, ok := tr.Classify(Event{Type: s.typ, Flags: s.flag, Backend: 7, Client: client(s.port), At: now}); ok {
+						record(o)
+					}
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Fatalf("verdicts %v, want %v", got, c.want)
+			}
+			tr.Expire(t0.Add(time.Minute), record)
+			if n := tr.Pending(); n != 0 {
+				t.Errorf("%d flows still held a minute on, want none", n)
+			}
+		})
+	}
+}
