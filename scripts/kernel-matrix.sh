@@ -58,17 +58,16 @@ MODULE_DIRS=(kernel/net kernel/drivers/net kernel/lib kernel/crypto kernel/arch)
 # The end-to-end tests of SYN replays run here because the host's kernel
 # may refuse the live-frame mode replays use (this CI machine's does):
 # there the agent sends them through a raw socket instead, and the
-# live-frame path would go untested end to end (TestReplaysWithoutNetRaw
-# checks here that it needs no CAP_NET_RAW). They run the agent binary
-# built below, on one kernel: the datapath's replay tests run on each,
-# and the agent's code
+# live-frame path would go untested end to end. They run the agent binary
+# built below, on one
+# kernel: the datapath's replay tests run on each, and the agent's code
 # is the same on both (6.12's VM is the quicker one; on both, the matrix
 # took a minute longer).
 # The tests count a client's wait by its SYN retransmissions, not by its
 # connection's time: under emulation 200 connections a second once made
 # 723 of 1,000 take over 800 ms, most runs so with no SYN sent twice (the
 # IPv4 tests run 50 a second here, the IPv6 one's refusals 100).
-E2E_REPLAYS='^(TestRetryRefusedHidesRefusals|TestUnansweredSYNsAreReplayed|TestIPv6ServiceBalancesEjectsAndRejoins|TestReplaysWithoutNetRaw)$'
+E2E_REPLAYS='^(TestRetryRefusedHidesRefusals|TestUnansweredSYNsAreReplayed|TestIPv6ServiceBalancesEjectsAndRejoins)$'
 SUITES=(
   "pkg/datapath 900s nf_conntrack,nf_conntrack_netlink"
   "pkg/conntrack 300s"
