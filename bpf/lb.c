@@ -241,6 +241,7 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		return -1;
 	}
 
+	int last = 0; /* the final ACK of the flow's close: its entries go */
 	if (p->proto == IPPROTO_TCP) {
 		__u8 f = p->tcp_flags;
 		struct tcphdr *tcp = (void *)p->ports;
@@ -407,6 +408,14 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_REV);
 				if ((old & PB_CT_FIN_FWD) && !(old & PB_CT_CLOSED))
 					close_flow(rv, 0, fkp, gs);
+				fin_seen(old, PB_CT_FIN_REV, PB_CT_FIN_FWD, fkp, 0, 0, p, seq, ack);
+			} else if (unlikely(rv->flags & PB_CT_LAST_ACK) && !synack && (f & TCP_ACK)) {
+				/* The backend's ACK of the client's FIN, which closed
+				 * the flow after its own: its entries go (fin_seen),
+				 * if its checksum is right (the client drops it else). */
+				fwd_key(fkp, rk, rv);
+				struct ct_value *fv = bpf_map_lookup_elem(&pb_ct_v2, fkp);
+				last = fv && ack == fv->backend_isn && l4_csum_ok(ctx, p) == 1;
 			}
 		}
 	} else if (rv->flags & PB_CT_MOVED) {
@@ -435,6 +444,10 @@ nat:;
 	if (bs) {
 		bs->reply_packets++;
 		bs->reply_bytes += p->len;
+	}
+	if (unlikely(last)) {
+		bpf_map_delete_elem(&pb_ct_v2, &sc->fk);
+		bpf_map_delete_elem(&pb_ct_v2, rk);
 	}
 	return forward(ctx, p, gs);
 }

@@ -55,6 +55,12 @@
 #define PB_CT_QUIET_END 0x4000     /* its service had PB_SVC_F_QUIET_END when the flow began */
 #define PB_CT_MOVED 0x8000         /* REV entry of the backend an unanswered flow was moved off: its late answer is reported, then dropped */
 #define PB_CT_ACK_SEEN 0x20000     /* backend_ack holds an acknowledgment the backend sent */
+/* The flow closed with a FIN each way, the second acknowledging the first:
+ * the ACK of the second FIN from this entry's side (a FWD entry's: the
+ * client's; a REV entry's: the backend's) ends it, and both entries go at
+ * once instead of at the sweep. The ACK's number is in the FWD entry's
+ * backend_isn (see struct ct_value). */
+#define PB_CT_LAST_ACK 0x40000
 
 /* client_control: the agent's replay could not be moved; drop it, the
  * flow stays as it was. */

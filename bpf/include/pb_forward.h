@@ -42,6 +42,9 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_FWD);
 			if ((old & PB_CT_FIN_REV) && !(old & PB_CT_CLOSED))
 				close_flow(rv, PB_EVF_CLIENT, fk, gs);
+			/* fv is the scratch's copy: fin_seen looks the entry up. */
+			fin_seen(old, PB_CT_FIN_FWD, PB_CT_FIN_REV, fk, 0, rv, p, seq,
+				 bpf_ntohl(tcp->ack_seq));
 		}
 		return 0;
 	}
@@ -295,6 +298,16 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 	 * sure the reverse half is there: the LRU may have evicted it, and
 	 * without it replies are not reverse-NATed and the flow's end is
 	 * never seen. Built in the scratch: the stack has no room for it. */
+	/* The client's ACK of the backend's FIN, which closed the flow after
+	 * the client's own: the flow is over, and its entries go (fin_seen).
+	 * Only with a right checksum: the backend would drop it otherwise. */
+	int last = 0;
+	if (unlikely(ct->flags & PB_CT_LAST_ACK)) {
+		struct tcphdr *tcp = (void *)p->ports;
+		if ((void *)(tcp + 1) <= p->end && (p->tcp_flags & TCP_ACK) &&
+		    bpf_ntohl(tcp->ack_seq) == ct->backend_isn && l4_csum_ok(ctx, p) == 1)
+			last = 1;
+	}
 	if (now - ct->last_seen_ns > 1000000000ULL) {
 		ct->last_seen_ns = now;
 		struct scratch *sc = scratch();
@@ -314,7 +327,16 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 			}
 		}
 	}
-	return to_backend(ctx, p, &ct->nat_addr, ct->nat_port, ct->svc_id, ct->backend_id, gs);
+	if (likely(!last))
+		return to_backend(ctx, p, &ct->nat_addr, ct->nat_port, ct->svc_id, ct->backend_id, gs);
+	struct scratch *sc = scratch();
+	if (sc)
+		rev_key(&sc->rk, fk, ct);
+	int rc = to_backend(ctx, p, &ct->nat_addr, ct->nat_port, ct->svc_id, ct->backend_id, gs);
+	if (sc)
+		bpf_map_delete_elem(&pb_ct_v2, &sc->rk);
+	bpf_map_delete_elem(&pb_ct_v2, fk);
+	return rc;
 }
 
 #endif /* PB_FORWARD_H */

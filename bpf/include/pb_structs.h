@@ -79,7 +79,11 @@ struct ct_value {
 	__u64 created_ns;       /* bpf_ktime_get_ns at flow start */
 	__u64 last_seen_ns;     /* coarse clock, refreshed at most once a second */
 	__u32 client_isn;       /* the client's SYN's sequence number (a flow a SYN opened) */
-	__u32 backend_isn;      /* REV: the backend's SYN-ACK's sequence number */
+	/* REV: the backend's SYN-ACK's sequence number. FWD (no SYN-ACK's):
+	 * once a FIN was seen, the acknowledgment that FIN asks for (its
+	 * sequence number + its payload + 1); once the second FIN acknowledged
+	 * the first, the second's (PB_CT_LAST_ACK). */
+	__u32 backend_isn;
 	__u32 backend_ack;      /* REV: the highest acknowledgment the backend sent (PB_CT_ACK_SEEN) */
 	__u32 reply_ifindex;    /* REV: the interface the backend's replies passed the reverse-path check on */
 };

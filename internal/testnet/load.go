@@ -41,6 +41,9 @@ type LoadSpec struct {
 	// ConnectOnly makes each attempt a bare TCP connect + close (OK =
 	// connected; Backend stays empty): L4 outcomes without HTTP.
 	ConnectOnly bool
+	// Abort ends each attempt with a RST (SO_LINGER 0) instead of a FIN:
+	// a close the load balancer does not see complete.
+	Abort bool
 
 	// Sources, if set, are the addresses attempts come from, in turn
 	// (addresses of the namespace: AddAddrs): many clients, whose flows'
@@ -181,6 +184,9 @@ func attempt(ctx context.Context, d *Dialer, spec LoadSpec, req []byte) Result {
 		return finish(err)
 	}
 	defer c.Close()
+	if tc, ok := c.(*net.TCPConn); ok && spec.Abort {
+		tc.SetLinger(0)
+	}
 	r.Connect = time.Since(r.Started)
 	r.SYNRetransmits = synRetransmits(c)
 	if spec.ConnectOnly {

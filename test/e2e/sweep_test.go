@@ -3,18 +3,25 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/testnet"
 )
 
 // The conntrack sweep ends the flows the datapath leaves behind: 40
-// connections, each closed, are expired once the closed timeout (10 s)
-// has passed, by the kernel's sweep (pb_ct_sweep_run, the default) and by
+// connections, each reset by its client (a close the datapath does not see
+// complete, unlike a FIN each way: see
+// TestClosedFlowsLeaveConntrackAtTheirClose), are expired once the closed
+// timeout (10 s) has passed, by the kernel's sweep (pb_ct_sweep_run, the default) and by
 // the agent's copy of the table (--kernel-sweep=false), which the agent
 // says it uses and conntrack_sweeps_total counts. conntrack_size is the
 // table's size (--conntrack-size), which PenaltyboxConntrackFull holds
@@ -29,7 +36,7 @@ func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 			e := newEnv(t, 2)
 			a := e.startAgent(config(e.topo, all(2), ""), "--kernel-sweep="+strconv.FormatBool(kernel), "--conntrack-size=131072")
 			rs, err := testnet.Load(e.ctx, e.topo.Client, testnet.LoadSpec{Target: testnet.VIP + ":80",
-				Rate: 200, Count: 40, ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second})
+				Rate: 200, Count: 40, ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second, Abort: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,5 +74,48 @@ func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 				t.Errorf("the kernel's sweep was refused or failed:\n%s", a.LogTail(40))
 			}
 		})
+	}
+}
+
+// A connection closed with a FIN each way, each acknowledged, leaves
+// conntrack at its last ACK (the datapath's fin_seen), not at a sweep 10 s
+// or more after (which could not expire a flow closed a moment ago): the
+// table holds none of 40 such connections' entries moments after the
+// last one closed.
+func TestClosedFlowsLeaveConntrackAtTheirClose(t *testing.T) {
+	e := newEnv(t, 2)
+	a := e.startAgent(config(e.topo, all(2), ""))
+	ct, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFFSRoot, "pb_ct_v2"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct.Close()
+	rs, err := testnet.Load(e.ctx, e.topo.Client, testnet.LoadSpec{Target: testnet.VIP + ":80",
+		Rate: 200, Count: 40, ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok := rs.Count(testnet.OK); ok != 40 {
+		t.Fatalf("%d of 40 connections succeeded: %v", ok, rs)
+	}
+	// The last ACKs are on their way as the clients return: a margin.
+	var left []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		left = left[:0]
+		var k bpf.LbCtKey
+		var v bpf.LbCtValue
+		it := ct.Iterate()
+		for it.Next(&k, &v) {
+			left = append(left, fmt.Sprintf("{dir %d, ports %d -> %d, flags %#x}", k.Dir, k.Sport, k.Dport, v.Flags))
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("%d conntrack entries left 5 s after the last close: %v", len(left), left)
 	}
 }
