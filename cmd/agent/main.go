@@ -236,7 +236,7 @@ func parseFlags(args []string) (options, error) {
 	uintFlag(&o.maxInflightDefault, "max-inflight-default", "live flows a service may hold unless it sets its own limit (config defaults.maxInflight, annotation penaltybox.io/max-inflight); 0: no limit (default 0)", 0, math.MaxUint32)
 	max(&o.dp.MaxServices, "max-services", datapath.DefaultMaxServices, "size of the services maps")
 	max(&o.dp.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of the backends maps (one entry per service endpoint)")
-	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries, two per flow: at least twice the open flows plus 20 s of new TCP connections and 70 s of UDP flows (full, its LRU evicts live flows)")
+	max(&o.dp.ConntrackSize, "conntrack-size", datapath.DefaultConntrackSize, "conntrack entries, two per flow: at least twice the open flows plus 20 s of TCP connections reset (one closed by a FIN each way leaves at once) and 70 s of UDP flows (full, its LRU evicts live flows)")
 	max(&o.dp.EventsBytes, "events-bytes", datapath.DefaultEventsBytes, "ring buffer bytes for outcome events (power of two)")
 	max(&o.dp.AffinityClients, "affinity-clients", datapath.DefaultAffinityClients, "clients remembered for sessionAffinity ClientIP, one per service and client address; past it the least recently seen are forgotten")
 	fs.BoolVar(&o.dpConfig.ReversePath, "reverse-path-check", true, "a backend's reply counts as its answer (refused, reset, accepted) only if it arrived where the node routes that backend, as the kernel's strict rp_filter rule has it: no pod can answer for another; false only where replies come back another way (asymmetric routing)")

@@ -27,7 +27,7 @@ import (
 type Timeouts struct {
 	TCPEstablished time.Duration // handshake done, not closed
 	TCPOpening     time.Duration // SYN sent, no SYN-ACK yet
-	TCPClosed      time.Duration // FIN both ways or RST
+	TCPClosed      time.Duration // RST, or FIN both ways without the last ACK the datapath deletes a flow at
 	UDP            time.Duration
 	// Orphan: a counted flow whose conntrack entry is gone (evicted) is
 	// released once it is at least this old, so a flow being created right
