@@ -160,7 +160,7 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 	}
 	if (ct) {
 		*fv = *ct;
-		rc = client_control(p, svc, fk, fv, move_off, gs);
+		rc = client_control(ctx, p, svc, fk, fv, move_off, gs);
 	} else if (handed_over() || (svc->flags & PB_SVC_F_HANDED_BACK)) {
 		/* The agent is away (or the install is going), or the service
 		 * is kube-proxy's again: a datapath that cannot be told of
@@ -249,12 +249,16 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 			return -1;
 		__u32 seq = bpf_ntohl(tcp->seq), ack = bpf_ntohl(tcp->ack_seq);
 		int synack = (f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK);
-		if ((f & TCP_RST) || synack) {
-			if (l4_csum_ok(ctx, p) != 1) {
-				if (gs)
-					gs->reply_bad_checksum++;
-				goto nat;
-			}
+		/* Summed once, for every packet the checksum matters to: a RST or
+		 * SYN-ACK decides only with a right one, a FIN arms its flow's
+		 * last ACK (fin_seen) and that ACK deletes the flow only so. */
+		int sum_ok = 0;
+		if ((f & (TCP_RST | TCP_FIN)) || synack || (rv->flags & PB_CT_LAST_ACK))
+			sum_ok = l4_csum_ok(ctx, p) == 1;
+		if (((f & TCP_RST) || synack) && !sum_ok) {
+			if (gs)
+				gs->reply_bad_checksum++;
+			goto nat;
 		}
 		/* The backend's acknowledgment: what a client's RST must carry
 		 * (client_rst_ok). */
@@ -408,14 +412,15 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 				__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_REV);
 				if ((old & PB_CT_FIN_FWD) && !(old & PB_CT_CLOSED))
 					close_flow(rv, 0, fkp, gs);
-				fin_seen(old, PB_CT_FIN_REV, PB_CT_FIN_FWD, fkp, 0, 0, p, seq, ack);
+				fin_seen(p, old, PB_CT_FIN_REV, PB_CT_FIN_FWD, fkp, rv, seq, ack, sum_ok);
 			} else if (unlikely(rv->flags & PB_CT_LAST_ACK) && !synack && (f & TCP_ACK)) {
 				/* The backend's ACK of the client's FIN, which closed
 				 * the flow after its own: its entries go (fin_seen),
-				 * if its checksum is right (the client drops it else). */
+				 * if its checksum is right (the client drops it else)
+				 * and the forward entry is this flow's. */
 				fwd_key(fkp, rk, rv);
 				struct ct_value *fv = bpf_map_lookup_elem(&pb_ct_v2, fkp);
-				last = fv && ack == fv->backend_isn && l4_csum_ok(ctx, p) == 1;
+				last = sum_ok && fv && fv->created_ns == rv->created_ns && ack == fv->backend_isn;
 			}
 		}
 	} else if (rv->flags & PB_CT_MOVED) {

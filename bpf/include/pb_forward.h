@@ -9,7 +9,7 @@
 
 /* client_control handles SYN, FIN and RST from the client on a known flow.
  * Returns 0 to forward with *fv, or new_flow's refusal. */
-static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
+static __always_inline int client_control(struct xdp_md *ctx, struct pkt *p, struct svc_value *svc,
 					  struct ct_key *fk, struct ct_value *fv, __u32 move_off,
 					  struct global_stats *gs)
 {
@@ -42,9 +42,9 @@ static __always_inline int client_control(struct pkt *p, struct svc_value *svc,
 			__u32 old = __sync_fetch_and_or(&rv->flags, PB_CT_FIN_FWD);
 			if ((old & PB_CT_FIN_REV) && !(old & PB_CT_CLOSED))
 				close_flow(rv, PB_EVF_CLIENT, fk, gs);
-			/* fv is the scratch's copy: fin_seen looks the entry up. */
-			fin_seen(old, PB_CT_FIN_FWD, PB_CT_FIN_REV, fk, 0, rv, p, seq,
-				 bpf_ntohl(tcp->ack_seq));
+			if (!(old & (PB_CT_FIN_FWD | PB_CT_CLOSED)))
+				fin_seen(p, old, PB_CT_FIN_FWD, PB_CT_FIN_REV, fk, rv, seq,
+					 bpf_ntohl(tcp->ack_seq), l4_csum_ok(ctx, p) == 1);
 		}
 		return 0;
 	}
@@ -293,11 +293,6 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 	 * reaper's timeouts (a SYN-ACK alone does not make one). */
 	if (unlikely(!(ct->flags & PB_CT_CLIENT_ACKED)))
 		__sync_fetch_and_or(&ct->flags, PB_CT_CLIENT_ACKED);
-	__u64 now = coarse_now();
-	/* Refresh at most once a second: keeps the line clean. Then also make
-	 * sure the reverse half is there: the LRU may have evicted it, and
-	 * without it replies are not reverse-NATed and the flow's end is
-	 * never seen. Built in the scratch: the stack has no room for it. */
 	/* The client's ACK of the backend's FIN, which closed the flow after
 	 * the client's own: the flow is over, and its entries go (fin_seen).
 	 * Only with a right checksum: the backend would drop it otherwise. */
@@ -308,6 +303,11 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 		    bpf_ntohl(tcp->ack_seq) == ct->backend_isn && l4_csum_ok(ctx, p) == 1)
 			last = 1;
 	}
+	__u64 now = coarse_now();
+	/* Refresh at most once a second: keeps the line clean. Then also make
+	 * sure the reverse half is there: the LRU may have evicted it, and
+	 * without it replies are not reverse-NATed and the flow's end is
+	 * never seen. Built in the scratch: the stack has no room for it. */
 	if (now - ct->last_seen_ns > 1000000000ULL) {
 		ct->last_seen_ns = now;
 		struct scratch *sc = scratch();
@@ -322,20 +322,25 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *p, struct
 					    PB_CT_MIDSTREAM;
 				rv->last_seen_ns = now;
 				rv->reply_ifindex = 0;
+				rv->backend_isn = 0; /* the forward entry's holds a FIN's end */
 				rv->sweep_mark = 0; /* the sweep's, of the other half */
 				bpf_map_update_elem(&pb_ct_v2, &sc->rk, rv, BPF_NOEXIST);
 			}
 		}
 	}
-	if (likely(!last))
-		return to_backend(ctx, p, &ct->nat_addr, ct->nat_port, ct->svc_id, ct->backend_id, gs);
-	struct scratch *sc = scratch();
-	if (sc)
-		rev_key(&sc->rk, fk, ct);
 	int rc = to_backend(ctx, p, &ct->nat_addr, ct->nat_port, ct->svc_id, ct->backend_id, gs);
-	if (sc)
-		bpf_map_delete_elem(&pb_ct_v2, &sc->rk);
-	bpf_map_delete_elem(&pb_ct_v2, fk);
+	if (unlikely(last)) {
+		/* The reverse half goes if it is this flow's (a Linux client
+		 * may use the port towards two VIPs with a backend in common). */
+		struct scratch *sc = scratch();
+		if (sc) {
+			rev_key(&sc->rk, fk, ct);
+			struct ct_value *rv = bpf_map_lookup_elem(&pb_ct_v2, &sc->rk);
+			if (rv && rv->created_ns == ct->created_ns)
+				bpf_map_delete_elem(&pb_ct_v2, &sc->rk);
+		}
+		bpf_map_delete_elem(&pb_ct_v2, fk);
+	}
 	return rc;
 }
 

@@ -103,36 +103,36 @@ report:
  * of waiting a closed flow's timeout for the sweep: at ten thousand
  * connections a second those are most of the table, and most of the
  * sweep's work. old: the flow's flags before this FIN's bit (mine) was
- * set; other: the other side's FIN bit; fk, fv: the forward entry's key
- * and the entry if the caller has it (in the map, not a copy); last: the entry whose side sends
- * the final ACK (0: the forward entry). The first FIN of the flow keeps
- * its end in the forward entry. The second arms the final ACK only if it
- * acknowledges exactly that end: a FIN again, one that does not
- * acknowledge the other's, or one a client forged with a guessed
- * sequence number arms nothing, and the entries stay for the sweep as
- * before. An early delete costs a flow nothing but a midstream pickup. */
-static __always_inline void fin_seen(__u32 old, __u32 mine, __u32 other, const struct ct_key *fk,
-				     struct ct_value *fv, struct ct_value *last, const struct pkt *p,
-				     __u32 seq, __u32 ack)
+ * set; other: the other side's FIN bit; fk: the forward key; rv: the
+ * reverse entry; sum_ok: the FIN's checksum is right. The first FIN of the flow keeps its end in the forward
+ * entry. The second arms the other side's ACK (the client's, when the
+ * second FIN is the backend's) only if it acknowledges exactly that end
+ * and its checksum is right: a FIN again, one that does not acknowledge
+ * the other's (a simultaneous close), one a client forged with a guessed
+ * sequence number or a wrong checksum arms nothing, and the entries stay
+ * for the sweep, as before. So do a flow reset first, and halves of two
+ * flows (another flow's forward entry under the key). */
+static __always_inline void fin_seen(const struct pkt *p, __u32 old, __u32 mine, __u32 other,
+				     const struct ct_key *fk, struct ct_value *rv, __u32 seq, __u32 ack,
+				     int sum_ok)
 {
 	if (old & (mine | PB_CT_CLOSED))
 		return;
 	int first = !(old & other);
 	if (!first && !(p->tcp_flags & TCP_ACK))
 		return;
-	if (!fv)
-		fv = bpf_map_lookup_elem(&pb_ct_v2, fk);
-	if (!fv)
+	struct ct_value *fv = bpf_map_lookup_elem(&pb_ct_v2, fk);
+	if (!fv || fv->created_ns != rv->created_ns)
 		return;
 	__u32 end = seq + p->payload + 1;
 	if (first) {
 		fv->backend_isn = end;
 		return;
 	}
-	if (ack != fv->backend_isn)
+	if (ack != fv->backend_isn || !sum_ok)
 		return;
 	fv->backend_isn = end;
-	__sync_fetch_and_or(last ? &last->flags : &fv->flags, PB_CT_LAST_ACK);
+	__sync_fetch_and_or(mine == PB_CT_FIN_REV ? &fv->flags : &rv->flags, PB_CT_LAST_ACK);
 }
 
 #endif /* PB_TRIPS_H */

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
@@ -202,10 +203,35 @@ func TestCloseLeavesConntrackOnlyOnItsLastACK(t *testing.T) {
 			fl.backendFIN(fl.cFinEnd)
 			fl.clientACK(fl.bFinEnd)
 		}, false},
+		{"a second FIN with a wrong checksum", func(fl *closeFlow) {
+			fl.clientFIN(fl.bNext)
+			pkt := bpftest.TCPSeq(fl.be, fl.c, bpftest.FIN, nil, fl.bNext, fl.cFinEnd)
+			pkt[14+20+16] ^= 0xff
+			bpftest.Run(fl.f.t, fl.f.PbXdp, pkt)
+			fl.clientACK(fl.bFinEnd)
+		}, false},
+		{"the backend's last ACK with a wrong checksum", func(fl *closeFlow) {
+			fl.backendFIN(fl.cNext)
+			fl.clientFIN(fl.bFinEnd)
+			pkt := bpftest.TCPSeq(fl.be, fl.c, bpftest.ACK, nil, fl.bFinEnd, fl.cFinEnd)
+			pkt[14+20+16] ^= 0xff
+			bpftest.Run(fl.f.t, fl.f.PbXdp, pkt)
+		}, false},
 		{"the client's FIN again after the backend's", func(fl *closeFlow) {
 			fl.clientFIN(fl.bNext)
 			fl.backendFIN(fl.cFinEnd)
 			fl.clientFIN(fl.bFinEnd)
+			fl.clientACK(fl.bFinEnd)
+		}, true},
+		{"a FIN with data, the backend's data after the client's FIN", func(fl *closeFlow) {
+			fl.f.run(bpftest.TCPSeq(fl.c, fl.vip, bpftest.FIN, make([]byte, 5), fl.cNext, fl.bNext))
+			fl.cFinEnd = fl.cNext + 5 + 1
+			fl.f.run(bpftest.TCPSeq(fl.be, fl.c, bpftest.ACK, make([]byte, 7), fl.bNext, fl.cFinEnd))
+			fl.bNext += 7
+			fl.bFinEnd = fl.bNext + 1
+			fl.backendFIN(fl.cFinEnd)
+			fl.clientACK(fl.bFinEnd - 1) // acknowledges the data, not the FIN
+			fl.want("the data acknowledged, not the FIN", true, true)
 			fl.clientACK(fl.bFinEnd)
 		}, true},
 		{"the backend's FIN twice", func(fl *closeFlow) {
@@ -224,4 +250,47 @@ func TestCloseLeavesConntrackOnlyOnItsLastACK(t *testing.T) {
 			f.events()
 		})
 	}
+}
+
+// A close deletes the other half only if it is the same flow's (the same
+// start): a Linux client may use one port towards two VIPs with a
+// backend in common, whose reverse entries then share a key.
+func TestCloseLeavesAnotherFlowsHalf(t *testing.T) {
+	other := func(f *fixture, k bpf.LbCtKey) {
+		f.t.Helper()
+		var v bpf.LbCtValue
+		f.must(f.LbMaps.PbCtV2.Lookup(k, &v))
+		v.CreatedNs++
+		f.must(f.LbMaps.PbCtV2.Put(k, v))
+	}
+	t.Run("the client's last ACK", func(t *testing.T) {
+		f := newFixture(t)
+		f.table(id1)
+		fl := f.open(client, vip, be1)
+		fl.clientFIN(fl.bNext)
+		fl.backendFIN(fl.cFinEnd)
+		other(f, maps.ReplyKey(be1, client))
+		fl.clientACK(fl.bFinEnd)
+		fl.want("the reverse key another flow's", false, true)
+	})
+	t.Run("the backend's last ACK", func(t *testing.T) {
+		f := newFixture(t)
+		f.table(id1)
+		fl := f.open(client, vip, be1)
+		fl.backendFIN(fl.cNext)
+		fl.clientFIN(fl.bFinEnd)
+		other(f, maps.RequestKey(client, vip))
+		fl.backendACK(fl.cFinEnd)
+		fl.want("the forward key another flow's", true, true)
+	})
+	t.Run("the second FIN", func(t *testing.T) {
+		f := newFixture(t)
+		f.table(id1)
+		fl := f.open(client, vip, be1)
+		fl.clientFIN(fl.bNext)
+		other(f, maps.RequestKey(client, vip))
+		fl.backendFIN(fl.cFinEnd)
+		fl.clientACK(fl.bFinEnd)
+		fl.want("the forward key another flow's at the FIN", true, true)
+	})
 }
