@@ -57,9 +57,9 @@
 #define PB_CT_ACK_SEEN 0x20000     /* backend_ack holds an acknowledgment the backend sent */
 /* The flow closed with a FIN each way, the second acknowledging the first:
  * the ACK of the second FIN from this entry's side (a FWD entry's: the
- * client's; a REV entry's: the backend's) ends it, and both entries go at
- * once instead of at the sweep. The ACK's number is in the FWD entry's
- * backend_isn (see struct ct_value). */
+ * client's; a REV entry's: the backend's) ends it, and its entries go at
+ * once instead of at the sweep (each if it has the flow's start). The
+ * ACK's number is in the FWD entry's backend_isn (see fin_seen). */
 #define PB_CT_LAST_ACK 0x40000
 
 /* client_control: the agent's replay could not be moved; drop it, the

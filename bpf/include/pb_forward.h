@@ -44,7 +44,8 @@ static __always_inline int client_control(struct xdp_md *ctx, struct pkt *p, str
 				close_flow(rv, PB_EVF_CLIENT, fk, gs);
 			if (!(old & (PB_CT_FIN_FWD | PB_CT_CLOSED)))
 				fin_seen(p, old, PB_CT_FIN_FWD, PB_CT_FIN_REV, fk, rv, seq,
-					 bpf_ntohl(tcp->ack_seq), l4_csum_ok(ctx, p) == 1);
+					 bpf_ntohl(tcp->ack_seq),
+					 (old & PB_CT_FIN_REV) && l4_csum_ok(ctx, p) == 1);
 		}
 		return 0;
 	}

@@ -104,8 +104,9 @@ report:
  * connections a second those are most of the table, and most of the
  * sweep's work. old: the flow's flags before this FIN's bit (mine) was
  * set; other: the other side's FIN bit; fk: the forward key; rv: the
- * reverse entry; sum_ok: the FIN's checksum is right. The first FIN of the flow keeps its end in the forward
- * entry. The second arms the other side's ACK (the client's, when the
+ * reverse entry; sum_ok: the FIN's checksum is right (asked of the
+ * second FIN only). The first FIN of the flow keeps its end in the
+ * forward entry. The second arms the other side's ACK (the client's, when the
  * second FIN is the backend's) only if it acknowledges exactly that end
  * and its checksum is right: a FIN again, one that does not acknowledge
  * the other's (a simultaneous close), one a client forged with a guessed

@@ -256,41 +256,42 @@ func TestCloseLeavesConntrackOnlyOnItsLastACK(t *testing.T) {
 // start): a Linux client may use one port towards two VIPs with a
 // backend in common, whose reverse entries then share a key.
 func TestCloseLeavesAnotherFlowsHalf(t *testing.T) {
-	other := func(f *fixture, k bpf.LbCtKey) {
-		f.t.Helper()
-		var v bpf.LbCtValue
-		f.must(f.LbMaps.PbCtV2.Lookup(k, &v))
-		v.CreatedNs++
-		f.must(f.LbMaps.PbCtV2.Put(k, v))
+	fwd, rev := maps.RequestKey(client, vip), maps.ReplyKey(be1, client)
+	for _, tc := range []struct {
+		name     string
+		run      func(fl *closeFlow, other func(bpf.LbCtKey))
+		fwd, rev bool // the entries left
+	}{
+		{"the reverse key another flow's at the client's last ACK", func(fl *closeFlow, other func(bpf.LbCtKey)) {
+			fl.clientFIN(fl.bNext)
+			fl.backendFIN(fl.cFinEnd)
+			other(rev)
+			fl.clientACK(fl.bFinEnd)
+		}, false, true},
+		{"the forward key another flow's at the backend's last ACK", func(fl *closeFlow, other func(bpf.LbCtKey)) {
+			fl.backendFIN(fl.cNext)
+			fl.clientFIN(fl.bFinEnd)
+			other(fwd)
+			fl.backendACK(fl.cFinEnd)
+		}, true, true},
+		{"the forward key another flow's at the second FIN", func(fl *closeFlow, other func(bpf.LbCtKey)) {
+			fl.clientFIN(fl.bNext)
+			other(fwd)
+			fl.backendFIN(fl.cFinEnd)
+			fl.clientACK(fl.bFinEnd)
+		}, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.table(id1)
+			fl := f.open(client, vip, be1)
+			tc.run(fl, func(k bpf.LbCtKey) {
+				var v bpf.LbCtValue
+				f.must(f.LbMaps.PbCtV2.Lookup(k, &v))
+				v.CreatedNs++ // another flow's start
+				f.must(f.LbMaps.PbCtV2.Put(k, v))
+			})
+			fl.want(tc.name, tc.fwd, tc.rev)
+		})
 	}
-	t.Run("the client's last ACK", func(t *testing.T) {
-		f := newFixture(t)
-		f.table(id1)
-		fl := f.open(client, vip, be1)
-		fl.clientFIN(fl.bNext)
-		fl.backendFIN(fl.cFinEnd)
-		other(f, maps.ReplyKey(be1, client))
-		fl.clientACK(fl.bFinEnd)
-		fl.want("the reverse key another flow's", false, true)
-	})
-	t.Run("the backend's last ACK", func(t *testing.T) {
-		f := newFixture(t)
-		f.table(id1)
-		fl := f.open(client, vip, be1)
-		fl.backendFIN(fl.cNext)
-		fl.clientFIN(fl.bFinEnd)
-		other(f, maps.RequestKey(client, vip))
-		fl.backendACK(fl.cFinEnd)
-		fl.want("the forward key another flow's", true, true)
-	})
-	t.Run("the second FIN", func(t *testing.T) {
-		f := newFixture(t)
-		f.table(id1)
-		fl := f.open(client, vip, be1)
-		fl.clientFIN(fl.bNext)
-		other(f, maps.RequestKey(client, vip))
-		fl.backendFIN(fl.cFinEnd)
-		fl.clientACK(fl.bFinEnd)
-		fl.want("the forward key another flow's at the FIN", true, true)
-	})
 }
