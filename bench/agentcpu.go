@@ -25,6 +25,9 @@ type agentCPUOpts struct {
 	// Hold keeps the agent running after the last round, for a profiler
 	// (perf record -g -p PID): the pid is logged.
 	Hold time.Duration
+	// ConntrackSize is the agents' --conntrack-size (0: the agent's
+	// default).
+	ConntrackSize int
 }
 
 // agentCPUSources are the client's addresses in the agentcpu part: 16 of
@@ -38,15 +41,14 @@ var agentCPUSources = func() []netip.Addr {
 	return a
 }()
 
-// agentCPUConntrack is the conntrack table the agents run with here,
-// sized for the rate as an operator would size it: a closed flow's two
-// entries stay 10 s (Timeouts.TCPClosed) and the sweep runs every 10 s,
-// so 10,000 connections/s keep up to 400,000 entries. The default
-// (262,144) overflows: the LRU then evicts live flows, whose backend's
-// first data the datapath no longer reports (the flow is picked up
-// midstream), and each such flow's settle deadline woke the agent (about
-// 300 every 10 s, 2026-12-07).
-const agentCPUConntrack = 1 << 19
+// agentCPUOldConntrack is the conntrack table the agents ran with here
+// before the datapath deleted closed flows itself (280ce5a): a closed
+// flow's two entries stayed 10 s (Timeouts.TCPClosed) and the sweep runs
+// every 10 s, so 10,000 connections/s kept up to 400,000 entries, and the
+// default (262,144) overflowed. Now the table holds 4,000-8,000 entries at
+// that rate (2026-12-07) and the agents run with the default, as an
+// operator would; --agentcpu-conntrack-size 524288 measures the old way.
+const agentCPUOldConntrack = 1 << 19
 
 // agentCPUModes are the accrual modes measured: the verdict work differs
 // (a streak, a rate window, both, handshake times for slow connects).
@@ -112,7 +114,10 @@ func runAgentCPU(res *Results, o agentCPUOpts, agentBin string, logf func(string
 	for round := range o.Rounds {
 		for mi, m := range agentCPUModes {
 			l, err := r.fresh(m.name, func() (lb, error) {
-				return r.penaltybox(false, m.accrual, "--conntrack-size", strconv.Itoa(agentCPUConntrack))
+				if o.ConntrackSize == 0 {
+					return r.penaltybox(false, m.accrual)
+				}
+				return r.penaltybox(false, m.accrual, "--conntrack-size", strconv.Itoa(o.ConntrackSize))
 			})
 			if err != nil {
 				return err
@@ -160,8 +165,12 @@ func runAgentCPU(res *Results, o agentCPUOpts, agentBin string, logf func(string
 	for _, m := range agentCPUModes {
 		worst = math.Max(worst, res.median("agentcpu", m.name+": agent CPU per healthy connection"))
 	}
-	res.note("agentcpu", "Same topology as e2e (client, node, 3 HTTP backends), penaltybox with XDP_PASS after NAT (the e2e part's first penaltybox variant). Open loop: new connections scheduled at %.0f/s (testnet.Load, up to 2,000 in flight), each one HTTP GET with `Connection: close` and its 200 response; %v warm-up, then %v measured, per mode per round, modes interleaved in every round, a fresh agent for each. Agent CPU = the agent process's on-CPU time (the sum over its threads of /proc/PID/task/*/schedstat, nanoseconds: user and system, the ring buffer reads and every wake-up included) during the measured window ÷ the connections that succeeded in it. Per-second costs (the reader's poll, timers, the Go runtime) are in it, so the figure is for this rate; so is the conntrack sweep (every 10 s: a %v window holds one), whose work grows with the table, i.e. with the rate. The clients come from %d addresses of the client's /24, so a tuple comes round every 100 s or so and each closed flow's two entries are the sweep's to delete 10 s after its close, as on a node with many clients; with the warm-up, the window's sweep finds the flows that closed in the warm-up's first seconds due (about 90,000 at 10,000/s after an 11 s warm-up). Before 2026-12-06 the window held no such deletes: one client address, whose ports came round every 6.4 s and took over their tuples' closed entries, and a 1 s warm-up. Modes: consecutive (the default settings), failure-rate (its default window), unified with slowConnectThreshold 50ms and slowConnectRateThreshold 0.3 (handshake times judged). Each agent runs with --conntrack-size %d, sized for the rate: closed flows' entries stay 10 s and the sweep runs every 10 s, so 10,000 connections/s want up to 400,000 entries; before 2026-12-07 the agents ran with the default 262,144, whose LRU then evicted live flows (their first data unreported, each decided by its settle deadline) and closed ones the sweep would otherwise have deleted.", o.Rate, o.Warmup, o.Duration, o.Duration, len(agentCPUSources), agentCPUConntrack)
-	res.note("agentcpu", "Where the agent's CPU goes at this rate, held past its first sweeps (perf record -F 999 -g -p on the agent, 10 s of a 40 s hold in the unified mode, 2026-12-07 03:49 UTC, fdd1866, the table sized as above: 39 ms of CPU a second): the outcome events' handling about 40%% (the tracker's map lookups, runtime.mapaccess2, 10%%; its put and Classify; the events counter's increments 3%%; the 3 events of each connection, NEW_FLOW, ESTABLISHED and FIRST_DATA under the default settle rule), the conntrack sweep about 30%% (pb_ct_sweep_run: the forward halves' lookups, the walks over every bucket, the LRU's frees), the scheduler's switches 2%%. Since the replay deadlines are run by the reader (d1bc808: a due one woke the agent's loop, which kicked the reader and woke again after it read) and the reader no longer takes its lock after every record (5f0d74c): 7cbad6b's agent, held the same way, had 448 samples against 390. On 2026-12-07 01:07 UTC (the default table, full): the events about 45%%, the sweep about 19%%, the scheduling about 13%%, sysmon 7%%; on 2026-12-04 the events about 40%% and the sweep, when it still copied a table of ~200,000 entries, about 25%% of a window that held one. Before, polling the ring every 5 ms, wake-ups were most of it (finish_task_switch, sysmon, findRunnable) and the figure was 5.3-7.6 µs. The 1 µs target needs no agent work per healthy connection at all: successes counted in the kernel and read in batches instead of NEW_FLOW/ESTABLISHED/FIRST_DATA records (bench/AGENTCPU.md: the design, what it would save and what it must keep), and a sweep whose work does not grow with closed flows.")
+	ctNote := "Each agent runs with the default conntrack table (262,144 entries), as an operator would now size it for this rate: since closed flows leave at their last ACK it holds 4,000-8,000 entries here. Before, the agents ran with 524,288, sized for closed flows that stayed 10 s (up to 400,000 entries at 10,000 connections/s); the sweep's walk visits every bucket, so that table cost the agent more (1.95 / 2.37 / 3.52 µs against 1.60 / 1.93 / 3.38 µs a connection on the default, min / median / max of 15 samples, the same agent, alternating, 2026-12-07)."
+	if o.ConntrackSize != 0 {
+		ctNote = fmt.Sprintf("Each agent runs with --conntrack-size %d (--agentcpu-conntrack-size).", o.ConntrackSize)
+	}
+	res.note("agentcpu", "Same topology as e2e (client, node, 3 HTTP backends), penaltybox with XDP_PASS after NAT (the e2e part's first penaltybox variant). Open loop: new connections scheduled at %.0f/s (testnet.Load, up to 2,000 in flight), each one HTTP GET with `Connection: close` and its 200 response; %v warm-up, then %v measured, per mode per round, modes interleaved in every round, a fresh agent for each. Agent CPU = the agent process's on-CPU time (the sum over its threads of /proc/PID/task/*/schedstat, nanoseconds: user and system, the ring buffer reads and every wake-up included) during the measured window ÷ the connections that succeeded in it. Per-second costs (the reader's poll, timers, the Go runtime) are in it, so the figure is for this rate; so is the conntrack sweep (every 10 s: a %v window holds one), whose walk visits every bucket of the table. The clients come from %d addresses of the client's /24, so a tuple comes round every 100 s or so, long after its flow's entries went, as on a node with many clients. Since 280ce5a (2026-12-07) the datapath deletes a flow closed by a FIN each way at its last ACK; before, each closed flow's two entries stayed 10 s for the sweep to delete, and the window's sweep deleted about 90,000 flows. Before 2026-12-06 the window held no such deletes: one client address, whose ports came round every 6.4 s and took over their tuples' closed entries, and a 1 s warm-up. Modes: consecutive (the default settings), failure-rate (its default window), unified with slowConnectThreshold 50ms and slowConnectRateThreshold 0.3 (handshake times judged). %s", o.Rate, o.Warmup, o.Duration, o.Duration, len(agentCPUSources), ctNote)
+	res.note("agentcpu", "Where the agent's CPU goes at this rate, held past its first sweeps (perf record -F 999 -g -p on the agent, 15 s of a 40 s hold in the unified mode, 2026-12-07 21:51 UTC, 1f56f98, the table at 524,288 entries: 23 ms of CPU a second): the outcome events' handling 52%% (Tracker.Classify with what it calls 38%%, runtime.mapaccess2 alone 10%%; the 3 events of each connection, NEW_FLOW, ESTABLISHED and FIRST_DATA under the default settle rule) and the reader's own reads 8%%; the conntrack sweep 19%%, nearly all of it its walk over empty buckets (bpf_for_each_hash_elem and its rcu_read_unlock); the scheduler 12%%. The part's agents now run on the default table (262,144 entries; about 4,000-8,000 of them used at this rate), where the walk has half the buckets to visit. Before the datapath deleted closed flows (fdd1866, held the same way, 03:49 UTC, on an Intel Xeon: 39 ms of CPU a second) the events were about 40%% and the sweep about 30%%: its lookups, deletes and walks over 400,000 entries. Before, polling the ring every 5 ms, wake-ups were most of it (finish_task_switch, sysmon, findRunnable) and the figure was 5.3-7.6 µs. The 1 µs target needs no agent work per healthy connection: successes counted in the kernel and read in batches instead of NEW_FLOW/ESTABLISHED/FIRST_DATA records (bench/AGENTCPU.md: the design, what it would save and what it must keep).")
 	res.target("agentcpu", fmt.Sprintf("agent CPU per healthy connection ≤ 1 µs at %.0f connections/s (worst mode)", o.Rate), worst, 1, true, "%.2f µs")
 	return nil
 }

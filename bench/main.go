@@ -61,6 +61,7 @@ type options struct {
 	quick  bool
 	agent  string
 	hold   time.Duration // agentcpu: keep the last agent under load this long
+	ctSize int           // agentcpu: the agents' --conntrack-size (0: the agent's default)
 	// agentLogs: apiscale copies each round's agent log here.
 	agentLogs string
 	// variants: other builds of pb_xdp for the packet part (--pb-variant).
@@ -76,6 +77,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 5, "rounds per figure (min/median/max are over rounds)")
 	flag.BoolVar(&o.quick, "quick", false, "tiny durations and sizes: a smoke run that proves every path works, not a measurement")
 	flag.StringVar(&o.agent, "agent", "", "agent binary (default: build ./cmd/agent)")
+	flag.IntVar(&o.ctSize, "agentcpu-conntrack-size", 0, fmt.Sprintf("agentcpu: the agents' --conntrack-size (0: the agent's default; %d before closed flows left at their last ACK)", agentCPUOldConntrack))
 	flag.DurationVar(&o.hold, "agentcpu-hold", 0, "agentcpu: after the last round, keep its agent under the same load this long (for perf record -p PID; the pid is logged)")
 	flag.StringVar(&o.agentLogs, "agent-logs", "", "apiscale: copy each round's agent log (its output, GODEBUG=gctrace=1's lines too) into this directory as apiscale-N.log")
 	jsonOut := flag.String("json", "", "also write the raw figures as JSON to this file")
@@ -226,6 +228,7 @@ func run(o options, logf func(string, ...any)) (*Results, Machine, error) {
 			err = runE2E(res, sz.e2e, o.agent, logf)
 		case "agentcpu":
 			sz.agentcpu.Hold = o.hold
+			sz.agentcpu.ConntrackSize = o.ctSize
 			err = runAgentCPU(res, sz.agentcpu, o.agent, logf)
 		case "failing":
 			err = runFailing(res, sz.failing, o.agent, logf)
