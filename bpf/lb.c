@@ -180,7 +180,15 @@ static __always_inline int handle_forward(struct xdp_md *ctx, struct pkt *p, str
 			  (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN;
 		if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 			return XDP_PASS; /* RST for a flow we never saw: nothing to reset */
-		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, 0, fv, gs);
+		/* A FIN on no flow is most likely a flow's that ended here: a
+		 * client's FIN sent again after the backend's last ACK took the
+		 * entries (fin_seen) and was lost on its way. Picked up closed,
+		 * so it stays the closed timeout, not an opening's or an
+		 * established flow's. */
+		__u32 ct_flags = 0;
+		if (!syn && (p->tcp_flags & TCP_FIN))
+			ct_flags = PB_CT_FIN_FWD | PB_CT_CLOSED;
+		rc = new_flow(p, svc, fk, !syn, 0, 0, 0, 0, ct_flags, fv, gs);
 	}
 	if (rc == PB_REPLAY_STAYS)
 		return XDP_DROP;
@@ -250,10 +258,14 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		__u32 seq = bpf_ntohl(tcp->seq), ack = bpf_ntohl(tcp->ack_seq);
 		int synack = (f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK);
 		/* Summed once, for every packet the checksum matters to: a RST or
-		 * SYN-ACK decides only with a right one, a FIN arms its flow's
-		 * last ACK (fin_seen) and that ACK deletes the flow only so. */
+		 * SYN-ACK decides only with a right one, the second FIN arms its
+		 * flow's last ACK (fin_seen) and that ACK deletes the flow only
+		 * so. A segment too long to sum (over PB_CSUM_MAX) is not right:
+		 * its flow stays for the sweep. */
+		__u32 was = rv->flags;
 		int sum_ok = 0;
-		if ((f & (TCP_RST | TCP_FIN)) || synack || (rv->flags & PB_CT_LAST_ACK))
+		if ((f & TCP_RST) || synack || ((f & TCP_FIN) && (was & PB_CT_FIN_FWD)) ||
+		    (was & PB_CT_LAST_ACK))
 			sum_ok = l4_csum_ok(ctx, p) == 1;
 		if (((f & TCP_RST) || synack) && !sum_ok) {
 			if (gs)
@@ -289,8 +301,9 @@ static __always_inline int handle_reply(struct xdp_md *ctx, struct pkt *p,
 		}
 		/* The forward key, as the client sent it: built only for a
 		 * packet that can end, settle or judge the flow (a SYN, FIN or
-		 * RST, or the backend's first data), not for the replies of an
-		 * established flow, most of them. first_data is read once: the
+		 * RST, or the backend's first data; an armed flow's last ACK
+		 * builds it below), not for the replies of an established flow,
+		 * most of them. first_data is read once: the
 		 * LRU may reuse rv's element for another flow meanwhile, and a
 		 * second read could find the bit clear with no key built. */
 		int first_data = p->payload && !(rv->flags & PB_CT_BACKEND_DATA);
@@ -689,9 +702,12 @@ int pb_stats_reset_run(struct stats_reset_args *a)
 
 /* The agent's whole conntrack sweep, in the kernel: what the agent's
  * reaper (pkg/conntrack) does with a copy of pb_ct_v2, done here with
- * lookups in the table itself. A closed flow keeps its two entries for
- * the closed timeout (10 s), so at 10,000 connections a second the copy
- * was of some 200,000 entries, most of the agent's sweep. The walks:
+ * lookups in the table itself. A flow reset, or closed otherwise than
+ * by a FIN each way with the second acknowledging the first (those go at
+ * their last ACK: fin_seen), keeps its two entries for the closed
+ * timeout (10 s); before the datapath deleted closed flows itself, the
+ * copy was of some 200,000 entries at 10,000 connections a second, most
+ * of the agent's sweep. The walks:
  *   1. every entry of pb_ct_v2, once. The first half of a flow the walk
  *      comes to judges the flow for both: idle past its state's timeout
  *      (last seen by either half), both halves go; otherwise its ids are

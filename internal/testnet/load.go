@@ -184,8 +184,14 @@ func attempt(ctx context.Context, d *Dialer, spec LoadSpec, req []byte) Result {
 		return finish(err)
 	}
 	defer c.Close()
-	if tc, ok := c.(*net.TCPConn); ok && spec.Abort {
-		tc.SetLinger(0)
+	if spec.Abort {
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			return finish(fmt.Errorf("testnet: Abort: a %T is no TCP connection", c))
+		}
+		if err := tc.SetLinger(0); err != nil {
+			return finish(fmt.Errorf("testnet: Abort: %w", err))
+		}
 	}
 	r.Connect = time.Since(r.Started)
 	r.SYNRetransmits = synRetransmits(c)

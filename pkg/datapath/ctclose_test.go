@@ -78,6 +78,15 @@ func (fl *closeFlow) backendACK(ack uint32) {
 	}
 }
 
+// bad sends pkt with its TCP checksum broken (corrupt): the datapath
+// passes it on, and it decides nothing.
+func (fl *closeFlow) bad(pkt []byte) {
+	fl.f.t.Helper()
+	if ret, _ := bpftest.Run(fl.f.t, fl.f.PbXdp, corrupt(pkt)); ret != bpftest.XDPPass {
+		fl.f.t.Fatalf("a segment with a wrong checksum: verdict %d, want XDP_PASS", ret)
+	}
+}
+
 // entries says which of the flow's two conntrack entries are there.
 func (fl *closeFlow) entries() (fwd, rev bool) {
 	fl.f.t.Helper()
@@ -193,9 +202,7 @@ func TestCloseLeavesConntrackOnlyOnItsLastACK(t *testing.T) {
 		{"the last ACK with a wrong checksum", func(fl *closeFlow) {
 			fl.clientFIN(fl.bNext)
 			fl.backendFIN(fl.cFinEnd)
-			pkt := bpftest.TCPSeq(fl.c, fl.vip, bpftest.ACK, nil, fl.cFinEnd, fl.bFinEnd)
-			pkt[14+20+16] ^= 0xff                // the TCP checksum (Ethernet, IPv4, its offset)
-			bpftest.Run(fl.f.t, fl.f.PbXdp, pkt) // forwarded, wrong as it came
+			fl.bad(bpftest.TCPSeq(fl.c, fl.vip, bpftest.ACK, nil, fl.cFinEnd, fl.bFinEnd))
 		}, false},
 		{"a reset, then a FIN and the ACK", func(fl *closeFlow) {
 			fl.clientFIN(fl.bNext)
@@ -205,17 +212,18 @@ func TestCloseLeavesConntrackOnlyOnItsLastACK(t *testing.T) {
 		}, false},
 		{"a second FIN with a wrong checksum", func(fl *closeFlow) {
 			fl.clientFIN(fl.bNext)
-			pkt := bpftest.TCPSeq(fl.be, fl.c, bpftest.FIN, nil, fl.bNext, fl.cFinEnd)
-			pkt[14+20+16] ^= 0xff
-			bpftest.Run(fl.f.t, fl.f.PbXdp, pkt)
+			fl.bad(bpftest.TCPSeq(fl.be, fl.c, bpftest.FIN, nil, fl.bNext, fl.cFinEnd))
 			fl.clientACK(fl.bFinEnd)
+		}, false},
+		{"the client's second FIN with a wrong checksum", func(fl *closeFlow) {
+			fl.backendFIN(fl.cNext)
+			fl.bad(bpftest.TCPSeq(fl.c, fl.vip, bpftest.FIN, nil, fl.cNext, fl.bFinEnd))
+			fl.backendACK(fl.cFinEnd)
 		}, false},
 		{"the backend's last ACK with a wrong checksum", func(fl *closeFlow) {
 			fl.backendFIN(fl.cNext)
 			fl.clientFIN(fl.bFinEnd)
-			pkt := bpftest.TCPSeq(fl.be, fl.c, bpftest.ACK, nil, fl.bFinEnd, fl.cFinEnd)
-			pkt[14+20+16] ^= 0xff
-			bpftest.Run(fl.f.t, fl.f.PbXdp, pkt)
+			fl.bad(bpftest.TCPSeq(fl.be, fl.c, bpftest.ACK, nil, fl.bFinEnd, fl.cFinEnd))
 		}, false},
 		{"the client's FIN again after the backend's", func(fl *closeFlow) {
 			fl.clientFIN(fl.bNext)
@@ -293,5 +301,34 @@ func TestCloseLeavesAnotherFlowsHalf(t *testing.T) {
 			})
 			fl.want(tc.name, tc.fwd, tc.rev)
 		})
+	}
+}
+
+// The client's FIN sent again after the backend's last ACK took the flow
+// (lost on its way to the client) finds no entry: it is picked up as a
+// closed flow, whose entries stay the closed timeout, not an opening's
+// (60 s) or an established flow's (6 h).
+func TestFINAfterTheCloseIsPickedUpClosed(t *testing.T) {
+	f := newFixture(t)
+	f.table(id1)
+	fl := f.open(client, vip, be1)
+	fl.backendFIN(fl.cNext)
+	fl.clientFIN(fl.bFinEnd)
+	fl.backendACK(fl.cFinEnd)
+	fl.want("closed", false, false)
+	f.events() // the close's end
+	_, p, _ := f.run(bpftest.TCPSeq(client, vip, bpftest.FIN, nil, fl.cNext, fl.bFinEnd))
+	if p.Dst != be1 {
+		t.Fatalf("the FIN sent again went to %v, want %v", p.Dst, be1)
+	}
+	f.wantEvents() // picked up midstream: nothing to judge
+	for _, k := range []bpf.LbCtKey{maps.RequestKey(client, vip), maps.ReplyKey(be1, client)} {
+		v, err := f.Maps.CTEntry(k)
+		if err != nil {
+			t.Fatalf("entry %d: %v", k.Dir, err)
+		}
+		if want := maps.CTClosed | maps.CTFinFwd | maps.CTMidstream; v.Flags&want != want {
+			t.Errorf("entry %d flags %#x, want %#x set", k.Dir, v.Flags, want)
+		}
 	}
 }

