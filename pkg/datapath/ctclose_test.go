@@ -58,14 +58,12 @@ func (fl *closeFlow) backendFIN(ack uint32) {
 }
 
 // clientACK sends the client's ACK and checks it went to the backend.
-func (fl *closeFlow) clientACK(ack uint32) []byte {
+func (fl *closeFlow) clientACK(ack uint32) {
 	fl.f.t.Helper()
-	pkt := bpftest.TCPSeq(fl.c, fl.vip, bpftest.ACK, nil, fl.cFinEnd, ack)
-	_, p, _ := fl.f.run(pkt)
+	_, p, _ := fl.f.run(bpftest.TCPSeq(fl.c, fl.vip, bpftest.ACK, nil, fl.cFinEnd, ack))
 	if p.Dst != fl.be {
 		fl.f.t.Fatalf("client's ACK went to %v, want %v", p.Dst, fl.be)
 	}
-	return pkt
 }
 
 // backendACK sends the backend's ACK and checks it reached the client
@@ -123,13 +121,12 @@ func TestCloseWithFINsLeavesConntrack(t *testing.T) {
 	for _, fam := range []struct {
 		name       string
 		c, vip, be netip.AddrPort
-		id         uint32
 		fixture    func(*testing.T) *fixture
 		wantEvents func(f *fixture, typ uint8, flags uint8, c netip.AddrPort)
 	}{
-		{"IPv4", client, vip, be1, id1, func(t *testing.T) *fixture { f := newFixture(t); f.table(id1); return f },
+		{"IPv4", client, vip, be1, func(t *testing.T) *fixture { f := newFixture(t); f.table(id1); return f },
 			func(f *fixture, typ, flags uint8, c netip.AddrPort) { f.wantEvents(ev(typ, flags, id1, c)) }},
-		{"IPv6", client6, vip6, be6a, id6a, func(t *testing.T) *fixture { return fixture6(t, 6) },
+		{"IPv6", client6, vip6, be6a, func(t *testing.T) *fixture { return fixture6(t, 6) },
 			func(f *fixture, typ, flags uint8, c netip.AddrPort) { f.wantEvents(ev6(typ, flags, id6a, c)) }},
 	} {
 		t.Run(fam.name+"/the backend closes first", func(t *testing.T) {

@@ -90,7 +90,7 @@ func TestConntrackSweepExpiresClosedFlows(t *testing.T) {
 func TestClosedFlowsLeaveConntrackAtTheirClose(t *testing.T) {
 	e := newEnv(t, 2)
 	a := e.startAgent(config(e.topo, all(2), ""))
-	ct, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFFSRoot, "pb_ct_v2"), &ebpf.LoadPinOptions{ReadOnly: true})
+	ct, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFFSRoot, bpf.LbMapPbCtV2), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
