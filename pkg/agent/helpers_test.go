@@ -144,6 +144,9 @@ func (e *env) ids(s desired.Service) (svc uint32, bes []uint32) {
 }
 
 // reachable: the backends new flows to s can reach in the kernel.
+// sweepDone hands the agent a sweep's result, as the loop does.
+func (e *env) sweepDone(inUse conntrack.InUse) { e.a.SweepDone(inUse, e.a.BeginSweep()) }
+
 func (e *env) reachable(s desired.Service) []uint32 { return e.f.Reachable(kernelKey(s)) }
 
 func (e *env) wantReachable(s desired.Service, want ...uint32) {

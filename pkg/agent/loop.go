@@ -8,7 +8,6 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/desired"
 	"github.com/penaltybox/penaltybox/pkg/outcomes"
 )
@@ -23,7 +22,7 @@ func (a *Agent) Run(ctx context.Context, states <-chan desired.State) {
 	a.rearm(timer) // sets armed, which HandleEvents compares against
 	sweep := a.clk.NewTicker(a.every.sweep)
 	defer sweep.Stop()
-	sweepDone := make(chan conntrack.InUse, 1)
+	sweepDone := make(chan sweepResult, 1)
 	sweeping := false
 	probes := a.clk.NewTicker(a.every.probes)
 	defer probes.Stop()
@@ -50,15 +49,16 @@ func (a *Agent) Run(ctx context.Context, states <-chan desired.State) {
 			// one at a time (two would release a flow's slot twice).
 			if !sweeping {
 				sweeping = true
-				go func() { sweepDone <- a.SweepConntrack() }()
+				mark := a.BeginSweep()
+				go func() { sweepDone <- sweepResult{a.SweepConntrack(), mark} }()
 			}
 		case <-probes.C():
 			a.Maintain()
 		case <-heartbeat.C():
 			a.Heartbeat()
-		case inUse := <-sweepDone:
+		case done := <-sweepDone:
 			sweeping = false
-			a.SweepDone(inUse)
+			a.SweepDone(done.inUse, done.mark)
 		}
 		a.rearm(timer)
 	}

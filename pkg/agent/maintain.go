@@ -9,6 +9,7 @@ import (
 	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 	"github.com/penaltybox/penaltybox/pkg/metrics"
+	"github.com/penaltybox/penaltybox/pkg/reconcile"
 )
 
 // Maintain keeps probation from stalling, retries services whose
@@ -83,12 +84,27 @@ func (a *Agent) SweepConntrack() conntrack.InUse {
 	return res.InUse
 }
 
-// SweepDone frees the ids of removed services and backends that no live
-// flow uses any more.
-func (a *Agent) SweepDone(inUse conntrack.InUse) {
+// BeginSweep marks the start of a conntrack sweep, for SweepDone: the
+// reconciler counts only the walks begun after an id left use.
+func (a *Agent) BeginSweep() reconcile.SweepMark {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.rec.Sweep(inUse)
+	return a.rec.BeginSweep()
+}
+
+// sweepResult is what a sweep begun at mark found in use.
+type sweepResult struct {
+	inUse conntrack.InUse
+	mark  reconcile.SweepMark
+}
+
+// SweepDone frees the ids of removed services and backends that no live
+// flow uses any more (the sweep begun at mark found none, nor the one
+// before it: reconcile.Reconciler.Sweep).
+func (a *Agent) SweepDone(inUse conntrack.InUse, mark reconcile.SweepMark) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rec.Sweep(inUse, mark)
 }
 
 // Heartbeat tells the datapath the agent is alive (see

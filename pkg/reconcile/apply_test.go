@@ -276,7 +276,8 @@ func TestApplyTwiceWritesNothing(t *testing.T) {
 				e.apply(web)
 				e.apply(svc("web", vip1, 80, ep("198.19.1.1:8080")))
 				e.clk.Step(testCooldown)
-				e.r.Sweep(InUse{})
+				e.sweep(InUse{})
+				e.sweep(InUse{})
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -428,7 +429,7 @@ func TestApplyEndpointChanges(t *testing.T) {
 				if kb := e.f.PbBackends[id]; pbmaps.AddrFrom16(kb.Addr.Bytes) != netip.MustParseAddrPort(x).Addr() || kb.SvcId != s.ID {
 					t.Errorf("removed backend %d lost its address or service: %+v", id, kb)
 				}
-				if got := e.r.removedAt[id]; got != t0 {
+				if got := e.r.removedAt[id].at; got != t0 {
 					t.Errorf("backend %d removed at %v, want %v", id, got, t0)
 				}
 			}
@@ -461,6 +462,63 @@ func TestApplyEndpointChanges(t *testing.T) {
 }
 
 // A removed endpoint's backend goes from "removed" to freed by Sweep.
+// A removed backend's id is freed only after two conntrack walks in a
+// row that began after its removal found no flow on it: a walk begun
+// before may have passed the bucket of a flow made since, a walk can lose
+// the rest of a bucket (see free), and an incomplete one proves nothing.
+func TestRemovedIDWaitsForTwoWalksThatMissIt(t *testing.T) {
+	gone := "198.19.1.2:8080"
+	for _, tc := range []struct {
+		name  string
+		walks func(e *env, id uint32, early SweepMark)
+		freed bool
+	}{
+		{name: "two misses", freed: true, walks: func(e *env, id uint32, _ SweepMark) {
+			e.sweep(InUse{})
+			e.sweep(InUse{})
+		}},
+		{name: "one miss", walks: func(e *env, id uint32, _ SweepMark) {
+			e.sweep(InUse{})
+		}},
+		{name: "a walk begun before the removal does not count", walks: func(e *env, id uint32, early SweepMark) {
+			e.r.Sweep(InUse{}, early)
+			e.sweep(InUse{})
+		}},
+		{name: "a flow seen between the misses", walks: func(e *env, id uint32, _ SweepMark) {
+			e.sweep(InUse{})
+			e.sweep(InUse{Backends: map[uint32]bool{id: true}})
+			e.sweep(InUse{})
+		}},
+		{name: "seen, then two misses", freed: true, walks: func(e *env, id uint32, _ SweepMark) {
+			e.sweep(InUse{Backends: map[uint32]bool{id: true}})
+			e.sweep(InUse{})
+			e.sweep(InUse{})
+		}},
+		{name: "an incomplete walk between the misses", walks: func(e *env, id uint32, _ SweepMark) {
+			e.sweep(InUse{})
+			e.sweep(InUse{Incomplete: true})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep(gone))
+			e.apply(web)
+			e.programAll()
+			id := e.bid(web.Key, gone)
+			early := e.r.BeginSweep()
+			web.Endpoints = web.Endpoints[:1]
+			e.apply(web)
+			e.programAll()
+			e.clk.Step(testCooldown)
+			tc.walks(e, id, early)
+			if _, known := e.r.Backend(id); known == tc.freed {
+				t.Errorf("backend %d freed %v, want %v", id, !known, tc.freed)
+			}
+			e.checkKernel()
+		})
+	}
+}
+
 func TestRemovedBackendLifecycle(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -493,7 +551,7 @@ func TestRemovedBackendLifecycle(t *testing.T) {
 
 			// Not yet: the cooldown is not over.
 			e.clk.SetTime(removedAt.Add(testCooldown - time.Nanosecond))
-			e.r.Sweep(InUse{})
+			e.sweep(InUse{})
 			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("Sweep before the cooldown wrote %s", opsString(ops))
 			}
@@ -503,14 +561,22 @@ func TestRemovedBackendLifecycle(t *testing.T) {
 
 			// Cooldown over, but a flow still refers to it.
 			e.clk.SetTime(removedAt.Add(testCooldown))
-			e.r.Sweep(InUse{Backends: map[uint32]bool{id: true}})
+			e.sweep(InUse{Backends: map[uint32]bool{id: true}})
 			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("Sweep of an id in use wrote %s", opsString(ops))
 			}
 			e.wantKernelState(id, pbmaps.BackendRemoved, 0)
 
-			// Free.
-			e.r.Sweep(InUse{Backends: map[uint32]bool{id + 1000: true}})
+			// One walk that finds no flow on it is not enough (it may have
+			// lost the rest of a bucket: see free).
+			e.sweep(InUse{Backends: map[uint32]bool{id + 1000: true}})
+			if ops := e.f.TakeOps(); len(ops) != 0 {
+				t.Errorf("Sweep after one miss wrote %s", opsString(ops))
+			}
+			e.wantKernelState(id, pbmaps.BackendRemoved, 0)
+
+			// Free: the second miss in a row.
+			e.sweep(InUse{Backends: map[uint32]bool{id + 1000: true}})
 			ops := e.f.TakeOps()
 			if index(ops, is(opClearBackend, id)) < 0 {
 				t.Errorf("Sweep did not clear backend %d: %s", id, opsString(ops))
@@ -530,7 +596,7 @@ func TestRemovedBackendLifecycle(t *testing.T) {
 			e.checkKernel()
 
 			// Sweeping again does nothing.
-			e.r.Sweep(InUse{})
+			e.sweep(InUse{})
 			if ops := e.f.TakeOps(); len(ops) != 0 {
 				t.Errorf("second Sweep wrote %s", opsString(ops))
 			}
@@ -659,12 +725,21 @@ func TestRemoveService(t *testing.T) {
 	// address (the sweep reports the service's id and its VIP).
 	e.clk.Step(testCooldown)
 	vipAP := netip.AddrPortFrom(web.Key.VIP, web.Key.Port)
-	e.r.Sweep(InUse{Services: map[uint32]bool{id: true}, Backends: map[uint32]bool{bes[0]: true},
+	e.sweep(InUse{Services: map[uint32]bool{id: true}, Backends: map[uint32]bool{bes[0]: true},
 		VIPs: map[netip.AddrPort]bool{vipAP: true}})
 	if got := e.f.PbPorts[80]; got != pbmaps.PortVIP || !e.f.PbVIPSlots[slot] {
 		t.Errorf("pb_ports[80] = %#x, slot marked %v: want both while conntrack holds a flow of the service", got, e.f.PbVIPSlots[slot])
 	}
-	e.r.Sweep(InUse{})
+	// The first walk that misses the flow keeps all (see free), the second
+	// frees the ids and the VIP.
+	e.sweep(InUse{})
+	if got := e.f.PbPorts[80]; got != pbmaps.PortVIP || !e.f.PbVIPSlots[slot] {
+		t.Errorf("pb_ports[80] = %#x, slot marked %v after one walk missed the flow: want both", got, e.f.PbVIPSlots[slot])
+	}
+	if kb := e.f.PbBackends[bes[0]]; kb.Family == 0 {
+		t.Errorf("backend %d freed after one walk missed its flow", bes[0])
+	}
+	e.sweep(InUse{})
 	if e.f.PbVIPSlots[slot] {
 		t.Errorf("pb_vip_slots[%d] still marked after the service's id was freed", slot)
 	}
@@ -699,7 +774,8 @@ func TestServiceIDReuseAfterCooldown(t *testing.T) {
 			old := e.service(web.Key).ID
 			e.apply()
 			e.clk.Step(tc.after)
-			e.r.Sweep(InUse{})
+			e.sweep(InUse{})
+			e.sweep(InUse{})
 			// The same key comes back, and so does another one.
 			e.apply(web, svc("api", vip2, 443, ep("198.19.2.1:8443")))
 			got := []uint32{e.service(web.Key).ID, e.service(desired.Key{VIP: netip.MustParseAddr(vip2), Port: 443, Protocol: desired.TCP}).ID}
@@ -782,7 +858,8 @@ func TestBackendIDExhaustion(t *testing.T) {
 	// removed backend long before its id can be reused.
 	e.programAll()
 	e.clk.Step(testCooldown)
-	e.r.Sweep(InUse{})
+	e.sweep(InUse{})
+	e.sweep(InUse{})
 	changes, err = e.r.Apply(state(a, b, c), e.acc)
 	if err != nil {
 		t.Fatalf("Apply after freeing an id: %v", err)
@@ -818,7 +895,8 @@ func TestServiceIDExhaustion(t *testing.T) {
 	// Once an id is freed, charlie gets it.
 	e.apply(a)
 	e.clk.Step(testCooldown)
-	e.r.Sweep(InUse{})
+	e.sweep(InUse{})
+	e.sweep(InUse{})
 	e.apply(a, c)
 	e.programAll()
 	e.checkKernel()

@@ -51,18 +51,18 @@ func TestHandBack(t *testing.T) {
 
 	// Its flows live on: the entry stays past the hand-back time.
 	e.clk.Step(10 * time.Minute)
-	e.r.Sweep(InUse{Services: map[uint32]bool{webID: true}})
+	e.sweep(InUse{Services: map[uint32]bool{webID: true}})
 	if _, ok := e.kernelFlags(webID); !ok {
 		t.Fatal("entry deleted while the service's flows live")
 	}
 	// The last ended: it goes the hand-back time later.
 	e.clk.Step(4 * time.Minute)
-	e.r.Sweep(InUse{})
+	e.sweep(InUse{})
 	if _, ok := e.kernelFlags(webID); !ok {
 		t.Fatal("entry deleted 4 minutes after the last flow")
 	}
 	e.clk.Step(2 * time.Minute)
-	e.r.Sweep(InUse{})
+	e.sweep(InUse{})
 	if _, ok := e.kernelFlags(webID); ok {
 		t.Fatal("entry kept 6 minutes after the last flow")
 	}

@@ -82,6 +82,9 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
+// sweep hands the reconciler the result of a conntrack walk begun now.
+func (e *env) sweep(inUse InUse) { e.r.Sweep(inUse, e.r.BeginSweep()) }
+
 func newEnv(t *testing.T, mut ...func(*Options)) *env {
 	t.Helper()
 	e := &env{t: t, f: mapsfake.New(t), clk: testingclock.NewFakeClock(t0)}

@@ -3,20 +3,75 @@
 package reconcile
 
 import (
-	"github.com/penaltybox/penaltybox/pkg/conntrack"
+	"net/netip"
+	"time"
 
+	"github.com/penaltybox/penaltybox/pkg/conntrack"
 	"github.com/penaltybox/penaltybox/pkg/maps"
 )
 
-// Sweep frees ids of removed services and backends whose cooldown is over
-// and that no conntrack entry refers to, and drops their port roles.
-func (r *Reconciler) Sweep(inUse InUse) {
+// SweepMark numbers the conntrack walks in the order they began
+// (BeginSweep).
+type SweepMark uint64
+
+// BeginSweep marks the start of a conntrack walk; Sweep takes the mark
+// with the walk's result.
+func (r *Reconciler) BeginSweep() SweepMark {
+	r.walks++
+	return r.walks
+}
+
+// retirement is an id out of use (a removed service or backend, or one
+// only flows left at start referred to): when it left, and how many walks
+// in a row since then found no flow on it.
+type retirement struct {
+	at time.Time
+	// after: the walks begun before it left. A walk that began earlier
+	// may have passed a bucket before a flow on the id was made there.
+	after  SweepMark
+	missed uint8
+}
+
+func (r *Reconciler) retirement(now time.Time) retirement {
+	return retirement{at: now, after: r.walks}
+}
+
+// free says whether a retired id may be handed out again, after a walk
+// (mark) that found a flow on it or not (used): once its cooldown is over
+// and two walks in a row that began after it left found none. One miss
+// is not enough: the kernel's walk (bpf_for_each_map_elem) can lose the
+// rest of a bucket when the datapath deletes the entry it stands on (at
+// a closed flow's last ACK) and the LRU hands that element to a new flow
+// in another bucket. Handed out again while a flow refers to it, the id
+// would take that flow's outcome events, kernel trips and breaker slot
+// for another endpoint.
+func (r *Reconciler) free(rt *retirement, used bool, mark SweepMark, now time.Time) bool {
+	switch {
+	case used:
+		rt.missed = 0
+	case mark > rt.after && rt.missed < 2:
+		rt.missed++
+	}
+	return rt.missed >= 2 && now.Sub(rt.at) >= r.cooldown
+}
+
+// Sweep takes what the conntrack walk begun at mark found in use: it
+// frees the ids of removed services and backends (see free) and drops
+// their port roles, and keeps marked the VIPs either of the last two
+// walks found flows to.
+func (r *Reconciler) Sweep(inUse InUse, mark SweepMark) {
 	if inUse.Incomplete {
 		return
 	}
 	now := r.clk.Now()
 	for id, b := range r.backends.all() {
-		if b.State != maps.BackendRemoved || now.Sub(r.removedAt[id]) < r.cooldown || inUse.Backends[id] {
+		if b.State != maps.BackendRemoved {
+			continue
+		}
+		rt := r.removedAt[id]
+		free := r.free(&rt, inUse.Backends[id], mark, now)
+		r.removedAt[id] = rt
+		if !free {
 			continue
 		}
 		if err := r.w.ClearBackend(id); err != nil {
@@ -27,24 +82,35 @@ func (r *Reconciler) Sweep(inUse InUse) {
 		delete(r.removedAt, id)
 		r.beIDs.put(id)
 	}
-	for id, at := range r.retiredBe {
-		if now.Sub(at) >= r.cooldown && !inUse.Backends[id] {
+	for id, rt := range r.retiredBe {
+		if r.free(&rt, inUse.Backends[id], mark, now) {
 			delete(r.retiredBe, id)
 			r.beIDs.put(id)
+		} else {
+			r.retiredBe[id] = rt
 		}
 	}
 	r.endHandBacks(inUse, now)
-	for id, at := range r.retiredSvc {
+	for id, rt := range r.retiredSvc {
 		if _, pending := r.deleting[id]; pending {
 			continue
 		}
-		if now.Sub(at) >= r.cooldown && !inUse.Services[id] {
+		if r.free(&rt, inUse.Services[id], mark, now) {
 			delete(r.retiredSvc, id)
 			delete(r.retiredKey, id)
 			r.svcIDs.put(id)
+		} else {
+			r.retiredSvc[id] = rt
 		}
 	}
-	r.inUseVIPs = inUse.VIPs
+	vips := make(map[netip.AddrPort]bool, len(inUse.VIPs)+len(r.lastVIPs))
+	for ap := range inUse.VIPs {
+		vips[ap] = true
+	}
+	for ap := range r.lastVIPs {
+		vips[ap] = true
+	}
+	r.inUseVIPs, r.lastVIPs = vips, inUse.VIPs
 	if err := r.syncPrefilters(); err != nil {
 		r.log.Error("sync prefilters", "err", err)
 	}

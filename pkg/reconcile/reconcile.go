@@ -114,30 +114,33 @@ type Reconciler struct {
 	byID     map[uint32]*Service
 	backends backendTable
 	// removedAt: when each removed backend left the desired state (Sweep
-	// frees its id after the cooldown). Kept beside Backend, not in it:
-	// removed backends are few, and the field took each of 100,000
-	// records from 64 to 96 bytes.
-	removedAt map[uint32]time.Time
+	// frees its id: see free). Kept beside Backend, not in it: removed
+	// backends are few, and the field took each of 100,000 records from
+	// 64 to 96 bytes.
+	removedAt map[uint32]retirement
 	// retired: ids of removed services and backends, reusable once their
 	// cooldown passed and no flow refers to them (see Sweep).
-	retiredSvc map[uint32]time.Time
+	retiredSvc map[uint32]retirement
 	// retiredBe: backend ids live flows referred to at start that no
 	// pinned backend holds (pb_backends recreated for a new
 	// --max-backends beside a kept conntrack table). Handed out again,
 	// such an id would take the old flows' outcome events and kernel
 	// trips for another endpoint; kept like removed backends' until no
 	// flow refers to them.
-	retiredBe map[uint32]time.Time
+	retiredBe map[uint32]retirement
 	// retiredKey: the key of each retired service whose key is known. Its
 	// VIP port (pb_ports) and address (pb_vip_slots) stay marked until the
 	// id is freed, so a removed service's established flows keep their NAT
 	// (as conntrack keeps kube-proxy's) whether or not another service
 	// shares the port or address.
 	retiredKey map[uint32]desired.Key
-	// inUseVIPs: the VIPs conntrack held live flows to at the last sweep;
-	// they stay marked too (flows outlive the cooldown, and an agent
-	// restart forgets retiredKey).
-	inUseVIPs map[netip.AddrPort]bool
+	// inUseVIPs: the VIPs conntrack held live flows to at either of the
+	// last two sweeps (lastVIPs: the last one's; see free for why one is
+	// not enough); they stay marked too (flows outlive the cooldown, and
+	// an agent restart forgets retiredKey).
+	inUseVIPs, lastVIPs map[netip.AddrPort]bool
+	// walks: the conntrack walks begun (BeginSweep).
+	walks SweepMark
 	// vipSlots is what pb_vip_slots holds.
 	vipSlots map[uint32]bool
 	// prefiltersDirty: the last write of pb_ports or pb_vip_slots failed.
@@ -246,11 +249,12 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 		tables:       map[uint32][]uint32{},
 		services:     map[desired.Key]*Service{},
 		byID:         map[uint32]*Service{},
-		removedAt:    map[uint32]time.Time{},
-		retiredSvc:   map[uint32]time.Time{},
-		retiredBe:    map[uint32]time.Time{},
+		removedAt:    map[uint32]retirement{},
+		retiredSvc:   map[uint32]retirement{},
+		retiredBe:    map[uint32]retirement{},
 		retiredKey:   map[uint32]desired.Key{},
 		inUseVIPs:    opts.InUse.VIPs,
+		lastVIPs:     opts.InUse.VIPs,
 		deleting:     map[uint32]desired.Key{},
 		handingBack:  map[uint32]*handBack{},
 		handBackFor:  opts.HandBack,
@@ -265,12 +269,12 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 	}
 	for id := range opts.InUse.Services {
 		if _, ok := r.byID[id]; !ok && r.svcIDs.take(id) {
-			r.retiredSvc[id] = r.clk.Now()
+			r.retiredSvc[id] = r.retirement(r.clk.Now())
 		}
 	}
 	for id := range opts.InUse.Backends {
 		if _, ok := r.backends.lookup(id); !ok && r.beIDs.take(id) {
-			r.retiredBe[id] = r.clk.Now()
+			r.retiredBe[id] = r.retirement(r.clk.Now())
 		}
 	}
 	return r, nil

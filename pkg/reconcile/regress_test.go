@@ -50,7 +50,8 @@ func TestKnownBugStaleFallbackSteersToAnotherService(t *testing.T) {
 
 	// After its cooldown b's id is freed, and api's new endpoint gets it.
 	e.clk.Step(testCooldown)
-	e.r.Sweep(InUse{})
+	e.sweep(InUse{})
+	e.sweep(InUse{})
 	api.Endpoints = []desired.Endpoint{ep("198.19.2.1:8443")}
 	e.apply(web, api)
 	apiS := e.service(api.Key)
@@ -163,7 +164,8 @@ func TestKnownBugFailedDeleteServiceNotRetried(t *testing.T) {
 	}
 
 	e.clk.Step(testCooldown)
-	e.r.Sweep(InUse{})
+	e.sweep(InUse{})
+	e.sweep(InUse{})
 	dns := svc("dns", vip3, 53, ep("198.19.3.1:53"))
 	e.apply(web, dns)
 	if id := e.service(dns.Key).ID; id != apiID {
