@@ -64,7 +64,9 @@ type Result struct {
 
 	// SYNRetransmits: how often the client sent its SYN again before the
 	// handshake (TCP_INFO's total retransmissions, read once connected:
-	// no data is sent before). Each one is a second or more of waiting.
+	// no data is sent before). One on the retransmission timer is a second
+	// or more of waiting; one after an answer that acknowledged another
+	// connection (a TIME_WAIT socket's ACK) goes at once.
 	SYNRetransmits int
 }
 

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/penaltybox/penaltybox/internal/bpftest"
+	"github.com/penaltybox/penaltybox/internal/testnet"
+)
+
+// A backend whose listener is gone still holds the TIME_WAIT sockets of
+// the connections it closed, and a SYN on one of their tuples (a client
+// reusing its port) gets that old connection's ACK, not a RST. The client
+// answers it with a RST and sends its SYN again at once (two jiffies, RFC
+// 9293 3.10.7.3 as Linux does it), which is refused now and replayed: the
+// client connects having sent its SYN twice, without waiting for its
+// retransmission timer. This is why the replay tests (noneWaited) count a
+// retransmission as a wait only past the initial RTO.
+func TestRefusingBackendsTimeWaitAnswerCostsNoRTO(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		name := "IPv4"
+		if v6 {
+			name = "IPv6"
+		}
+		t.Run(name, func(t *testing.T) { refusedAfterTimeWait(t, v6) })
+	}
+}
+
+func refusedAfterTimeWait(t *testing.T, v6 bool) {
+	e := newEnv(t, 3)
+	policy := `    failureAccrual:
+      maxFailures: 5
+      minPenalty: 1s
+      maxPenalty: 2s
+      jitterRatio: 0
+      connectTimeout: 300ms
+`
+	cfg, target, client := config(e.topo, all(3), policy), netip.AddrPortFrom(testnet.VIPAddr, 80), e.topo.ClientAddr()
+	if v6 {
+		cfg, target, client = ipv6Config(e.topo, policy), netip.AddrPortFrom(testnet.VIP6Addr, 80), e.topo.ClientAddrV6()
+	}
+	e.startAgent(cfg)
+	b3 := e.topo.Backend(3)
+
+	// A client port whose flow Maglev sends to b3; b3 closes the connection
+	// first (Connection: close), so its socket is left in TIME_WAIT. The
+	// ports that went elsewhere leave theirs on b1 and b2, which decide
+	// nothing here.
+	var port uint16
+	for p := uint16(40000); p < 40060 && port == 0; p++ {
+		backend, _, _, err := getFrom(e, netip.AddrPortFrom(client, p), target)
+		if err != nil {
+			t.Fatalf("port %d: %v", p, err)
+		}
+		if backend == "b3" {
+			port = p
+		}
+	}
+	if port == 0 {
+		t.Fatal("no client port of 60 went to b3")
+	}
+	from := netip.AddrPortFrom(client, port)
+	tw, err := b3.Run("ss", "-Htan", "state", "time-wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The servers' sockets are dual-stack: an IPv4 peer shows mapped.
+	mapped := netip.AddrPortFrom(netip.AddrFrom16(client.As16()), port)
+	if !strings.Contains(tw, from.String()) && !strings.Contains(tw, mapped.String()) {
+		t.Fatalf("b3 holds no TIME_WAIT socket of %s: %q", from, tw)
+	}
+
+	if err := b3.SetMode(testnet.Refuse); err != nil {
+		t.Fatal(err)
+	}
+	before, err := e.topo.Client.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend, retransmits, connect, err := getFrom(e, from, target)
+	if err != nil {
+		t.Fatalf("the second connection from %s: %v", from, err)
+	}
+	after, err := e.topo.Client.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsts := after["Tcp.OutRsts"] - before["Tcp.OutRsts"]
+	t.Logf("from %s after b3 refused: answered by %s, connected after %v, its SYN sent %d more times, the client sent %d RSTs",
+		from, backend, connect, retransmits, rsts)
+	if backend == "b3" || backend == "" {
+		t.Errorf("answered by %q, want b1 or b2", backend)
+	}
+	// The old connection's ACK made the client's kernel send its SYN
+	// again, at once: one retransmission, after one RST of its own.
+	if retransmits != 1 || rsts < 1 {
+		t.Errorf("the client sent its SYN %d more times and %d RSTs; want once each (b3's TIME_WAIT answered with an ACK)", retransmits, rsts)
+	}
+	if waitedForRTO(retransmits, connect) {
+		t.Errorf("connected after %v, with %d retransmissions: waited for the retransmission timer", connect, retransmits)
+	}
+	m := e.metrics()
+	b3Addr := "198.18.3.2:8080"
+	if v6 {
+		b3Addr = fmt.Sprintf("[%s]:8080", b3.AddrV6)
+	}
+	if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3Addr, "kind", "refused"); got != 1 {
+		t.Errorf("refused failures of b3 = %v, want 1 (the SYN sent again)", got)
+	}
+	if bpftest.Replays(t) {
+		if got := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent"); got != 1 {
+			t.Errorf("refused SYNs replayed = %v, want 1", got)
+		}
+	}
+}
+
+// getFrom makes one HTTP request over a new connection from the client's
+// address and port from to target, reading to the backend's close (so
+// the backend closes first and keeps the TIME_WAIT socket). It returns the
+// answering backend, how many times the client sent its SYN again
+// (TCP_INFO) and how long the connect took.
+func getFrom(e *env, from, target netip.AddrPort) (backend string, retransmits int, connect time.Duration, err error) {
+	d := &testnet.Dialer{NS: e.topo.Client, Timeout: 3 * time.Second, LocalAddr: from}
+	start := time.Now()
+	c, err := d.DialContext(e.ctx, "tcp", target.String())
+	if err != nil {
+		return "", 0, 0, err
+	}
+	defer c.Close()
+	connect = time.Since(start)
+	retransmits = -1
+	if raw, err := c.(*net.TCPConn).SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) {
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				retransmits = int(info.Total_retrans)
+			}
+		})
+	}
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", target); err != nil {
+		return "", retransmits, connect, err
+	}
+	r := bufio.NewReader(c)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		return "", retransmits, connect, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return "", retransmits, connect, err
+	}
+	// The backend's FIN: read to the end before closing.
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return "", retransmits, connect, err
+	}
+	return testnet.BackendOf(string(body)), retransmits, connect, nil
+}
