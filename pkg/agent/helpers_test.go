@@ -143,10 +143,10 @@ func (e *env) ids(s desired.Service) (svc uint32, bes []uint32) {
 	return rs.ID, slices.Clone(rs.Backends)
 }
 
-// reachable: the backends new flows to s can reach in the kernel.
 // sweepDone hands the agent a sweep's result, as the loop does.
 func (e *env) sweepDone(inUse conntrack.InUse) { e.a.SweepDone(inUse, e.a.BeginSweep()) }
 
+// reachable: the backends new flows to s can reach in the kernel.
 func (e *env) reachable(s desired.Service) []uint32 { return e.f.Reachable(kernelKey(s)) }
 
 func (e *env) wantReachable(s desired.Service, want ...uint32) {

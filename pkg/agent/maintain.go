@@ -99,8 +99,9 @@ type sweepResult struct {
 }
 
 // SweepDone frees the ids of removed services and backends that no live
-// flow uses any more (the sweep begun at mark found none, nor the one
-// before it: reconcile.Reconciler.Sweep).
+// flow uses any more: the sweep begun at mark found none, nor the last
+// complete one before it, both begun after the id left use
+// (reconcile.Reconciler.Sweep).
 func (a *Agent) SweepDone(inUse conntrack.InUse, mark reconcile.SweepMark) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -359,8 +359,8 @@ func (r *Reconciler) flushBackends() error {
 }
 
 // retire marks a backend removed. Its entry stays (live flows carry their
-// backend's address in conntrack, so they keep working) until Sweep finds
-// its cooldown over and no flow referring to it.
+// backend's address in conntrack, so they keep working) until Sweep frees
+// it (see free).
 func (r *Reconciler) retire(b *Backend, now time.Time) {
 	if b == nil || b.State == maps.BackendRemoved {
 		return

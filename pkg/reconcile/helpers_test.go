@@ -520,7 +520,8 @@ func (e *env) checkKernel() {
 		slots[pbmaps.VIPSlot(k.VIP)] = true
 	}
 	// Removed services keep their VIP port and address marked until their
-	// id is freed, and any VIP conntrack held flows to at the last sweep.
+	// id is freed, and any VIP conntrack held flows to at either of the
+	// last two sweeps.
 	for id, k := range r.retiredKey {
 		if _, ok := r.retiredSvc[id]; !ok && r.handingBack[id] == nil {
 			t.Errorf("retired key %v kept for service %d, whose id is free", k, id)

@@ -38,7 +38,9 @@ func (r *Reconciler) retirement(now time.Time) retirement {
 
 // free says whether a retired id may be handed out again, after a walk
 // (mark) that found a flow on it or not (used): once its cooldown is over
-// and two walks in a row that began after it left found none. One miss
+// and two walks in a row that began after it left found none. Misses
+// during the cooldown count; an incomplete walk (Sweep skips it) neither
+// counts nor breaks the row. One miss
 // is not enough: the kernel's walk (bpf_for_each_map_elem) can lose the
 // rest of a bucket when the datapath deletes the entry it stands on (at
 // a closed flow's last ACK) and the LRU hands that element to a new flow

@@ -118,8 +118,8 @@ type Reconciler struct {
 	// backends are few, and the field took each of 100,000 records from
 	// 64 to 96 bytes.
 	removedAt map[uint32]retirement
-	// retired: ids of removed services and backends, reusable once their
-	// cooldown passed and no flow refers to them (see Sweep).
+	// retired: ids of removed services and backends, reusable once Sweep
+	// frees them (see free).
 	retiredSvc map[uint32]retirement
 	// retiredBe: backend ids live flows referred to at start that no
 	// pinned backend holds (pb_backends recreated for a new
