@@ -705,6 +705,9 @@ func TestRestartKeepsBackendIDsOfLiveFlows(t *testing.T) {
 		t.Fatalf("db's backends %v, want [2 6]: id 1 still has a flow", got)
 	}
 	e.sweep(InUse{})
+	if !e.r.beIDs.isUsed(1) {
+		t.Fatal("id 1 freed by the first walk that missed its flow")
+	}
 	e.sweep(InUse{})
 	dns := svc("dns", "198.18.0.13", 53, ep("198.19.4.1:53"))
 	e.apply(web, api, db, dns)

@@ -461,130 +461,113 @@ func TestApplyEndpointChanges(t *testing.T) {
 	}
 }
 
-// A removed backend's id is freed only after two conntrack walks in a
-// row that began after its removal found no flow on it: a walk begun
-// before may have passed the bucket of a flow made since, a walk can lose
-// the rest of a bucket (see free), and an incomplete one proves nothing.
-func TestRemovedIDWaitsForTwoWalksThatMissIt(t *testing.T) {
-	gone := "198.19.1.2:8080"
-	for _, tc := range []struct {
+// A retired id (a removed endpoint's backend, a removed service's,
+// deleted at once or handed back to kube-proxy first) is freed only after
+// two conntrack walks in a row that began after it retired found no flow
+// on it: a walk begun before may have passed the bucket of a flow made
+// since, a walk can lose the rest of a bucket (see free), and an
+// incomplete one proves nothing.
+func TestRetiredIDWaitsForTwoWalksThatMissIt(t *testing.T) {
+	kinds := []struct {
+		name   string
+		opts   func(*Options)
+		retire func(e *env) (id uint32, used InUse, early SweepMark, freed func() bool)
+	}{
+		{name: "backend", retire: func(e *env) (uint32, InUse, SweepMark, func() bool) {
+			web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep("198.19.1.2:8080"))
+			e.apply(web)
+			e.programAll()
+			id := e.bid(web.Key, "198.19.1.2:8080")
+			early := e.r.BeginSweep()
+			web.Endpoints = web.Endpoints[:1]
+			e.apply(web)
+			e.programAll()
+			return id, InUse{Backends: map[uint32]bool{id: true}}, early, func() bool { _, known := e.r.Backend(id); return !known }
+		}},
+		{name: "service deleted", retire: func(e *env) (uint32, InUse, SweepMark, func() bool) {
+			web, api := svc("web", vip1, 80, ep("198.19.1.1:8080")), svc("api", vip2, 80, ep("198.19.2.1:8080"))
+			e.apply(web, api)
+			e.programAll()
+			id := e.service(api.Key).ID
+			early := e.r.BeginSweep()
+			e.apply(web)
+			e.programAll()
+			return id, InUse{Services: map[uint32]bool{id: true}}, early, func() bool { return e.svcFreed(id) }
+		}},
+		{name: "service handed back", opts: func(o *Options) { o.TakeoverGrace = time.Hour; o.HandBack = time.Minute },
+			retire: func(e *env) (uint32, InUse, SweepMark, func() bool) {
+				web, api := svc("web", vip1, 80, ep("198.19.1.1:8080")), svc("api", vip2, 80, ep("198.19.2.1:8080"))
+				e.apply(web, api)
+				e.programAll()
+				id := e.service(api.Key).ID
+				e.clk.Step(2 * time.Hour)
+				e.r.EndTakeovers()
+				e.applyBack([]desired.Key{api.Key}, web)
+				// The hand-back ends at the first walk a minute after the
+				// last flow: the id retires during that walk, which counts
+				// for nothing.
+				e.clk.Step(2 * time.Minute)
+				early := e.r.BeginSweep()
+				e.r.Sweep(InUse{}, early)
+				if e.r.HandingBack() != 0 {
+					e.t.Fatal("the hand-back did not end")
+				}
+				return id, InUse{Services: map[uint32]bool{id: true}}, early, func() bool { return e.svcFreed(id) }
+			}},
+	}
+	walks := []struct {
 		name  string
-		walks func(e *env, id uint32, early SweepMark)
+		walks func(e *env, used InUse, early SweepMark)
 		freed bool
 	}{
-		{name: "two misses", freed: true, walks: func(e *env, id uint32, _ SweepMark) {
+		{name: "two misses", freed: true, walks: func(e *env, _ InUse, _ SweepMark) {
 			e.sweep(InUse{})
 			e.sweep(InUse{})
 		}},
-		{name: "one miss", walks: func(e *env, id uint32, _ SweepMark) {
+		{name: "one miss", walks: func(e *env, _ InUse, _ SweepMark) {
 			e.sweep(InUse{})
 		}},
-		{name: "a walk begun before the removal does not count", walks: func(e *env, id uint32, early SweepMark) {
+		{name: "a walk begun before it retired does not count", walks: func(e *env, _ InUse, early SweepMark) {
 			e.r.Sweep(InUse{}, early)
 			e.sweep(InUse{})
 		}},
-		{name: "a flow seen between the misses", walks: func(e *env, id uint32, _ SweepMark) {
+		{name: "a flow seen between the misses", walks: func(e *env, used InUse, _ SweepMark) {
 			e.sweep(InUse{})
-			e.sweep(InUse{Backends: map[uint32]bool{id: true}})
-			e.sweep(InUse{})
-		}},
-		{name: "seen, then two misses", freed: true, walks: func(e *env, id uint32, _ SweepMark) {
-			e.sweep(InUse{Backends: map[uint32]bool{id: true}})
-			e.sweep(InUse{})
+			e.sweep(used)
 			e.sweep(InUse{})
 		}},
-		{name: "an incomplete walk between the misses", freed: true, walks: func(e *env, id uint32, _ SweepMark) {
+		{name: "seen, then two misses", freed: true, walks: func(e *env, used InUse, _ SweepMark) {
+			e.sweep(used)
+			e.sweep(InUse{})
+			e.sweep(InUse{})
+		}},
+		{name: "an incomplete walk between the misses", freed: true, walks: func(e *env, _ InUse, _ SweepMark) {
 			// Skipped: it neither counts nor breaks the row.
 			e.sweep(InUse{})
 			e.sweep(InUse{Incomplete: true})
 			e.sweep(InUse{})
 		}},
-		{name: "an incomplete walk is no miss", walks: func(e *env, id uint32, _ SweepMark) {
+		{name: "an incomplete walk is no miss", walks: func(e *env, _ InUse, _ SweepMark) {
 			e.sweep(InUse{})
 			e.sweep(InUse{Incomplete: true})
 		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
-			web := svc("web", vip1, 80, ep("198.19.1.1:8080"), ep(gone))
-			e.apply(web)
-			e.programAll()
-			id := e.bid(web.Key, gone)
-			early := e.r.BeginSweep()
-			web.Endpoints = web.Endpoints[:1]
-			e.apply(web)
-			e.programAll()
-			e.clk.Step(testCooldown)
-			tc.walks(e, id, early)
-			if _, known := e.r.Backend(id); known == tc.freed {
-				t.Errorf("backend %d freed %v, want %v", id, !known, tc.freed)
-			}
-			e.checkKernel()
-		})
 	}
-}
-
-// A removed service's id too, whether its entry was deleted at once or
-// handed back to kube-proxy first (then it retires when the hand-back
-// ends, and only walks begun after that count).
-func TestRemovedServiceIDWaitsForTwoWalksThatMissIt(t *testing.T) {
-	for _, back := range []bool{false, true} {
-		for _, tc := range []struct {
-			name  string
-			walks func(e *env, id uint32, early SweepMark)
-			freed bool
-		}{
-			{name: "two misses", freed: true, walks: func(e *env, id uint32, _ SweepMark) {
-				e.sweep(InUse{})
-				e.sweep(InUse{})
-			}},
-			{name: "one miss", walks: func(e *env, id uint32, _ SweepMark) {
-				e.sweep(InUse{})
-			}},
-			{name: "a walk begun before the retirement does not count", walks: func(e *env, id uint32, early SweepMark) {
-				e.r.Sweep(InUse{}, early)
-				e.sweep(InUse{})
-			}},
-			{name: "a flow seen between the misses", walks: func(e *env, id uint32, _ SweepMark) {
-				e.sweep(InUse{})
-				e.sweep(InUse{Services: map[uint32]bool{id: true}})
-				e.sweep(InUse{})
-			}},
-		} {
-			name := tc.name
-			if back {
-				name = "handed back, " + name
-			}
-			t.Run(name, func(t *testing.T) {
-				e := newEnv(t, func(o *Options) { o.TakeoverGrace = time.Hour; o.HandBack = time.Minute })
-				web := svc("web", vip1, 80, ep("198.19.1.1:8080"))
-				api := svc("api", vip2, 80, ep("198.19.2.1:8080"))
-				e.apply(web, api)
-				e.programAll()
-				id := e.service(api.Key).ID
-				if back {
-					e.clk.Step(2 * time.Hour)
-					e.r.EndTakeovers()
-					e.applyBack([]desired.Key{api.Key}, web)
-					// The hand-back ends at a sweep a minute after the
-					// last flow; the id retires then.
-					e.clk.Step(2 * time.Minute)
+	for _, k := range kinds {
+		for _, w := range walks {
+			t.Run(k.name+"/"+w.name, func(t *testing.T) {
+				var opts []func(*Options)
+				if k.opts != nil {
+					opts = append(opts, k.opts)
 				}
-				early := e.r.BeginSweep()
-				if back {
-					e.r.Sweep(InUse{}, early)
-					if e.r.HandingBack() != 0 {
-						t.Fatal("the hand-back did not end")
-					}
-				} else {
-					e.apply(web)
-					e.programAll()
+				e := newEnv(t, opts...)
+				id, used, early, freed := k.retire(e)
+				if freed() {
+					t.Fatalf("id %d freed at its retirement", id)
 				}
 				e.clk.Step(testCooldown)
-				tc.walks(e, id, early)
-				_, retired := e.r.retiredSvc[id]
-				if freed := !retired && !e.r.svcIDs.isUsed(id); freed != tc.freed {
-					t.Errorf("service id %d freed %v, want %v", id, freed, tc.freed)
+				w.walks(e, used, early)
+				if got := freed(); got != w.freed {
+					t.Errorf("id %d freed %v, want %v", id, got, w.freed)
 				}
 				e.checkKernel()
 			})

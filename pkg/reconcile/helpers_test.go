@@ -85,6 +85,12 @@ func testLogger(t *testing.T) *slog.Logger {
 // sweep hands the reconciler the result of a conntrack walk begun now.
 func (e *env) sweep(inUse InUse) { e.r.Sweep(inUse, e.r.BeginSweep()) }
 
+// svcFreed says whether service id is back in the pool.
+func (e *env) svcFreed(id uint32) bool {
+	_, retired := e.r.retiredSvc[id]
+	return !retired && !e.r.svcIDs.isUsed(id)
+}
+
 func newEnv(t *testing.T, mut ...func(*Options)) *env {
 	t.Helper()
 	e := &env{t: t, f: mapsfake.New(t), clk: testingclock.NewFakeClock(t0)}
