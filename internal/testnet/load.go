@@ -196,7 +196,7 @@ func attempt(ctx context.Context, d *Dialer, spec LoadSpec, req []byte) Result {
 		}
 	}
 	r.Connect = time.Since(r.Started)
-	r.SYNRetransmits = synRetransmits(c)
+	r.SYNRetransmits = SYNRetransmits(c)
 	if spec.ConnectOnly {
 		return finish(nil)
 	}
@@ -226,9 +226,9 @@ func attempt(ctx context.Context, d *Dialer, spec LoadSpec, req []byte) Result {
 	return finish(nil)
 }
 
-// synRetransmits is how many times a just-connected TCP socket
+// SYNRetransmits is how many times a just-connected TCP socket
 // retransmitted (its SYN: nothing else was sent yet); -1 if unknown.
-func synRetransmits(c net.Conn) int {
+func SYNRetransmits(c net.Conn) int {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return -1

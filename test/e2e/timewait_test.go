@@ -6,14 +6,11 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/penaltybox/penaltybox/internal/bpftest"
 	"github.com/penaltybox/penaltybox/internal/testnet"
@@ -139,14 +136,7 @@ func getFrom(e *env, from, target netip.AddrPort) (backend string, retransmits i
 	}
 	defer c.Close()
 	connect = time.Since(start)
-	retransmits = -1
-	if raw, err := c.(*net.TCPConn).SyscallConn(); err == nil {
-		raw.Control(func(fd uintptr) {
-			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-				retransmits = int(info.Total_retrans)
-			}
-		})
-	}
+	retransmits = testnet.SYNRetransmits(c)
 	c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", target); err != nil {
 		return "", retransmits, connect, err
