@@ -66,7 +66,8 @@ type Result struct {
 	// handshake (TCP_INFO's total retransmissions, read once connected:
 	// no data is sent before). One on the retransmission timer is a second
 	// or more of waiting; one after an answer that acknowledged another
-	// connection (a TIME_WAIT socket's ACK) goes at once.
+	// connection (a TIME_WAIT socket's ACK) goes two jiffies later (at
+	// most once).
 	SYNRetransmits int
 }
 

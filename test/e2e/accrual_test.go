@@ -357,7 +357,8 @@ func TestRetryRefusedHidesRefusals(t *testing.T) {
 // still ejects the silent backend. On a kernel that refuses replays, a
 // flow leaves the silent backend on its client's own retransmission once
 // the backend is ejected: the clients wait 8 s to connect there (SYNs
-// retransmitted after 1, 3 and 7 s), and none may fail either.
+// retransmitted after 1, 3 and 7 s; since Linux 6.5, with
+// tcp_syn_linear_timeouts, every second), and none may fail either.
 func TestUnansweredSYNsAreReplayed(t *testing.T) {
 	replays := bpftest.Replays(t)
 	e := newEnv(t, 3)

@@ -19,12 +19,15 @@ import (
 // A backend whose listener is gone still holds the TIME_WAIT sockets of
 // the connections it closed, and a SYN on one of their tuples (a client
 // reusing its port) gets that old connection's ACK, not a RST. The client
-// answers it with a RST and sends its SYN again at once (two jiffies, RFC
-// 9293 3.10.7.3 as Linux does it), which is refused now and replayed: the
-// client connects having sent its SYN twice, without waiting for its
-// retransmission timer. This is why the replay tests (noneWaited) count a
-// retransmission as a wait only past the initial RTO.
+// answers it with a RST (RFC 9293 3.10.7.3) and, as Linux does, sends its
+// SYN again two jiffies later; that SYN is refused now and replayed. The
+// client connects having sent its SYN twice, without waiting out its
+// initial RTO. This is why the replay tests (noneWaited) count a
+// retransmission as a wait only past it.
 func TestRefusingBackendsTimeWaitAnswerCostsNoRTO(t *testing.T) {
+	if !bpftest.Replays(t) {
+		t.Skip("no SYN replays here (neither the live-frame mode nor a raw socket): a refused client waits for its RTO")
+	}
 	for _, v6 := range []bool{false, true} {
 		name := "IPv4"
 		if v6 {
@@ -68,12 +71,21 @@ func refusedAfterTimeWait(t *testing.T, v6 bool) {
 		t.Fatal("no client port of 60 went to b3")
 	}
 	from := netip.AddrPortFrom(client, port)
-	tw, err := b3.Run("ss", "-Htan", "state", "time-wait")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The servers' sockets are dual-stack: an IPv4 peer shows mapped.
+	// b3's socket is in TIME_WAIT once the client's FIN reached it (until
+	// then FIN_WAIT2, which answers a SYN with a RST). The servers'
+	// sockets are dual-stack: an IPv4 peer shows mapped.
 	mapped := netip.AddrPortFrom(netip.AddrFrom16(client.As16()), port)
+	var tw string
+	for i := 0; i < 20; i++ {
+		out, err := b3.Run("ss", "-Htan", "state", "time-wait")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tw = out; strings.Contains(tw, from.String()) || strings.Contains(tw, mapped.String()) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if !strings.Contains(tw, from.String()) && !strings.Contains(tw, mapped.String()) {
 		t.Fatalf("b3 holds no TIME_WAIT socket of %s: %q", from, tw)
 	}
@@ -100,25 +112,25 @@ func refusedAfterTimeWait(t *testing.T, v6 bool) {
 		t.Errorf("answered by %q, want b1 or b2", backend)
 	}
 	// The old connection's ACK made the client's kernel send its SYN
-	// again, at once: one retransmission, after one RST of its own.
+	// again two jiffies later: one retransmission, after a RST of its own.
 	if retransmits != 1 || rsts < 1 {
-		t.Errorf("the client sent its SYN %d more times and %d RSTs; want once each (b3's TIME_WAIT answered with an ACK)", retransmits, rsts)
-	}
-	if waitedForRTO(retransmits, connect) {
-		t.Errorf("connected after %v, with %d retransmissions: waited for the retransmission timer", connect, retransmits)
+		t.Errorf("the client sent its SYN %d more times and %d RSTs; want one retransmission and a RST (b3's TIME_WAIT answered with an ACK)", retransmits, rsts)
 	}
 	m := e.metrics()
-	b3Addr := "198.18.3.2:8080"
+	// The replay spared it the RTO, unless (in the kernel matrix's VM) the
+	// agent read the refusal too late to replay it (noneWaited's allowance).
+	if connect >= rtoWait && !(inVM() && m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "stale") > 0) {
+		t.Errorf("connected after %v, with %d retransmissions: it waited out its initial RTO", connect, retransmits)
+	}
+	b3Addr := netip.AddrPortFrom(b3.Addr, 8080).String()
 	if v6 {
-		b3Addr = fmt.Sprintf("[%s]:8080", b3.AddrV6)
+		b3Addr = netip.AddrPortFrom(b3.AddrV6, 8080).String()
 	}
 	if got := m.Get("penaltybox_endpoint_failures_by_kind_total", "backend", b3Addr, "kind", "refused"); got != 1 {
 		t.Errorf("refused failures of b3 = %v, want 1 (the SYN sent again)", got)
 	}
-	if bpftest.Replays(t) {
-		if got := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent"); got != 1 {
-			t.Errorf("refused SYNs replayed = %v, want 1", got)
-		}
+	if got := m.Get("penaltybox_syn_replays_total", "reason", "refused", "result", "sent"); got != 1 && !inVM() {
+		t.Errorf("refused SYNs replayed = %v, want 1", got)
 	}
 }
 
