@@ -3,11 +3,13 @@
 package testnet
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -55,6 +57,32 @@ func OwnNetns(t *testing.T, conntrack bool) *netlink.Handle {
 		}
 	}
 	return h
+}
+
+// WaitOperUp waits, up to timeout, until the links named are
+// operationally up in h's namespace. A veth end set up before its peer
+// drops what it sends, silently, until the kernel's linkwatch worker
+// activates its queueing discipline and sets the operstate (see
+// Topology.waitOperUp): on a slow VM long enough to lose a test's first
+// packet.
+func WaitOperUp(h *netlink.Handle, timeout time.Duration, names ...string) error {
+	deadline := time.Now().Add(timeout)
+	for _, name := range names {
+		for {
+			l, err := h.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if l.Attrs().OperState == netlink.OperUp {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("testnet: %s not operationally up after %v (%s)", name, timeout, l.Attrs().OperState)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // AddConntrack inserts a conntrack entry through h as the kernel would

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -53,6 +54,11 @@ func newSockNet(t *testing.T) *sockNet {
 		if err := h.LinkSetUp(l); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Until then the replay's packet could be dropped unseen (the first
+	// case once failed so in the 6.1 VM).
+	if err := testnet.WaitOperUp(h, 5*time.Second, "pbt-replay0", "pbt-replay1"); err != nil {
+		t.Fatal(err)
 	}
 	idx := v.Attrs().Index
 	// The program's own forwarding (bpf_fib_lookup) needs the
