@@ -40,13 +40,12 @@ func (r *Reconciler) retirement(now time.Time) retirement {
 // (mark) that found a flow on it or not (used): once its cooldown is over
 // and two walks in a row that began after it left found none. Misses
 // during the cooldown count; an incomplete walk (Sweep skips it) neither
-// counts nor breaks the row. One miss
-// is not enough: the kernel's walk (bpf_for_each_map_elem) can lose the
-// rest of a bucket when the datapath deletes the entry it stands on (at
-// a closed flow's last ACK) and the LRU hands that element to a new flow
-// in another bucket. Handed out again while a flow refers to it, the id
-// would take that flow's outcome events, kernel trips and breaker slot
-// for another endpoint.
+// counts nor breaks the row. One miss is not enough: the kernel's walk
+// (bpf_for_each_map_elem) can lose the rest of a bucket when the datapath
+// deletes the entry it stands on (at a closed flow's last ACK) and the
+// LRU hands that element to a new flow in another bucket. Handed out
+// again while a flow refers to it, the id would take that flow's outcome
+// events, kernel trips and breaker slot for another endpoint.
 func (r *Reconciler) free(rt *retirement, used bool, mark SweepMark, now time.Time) bool {
 	switch {
 	case used:
