@@ -110,7 +110,7 @@ func (r *Reconciler) adopt() error {
 			// An orphan (its service is gone or was dropped above): mark it
 			// removed in the kernel too, as retire would have.
 			b.State = maps.BackendRemoved
-			r.removedAt[id] = r.retirement(r.clk.Now())
+			r.removedAt[id] = r.retiredAt(r.clk.Now())
 			if v.State != uint8(maps.BackendRemoved) || v.ProbeGrants != 0 {
 				if err := r.w.SetBackend(id, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
 					r.log.Error("mark orphaned backend removed", "backend", b.Addr, "id", id, "err", err)

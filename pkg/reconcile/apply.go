@@ -366,7 +366,7 @@ func (r *Reconciler) retire(b *Backend, now time.Time) {
 		return
 	}
 	b.State = maps.BackendRemoved
-	r.removedAt[b.ID] = r.retirement(now)
+	r.removedAt[b.ID] = r.retiredAt(now)
 	if err := r.w.SetBackend(b.ID, maps.NewBackend(b.Addr, b.Service, maps.BackendRemoved, 0)); err != nil {
 		r.log.Error("mark backend removed", "backend", b.Addr, "id", b.ID, "err", err)
 	}
@@ -383,7 +383,7 @@ func (r *Reconciler) retryDeletes() error {
 			continue
 		}
 		delete(r.deleting, id)
-		r.retiredSvc[id] = r.retirement(r.clk.Now())
+		r.retiredSvc[id] = r.retiredAt(r.clk.Now())
 		r.retiredKey[id] = key
 	}
 	return errors.Join(errs...)

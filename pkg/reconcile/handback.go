@@ -54,7 +54,7 @@ func (r *Reconciler) handBackOrDelete(key desired.Key, s *Service, now time.Time
 		r.deleting[s.ID] = key
 		return err
 	}
-	r.retiredSvc[s.ID] = r.retirement(now)
+	r.retiredSvc[s.ID] = r.retiredAt(now)
 	return nil
 }
 
@@ -117,7 +117,7 @@ func (r *Reconciler) endHandBack(id uint32, hb *handBack, now time.Time) {
 		return
 	}
 	delete(r.handingBack, id)
-	r.retiredSvc[id] = r.retirement(now)
+	r.retiredSvc[id] = r.retiredAt(now)
 	r.retiredKey[id] = hb.key
 }
 

@@ -32,27 +32,31 @@ type retirement struct {
 	missed uint8
 }
 
-func (r *Reconciler) retirement(now time.Time) retirement {
+// retiredAt is the record of an id retiring now.
+func (r *Reconciler) retiredAt(now time.Time) retirement {
 	return retirement{at: now, after: r.walks}
 }
 
-// free says whether a retired id may be handed out again, after a walk
-// (mark) that found a flow on it or not (used): once its cooldown is over
-// and two walks in a row that began after it left found none. Misses
-// during the cooldown count; an incomplete walk (Sweep skips it) neither
-// counts nor breaks the row. One miss is not enough: the kernel's walk
+// free says whether retired id (its record in m) may be handed out again,
+// after a walk (mark) that found a flow on it or not (used), and keeps
+// the walk in the record: once its cooldown is over and two walks in a
+// row that began after it left found none. Misses during the cooldown
+// count; an incomplete walk (Sweep skips it) neither counts nor breaks
+// the row. One miss is not enough: the kernel's walk
 // (bpf_for_each_map_elem) can lose the rest of a bucket when the datapath
 // deletes the entry it stands on (at a closed flow's last ACK) and the
 // LRU hands that element to a new flow in another bucket. Handed out
 // again while a flow refers to it, the id would take that flow's outcome
 // events, kernel trips and breaker slot for another endpoint.
-func (r *Reconciler) free(rt *retirement, used bool, mark SweepMark, now time.Time) bool {
+func (r *Reconciler) free(m map[uint32]retirement, id uint32, used bool, mark SweepMark, now time.Time) bool {
+	rt := m[id]
 	switch {
 	case used:
 		rt.missed = 0
 	case mark > rt.after && rt.missed < 2:
 		rt.missed++
 	}
+	m[id] = rt
 	return rt.missed >= 2 && now.Sub(rt.at) >= r.cooldown
 }
 
@@ -66,13 +70,7 @@ func (r *Reconciler) Sweep(inUse InUse, mark SweepMark) {
 	}
 	now := r.clk.Now()
 	for id, b := range r.backends.all() {
-		if b.State != maps.BackendRemoved {
-			continue
-		}
-		rt := r.removedAt[id]
-		free := r.free(&rt, inUse.Backends[id], mark, now)
-		r.removedAt[id] = rt
-		if !free {
+		if b.State != maps.BackendRemoved || !r.free(r.removedAt, id, inUse.Backends[id], mark, now) {
 			continue
 		}
 		if err := r.w.ClearBackend(id); err != nil {
@@ -83,25 +81,21 @@ func (r *Reconciler) Sweep(inUse InUse, mark SweepMark) {
 		delete(r.removedAt, id)
 		r.beIDs.put(id)
 	}
-	for id, rt := range r.retiredBe {
-		if r.free(&rt, inUse.Backends[id], mark, now) {
+	for id := range r.retiredBe {
+		if r.free(r.retiredBe, id, inUse.Backends[id], mark, now) {
 			delete(r.retiredBe, id)
 			r.beIDs.put(id)
-		} else {
-			r.retiredBe[id] = rt
 		}
 	}
 	r.endHandBacks(inUse, now)
-	for id, rt := range r.retiredSvc {
+	for id := range r.retiredSvc {
 		if _, pending := r.deleting[id]; pending {
 			continue
 		}
-		if r.free(&rt, inUse.Services[id], mark, now) {
+		if r.free(r.retiredSvc, id, inUse.Services[id], mark, now) {
 			delete(r.retiredSvc, id)
 			delete(r.retiredKey, id)
 			r.svcIDs.put(id)
-		} else {
-			r.retiredSvc[id] = rt
 		}
 	}
 	vips := make(map[netip.AddrPort]bool, len(inUse.VIPs)+len(r.lastVIPs))

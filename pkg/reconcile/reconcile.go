@@ -269,12 +269,12 @@ func New(w Writer, opts Options) (*Reconciler, error) {
 	}
 	for id := range opts.InUse.Services {
 		if _, ok := r.byID[id]; !ok && r.svcIDs.take(id) {
-			r.retiredSvc[id] = r.retirement(r.clk.Now())
+			r.retiredSvc[id] = r.retiredAt(r.clk.Now())
 		}
 	}
 	for id := range opts.InUse.Backends {
 		if _, ok := r.backends.lookup(id); !ok && r.beIDs.take(id) {
-			r.retiredBe[id] = r.retirement(r.clk.Now())
+			r.retiredBe[id] = r.retiredAt(r.clk.Now())
 		}
 	}
 	return r, nil
