@@ -29,6 +29,17 @@ services:
 %s`, strings.Join(topo.NodeIfaces(), ", "), testnet.VIP6, strings.Join(bs, ", "), extra)
 }
 
+// ejectAfterFive is the service YAML of the IPv6 and TIME_WAIT tests: an
+// endpoint ejected after five failures in a row, for 1-2 s; a connect
+// deadline of 300 ms.
+const ejectAfterFive = `    failureAccrual:
+      maxFailures: 5
+      minPenalty: 1s
+      maxPenalty: 2s
+      jitterRatio: 0
+      connectTimeout: 300ms
+`
+
 // IPv6 end to end: 1,000 new connections from an IPv6 client through an
 // IPv6 VIP reach all three real servers; an endpoint that starts refusing
 // is ejected after maxFailures refusals (the client sees none: each refused
@@ -36,13 +47,7 @@ services:
 // endpoint at once), and rejoins once healed.
 func TestIPv6ServiceBalancesEjectsAndRejoins(t *testing.T) {
 	e := newEnv(t, 3)
-	e.startAgent(ipv6Config(e.topo, `    failureAccrual:
-      maxFailures: 5
-      minPenalty: 1s
-      maxPenalty: 2s
-      jitterRatio: 0
-      connectTimeout: 300ms
-`))
+	e.startAgent(ipv6Config(e.topo, ejectAfterFive))
 	target := fmt.Sprintf("[%s]:80", testnet.VIP6)
 	rs, err := testnet.Load(e.ctx, e.topo.Client, testnet.LoadSpec{Target: target, Rate: 200, Count: 1000,
 		ConnectTimeout: 3 * time.Second, RequestTimeout: 3 * time.Second})
